@@ -1,0 +1,128 @@
+//! Building a Cosmos client for an account: a real endpoint with a key, or the in-process emulator.
+
+use azure_core::credentials::Secret;
+use azure_data_cosmos::models::{ContainerProperties, SystemProperties};
+use azure_data_cosmos::options::Region;
+use azure_data_cosmos::{AccountEndpoint, AccountReference, CosmosClient, RoutingStrategy};
+
+use super::documents::DocumentContainer;
+use super::error::{CosmosError, ErrorKind};
+use super::feed::MonitoredContainer;
+
+/// The well-known key of the Cosmos DB emulators (the in-memory emulator does not check keys).
+pub const EMULATOR_KEY: &str =
+    "C2y6yDjf5/R+ob0N8A7Cgv30VRDJIWEHLM+4QDU5DE2nQ9nDuVTqobD4b8mGGyPMbIZnqyMsEcaGQy67XIw/Jw==";
+
+/// A connected Cosmos DB account.
+#[derive(Clone)]
+pub struct CosmosAccount {
+    client: CosmosClient,
+    host: String,
+}
+
+impl std::fmt::Debug for CosmosAccount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CosmosAccount").field("host", &self.host).finish()
+    }
+}
+
+impl CosmosAccount {
+    /// Connects to `endpoint` (for example `https://acct.documents.azure.com:443/` or the
+    /// loopback `cfp emulator`) with an account key. Fails on a malformed endpoint.
+    pub async fn connect(endpoint: &str, key: &str) -> Result<Self, CosmosError> {
+        let parsed: AccountEndpoint = endpoint.parse().map_err(|e| {
+            CosmosError::local(ErrorKind::BadRequest, format!("invalid endpoint URL {endpoint:?}: {e}"))
+        })?;
+        let host = url::Url::parse(endpoint)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_owned))
+            .ok_or_else(|| {
+                CosmosError::local(ErrorKind::BadRequest, format!("endpoint {endpoint:?} has no host"))
+            })?;
+        let account = AccountReference::with_authentication_key(parsed, Secret::new(key.to_owned()));
+        let client = CosmosClient::builder()
+            .build(account, RoutingStrategy::ProximityTo(Region::EAST_US))
+            .await?;
+        Ok(Self { client, host })
+    }
+
+    /// Connects to an in-process SDK emulator whose single region is served at `gateway`.
+    #[cfg(feature = "emulator")]
+    pub async fn in_memory(
+        emulator: &std::sync::Arc<
+            azure_data_cosmos_driver::in_memory_emulator::InMemoryEmulatorHttpClient,
+        >,
+        gateway: &str,
+    ) -> Result<Self, CosmosError> {
+        let endpoint: AccountEndpoint = gateway.parse().map_err(|e| {
+            CosmosError::local(ErrorKind::BadRequest, format!("invalid gateway URL {gateway:?}: {e}"))
+        })?;
+        let host = url::Url::parse(gateway)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_owned))
+            .unwrap_or_default();
+        let runtime =
+            azure_data_cosmos::CosmosRuntimeBuilder::from(emulator.runtime_builder()).build().await?;
+        let account =
+            AccountReference::with_authentication_key(endpoint, Secret::new(EMULATOR_KEY.to_owned()));
+        let client = CosmosClient::builder()
+            .with_runtime(runtime)
+            .build(account, RoutingStrategy::ProximityTo(Region::EAST_US))
+            .await?;
+        Ok(Self { client, host })
+    }
+
+    /// The account host name, as the .NET lease-id prefix includes it.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// Opens a container whose change feed is read. Fails with `NotFound` when it does not exist.
+    pub async fn monitored(&self, database: &str, container: &str) -> Result<MonitoredContainer, CosmosError> {
+        let db = self.client.database_client(database);
+        let client = db.container_client(container, None).await?;
+        let props = client.read(None).await?.into_model()?;
+        let db_props = db.read(None).await?.into_model()?;
+        let pk_paths = partition_key_paths(&props);
+        Ok(MonitoredContainer::new(
+            client,
+            rid_of(&db_props.system_properties)?,
+            rid_of(&props.system_properties)?,
+            pk_paths,
+        ))
+    }
+
+    /// Opens a container for document reads and writes. Fails with `NotFound` when it does not exist.
+    pub async fn documents(&self, database: &str, container: &str) -> Result<DocumentContainer, CosmosError> {
+        let client = self.client.database_client(database).container_client(container, None).await?;
+        let props = client.read(None).await?.into_model()?;
+        Ok(DocumentContainer::new(client, partition_key_paths(&props)))
+    }
+
+    /// Creates the database and container (with the given partition key path) when missing.
+    pub async fn ensure_container(&self, database: &str, container: &str, pk_path: &str) -> Result<(), CosmosError> {
+        if let Err(e) = self.client.create_database(database, None).await {
+            ignore_conflict(e.into())?;
+        }
+        let props = ContainerProperties::new(container.to_owned(), pk_path.to_owned().into());
+        if let Err(e) = self.client.database_client(database).create_container(props, None).await {
+            ignore_conflict(e.into())?;
+        }
+        Ok(())
+    }
+}
+
+fn ignore_conflict(err: CosmosError) -> Result<(), CosmosError> {
+    if err.kind == ErrorKind::Conflict { Ok(()) } else { Err(err) }
+}
+
+fn rid_of(props: &SystemProperties) -> Result<String, CosmosError> {
+    props
+        .resource_id
+        .clone()
+        .ok_or_else(|| CosmosError::local(ErrorKind::Other, "resource has no _rid"))
+}
+
+fn partition_key_paths(props: &ContainerProperties) -> Vec<String> {
+    props.partition_key.paths().iter().map(|p| p.to_string()).collect()
+}

@@ -1,0 +1,121 @@
+//! Classification of SDK errors into what the processor needs to decide on.
+
+use std::fmt;
+
+/// What a failed Cosmos request means for the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// 404: the resource does not exist.
+    NotFound,
+    /// 409: a resource with that id exists already.
+    Conflict,
+    /// 412: the If-Match ETag is stale.
+    PreconditionFailed,
+    /// 410/1002 or 410/1007: the feed range is gone (split or merge).
+    RangeGone,
+    /// 500/20206: the SDK exhausted its split retries (split lock window); rebuild the reader.
+    SplitInProgress,
+    /// 429, 503, 408 and other retryable conditions.
+    Transient,
+    /// 401/403: the key is wrong or lacks permission.
+    Unauthorized,
+    /// 400: the request is malformed (for example a wrong partition key).
+    BadRequest,
+    /// Anything else.
+    Other,
+}
+
+impl ErrorKind {
+    /// Whether retrying the same request later can succeed.
+    pub fn is_retryable(self) -> bool {
+        matches!(self, ErrorKind::Transient | ErrorKind::SplitInProgress | ErrorKind::Other)
+    }
+}
+
+/// A failed Cosmos request: its classification, HTTP status, sub-status and message.
+#[derive(Debug, Clone, thiserror::Error)]
+pub struct CosmosError {
+    /// What the failure means.
+    pub kind: ErrorKind,
+    /// HTTP status code (0 when the request never reached a server).
+    pub status: u16,
+    /// Cosmos sub-status code, when present.
+    pub sub_status: Option<u32>,
+    /// The SDK's message.
+    pub message: String,
+}
+
+impl fmt::Display for CosmosError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.sub_status {
+            Some(sub) => write!(f, "{} (status {}/{})", self.message, self.status, sub),
+            None => write!(f, "{} (status {})", self.message, self.status),
+        }
+    }
+}
+
+impl CosmosError {
+    /// Builds an error of the given kind without an SDK source (local validation failures).
+    pub fn local(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, status: 0, sub_status: None, message: message.into() }
+    }
+
+    /// Classifies a status / sub-status pair.
+    pub fn classify(status: u16, sub_status: Option<u32>) -> ErrorKind {
+        match (status, sub_status) {
+            (404, _) => ErrorKind::NotFound,
+            (409, _) => ErrorKind::Conflict,
+            (412, _) => ErrorKind::PreconditionFailed,
+            (410, Some(1002)) | (410, Some(1007)) => ErrorKind::RangeGone,
+            (500, Some(20206)) => ErrorKind::SplitInProgress,
+            (401, _) | (403, _) => ErrorKind::Unauthorized,
+            (400, _) => ErrorKind::BadRequest,
+            (408, _) | (410, _) | (429, _) | (449, _) | (500..=599, _) | (0, _) => {
+                ErrorKind::Transient
+            }
+            _ => ErrorKind::Other,
+        }
+    }
+}
+
+impl From<azure_data_cosmos::CosmosError> for CosmosError {
+    fn from(err: azure_data_cosmos::CosmosError) -> Self {
+        let status = err.status();
+        let code = u16::from(status.status_code());
+        let sub_status = status.sub_status().map(|s| u32::from(s.value()));
+        let message = err.to_string();
+        Self { kind: Self::classify(code, sub_status), status: code, sub_status, message }
+    }
+}
+
+impl From<serde_json::Error> for CosmosError {
+    fn from(err: serde_json::Error) -> Self {
+        Self::local(ErrorKind::Other, format!("invalid JSON: {err}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_the_statuses_the_processor_acts_on() {
+        let table = [
+            (404, None, ErrorKind::NotFound),
+            (409, None, ErrorKind::Conflict),
+            (412, None, ErrorKind::PreconditionFailed),
+            (410, Some(1002), ErrorKind::RangeGone),
+            (410, Some(1007), ErrorKind::RangeGone),
+            (500, Some(20206), ErrorKind::SplitInProgress),
+            (429, Some(3200), ErrorKind::Transient),
+            (503, None, ErrorKind::Transient),
+            (408, None, ErrorKind::Transient),
+            (401, None, ErrorKind::Unauthorized),
+            (403, Some(5300), ErrorKind::Unauthorized),
+            (400, None, ErrorKind::BadRequest),
+        ];
+        for (status, sub, want) in table {
+            assert_eq!(CosmosError::classify(status, sub), want, "{status}/{sub:?}");
+        }
+    }
+}

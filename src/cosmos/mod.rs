@@ -1,0 +1,17 @@
+//! The only place that talks to `azure_data_cosmos`: client setup, feed ranges, change-feed page
+//! reads, document CRUD with If-Match, and the continuation-token bridge between the SDK's
+//! composite tokens and the raw per-range continuations stored in lease documents.
+
+mod client;
+mod continuation;
+mod documents;
+mod error;
+mod feed;
+mod range;
+
+pub use client::{CosmosAccount, EMULATOR_KEY};
+pub use continuation::{RangeContinuation, decode_sdk_token, encode_sdk_token};
+pub use documents::{Document, DocumentContainer};
+pub use error::{CosmosError, ErrorKind};
+pub use feed::{ChangePage, FeedReader, MonitoredContainer, StartFrom};
+pub use range::EpkRange;

@@ -1,0 +1,392 @@
+//! The Cosmos SDK's in-memory emulator as a local Cosmos DB: in-process for tests, and served over
+//! loopback HTTP/1.1 and cleartext HTTP/2 by `cfp emulator`, with a small control API:
+//!
+//! - `GET  /_emulator/ranges?database=D&container=C` — the physical partitions (id, min, max).
+//! - `POST /_emulator/split?database=D&container=C[&partition=ID][&lockMs=N]` — splits one
+//!   physical partition at its midpoint (the first one when `partition` is not given) and answers
+//!   with the partitions after the split.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use azure_core::http::{Method, Request, Url};
+use azure_data_cosmos_driver::in_memory_emulator::{
+    ContainerConfig, InMemoryEmulatorHttpClient, VirtualAccountConfig, VirtualRegion,
+};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::cosmos::{CosmosAccount, CosmosError, EpkRange, ErrorKind};
+
+/// Errors of the emulator host.
+#[derive(Debug, thiserror::Error)]
+pub enum EmulatorError {
+    /// A container spec like `db/coll:/pk:8` could not be parsed.
+    #[error("invalid container spec {spec:?}: {reason}")]
+    InvalidSpec {
+        /// The spec as given.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The database or container does not exist.
+    #[error("container {0} does not exist")]
+    NoSuchContainer(String),
+    /// The partition does not exist or cannot be split.
+    #[error("cannot split: {0}")]
+    Split(String),
+    /// The listening socket could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A request to the emulator failed.
+    #[error(transparent)]
+    Cosmos(#[from] CosmosError),
+}
+
+/// A container to create at emulator start: `database/container:/partitionKeyPath:partitions`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerSpec {
+    /// Database id.
+    pub database: String,
+    /// Container id.
+    pub container: String,
+    /// Partition key path, for example `/pk`.
+    pub partition_key: String,
+    /// Number of physical partitions.
+    pub partitions: u32,
+}
+
+impl std::str::FromStr for ContainerSpec {
+    type Err = EmulatorError;
+
+    fn from_str(spec: &str) -> Result<Self, Self::Err> {
+        let bad = |reason: &str| EmulatorError::InvalidSpec { spec: spec.to_owned(), reason: reason.to_owned() };
+        let mut parts = spec.splitn(3, ':');
+        let names = parts.next().unwrap_or_default();
+        let (database, container) = names
+            .split_once('/')
+            .filter(|(d, c)| !d.is_empty() && !c.is_empty() && !c.contains('/'))
+            .ok_or_else(|| bad("expected database/container"))?;
+        let partition_key = parts.next().unwrap_or("/id").to_owned();
+        if !partition_key.starts_with('/') || partition_key.len() < 2 {
+            return Err(bad("the partition key path must look like /pk"));
+        }
+        let partitions = match parts.next() {
+            None => 4,
+            Some(n) => n.parse::<u32>().ok().filter(|n| (1..=1024).contains(n)).ok_or_else(|| {
+                bad("the partition count must be a whole number from 1 to 1024")
+            })?,
+        };
+        Ok(Self { database: database.to_owned(), container: container.to_owned(), partition_key, partitions })
+    }
+}
+
+/// One physical partition of an emulated container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhysicalPartition {
+    /// The partition key range id.
+    pub id: String,
+    /// Its EPK range.
+    #[serde(flatten)]
+    pub range: EpkRange,
+}
+
+/// An in-memory Cosmos DB account.
+#[derive(Clone)]
+pub struct Emulator {
+    client: Arc<InMemoryEmulatorHttpClient>,
+    gateway: Url,
+}
+
+impl Emulator {
+    /// A new, empty account whose one region is reachable at `gateway`
+    /// (for example `http://127.0.0.1:8081/`).
+    pub fn new(gateway: &str) -> Result<Self, EmulatorError> {
+        let gateway = Url::parse(gateway).map_err(|e| EmulatorError::InvalidSpec {
+            spec: gateway.to_owned(),
+            reason: e.to_string(),
+        })?;
+        let config = VirtualAccountConfig::new(vec![VirtualRegion::new("East US", gateway.clone())])
+            .map_err(CosmosError::from)?;
+        let client = InMemoryEmulatorHttpClient::try_new(config).map_err(CosmosError::from)?;
+        Ok(Self { client: Arc::new(client), gateway })
+    }
+
+    /// A new account for in-process use only (no HTTP server).
+    pub fn in_process() -> Self {
+        // The URL is fixed and valid; `new` can only fail on a bad URL.
+        Self::new("https://eastus.emulator.local/").unwrap_or_else(|_| unreachable!("valid URL"))
+    }
+
+    /// The endpoint clients use.
+    pub fn endpoint(&self) -> String {
+        self.gateway.to_string()
+    }
+
+    /// A client for this account that talks to it in-process (no network).
+    pub async fn account(&self) -> Result<CosmosAccount, CosmosError> {
+        CosmosAccount::in_memory(&self.client, self.gateway.as_str()).await
+    }
+
+    /// Creates a database (if missing) and a container with `partitions` physical partitions.
+    pub async fn create_container(&self, spec: &ContainerSpec) -> Result<(), EmulatorError> {
+        let store = self.client.store();
+        if !self.exists(&format!("dbs/{}", spec.database)).await? {
+            store.create_database(&spec.database);
+        }
+        if self.exists(&format!("dbs/{}/colls/{}", spec.database, spec.container)).await? {
+            return Ok(());
+        }
+        let pk = serde_json::from_value(serde_json::json!({
+            "paths": [spec.partition_key], "kind": "Hash", "version": 2
+        }))
+        .map_err(CosmosError::from)?;
+        store.create_container_with_config(
+            &spec.database,
+            &spec.container,
+            pk,
+            ContainerConfig::new().with_partition_count(spec.partitions),
+        );
+        Ok(())
+    }
+
+    /// Sends a GET for a resource path straight to the store: status and body.
+    async fn get(&self, path: &str) -> Result<(u16, Bytes), EmulatorError> {
+        let mut url = self.gateway.clone();
+        url.set_path(path);
+        let mut request = Request::new(url, Method::Get);
+        request.insert_header("x-ms-version", "2020-07-15");
+        let response = self.client.execute_request(&request).await.map_err(CosmosError::from)?;
+        let status = u16::from(response.status());
+        let body = response.into_body().collect().await.map_err(|e| {
+            CosmosError::local(ErrorKind::Other, format!("reading {path}: {e}"))
+        })?;
+        Ok((status, body))
+    }
+
+    async fn exists(&self, path: &str) -> Result<bool, EmulatorError> {
+        Ok(self.get(path).await?.0 == 200)
+    }
+
+    /// The physical partitions of a container, sorted by EPK.
+    pub async fn partitions(&self, database: &str, container: &str) -> Result<Vec<PhysicalPartition>, EmulatorError> {
+        let (status, body) = self.get(&format!("dbs/{database}/colls/{container}/pkranges")).await?;
+        if status == 404 {
+            return Err(EmulatorError::NoSuchContainer(format!("{database}/{container}")));
+        }
+        #[derive(Deserialize)]
+        struct Ranges {
+            #[serde(rename = "PartitionKeyRanges")]
+            ranges: Vec<RawRange>,
+        }
+        #[derive(Deserialize)]
+        struct RawRange {
+            id: String,
+            #[serde(rename = "minInclusive")]
+            min: String,
+            #[serde(rename = "maxExclusive")]
+            max: String,
+        }
+        let parsed: Ranges = serde_json::from_slice(&body).map_err(CosmosError::from)?;
+        let mut out: Vec<PhysicalPartition> = parsed
+            .ranges
+            .into_iter()
+            .map(|r| PhysicalPartition { id: r.id, range: EpkRange::new(r.min, r.max) })
+            .collect();
+        out.sort_by(|a, b| a.range.cmp(&b.range));
+        Ok(out)
+    }
+
+    /// Splits a physical partition at its midpoint and waits for the split to complete; during
+    /// `lock` reads of the partition fail as they do on the service. Returns the partitions after.
+    pub async fn split(
+        &self,
+        database: &str,
+        container: &str,
+        partition: Option<&str>,
+        lock: Duration,
+    ) -> Result<Vec<PhysicalPartition>, EmulatorError> {
+        let before = self.partitions(database, container).await?;
+        let target = match partition {
+            Some(id) => before.iter().find(|p| p.id == id),
+            None => before.first(),
+        }
+        .ok_or_else(|| EmulatorError::Split(format!("no partition {partition:?} in {database}/{container}")))?;
+        let id: u32 = target
+            .id
+            .parse()
+            .map_err(|_| EmulatorError::Split(format!("partition id {:?} is not numeric", target.id)))?;
+        let store = self.client.store();
+        let epk = store
+            .midpoint_split_epk(database, container, id)
+            .map_err(|e| EmulatorError::Split(e.to_string()))?;
+        store
+            .split_partition_and_wait(database, container, id, epk, lock)
+            .await
+            .map_err(|e| EmulatorError::Split(e.to_string()))?;
+        self.partitions(database, container).await
+    }
+
+    /// Serves this account over HTTP on `listener` until `shutdown` is cancelled.
+    pub async fn serve(&self, listener: TcpListener, shutdown: CancellationToken) {
+        let connections = tokio_util::task::TaskTracker::new();
+        loop {
+            let accepted = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                accepted = listener.accept() => accepted,
+            };
+            let (stream, _) = match accepted {
+                Ok(conn) => conn,
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    continue;
+                }
+            };
+            let emulator = self.clone();
+            let stop = shutdown.clone();
+            connections.spawn(async move {
+                let service = hyper::service::service_fn(move |req| {
+                    let emulator = emulator.clone();
+                    async move { Ok::<_, Infallible>(emulator.handle(req).await) }
+                });
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let conn = builder.serve_connection(TokioIo::new(stream), service);
+                tokio::select! {
+                    _ = conn => {}
+                    _ = stop.cancelled() => {}
+                }
+            });
+        }
+        connections.close();
+        connections.wait().await;
+    }
+
+    async fn handle(&self, req: hyper::Request<Incoming>) -> hyper::Response<Full<Bytes>> {
+        let path = req.uri().path().to_owned();
+        if let Some(control) = path.strip_prefix("/_emulator/") {
+            let control = control.trim_end_matches('/').to_owned();
+            let query = req.uri().query().unwrap_or_default().to_owned();
+            return self.control(req.method().clone(), &control, &query).await;
+        }
+        match self.forward(req).await {
+            Ok(response) => response,
+            Err(error) => json_response(503, &serde_json::json!({"code": "ServiceUnavailable", "message": error.to_string()})),
+        }
+    }
+
+    /// Passes a Cosmos REST request to the in-memory store.
+    async fn forward(&self, req: hyper::Request<Incoming>) -> Result<hyper::Response<Full<Bytes>>, CosmosError> {
+        let (parts, body) = req.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| CosmosError::local(ErrorKind::Transient, format!("reading request body: {e}")))?
+            .to_bytes();
+        let mut url = self.gateway.clone();
+        // The Python SDK sends a trailing slash on resource paths; the store does not expect one.
+        let path = parts.uri.path();
+        let trimmed = if path.len() > 1 { path.trim_end_matches('/') } else { path };
+        url.set_path(trimmed);
+        url.set_query(parts.uri.query());
+        let method: Method = parts
+            .method
+            .as_str()
+            .parse()
+            .map_err(|_| CosmosError::local(ErrorKind::BadRequest, format!("unsupported method {}", parts.method)))?;
+        let mut request = Request::new(url, method);
+        for (name, value) in &parts.headers {
+            if let Ok(value) = value.to_str() {
+                request.insert_header(name.as_str().to_owned(), value.to_owned());
+            }
+        }
+        request.set_body(body.to_vec());
+        let response = self.client.execute_request(&request).await?;
+        let (status, headers, body) = response.deconstruct();
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| CosmosError::local(ErrorKind::Transient, format!("reading response body: {e}")))?;
+        let mut builder = hyper::Response::builder().status(u16::from(status));
+        for (name, value) in headers.iter() {
+            builder = builder.header(name.as_str(), value.as_str());
+        }
+        builder
+            .body(Full::new(body))
+            .map_err(|e| CosmosError::local(ErrorKind::Other, format!("building response: {e}")))
+    }
+
+    async fn control(&self, method: hyper::Method, action: &str, query: &str) -> hyper::Response<Full<Bytes>> {
+        let params: std::collections::HashMap<String, String> =
+            url::form_urlencoded::parse(query.as_bytes()).into_owned().collect();
+        let (Some(database), Some(container)) = (params.get("database"), params.get("container")) else {
+            return json_response(400, &serde_json::json!({"message": "database and container are required"}));
+        };
+        let result = match (method, action) {
+            (hyper::Method::GET, "ranges") => self.partitions(database, container).await,
+            (hyper::Method::POST, "split") => {
+                let lock_ms = params.get("lockMs").and_then(|v| v.parse().ok()).unwrap_or(100);
+                let partition = params.get("partition").map(String::as_str);
+                self.split(database, container, partition, Duration::from_millis(lock_ms)).await
+            }
+            _ => return json_response(404, &serde_json::json!({"message": "unknown control endpoint"})),
+        };
+        match result {
+            Ok(partitions) => json_response(200, &serde_json::json!({ "partitions": partitions })),
+            Err(EmulatorError::NoSuchContainer(name)) => {
+                json_response(404, &serde_json::json!({"message": format!("container {name} does not exist")}))
+            }
+            Err(error) => json_response(409, &serde_json::json!({"message": error.to_string()})),
+        }
+    }
+}
+
+fn json_response(status: u16, body: &serde_json::Value) -> hyper::Response<Full<Bytes>> {
+    let mut response = hyper::Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    response
+        .headers_mut()
+        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    response
+}
+
+/// Binds `addr`, builds an emulator whose gateway is the bound address, and creates `containers`.
+pub async fn bind(addr: SocketAddr, containers: &[ContainerSpec]) -> Result<(Emulator, TcpListener), EmulatorError> {
+    let listener = TcpListener::bind(addr).await.map_err(|source| EmulatorError::Bind { addr, source })?;
+    let local = listener.local_addr().map_err(|source| EmulatorError::Bind { addr, source })?;
+    let emulator = Emulator::new(&format!("http://{local}/"))?;
+    for spec in containers {
+        emulator.create_container(spec).await?;
+    }
+    Ok((emulator, listener))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_container_specs() {
+        let spec: ContainerSpec = "db/coll:/pk:8".parse().unwrap();
+        assert_eq!(
+            spec,
+            ContainerSpec { database: "db".into(), container: "coll".into(), partition_key: "/pk".into(), partitions: 8 }
+        );
+        let short: ContainerSpec = "db/leases".parse().unwrap();
+        assert_eq!((short.partition_key.as_str(), short.partitions), ("/id", 4));
+        for bad in ["db", "/coll", "db/coll:pk", "db/coll:/pk:0", "db/coll:/pk:x", "a/b/c"] {
+            assert!(bad.parse::<ContainerSpec>().is_err(), "{bad} should be rejected");
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! changefeed-operator: Azure Cosmos DB change feed processing as a scaled set of workers.
+//!
+//! - [`cosmos`]: the only module that talks to the Cosmos SDK.
+//! - [`processor`]: the change feed processor (leases, balancing, checkpoints, splits).
+//! - [`emulator`]: the SDK's in-memory emulator served over loopback HTTP (`cfp emulator`).
+
+pub mod cosmos;
+#[cfg(feature = "emulator")]
+pub mod emulator;
+pub mod processor;

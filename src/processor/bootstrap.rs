@@ -1,0 +1,59 @@
+//! Creating one lease per feed range exactly once, even when many instances start together:
+//! `.info` marks a finished bootstrap, `.lock` lets one instance do it.
+
+use std::time::Duration;
+
+use super::lease::{Lease, LeaseStore};
+use super::runtime::ProcessorError;
+use crate::cosmos::{MonitoredContainer, StartFrom};
+
+/// A lock older than this is taken to belong to an instance that died while bootstrapping.
+const LOCK_STALE_AFTER: Duration = Duration::from_secs(30);
+
+/// Waits until the lease store is initialized, initializing it when this instance gets the lock.
+pub async fn bootstrap(
+    store: &dyn LeaseStore,
+    monitored: &MonitoredContainer,
+    me: &str,
+    start: StartFrom,
+) -> Result<(), ProcessorError> {
+    loop {
+        let snapshot = store.snapshot().await?;
+        if snapshot.initialized {
+            return Ok(());
+        }
+        if !store.try_lock(me, LOCK_STALE_AFTER).await? {
+            tokio::time::sleep(Duration::from_millis(250 + fastrand::u64(0..250))).await;
+            continue;
+        }
+        let ranges = monitored.feed_ranges(true).await?;
+        let mut created = 0;
+        for range in &ranges {
+            if snapshot.leases.iter().any(|l| l.range().is_some_and(|r| r.overlaps(range))) {
+                continue;
+            }
+            let continuation = match start {
+                StartFrom::Now => Some(anchor_now(monitored, range).await?),
+                StartFrom::Beginning | StartFrom::Time(_) => None,
+            };
+            if store.create(&Lease::new(store.prefix(), range, continuation)).await?.is_some() {
+                created += 1;
+            }
+        }
+        store.mark_initialized().await?;
+        store.unlock().await?;
+        tracing::info!(instance = me, leases = created, ranges = ranges.len(), "lease store initialized");
+        return Ok(());
+    }
+}
+
+/// The current position of a range, so that "now" means the moment the processor first started
+/// rather than whenever a lease is first read.
+async fn anchor_now(monitored: &MonitoredContainer, range: &crate::cosmos::EpkRange) -> Result<String, ProcessorError> {
+    let mut reader = monitored.reader(range, None, StartFrom::Now, 1).await?;
+    let page = reader.next_page(Duration::from_secs(65)).await?;
+    match page.continuations.as_slice() {
+        [only] => Ok(only.continuation.clone()),
+        _ => Err(ProcessorError::Config(format!("range {range} changed while anchoring the start position; restart"))),
+    }
+}

@@ -1,0 +1,73 @@
+//! Lease lifecycle events, published as `tracing` events and to subscribers.
+
+use serde::Serialize;
+
+/// Why this instance stopped processing a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum CloseReason {
+    /// The processor is shutting down; the lease was released.
+    Shutdown,
+    /// Another instance owns the lease now (a renew or checkpoint found a new owner).
+    LeaseLost,
+    /// The lease document was deleted.
+    LeaseGone,
+    /// The range was split; child leases replace this one.
+    Split,
+    /// An error that is not retried ended the lease's processing.
+    Error,
+}
+
+impl CloseReason {
+    /// The reason as a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::Shutdown => "shutdown",
+            CloseReason::LeaseLost => "lease_lost",
+            CloseReason::LeaseGone => "lease_gone",
+            CloseReason::Split => "split",
+            CloseReason::Error => "error",
+        }
+    }
+}
+
+/// Something that happened to a lease of this instance.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "event", rename_all = "camelCase")]
+pub enum LeaseEvent {
+    /// This instance took the lease (from `previous_owner` when it was stolen).
+    Acquired {
+        /// Lease token.
+        lease: String,
+        /// The owner before, when the lease was taken from a live owner.
+        previous_owner: Option<String>,
+    },
+    /// This instance stopped processing the lease.
+    Closed {
+        /// Lease token.
+        lease: String,
+        /// Why.
+        reason: CloseReason,
+    },
+    /// A batch was handled and checkpointed.
+    Checkpointed {
+        /// Lease token.
+        lease: String,
+        /// Documents in the batch.
+        documents: usize,
+    },
+    /// A split replaced a lease with child leases.
+    Split {
+        /// The parent's lease token.
+        parent: String,
+        /// The children's lease tokens.
+        children: Vec<String>,
+    },
+    /// An error while processing a lease (it is retried).
+    Error {
+        /// Lease token, when the error concerns one lease.
+        lease: Option<String>,
+        /// What failed.
+        message: String,
+    },
+}

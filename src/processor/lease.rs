@@ -1,0 +1,427 @@
+//! Lease documents (the .NET v3 layout) and the lease store: the lease container of one processor,
+//! where every update is a conditional replace on the document's ETag.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use crate::cosmos::{CosmosError, DocumentContainer, EpkRange, ErrorKind};
+
+/// The `Mode` the .NET SDK writes for latest-version leases.
+pub const INCREMENTAL_MODE: &str = "Incremental Feed";
+
+/// The `FeedRange` field of an EPK lease: `{"Range":{"min":"...","max":"..."}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseFeedRange {
+    /// The EPK range.
+    #[serde(rename = "Range")]
+    pub range: EpkRange,
+}
+
+/// One lease document: ownership and progress of one feed range.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Lease {
+    /// Document id: `{prefix}..{lease token}`.
+    pub id: String,
+    /// Lease schema version: 1 for EPK-range leases.
+    #[serde(default)]
+    pub version: u32,
+    /// `"{min}-{max}"` of the range.
+    #[serde(rename = "LeaseToken")]
+    pub lease_token: String,
+    /// The EPK range this lease covers.
+    #[serde(rename = "FeedRange", default, skip_serializing_if = "Option::is_none")]
+    pub feed_range: Option<LeaseFeedRange>,
+    /// The instance that owns the lease, or none.
+    #[serde(rename = "Owner", default)]
+    pub owner: Option<String>,
+    /// The raw server continuation of the range after the last checkpoint.
+    #[serde(rename = "ContinuationToken", default)]
+    pub continuation: Option<String>,
+    /// Free-form properties (copied to child leases on a split).
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    /// Change feed mode.
+    #[serde(rename = "Mode", default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Client time of the last update.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub timestamp: Option<OffsetDateTime>,
+    /// Partition key value, for lease containers partitioned on `/partitionKey`.
+    #[serde(rename = "partitionKey", default, skip_serializing_if = "Option::is_none")]
+    pub partition_key: Option<String>,
+    /// Server time of the last update, in seconds since the epoch (read only).
+    #[serde(rename = "_ts", default, skip_serializing)]
+    pub server_ts: Option<i64>,
+    /// The ETag of the version this copy was read or written as (read only).
+    #[serde(rename = "_etag", default, skip_serializing)]
+    pub etag: String,
+}
+
+impl Lease {
+    /// A new, unowned lease over `range`.
+    pub fn new(prefix: &str, range: &EpkRange, continuation: Option<String>) -> Self {
+        let token = range.lease_token();
+        Self {
+            id: format!("{prefix}..{token}"),
+            version: 1,
+            lease_token: token,
+            feed_range: Some(LeaseFeedRange { range: range.clone() }),
+            owner: None,
+            continuation,
+            properties: BTreeMap::new(),
+            mode: Some(INCREMENTAL_MODE.to_owned()),
+            timestamp: None,
+            partition_key: None,
+            server_ts: None,
+            etag: String::new(),
+        }
+    }
+
+    /// The EPK range of the lease (`None` for version-0 leases, which name a partition key range
+    /// id instead).
+    pub fn range(&self) -> Option<&EpkRange> {
+        self.feed_range.as_ref().map(|f| &f.range)
+    }
+
+    /// Whether the lease is free to take: no owner, or not renewed within `expiration`.
+    pub fn is_expired(&self, now: OffsetDateTime, expiration: std::time::Duration) -> bool {
+        if self.owner.as_deref().is_none_or(str::is_empty) {
+            return true;
+        }
+        let last = self
+            .timestamp
+            .or_else(|| self.server_ts.and_then(|ts| OffsetDateTime::from_unix_timestamp(ts).ok()));
+        match last {
+            Some(last) => last + expiration < now,
+            None => true,
+        }
+    }
+}
+
+/// Errors of lease store operations.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseStoreError {
+    /// The lease was changed by someone else since it was read (412).
+    #[error("lease {0} was changed by another writer")]
+    Changed(String),
+    /// The lease no longer exists (404).
+    #[error("lease {0} no longer exists")]
+    Gone(String),
+    /// The lease container is not usable as configured.
+    #[error("{0}")]
+    Misconfigured(String),
+    /// A Cosmos request failed.
+    #[error(transparent)]
+    Cosmos(#[from] CosmosError),
+    /// A lease document could not be parsed.
+    #[error("lease document {id} is not a valid lease: {reason}")]
+    Invalid {
+        /// The document id.
+        id: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl LeaseStoreError {
+    /// Whether retrying later can succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, LeaseStoreError::Cosmos(e) if e.kind.is_retryable())
+    }
+}
+
+/// Everything of one processor in the lease container, read in one query.
+#[derive(Debug, Clone, Default)]
+pub struct LeaseSnapshot {
+    /// The leases, one per feed range.
+    pub leases: Vec<Lease>,
+    /// Instances that announced themselves (see [`LeaseStore::heartbeat`]) with their last beat.
+    pub instances: Vec<(String, OffsetDateTime)>,
+    /// Whether the `.info` marker exists (bootstrap completed).
+    pub initialized: bool,
+}
+
+/// The lease container of one processor. Every update is conditional on the lease's ETag.
+#[async_trait]
+pub trait LeaseStore: Send + Sync {
+    /// The lease-id prefix of this processor.
+    fn prefix(&self) -> &str;
+    /// Reads all leases, instance heartbeats and the init marker.
+    async fn snapshot(&self) -> Result<LeaseSnapshot, LeaseStoreError>;
+    /// Reads one lease; `None` when it does not exist.
+    async fn read(&self, id: &str) -> Result<Option<Lease>, LeaseStoreError>;
+    /// Creates a lease; `None` when a lease with that id exists already.
+    async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseStoreError>;
+    /// Replaces a lease if its ETag is still `lease.etag`; returns the new version.
+    async fn replace(&self, lease: &Lease) -> Result<Lease, LeaseStoreError>;
+    /// Deletes a lease if its ETag is still `lease.etag`.
+    async fn delete(&self, lease: &Lease) -> Result<(), LeaseStoreError>;
+    /// Creates the bootstrap lock for `owner`; `false` when another instance holds a fresh one.
+    async fn try_lock(&self, owner: &str, stale_after: std::time::Duration) -> Result<bool, LeaseStoreError>;
+    /// Removes the bootstrap lock.
+    async fn unlock(&self) -> Result<(), LeaseStoreError>;
+    /// Writes the `.info` marker: the store is initialized.
+    async fn mark_initialized(&self) -> Result<(), LeaseStoreError>;
+    /// Records that `instance` is alive now, so that others count it before it owns any lease.
+    async fn heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError>;
+    /// Removes the heartbeat of `instance` (graceful shutdown).
+    async fn remove_heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError>;
+}
+
+/// The lease-id prefix of the .NET v3 SDK: `{processorName}{accountHost}_{databaseRid}_{containerRid}`.
+pub fn lease_prefix(processor: &str, account_host: &str, database_rid: &str, container_rid: &str) -> String {
+    format!("{processor}{account_host}_{database_rid}_{container_rid}")
+}
+
+/// The lease store on a Cosmos container partitioned on `/id` (or `/partitionKey` holding the id).
+pub struct CosmosLeaseStore {
+    container: DocumentContainer,
+    prefix: String,
+    pk_is_id: bool,
+}
+
+impl CosmosLeaseStore {
+    /// A store for the leases with `prefix` in `container`. Fails when the container's partition
+    /// key is neither `/id` nor `/partitionKey`.
+    pub fn new(container: DocumentContainer, prefix: String) -> Result<Self, LeaseStoreError> {
+        let pk_is_id = match container.partition_key_paths() {
+            [p] if p == "/id" => true,
+            [p] if p == "/partitionKey" => false,
+            other => {
+                return Err(LeaseStoreError::Misconfigured(format!(
+                    "the lease container must be partitioned on /id (or /partitionKey), but its partition key is {}",
+                    if other.is_empty() { "missing".to_owned() } else { other.join(",") }
+                )));
+            }
+        };
+        Ok(Self { container, prefix, pk_is_id })
+    }
+
+    fn marker_id(&self, name: &str) -> String {
+        format!("{}.{name}", self.prefix)
+    }
+
+    fn heartbeat_id(&self, instance: &str) -> String {
+        format!("{}.instance.{instance}", self.prefix)
+    }
+
+    fn body(&self, lease: &Lease) -> Result<Value, LeaseStoreError> {
+        let mut lease = lease.clone();
+        if !self.pk_is_id {
+            lease.partition_key = Some(lease.id.clone());
+        }
+        serde_json::to_value(&lease).map_err(|e| LeaseStoreError::Invalid { id: lease.id.clone(), reason: e.to_string() })
+    }
+
+    fn marker(&self, id: String, extra: Value) -> Value {
+        let mut body = serde_json::json!({ "id": id });
+        if !self.pk_is_id {
+            body["partitionKey"] = Value::String(id.clone());
+        }
+        if let (Some(map), Value::Object(extra)) = (body.as_object_mut(), extra) {
+            map.extend(extra);
+        }
+        body
+    }
+
+    async fn create_marker(&self, id: String, extra: Value) -> Result<bool, LeaseStoreError> {
+        let body = self.marker(id.clone(), extra);
+        match self.container.create(&id, &body).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind == ErrorKind::Conflict => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+fn parse_lease(body: Value, etag: String) -> Result<Lease, LeaseStoreError> {
+    let id = body.get("id").and_then(Value::as_str).unwrap_or_default().to_owned();
+    let mut lease: Lease =
+        serde_json::from_value(body).map_err(|e| LeaseStoreError::Invalid { id, reason: e.to_string() })?;
+    if lease.etag.is_empty() {
+        lease.etag = etag;
+    }
+    Ok(lease)
+}
+
+fn now() -> OffsetDateTime {
+    OffsetDateTime::now_utc()
+}
+
+#[async_trait]
+impl LeaseStore for CosmosLeaseStore {
+    fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    async fn snapshot(&self) -> Result<LeaseSnapshot, LeaseStoreError> {
+        let docs = self.container.list_by_id_prefix(&self.prefix).await?;
+        let lease_prefix = format!("{}..", self.prefix);
+        let heartbeat_prefix = self.heartbeat_id("");
+        let info = self.marker_id("info");
+        let mut snapshot = LeaseSnapshot::default();
+        for doc in docs {
+            let id = doc.body.get("id").and_then(Value::as_str).unwrap_or_default().to_owned();
+            if id.starts_with(&lease_prefix) {
+                snapshot.leases.push(parse_lease(doc.body, doc.etag)?);
+            } else if let Some(instance) = id.strip_prefix(&heartbeat_prefix) {
+                let beat = doc
+                    .body
+                    .get("timestamp")
+                    .and_then(Value::as_str)
+                    .and_then(|t| OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok());
+                if let Some(beat) = beat {
+                    snapshot.instances.push((instance.to_owned(), beat));
+                }
+            } else if id == info {
+                snapshot.initialized = true;
+            }
+        }
+        snapshot.leases.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(snapshot)
+    }
+
+    async fn read(&self, id: &str) -> Result<Option<Lease>, LeaseStoreError> {
+        match self.container.read(id, id).await? {
+            Some(doc) => Ok(Some(parse_lease(doc.body, doc.etag)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseStoreError> {
+        let body = self.body(lease)?;
+        match self.container.create(&lease.id, &body).await {
+            Ok(doc) => {
+                let mut created = lease.clone();
+                created.etag = doc.etag;
+                Ok(Some(created))
+            }
+            Err(e) if e.kind == ErrorKind::Conflict => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn replace(&self, lease: &Lease) -> Result<Lease, LeaseStoreError> {
+        let body = self.body(lease)?;
+        match self.container.replace(&lease.id, &body, &lease.etag).await {
+            Ok(doc) => {
+                let mut replaced = lease.clone();
+                replaced.etag = doc.etag;
+                Ok(replaced)
+            }
+            Err(e) if e.kind == ErrorKind::PreconditionFailed => Err(LeaseStoreError::Changed(lease.id.clone())),
+            Err(e) if e.kind == ErrorKind::NotFound => Err(LeaseStoreError::Gone(lease.id.clone())),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn delete(&self, lease: &Lease) -> Result<(), LeaseStoreError> {
+        match self.container.delete(&lease.id, &lease.id, Some(&lease.etag)).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind == ErrorKind::PreconditionFailed => Err(LeaseStoreError::Changed(lease.id.clone())),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn try_lock(&self, owner: &str, stale_after: std::time::Duration) -> Result<bool, LeaseStoreError> {
+        let id = self.marker_id("lock");
+        let stamp = now().format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
+        if self.create_marker(id.clone(), serde_json::json!({"Owner": owner, "timestamp": stamp, "ttl": 30})).await? {
+            return Ok(true);
+        }
+        // A lock whose holder died is removed once it is older than `stale_after` (the in-memory
+        // emulator does not expire documents by TTL).
+        if let Some(doc) = self.container.read(&id, &id).await? {
+            let created = doc
+                .body
+                .get("timestamp")
+                .and_then(Value::as_str)
+                .and_then(|t| OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok());
+            if created.is_none_or(|t| t + stale_after < now()) {
+                self.container.delete(&id, &id, Some(&doc.etag)).await.or_else(|e| {
+                    if e.kind == ErrorKind::PreconditionFailed { Ok(()) } else { Err(e) }
+                })?;
+            }
+        }
+        Ok(false)
+    }
+
+    async fn unlock(&self) -> Result<(), LeaseStoreError> {
+        let id = self.marker_id("lock");
+        Ok(self.container.delete(&id, &id, None).await?)
+    }
+
+    async fn mark_initialized(&self) -> Result<(), LeaseStoreError> {
+        self.create_marker(self.marker_id("info"), Value::Object(Default::default())).await?;
+        Ok(())
+    }
+
+    async fn heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError> {
+        let id = self.heartbeat_id(instance);
+        let stamp = now().format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
+        let body = self.marker(id.clone(), serde_json::json!({"Owner": instance, "timestamp": stamp}));
+        self.container.upsert(&id, &body).await?;
+        Ok(())
+    }
+
+    async fn remove_heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError> {
+        let id = self.heartbeat_id(instance);
+        Ok(self.container.delete(&id, &id, None).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn serializes_with_the_dotnet_field_names() {
+        let mut lease = Lease::new("proc", &EpkRange::new("", "3F"), Some("\"12\"".into()));
+        lease.owner = Some("pod-a".into());
+        lease.timestamp = Some(time::macros::datetime!(2026-01-02 03:04:05 UTC));
+        let json = serde_json::to_value(&lease).unwrap();
+        assert_eq!(json["id"], "proc..-3F");
+        assert_eq!(json["LeaseToken"], "-3F");
+        assert_eq!(json["FeedRange"], serde_json::json!({"Range": {"min": "", "max": "3F"}}));
+        assert_eq!(json["Owner"], "pod-a");
+        assert_eq!(json["ContinuationToken"], "\"12\"");
+        assert_eq!(json["Mode"], "Incremental Feed");
+        assert_eq!(json["version"], 1);
+        assert_eq!(json["timestamp"], "2026-01-02T03:04:05Z");
+        assert!(json.get("_etag").is_none(), "system fields are never written");
+    }
+
+    #[test]
+    fn reads_a_dotnet_lease() {
+        let doc = serde_json::json!({
+            "id": "procacct.documents.azure.com_db==_coll==..-FF", "_etag": "\"0000\"", "version": 1,
+            "LeaseToken": "-FF", "FeedRange": {"Range": {"min": "", "max": "FF"}}, "Owner": null,
+            "ContinuationToken": "\"1526353662\"", "properties": {}, "Mode": "Incremental Feed",
+            "timestamp": "2024-05-01T10:00:00.1234567Z", "_ts": 1714557600
+        });
+        let lease = parse_lease(doc, String::new()).unwrap();
+        assert_eq!(lease.range(), Some(&EpkRange::full()));
+        assert_eq!(lease.etag, "\"0000\"");
+        assert_eq!(lease.continuation.as_deref(), Some("\"1526353662\""));
+        assert!(lease.owner.is_none());
+    }
+
+    #[test]
+    fn expiry_follows_owner_and_timestamp() {
+        let now = time::macros::datetime!(2026-01-01 00:01:00 UTC);
+        let mut lease = Lease::new("p", &EpkRange::full(), None);
+        assert!(lease.is_expired(now, Duration::from_secs(60)), "unowned is free");
+        lease.owner = Some("a".into());
+        lease.timestamp = Some(time::macros::datetime!(2026-01-01 00:00:30 UTC));
+        assert!(!lease.is_expired(now, Duration::from_secs(60)));
+        assert!(lease.is_expired(now, Duration::from_secs(10)));
+        lease.timestamp = None;
+        lease.server_ts = Some(now.unix_timestamp() - 5);
+        assert!(!lease.is_expired(now, Duration::from_secs(60)), "falls back to _ts");
+    }
+}

@@ -1,0 +1,24 @@
+//! The change feed processor: feed ranges divided among instances through lease documents,
+//! each batch handed to a [`ChangeHandler`] and checkpointed after it succeeded.
+//!
+//! One module per job: [`lease`] (documents and store), [`bootstrap`], [`balancer`] (pure
+//! policy), [`owned`] (renew/checkpoint/release of an owned lease), [`partition`] (the per-lease
+//! loop and splits), [`runtime`] (acquire cycle, renewer, shutdown), [`handler`], [`events`].
+
+pub mod balancer;
+pub mod bootstrap;
+pub mod events;
+pub mod handler;
+pub mod lease;
+pub mod observer;
+pub mod options;
+pub mod owned;
+pub mod partition;
+pub mod runtime;
+
+pub use events::{CloseReason, LeaseEvent};
+pub use handler::{Batch, ChangeHandler, HandlerError, StdoutHandler};
+pub use lease::{CosmosLeaseStore, Lease, LeaseStore, LeaseStoreError, lease_prefix};
+pub use observer::{NoopObserver, ProcessorObserver};
+pub use options::ProcessorOptions;
+pub use runtime::{ChangeFeedProcessor, ProcessorError, ProcessorHandle, Readiness};

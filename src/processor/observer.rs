@@ -1,0 +1,25 @@
+//! Hooks through which the processor reports what it does (metrics plug in here).
+
+use std::time::Duration;
+
+use super::events::LeaseEvent;
+
+/// Receives measurements from a running processor. Every method has a no-op default.
+pub trait ProcessorObserver: Send + Sync + 'static {
+    /// A change feed read finished (successfully or not) after `elapsed`, costing `request_charge` RU.
+    fn feed_read(&self, _lease: &str, _elapsed: Duration, _request_charge: f64) {}
+    /// The handler finished a batch of `documents` after `elapsed`.
+    fn handler_done(&self, _lease: &str, _elapsed: Duration, _ok: bool, _documents: usize) {}
+    /// A checkpoint was written after `elapsed`.
+    fn checkpointed(&self, _lease: &str, _elapsed: Duration) {}
+    /// The number of leases this instance owns changed.
+    fn leases_owned(&self, _count: usize) {}
+    /// A lease event happened.
+    fn lease_event(&self, _event: &LeaseEvent) {}
+}
+
+/// An observer that ignores everything.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoopObserver;
+
+impl ProcessorObserver for NoopObserver {}

@@ -1,0 +1,157 @@
+//! A lease this instance owns: the latest copy of its document, shared by the renewer and the
+//! partition loop so that our own writes never race each other, and the token that stops its
+//! processing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use time::OffsetDateTime;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use super::lease::{Lease, LeaseStore, LeaseStoreError};
+
+/// How many times an update is re-applied after a 412 while the lease is still ours (as the
+/// reference SDK does).
+const MAX_CONFLICT_RETRIES: usize = 6;
+
+/// Why an update of an owned lease did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum UpdateError {
+    /// Another instance owns the lease now; nothing was written.
+    #[error("lease is owned by {0:?} now")]
+    Lost(Option<String>),
+    /// The lease document no longer exists.
+    #[error("lease document was deleted")]
+    Gone,
+    /// The store failed (retry later).
+    #[error(transparent)]
+    Store(#[from] LeaseStoreError),
+}
+
+/// A lease owned by this instance.
+pub struct OwnedLease {
+    lease: Mutex<Lease>,
+    id: String,
+    token: String,
+    me: String,
+    store: Arc<dyn LeaseStore>,
+    cancel: CancellationToken,
+    lost: AtomicBool,
+}
+
+impl OwnedLease {
+    /// Wraps a lease this instance just acquired.
+    pub fn new(lease: Lease, me: &str, store: Arc<dyn LeaseStore>, parent: &CancellationToken) -> Arc<Self> {
+        Arc::new(Self {
+            id: lease.id.clone(),
+            token: lease.lease_token.clone(),
+            lease: Mutex::new(lease),
+            me: me.to_owned(),
+            store,
+            cancel: parent.child_token(),
+            lost: AtomicBool::new(false),
+        })
+    }
+
+    /// The lease document id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The lease token.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Cancelled when processing of this lease must stop.
+    pub fn cancelled(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Whether the lease was found owned by someone else (or deleted).
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// Stops processing because the lease is no longer ours.
+    pub fn mark_lost(&self) {
+        self.lost.store(true, Ordering::SeqCst);
+        self.cancel.cancel();
+    }
+
+    /// The latest known copy of the lease.
+    pub async fn current(&self) -> Lease {
+        self.lease.lock().await.clone()
+    }
+
+    /// Applies `change` and writes the lease with If-Match. On a 412 it re-reads: while the lease is
+    /// still ours the change is applied to the fresh copy and retried; otherwise nothing is written.
+    pub async fn update(&self, change: impl Fn(&mut Lease)) -> Result<Lease, UpdateError> {
+        let mut guard = self.lease.lock().await;
+        let mut last_error = None;
+        for _ in 0..MAX_CONFLICT_RETRIES {
+            let mut next = guard.clone();
+            change(&mut next);
+            next.timestamp = Some(OffsetDateTime::now_utc());
+            match self.store.replace(&next).await {
+                Ok(written) => {
+                    *guard = written.clone();
+                    return Ok(written);
+                }
+                Err(LeaseStoreError::Changed(_)) => match self.store.read(&self.id).await? {
+                    Some(current) if current.owner.as_deref() == Some(self.me.as_str()) => {
+                        *guard = current;
+                        last_error = Some(LeaseStoreError::Changed(self.id.clone()));
+                    }
+                    Some(current) => {
+                        self.mark_lost();
+                        return Err(UpdateError::Lost(current.owner));
+                    }
+                    None => {
+                        self.mark_lost();
+                        return Err(UpdateError::Gone);
+                    }
+                },
+                Err(LeaseStoreError::Gone(_)) => {
+                    self.mark_lost();
+                    return Err(UpdateError::Gone);
+                }
+                Err(other) => return Err(other.into()),
+            }
+        }
+        Err(UpdateError::Store(last_error.unwrap_or_else(|| LeaseStoreError::Changed(self.id.clone()))))
+    }
+
+    /// Extends the lease (writes a new timestamp).
+    pub async fn renew(&self) -> Result<Lease, UpdateError> {
+        self.update(|_| {}).await
+    }
+
+    /// Records the continuation after a handled batch.
+    pub async fn checkpoint(&self, continuation: &str) -> Result<Lease, UpdateError> {
+        self.update(|lease| lease.continuation = Some(continuation.to_owned())).await
+    }
+
+    /// Gives the lease up, keeping its continuation.
+    pub async fn release(&self) -> Result<Lease, UpdateError> {
+        self.update(|lease| lease.owner = None).await
+    }
+
+    /// Deletes the lease (after a split created its children), if it is still ours.
+    pub async fn delete(&self) -> Result<(), UpdateError> {
+        let mut guard = self.lease.lock().await;
+        for _ in 0..MAX_CONFLICT_RETRIES {
+            match self.store.delete(&guard).await {
+                Ok(()) => return Ok(()),
+                Err(LeaseStoreError::Changed(_)) => match self.store.read(&self.id).await? {
+                    Some(current) if current.owner.as_deref() == Some(self.me.as_str()) => *guard = current,
+                    Some(current) => return Err(UpdateError::Lost(current.owner)),
+                    None => return Ok(()),
+                },
+                Err(other) => return Err(other.into()),
+            }
+        }
+        Err(UpdateError::Store(LeaseStoreError::Changed(self.id.clone())))
+    }
+}

@@ -1,0 +1,281 @@
+//! The per-lease loop: read a page, hand it to the handler, checkpoint after success; detect
+//! splits and replace the lease by child leases that carry the right continuations.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use super::events::{CloseReason, LeaseEvent};
+use super::handler::Batch;
+use super::lease::Lease;
+use super::owned::{OwnedLease, UpdateError};
+use super::runtime::Shared;
+use crate::cosmos::{ChangePage, CosmosError, EpkRange, ErrorKind, RangeContinuation};
+
+/// How the processing of one lease ended.
+#[derive(Debug)]
+pub struct LeaseExit {
+    /// Why it ended.
+    pub reason: CloseReason,
+    /// Child leases (owned by this instance) that replace the lease after a split.
+    pub children: Vec<Lease>,
+}
+
+impl LeaseExit {
+    fn closed(reason: CloseReason) -> Self {
+        Self { reason, children: Vec::new() }
+    }
+}
+
+/// Sleeps unless cancelled first; `false` when cancelled.
+async fn pause(cancel: &CancellationToken, delay: Duration) -> bool {
+    tokio::select! {
+        _ = cancel.cancelled() => false,
+        _ = tokio::time::sleep(delay) => true,
+    }
+}
+
+fn stop_reason(owned: &OwnedLease) -> LeaseExit {
+    LeaseExit::closed(if owned.is_lost() { CloseReason::LeaseLost } else { CloseReason::Shutdown })
+}
+
+/// Processes one owned lease until it is lost, split, or the processor stops.
+pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
+    let cancel = owned.cancelled().clone();
+    let mut failures: u32 = 0;
+    loop {
+        if cancel.is_cancelled() {
+            return stop_reason(&owned);
+        }
+        let lease = owned.current().await;
+        let Some(range) = lease.range().cloned() else {
+            shared.emit_error(Some(owned.token()), "version-0 leases (partition key range ids) are not supported; recreate the lease container".into());
+            return LeaseExit::closed(CloseReason::Error);
+        };
+        let checkpoint = lease.continuation.clone();
+        let opened = shared
+            .monitored
+            .reader(&range, checkpoint.as_deref(), shared.options.start_from, shared.options.max_items)
+            .await;
+        let mut reader = match opened {
+            Ok(reader) => reader,
+            Err(error) => {
+                shared.emit_error(Some(owned.token()), format!("opening the change feed: {error}"));
+                if !pause(&cancel, shared.options.backoff(failures)).await {
+                    return stop_reason(&owned);
+                }
+                failures += 1;
+                continue;
+            }
+        };
+        // Read pages until the reader has to be rebuilt from the last checkpoint.
+        loop {
+            let started = std::time::Instant::now();
+            let page = tokio::select! {
+                _ = cancel.cancelled() => return stop_reason(&owned),
+                page = reader.next_page(shared.options.read_timeout) => page,
+            };
+            shared.observer.feed_read(owned.token(), started.elapsed(), page.as_ref().map(|p| p.request_charge).unwrap_or_default());
+            let page = match page {
+                Ok(page) => page,
+                Err(error) => {
+                    if matches!(error.kind, ErrorKind::RangeGone | ErrorKind::SplitInProgress)
+                        && let Some(exit) = split_from_checkpoint(&shared, &owned, &range, checkpoint.as_deref()).await
+                    {
+                        return exit;
+                    }
+                    if is_configuration_error(&error) {
+                        shared.emit_error(Some(owned.token()), format!("reading the change feed: {error}"));
+                    } else {
+                        tracing::debug!(lease = owned.token(), %error, "change feed read failed; retrying from the last checkpoint");
+                    }
+                    if !pause(&cancel, shared.options.backoff(failures)).await {
+                        return stop_reason(&owned);
+                    }
+                    failures += 1;
+                    break;
+                }
+            };
+            failures = 0;
+            let empty = page.documents.is_empty();
+            if !empty && !deliver(&shared, &owned, &page).await {
+                // Stopped while retrying a failing batch: nothing was checkpointed past it.
+                return stop_reason(&owned);
+            }
+            match advance(&shared, &owned, &range, &page).await {
+                Advance::Continue => {}
+                Advance::Rebuild => break,
+                Advance::Exit(exit) => return exit,
+            }
+            if empty && !pause(&cancel, shared.options.poll_interval).await {
+                return stop_reason(&owned);
+            }
+        }
+    }
+}
+
+fn is_configuration_error(error: &CosmosError) -> bool {
+    matches!(error.kind, ErrorKind::Unauthorized | ErrorKind::BadRequest | ErrorKind::NotFound)
+}
+
+/// Hands a batch to the handler until it succeeds. `false` when the lease was stopped meanwhile.
+async fn deliver(shared: &Shared, owned: &OwnedLease, page: &ChangePage) -> bool {
+    let batch = Batch { lease_token: owned.token(), documents: &page.documents };
+    let mut attempt = 0;
+    loop {
+        let started = std::time::Instant::now();
+        let result = shared.handler.handle(batch).await;
+        shared.observer.handler_done(owned.token(), started.elapsed(), result.is_ok(), page.documents.len());
+        match result {
+            Ok(()) => return true,
+            Err(error) => {
+                // Poison-batch handling (bounded retries, dead-lettering) plugs in here.
+                shared.emit_error(Some(owned.token()), format!("handler failed (attempt {}): {error}", attempt + 1));
+                if !pause(owned.cancelled(), shared.options.backoff(attempt)).await {
+                    return false;
+                }
+                attempt += 1;
+            }
+        }
+    }
+}
+
+enum Advance {
+    Continue,
+    Rebuild,
+    Exit(LeaseExit),
+}
+
+/// Checkpoints the position after a handled page, or splits the lease when the page shows the
+/// range now spans several partitions.
+async fn advance(shared: &Shared, owned: &OwnedLease, range: &EpkRange, page: &ChangePage) -> Advance {
+    let single = match page.continuations.as_slice() {
+        [only] if only.range == *range => Some(only.continuation.clone()),
+        _ => None,
+    };
+    let Some(continuation) = single else {
+        // The SDK followed a split of the range inside one stream: each child's position is known.
+        return match split(shared, owned, range, &page.continuations, None).await {
+            Some(exit) => Advance::Exit(exit),
+            None => Advance::Rebuild,
+        };
+    };
+    if page.documents.is_empty() && owned.current().await.continuation.as_deref() == Some(continuation.as_str()) {
+        return Advance::Continue;
+    }
+    let started = std::time::Instant::now();
+    let mut attempt = 0;
+    loop {
+        match owned.checkpoint(&continuation).await {
+            Ok(_) => {
+                shared.observer.checkpointed(owned.token(), started.elapsed());
+                if !page.documents.is_empty() {
+                    shared.emit(LeaseEvent::Checkpointed { lease: owned.token().to_owned(), documents: page.documents.len() });
+                }
+                return Advance::Continue;
+            }
+            Err(UpdateError::Lost(owner)) => {
+                tracing::info!(lease = owned.token(), new_owner = ?owner, "checkpoint found the lease owned by another instance");
+                return Advance::Exit(LeaseExit::closed(CloseReason::LeaseLost));
+            }
+            Err(UpdateError::Gone) => return Advance::Exit(LeaseExit::closed(CloseReason::LeaseGone)),
+            Err(UpdateError::Store(error)) => {
+                // The batch was handled; keep trying to record it rather than re-reading it.
+                shared.emit_error(Some(owned.token()), format!("checkpoint failed: {error}"));
+                if !pause(owned.cancelled(), shared.options.backoff(attempt)).await {
+                    return Advance::Exit(stop_reason(owned));
+                }
+                attempt += 1;
+            }
+        }
+    }
+}
+
+/// After a 410 or a split-window failure: if the feed ranges under the lease changed, split the
+/// lease with the last checkpoint as every child's continuation.
+async fn split_from_checkpoint(
+    shared: &Shared,
+    owned: &OwnedLease,
+    range: &EpkRange,
+    checkpoint: Option<&str>,
+) -> Option<LeaseExit> {
+    let ranges = match shared.monitored.feed_ranges(true).await {
+        Ok(ranges) => ranges,
+        Err(error) => {
+            tracing::debug!(lease = owned.token(), %error, "cannot refresh feed ranges");
+            return None;
+        }
+    };
+    let children: Vec<RangeContinuation> = ranges
+        .iter()
+        .filter(|r| range.contains(r))
+        .map(|r| RangeContinuation { range: r.clone(), continuation: checkpoint.unwrap_or_default().to_owned() })
+        .collect();
+    if children.len() < 2 {
+        return None;
+    }
+    split(shared, owned, range, &children, checkpoint).await
+}
+
+/// Replaces the lease by one child lease per part (owned by this instance), then deletes it.
+/// Parts of the range not covered by `parts` get `fallback` (the parent's checkpoint).
+async fn split(
+    shared: &Shared,
+    owned: &OwnedLease,
+    range: &EpkRange,
+    parts: &[RangeContinuation],
+    fallback: Option<&str>,
+) -> Option<LeaseExit> {
+    let parent = owned.current().await;
+    let fallback = fallback.map(str::to_owned).or_else(|| parent.continuation.clone());
+    let mut pieces: Vec<(EpkRange, Option<String>)> = Vec::new();
+    let mut cursor = range.min.clone();
+    let mut sorted: Vec<&RangeContinuation> = parts.iter().filter(|p| range.contains(&p.range)).collect();
+    sorted.sort_by(|a, b| a.range.cmp(&b.range));
+    for part in sorted {
+        if cursor < part.range.min {
+            pieces.push((EpkRange::new(cursor.clone(), part.range.min.clone()), fallback.clone()));
+        }
+        let continuation = Some(part.continuation.clone()).filter(|c| !c.is_empty()).or_else(|| fallback.clone());
+        pieces.push((part.range.clone(), continuation));
+        cursor = part.range.max.clone();
+    }
+    if cursor < range.max {
+        pieces.push((EpkRange::new(cursor, range.max.clone()), fallback.clone()));
+    }
+    if pieces.len() < 2 {
+        return None;
+    }
+    let prefix = shared.store.prefix().to_owned();
+    let mut children = Vec::new();
+    for (child_range, continuation) in pieces {
+        let mut child = Lease::new(&prefix, &child_range, continuation);
+        child.properties = parent.properties.clone();
+        child.owner = Some(shared.options.instance.clone());
+        child.timestamp = Some(OffsetDateTime::now_utc());
+        match shared.store.create(&child).await {
+            Ok(Some(created)) => children.push(created),
+            Ok(None) => match shared.store.read(&child.id).await {
+                // Created by an earlier attempt of this split; take it over as it is.
+                Ok(Some(existing)) => children.push(existing),
+                _ => return None,
+            },
+            Err(error) => {
+                shared.emit_error(Some(owned.token()), format!("creating child lease {}: {error}", child.lease_token));
+                return None;
+            }
+        }
+    }
+    match owned.delete().await {
+        Ok(()) | Err(UpdateError::Gone) => {}
+        Err(error) => {
+            shared.emit_error(Some(owned.token()), format!("deleting the split parent lease: {error}"));
+        }
+    }
+    let tokens: Vec<String> = children.iter().map(|c| c.lease_token.clone()).collect();
+    tracing::info!(lease = owned.token(), children = ?tokens, "lease split");
+    shared.emit(LeaseEvent::Split { parent: owned.token().to_owned(), children: tokens });
+    Some(LeaseExit { reason: CloseReason::Split, children })
+}

@@ -1,0 +1,376 @@
+//! The running processor: bootstrap, the acquire cycle, the renewer, one task per owned lease,
+//! and graceful shutdown.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use time::OffsetDateTime;
+use tokio::sync::broadcast;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::balancer::{LeaseState, leases_to_acquire};
+use super::bootstrap::bootstrap;
+use super::events::{CloseReason, LeaseEvent};
+use super::handler::ChangeHandler;
+use super::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError};
+use super::observer::{NoopObserver, ProcessorObserver};
+use super::options::ProcessorOptions;
+use super::owned::OwnedLease;
+use super::partition::{self, LeaseExit};
+use crate::cosmos::{CosmosError, MonitoredContainer};
+
+/// Errors that stop a processor from starting or running.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessorError {
+    /// The configuration cannot work.
+    #[error("{0}")]
+    Config(String),
+    /// The lease store failed.
+    #[error("lease store: {0}")]
+    Store(#[from] LeaseStoreError),
+    /// A Cosmos request failed.
+    #[error(transparent)]
+    Cosmos(#[from] CosmosError),
+}
+
+/// What the lease tasks share.
+pub struct Shared {
+    pub(crate) monitored: MonitoredContainer,
+    pub(crate) store: Arc<dyn LeaseStore>,
+    pub(crate) handler: Arc<dyn ChangeHandler>,
+    pub(crate) options: ProcessorOptions,
+    pub(crate) observer: Arc<dyn ProcessorObserver>,
+    events: broadcast::Sender<LeaseEvent>,
+    owned: Mutex<HashMap<String, Arc<OwnedLease>>>,
+    cycles: AtomicU64,
+    ready: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn emit(&self, event: LeaseEvent) {
+        self.observer.lease_event(&event);
+        let _ = self.events.send(event);
+    }
+
+    pub(crate) fn emit_error(&self, lease: Option<&str>, message: String) {
+        tracing::warn!(processor = %self.options.processor_name, instance = %self.options.instance, lease, "{message}");
+        self.emit(LeaseEvent::Error { lease: lease.map(str::to_owned), message });
+    }
+
+    fn owned_snapshot(&self) -> Vec<Arc<OwnedLease>> {
+        self.owned.lock().map(|m| m.values().cloned().collect()).unwrap_or_default()
+    }
+
+    fn owned_count(&self) -> usize {
+        self.owned.lock().map(|m| m.len()).unwrap_or_default()
+    }
+
+    fn is_owned(&self, id: &str) -> bool {
+        self.owned.lock().map(|m| m.contains_key(id)).unwrap_or_default()
+    }
+}
+
+/// A change feed processor: leases in a lease container, batches to a handler.
+pub struct ChangeFeedProcessor {
+    shared: Arc<Shared>,
+}
+
+impl ChangeFeedProcessor {
+    /// A processor reading `monitored`, coordinating through `store`, delivering to `handler`.
+    pub fn new(
+        monitored: MonitoredContainer,
+        store: Arc<dyn LeaseStore>,
+        handler: Arc<dyn ChangeHandler>,
+        options: ProcessorOptions,
+    ) -> Self {
+        let (events, _) = broadcast::channel(4096);
+        Self {
+            shared: Arc::new(Shared {
+                monitored,
+                store,
+                handler,
+                options,
+                observer: Arc::new(NoopObserver),
+                events,
+                owned: Mutex::new(HashMap::new()),
+                cycles: AtomicU64::new(0),
+                ready: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Reports measurements to `observer` (for example Prometheus metrics).
+    pub fn with_observer(self, observer: Arc<dyn ProcessorObserver>) -> Self {
+        let mut shared = match Arc::try_unwrap(self.shared) {
+            Ok(shared) => shared,
+            Err(shared) => return Self { shared },
+        };
+        shared.observer = observer;
+        Self { shared: Arc::new(shared) }
+    }
+
+    /// Lease lifecycle events from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<LeaseEvent> {
+        self.shared.events.subscribe()
+    }
+
+    /// Bootstraps the lease store (once per processor) and starts processing.
+    pub async fn start(self) -> Result<ProcessorHandle, ProcessorError> {
+        self.shared.options.validate().map_err(ProcessorError::Config)?;
+        let options = &self.shared.options;
+        bootstrap(self.shared.store.as_ref(), &self.shared.monitored, &options.instance, options.start_from).await?;
+        let shutdown = CancellationToken::new();
+        let leases = CancellationToken::new();
+        let coordinator = Coordinator { shared: self.shared.clone(), leases: leases.clone(), tasks: JoinSet::new() };
+        let task = tokio::spawn(coordinator.run(shutdown.clone()));
+        let renewer = tokio::spawn(renew_loop(self.shared.clone(), shutdown.clone()));
+        tracing::info!(processor = %options.processor_name, instance = %options.instance, "processor started");
+        Ok(ProcessorHandle { shared: self.shared, shutdown, leases, task, renewer })
+    }
+}
+
+/// A started processor.
+pub struct ProcessorHandle {
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    leases: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    renewer: tokio::task::JoinHandle<()>,
+}
+
+impl ProcessorHandle {
+    /// Lease lifecycle events from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<LeaseEvent> {
+        self.shared.events.subscribe()
+    }
+
+    /// Tokens of the leases this instance processes now.
+    pub fn owned_leases(&self) -> Vec<String> {
+        let mut tokens: Vec<String> = self.shared.owned_snapshot().iter().map(|o| o.token().to_owned()).collect();
+        tokens.sort();
+        tokens
+    }
+
+    /// Acquire cycles completed so far.
+    pub fn acquire_cycles(&self) -> u64 {
+        self.shared.cycles.load(Ordering::SeqCst)
+    }
+
+    /// Whether the processor is bootstrapped and its lease loop is running.
+    pub fn is_ready(&self) -> bool {
+        self.shared.ready.load(Ordering::SeqCst) && !self.task.is_finished()
+    }
+
+    /// A cheap handle for readiness checks that outlives `stop`.
+    pub fn readiness(&self) -> Readiness {
+        Readiness { shared: self.shared.clone() }
+    }
+
+    /// Graceful stop: stops reading, lets an in-flight batch finish and checkpoint, releases every
+    /// owned lease (keeping its continuation) and removes this instance's heartbeat.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.leases.cancel();
+        let _ = self.task.await;
+        let _ = self.renewer.await;
+    }
+
+    /// Stops at once without releasing anything, as a crash would (for tests and chaos).
+    pub fn abort(self) {
+        self.task.abort();
+        self.renewer.abort();
+        self.leases.cancel();
+    }
+}
+
+/// Readiness of a processor, for health endpoints.
+#[derive(Clone)]
+pub struct Readiness {
+    shared: Arc<Shared>,
+}
+
+impl Readiness {
+    /// Whether the processor is bootstrapped and its lease loop is running.
+    pub fn is_ready(&self) -> bool {
+        self.shared.ready.load(Ordering::SeqCst)
+    }
+
+    /// Leases owned now.
+    pub fn owned_leases(&self) -> usize {
+        self.shared.owned_count()
+    }
+}
+
+struct Coordinator {
+    shared: Arc<Shared>,
+    leases: CancellationToken,
+    tasks: JoinSet<(Arc<OwnedLease>, LeaseExit)>,
+}
+
+impl Coordinator {
+    async fn run(mut self, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.shared.options.acquire_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.shared.ready.store(true, Ordering::SeqCst);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tick.tick() => {
+                    self.acquire_cycle().await;
+                    self.shared.cycles.fetch_add(1, Ordering::SeqCst);
+                }
+                Some(joined) = self.tasks.join_next() => self.on_exit(joined).await,
+            }
+        }
+        self.shared.ready.store(false, Ordering::SeqCst);
+        self.leases.cancel();
+        while let Some(joined) = self.tasks.join_next().await {
+            self.on_exit(joined).await;
+        }
+        let me = &self.shared.options.instance;
+        if let Err(error) = self.shared.store.remove_heartbeat(me).await {
+            tracing::warn!(instance = %me, %error, "removing the heartbeat failed");
+        }
+        tracing::info!(processor = %self.shared.options.processor_name, instance = %me, "processor stopped");
+    }
+
+    fn start_lease(&mut self, lease: Lease) {
+        let owned = OwnedLease::new(lease, &self.shared.options.instance, self.shared.store.clone(), &self.leases);
+        if let Ok(mut map) = self.shared.owned.lock() {
+            map.insert(owned.id().to_owned(), owned.clone());
+        }
+        self.shared.observer.leases_owned(self.shared.owned_count());
+        let shared = self.shared.clone();
+        self.tasks.spawn(async move {
+            let exit = partition::run(shared, owned.clone()).await;
+            (owned, exit)
+        });
+    }
+
+    async fn on_exit(&mut self, joined: Result<(Arc<OwnedLease>, LeaseExit), tokio::task::JoinError>) {
+        let Ok((owned, exit)) = joined else {
+            tracing::error!("a lease task panicked");
+            return;
+        };
+        if let Ok(mut map) = self.shared.owned.lock() {
+            map.remove(owned.id());
+        }
+        if exit.reason == CloseReason::Shutdown
+            && let Err(error) = owned.release().await
+        {
+            tracing::warn!(lease = owned.token(), %error, "releasing the lease failed; it frees itself on expiry");
+        }
+        tracing::info!(processor = %self.shared.options.processor_name, instance = %self.shared.options.instance, lease = owned.token(), reason = exit.reason.as_str(), "lease closed");
+        self.shared.emit(LeaseEvent::Closed { lease: owned.token().to_owned(), reason: exit.reason });
+        let me = self.shared.options.instance.clone();
+        for child in exit.children {
+            if child.owner.as_deref() == Some(me.as_str()) && !self.leases.is_cancelled() {
+                self.shared.emit(LeaseEvent::Acquired { lease: child.lease_token.clone(), previous_owner: None });
+                self.start_lease(child);
+            }
+        }
+        self.shared.observer.leases_owned(self.shared.owned_count());
+    }
+
+    async fn acquire_cycle(&mut self) {
+        let me = self.shared.options.instance.clone();
+        if let Err(error) = self.shared.store.heartbeat(&me).await {
+            self.shared.emit_error(None, format!("heartbeat failed: {error}"));
+        }
+        let snapshot = match self.shared.store.snapshot().await {
+            Ok(snapshot) => snapshot,
+            Err(error) => {
+                self.shared.emit_error(None, format!("listing leases failed: {error}"));
+                return;
+            }
+        };
+        let now = OffsetDateTime::now_utc();
+        let expiration = self.shared.options.expiration;
+        self.drop_lost(&snapshot, &me);
+        let states: Vec<LeaseState> = snapshot
+            .leases
+            .iter()
+            .map(|l| LeaseState {
+                id: l.id.clone(),
+                live_owner: if l.is_expired(now, expiration) { None } else { l.owner.clone() },
+            })
+            .collect();
+        let live: Vec<String> = snapshot
+            .instances
+            .iter()
+            .filter(|(_, beat)| *beat + expiration > now)
+            .map(|(name, _)| name.clone())
+            .collect();
+        // Leases the store says are ours but that no task processes (a restart under the same
+        // name) are taken up again first.
+        let mut wanted: Vec<String> = snapshot
+            .leases
+            .iter()
+            .filter(|l| l.owner.as_deref() == Some(me.as_str()) && !self.shared.is_owned(&l.id))
+            .map(|l| l.id.clone())
+            .collect();
+        wanted.extend(leases_to_acquire(&states, &me, &live));
+        for id in wanted {
+            let Some(lease) = snapshot.leases.iter().find(|l| l.id == id) else { continue };
+            if self.shared.is_owned(&id) {
+                continue;
+            }
+            let previous_owner = if lease.is_expired(now, expiration) { None } else { lease.owner.clone() }
+                .filter(|o| *o != me);
+            let mut next = lease.clone();
+            next.owner = Some(me.clone());
+            next.timestamp = Some(OffsetDateTime::now_utc());
+            match self.shared.store.replace(&next).await {
+                Ok(acquired) => {
+                    tracing::info!(processor = %self.shared.options.processor_name, instance = %me, lease = %acquired.lease_token, previous_owner = ?previous_owner, "lease acquired");
+                    self.shared.emit(LeaseEvent::Acquired { lease: acquired.lease_token.clone(), previous_owner });
+                    self.start_lease(acquired);
+                }
+                Err(LeaseStoreError::Changed(_) | LeaseStoreError::Gone(_)) => {
+                    tracing::debug!(lease = %lease.lease_token, "another instance moved first");
+                }
+                Err(error) => self.shared.emit_error(Some(&lease.lease_token), format!("acquiring failed: {error}")),
+            }
+        }
+    }
+
+    /// Stops processing leases the store shows with another owner (or no longer has).
+    fn drop_lost(&self, snapshot: &LeaseSnapshot, me: &str) {
+        for owned in self.shared.owned_snapshot() {
+            let still_mine = snapshot
+                .leases
+                .iter()
+                .any(|l| l.id == owned.id() && l.owner.as_deref() == Some(me));
+            if !still_mine && !owned.cancelled().is_cancelled() {
+                tracing::info!(lease = owned.token(), "lease taken by another instance");
+                owned.mark_lost();
+            }
+        }
+    }
+}
+
+async fn renew_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(shared.options.renew_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        for owned in shared.owned_snapshot() {
+            if owned.cancelled().is_cancelled() {
+                continue;
+            }
+            match owned.renew().await {
+                Ok(_) => {}
+                Err(super::owned::UpdateError::Store(error)) => {
+                    shared.emit_error(Some(owned.token()), format!("renew failed: {error}"));
+                }
+                Err(lost) => tracing::info!(lease = owned.token(), reason = %lost, "renew found the lease lost"),
+            }
+        }
+    }
+}
