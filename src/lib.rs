@@ -4,7 +4,10 @@
 //! - [`processor`]: the change feed processor (leases, balancing, checkpoints, splits).
 //! - [`emulator`]: the SDK's in-memory emulator served over loopback HTTP (`cfp emulator`).
 
+pub mod cli;
 pub mod cosmos;
 #[cfg(feature = "emulator")]
 pub mod emulator;
 pub mod processor;
+pub mod signals;
+pub mod worker;

@@ -1,1 +1,51 @@
-fn main() {}
+//! `cfp`: one binary for the operator, the workers, the estimator and the local emulator.
+
+use std::process::ExitCode;
+
+use changefeed_operator::cli::{self, Command};
+
+fn main() -> ExitCode {
+    let cli = match cli::config_file::parse(std::env::args_os()) {
+        Ok(cli) => cli,
+        Err(cli::config_file::ParseError::Clap(e)) => e.exit(),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result: Result<(), String> = runtime.block_on(async {
+        match &cli.command {
+            #[cfg(feature = "emulator")]
+            Command::Emulator(args) => cli::emulator::run(args).await.map_err(|e| format!("cfp emulator: {e}")),
+            Command::Worker(args) => cli::worker::run(args).await.map_err(|e| format!("cfp worker: {e}")),
+            Command::Write(args) => cli::write::run(args).await.map_err(|e| format!("cfp write: {e}")),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to standard error (standard output carries data); `RUST_LOG` sets the level.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,azure_data_cosmos=warn,azure_data_cosmos_driver=warn,azure_core=warn"));
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}

@@ -11,6 +11,9 @@
 //!    at or below its fair share is never robbed, and two instances can never trade a lease back
 //!    and forth (ping-pong).
 //!
+//! An instance does not steal in its first cycle: that cycle announces it (heartbeat), so that
+//! instances starting together all count each other before anyone steals.
+//!
 //! Among equally good candidates each instance prefers a different order (a hash of its name
 //! and the lease id), so instances that act in the same cycle rarely race for the same lease.
 
@@ -26,7 +29,7 @@ pub struct LeaseState {
 }
 
 /// The leases `me` should try to acquire now, free ones first, then ones to steal.
-pub fn leases_to_acquire(leases: &[LeaseState], me: &str, live_instances: &[String]) -> Vec<String> {
+pub fn leases_to_acquire(leases: &[LeaseState], me: &str, live_instances: &[String], may_steal: bool) -> Vec<String> {
     if leases.is_empty() {
         return Vec::new();
     }
@@ -62,6 +65,9 @@ pub fn leases_to_acquire(leases: &[LeaseState], me: &str, live_instances: &[Stri
         mine += 1;
     }
 
+    if !may_steal {
+        return take;
+    }
     let mut by_owner: BTreeMap<&str, Vec<&LeaseState>> = BTreeMap::new();
     for lease in leases {
         if let Some(owner) = lease.live_owner.as_deref().filter(|o| *o != me) {
@@ -130,7 +136,7 @@ mod tests {
         let mut moves = 0;
         for cycle in 0..20 {
             let plans: Vec<(String, Vec<String>)> =
-                names.iter().map(|me| ((*me).to_owned(), leases_to_acquire(&state, me, &live))).collect();
+                names.iter().map(|me| ((*me).to_owned(), leases_to_acquire(&state, me, &live, true))).collect();
             let mut changed = false;
             let mut claimed = BTreeSet::new();
             for (me, ids) in plans {
@@ -180,12 +186,19 @@ mod tests {
         ];
         for case in cases {
             let state = leases(case.owners, case.free);
-            let got = leases_to_acquire(&state, case.me, &instances(case.live));
+            let got = leases_to_acquire(&state, case.me, &instances(case.live), true);
             assert_eq!(got.len(), case.want, "{}: {got:?}", case.name);
             let unique: BTreeSet<_> = got.iter().collect();
             assert_eq!(unique.len(), got.len(), "{}: duplicates", case.name);
             assert!(got.iter().all(|id| !id.starts_with(&format!("{}-", case.me))), "{}: took own lease", case.name);
         }
+    }
+
+    #[test]
+    fn first_cycle_takes_only_free_leases() {
+        let state = leases(&[("a", 6)], 2);
+        assert_eq!(leases_to_acquire(&state, "b", &[], false).len(), 2);
+        assert!(leases_to_acquire(&leases(&[("a", 8)], 0), "b", &[], false).is_empty());
     }
 
     #[test]

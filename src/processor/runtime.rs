@@ -311,7 +311,8 @@ impl Coordinator {
             .filter(|l| l.owner.as_deref() == Some(me.as_str()) && !self.shared.is_owned(&l.id))
             .map(|l| l.id.clone())
             .collect();
-        wanted.extend(leases_to_acquire(&states, &me, &live));
+        let may_steal = self.shared.cycles.load(Ordering::SeqCst) > 0;
+        wanted.extend(leases_to_acquire(&states, &me, &live, may_steal));
         for id in wanted {
             let Some(lease) = snapshot.leases.iter().find(|l| l.id == id) else { continue };
             if self.shared.is_owned(&id) {

@@ -1,0 +1,161 @@
+//! Argument definitions. Every worker flag can also come from `CFP_<NAME>` or a config file.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Azure Cosmos DB change feed processing, run as a scaled set of workers.
+#[derive(Debug, Parser)]
+#[command(name = "cfp", version, about)]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve a local Cosmos DB (the Cosmos SDK's in-memory emulator) on loopback.
+    #[cfg(feature = "emulator")]
+    Emulator(EmulatorArgs),
+    /// Run one change feed processor instance.
+    Worker(Box<WorkerArgs>),
+    /// Write generated documents into a container (for trying things out and load tests).
+    Write(WriteArgs),
+}
+
+/// `cfp emulator`.
+#[cfg(feature = "emulator")]
+#[derive(Debug, Args)]
+pub struct EmulatorArgs {
+    /// Port to listen on.
+    #[arg(long, default_value_t = 8081, env = "CFP_EMULATOR_PORT")]
+    pub port: u16,
+    /// Address to listen on (loopback by default).
+    #[arg(long, default_value = "127.0.0.1", env = "CFP_EMULATOR_HOST")]
+    pub host: std::net::IpAddr,
+    /// A container to create at start: `database/container[:/partitionKeyPath[:partitions]]`
+    /// (default partition key `/id`, 4 partitions). Repeatable.
+    #[arg(long = "container", value_name = "SPEC")]
+    pub containers: Vec<crate::emulator::ContainerSpec>,
+}
+
+/// How the account is reached.
+#[derive(Debug, Args, Clone)]
+pub struct ConnectionArgs {
+    /// Account endpoint, for example `https://myaccount.documents.azure.com:443/`.
+    #[arg(long, env = "CFP_ENDPOINT", default_value = "http://127.0.0.1:8081/")]
+    pub endpoint: String,
+    /// Account key (defaults to the emulator's well-known key).
+    #[arg(long, env = "CFP_KEY", hide_env_values = true, default_value = crate::cosmos::EMULATOR_KEY, hide_default_value = true)]
+    pub key: String,
+    /// Database of the monitored container.
+    #[arg(long, env = "CFP_DATABASE")]
+    pub database: String,
+    /// The monitored container.
+    #[arg(long, env = "CFP_CONTAINER")]
+    pub container: String,
+}
+
+/// Where a new lease starts reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartFromArg {
+    /// All retained changes.
+    Beginning,
+    /// Changes after the processor first started.
+    Now,
+    /// Changes at or after a time.
+    Time(time::OffsetDateTime),
+}
+
+impl std::str::FromStr for StartFromArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "beginning" => Ok(Self::Beginning),
+            "now" => Ok(Self::Now),
+            _ => time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+                .map(Self::Time)
+                .map_err(|_| format!("expected beginning, now or an RFC 3339 time such as 2026-01-31T12:00:00Z, got {s:?}")),
+        }
+    }
+}
+
+/// The built-in handlers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HandlerKind {
+    /// One JSON line per changed document on standard output.
+    Stdout,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (use forms like 500ms, 2s, 1m)"))
+}
+
+/// `cfp worker`.
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// A YAML file whose keys are these flags' names (for example `lease-expiration: 30s`);
+    /// flags and environment variables take precedence over it.
+    #[arg(long, env = "CFP_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
+    /// Database of the lease container (default: --database).
+    #[arg(long, env = "CFP_LEASE_DATABASE")]
+    pub lease_database: Option<String>,
+    /// The lease container.
+    #[arg(long, env = "CFP_LEASE_CONTAINER", default_value = "leases")]
+    pub lease_container: String,
+    /// Do not create the lease container when it is missing.
+    #[arg(long, env = "CFP_NO_CREATE_LEASES")]
+    pub no_create_leases: bool,
+    /// Processor (deployment unit) name; lease ids are prefixed with it.
+    #[arg(long, env = "CFP_PROCESSOR", default_value = "changefeed")]
+    pub processor: String,
+    /// This instance's name, unique within the processor (default: the host name).
+    #[arg(long, env = "CFP_INSTANCE")]
+    pub instance: Option<String>,
+    /// Where leases without a checkpoint start: beginning, now, or an RFC 3339 time.
+    #[arg(long, env = "CFP_START_FROM", default_value = "beginning")]
+    pub start_from: StartFromArg,
+    /// Where batches go.
+    #[arg(long, env = "CFP_HANDLER", value_enum, default_value = "stdout")]
+    pub handler: HandlerKind,
+    /// Maximum documents per batch.
+    #[arg(long, env = "CFP_MAX_ITEMS", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_items: u32,
+    /// Wait after a read that returned no changes.
+    #[arg(long, env = "CFP_POLL_INTERVAL", default_value = "5s", value_parser = duration)]
+    pub poll_interval: Duration,
+    /// How often leases are balanced among instances.
+    #[arg(long, env = "CFP_LEASE_ACQUIRE_INTERVAL", default_value = "13s", value_parser = duration)]
+    pub lease_acquire_interval: Duration,
+    /// How often owned leases are renewed.
+    #[arg(long, env = "CFP_LEASE_RENEW_INTERVAL", default_value = "17s", value_parser = duration)]
+    pub lease_renew_interval: Duration,
+    /// A lease not renewed for this long is taken over by others.
+    #[arg(long, env = "CFP_LEASE_EXPIRATION", default_value = "60s", value_parser = duration)]
+    pub lease_expiration: Duration,
+    /// Port for /metrics, /healthz and /readyz (off when not given).
+    #[arg(long, env = "CFP_METRICS_PORT")]
+    pub metrics_port: Option<u16>,
+}
+
+/// `cfp write`.
+#[derive(Debug, Args)]
+pub struct WriteArgs {
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
+    /// How many documents to write.
+    #[arg(long, default_value_t = 100)]
+    pub count: u64,
+    /// Id of the first document (`doc-<n>`); later ones count up.
+    #[arg(long, default_value_t = 0)]
+    pub first: u64,
+    /// Documents written concurrently.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+}
