@@ -82,7 +82,7 @@ fn config_args(command: &Command, name: &str, matches: &ArgMatches, path: &Path)
             continue;
         }
         let flag = format!("--{key}");
-        let takes_value = arg.get_num_args().is_none_or(|n| n.takes_values());
+        let takes_value = arg.get_action().takes_values();
         match value {
             serde_yaml::Value::Bool(true) if !takes_value => out.push(flag.into()),
             serde_yaml::Value::Bool(false) if !takes_value => {}

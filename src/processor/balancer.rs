@@ -1,23 +1,21 @@
 //! The load-balancing policy: which leases one instance takes in an acquire cycle. Pure.
 //!
 //! Unlike the reference "equal partitions" strategy, which steals at most one lease per cycle,
-//! an instance takes everything it needs in one cycle:
-//! 1. it counts every live instance (lease owners and heartbeats, so that a new instance that
-//!    owns nothing yet is counted by everyone), and from that its fair share: `L / W` or one more,
-//!    with exactly `L % W` instances holding one more;
-//! 2. it takes free (expired or unowned) leases first;
-//! 3. then it steals from the most loaded owners, but only from an owner that holds more than
-//!    the floor share and at least two more than the thief would after the steal — so an owner
-//!    at or below its fair share is never robbed, and two instances can never trade a lease back
-//!    and forth (ping-pong).
+//! instances converge in one cycle after they have announced themselves:
+//! 1. every live instance is counted: lease owners and heartbeats, so that a new instance that owns
+//!    nothing yet is counted by everyone;
+//! 2. the fair share is `L / W`, and the `L % W` instances that hold the most leases now may keep
+//!    one more (fewest moves);
+//! 3. every instance computes the same plan from the same snapshot — free leases first, then
+//!    leases from owners above their share, the most loaded first — and takes only its own part,
+//!    so instances acting in the same cycle do not race for the same lease;
+//! 4. an owner at or below its share is never robbed, and shares depend only on counts, so two
+//!    instances never trade a lease back and forth.
 //!
-//! An instance does not steal in its first cycle: that cycle announces it (heartbeat), so that
-//! instances starting together all count each other before anyone steals.
-//!
-//! Among equally good candidates each instance prefers a different order (a hash of its name
-//! and the lease id), so instances that act in the same cycle rarely race for the same lease.
+//! An instance that joins a running processor announces itself (heartbeat) and waits a fraction of
+//! a cycle before its first acquire, so that instances starting together all count each other.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// What the balancer needs to know about one lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,87 +27,74 @@ pub struct LeaseState {
 }
 
 /// The leases `me` should try to acquire now, free ones first, then ones to steal.
-pub fn leases_to_acquire(leases: &[LeaseState], me: &str, live_instances: &[String], may_steal: bool) -> Vec<String> {
+pub fn leases_to_acquire(leases: &[LeaseState], me: &str, live_instances: &[String]) -> Vec<String> {
     if leases.is_empty() {
         return Vec::new();
     }
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut held: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for name in live_instances.iter().map(String::as_str).chain([me]) {
+        held.entry(name).or_default();
+    }
+    let mut free: Vec<&str> = Vec::new();
     for lease in leases {
-        if let Some(owner) = &lease.live_owner {
-            *counts.entry(owner.as_str()).or_default() += 1;
+        match &lease.live_owner {
+            Some(owner) => held.entry(owner.as_str()).or_default().push(&lease.id),
+            None => free.push(&lease.id),
         }
     }
-    let mut workers: BTreeSet<&str> = counts.keys().copied().collect();
-    workers.extend(live_instances.iter().map(String::as_str));
-    workers.insert(me);
-
-    let total = leases.len();
-    let floor = total / workers.len();
-    let extra = total % workers.len();
-    let ceil = floor + usize::from(extra > 0);
-    let mut mine = counts.get(me).copied().unwrap_or(0);
-    let others_at_ceil = counts.iter().filter(|(w, c)| **w != me && **c >= ceil).count();
-    let target = if extra > 0 && others_at_ceil < extra { ceil } else { floor };
-    if mine >= target {
-        return Vec::new();
+    free.sort_unstable();
+    for ids in held.values_mut() {
+        ids.sort_unstable();
     }
 
-    let mut take = Vec::new();
-    let mut free: Vec<&LeaseState> = leases.iter().filter(|l| l.live_owner.is_none()).collect();
-    free.sort_by_key(|l| preference(me, &l.id));
-    for lease in free {
-        if mine == target {
-            return take;
-        }
-        take.push(lease.id.clone());
-        mine += 1;
-    }
+    // Shares: the floor for everyone, one more for the `extra` instances holding the most.
+    let workers = held.len();
+    let floor = leases.len() / workers;
+    let extra = leases.len() % workers;
+    let mut by_load: Vec<(&str, usize)> = held.iter().map(|(w, ids)| (*w, ids.len())).collect();
+    by_load.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let share: BTreeMap<&str, usize> =
+        by_load.iter().enumerate().map(|(rank, (w, _))| (*w, floor + usize::from(rank < extra))).collect();
 
-    if !may_steal {
-        return take;
-    }
-    let mut by_owner: BTreeMap<&str, Vec<&LeaseState>> = BTreeMap::new();
-    for lease in leases {
-        if let Some(owner) = lease.live_owner.as_deref().filter(|o| *o != me) {
-            by_owner.entry(owner).or_default().push(lease);
-        }
-    }
-    for held in by_owner.values_mut() {
-        held.sort_by_key(|l| std::cmp::Reverse(preference(me, &l.id)));
-    }
-    while mine < target {
-        // The most loaded owner (ties broken by name, so every instance sees the same order).
-        let Some((_, held)) = by_owner
-            .iter_mut()
-            .max_by(|(a, x), (b, y)| x.len().cmp(&y.len()).then(b.cmp(a)))
-        else {
-            break;
-        };
-        let held_count = held.len();
-        if held_count <= floor || held_count < mine + 2 {
-            break;
-        }
-        if let Some(lease) = held.pop() {
-            take.push(lease.id.clone());
-            mine += 1;
-        }
-    }
-    take
-}
+    // Who needs how many, the largest deficit first.
+    let mut needy: Vec<(&str, usize)> = held
+        .iter()
+        .filter_map(|(w, ids)| share[w].checked_sub(ids.len()).filter(|n| *n > 0).map(|n| (*w, n)))
+        .collect();
+    needy.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
 
-/// A per-instance order over lease ids (FNV-1a of both), stable across runs.
-fn preference(me: &str, id: &str) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in me.bytes().chain([0]).chain(id.bytes()) {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    // Donors give from the end of their sorted list, the most loaded donor first.
+    let mut donors: Vec<(&str, Vec<&str>)> = held
+        .iter()
+        .filter(|(w, ids)| ids.len() > share[*w])
+        .map(|(w, ids)| (*w, ids[share[w]..].to_vec()))
+        .collect();
+    donors.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
+
+    let mut free = free.into_iter();
+    let mut mine = Vec::new();
+    for (worker, need) in needy {
+        for _ in 0..need {
+            let pick = match free.next() {
+                Some(id) => Some(id),
+                None => {
+                    donors.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
+                    donors.first_mut().and_then(|(_, ids)| ids.pop())
+                }
+            };
+            let Some(id) = pick else { break };
+            if worker == me {
+                mine.push(id.to_owned());
+            }
+        }
     }
-    hash
+    mine
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     fn leases(owners: &[(&str, usize)], free: usize) -> Vec<LeaseState> {
         let mut out = Vec::new();
@@ -136,7 +121,7 @@ mod tests {
         let mut moves = 0;
         for cycle in 0..20 {
             let plans: Vec<(String, Vec<String>)> =
-                names.iter().map(|me| ((*me).to_owned(), leases_to_acquire(&state, me, &live, true))).collect();
+                names.iter().map(|me| ((*me).to_owned(), leases_to_acquire(&state, me, &live))).collect();
             let mut changed = false;
             let mut claimed = BTreeSet::new();
             for (me, ids) in plans {
@@ -177,28 +162,22 @@ mod tests {
             Case { name: "alone takes every free lease", owners: &[], free: 8, me: "a", live: &[], want: 8 },
             Case { name: "nothing to take at fair share", owners: &[("a", 4), ("b", 4)], free: 0, me: "a", live: &[], want: 0 },
             Case { name: "new instance steals its whole share at once", owners: &[("a", 32)], free: 0, me: "b", live: &["c", "d"], want: 8 },
-            Case { name: "free leases before stealing", owners: &[("a", 6)], free: 2, me: "b", live: &[], want: 2 },
-            Case { name: "never steal from an owner at fair share", owners: &[("a", 3), ("b", 3), ("c", 2)], free: 0, me: "d", live: &[], want: 0 },
+            Case { name: "free leases before stealing", owners: &[("a", 6)], free: 2, me: "b", live: &[], want: 4 },
+            Case { name: "never steal from an owner at fair share", owners: &[("a", 2), ("b", 2), ("c", 2), ("d", 1)], free: 0, me: "d", live: &[], want: 0 },
+            Case { name: "a newcomer takes from those above the new share", owners: &[("a", 3), ("b", 3), ("c", 2)], free: 0, me: "d", live: &[], want: 2 },
             Case { name: "one over ceil gives one", owners: &[("a", 5), ("b", 3)], free: 0, me: "c", live: &[], want: 2 },
-            Case { name: "uneven: the remainder goes to those already at ceil", owners: &[("a", 3), ("b", 3), ("c", 3)], free: 1, me: "d", live: &[], want: 1 },
+            Case { name: "uneven: the remainder stays with the most loaded", owners: &[("a", 3), ("b", 3), ("c", 3)], free: 1, me: "d", live: &[], want: 2 },
             Case { name: "no ping-pong between neighbours one apart", owners: &[("a", 5), ("b", 4)], free: 0, me: "b", live: &[], want: 0 },
             Case { name: "no leases", owners: &[], free: 0, me: "a", live: &["b"], want: 0 },
         ];
         for case in cases {
             let state = leases(case.owners, case.free);
-            let got = leases_to_acquire(&state, case.me, &instances(case.live), true);
+            let got = leases_to_acquire(&state, case.me, &instances(case.live));
             assert_eq!(got.len(), case.want, "{}: {got:?}", case.name);
             let unique: BTreeSet<_> = got.iter().collect();
             assert_eq!(unique.len(), got.len(), "{}: duplicates", case.name);
             assert!(got.iter().all(|id| !id.starts_with(&format!("{}-", case.me))), "{}: took own lease", case.name);
         }
-    }
-
-    #[test]
-    fn first_cycle_takes_only_free_leases() {
-        let state = leases(&[("a", 6)], 2);
-        assert_eq!(leases_to_acquire(&state, "b", &[], false).len(), 2);
-        assert!(leases_to_acquire(&leases(&[("a", 8)], 0), "b", &[], false).is_empty());
     }
 
     #[test]
@@ -218,6 +197,19 @@ mod tests {
             assert!(max - min <= 1, "{total} over {names:?}: {counts:?}");
             assert!(cycles <= 2, "{total} over {names:?}: {cycles} cycles");
         }
+    }
+
+    #[test]
+    fn simultaneous_thieves_never_pick_the_same_lease() {
+        let state = leases(&[("a", 32)], 0);
+        let live = instances(&["a", "b", "c", "d"]);
+        let mut seen = BTreeSet::new();
+        for me in ["b", "c", "d"] {
+            for id in leases_to_acquire(&state, me, &live) {
+                assert!(seen.insert(id.clone()), "{id} planned twice");
+            }
+        }
+        assert_eq!(seen.len(), 24);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use time::OffsetDateTime;
 use tokio::sync::broadcast;
@@ -211,6 +212,11 @@ struct Coordinator {
 
 impl Coordinator {
     async fn run(mut self, shutdown: CancellationToken) {
+        let delay = self.join_delay().await;
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep(delay) => {}
+        }
         let mut tick = tokio::time::interval(self.shared.options.acquire_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.shared.ready.store(true, Ordering::SeqCst);
@@ -234,6 +240,29 @@ impl Coordinator {
             tracing::warn!(instance = %me, %error, "removing the heartbeat failed");
         }
         tracing::info!(processor = %self.shared.options.processor_name, instance = %me, "processor stopped");
+    }
+
+    /// Announces this instance. When it joins a processor that others are running, it waits
+    /// a quarter to half a cycle before its first acquire so that instances starting together
+    /// all count each other; a processor nobody runs yet is started at once.
+    async fn join_delay(&self) -> Duration {
+        let me = &self.shared.options.instance;
+        if let Err(error) = self.shared.store.heartbeat(me).await {
+            self.shared.emit_error(None, format!("heartbeat failed: {error}"));
+        }
+        let now = OffsetDateTime::now_utc();
+        let expiration = self.shared.options.expiration;
+        let others_running = match self.shared.store.snapshot().await {
+            Ok(snapshot) => snapshot.leases.iter().any(|l| {
+                !l.is_expired(now, expiration) && l.owner.as_deref().is_some_and(|o| o != me)
+            }),
+            Err(_) => false,
+        };
+        if others_running {
+            self.shared.options.acquire_interval.mul_f64(0.25 + fastrand::f64() * 0.25)
+        } else {
+            Duration::ZERO
+        }
     }
 
     fn start_lease(&mut self, lease: Lease) {
@@ -311,19 +340,24 @@ impl Coordinator {
             .filter(|l| l.owner.as_deref() == Some(me.as_str()) && !self.shared.is_owned(&l.id))
             .map(|l| l.id.clone())
             .collect();
-        let may_steal = self.shared.cycles.load(Ordering::SeqCst) > 0;
-        wanted.extend(leases_to_acquire(&states, &me, &live, may_steal));
-        for id in wanted {
-            let Some(lease) = snapshot.leases.iter().find(|l| l.id == id) else { continue };
-            if self.shared.is_owned(&id) {
-                continue;
+        wanted.extend(leases_to_acquire(&states, &me, &live));
+        // All acquisitions of a cycle go out together: others see this cycle's result at once.
+        let attempts = wanted.iter().filter_map(|id| {
+            let lease = snapshot.leases.iter().find(|l| &l.id == id)?;
+            if self.shared.is_owned(id) {
+                return None;
             }
             let previous_owner = if lease.is_expired(now, expiration) { None } else { lease.owner.clone() }
                 .filter(|o| *o != me);
             let mut next = lease.clone();
             next.owner = Some(me.clone());
             next.timestamp = Some(OffsetDateTime::now_utc());
-            match self.shared.store.replace(&next).await {
+            let store = self.shared.store.clone();
+            Some(async move { (store.replace(&next).await, lease, previous_owner) })
+        });
+        let results = futures::future::join_all(attempts).await;
+        for (result, lease, previous_owner) in results {
+            match result {
                 Ok(acquired) => {
                     tracing::info!(processor = %self.shared.options.processor_name, instance = %me, lease = %acquired.lease_token, previous_owner = ?previous_owner, "lease acquired");
                     self.shared.emit(LeaseEvent::Acquired { lease: acquired.lease_token.clone(), previous_owner });

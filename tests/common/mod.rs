@@ -1,0 +1,202 @@
+//! Test harness: an in-process SDK emulator with a monitored and a lease container, processor
+//! instances with short lease timings, a handler that records deliveries, and bounded waits.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use changefeed_operator::cosmos::{CosmosAccount, DocumentContainer, StartFrom};
+use changefeed_operator::emulator::{ContainerSpec, Emulator};
+use changefeed_operator::processor::{
+    Batch, ChangeFeedProcessor, ChangeHandler, HandlerError, Lease, LeaseStore, ProcessorHandle, ProcessorOptions,
+};
+use changefeed_operator::worker::{WorkerSettings, build_processor};
+use serde_json::json;
+
+pub const DB: &str = "db";
+pub const ITEMS: &str = "items";
+pub const LEASES: &str = "leases";
+pub const PROCESSOR: &str = "proc";
+
+/// Every delivery: document id → instances it was delivered to, in order.
+#[derive(Clone, Default)]
+pub struct Deliveries {
+    inner: Arc<Mutex<HashMap<String, Vec<String>>>>,
+}
+
+impl Deliveries {
+    pub fn record(&self, instance: &str, ids: impl IntoIterator<Item = String>) {
+        let mut map = self.inner.lock().unwrap();
+        for id in ids {
+            map.entry(id).or_default().push(instance.to_owned());
+        }
+    }
+
+    pub fn distinct(&self) -> usize {
+        self.inner.lock().unwrap().len()
+    }
+
+    pub fn total(&self) -> usize {
+        self.inner.lock().unwrap().values().map(Vec::len).sum()
+    }
+
+    /// Ids delivered more than once.
+    pub fn duplicates(&self) -> Vec<String> {
+        let map = self.inner.lock().unwrap();
+        let mut dups: Vec<String> = map.iter().filter(|(_, v)| v.len() > 1).map(|(k, _)| k.clone()).collect();
+        dups.sort();
+        dups
+    }
+
+    /// Of `expected`, the ids never delivered.
+    pub fn missing(&self, expected: impl IntoIterator<Item = String>) -> Vec<String> {
+        let map = self.inner.lock().unwrap();
+        expected.into_iter().filter(|id| !map.contains_key(id)).collect()
+    }
+
+    pub fn ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.inner.lock().unwrap().keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    pub fn clear(&self) {
+        self.inner.lock().unwrap().clear();
+    }
+}
+
+/// Records each document id with the instance it was delivered to.
+pub struct RecordingHandler {
+    pub instance: String,
+    pub deliveries: Deliveries,
+}
+
+#[async_trait]
+impl ChangeHandler for RecordingHandler {
+    async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
+        self.deliveries.record(
+            &self.instance,
+            batch.documents.iter().filter_map(|d| d["id"].as_str().map(str::to_owned)),
+        );
+        Ok(())
+    }
+}
+
+/// An emulator with `db/items` (partition key `/pk`) and the account that reaches it.
+pub struct Env {
+    pub emulator: Emulator,
+    pub account: CosmosAccount,
+    pub items: DocumentContainer,
+    pub deliveries: Deliveries,
+}
+
+impl Env {
+    pub async fn new(partitions: u32) -> Self {
+        let emulator = Emulator::in_process();
+        let spec = ContainerSpec { database: DB.into(), container: ITEMS.into(), partition_key: "/pk".into(), partitions };
+        emulator.create_container(&spec).await.unwrap();
+        let account = emulator.account().await.unwrap();
+        let items = account.documents(DB, ITEMS).await.unwrap();
+        Self { emulator, account, items, deliveries: Deliveries::default() }
+    }
+
+    /// Short timings: acquire every 500 ms, renew every 300 ms, expire after 2 s, poll every 50 ms.
+    pub fn options(&self, instance: &str) -> ProcessorOptions {
+        let mut options = ProcessorOptions::new(PROCESSOR, instance);
+        options.acquire_interval = Duration::from_millis(500);
+        options.renew_interval = Duration::from_millis(300);
+        options.expiration = Duration::from_secs(2);
+        options.poll_interval = Duration::from_millis(50);
+        options.min_backoff = Duration::from_millis(50);
+        options.max_backoff = Duration::from_millis(500);
+        options.read_timeout = Duration::from_secs(10);
+        options.start_from = StartFrom::Beginning;
+        options
+    }
+
+    pub fn settings(&self, options: ProcessorOptions) -> WorkerSettings {
+        WorkerSettings {
+            database: DB.into(),
+            container: ITEMS.into(),
+            lease_database: DB.into(),
+            lease_container: LEASES.into(),
+            create_leases: true,
+            options,
+        }
+    }
+
+    pub async fn processor(&self, options: ProcessorOptions, handler: Arc<dyn ChangeHandler>) -> ChangeFeedProcessor {
+        build_processor(&self.account, &self.account, &self.settings(options), handler).await.unwrap()
+    }
+
+    /// Starts an instance recording into `self.deliveries`.
+    pub async fn start(&self, options: ProcessorOptions) -> ProcessorHandle {
+        let handler = Arc::new(RecordingHandler { instance: options.instance.clone(), deliveries: self.deliveries.clone() });
+        self.processor(options, handler).await.start().await.unwrap()
+    }
+
+    /// Upserts `doc-<n>` for each n, spread over 97 logical partitions.
+    pub async fn write(&self, range: std::ops::Range<usize>) {
+        use futures::StreamExt;
+        futures::stream::iter(range)
+            .for_each_concurrent(32, |n| async move {
+                let pk = format!("pk-{}", n % 97);
+                self.items.upsert(&pk, &json!({"id": format!("doc-{n}"), "pk": pk, "n": n})).await.unwrap();
+            })
+            .await;
+    }
+
+    /// A direct view of the lease container (same prefix as the instances).
+    pub async fn store(&self) -> Arc<dyn LeaseStore> {
+        let monitored = self.account.monitored(DB, ITEMS).await.unwrap();
+        let docs = self.account.documents(DB, LEASES).await.unwrap();
+        let prefix = changefeed_operator::processor::lease_prefix(PROCESSOR, self.account.host(), monitored.database_rid(), monitored.rid());
+        Arc::new(changefeed_operator::processor::CosmosLeaseStore::new(docs, prefix).unwrap())
+    }
+
+    pub async fn leases(&self) -> Vec<Lease> {
+        self.store().await.snapshot().await.unwrap().leases
+    }
+
+    /// Lease count per owner in the store (unowned under "").
+    pub async fn owners(&self) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for lease in self.leases().await {
+            *counts.entry(lease.owner.unwrap_or_default()).or_default() += 1;
+        }
+        counts
+    }
+}
+
+pub fn ids(range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|n| format!("doc-{n}")).collect()
+}
+
+/// Polls `check` every 50 ms until it holds or `timeout` passes; returns whether it held.
+pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether every owner in `counts` (besides unowned) holds `share` or `share + 1` and none is unowned.
+pub fn fair(counts: &BTreeMap<String, usize>, instances: usize, leases: usize) -> bool {
+    let floor = leases / instances;
+    counts.get("").is_none()
+        && counts.len() == instances
+        && counts.values().all(|c| *c == floor || *c == floor + usize::from(leases % instances > 0))
+}

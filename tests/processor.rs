@@ -1,0 +1,270 @@
+//! The change feed processor against the SDK's in-memory emulator: balancing, failover,
+//! graceful handoff, splits, lost leases and restarts.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use changefeed_operator::processor::{CloseReason, LeaseEvent};
+use common::{Env, eventually, fair, ids};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_instances_share_eight_partitions_and_lose_nothing() {
+    let env = Env::new(8).await;
+    let mut handles = Vec::new();
+    for name in ["a", "b", "c", "d"] {
+        handles.push(env.start(env.options(name)).await);
+    }
+    let total = 20_000;
+    let writer = async {
+        for chunk in 0..20 {
+            env.write(chunk * 1000..(chunk + 1) * 1000).await;
+        }
+    };
+    writer.await;
+    let delivered = eventually(Duration::from_secs(120), || async { env.deliveries.distinct() >= total }).await;
+    let missing = env.deliveries.missing(ids(0..total));
+    assert!(delivered && missing.is_empty(), "{} documents never delivered, e.g. {:?}", missing.len(), &missing[..missing.len().min(5)]);
+    let balanced = eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 4, 8) }).await;
+    let owners = env.owners().await;
+    println!(
+        "4 instances / 8 partitions: written {total}, delivered {} distinct ({} deliveries, {} duplicates), lost 0, leases per instance {owners:?}",
+        env.deliveries.distinct(),
+        env.deliveries.total(),
+        env.deliveries.duplicates().len()
+    );
+    assert!(balanced, "not at fair share: {owners:?}");
+    for handle in handles {
+        handle.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_instance_leases_are_taken_over_after_expiry() {
+    let env = Env::new(4).await;
+    let a = env.start(env.options("a")).await;
+    let b = env.start(env.options("b")).await;
+    assert!(eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 2, 4) }).await, "{:?}", env.owners().await);
+    env.write(0..2000).await;
+    let crashed_at = Instant::now();
+    a.abort();
+    env.write(2000..4000).await;
+    let taken = eventually(Duration::from_secs(15), || async { env.owners().await.get("b") == Some(&4) }).await;
+    let takeover = crashed_at.elapsed();
+    assert!(taken, "b did not take a's leases: {:?}", env.owners().await);
+    assert!(eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 4000 }).await);
+    let missing = env.deliveries.missing(ids(0..4000));
+    println!(
+        "crash failover: takeover after {takeover:.1?} (expiration 2 s, acquire 0.5 s), written 4000, delivered {} distinct, {} duplicates, lost {}",
+        env.deliveries.distinct(),
+        env.deliveries.duplicates().len(),
+        missing.len()
+    );
+    assert!(missing.is_empty(), "lost {missing:?}");
+    assert!(takeover >= Duration::from_secs(2), "taken before expiry: {takeover:?}");
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_hands_leases_over_within_one_cycle_without_duplicates() {
+    let env = Env::new(6).await;
+    let a = env.start(env.options("a")).await;
+    let b = env.start(env.options("b")).await;
+    let c = env.start(env.options("c")).await;
+    assert!(eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 3, 6) }).await, "{:?}", env.owners().await);
+    // Settle: no lease moves while documents flow.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    env.write(0..3000).await;
+    assert!(eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 3000 }).await);
+
+    let stopped_at = Instant::now();
+    let writes = tokio::spawn({
+        let items = env.items.clone();
+        async move {
+            for n in 3000..6000usize {
+                let pk = format!("pk-{}", n % 97);
+                items.upsert(&pk, &serde_json::json!({"id": format!("doc-{n}"), "pk": pk})).await.unwrap();
+            }
+        }
+    });
+    c.stop().await;
+    let handed_over = eventually(Duration::from_secs(5), || async {
+        let owners = env.owners().await;
+        owners.get("a") == Some(&3) && owners.get("b") == Some(&3)
+    })
+    .await;
+    let handoff = stopped_at.elapsed();
+    writes.await.unwrap();
+    assert!(handed_over, "leases not picked up: {:?}", env.owners().await);
+    assert!(eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 6000 }).await);
+    let missing = env.deliveries.missing(ids(0..6000));
+    let duplicates = env.deliveries.duplicates();
+    println!(
+        "graceful stop: leases picked up {handoff:.2?} after stop (acquire interval 0.5 s), written 6000, delivered {} distinct, duplicates {}, lost {}",
+        env.deliveries.distinct(),
+        duplicates.len(),
+        missing.len()
+    );
+    assert!(handoff < Duration::from_millis(500) + Duration::from_millis(700), "handoff took {handoff:?}");
+    assert!(missing.is_empty() && duplicates.is_empty(), "missing {missing:?} duplicates {duplicates:?}");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scaling_one_to_four_reaches_fair_share_within_two_cycles() {
+    let env = Env::new(32).await;
+    let a = env.start(env.options("a")).await;
+    assert!(eventually(Duration::from_secs(10), || async { env.owners().await.get("a") == Some(&32) }).await);
+    let mut events = Vec::new();
+    let mut new = Vec::new();
+    for name in ["b", "c", "d"] {
+        let handle = env.start(env.options(name)).await;
+        events.push(handle.subscribe());
+        new.push(handle);
+    }
+    let reached = eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 4, 32) }).await;
+    let cycles = new.iter().map(|h| h.acquire_cycles()).max().unwrap_or_default();
+    assert!(reached, "no fair share: {:?}", env.owners().await);
+    // Let one more cycle pass: nothing may move after the fair share was reached.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut moves = 0;
+    for rx in &mut events {
+        while let Ok(event) = rx.try_recv() {
+            if let LeaseEvent::Acquired { previous_owner: Some(_), .. } = event {
+                moves += 1;
+            }
+        }
+    }
+    println!("scale 1 -> 4 over 32 leases: fair share after {cycles} acquire cycles of the new instances, {moves} lease moves (minimum 24), final {:?}", env.owners().await);
+    assert!(cycles <= 2, "took {cycles} cycles");
+    assert!(moves <= 26, "moves {moves} > minimum 24 + 10 %");
+    assert!(fair(&env.owners().await, 4, 32));
+    a.stop().await;
+    for handle in new {
+        handle.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_while_writing_replaces_the_parent_lease_and_loses_nothing() {
+    let env = Env::new(2).await;
+    let a = env.start(env.options("a")).await;
+    let b = env.start(env.options("b")).await;
+    let mut events = a.subscribe();
+    let mut events_b = b.subscribe();
+    assert!(eventually(Duration::from_secs(10), || async { env.leases().await.len() == 2 }).await);
+    env.write(0..1000).await;
+    let writes = tokio::spawn({
+        let items = env.items.clone();
+        async move {
+            for n in 1000..4000usize {
+                let pk = format!("pk-{}", n % 97);
+                items.upsert(&pk, &serde_json::json!({"id": format!("doc-{n}"), "pk": pk})).await.unwrap();
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let partitions = env.emulator.split(common::DB, common::ITEMS, None, Duration::from_millis(200)).await.unwrap();
+    writes.await.unwrap();
+    assert_eq!(partitions.len(), 3);
+    let replaced = eventually(Duration::from_secs(20), || async {
+        let leases = env.leases().await;
+        let mut ranges: Vec<_> = leases.iter().filter_map(|l| l.range().cloned()).collect();
+        ranges.sort();
+        let mut want: Vec<_> = partitions.iter().map(|p| p.range.clone()).collect();
+        want.sort();
+        ranges == want
+    })
+    .await;
+    assert!(replaced, "leases {:?} do not match partitions {partitions:?}", env.leases().await.iter().map(|l| l.lease_token.clone()).collect::<Vec<_>>());
+    assert!(eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 4000 }).await);
+    let missing = env.deliveries.missing(ids(0..4000));
+    let mut splits = 0;
+    for rx in [&mut events, &mut events_b] {
+        while let Ok(event) = rx.try_recv() {
+            if matches!(event, LeaseEvent::Split { .. }) {
+                splits += 1;
+            }
+        }
+    }
+    println!(
+        "split while writing: {} leases after the split, {splits} split event(s), written 4000, delivered {} distinct, {} duplicates, lost {}",
+        env.leases().await.len(),
+        env.deliveries.distinct(),
+        env.deliveries.duplicates().len(),
+        missing.len()
+    );
+    assert_eq!(splits, 1);
+    assert!(missing.is_empty(), "lost {missing:?}");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_with_a_stale_etag_writes_nothing_and_reports_the_lease_lost() {
+    let env = Env::new(1).await;
+    let mut options = env.options("a");
+    // Only the checkpoint may notice the new owner: no renewals or acquire cycles meanwhile.
+    options.acquire_interval = Duration::from_secs(600);
+    options.renew_interval = Duration::from_secs(300);
+    options.expiration = Duration::from_secs(600);
+    let a = env.start(options).await;
+    let mut events = a.subscribe();
+    env.write(0..50).await;
+    assert!(eventually(Duration::from_secs(10), || async { env.deliveries.distinct() >= 50 }).await);
+    assert!(eventually(Duration::from_secs(5), || async { env.leases().await[0].continuation.is_some() }).await);
+
+    // Another owner takes the lease behind a's back (as a steal would).
+    let store = env.store().await;
+    let mut lease = env.leases().await.remove(0);
+    lease.owner = Some("intruder".into());
+    let taken = store.replace(&lease).await.unwrap();
+    env.write(50..60).await;
+
+    let lost = eventually(Duration::from_secs(10), || {
+        let mut found = false;
+        while let Ok(event) = events.try_recv() {
+            found |= matches!(event, LeaseEvent::Closed { reason: CloseReason::LeaseLost, .. });
+        }
+        async move { found }
+    })
+    .await;
+    assert!(lost, "no lease-lost event");
+    let after = env.leases().await.remove(0);
+    println!(
+        "stale ETag: lease lost reported, owner after {:?}, continuation unchanged {}",
+        after.owner,
+        after.continuation == taken.continuation
+    );
+    assert_eq!(after.owner.as_deref(), Some("intruder"));
+    assert_eq!(after.etag, taken.etag, "a wrote to a lease it no longer owns");
+    assert_eq!(after.continuation, taken.continuation, "the continuation regressed or moved");
+    assert!(a.owned_leases().is_empty());
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_resumes_from_the_checkpoints() {
+    let env = Env::new(4).await;
+    let a = env.start(env.options("a")).await;
+    env.write(0..1000).await;
+    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 1000 }).await);
+    a.stop().await;
+    env.deliveries.clear();
+    env.write(1000..1500).await;
+    let again = env.start(env.options("a2")).await;
+    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 500 }).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let replayed: Vec<String> = env.deliveries.ids().into_iter().filter(|id| ids(0..1000).contains(id)).collect();
+    let missing = env.deliveries.missing(ids(1000..1500));
+    println!(
+        "restart: after the restart delivered {} distinct, of them {} written before the stop, lost {}",
+        env.deliveries.distinct(),
+        replayed.len(),
+        missing.len()
+    );
+    assert!(missing.is_empty());
+    assert!(replayed.is_empty(), "replayed {replayed:?}");
+    again.stop().await;
+}
