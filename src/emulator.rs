@@ -72,7 +72,10 @@ impl std::str::FromStr for ContainerSpec {
     type Err = EmulatorError;
 
     fn from_str(spec: &str) -> Result<Self, Self::Err> {
-        let bad = |reason: &str| EmulatorError::InvalidSpec { spec: spec.to_owned(), reason: reason.to_owned() };
+        let bad = |reason: &str| EmulatorError::InvalidSpec {
+            spec: spec.to_owned(),
+            reason: reason.to_owned(),
+        };
         let mut parts = spec.splitn(3, ':');
         let names = parts.next().unwrap_or_default();
         let (database, container) = names
@@ -85,11 +88,18 @@ impl std::str::FromStr for ContainerSpec {
         }
         let partitions = match parts.next() {
             None => 4,
-            Some(n) => n.parse::<u32>().ok().filter(|n| (1..=1024).contains(n)).ok_or_else(|| {
-                bad("the partition count must be a whole number from 1 to 1024")
-            })?,
+            Some(n) => n
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=1024).contains(n))
+                .ok_or_else(|| bad("the partition count must be a whole number from 1 to 1024"))?,
         };
-        Ok(Self { database: database.to_owned(), container: container.to_owned(), partition_key, partitions })
+        Ok(Self {
+            database: database.to_owned(),
+            container: container.to_owned(),
+            partition_key,
+            partitions,
+        })
     }
 }
 
@@ -121,7 +131,10 @@ impl Emulator {
         let config = VirtualAccountConfig::new(vec![VirtualRegion::new("East US", gateway.clone())])
             .map_err(CosmosError::from)?;
         let client = InMemoryEmulatorHttpClient::try_new(config).map_err(CosmosError::from)?;
-        Ok(Self { client: Arc::new(client), gateway })
+        Ok(Self {
+            client: Arc::new(client),
+            gateway,
+        })
     }
 
     /// A new account for in-process use only (no HTTP server).
@@ -146,7 +159,10 @@ impl Emulator {
         if !self.exists(&format!("dbs/{}", spec.database)).await? {
             store.create_database(&spec.database);
         }
-        if self.exists(&format!("dbs/{}/colls/{}", spec.database, spec.container)).await? {
+        if self
+            .exists(&format!("dbs/{}/colls/{}", spec.database, spec.container))
+            .await?
+        {
             return Ok(());
         }
         let pk = serde_json::from_value(serde_json::json!({
@@ -170,9 +186,11 @@ impl Emulator {
         request.insert_header("x-ms-version", "2020-07-15");
         let response = self.client.execute_request(&request).await.map_err(CosmosError::from)?;
         let status = u16::from(response.status());
-        let body = response.into_body().collect().await.map_err(|e| {
-            CosmosError::local(ErrorKind::Other, format!("reading {path}: {e}"))
-        })?;
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| CosmosError::local(ErrorKind::Other, format!("reading {path}: {e}")))?;
         Ok((status, body))
     }
 
@@ -203,7 +221,10 @@ impl Emulator {
         let mut out: Vec<PhysicalPartition> = parsed
             .ranges
             .into_iter()
-            .map(|r| PhysicalPartition { id: r.id, range: EpkRange::new(r.min, r.max) })
+            .map(|r| PhysicalPartition {
+                id: r.id,
+                range: EpkRange::new(r.min, r.max),
+            })
             .collect();
         out.sort_by(|a, b| a.range.cmp(&b.range));
         Ok(out)
@@ -282,7 +303,10 @@ impl Emulator {
         }
         match self.forward(req).await {
             Ok(response) => response,
-            Err(error) => json_response(503, &serde_json::json!({"code": "ServiceUnavailable", "message": error.to_string()})),
+            Err(error) => json_response(
+                503,
+                &serde_json::json!({"code": "ServiceUnavailable", "message": error.to_string()}),
+            ),
         }
     }
 
@@ -297,14 +321,17 @@ impl Emulator {
         let mut url = self.gateway.clone();
         // The Python SDK sends a trailing slash on resource paths; the store does not expect one.
         let path = parts.uri.path();
-        let trimmed = if path.len() > 1 { path.trim_end_matches('/') } else { path };
+        let trimmed = if path.len() > 1 {
+            path.trim_end_matches('/')
+        } else {
+            path
+        };
         url.set_path(trimmed);
         url.set_query(parts.uri.query());
-        let method: Method = parts
-            .method
-            .as_str()
-            .parse()
-            .map_err(|_| CosmosError::local(ErrorKind::BadRequest, format!("unsupported method {}", parts.method)))?;
+        let method: Method =
+            parts.method.as_str().parse().map_err(|_| {
+                CosmosError::local(ErrorKind::BadRequest, format!("unsupported method {}", parts.method))
+            })?;
         let mut request = Request::new(url, method);
         for (name, value) in &parts.headers {
             if let Ok(value) = value.to_str() {
@@ -331,22 +358,27 @@ impl Emulator {
         let params: std::collections::HashMap<String, String> =
             url::form_urlencoded::parse(query.as_bytes()).into_owned().collect();
         let (Some(database), Some(container)) = (params.get("database"), params.get("container")) else {
-            return json_response(400, &serde_json::json!({"message": "database and container are required"}));
+            return json_response(
+                400,
+                &serde_json::json!({"message": "database and container are required"}),
+            );
         };
         let result = match (method, action) {
             (hyper::Method::GET, "ranges") => self.partitions(database, container).await,
             (hyper::Method::POST, "split") => {
                 let lock_ms = params.get("lockMs").and_then(|v| v.parse().ok()).unwrap_or(100);
                 let partition = params.get("partition").map(String::as_str);
-                self.split(database, container, partition, Duration::from_millis(lock_ms)).await
+                self.split(database, container, partition, Duration::from_millis(lock_ms))
+                    .await
             }
             _ => return json_response(404, &serde_json::json!({"message": "unknown control endpoint"})),
         };
         match result {
             Ok(partitions) => json_response(200, &serde_json::json!({ "partitions": partitions })),
-            Err(EmulatorError::NoSuchContainer(name)) => {
-                json_response(404, &serde_json::json!({"message": format!("container {name} does not exist")}))
-            }
+            Err(EmulatorError::NoSuchContainer(name)) => json_response(
+                404,
+                &serde_json::json!({"message": format!("container {name} does not exist")}),
+            ),
             Err(error) => json_response(409, &serde_json::json!({"message": error.to_string()})),
         }
     }
@@ -355,16 +387,21 @@ impl Emulator {
 fn json_response(status: u16, body: &serde_json::Value) -> hyper::Response<Full<Bytes>> {
     let mut response = hyper::Response::new(Full::new(Bytes::from(body.to_string())));
     *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
-    response
-        .headers_mut()
-        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
     response
 }
 
 /// Binds `addr`, builds an emulator whose gateway is the bound address, and creates `containers`.
 pub async fn bind(addr: SocketAddr, containers: &[ContainerSpec]) -> Result<(Emulator, TcpListener), EmulatorError> {
-    let listener = TcpListener::bind(addr).await.map_err(|source| EmulatorError::Bind { addr, source })?;
-    let local = listener.local_addr().map_err(|source| EmulatorError::Bind { addr, source })?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| EmulatorError::Bind { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| EmulatorError::Bind { addr, source })?;
     let emulator = Emulator::new(&format!("http://{local}/"))?;
     for spec in containers {
         emulator.create_container(spec).await?;
@@ -381,7 +418,12 @@ mod tests {
         let spec: ContainerSpec = "db/coll:/pk:8".parse().unwrap();
         assert_eq!(
             spec,
-            ContainerSpec { database: "db".into(), container: "coll".into(), partition_key: "/pk".into(), partitions: 8 }
+            ContainerSpec {
+                database: "db".into(),
+                container: "coll".into(),
+                partition_key: "/pk".into(),
+                partitions: 8
+            }
         );
         let short: ContainerSpec = "db/leases".parse().unwrap();
         assert_eq!((short.partition_key.as_str(), short.partitions), ("/id", 4));

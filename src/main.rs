@@ -40,8 +40,9 @@ fn main() -> ExitCode {
 
 /// Logs go to standard error (standard output carries data); `RUST_LOG` sets the level.
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,azure_data_cosmos=warn,azure_data_cosmos_driver=warn,azure_core=warn"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,azure_data_cosmos=warn,azure_data_cosmos_driver=warn,azure_core=warn")
+    });
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use crate::cosmos::{CosmosAccount, CosmosError, ErrorKind};
-use crate::processor::{ChangeFeedProcessor, ChangeHandler, CosmosLeaseStore, LeaseStoreError, ProcessorOptions, lease_prefix};
+use crate::processor::{
+    ChangeFeedProcessor, ChangeHandler, CosmosLeaseStore, LeaseStoreError, ProcessorOptions, lease_prefix,
+};
 
 /// Where a worker reads from and keeps its leases.
 #[derive(Debug, Clone)]
@@ -55,7 +57,10 @@ fn classify(error: CosmosError, context: &str, missing: impl FnOnce() -> WorkerE
     match error.kind {
         ErrorKind::NotFound => missing(),
         ErrorKind::Unauthorized => WorkerError::Unauthorized(error.message),
-        _ => WorkerError::Cosmos { context: context.to_owned(), source: error },
+        _ => WorkerError::Cosmos {
+            context: context.to_owned(),
+            source: error,
+        },
     }
 }
 
@@ -72,21 +77,45 @@ pub async fn build_processor(
     let monitored = account
         .monitored(&settings.database, &settings.container)
         .await
-        .map_err(|e| classify(e, "opening the monitored container", || WorkerError::MonitoredMissing(monitored_name.clone())))?;
+        .map_err(|e| {
+            classify(e, "opening the monitored container", || {
+                WorkerError::MonitoredMissing(monitored_name.clone())
+            })
+        })?;
     if settings.create_leases {
         lease_account
             .ensure_container(&settings.lease_database, &settings.lease_container, "/id")
             .await
-            .map_err(|e| classify(e, "creating the lease container", || WorkerError::LeasesMissing(lease_name.clone())))?;
+            .map_err(|e| {
+                classify(e, "creating the lease container", || {
+                    WorkerError::LeasesMissing(lease_name.clone())
+                })
+            })?;
     }
     let leases = lease_account
         .documents(&settings.lease_database, &settings.lease_container)
         .await
-        .map_err(|e| classify(e, "opening the lease container", || WorkerError::LeasesMissing(lease_name.clone())))?;
-    let prefix = lease_prefix(&settings.options.processor_name, account.host(), monitored.database_rid(), monitored.rid());
+        .map_err(|e| {
+            classify(e, "opening the lease container", || {
+                WorkerError::LeasesMissing(lease_name.clone())
+            })
+        })?;
+    let prefix = lease_prefix(
+        &settings.options.processor_name,
+        account.host(),
+        monitored.database_rid(),
+        monitored.rid(),
+    );
     let store = CosmosLeaseStore::new(leases, prefix).map_err(|e| match e {
-        LeaseStoreError::Misconfigured(message) => WorkerError::LeaseContainer(format!("lease container {lease_name}: {message}")),
+        LeaseStoreError::Misconfigured(message) => {
+            WorkerError::LeaseContainer(format!("lease container {lease_name}: {message}"))
+        }
         other => WorkerError::LeaseContainer(other.to_string()),
     })?;
-    Ok(ChangeFeedProcessor::new(monitored, Arc::new(store), handler, settings.options.clone()))
+    Ok(ChangeFeedProcessor::new(
+        monitored,
+        Arc::new(store),
+        handler,
+        settings.options.clone(),
+    ))
 }

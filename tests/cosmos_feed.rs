@@ -8,9 +8,20 @@ use serde_json::json;
 
 const READ: Duration = Duration::from_secs(10);
 
-async fn setup(partitions: u32) -> (Emulator, MonitoredContainer, changefeed_operator::cosmos::DocumentContainer) {
+async fn setup(
+    partitions: u32,
+) -> (
+    Emulator,
+    MonitoredContainer,
+    changefeed_operator::cosmos::DocumentContainer,
+) {
     let emulator = Emulator::in_process();
-    let spec = ContainerSpec { database: "db".into(), container: "items".into(), partition_key: "/pk".into(), partitions };
+    let spec = ContainerSpec {
+        database: "db".into(),
+        container: "items".into(),
+        partition_key: "/pk".into(),
+        partitions,
+    };
     emulator.create_container(&spec).await.unwrap();
     let account = emulator.account().await.unwrap();
     let monitored = account.monitored("db", "items").await.unwrap();
@@ -21,7 +32,9 @@ async fn setup(partitions: u32) -> (Emulator, MonitoredContainer, changefeed_ope
 async fn write(docs: &changefeed_operator::cosmos::DocumentContainer, ids: std::ops::Range<usize>) {
     for i in ids {
         let pk = format!("pk{}", i % 97);
-        docs.upsert(&pk, &json!({"id": format!("d{i}"), "pk": pk, "n": i})).await.unwrap();
+        docs.upsert(&pk, &json!({"id": format!("d{i}"), "pk": pk, "n": i}))
+            .await
+            .unwrap();
     }
 }
 
@@ -59,11 +72,21 @@ async fn ranges_beginning_now_and_resume_from_a_raw_continuation() {
     for (range, anchor) in ranges.iter().zip(&anchors) {
         let mut from_start = monitored.reader(range, None, StartFrom::Beginning, 7).await.unwrap();
         let (all, end) = drain(&mut from_start).await;
-        let mut resumed = monitored.reader(range, Some(anchor), StartFrom::Beginning, 100).await.unwrap();
+        let mut resumed = monitored
+            .reader(range, Some(anchor), StartFrom::Beginning, 100)
+            .await
+            .unwrap();
         let (after_anchor, _) = drain(&mut resumed).await;
-        assert_eq!(all.len(), after_anchor.len(), "the anchor precedes every write of {range}");
+        assert_eq!(
+            all.len(),
+            after_anchor.len(),
+            "the anchor precedes every write of {range}"
+        );
         // Resuming from the end continuation yields nothing new.
-        let mut at_end = monitored.reader(range, Some(&end), StartFrom::Beginning, 100).await.unwrap();
+        let mut at_end = monitored
+            .reader(range, Some(&end), StartFrom::Beginning, 100)
+            .await
+            .unwrap();
         assert!(drain(&mut at_end).await.0.is_empty());
         total += all.len();
     }
@@ -75,12 +98,18 @@ async fn a_split_fans_a_parent_continuation_out_to_its_children() {
     let (emulator, monitored, docs) = setup(2).await;
     let ranges = monitored.feed_ranges(false).await.unwrap();
     let parent: EpkRange = ranges[0].clone();
-    let mut reader = monitored.reader(&parent, None, StartFrom::Beginning, 1000).await.unwrap();
+    let mut reader = monitored
+        .reader(&parent, None, StartFrom::Beginning, 1000)
+        .await
+        .unwrap();
     write(&docs, 0..100).await;
     let (before, checkpoint) = drain(&mut reader).await;
     write(&docs, 100..200).await;
 
-    let after = emulator.split("db", "items", None, Duration::from_millis(50)).await.unwrap();
+    let after = emulator
+        .split("db", "items", None, Duration::from_millis(50))
+        .await
+        .unwrap();
     assert_eq!(after.len(), 3);
     let refreshed = monitored.feed_ranges(true).await.unwrap();
     assert_eq!(refreshed.len(), 3);
@@ -90,12 +119,18 @@ async fn a_split_fans_a_parent_continuation_out_to_its_children() {
     // Each child resumed from the parent's checkpoint delivers exactly its share of the new writes.
     let mut child_ids = Vec::new();
     for child in &children {
-        let mut r = monitored.reader(child, Some(&checkpoint), StartFrom::Beginning, 1000).await.unwrap();
+        let mut r = monitored
+            .reader(child, Some(&checkpoint), StartFrom::Beginning, 1000)
+            .await
+            .unwrap();
         let (ids, _) = drain(&mut r).await;
         child_ids.extend(ids);
     }
     // The parent reader opened before the split sees the split as several continuations.
-    let mut parent_reader = monitored.reader(&parent, Some(&checkpoint), StartFrom::Beginning, 1000).await.unwrap();
+    let mut parent_reader = monitored
+        .reader(&parent, Some(&checkpoint), StartFrom::Beginning, 1000)
+        .await
+        .unwrap();
     let mut seen = Vec::new();
     let mut parts = 0;
     for _ in 0..10 {
@@ -103,7 +138,9 @@ async fn a_split_fans_a_parent_continuation_out_to_its_children() {
             Ok(page) => {
                 parts = parts.max(page.continuations.len());
                 seen.extend(page.documents.iter().map(|d| d["id"].as_str().unwrap().to_owned()));
-                if page.documents.is_empty() { break; }
+                if page.documents.is_empty() {
+                    break;
+                }
             }
             Err(e) => panic!("parent read failed: {e}"),
         }
@@ -112,6 +149,9 @@ async fn a_split_fans_a_parent_continuation_out_to_its_children() {
     assert_eq!(before.len() + child_ids.len(), before.len() + seen.len());
     child_ids.sort();
     seen.sort();
-    assert_eq!(child_ids, seen, "children resumed from the parent checkpoint see what the parent reader sees");
+    assert_eq!(
+        child_ids, seen,
+        "children resumed from the parent checkpoint see what the parent reader sees"
+    );
     assert!(!child_ids.is_empty());
 }

@@ -22,9 +22,17 @@ async fn four_instances_share_eight_partitions_and_lose_nothing() {
         }
     };
     writer.await;
-    let delivered = eventually(Duration::from_secs(120), || async { env.deliveries.distinct() >= total }).await;
+    let delivered = eventually(Duration::from_secs(120), || async {
+        env.deliveries.distinct() >= total
+    })
+    .await;
     let missing = env.deliveries.missing(ids(0..total));
-    assert!(delivered && missing.is_empty(), "{} documents never delivered, e.g. {:?}", missing.len(), &missing[..missing.len().min(5)]);
+    assert!(
+        delivered && missing.is_empty(),
+        "{} documents never delivered, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
     let balanced = eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 4, 8) }).await;
     let owners = env.owners().await;
     println!(
@@ -44,12 +52,19 @@ async fn a_crashed_instance_leases_are_taken_over_after_expiry() {
     let env = Env::new(4).await;
     let a = env.start(env.options("a")).await;
     let b = env.start(env.options("b")).await;
-    assert!(eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 2, 4) }).await, "{:?}", env.owners().await);
+    assert!(
+        eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 2, 4) }).await,
+        "{:?}",
+        env.owners().await
+    );
     env.write(0..2000).await;
     let crashed_at = Instant::now();
     a.abort();
     env.write(2000..4000).await;
-    let taken = eventually(Duration::from_secs(15), || async { env.owners().await.get("b") == Some(&4) }).await;
+    let taken = eventually(Duration::from_secs(15), || async {
+        env.owners().await.get("b") == Some(&4)
+    })
+    .await;
     let takeover = crashed_at.elapsed();
     assert!(taken, "b did not take a's leases: {:?}", env.owners().await);
     assert!(eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 4000 }).await);
@@ -71,7 +86,11 @@ async fn a_graceful_stop_hands_leases_over_within_one_cycle_without_duplicates()
     let a = env.start(env.options("a")).await;
     let b = env.start(env.options("b")).await;
     let c = env.start(env.options("c")).await;
-    assert!(eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 3, 6) }).await, "{:?}", env.owners().await);
+    assert!(
+        eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 3, 6) }).await,
+        "{:?}",
+        env.owners().await
+    );
     // Settle: no lease moves while documents flow.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     env.write(0..3000).await;
@@ -83,7 +102,10 @@ async fn a_graceful_stop_hands_leases_over_within_one_cycle_without_duplicates()
         async move {
             for n in 3000..6000usize {
                 let pk = format!("pk-{}", n % 97);
-                items.upsert(&pk, &serde_json::json!({"id": format!("doc-{n}"), "pk": pk})).await.unwrap();
+                items
+                    .upsert(&pk, &serde_json::json!({"id": format!("doc-{n}"), "pk": pk}))
+                    .await
+                    .unwrap();
             }
         }
     });
@@ -105,8 +127,14 @@ async fn a_graceful_stop_hands_leases_over_within_one_cycle_without_duplicates()
         duplicates.len(),
         missing.len()
     );
-    assert!(handoff < Duration::from_millis(500) + Duration::from_millis(700), "handoff took {handoff:?}");
-    assert!(missing.is_empty() && duplicates.is_empty(), "missing {missing:?} duplicates {duplicates:?}");
+    assert!(
+        handoff < Duration::from_millis(500) + Duration::from_millis(700),
+        "handoff took {handoff:?}"
+    );
+    assert!(
+        missing.is_empty() && duplicates.is_empty(),
+        "missing {missing:?} duplicates {duplicates:?}"
+    );
     a.stop().await;
     b.stop().await;
 }
@@ -115,7 +143,12 @@ async fn a_graceful_stop_hands_leases_over_within_one_cycle_without_duplicates()
 async fn scaling_one_to_four_reaches_fair_share_within_two_cycles() {
     let env = Env::new(32).await;
     let a = env.start(env.options("a")).await;
-    assert!(eventually(Duration::from_secs(10), || async { env.owners().await.get("a") == Some(&32) }).await);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            env.owners().await.get("a") == Some(&32)
+        })
+        .await
+    );
     let mut events = Vec::new();
     let mut new = Vec::new();
     for name in ["b", "c", "d"] {
@@ -131,12 +164,19 @@ async fn scaling_one_to_four_reaches_fair_share_within_two_cycles() {
     let mut moves = 0;
     for rx in &mut events {
         while let Ok(event) = rx.try_recv() {
-            if let LeaseEvent::Acquired { previous_owner: Some(_), .. } = event {
+            if let LeaseEvent::Acquired {
+                previous_owner: Some(_),
+                ..
+            } = event
+            {
                 moves += 1;
             }
         }
     }
-    println!("scale 1 -> 4 over 32 leases: fair share after {cycles} acquire cycles of the new instances, {moves} lease moves (minimum 24), final {:?}", env.owners().await);
+    println!(
+        "scale 1 -> 4 over 32 leases: fair share after {cycles} acquire cycles of the new instances, {moves} lease moves (minimum 24), final {:?}",
+        env.owners().await
+    );
     assert!(cycles <= 2, "took {cycles} cycles");
     assert!(moves <= 26, "moves {moves} > minimum 24 + 10 %");
     assert!(fair(&env.owners().await, 4, 32));
@@ -160,12 +200,19 @@ async fn a_split_while_writing_replaces_the_parent_lease_and_loses_nothing() {
         async move {
             for n in 1000..4000usize {
                 let pk = format!("pk-{}", n % 97);
-                items.upsert(&pk, &serde_json::json!({"id": format!("doc-{n}"), "pk": pk})).await.unwrap();
+                items
+                    .upsert(&pk, &serde_json::json!({"id": format!("doc-{n}"), "pk": pk}))
+                    .await
+                    .unwrap();
             }
         }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let partitions = env.emulator.split(common::DB, common::ITEMS, None, Duration::from_millis(200)).await.unwrap();
+    let partitions = env
+        .emulator
+        .split(common::DB, common::ITEMS, None, Duration::from_millis(200))
+        .await
+        .unwrap();
     writes.await.unwrap();
     assert_eq!(partitions.len(), 3);
     let replaced = eventually(Duration::from_secs(20), || async {
@@ -177,7 +224,15 @@ async fn a_split_while_writing_replaces_the_parent_lease_and_loses_nothing() {
         ranges == want
     })
     .await;
-    assert!(replaced, "leases {:?} do not match partitions {partitions:?}", env.leases().await.iter().map(|l| l.lease_token.clone()).collect::<Vec<_>>());
+    assert!(
+        replaced,
+        "leases {:?} do not match partitions {partitions:?}",
+        env.leases()
+            .await
+            .iter()
+            .map(|l| l.lease_token.clone())
+            .collect::<Vec<_>>()
+    );
     assert!(eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 4000 }).await);
     let missing = env.deliveries.missing(ids(0..4000));
     let mut splits = 0;
@@ -213,7 +268,12 @@ async fn a_checkpoint_with_a_stale_etag_writes_nothing_and_reports_the_lease_los
     let mut events = a.subscribe();
     env.write(0..50).await;
     assert!(eventually(Duration::from_secs(10), || async { env.deliveries.distinct() >= 50 }).await);
-    assert!(eventually(Duration::from_secs(5), || async { env.leases().await[0].continuation.is_some() }).await);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            env.leases().await[0].continuation.is_some()
+        })
+        .await
+    );
 
     // Another owner takes the lease behind a's back (as a steal would).
     let store = env.store().await;
@@ -225,7 +285,13 @@ async fn a_checkpoint_with_a_stale_etag_writes_nothing_and_reports_the_lease_los
     let lost = eventually(Duration::from_secs(10), || {
         let mut found = false;
         while let Ok(event) = events.try_recv() {
-            found |= matches!(event, LeaseEvent::Closed { reason: CloseReason::LeaseLost, .. });
+            found |= matches!(
+                event,
+                LeaseEvent::Closed {
+                    reason: CloseReason::LeaseLost,
+                    ..
+                }
+            );
         }
         async move { found }
     })
@@ -239,7 +305,10 @@ async fn a_checkpoint_with_a_stale_etag_writes_nothing_and_reports_the_lease_los
     );
     assert_eq!(after.owner.as_deref(), Some("intruder"));
     assert_eq!(after.etag, taken.etag, "a wrote to a lease it no longer owns");
-    assert_eq!(after.continuation, taken.continuation, "the continuation regressed or moved");
+    assert_eq!(
+        after.continuation, taken.continuation,
+        "the continuation regressed or moved"
+    );
     assert!(a.owned_leases().is_empty());
     a.stop().await;
 }
@@ -256,7 +325,12 @@ async fn a_restart_resumes_from_the_checkpoints() {
     let again = env.start(env.options("a2")).await;
     assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 500 }).await);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let replayed: Vec<String> = env.deliveries.ids().into_iter().filter(|id| ids(0..1000).contains(id)).collect();
+    let replayed: Vec<String> = env
+        .deliveries
+        .ids()
+        .into_iter()
+        .filter(|id| ids(0..1000).contains(id))
+        .collect();
     let missing = env.deliveries.missing(ids(1000..1500));
     println!(
         "restart: after the restart delivered {} distinct, of them {} written before the stop, lost {}",

@@ -78,7 +78,9 @@ impl std::str::FromStr for StartFromArg {
             "now" => Ok(Self::Now),
             _ => time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
                 .map(Self::Time)
-                .map_err(|_| format!("expected beginning, now or an RFC 3339 time such as 2026-01-31T12:00:00Z, got {s:?}")),
+                .map_err(|_| {
+                    format!("expected beginning, now or an RFC 3339 time such as 2026-01-31T12:00:00Z, got {s:?}")
+                }),
         }
     }
 }

@@ -64,19 +64,39 @@ pub enum ParseError {
     Config(ConfigFileError),
 }
 
-fn config_args(command: &Command, name: &str, matches: &ArgMatches, path: &Path) -> Result<Vec<OsString>, ConfigFileError> {
+fn config_args(
+    command: &Command,
+    name: &str,
+    matches: &ArgMatches,
+    path: &Path,
+) -> Result<Vec<OsString>, ConfigFileError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigFileError::Read { path: shown.clone(), source })?;
-    let invalid = |reason: String| ConfigFileError::Invalid { path: shown.clone(), reason };
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigFileError::Read {
+        path: shown.clone(),
+        source,
+    })?;
+    let invalid = |reason: String| ConfigFileError::Invalid {
+        path: shown.clone(),
+        reason,
+    };
     let map: serde_yaml::Mapping = serde_yaml::from_str(&text).map_err(|e| invalid(e.to_string()))?;
-    let sub = command.find_subcommand(name).ok_or_else(|| invalid(format!("unknown subcommand {name}")))?;
+    let sub = command
+        .find_subcommand(name)
+        .ok_or_else(|| invalid(format!("unknown subcommand {name}")))?;
     let mut out = Vec::new();
     for (key, value) in map {
-        let key = key.as_str().ok_or_else(|| invalid("keys must be flag names".into()))?.to_owned();
+        let key = key
+            .as_str()
+            .ok_or_else(|| invalid("keys must be flag names".into()))?
+            .to_owned();
         let arg = sub
             .get_arguments()
             .find(|a| a.get_long() == Some(key.as_str()) && a.get_id() != "config")
-            .ok_or_else(|| invalid(format!("unknown setting {key:?} (use the flag names of `cfp {name} --help`)")))?;
+            .ok_or_else(|| {
+                invalid(format!(
+                    "unknown setting {key:?} (use the flag names of `cfp {name} --help`)"
+                ))
+            })?;
         let id = arg.get_id().as_str();
         if !matches!(matches.value_source(id), None | Some(ValueSource::DefaultValue)) {
             continue;
@@ -111,9 +131,24 @@ mod tests {
     fn config_file_fills_in_but_flags_win() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("worker.yaml");
-        std::fs::write(&path, "lease-expiration: 30s\nmax-items: 7\nprocessor: from-file\nno-create-leases: true\n").unwrap();
+        std::fs::write(
+            &path,
+            "lease-expiration: 30s\nmax-items: 7\nprocessor: from-file\nno-create-leases: true\n",
+        )
+        .unwrap();
         let path = path.to_str().unwrap();
-        let w = worker(&["cfp", "worker", "--database", "db", "--container", "c", "--config", path, "--processor", "from-flag"]);
+        let w = worker(&[
+            "cfp",
+            "worker",
+            "--database",
+            "db",
+            "--container",
+            "c",
+            "--config",
+            path,
+            "--processor",
+            "from-flag",
+        ]);
         assert_eq!(w.lease_expiration, std::time::Duration::from_secs(30));
         assert_eq!(w.max_items, 7);
         assert_eq!(w.processor, "from-flag");
@@ -125,15 +160,48 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bad.yaml");
         std::fs::write(&path, "lease-expiry: 30s\n").unwrap();
-        let err = parse(["cfp", "worker", "--database", "d", "--container", "c", "--config", path.to_str().unwrap()]).unwrap_err();
+        let err = parse([
+            "cfp",
+            "worker",
+            "--database",
+            "d",
+            "--container",
+            "c",
+            "--config",
+            path.to_str().unwrap(),
+        ])
+        .unwrap_err();
         assert!(err.to_string().contains("lease-expiry"), "{err}");
     }
 
     #[test]
     fn durations_and_start_positions_parse() {
-        let w = worker(&["cfp", "worker", "--database", "d", "--container", "c", "--poll-interval", "500ms", "--start-from", "2026-01-31T12:00:00Z"]);
+        let w = worker(&[
+            "cfp",
+            "worker",
+            "--database",
+            "d",
+            "--container",
+            "c",
+            "--poll-interval",
+            "500ms",
+            "--start-from",
+            "2026-01-31T12:00:00Z",
+        ]);
         assert_eq!(w.poll_interval, std::time::Duration::from_millis(500));
         assert!(matches!(w.start_from, crate::cli::args::StartFromArg::Time(_)));
-        assert!(parse(["cfp", "worker", "--database", "d", "--container", "c", "--start-from", "yesterday"]).is_err());
+        assert!(
+            parse([
+                "cfp",
+                "worker",
+                "--database",
+                "d",
+                "--container",
+                "c",
+                "--start-from",
+                "yesterday"
+            ])
+            .is_err()
+        );
     }
 }

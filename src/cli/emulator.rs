@@ -14,7 +14,10 @@ pub async fn run(args: &EmulatorArgs) -> Result<(), EmulatorError> {
     println!("  endpoint: {}", emulator.endpoint());
     println!("  key:      {}", crate::cosmos::EMULATOR_KEY);
     for spec in &args.containers {
-        println!("  container {}/{} (partition key {}, {} partitions)", spec.database, spec.container, spec.partition_key, spec.partitions);
+        println!(
+            "  container {}/{} (partition key {}, {} partitions)",
+            spec.database, spec.container, spec.partition_key, spec.partitions
+        );
     }
     let shutdown = CancellationToken::new();
     let server = tokio::spawn({

@@ -49,7 +49,10 @@ pub fn settings(args: &WorkerArgs) -> WorkerSettings {
     WorkerSettings {
         database: args.connection.database.clone(),
         container: args.connection.container.clone(),
-        lease_database: args.lease_database.clone().unwrap_or_else(|| args.connection.database.clone()),
+        lease_database: args
+            .lease_database
+            .clone()
+            .unwrap_or_else(|| args.connection.database.clone()),
         lease_container: args.lease_container.clone(),
         create_leases: !args.no_create_leases,
         options,
@@ -62,7 +65,10 @@ pub async fn run(args: &WorkerArgs) -> Result<(), WorkerCommandError> {
     let endpoint = &args.connection.endpoint;
     let account = CosmosAccount::connect(endpoint, &args.connection.key)
         .await
-        .map_err(|source| WorkerCommandError::Connect { endpoint: endpoint.clone(), source })?;
+        .map_err(|source| WorkerCommandError::Connect {
+            endpoint: endpoint.clone(),
+            source,
+        })?;
     let handler: Arc<dyn ChangeHandler> = match args.handler {
         HandlerKind::Stdout => Arc::new(StdoutHandler::new()),
     };

@@ -8,7 +8,9 @@ use crate::cosmos::{CosmosAccount, CosmosError, ErrorKind};
 /// Writes the documents and prints how many were written.
 pub async fn run(args: &WriteArgs) -> Result<(), CosmosError> {
     let account = CosmosAccount::connect(&args.connection.endpoint, &args.connection.key).await?;
-    let container = account.documents(&args.connection.database, &args.connection.container).await?;
+    let container = account
+        .documents(&args.connection.database, &args.connection.container)
+        .await?;
     let pk_field = match container.partition_key_paths() {
         [path] if !path[1..].contains('/') => path[1..].to_owned(),
         other => {
@@ -25,7 +27,11 @@ pub async fn run(args: &WriteArgs) -> Result<(), CosmosError> {
             let pk_field = pk_field.clone();
             async move {
                 let id = format!("doc-{n}");
-                let pk = if pk_field == "id" { id.clone() } else { format!("pk-{}", n % 64) };
+                let pk = if pk_field == "id" {
+                    id.clone()
+                } else {
+                    format!("pk-{}", n % 64)
+                };
                 let mut doc = serde_json::json!({"id": id, "n": n});
                 doc[pk_field.as_str()] = serde_json::Value::String(pk.clone());
                 container.upsert(&pk, &doc).await.map(|_| ())
@@ -36,7 +42,10 @@ pub async fn run(args: &WriteArgs) -> Result<(), CosmosError> {
         .await;
     let failed: Vec<&CosmosError> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     if let Some(first) = failed.first() {
-        return Err(CosmosError::local(first.kind, format!("{} of {} writes failed; first: {first}", failed.len(), args.count)));
+        return Err(CosmosError::local(
+            first.kind,
+            format!("{} of {} writes failed; first: {first}", failed.len(), args.count),
+        ));
     }
     eprintln!("wrote {} documents in {:.2?}", args.count, started.elapsed());
     Ok(())

@@ -36,9 +36,7 @@ impl CosmosAccount {
         let host = url::Url::parse(endpoint)
             .ok()
             .and_then(|u| u.host_str().map(str::to_owned))
-            .ok_or_else(|| {
-                CosmosError::local(ErrorKind::BadRequest, format!("endpoint {endpoint:?} has no host"))
-            })?;
+            .ok_or_else(|| CosmosError::local(ErrorKind::BadRequest, format!("endpoint {endpoint:?} has no host")))?;
         let account = AccountReference::with_authentication_key(parsed, Secret::new(key.to_owned()));
         let client = CosmosClient::builder()
             .build(account, RoutingStrategy::ProximityTo(Region::EAST_US))
@@ -49,22 +47,20 @@ impl CosmosAccount {
     /// Connects to an in-process SDK emulator whose single region is served at `gateway`.
     #[cfg(feature = "emulator")]
     pub async fn in_memory(
-        emulator: &std::sync::Arc<
-            azure_data_cosmos_driver::in_memory_emulator::InMemoryEmulatorHttpClient,
-        >,
+        emulator: &std::sync::Arc<azure_data_cosmos_driver::in_memory_emulator::InMemoryEmulatorHttpClient>,
         gateway: &str,
     ) -> Result<Self, CosmosError> {
-        let endpoint: AccountEndpoint = gateway.parse().map_err(|e| {
-            CosmosError::local(ErrorKind::BadRequest, format!("invalid gateway URL {gateway:?}: {e}"))
-        })?;
+        let endpoint: AccountEndpoint = gateway
+            .parse()
+            .map_err(|e| CosmosError::local(ErrorKind::BadRequest, format!("invalid gateway URL {gateway:?}: {e}")))?;
         let host = url::Url::parse(gateway)
             .ok()
             .and_then(|u| u.host_str().map(str::to_owned))
             .unwrap_or_default();
-        let runtime =
-            azure_data_cosmos::CosmosRuntimeBuilder::from(emulator.runtime_builder()).build().await?;
-        let account =
-            AccountReference::with_authentication_key(endpoint, Secret::new(EMULATOR_KEY.to_owned()));
+        let runtime = azure_data_cosmos::CosmosRuntimeBuilder::from(emulator.runtime_builder())
+            .build()
+            .await?;
+        let account = AccountReference::with_authentication_key(endpoint, Secret::new(EMULATOR_KEY.to_owned()));
         let client = CosmosClient::builder()
             .with_runtime(runtime)
             .build(account, RoutingStrategy::ProximityTo(Region::EAST_US))
@@ -94,7 +90,11 @@ impl CosmosAccount {
 
     /// Opens a container for document reads and writes. Fails with `NotFound` when it does not exist.
     pub async fn documents(&self, database: &str, container: &str) -> Result<DocumentContainer, CosmosError> {
-        let client = self.client.database_client(database).container_client(container, None).await?;
+        let client = self
+            .client
+            .database_client(database)
+            .container_client(container, None)
+            .await?;
         let props = client.read(None).await?.into_model()?;
         Ok(DocumentContainer::new(client, partition_key_paths(&props)))
     }
@@ -105,7 +105,12 @@ impl CosmosAccount {
             ignore_conflict(e.into())?;
         }
         let props = ContainerProperties::new(container.to_owned(), pk_path.to_owned().into());
-        if let Err(e) = self.client.database_client(database).create_container(props, None).await {
+        if let Err(e) = self
+            .client
+            .database_client(database)
+            .create_container(props, None)
+            .await
+        {
             ignore_conflict(e.into())?;
         }
         Ok(())
@@ -113,7 +118,11 @@ impl CosmosAccount {
 }
 
 fn ignore_conflict(err: CosmosError) -> Result<(), CosmosError> {
-    if err.kind == ErrorKind::Conflict { Ok(()) } else { Err(err) }
+    if err.kind == ErrorKind::Conflict {
+        Ok(())
+    } else {
+        Err(err)
+    }
 }
 
 fn rid_of(props: &SystemProperties) -> Result<String, CosmosError> {

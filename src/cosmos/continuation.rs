@@ -109,8 +109,14 @@ mod tests {
         assert_eq!(decode_sdk_token(&token), Some(one));
 
         let two = vec![
-            RangeContinuation { range: EpkRange::new("", "3F"), continuation: "a".into() },
-            RangeContinuation { range: EpkRange::new("3F", "7F"), continuation: "b".into() },
+            RangeContinuation {
+                range: EpkRange::new("", "3F"),
+                continuation: "a".into(),
+            },
+            RangeContinuation {
+                range: EpkRange::new("3F", "7F"),
+                continuation: "b".into(),
+            },
         ];
         assert_eq!(decode_sdk_token(&encode_sdk_token("r", &two)), Some(two));
     }
@@ -129,7 +135,10 @@ mod tests {
     fn rejects_other_tokens() {
         assert_eq!(decode_sdk_token("\"1234\""), None);
         assert_eq!(decode_sdk_token("c1.!!"), None);
-        let query = format!("c1.{}", URL_SAFE_NO_PAD.encode(r#"{"op":"Query","rid":"r","root":{"kind":"drained"}}"#));
+        let query = format!(
+            "c1.{}",
+            URL_SAFE_NO_PAD.encode(r#"{"op":"Query","rid":"r","root":{"kind":"drained"}}"#)
+        );
         assert_eq!(decode_sdk_token(&query), None);
     }
 }

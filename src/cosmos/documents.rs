@@ -41,7 +41,10 @@ impl DocumentContainer {
             .client
             .create_item(partition_key.to_owned(), &id, body, None)
             .await?;
-        Ok(Document { body: body.clone(), etag: etag_of(response.headers())? })
+        Ok(Document {
+            body: body.clone(),
+            etag: etag_of(response.headers())?,
+        })
     }
 
     /// Creates or overwrites a document without a precondition.
@@ -51,7 +54,10 @@ impl DocumentContainer {
             .client
             .upsert_item(partition_key.to_owned(), &id, body, None)
             .await?;
-        Ok(Document { body: body.clone(), etag: etag_of(response.headers())? })
+        Ok(Document {
+            body: body.clone(),
+            etag: etag_of(response.headers())?,
+        })
     }
 
     /// Replaces a document only if its ETag is still `if_match`; `PreconditionFailed` otherwise,
@@ -63,7 +69,10 @@ impl DocumentContainer {
             .client
             .replace_item(partition_key.to_owned(), &id, body, Some(options))
             .await?;
-        Ok(Document { body: body.clone(), etag: etag_of(response.headers())? })
+        Ok(Document {
+            body: body.clone(),
+            etag: etag_of(response.headers())?,
+        })
     }
 
     /// Reads a document; `Ok(None)` when it does not exist.
@@ -80,7 +89,11 @@ impl DocumentContainer {
             }
             Err(e) => {
                 let e = CosmosError::from(e);
-                if e.kind == ErrorKind::NotFound { Ok(None) } else { Err(e) }
+                if e.kind == ErrorKind::NotFound {
+                    Ok(None)
+                } else {
+                    Err(e)
+                }
             }
         }
     }
@@ -88,9 +101,8 @@ impl DocumentContainer {
     /// Deletes a document, only if its ETag is still `if_match` when one is given. Deleting a
     /// missing document succeeds.
     pub async fn delete(&self, partition_key: &str, id: &str, if_match: Option<&str>) -> Result<(), CosmosError> {
-        let options = if_match.map(|etag| {
-            ItemWriteOptions::default().with_precondition(Precondition::if_match(etag.to_owned()))
-        });
+        let options =
+            if_match.map(|etag| ItemWriteOptions::default().with_precondition(Precondition::if_match(etag.to_owned())));
         match self.client.delete_item(partition_key.to_owned(), id, options).await {
             Ok(_) => Ok(()),
             Err(e) => {
@@ -102,8 +114,7 @@ impl DocumentContainer {
 
     /// Every document whose id starts with `prefix`.
     pub async fn list_by_id_prefix(&self, prefix: &str) -> Result<Vec<Document>, CosmosError> {
-        let query = Query::from("SELECT * FROM c WHERE STARTSWITH(c.id, @prefix)")
-            .with_parameter("@prefix", prefix)?;
+        let query = Query::from("SELECT * FROM c WHERE STARTSWITH(c.id, @prefix)").with_parameter("@prefix", prefix)?;
         let mut items = self
             .client
             .query_items::<Value>(query, FeedScope::full_container(), None)

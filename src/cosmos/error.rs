@@ -28,7 +28,10 @@ pub enum ErrorKind {
 impl ErrorKind {
     /// Whether retrying the same request later can succeed.
     pub fn is_retryable(self) -> bool {
-        matches!(self, ErrorKind::Transient | ErrorKind::SplitInProgress | ErrorKind::Other)
+        matches!(
+            self,
+            ErrorKind::Transient | ErrorKind::SplitInProgress | ErrorKind::Other
+        )
     }
 }
 
@@ -57,7 +60,12 @@ impl fmt::Display for CosmosError {
 impl CosmosError {
     /// Builds an error of the given kind without an SDK source (local validation failures).
     pub fn local(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, status: 0, sub_status: None, message: message.into() }
+        Self {
+            kind,
+            status: 0,
+            sub_status: None,
+            message: message.into(),
+        }
     }
 
     /// Classifies a status / sub-status pair.
@@ -70,9 +78,7 @@ impl CosmosError {
             (500, Some(20206)) => ErrorKind::SplitInProgress,
             (401, _) | (403, _) => ErrorKind::Unauthorized,
             (400, _) => ErrorKind::BadRequest,
-            (408, _) | (410, _) | (429, _) | (449, _) | (500..=599, _) | (0, _) => {
-                ErrorKind::Transient
-            }
+            (408, _) | (410, _) | (429, _) | (449, _) | (500..=599, _) | (0, _) => ErrorKind::Transient,
             _ => ErrorKind::Other,
         }
     }
@@ -84,7 +90,12 @@ impl From<azure_data_cosmos::CosmosError> for CosmosError {
         let code = u16::from(status.status_code());
         let sub_status = status.sub_status().map(|s| u32::from(s.value()));
         let message = err.to_string();
-        Self { kind: Self::classify(code, sub_status), status: code, sub_status, message }
+        Self {
+            kind: Self::classify(code, sub_status),
+            status: code,
+            sub_status,
+            message,
+        }
     }
 }
 

@@ -3,13 +3,11 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+use azure_data_cosmos::FeedScope;
 use azure_data_cosmos::clients::ContainerClient;
 use azure_data_cosmos::feed::{ChangeFeedPageIterator, ContinuationToken, FeedRange};
 use azure_data_cosmos::models::{ChangeFeedItem, EffectivePartitionKey};
-use azure_data_cosmos::options::{
-    ChangeFeedOptions, ChangeFeedStartFrom, MaxItemCountHint, ReadFeedRangesOptions,
-};
-use azure_data_cosmos::FeedScope;
+use azure_data_cosmos::options::{ChangeFeedOptions, ChangeFeedStartFrom, MaxItemCountHint, ReadFeedRangesOptions};
 use futures::StreamExt;
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -56,7 +54,12 @@ pub struct MonitoredContainer {
 
 impl MonitoredContainer {
     pub(crate) fn new(client: ContainerClient, database_rid: String, rid: String, pk_paths: Vec<String>) -> Self {
-        Self { client, database_rid, rid, pk_paths }
+        Self {
+            client,
+            database_rid,
+            rid,
+            pk_paths,
+        }
     }
 
     /// The container's resource id (`_rid`).
@@ -102,7 +105,10 @@ impl MonitoredContainer {
         if let Some(raw) = continuation {
             let token = encode_sdk_token(
                 &self.rid,
-                &[RangeContinuation { range: range.clone(), continuation: raw.to_owned() }],
+                &[RangeContinuation {
+                    range: range.clone(),
+                    continuation: raw.to_owned(),
+                }],
             );
             options = options.with_continuation_token(ContinuationToken::from_string(token));
         }
@@ -115,7 +121,10 @@ impl MonitoredContainer {
             .client
             .query_change_feed::<Value>(FeedScope::range(feed_range), start_from, Some(options))
             .await?;
-        Ok(FeedReader { pages: Box::pin(pages), range: range.clone() })
+        Ok(FeedReader {
+            pages: Box::pin(pages),
+            range: range.clone(),
+        })
     }
 }
 
@@ -150,13 +159,21 @@ impl FeedReader {
         let session_token = headers.session_token().map(|t| t.to_string());
         let lsn = headers.lsn();
         let request_charge = headers.request_charge().map(|c| c.value()).unwrap_or_default();
-        let documents: Vec<Value> =
-            page.into_items().into_iter().filter_map(|item| item.current().cloned()).collect();
+        let documents: Vec<Value> = page
+            .into_items()
+            .into_iter()
+            .filter_map(|item| item.current().cloned())
+            .collect();
         let token = self.pages.to_continuation_token()?;
-        let continuations = decode_sdk_token(token.as_str()).ok_or_else(|| {
-            CosmosError::local(ErrorKind::Other, "unrecognized change feed continuation token")
-        })?;
-        Ok(ChangePage { documents, continuations, session_token, lsn, request_charge })
+        let continuations = decode_sdk_token(token.as_str())
+            .ok_or_else(|| CosmosError::local(ErrorKind::Other, "unrecognized change feed continuation token"))?;
+        Ok(ChangePage {
+            documents,
+            continuations,
+            session_token,
+            lsn,
+            request_charge,
+        })
     }
 }
 

@@ -20,7 +20,10 @@ impl EpkRange {
 
     /// A range from its bounds (normalized to uppercase).
     pub fn new(min: impl Into<String>, max: impl Into<String>) -> Self {
-        Self { min: min.into().to_ascii_uppercase(), max: max.into().to_ascii_uppercase() }
+        Self {
+            min: min.into().to_ascii_uppercase(),
+            max: max.into().to_ascii_uppercase(),
+        }
     }
 
     /// The .NET v3 lease token of an EPK lease: `"{min}-{max}"`.

@@ -53,8 +53,11 @@ pub fn leases_to_acquire(leases: &[LeaseState], me: &str, live_instances: &[Stri
     let extra = leases.len() % workers;
     let mut by_load: Vec<(&str, usize)> = held.iter().map(|(w, ids)| (*w, ids.len())).collect();
     by_load.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    let share: BTreeMap<&str, usize> =
-        by_load.iter().enumerate().map(|(rank, (w, _))| (*w, floor + usize::from(rank < extra))).collect();
+    let share: BTreeMap<&str, usize> = by_load
+        .iter()
+        .enumerate()
+        .map(|(rank, (w, _))| (*w, floor + usize::from(rank < extra)))
+        .collect();
 
     // Who needs how many, the largest deficit first.
     let mut needy: Vec<(&str, usize)> = held
@@ -100,11 +103,17 @@ mod tests {
         let mut out = Vec::new();
         for (owner, n) in owners {
             for i in 0..*n {
-                out.push(LeaseState { id: format!("{owner}-{i}"), live_owner: Some((*owner).to_owned()) });
+                out.push(LeaseState {
+                    id: format!("{owner}-{i}"),
+                    live_owner: Some((*owner).to_owned()),
+                });
             }
         }
         for i in 0..free {
-            out.push(LeaseState { id: format!("free-{i}"), live_owner: None });
+            out.push(LeaseState {
+                id: format!("free-{i}"),
+                live_owner: None,
+            });
         }
         out
     }
@@ -120,8 +129,10 @@ mod tests {
         let live = instances(names);
         let mut moves = 0;
         for cycle in 0..20 {
-            let plans: Vec<(String, Vec<String>)> =
-                names.iter().map(|me| ((*me).to_owned(), leases_to_acquire(&state, me, &live))).collect();
+            let plans: Vec<(String, Vec<String>)> = names
+                .iter()
+                .map(|me| ((*me).to_owned(), leases_to_acquire(&state, me, &live)))
+                .collect();
             let mut changed = false;
             let mut claimed = BTreeSet::new();
             for (me, ids) in plans {
@@ -159,16 +170,86 @@ mod tests {
             want: usize,
         }
         let cases = [
-            Case { name: "alone takes every free lease", owners: &[], free: 8, me: "a", live: &[], want: 8 },
-            Case { name: "nothing to take at fair share", owners: &[("a", 4), ("b", 4)], free: 0, me: "a", live: &[], want: 0 },
-            Case { name: "new instance steals its whole share at once", owners: &[("a", 32)], free: 0, me: "b", live: &["c", "d"], want: 8 },
-            Case { name: "free leases before stealing", owners: &[("a", 6)], free: 2, me: "b", live: &[], want: 4 },
-            Case { name: "never steal from an owner at fair share", owners: &[("a", 2), ("b", 2), ("c", 2), ("d", 1)], free: 0, me: "d", live: &[], want: 0 },
-            Case { name: "a newcomer takes from those above the new share", owners: &[("a", 3), ("b", 3), ("c", 2)], free: 0, me: "d", live: &[], want: 2 },
-            Case { name: "one over ceil gives one", owners: &[("a", 5), ("b", 3)], free: 0, me: "c", live: &[], want: 2 },
-            Case { name: "uneven: the remainder stays with the most loaded", owners: &[("a", 3), ("b", 3), ("c", 3)], free: 1, me: "d", live: &[], want: 2 },
-            Case { name: "no ping-pong between neighbours one apart", owners: &[("a", 5), ("b", 4)], free: 0, me: "b", live: &[], want: 0 },
-            Case { name: "no leases", owners: &[], free: 0, me: "a", live: &["b"], want: 0 },
+            Case {
+                name: "alone takes every free lease",
+                owners: &[],
+                free: 8,
+                me: "a",
+                live: &[],
+                want: 8,
+            },
+            Case {
+                name: "nothing to take at fair share",
+                owners: &[("a", 4), ("b", 4)],
+                free: 0,
+                me: "a",
+                live: &[],
+                want: 0,
+            },
+            Case {
+                name: "new instance steals its whole share at once",
+                owners: &[("a", 32)],
+                free: 0,
+                me: "b",
+                live: &["c", "d"],
+                want: 8,
+            },
+            Case {
+                name: "free leases before stealing",
+                owners: &[("a", 6)],
+                free: 2,
+                me: "b",
+                live: &[],
+                want: 4,
+            },
+            Case {
+                name: "never steal from an owner at fair share",
+                owners: &[("a", 2), ("b", 2), ("c", 2), ("d", 1)],
+                free: 0,
+                me: "d",
+                live: &[],
+                want: 0,
+            },
+            Case {
+                name: "a newcomer takes from those above the new share",
+                owners: &[("a", 3), ("b", 3), ("c", 2)],
+                free: 0,
+                me: "d",
+                live: &[],
+                want: 2,
+            },
+            Case {
+                name: "one over ceil gives one",
+                owners: &[("a", 5), ("b", 3)],
+                free: 0,
+                me: "c",
+                live: &[],
+                want: 2,
+            },
+            Case {
+                name: "uneven: the remainder stays with the most loaded",
+                owners: &[("a", 3), ("b", 3), ("c", 3)],
+                free: 1,
+                me: "d",
+                live: &[],
+                want: 2,
+            },
+            Case {
+                name: "no ping-pong between neighbours one apart",
+                owners: &[("a", 5), ("b", 4)],
+                free: 0,
+                me: "b",
+                live: &[],
+                want: 0,
+            },
+            Case {
+                name: "no leases",
+                owners: &[],
+                free: 0,
+                me: "a",
+                live: &["b"],
+                want: 0,
+            },
         ];
         for case in cases {
             let state = leases(case.owners, case.free);
@@ -176,7 +257,11 @@ mod tests {
             assert_eq!(got.len(), case.want, "{}: {got:?}", case.name);
             let unique: BTreeSet<_> = got.iter().collect();
             assert_eq!(unique.len(), got.len(), "{}: duplicates", case.name);
-            assert!(got.iter().all(|id| !id.starts_with(&format!("{}-", case.me))), "{}: took own lease", case.name);
+            assert!(
+                got.iter().all(|id| !id.starts_with(&format!("{}-", case.me))),
+                "{}: took own lease",
+                case.name
+            );
         }
     }
 
@@ -190,7 +275,11 @@ mod tests {
 
     #[test]
     fn uneven_shares_end_within_one_of_each_other() {
-        for (total, names) in [(10usize, vec!["a", "b", "c", "d"]), (7, vec!["a", "b", "c"]), (33, vec!["a", "b", "c", "d", "e"])] {
+        for (total, names) in [
+            (10usize, vec!["a", "b", "c", "d"]),
+            (7, vec!["a", "b", "c"]),
+            (33, vec!["a", "b", "c", "d", "e"]),
+        ] {
             let (cycles, _, counts) = simulate(leases(&[("a", total)], 0), &names);
             let max = counts.values().max().unwrap();
             let min = counts.values().min().unwrap();

@@ -29,20 +29,33 @@ pub async fn bootstrap(
         let ranges = monitored.feed_ranges(true).await?;
         let mut created = 0;
         for range in &ranges {
-            if snapshot.leases.iter().any(|l| l.range().is_some_and(|r| r.overlaps(range))) {
+            if snapshot
+                .leases
+                .iter()
+                .any(|l| l.range().is_some_and(|r| r.overlaps(range)))
+            {
                 continue;
             }
             let continuation = match start {
                 StartFrom::Now => Some(anchor_now(monitored, range).await?),
                 StartFrom::Beginning | StartFrom::Time(_) => None,
             };
-            if store.create(&Lease::new(store.prefix(), range, continuation)).await?.is_some() {
+            if store
+                .create(&Lease::new(store.prefix(), range, continuation))
+                .await?
+                .is_some()
+            {
                 created += 1;
             }
         }
         store.mark_initialized().await?;
         store.unlock().await?;
-        tracing::info!(instance = me, leases = created, ranges = ranges.len(), "lease store initialized");
+        tracing::info!(
+            instance = me,
+            leases = created,
+            ranges = ranges.len(),
+            "lease store initialized"
+        );
         return Ok(());
     }
 }
@@ -54,6 +67,8 @@ async fn anchor_now(monitored: &MonitoredContainer, range: &crate::cosmos::EpkRa
     let page = reader.next_page(Duration::from_secs(65)).await?;
     match page.continuations.as_slice() {
         [only] => Ok(only.continuation.clone()),
-        _ => Err(ProcessorError::Config(format!("range {range} changed while anchoring the start position; restart"))),
+        _ => Err(ProcessorError::Config(format!(
+            "range {range} changed while anchoring the start position; restart"
+        ))),
     }
 }

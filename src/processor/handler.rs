@@ -60,7 +60,11 @@ impl ChangeHandler for StdoutHandler {
         }
         let mut guard = self.out.lock().await;
         let out = guard.get_or_insert_with(tokio::io::stdout);
-        out.write_all(text.as_bytes()).await.map_err(|e| HandlerError(format!("writing to stdout: {e}")))?;
-        out.flush().await.map_err(|e| HandlerError(format!("flushing stdout: {e}")))
+        out.write_all(text.as_bytes())
+            .await
+            .map_err(|e| HandlerError(format!("writing to stdout: {e}")))?;
+        out.flush()
+            .await
+            .map_err(|e| HandlerError(format!("flushing stdout: {e}")))
     }
 }

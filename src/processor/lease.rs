@@ -92,9 +92,10 @@ impl Lease {
         if self.owner.as_deref().is_none_or(str::is_empty) {
             return true;
         }
-        let last = self
-            .timestamp
-            .or_else(|| self.server_ts.and_then(|ts| OffsetDateTime::from_unix_timestamp(ts).ok()));
+        let last = self.timestamp.or_else(|| {
+            self.server_ts
+                .and_then(|ts| OffsetDateTime::from_unix_timestamp(ts).ok())
+        });
         match last {
             Some(last) => last + expiration < now,
             None => true,
@@ -194,11 +195,19 @@ impl CosmosLeaseStore {
             other => {
                 return Err(LeaseStoreError::Misconfigured(format!(
                     "the lease container must be partitioned on /id (or /partitionKey), but its partition key is {}",
-                    if other.is_empty() { "missing".to_owned() } else { other.join(",") }
+                    if other.is_empty() {
+                        "missing".to_owned()
+                    } else {
+                        other.join(",")
+                    }
                 )));
             }
         };
-        Ok(Self { container, prefix, pk_is_id })
+        Ok(Self {
+            container,
+            prefix,
+            pk_is_id,
+        })
     }
 
     fn marker_id(&self, name: &str) -> String {
@@ -214,7 +223,10 @@ impl CosmosLeaseStore {
         if !self.pk_is_id {
             lease.partition_key = Some(lease.id.clone());
         }
-        serde_json::to_value(&lease).map_err(|e| LeaseStoreError::Invalid { id: lease.id.clone(), reason: e.to_string() })
+        serde_json::to_value(&lease).map_err(|e| LeaseStoreError::Invalid {
+            id: lease.id.clone(),
+            reason: e.to_string(),
+        })
     }
 
     fn marker(&self, id: String, extra: Value) -> Value {
@@ -240,8 +252,10 @@ impl CosmosLeaseStore {
 
 fn parse_lease(body: Value, etag: String) -> Result<Lease, LeaseStoreError> {
     let id = body.get("id").and_then(Value::as_str).unwrap_or_default().to_owned();
-    let mut lease: Lease =
-        serde_json::from_value(body).map_err(|e| LeaseStoreError::Invalid { id, reason: e.to_string() })?;
+    let mut lease: Lease = serde_json::from_value(body).map_err(|e| LeaseStoreError::Invalid {
+        id,
+        reason: e.to_string(),
+    })?;
     if lease.etag.is_empty() {
         lease.etag = etag;
     }
@@ -265,7 +279,12 @@ impl LeaseStore for CosmosLeaseStore {
         let info = self.marker_id("info");
         let mut snapshot = LeaseSnapshot::default();
         for doc in docs {
-            let id = doc.body.get("id").and_then(Value::as_str).unwrap_or_default().to_owned();
+            let id = doc
+                .body
+                .get("id")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
             if id.starts_with(&lease_prefix) {
                 snapshot.leases.push(parse_lease(doc.body, doc.etag)?);
             } else if let Some(instance) = id.strip_prefix(&heartbeat_prefix) {
@@ -329,8 +348,16 @@ impl LeaseStore for CosmosLeaseStore {
 
     async fn try_lock(&self, owner: &str, stale_after: std::time::Duration) -> Result<bool, LeaseStoreError> {
         let id = self.marker_id("lock");
-        let stamp = now().format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
-        if self.create_marker(id.clone(), serde_json::json!({"Owner": owner, "timestamp": stamp, "ttl": 30})).await? {
+        let stamp = now()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        if self
+            .create_marker(
+                id.clone(),
+                serde_json::json!({"Owner": owner, "timestamp": stamp, "ttl": 30}),
+            )
+            .await?
+        {
             return Ok(true);
         }
         // A lock whose holder died is removed once it is older than `stale_after` (the in-memory
@@ -343,7 +370,11 @@ impl LeaseStore for CosmosLeaseStore {
                 .and_then(|t| OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok());
             if created.is_none_or(|t| t + stale_after < now()) {
                 self.container.delete(&id, &id, Some(&doc.etag)).await.or_else(|e| {
-                    if e.kind == ErrorKind::PreconditionFailed { Ok(()) } else { Err(e) }
+                    if e.kind == ErrorKind::PreconditionFailed {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    }
                 })?;
             }
         }
@@ -356,13 +387,16 @@ impl LeaseStore for CosmosLeaseStore {
     }
 
     async fn mark_initialized(&self) -> Result<(), LeaseStoreError> {
-        self.create_marker(self.marker_id("info"), Value::Object(Default::default())).await?;
+        self.create_marker(self.marker_id("info"), Value::Object(Default::default()))
+            .await?;
         Ok(())
     }
 
     async fn heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError> {
         let id = self.heartbeat_id(instance);
-        let stamp = now().format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
+        let stamp = now()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
         let body = self.marker(id.clone(), serde_json::json!({"Owner": instance, "timestamp": stamp}));
         self.container.upsert(&id, &body).await?;
         Ok(())
@@ -387,7 +421,10 @@ mod tests {
         let json = serde_json::to_value(&lease).unwrap();
         assert_eq!(json["id"], "proc..-3F");
         assert_eq!(json["LeaseToken"], "-3F");
-        assert_eq!(json["FeedRange"], serde_json::json!({"Range": {"min": "", "max": "3F"}}));
+        assert_eq!(
+            json["FeedRange"],
+            serde_json::json!({"Range": {"min": "", "max": "3F"}})
+        );
         assert_eq!(json["Owner"], "pod-a");
         assert_eq!(json["ContinuationToken"], "\"12\"");
         assert_eq!(json["Mode"], "Incremental Feed");

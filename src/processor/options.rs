@@ -51,7 +51,10 @@ impl ProcessorOptions {
 
     /// The delay before retry number `attempt` (0-based): exponential with ±20 % jitter.
     pub fn backoff(&self, attempt: u32) -> Duration {
-        let base = self.min_backoff.saturating_mul(1u32 << attempt.min(16)).min(self.max_backoff);
+        let base = self
+            .min_backoff
+            .saturating_mul(1u32 << attempt.min(16))
+            .min(self.max_backoff);
         let jitter = 0.8 + fastrand::f64() * 0.4;
         base.mul_f64(jitter)
     }

@@ -120,7 +120,9 @@ impl OwnedLease {
                 Err(other) => return Err(other.into()),
             }
         }
-        Err(UpdateError::Store(last_error.unwrap_or_else(|| LeaseStoreError::Changed(self.id.clone()))))
+        Err(UpdateError::Store(
+            last_error.unwrap_or_else(|| LeaseStoreError::Changed(self.id.clone())),
+        ))
     }
 
     /// Extends the lease (writes a new timestamp).
@@ -130,7 +132,8 @@ impl OwnedLease {
 
     /// Records the continuation after a handled batch.
     pub async fn checkpoint(&self, continuation: &str) -> Result<Lease, UpdateError> {
-        self.update(|lease| lease.continuation = Some(continuation.to_owned())).await
+        self.update(|lease| lease.continuation = Some(continuation.to_owned()))
+            .await
     }
 
     /// Gives the lease up, keeping its continuation.

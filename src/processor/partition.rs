@@ -25,7 +25,10 @@ pub struct LeaseExit {
 
 impl LeaseExit {
     fn closed(reason: CloseReason) -> Self {
-        Self { reason, children: Vec::new() }
+        Self {
+            reason,
+            children: Vec::new(),
+        }
     }
 }
 
@@ -38,7 +41,11 @@ async fn pause(cancel: &CancellationToken, delay: Duration) -> bool {
 }
 
 fn stop_reason(owned: &OwnedLease) -> LeaseExit {
-    LeaseExit::closed(if owned.is_lost() { CloseReason::LeaseLost } else { CloseReason::Shutdown })
+    LeaseExit::closed(if owned.is_lost() {
+        CloseReason::LeaseLost
+    } else {
+        CloseReason::Shutdown
+    })
 }
 
 /// Processes one owned lease until it is lost, split, or the processor stops.
@@ -51,13 +58,21 @@ pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
         }
         let lease = owned.current().await;
         let Some(range) = lease.range().cloned() else {
-            shared.emit_error(Some(owned.token()), "version-0 leases (partition key range ids) are not supported; recreate the lease container".into());
+            shared.emit_error(
+                Some(owned.token()),
+                "version-0 leases (partition key range ids) are not supported; recreate the lease container".into(),
+            );
             return LeaseExit::closed(CloseReason::Error);
         };
         let checkpoint = lease.continuation.clone();
         let opened = shared
             .monitored
-            .reader(&range, checkpoint.as_deref(), shared.options.start_from, shared.options.max_items)
+            .reader(
+                &range,
+                checkpoint.as_deref(),
+                shared.options.start_from,
+                shared.options.max_items,
+            )
             .await;
         let mut reader = match opened {
             Ok(reader) => reader,
@@ -77,7 +92,11 @@ pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
                 _ = cancel.cancelled() => return stop_reason(&owned),
                 page = reader.next_page(shared.options.read_timeout) => page,
             };
-            shared.observer.feed_read(owned.token(), started.elapsed(), page.as_ref().map(|p| p.request_charge).unwrap_or_default());
+            shared.observer.feed_read(
+                owned.token(),
+                started.elapsed(),
+                page.as_ref().map(|p| p.request_charge).unwrap_or_default(),
+            );
             let page = match page {
                 Ok(page) => page,
                 Err(error) => {
@@ -117,22 +136,33 @@ pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
 }
 
 fn is_configuration_error(error: &CosmosError) -> bool {
-    matches!(error.kind, ErrorKind::Unauthorized | ErrorKind::BadRequest | ErrorKind::NotFound)
+    matches!(
+        error.kind,
+        ErrorKind::Unauthorized | ErrorKind::BadRequest | ErrorKind::NotFound
+    )
 }
 
 /// Hands a batch to the handler until it succeeds. `false` when the lease was stopped meanwhile.
 async fn deliver(shared: &Shared, owned: &OwnedLease, page: &ChangePage) -> bool {
-    let batch = Batch { lease_token: owned.token(), documents: &page.documents };
+    let batch = Batch {
+        lease_token: owned.token(),
+        documents: &page.documents,
+    };
     let mut attempt = 0;
     loop {
         let started = std::time::Instant::now();
         let result = shared.handler.handle(batch).await;
-        shared.observer.handler_done(owned.token(), started.elapsed(), result.is_ok(), page.documents.len());
+        shared
+            .observer
+            .handler_done(owned.token(), started.elapsed(), result.is_ok(), page.documents.len());
         match result {
             Ok(()) => return true,
             Err(error) => {
                 // Poison-batch handling (bounded retries, dead-lettering) plugs in here.
-                shared.emit_error(Some(owned.token()), format!("handler failed (attempt {}): {error}", attempt + 1));
+                shared.emit_error(
+                    Some(owned.token()),
+                    format!("handler failed (attempt {}): {error}", attempt + 1),
+                );
                 if !pause(owned.cancelled(), shared.options.backoff(attempt)).await {
                     return false;
                 }
@@ -172,7 +202,10 @@ async fn advance(shared: &Shared, owned: &OwnedLease, range: &EpkRange, page: &C
             Ok(_) => {
                 shared.observer.checkpointed(owned.token(), started.elapsed());
                 if !page.documents.is_empty() {
-                    shared.emit(LeaseEvent::Checkpointed { lease: owned.token().to_owned(), documents: page.documents.len() });
+                    shared.emit(LeaseEvent::Checkpointed {
+                        lease: owned.token().to_owned(),
+                        documents: page.documents.len(),
+                    });
                 }
                 return Advance::Continue;
             }
@@ -211,7 +244,10 @@ async fn split_from_checkpoint(
     let children: Vec<RangeContinuation> = ranges
         .iter()
         .filter(|r| range.contains(r))
-        .map(|r| RangeContinuation { range: r.clone(), continuation: checkpoint.unwrap_or_default().to_owned() })
+        .map(|r| RangeContinuation {
+            range: r.clone(),
+            continuation: checkpoint.unwrap_or_default().to_owned(),
+        })
         .collect();
     if children.len() < 2 {
         return None;
@@ -238,7 +274,9 @@ async fn split(
         if cursor < part.range.min {
             pieces.push((EpkRange::new(cursor.clone(), part.range.min.clone()), fallback.clone()));
         }
-        let continuation = Some(part.continuation.clone()).filter(|c| !c.is_empty()).or_else(|| fallback.clone());
+        let continuation = Some(part.continuation.clone())
+            .filter(|c| !c.is_empty())
+            .or_else(|| fallback.clone());
         pieces.push((part.range.clone(), continuation));
         cursor = part.range.max.clone();
     }
@@ -263,7 +301,10 @@ async fn split(
                 _ => return None,
             },
             Err(error) => {
-                shared.emit_error(Some(owned.token()), format!("creating child lease {}: {error}", child.lease_token));
+                shared.emit_error(
+                    Some(owned.token()),
+                    format!("creating child lease {}: {error}", child.lease_token),
+                );
                 return None;
             }
         }
@@ -276,6 +317,12 @@ async fn split(
     }
     let tokens: Vec<String> = children.iter().map(|c| c.lease_token.clone()).collect();
     tracing::info!(lease = owned.token(), children = ?tokens, "lease split");
-    shared.emit(LeaseEvent::Split { parent: owned.token().to_owned(), children: tokens });
-    Some(LeaseExit { reason: CloseReason::Split, children })
+    shared.emit(LeaseEvent::Split {
+        parent: owned.token().to_owned(),
+        children: tokens,
+    });
+    Some(LeaseExit {
+        reason: CloseReason::Split,
+        children,
+    })
 }

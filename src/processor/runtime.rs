@@ -57,11 +57,17 @@ impl Shared {
 
     pub(crate) fn emit_error(&self, lease: Option<&str>, message: String) {
         tracing::warn!(processor = %self.options.processor_name, instance = %self.options.instance, lease, "{message}");
-        self.emit(LeaseEvent::Error { lease: lease.map(str::to_owned), message });
+        self.emit(LeaseEvent::Error {
+            lease: lease.map(str::to_owned),
+            message,
+        });
     }
 
     fn owned_snapshot(&self) -> Vec<Arc<OwnedLease>> {
-        self.owned.lock().map(|m| m.values().cloned().collect()).unwrap_or_default()
+        self.owned
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
     }
 
     fn owned_count(&self) -> usize {
@@ -109,7 +115,9 @@ impl ChangeFeedProcessor {
             Err(shared) => return Self { shared },
         };
         shared.observer = observer;
-        Self { shared: Arc::new(shared) }
+        Self {
+            shared: Arc::new(shared),
+        }
     }
 
     /// Lease lifecycle events from now on.
@@ -121,14 +129,30 @@ impl ChangeFeedProcessor {
     pub async fn start(self) -> Result<ProcessorHandle, ProcessorError> {
         self.shared.options.validate().map_err(ProcessorError::Config)?;
         let options = &self.shared.options;
-        bootstrap(self.shared.store.as_ref(), &self.shared.monitored, &options.instance, options.start_from).await?;
+        bootstrap(
+            self.shared.store.as_ref(),
+            &self.shared.monitored,
+            &options.instance,
+            options.start_from,
+        )
+        .await?;
         let shutdown = CancellationToken::new();
         let leases = CancellationToken::new();
-        let coordinator = Coordinator { shared: self.shared.clone(), leases: leases.clone(), tasks: JoinSet::new() };
+        let coordinator = Coordinator {
+            shared: self.shared.clone(),
+            leases: leases.clone(),
+            tasks: JoinSet::new(),
+        };
         let task = tokio::spawn(coordinator.run(shutdown.clone()));
         let renewer = tokio::spawn(renew_loop(self.shared.clone(), shutdown.clone()));
         tracing::info!(processor = %options.processor_name, instance = %options.instance, "processor started");
-        Ok(ProcessorHandle { shared: self.shared, shutdown, leases, task, renewer })
+        Ok(ProcessorHandle {
+            shared: self.shared,
+            shutdown,
+            leases,
+            task,
+            renewer,
+        })
     }
 }
 
@@ -149,7 +173,12 @@ impl ProcessorHandle {
 
     /// Tokens of the leases this instance processes now.
     pub fn owned_leases(&self) -> Vec<String> {
-        let mut tokens: Vec<String> = self.shared.owned_snapshot().iter().map(|o| o.token().to_owned()).collect();
+        let mut tokens: Vec<String> = self
+            .shared
+            .owned_snapshot()
+            .iter()
+            .map(|o| o.token().to_owned())
+            .collect();
         tokens.sort();
         tokens
     }
@@ -166,7 +195,9 @@ impl ProcessorHandle {
 
     /// A cheap handle for readiness checks that outlives `stop`.
     pub fn readiness(&self) -> Readiness {
-        Readiness { shared: self.shared.clone() }
+        Readiness {
+            shared: self.shared.clone(),
+        }
     }
 
     /// Graceful stop: stops reading, lets an in-flight batch finish and checkpoint, releases every
@@ -253,20 +284,29 @@ impl Coordinator {
         let now = OffsetDateTime::now_utc();
         let expiration = self.shared.options.expiration;
         let others_running = match self.shared.store.snapshot().await {
-            Ok(snapshot) => snapshot.leases.iter().any(|l| {
-                !l.is_expired(now, expiration) && l.owner.as_deref().is_some_and(|o| o != me)
-            }),
+            Ok(snapshot) => snapshot
+                .leases
+                .iter()
+                .any(|l| !l.is_expired(now, expiration) && l.owner.as_deref().is_some_and(|o| o != me)),
             Err(_) => false,
         };
         if others_running {
-            self.shared.options.acquire_interval.mul_f64(0.25 + fastrand::f64() * 0.25)
+            self.shared
+                .options
+                .acquire_interval
+                .mul_f64(0.25 + fastrand::f64() * 0.25)
         } else {
             Duration::ZERO
         }
     }
 
     fn start_lease(&mut self, lease: Lease) {
-        let owned = OwnedLease::new(lease, &self.shared.options.instance, self.shared.store.clone(), &self.leases);
+        let owned = OwnedLease::new(
+            lease,
+            &self.shared.options.instance,
+            self.shared.store.clone(),
+            &self.leases,
+        );
         if let Ok(mut map) = self.shared.owned.lock() {
             map.insert(owned.id().to_owned(), owned.clone());
         }
@@ -292,11 +332,17 @@ impl Coordinator {
             tracing::warn!(lease = owned.token(), %error, "releasing the lease failed; it frees itself on expiry");
         }
         tracing::info!(processor = %self.shared.options.processor_name, instance = %self.shared.options.instance, lease = owned.token(), reason = exit.reason.as_str(), "lease closed");
-        self.shared.emit(LeaseEvent::Closed { lease: owned.token().to_owned(), reason: exit.reason });
+        self.shared.emit(LeaseEvent::Closed {
+            lease: owned.token().to_owned(),
+            reason: exit.reason,
+        });
         let me = self.shared.options.instance.clone();
         for child in exit.children {
             if child.owner.as_deref() == Some(me.as_str()) && !self.leases.is_cancelled() {
-                self.shared.emit(LeaseEvent::Acquired { lease: child.lease_token.clone(), previous_owner: None });
+                self.shared.emit(LeaseEvent::Acquired {
+                    lease: child.lease_token.clone(),
+                    previous_owner: None,
+                });
                 self.start_lease(child);
             }
         }
@@ -323,7 +369,11 @@ impl Coordinator {
             .iter()
             .map(|l| LeaseState {
                 id: l.id.clone(),
-                live_owner: if l.is_expired(now, expiration) { None } else { l.owner.clone() },
+                live_owner: if l.is_expired(now, expiration) {
+                    None
+                } else {
+                    l.owner.clone()
+                },
             })
             .collect();
         let live: Vec<String> = snapshot
@@ -347,8 +397,12 @@ impl Coordinator {
             if self.shared.is_owned(id) {
                 return None;
             }
-            let previous_owner = if lease.is_expired(now, expiration) { None } else { lease.owner.clone() }
-                .filter(|o| *o != me);
+            let previous_owner = if lease.is_expired(now, expiration) {
+                None
+            } else {
+                lease.owner.clone()
+            }
+            .filter(|o| *o != me);
             let mut next = lease.clone();
             next.owner = Some(me.clone());
             next.timestamp = Some(OffsetDateTime::now_utc());
@@ -360,13 +414,18 @@ impl Coordinator {
             match result {
                 Ok(acquired) => {
                     tracing::info!(processor = %self.shared.options.processor_name, instance = %me, lease = %acquired.lease_token, previous_owner = ?previous_owner, "lease acquired");
-                    self.shared.emit(LeaseEvent::Acquired { lease: acquired.lease_token.clone(), previous_owner });
+                    self.shared.emit(LeaseEvent::Acquired {
+                        lease: acquired.lease_token.clone(),
+                        previous_owner,
+                    });
                     self.start_lease(acquired);
                 }
                 Err(LeaseStoreError::Changed(_) | LeaseStoreError::Gone(_)) => {
                     tracing::debug!(lease = %lease.lease_token, "another instance moved first");
                 }
-                Err(error) => self.shared.emit_error(Some(&lease.lease_token), format!("acquiring failed: {error}")),
+                Err(error) => self
+                    .shared
+                    .emit_error(Some(&lease.lease_token), format!("acquiring failed: {error}")),
             }
         }
     }

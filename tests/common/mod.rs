@@ -46,7 +46,11 @@ impl Deliveries {
     /// Ids delivered more than once.
     pub fn duplicates(&self) -> Vec<String> {
         let map = self.inner.lock().unwrap();
-        let mut dups: Vec<String> = map.iter().filter(|(_, v)| v.len() > 1).map(|(k, _)| k.clone()).collect();
+        let mut dups: Vec<String> = map
+            .iter()
+            .filter(|(_, v)| v.len() > 1)
+            .map(|(k, _)| k.clone())
+            .collect();
         dups.sort();
         dups
     }
@@ -79,7 +83,10 @@ impl ChangeHandler for RecordingHandler {
     async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
         self.deliveries.record(
             &self.instance,
-            batch.documents.iter().filter_map(|d| d["id"].as_str().map(str::to_owned)),
+            batch
+                .documents
+                .iter()
+                .filter_map(|d| d["id"].as_str().map(str::to_owned)),
         );
         Ok(())
     }
@@ -96,11 +103,21 @@ pub struct Env {
 impl Env {
     pub async fn new(partitions: u32) -> Self {
         let emulator = Emulator::in_process();
-        let spec = ContainerSpec { database: DB.into(), container: ITEMS.into(), partition_key: "/pk".into(), partitions };
+        let spec = ContainerSpec {
+            database: DB.into(),
+            container: ITEMS.into(),
+            partition_key: "/pk".into(),
+            partitions,
+        };
         emulator.create_container(&spec).await.unwrap();
         let account = emulator.account().await.unwrap();
         let items = account.documents(DB, ITEMS).await.unwrap();
-        Self { emulator, account, items, deliveries: Deliveries::default() }
+        Self {
+            emulator,
+            account,
+            items,
+            deliveries: Deliveries::default(),
+        }
     }
 
     /// Short timings: acquire every 500 ms, renew every 300 ms, expire after 2 s, poll every 50 ms.
@@ -129,12 +146,17 @@ impl Env {
     }
 
     pub async fn processor(&self, options: ProcessorOptions, handler: Arc<dyn ChangeHandler>) -> ChangeFeedProcessor {
-        build_processor(&self.account, &self.account, &self.settings(options), handler).await.unwrap()
+        build_processor(&self.account, &self.account, &self.settings(options), handler)
+            .await
+            .unwrap()
     }
 
     /// Starts an instance recording into `self.deliveries`.
     pub async fn start(&self, options: ProcessorOptions) -> ProcessorHandle {
-        let handler = Arc::new(RecordingHandler { instance: options.instance.clone(), deliveries: self.deliveries.clone() });
+        let handler = Arc::new(RecordingHandler {
+            instance: options.instance.clone(),
+            deliveries: self.deliveries.clone(),
+        });
         self.processor(options, handler).await.start().await.unwrap()
     }
 
@@ -144,7 +166,10 @@ impl Env {
         futures::stream::iter(range)
             .for_each_concurrent(32, |n| async move {
                 let pk = format!("pk-{}", n % 97);
-                self.items.upsert(&pk, &json!({"id": format!("doc-{n}"), "pk": pk, "n": n})).await.unwrap();
+                self.items
+                    .upsert(&pk, &json!({"id": format!("doc-{n}"), "pk": pk, "n": n}))
+                    .await
+                    .unwrap();
             })
             .await;
     }
@@ -153,7 +178,12 @@ impl Env {
     pub async fn store(&self) -> Arc<dyn LeaseStore> {
         let monitored = self.account.monitored(DB, ITEMS).await.unwrap();
         let docs = self.account.documents(DB, LEASES).await.unwrap();
-        let prefix = changefeed_operator::processor::lease_prefix(PROCESSOR, self.account.host(), monitored.database_rid(), monitored.rid());
+        let prefix = changefeed_operator::processor::lease_prefix(
+            PROCESSOR,
+            self.account.host(),
+            monitored.database_rid(),
+            monitored.rid(),
+        );
         Arc::new(changefeed_operator::processor::CosmosLeaseStore::new(docs, prefix).unwrap())
     }
 
@@ -198,5 +228,7 @@ pub fn fair(counts: &BTreeMap<String, usize>, instances: usize, leases: usize) -
     let floor = leases / instances;
     counts.get("").is_none()
         && counts.len() == instances
-        && counts.values().all(|c| *c == floor || *c == floor + usize::from(leases % instances > 0))
+        && counts
+            .values()
+            .all(|c| *c == floor || *c == floor + usize::from(!leases.is_multiple_of(instances)))
 }

@@ -1,0 +1,12 @@
+# One image for every subcommand: `cfp operator`, `cfp worker`, `cfp emulator`, ...
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock rustfmt.toml ./
+COPY src ./src
+RUN cargo build --release --locked --bin cfp
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /src/target/release/cfp /usr/local/bin/cfp
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/cfp"]
+CMD ["worker"]
