@@ -6,7 +6,6 @@
 //!   physical partition at its midpoint (the first one when `partition` is not given) and answers
 //!   with the partitions after the split.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +17,6 @@ use azure_data_cosmos_driver::in_memory_emulator::{
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -262,36 +260,12 @@ impl Emulator {
 
     /// Serves this account over HTTP on `listener` until `shutdown` is cancelled.
     pub async fn serve(&self, listener: TcpListener, shutdown: CancellationToken) {
-        let connections = tokio_util::task::TaskTracker::new();
-        loop {
-            let accepted = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                accepted = listener.accept() => accepted,
-            };
-            let (stream, _) = match accepted {
-                Ok(conn) => conn,
-                Err(error) => {
-                    tracing::warn!(%error, "accept failed");
-                    continue;
-                }
-            };
-            let emulator = self.clone();
-            let stop = shutdown.clone();
-            connections.spawn(async move {
-                let service = hyper::service::service_fn(move |req| {
-                    let emulator = emulator.clone();
-                    async move { Ok::<_, Infallible>(emulator.handle(req).await) }
-                });
-                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                let conn = builder.serve_connection(TokioIo::new(stream), service);
-                tokio::select! {
-                    _ = conn => {}
-                    _ = stop.cancelled() => {}
-                }
-            });
-        }
-        connections.close();
-        connections.wait().await;
+        let emulator = self.clone();
+        crate::http::serve(listener, shutdown, move |req| {
+            let emulator = emulator.clone();
+            async move { emulator.handle(req).await }
+        })
+        .await;
     }
 
     async fn handle(&self, req: hyper::Request<Incoming>) -> hyper::Response<Full<Bytes>> {
@@ -303,7 +277,7 @@ impl Emulator {
         }
         match self.forward(req).await {
             Ok(response) => response,
-            Err(error) => json_response(
+            Err(error) => crate::http::json(
                 503,
                 &serde_json::json!({"code": "ServiceUnavailable", "message": error.to_string()}),
             ),
@@ -358,7 +332,7 @@ impl Emulator {
         let params: std::collections::HashMap<String, String> =
             url::form_urlencoded::parse(query.as_bytes()).into_owned().collect();
         let (Some(database), Some(container)) = (params.get("database"), params.get("container")) else {
-            return json_response(
+            return crate::http::json(
                 400,
                 &serde_json::json!({"message": "database and container are required"}),
             );
@@ -371,27 +345,17 @@ impl Emulator {
                 self.split(database, container, partition, Duration::from_millis(lock_ms))
                     .await
             }
-            _ => return json_response(404, &serde_json::json!({"message": "unknown control endpoint"})),
+            _ => return crate::http::json(404, &serde_json::json!({"message": "unknown control endpoint"})),
         };
         match result {
-            Ok(partitions) => json_response(200, &serde_json::json!({ "partitions": partitions })),
-            Err(EmulatorError::NoSuchContainer(name)) => json_response(
+            Ok(partitions) => crate::http::json(200, &serde_json::json!({ "partitions": partitions })),
+            Err(EmulatorError::NoSuchContainer(name)) => crate::http::json(
                 404,
                 &serde_json::json!({"message": format!("container {name} does not exist")}),
             ),
-            Err(error) => json_response(409, &serde_json::json!({"message": error.to_string()})),
+            Err(error) => crate::http::json(409, &serde_json::json!({"message": error.to_string()})),
         }
     }
-}
-
-fn json_response(status: u16, body: &serde_json::Value) -> hyper::Response<Full<Bytes>> {
-    let mut response = hyper::Response::new(Full::new(Bytes::from(body.to_string())));
-    *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
-    response.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
-    );
-    response
 }
 
 /// Binds `addr`, builds an emulator whose gateway is the bound address, and creates `containers`.

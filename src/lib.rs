@@ -8,6 +8,8 @@ pub mod cli;
 pub mod cosmos;
 #[cfg(feature = "emulator")]
 pub mod emulator;
+pub mod http;
+pub mod metrics;
 pub mod processor;
 pub mod signals;
 pub mod worker;

@@ -27,6 +27,7 @@ fn main() -> ExitCode {
             Command::Emulator(args) => cli::emulator::run(args).await.map_err(|e| format!("cfp emulator: {e}")),
             Command::Worker(args) => cli::worker::run(args).await.map_err(|e| format!("cfp worker: {e}")),
             Command::Write(args) => cli::write::run(args).await.map_err(|e| format!("cfp write: {e}")),
+            Command::Estimate(args) => cli::estimate::run(args).await.map_err(|e| format!("cfp estimate: {e}")),
         }
     });
     match result {

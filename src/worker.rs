@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::cosmos::{CosmosAccount, CosmosError, ErrorKind};
+use crate::cosmos::{CosmosAccount, CosmosError, ErrorKind, MonitoredContainer};
 use crate::processor::{
     ChangeFeedProcessor, ChangeHandler, CosmosLeaseStore, LeaseStoreError, ProcessorOptions, lease_prefix,
 };
@@ -64,14 +64,13 @@ fn classify(error: CosmosError, context: &str, missing: impl FnOnce() -> WorkerE
     }
 }
 
-/// Opens the containers and builds a processor delivering to `handler`.
-pub async fn build_processor(
+/// Opens the monitored container and the processor's lease store, creating the lease container
+/// when the settings allow it.
+pub async fn open(
     account: &CosmosAccount,
     lease_account: &CosmosAccount,
     settings: &WorkerSettings,
-    handler: Arc<dyn ChangeHandler>,
-) -> Result<ChangeFeedProcessor, WorkerError> {
-    settings.options.validate().map_err(WorkerError::Options)?;
+) -> Result<(MonitoredContainer, CosmosLeaseStore), WorkerError> {
     let monitored_name = format!("{}/{}", settings.database, settings.container);
     let lease_name = format!("{}/{}", settings.lease_database, settings.lease_container);
     let monitored = account
@@ -112,6 +111,18 @@ pub async fn build_processor(
         }
         other => WorkerError::LeaseContainer(other.to_string()),
     })?;
+    Ok((monitored, store))
+}
+
+/// Opens the containers and builds a processor delivering to `handler`.
+pub async fn build_processor(
+    account: &CosmosAccount,
+    lease_account: &CosmosAccount,
+    settings: &WorkerSettings,
+    handler: Arc<dyn ChangeHandler>,
+) -> Result<ChangeFeedProcessor, WorkerError> {
+    settings.options.validate().map_err(WorkerError::Options)?;
+    let (monitored, store) = open(account, lease_account, settings).await?;
     Ok(ChangeFeedProcessor::new(
         monitored,
         Arc::new(store),

@@ -9,32 +9,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
-const CFP: &str = env!("CARGO_BIN_EXE_cfp");
-
-/// Starts `cfp emulator --port 0` and returns it with the endpoint it printed.
-async fn start_emulator() -> (Child, String) {
-    let mut child = Command::new(CFP)
-        .args(["emulator", "--port", "0", "--container", "db/items:/pk:6"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn cfp emulator");
-    let stdout = child.stdout.take().expect("emulator stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let endpoint = tokio::time::timeout(Duration::from_secs(20), async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Some(endpoint) = line.trim().strip_prefix("endpoint:") {
-                return endpoint.trim().to_owned();
-            }
-        }
-        panic!("the emulator exited without printing its endpoint");
-    })
-    .await
-    .expect("emulator endpoint within 20 s");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, endpoint)
-}
+mod common;
+use common::{CFP, start_emulator, terminate};
 
 fn worker(endpoint: &str, instance: &str) -> Child {
     Command::new(CFP)
@@ -67,16 +43,9 @@ fn worker(endpoint: &str, instance: &str) -> Child {
         .expect("spawn cfp worker")
 }
 
-async fn terminate(child: &mut Child) {
-    if let Some(pid) = child.id() {
-        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
-    }
-    let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_worker_processes_deliver_every_document_on_stdout() {
-    let (mut emulator, endpoint) = start_emulator().await;
+    let (mut emulator, endpoint) = start_emulator("db/items:/pk:6").await;
     let (tx, mut rx) = mpsc::unbounded_channel::<String>();
     let mut workers = Vec::new();
     for name in ["w1", "w2", "w3"] {

@@ -23,6 +23,8 @@ pub enum Command {
     Worker(Box<WorkerArgs>),
     /// Write generated documents into a container (for trying things out and load tests).
     Write(WriteArgs),
+    /// Print the remaining work per lease of a processor (the estimator).
+    Estimate(EstimateArgs),
 }
 
 /// `cfp emulator`.
@@ -105,18 +107,11 @@ pub struct WorkerArgs {
     pub config: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub connection: ConnectionArgs,
-    /// Database of the lease container (default: --database).
-    #[arg(long, env = "CFP_LEASE_DATABASE")]
-    pub lease_database: Option<String>,
-    /// The lease container.
-    #[arg(long, env = "CFP_LEASE_CONTAINER", default_value = "leases")]
-    pub lease_container: String,
+    #[command(flatten)]
+    pub leases: LeaseArgs,
     /// Do not create the lease container when it is missing.
     #[arg(long, env = "CFP_NO_CREATE_LEASES")]
     pub no_create_leases: bool,
-    /// Processor (deployment unit) name; lease ids are prefixed with it.
-    #[arg(long, env = "CFP_PROCESSOR", default_value = "changefeed")]
-    pub processor: String,
     /// This instance's name, unique within the processor (default: the host name).
     #[arg(long, env = "CFP_INSTANCE")]
     pub instance: Option<String>,
@@ -160,4 +155,39 @@ pub struct WriteArgs {
     /// Documents written concurrently.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
+}
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// A table for people.
+    Table,
+    /// JSON for machines.
+    Json,
+}
+
+/// Where a processor keeps its leases.
+#[derive(Debug, Args, Clone)]
+pub struct LeaseArgs {
+    /// Database of the lease container (default: --database).
+    #[arg(long, env = "CFP_LEASE_DATABASE")]
+    pub lease_database: Option<String>,
+    /// The lease container.
+    #[arg(long, env = "CFP_LEASE_CONTAINER", default_value = "leases")]
+    pub lease_container: String,
+    /// Processor (deployment unit) name; lease ids are prefixed with it.
+    #[arg(long, env = "CFP_PROCESSOR", default_value = "changefeed")]
+    pub processor: String,
+}
+
+/// `cfp estimate`.
+#[derive(Debug, Args)]
+pub struct EstimateArgs {
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
+    #[command(flatten)]
+    pub leases: LeaseArgs,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
+    pub output: OutputFormat,
 }

@@ -151,7 +151,7 @@ mod tests {
         ]);
         assert_eq!(w.lease_expiration, std::time::Duration::from_secs(30));
         assert_eq!(w.max_items, 7);
-        assert_eq!(w.processor, "from-flag");
+        assert_eq!(w.leases.processor, "from-flag");
         assert!(w.no_create_leases);
     }
 

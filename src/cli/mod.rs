@@ -5,6 +5,7 @@ pub mod args;
 pub mod config_file;
 #[cfg(feature = "emulator")]
 pub mod emulator;
+pub mod estimate;
 pub mod worker;
 pub mod write;
 

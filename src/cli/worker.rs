@@ -1,9 +1,14 @@
 //! `cfp worker`: one processor instance until SIGINT/SIGTERM, then a graceful stop.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use super::args::{HandlerKind, StartFromArg, WorkerArgs};
 use crate::cosmos::{CosmosAccount, StartFrom};
+use crate::metrics::WorkerMetrics;
 use crate::processor::{ChangeHandler, ProcessorOptions, StdoutHandler};
 use crate::worker::{WorkerError, WorkerSettings, build_processor};
 
@@ -35,7 +40,7 @@ pub fn settings(args: &WorkerArgs) -> WorkerSettings {
         .instance
         .clone()
         .unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned());
-    let mut options = ProcessorOptions::new(args.processor.clone(), instance);
+    let mut options = ProcessorOptions::new(args.leases.processor.clone(), instance);
     options.start_from = match args.start_from {
         StartFromArg::Beginning => StartFrom::Beginning,
         StartFromArg::Now => StartFrom::Now,
@@ -50,10 +55,11 @@ pub fn settings(args: &WorkerArgs) -> WorkerSettings {
         database: args.connection.database.clone(),
         container: args.connection.container.clone(),
         lease_database: args
+            .leases
             .lease_database
             .clone()
             .unwrap_or_else(|| args.connection.database.clone()),
-        lease_container: args.lease_container.clone(),
+        lease_container: args.leases.lease_container.clone(),
         create_leases: !args.no_create_leases,
         options,
     }
@@ -72,11 +78,47 @@ pub async fn run(args: &WorkerArgs) -> Result<(), WorkerCommandError> {
     let handler: Arc<dyn ChangeHandler> = match args.handler {
         HandlerKind::Stdout => Arc::new(StdoutHandler::new()),
     };
-    let processor = build_processor(&account, &account, &settings, handler).await?;
+    let mut processor = build_processor(&account, &account, &settings, handler).await?;
+    let shutdown = CancellationToken::new();
+    let mut background = Vec::new();
+    if let Some(port) = args.metrics_port {
+        let metrics = WorkerMetrics::new(&settings.options.processor_name)
+            .map_err(|e| WorkerCommandError::Metrics(std::io::Error::other(e)))?;
+        processor = processor.with_observer(metrics.clone());
+        let listener = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port)))
+            .await
+            .map_err(WorkerCommandError::Metrics)?;
+        let address = listener.local_addr().map_err(WorkerCommandError::Metrics)?;
+        tracing::info!(%address, "serving /metrics, /healthz and /readyz");
+        let monitor = processor.monitor();
+        background.push(tokio::spawn(crate::metrics::serve(
+            listener,
+            shutdown.clone(),
+            metrics.clone(),
+            monitor.clone(),
+        )));
+        let interval = settings.options.acquire_interval;
+        background.push(tokio::spawn(crate::metrics::estimate_periodically(
+            metrics,
+            monitor,
+            interval,
+            shutdown.clone(),
+        )));
+    }
     tracing::info!(processor = %settings.options.processor_name, instance = %settings.options.instance, "starting worker");
-    let handle = processor.start().await?;
+    let handle = tokio::select! {
+        started = processor.start() => started?,
+        _ = crate::signals::terminated() => {
+            shutdown.cancel();
+            return Ok(());
+        }
+    };
     crate::signals::terminated().await;
     tracing::info!(instance = %settings.options.instance, "stopping: releasing leases");
     handle.stop().await;
+    shutdown.cancel();
+    for task in background {
+        let _ = task.await;
+    }
     Ok(())
 }

@@ -90,6 +90,18 @@ impl MonitoredContainer {
         Ok(out)
     }
 
+    /// The effective partition key (hex) of a single-value partition key.
+    pub async fn epk_of(&self, partition_key: &str) -> Result<String, CosmosError> {
+        let ranges = self
+            .client
+            .feed_range_from_partition_key(partition_key.to_owned(), None)
+            .await?;
+        ranges
+            .first()
+            .map(|r| r.min_inclusive().to_hex())
+            .ok_or_else(|| CosmosError::local(ErrorKind::Other, "no feed range for the partition key"))
+    }
+
     /// Opens a change feed reader over `range`, resuming from `continuation` (a raw server
     /// continuation of exactly that range) or else starting at `start`.
     pub async fn reader(

@@ -7,6 +7,7 @@ mod continuation;
 mod documents;
 mod error;
 mod feed;
+mod lsn;
 mod range;
 
 pub use client::{CosmosAccount, EMULATOR_KEY};
@@ -14,4 +15,5 @@ pub use continuation::{RangeContinuation, decode_sdk_token, encode_sdk_token};
 pub use documents::{Document, DocumentContainer};
 pub use error::{CosmosError, ErrorKind};
 pub use feed::{ChangePage, FeedReader, MonitoredContainer, StartFrom};
+pub use lsn::{continuation_lsn, session_token_lsn};
 pub use range::EpkRange;

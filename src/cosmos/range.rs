@@ -36,6 +36,12 @@ impl EpkRange {
         epk_le(&self.min, &other.min) && epk_le(&other.max, &self.max)
     }
 
+    /// Whether the effective partition key `epk` (hex) lies in this range.
+    pub fn contains_epk(&self, epk: &str) -> bool {
+        let epk = epk.to_ascii_uppercase();
+        epk_le(&self.min, &epk) && epk_lt(&epk, &self.max)
+    }
+
     /// Whether the two ranges share any key.
     pub fn overlaps(&self, other: &EpkRange) -> bool {
         epk_lt(&self.min, &other.max) && epk_lt(&other.min, &self.max)

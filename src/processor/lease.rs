@@ -50,6 +50,14 @@ pub struct Lease {
     /// Client time of the last update.
     #[serde(default, with = "time::serde::rfc3339::option")]
     pub timestamp: Option<OffsetDateTime>,
+    /// Client time of the last checkpoint (an addition of ours; the .NET SDK ignores it).
+    #[serde(
+        rename = "checkpointTime",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "time::serde::rfc3339::option"
+    )]
+    pub checkpoint_time: Option<OffsetDateTime>,
     /// Partition key value, for lease containers partitioned on `/partitionKey`.
     #[serde(rename = "partitionKey", default, skip_serializing_if = "Option::is_none")]
     pub partition_key: Option<String>,
@@ -75,6 +83,7 @@ impl Lease {
             properties: BTreeMap::new(),
             mode: Some(INCREMENTAL_MODE.to_owned()),
             timestamp: None,
+            checkpoint_time: None,
             partition_key: None,
             server_ts: None,
             etag: String::new(),

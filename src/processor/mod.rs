@@ -7,6 +7,7 @@
 
 pub mod balancer;
 pub mod bootstrap;
+pub mod estimator;
 pub mod events;
 pub mod handler;
 pub mod lease;
@@ -16,9 +17,10 @@ pub mod owned;
 pub mod partition;
 pub mod runtime;
 
+pub use estimator::{LeaseEstimate, NOT_STARTED_LAG, ProcessorEstimate, estimate_leases};
 pub use events::{CloseReason, LeaseEvent};
 pub use handler::{Batch, ChangeHandler, HandlerError, StdoutHandler};
 pub use lease::{CosmosLeaseStore, Lease, LeaseStore, LeaseStoreError, lease_prefix};
 pub use observer::{NoopObserver, ProcessorObserver};
 pub use options::ProcessorOptions;
-pub use runtime::{ChangeFeedProcessor, ProcessorError, ProcessorHandle, Readiness};
+pub use runtime::{ChangeFeedProcessor, ProcessorError, ProcessorHandle, ProcessorMonitor};

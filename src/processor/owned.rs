@@ -132,8 +132,11 @@ impl OwnedLease {
 
     /// Records the continuation after a handled batch.
     pub async fn checkpoint(&self, continuation: &str) -> Result<Lease, UpdateError> {
-        self.update(|lease| lease.continuation = Some(continuation.to_owned()))
-            .await
+        self.update(|lease| {
+            lease.continuation = Some(continuation.to_owned());
+            lease.checkpoint_time = Some(OffsetDateTime::now_utc());
+        })
+        .await
     }
 
     /// Gives the lease up, keeping its continuation.

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::balancer::{LeaseState, leases_to_acquire};
 use super::bootstrap::bootstrap;
+use super::estimator::{DEFAULT_CONCURRENCY, LeaseEstimate, estimate_leases};
 use super::events::{CloseReason, LeaseEvent};
 use super::handler::ChangeHandler;
 use super::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError};
@@ -125,6 +126,13 @@ impl ChangeFeedProcessor {
         self.shared.events.subscribe()
     }
 
+    /// A view for health endpoints and metrics (not ready until started).
+    pub fn monitor(&self) -> ProcessorMonitor {
+        ProcessorMonitor {
+            shared: self.shared.clone(),
+        }
+    }
+
     /// Bootstraps the lease store (once per processor) and starts processing.
     pub async fn start(self) -> Result<ProcessorHandle, ProcessorError> {
         self.shared.options.validate().map_err(ProcessorError::Config)?;
@@ -193,9 +201,9 @@ impl ProcessorHandle {
         self.shared.ready.load(Ordering::SeqCst) && !self.task.is_finished()
     }
 
-    /// A cheap handle for readiness checks that outlives `stop`.
-    pub fn readiness(&self) -> Readiness {
-        Readiness {
+    /// A cheap handle for health checks and estimates.
+    pub fn monitor(&self) -> ProcessorMonitor {
+        ProcessorMonitor {
             shared: self.shared.clone(),
         }
     }
@@ -217,13 +225,14 @@ impl ProcessorHandle {
     }
 }
 
-/// Readiness of a processor, for health endpoints.
+/// A view of a processor for health endpoints and metrics; usable before it starts and after
+/// it stops.
 #[derive(Clone)]
-pub struct Readiness {
+pub struct ProcessorMonitor {
     shared: Arc<Shared>,
 }
 
-impl Readiness {
+impl ProcessorMonitor {
     /// Whether the processor is bootstrapped and its lease loop is running.
     pub fn is_ready(&self) -> bool {
         self.shared.ready.load(Ordering::SeqCst)
@@ -232,6 +241,15 @@ impl Readiness {
     /// Leases owned now.
     pub fn owned_leases(&self) -> usize {
         self.shared.owned_count()
+    }
+
+    /// Estimates the leases this instance owns now (one feed read each).
+    pub async fn estimate_owned(&self) -> Result<Vec<LeaseEstimate>, CosmosError> {
+        let mut leases = Vec::new();
+        for owned in self.shared.owned_snapshot() {
+            leases.push(owned.current().await);
+        }
+        estimate_leases(&self.shared.monitored, &leases, DEFAULT_CONCURRENCY).await
     }
 }
 

@@ -232,3 +232,59 @@ pub fn fair(counts: &BTreeMap<String, usize>, instances: usize, leases: usize) -
             .values()
             .all(|c| *c == floor || *c == floor + usize::from(!leases.is_multiple_of(instances)))
 }
+
+/// The `cfp` binary under test.
+pub const CFP: &str = env!("CARGO_BIN_EXE_cfp");
+
+/// Starts `cfp emulator --port 0 --container <spec>` and returns it with the endpoint it printed.
+pub async fn start_emulator(container: &str) -> (tokio::process::Child, String) {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let mut child = tokio::process::Command::new(CFP)
+        .args(["emulator", "--port", "0", "--container", container])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn cfp emulator");
+    let stdout = child.stdout.take().expect("emulator stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let endpoint = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(endpoint) = line.trim().strip_prefix("endpoint:") {
+                return endpoint.trim().to_owned();
+            }
+        }
+        panic!("the emulator exited without printing its endpoint");
+    })
+    .await
+    .expect("emulator endpoint within 20 s");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, endpoint)
+}
+
+/// Sends SIGTERM and waits (bounded) for the process to exit.
+pub async fn terminate(child: &mut tokio::process::Child) {
+    if let Some(pid) = child.id() {
+        let _ = tokio::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+}
+
+/// A plain HTTP/1.1 GET against a loopback address: (status, body).
+pub async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.expect("read");
+    let status = raw.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}

@@ -1,0 +1,111 @@
+//! `cfp estimate`: the remaining work per lease of a processor, as a table or JSON.
+
+use std::fmt::Write as _;
+
+use super::args::{EstimateArgs, OutputFormat};
+use crate::cosmos::CosmosAccount;
+use crate::processor::{
+    LeaseStore, ProcessorEstimate, ProcessorOptions, estimate_leases, estimator::DEFAULT_CONCURRENCY,
+};
+use crate::worker::{WorkerError, WorkerSettings, open};
+
+/// Why `cfp estimate` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EstimateError {
+    /// The containers could not be opened.
+    #[error(transparent)]
+    Open(#[from] WorkerError),
+    /// The processor has no leases in the lease container.
+    #[error("processor {processor:?} has no leases in {container} (not started yet, or another --processor name?)")]
+    NoLeases {
+        /// The processor name.
+        processor: String,
+        /// The lease container.
+        container: String,
+    },
+    /// Reading leases or the change feed failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Estimates a processor's leases.
+pub async fn estimate(args: &EstimateArgs) -> Result<ProcessorEstimate, EstimateError> {
+    let account = CosmosAccount::connect(&args.connection.endpoint, &args.connection.key)
+        .await
+        .map_err(|e| EstimateError::Failed(format!("cannot connect to {}: {e}", args.connection.endpoint)))?;
+    let settings = WorkerSettings {
+        database: args.connection.database.clone(),
+        container: args.connection.container.clone(),
+        lease_database: args
+            .leases
+            .lease_database
+            .clone()
+            .unwrap_or_else(|| args.connection.database.clone()),
+        lease_container: args.leases.lease_container.clone(),
+        create_leases: false,
+        options: ProcessorOptions::new(args.leases.processor.clone(), "cfp-estimate"),
+    };
+    let (monitored, store) = open(&account, &account, &settings).await?;
+    let snapshot = store
+        .snapshot()
+        .await
+        .map_err(|e| EstimateError::Failed(e.to_string()))?;
+    if snapshot.leases.is_empty() {
+        return Err(EstimateError::NoLeases {
+            processor: args.leases.processor.clone(),
+            container: format!("{}/{}", settings.lease_database, settings.lease_container),
+        });
+    }
+    let leases = estimate_leases(&monitored, &snapshot.leases, DEFAULT_CONCURRENCY)
+        .await
+        .map_err(|e| EstimateError::Failed(format!("reading the change feed: {e}")))?;
+    Ok(ProcessorEstimate::new(args.leases.processor.clone(), leases))
+}
+
+/// Prints the estimate.
+pub async fn run(args: &EstimateArgs) -> Result<(), EstimateError> {
+    let estimate = estimate(args).await?;
+    match args.output {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&estimate).unwrap_or_default()),
+        OutputFormat::Table => print!("{}", table(&estimate)),
+    }
+    Ok(())
+}
+
+/// The estimate as a table for people.
+pub fn table(estimate: &ProcessorEstimate) -> String {
+    let rows: Vec<[String; 4]> = estimate
+        .leases
+        .iter()
+        .map(|l| {
+            [
+                l.lease_token.clone(),
+                l.owner.clone().unwrap_or_else(|| "-".into()),
+                if l.started {
+                    l.lag.to_string()
+                } else {
+                    format!("{} (not started)", l.lag)
+                },
+                l.checkpoint_age.map_or_else(|| "-".into(), |s| format!("{s}s")),
+            ]
+        })
+        .collect();
+    let headers = ["LEASE", "OWNER", "LAG", "CHECKPOINT AGE"];
+    let mut widths = headers.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    for row in std::iter::once(headers.map(str::to_owned)).chain(rows) {
+        let line: Vec<String> = row.iter().zip(widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+    let _ = writeln!(
+        out,
+        "processor {}: {} leases, {} with lag, total lag {}",
+        estimate.processor, estimate.lease_count, estimate.leases_with_lag, estimate.total_lag
+    );
+    out
+}

@@ -1,0 +1,257 @@
+//! Worker metrics in the Prometheus text format, and the `/metrics`, `/healthz`, `/readyz`
+//! endpoints. Every metric is prefixed `cfp_` and labelled with `processor`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::processor::{LeaseEstimate, LeaseEvent, ProcessorMonitor, ProcessorObserver};
+
+/// The worker's metrics.
+pub struct WorkerMetrics {
+    registry: Registry,
+    processor: String,
+    documents: IntCounterVec,
+    batches: IntCounterVec,
+    handler_errors: IntCounterVec,
+    handler_duration: HistogramVec,
+    leases_owned: IntGaugeVec,
+    leases_acquired: IntCounterVec,
+    leases_closed: IntCounterVec,
+    checkpoint_duration: HistogramVec,
+    read_duration: HistogramVec,
+    request_charge: GaugeVec,
+    estimated_lag: IntGaugeVec,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    buckets: Vec<f64>,
+) -> Result<HistogramVec, prometheus::Error> {
+    let metric = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), &["processor"])?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntGaugeVec, prometheus::Error> {
+    let metric = IntGaugeVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+const LATENCY_BUCKETS: [f64; 12] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
+
+impl WorkerMetrics {
+    /// Registers the metrics of processor `processor` in a new registry.
+    pub fn new(processor: &str) -> Result<Arc<Self>, prometheus::Error> {
+        let registry = Registry::new();
+        let p = &["processor"];
+        let request_charge = GaugeVec::new(
+            Opts::new(
+                "cfp_feed_request_charge_total",
+                "Request units charged for change feed reads.",
+            ),
+            p,
+        )?;
+        registry.register(Box::new(request_charge.clone()))?;
+        let metrics = Self {
+            documents: counter(
+                &registry,
+                "cfp_documents_processed_total",
+                "Documents handled successfully.",
+                p,
+            )?,
+            batches: counter(
+                &registry,
+                "cfp_batches_processed_total",
+                "Batches handled successfully.",
+                p,
+            )?,
+            handler_errors: counter(
+                &registry,
+                "cfp_handler_errors_total",
+                "Batches the handler failed (each is retried).",
+                p,
+            )?,
+            handler_duration: histogram(
+                &registry,
+                "cfp_handler_duration_seconds",
+                "Time the handler took per batch.",
+                LATENCY_BUCKETS.to_vec(),
+            )?,
+            leases_owned: gauge(&registry, "cfp_leases_owned", "Leases this instance processes now.", p)?,
+            leases_acquired: counter(
+                &registry,
+                "cfp_leases_acquired_total",
+                "Leases acquired; `stolen` says whether from a live owner.",
+                &["processor", "stolen"],
+            )?,
+            leases_closed: counter(
+                &registry,
+                "cfp_leases_closed_total",
+                "Leases this instance stopped processing, by reason: shutdown (released), split, lease_lost, lease_gone, error.",
+                &["processor", "reason"],
+            )?,
+            checkpoint_duration: histogram(
+                &registry,
+                "cfp_checkpoint_duration_seconds",
+                "Time a checkpoint write took.",
+                LATENCY_BUCKETS.to_vec(),
+            )?,
+            read_duration: histogram(
+                &registry,
+                "cfp_feed_read_duration_seconds",
+                "Time a change feed page read took (including empty polls).",
+                LATENCY_BUCKETS.to_vec(),
+            )?,
+            request_charge,
+            estimated_lag: gauge(
+                &registry,
+                "cfp_estimated_lag",
+                "Estimated remaining operations per owned lease (1 for a lease that has no checkpoint yet).",
+                &["processor", "lease"],
+            )?,
+            registry,
+            processor: processor.to_owned(),
+        };
+        for reason in ["shutdown", "split", "lease_lost", "lease_gone", "error"] {
+            metrics.leases_closed.with_label_values(&[processor, reason]);
+        }
+        for stolen in ["true", "false"] {
+            metrics.leases_acquired.with_label_values(&[processor, stolen]);
+        }
+        metrics.documents.with_label_values(&[processor]);
+        metrics.batches.with_label_values(&[processor]);
+        metrics.handler_errors.with_label_values(&[processor]);
+        metrics.leases_owned.with_label_values(&[processor]);
+        metrics.request_charge.with_label_values(&[processor]);
+        Ok(Arc::new(metrics))
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buffer);
+        String::from_utf8(buffer).unwrap_or_default()
+    }
+
+    /// Replaces the per-lease lag gauges with `estimates`.
+    pub fn set_lag(&self, estimates: &[LeaseEstimate]) {
+        self.estimated_lag.reset();
+        for estimate in estimates {
+            let lag = i64::try_from(estimate.lag).unwrap_or(i64::MAX);
+            self.estimated_lag
+                .with_label_values(&[self.processor.as_str(), estimate.lease_token.as_str()])
+                .set(lag);
+        }
+    }
+}
+
+impl ProcessorObserver for WorkerMetrics {
+    fn feed_read(&self, _lease: &str, elapsed: Duration, request_charge: f64) {
+        self.read_duration
+            .with_label_values(&[&self.processor])
+            .observe(elapsed.as_secs_f64());
+        self.request_charge
+            .with_label_values(&[&self.processor])
+            .add(request_charge);
+    }
+
+    fn handler_done(&self, _lease: &str, elapsed: Duration, ok: bool, documents: usize) {
+        let p = [self.processor.as_str()];
+        self.handler_duration
+            .with_label_values(&p)
+            .observe(elapsed.as_secs_f64());
+        if ok {
+            self.batches.with_label_values(&p).inc();
+            self.documents.with_label_values(&p).inc_by(documents as u64);
+        } else {
+            self.handler_errors.with_label_values(&p).inc();
+        }
+    }
+
+    fn checkpointed(&self, _lease: &str, elapsed: Duration) {
+        self.checkpoint_duration
+            .with_label_values(&[&self.processor])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    fn leases_owned(&self, count: usize) {
+        self.leases_owned
+            .with_label_values(&[&self.processor])
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    fn lease_event(&self, event: &LeaseEvent) {
+        match event {
+            LeaseEvent::Acquired { previous_owner, .. } => {
+                let stolen = if previous_owner.is_some() { "true" } else { "false" };
+                self.leases_acquired
+                    .with_label_values(&[self.processor.as_str(), stolen])
+                    .inc();
+            }
+            LeaseEvent::Closed { reason, .. } => {
+                self.leases_closed
+                    .with_label_values(&[self.processor.as_str(), reason.as_str()])
+                    .inc();
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Serves `/metrics`, `/healthz` (the process answers) and `/readyz` (bootstrapped and the lease
+/// loop running) until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    shutdown: CancellationToken,
+    metrics: Arc<WorkerMetrics>,
+    monitor: ProcessorMonitor,
+) {
+    crate::http::serve(listener, shutdown, move |req| {
+        let metrics = metrics.clone();
+        let monitor = monitor.clone();
+        async move {
+            match req.uri().path() {
+                "/metrics" => crate::http::response(200, "text/plain; version=0.0.4", metrics.render()),
+                "/healthz" => crate::http::response(200, "text/plain", "ok\n"),
+                "/readyz" if monitor.is_ready() => crate::http::response(200, "text/plain", "ready\n"),
+                "/readyz" => crate::http::response(503, "text/plain", "not ready\n"),
+                _ => crate::http::response(404, "text/plain", "not found\n"),
+            }
+        }
+    })
+    .await;
+}
+
+/// Estimates this instance's own leases every `interval` into the lag gauges.
+pub async fn estimate_periodically(
+    metrics: Arc<WorkerMetrics>,
+    monitor: ProcessorMonitor,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        match monitor.estimate_owned().await {
+            Ok(estimates) => metrics.set_lag(&estimates),
+            Err(error) => tracing::debug!(%error, "estimating owned leases failed"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}

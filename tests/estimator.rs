@@ -1,0 +1,366 @@
+//! The remaining-work estimator, `cfp estimate`, and the worker's metrics endpoints.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use changefeed_operator::cosmos::{CosmosAccount, StartFrom};
+use changefeed_operator::metrics::WorkerMetrics;
+use changefeed_operator::processor::bootstrap::bootstrap;
+use changefeed_operator::processor::{LeaseEstimate, LeaseStore, NOT_STARTED_LAG, estimate_leases};
+use common::{CFP, DB, Env, ITEMS, RecordingHandler, eventually, http_get, start_emulator, terminate};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+async fn estimate(env: &Env) -> Vec<LeaseEstimate> {
+    let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
+    estimate_leases(&monitored, &env.leases().await, 8).await.unwrap()
+}
+
+/// Operations written per lease token: creates of `doc-<n>` for `creates` and one update each of
+/// `doc-<n>` for `updates`.
+async fn write_ops(
+    env: &Env,
+    creates: std::ops::Range<usize>,
+    updates: std::ops::Range<usize>,
+) -> BTreeMap<String, u64> {
+    let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
+    let leases = env.leases().await;
+    let mut per_lease = BTreeMap::new();
+    for n in creates.chain(updates) {
+        let pk = format!("pk-{}", n % 97);
+        env.items
+            .upsert(&pk, &json!({"id": format!("doc-{n}"), "pk": pk, "n": n, "v": 2}))
+            .await
+            .unwrap();
+        let epk = monitored.epk_of(&pk).await.unwrap();
+        let lease = leases
+            .iter()
+            .find(|l| l.range().unwrap().contains_epk(&epk))
+            .expect("a lease covers every key");
+        *per_lease.entry(lease.lease_token.clone()).or_default() += 1;
+    }
+    per_lease
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_estimate_counts_pending_operations_exactly_and_drops_to_zero() {
+    let env = Env::new(4).await;
+    let a = env.start(env.options("a")).await;
+    env.write(0..400).await;
+    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 400 }).await);
+    a.stop().await;
+
+    let expected = write_ops(&env, 400..700, 0..200).await;
+    let estimates = estimate(&env).await;
+    let got: BTreeMap<String, u64> = estimates.iter().map(|e| (e.lease_token.clone(), e.lag)).collect();
+    let total: u64 = expected.values().sum();
+    println!(
+        "estimator with workers stopped: written {total} operations (300 creates, 200 updates), per lease expected {expected:?}, estimated {got:?}"
+    );
+    assert_eq!(got, expected);
+
+    let b = env.start(env.options("b")).await;
+    let caught_up = eventually(Duration::from_secs(20), || async {
+        estimate(&env).await.iter().all(|e| e.lag == 0)
+    })
+    .await;
+    println!(
+        "after catching up: lags {:?}",
+        estimate(&env).await.iter().map(|e| e.lag).collect::<Vec<_>>()
+    );
+    assert!(caught_up);
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_never_checkpointed_reports_the_sentinel() {
+    let env = Env::new(3).await;
+    let handler = Arc::new(RecordingHandler {
+        instance: "x".into(),
+        deliveries: env.deliveries.clone(),
+    });
+    // Create the leases (start from the beginning: no continuation) without processing anything.
+    drop(env.processor(env.options("x"), handler).await);
+    let store = env.store().await;
+    let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
+    bootstrap(store.as_ref(), &monitored, "x", StartFrom::Beginning)
+        .await
+        .unwrap();
+    env.write(0..5000).await;
+    let estimates = estimate(&env).await;
+    println!(
+        "never checkpointed: 5000 documents pending, lags {:?}",
+        estimates.iter().map(|e| e.lag).collect::<Vec<_>>()
+    );
+    assert_eq!(estimates.len(), 3);
+    assert!(estimates.iter().all(|e| e.lag == NOT_STARTED_LAG && !e.started));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_split_the_estimate_still_covers_every_range() {
+    let env = Env::new(2).await;
+    let a = env.start(env.options("a")).await;
+    env.write(0..300).await;
+    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 300 }).await);
+    a.stop().await;
+    let partitions = env
+        .emulator
+        .split(DB, ITEMS, None, Duration::from_millis(10))
+        .await
+        .unwrap();
+    assert_eq!(partitions.len(), 3);
+    assert_eq!(env.leases().await.len(), 2, "nobody has split the leases yet");
+
+    let expected: u64 = write_ops(&env, 300..800, 0..0).await.values().sum();
+    let estimates = estimate(&env).await;
+    let total: u64 = estimates.iter().map(|e| e.lag).sum();
+    println!(
+        "after a split (2 leases over 3 partitions): pending {expected}, estimated {total} ({:?})",
+        estimates.iter().map(|e| e.lag).collect::<Vec<_>>()
+    );
+    assert_eq!(total, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_worker_serves_its_metrics_and_health() {
+    let env = Env::new(4).await;
+    let metrics = WorkerMetrics::new(common::PROCESSOR).unwrap();
+    let handler = Arc::new(RecordingHandler {
+        instance: "m".into(),
+        deliveries: env.deliveries.clone(),
+    });
+    let processor = env
+        .processor(env.options("m"), handler)
+        .await
+        .with_observer(metrics.clone());
+    let monitor = processor.monitor();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(changefeed_operator::metrics::serve(
+        listener,
+        shutdown.clone(),
+        metrics.clone(),
+        monitor.clone(),
+    ));
+    assert_eq!(http_get(address, "/readyz").await.0, 503, "not ready before start");
+    let handle = processor.start().await.unwrap();
+    tokio::spawn(changefeed_operator::metrics::estimate_periodically(
+        metrics,
+        monitor,
+        Duration::from_millis(200),
+        shutdown.clone(),
+    ));
+    env.write(0..700).await;
+    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 700 }).await);
+
+    let scraped = eventually(Duration::from_secs(10), || async {
+        let (_, body) = http_get(address, "/metrics").await;
+        body.contains(&format!(
+            "cfp_documents_processed_total{{processor=\"proc\"}} {}",
+            env.deliveries.total()
+        )) && body.contains("cfp_estimated_lag{lease=")
+    })
+    .await;
+    let (status, body) = http_get(address, "/metrics").await;
+    assert_eq!(status, 200);
+    for name in [
+        "cfp_documents_processed_total",
+        "cfp_batches_processed_total",
+        "cfp_handler_errors_total",
+        "cfp_handler_duration_seconds_bucket",
+        "cfp_leases_owned{processor=\"proc\"} 4",
+        "cfp_leases_acquired_total",
+        "cfp_leases_closed_total",
+        "cfp_checkpoint_duration_seconds_bucket",
+        "cfp_feed_read_duration_seconds_bucket",
+        "cfp_feed_request_charge_total",
+        "cfp_estimated_lag",
+    ] {
+        assert!(body.contains(name), "{name} missing from /metrics:\n{body}");
+    }
+    let processed = body
+        .lines()
+        .find(|l| l.starts_with("cfp_documents_processed_total{"))
+        .and_then(|l| l.rsplit(' ').next())
+        .unwrap_or_default()
+        .to_owned();
+    println!(
+        "metrics: cfp_documents_processed_total {processed}, handler deliveries {}",
+        env.deliveries.total()
+    );
+    assert!(
+        scraped,
+        "processed count {processed} != deliveries {}",
+        env.deliveries.total()
+    );
+    assert_eq!(http_get(address, "/healthz").await.0, 200);
+    assert_eq!(http_get(address, "/readyz").await.0, 200);
+    handle.stop().await;
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cfp_estimate_json_matches_the_library() {
+    let (mut emulator, endpoint) = start_emulator("db/items:/pk:5").await;
+    let mut worker = tokio::process::Command::new(CFP)
+        .args([
+            "worker",
+            "--endpoint",
+            &endpoint,
+            "--database",
+            "db",
+            "--container",
+            "items",
+            "--instance",
+            "w",
+            "--poll-interval",
+            "100ms",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let write = |first: u64, count: u64| {
+        let endpoint = endpoint.clone();
+        async move {
+            let status = tokio::process::Command::new(CFP)
+                .args([
+                    "write",
+                    "--endpoint",
+                    &endpoint,
+                    "--database",
+                    "db",
+                    "--container",
+                    "items",
+                ])
+                .args(["--first", &first.to_string(), "--count", &count.to_string()])
+                .stderr(std::process::Stdio::null())
+                .status()
+                .await
+                .unwrap();
+            assert!(status.success());
+        }
+    };
+    write(0, 200).await;
+    let account = CosmosAccount::connect(&endpoint, changefeed_operator::cosmos::EMULATOR_KEY)
+        .await
+        .unwrap();
+    let monitored = account.monitored("db", "items").await.unwrap();
+    let docs = account.documents("db", "leases").await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            let Ok(docs) = account.documents("db", "leases").await else {
+                return false;
+            };
+            let prefix = changefeed_operator::processor::lease_prefix(
+                "changefeed",
+                account.host(),
+                monitored.database_rid(),
+                monitored.rid(),
+            );
+            let store = changefeed_operator::processor::CosmosLeaseStore::new(docs, prefix).unwrap();
+            let leases = store.snapshot().await.unwrap().leases;
+            leases.len() == 5
+                && estimate_leases(&monitored, &leases, 8)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .all(|e| e.lag == 0)
+        })
+        .await,
+        "the worker did not catch up"
+    );
+    drop(docs);
+    terminate(&mut worker).await;
+    write(200, 1000).await;
+
+    let output = tokio::process::Command::new(CFP)
+        .args([
+            "estimate",
+            "--endpoint",
+            &endpoint,
+            "--database",
+            "db",
+            "--container",
+            "items",
+            "-o",
+            "json",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let cli: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+
+    let docs = account.documents("db", "leases").await.unwrap();
+    let prefix = changefeed_operator::processor::lease_prefix(
+        "changefeed",
+        account.host(),
+        monitored.database_rid(),
+        monitored.rid(),
+    );
+    let store = changefeed_operator::processor::CosmosLeaseStore::new(docs, prefix).unwrap();
+    let library = estimate_leases(&monitored, &store.snapshot().await.unwrap().leases, 8)
+        .await
+        .unwrap();
+    let library_total: u64 = library.iter().map(|e| e.lag).sum();
+    let table = tokio::process::Command::new(CFP)
+        .args([
+            "estimate",
+            "--endpoint",
+            &endpoint,
+            "--database",
+            "db",
+            "--container",
+            "items",
+        ])
+        .output()
+        .await
+        .unwrap();
+    println!(
+        "cfp estimate with a backlog of 1000:\n{}",
+        String::from_utf8_lossy(&table.stdout)
+    );
+    assert_eq!(cli["processor"], "changefeed");
+    assert_eq!(cli["leaseCount"], 5);
+    assert_eq!(cli["totalLag"], json!(library_total));
+    assert_eq!(library_total, 1000);
+    for estimate in &library {
+        let row = cli["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["leaseToken"] == estimate.lease_token.as_str())
+            .unwrap();
+        assert_eq!(row["lag"], json!(estimate.lag));
+        assert_eq!(row["owner"], json!(null), "released on shutdown");
+        assert!(row["checkpointAge"].is_u64());
+    }
+
+    let missing = tokio::process::Command::new(CFP)
+        .args([
+            "estimate",
+            "--endpoint",
+            &endpoint,
+            "--database",
+            "db",
+            "--container",
+            "items",
+            "--processor",
+            "nope",
+        ])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        !missing.status.success() && stderr.contains("has no leases"),
+        "{stderr}"
+    );
+    terminate(&mut emulator).await;
+}
