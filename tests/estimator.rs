@@ -10,7 +10,9 @@ use changefeed_operator::cosmos::{CosmosAccount, StartFrom};
 use changefeed_operator::metrics::WorkerMetrics;
 use changefeed_operator::processor::bootstrap::bootstrap;
 use changefeed_operator::processor::{LeaseEstimate, LeaseStore, NOT_STARTED_LAG, estimate_leases};
-use common::{CFP, DB, Env, ITEMS, RecordingHandler, eventually, http_get, start_emulator, terminate};
+use common::{
+    CFP, DB, Env, ITEMS, RecordingHandler, cfp_write, eventually, http_get, lease_store, start_emulator, terminate,
+};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -212,116 +214,61 @@ async fn cfp_estimate_json_matches_the_library() {
             "--endpoint",
             &endpoint,
             "--database",
-            "db",
+            DB,
             "--container",
-            "items",
-            "--instance",
-            "w",
-            "--poll-interval",
-            "100ms",
+            ITEMS,
         ])
+        .args(["--instance", "w", "--poll-interval", "100ms"])
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let write = |first: u64, count: u64| {
-        let endpoint = endpoint.clone();
-        async move {
-            let status = tokio::process::Command::new(CFP)
-                .args([
-                    "write",
-                    "--endpoint",
-                    &endpoint,
-                    "--database",
-                    "db",
-                    "--container",
-                    "items",
-                ])
-                .args(["--first", &first.to_string(), "--count", &count.to_string()])
-                .stderr(std::process::Stdio::null())
-                .status()
-                .await
-                .unwrap();
-            assert!(status.success());
-        }
-    };
-    write(0, 200).await;
+    cfp_write(&endpoint, 0, 200).await;
     let account = CosmosAccount::connect(&endpoint, changefeed_operator::cosmos::EMULATOR_KEY)
         .await
         .unwrap();
-    let monitored = account.monitored("db", "items").await.unwrap();
-    let docs = account.documents("db", "leases").await;
-    assert!(
-        eventually(Duration::from_secs(20), || async {
-            let Ok(docs) = account.documents("db", "leases").await else {
-                return false;
-            };
-            let prefix = changefeed_operator::processor::lease_prefix(
-                "changefeed",
-                account.host(),
-                monitored.database_rid(),
-                monitored.rid(),
-            );
-            let store = changefeed_operator::processor::CosmosLeaseStore::new(docs, prefix).unwrap();
-            let leases = store.snapshot().await.unwrap().leases;
-            leases.len() == 5
-                && estimate_leases(&monitored, &leases, 8)
-                    .await
-                    .unwrap()
-                    .iter()
-                    .all(|e| e.lag == 0)
-        })
-        .await,
-        "the worker did not catch up"
-    );
-    drop(docs);
+    let monitored = account.monitored(DB, ITEMS).await.unwrap();
+    let library = || async {
+        let store = lease_store(&account, "changefeed").await?;
+        let leases = store.snapshot().await.ok()?.leases;
+        estimate_leases(&monitored, &leases, 8).await.ok()
+    };
+    let caught_up = eventually(Duration::from_secs(20), || async {
+        library()
+            .await
+            .is_some_and(|e| e.len() == 5 && e.iter().all(|l| l.lag == 0))
+    })
+    .await;
+    assert!(caught_up, "the worker did not catch up");
     terminate(&mut worker).await;
-    write(200, 1000).await;
+    cfp_write(&endpoint, 200, 1000).await;
 
-    let output = tokio::process::Command::new(CFP)
-        .args([
-            "estimate",
-            "--endpoint",
-            &endpoint,
-            "--database",
-            "db",
-            "--container",
-            "items",
-            "-o",
-            "json",
-        ])
-        .output()
-        .await
-        .unwrap();
+    let cfp_estimate = |extra: &'static [&'static str]| {
+        let endpoint = endpoint.clone();
+        async move {
+            tokio::process::Command::new(CFP)
+                .args([
+                    "estimate",
+                    "--endpoint",
+                    &endpoint,
+                    "--database",
+                    DB,
+                    "--container",
+                    ITEMS,
+                ])
+                .args(extra)
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+    let output = cfp_estimate(&["-o", "json"]).await;
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let cli: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-
-    let docs = account.documents("db", "leases").await.unwrap();
-    let prefix = changefeed_operator::processor::lease_prefix(
-        "changefeed",
-        account.host(),
-        monitored.database_rid(),
-        monitored.rid(),
-    );
-    let store = changefeed_operator::processor::CosmosLeaseStore::new(docs, prefix).unwrap();
-    let library = estimate_leases(&monitored, &store.snapshot().await.unwrap().leases, 8)
-        .await
-        .unwrap();
+    let library = library().await.unwrap();
     let library_total: u64 = library.iter().map(|e| e.lag).sum();
-    let table = tokio::process::Command::new(CFP)
-        .args([
-            "estimate",
-            "--endpoint",
-            &endpoint,
-            "--database",
-            "db",
-            "--container",
-            "items",
-        ])
-        .output()
-        .await
-        .unwrap();
+    let table = cfp_estimate(&[]).await;
     println!(
         "cfp estimate with a backlog of 1000:\n{}",
         String::from_utf8_lossy(&table.stdout)
@@ -331,32 +278,17 @@ async fn cfp_estimate_json_matches_the_library() {
     assert_eq!(cli["totalLag"], json!(library_total));
     assert_eq!(library_total, 1000);
     for estimate in &library {
-        let row = cli["leases"]
-            .as_array()
-            .unwrap()
+        let rows = cli["leases"].as_array().unwrap();
+        let row = rows
             .iter()
             .find(|l| l["leaseToken"] == estimate.lease_token.as_str())
             .unwrap();
         assert_eq!(row["lag"], json!(estimate.lag));
         assert_eq!(row["owner"], json!(null), "released on shutdown");
-        assert!(row["checkpointAge"].is_u64());
+        assert!(row["checkpointAge"].is_u64(), "{row}");
     }
 
-    let missing = tokio::process::Command::new(CFP)
-        .args([
-            "estimate",
-            "--endpoint",
-            &endpoint,
-            "--database",
-            "db",
-            "--container",
-            "items",
-            "--processor",
-            "nope",
-        ])
-        .output()
-        .await
-        .unwrap();
+    let missing = cfp_estimate(&["--processor", "nope"]).await;
     let stderr = String::from_utf8_lossy(&missing.stderr);
     assert!(
         !missing.status.success() && stderr.contains("has no leases"),

@@ -10,7 +10,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
 mod common;
-use common::{CFP, start_emulator, terminate};
+use common::{CFP, cfp_write, start_emulator, terminate};
 
 fn worker(endpoint: &str, instance: &str) -> Child {
     Command::new(CFP)
@@ -64,23 +64,7 @@ async fn three_worker_processes_deliver_every_document_on_stdout() {
     drop(tx);
 
     let count = 3000;
-    let status = Command::new(CFP)
-        .args([
-            "write",
-            "--endpoint",
-            &endpoint,
-            "--database",
-            "db",
-            "--container",
-            "items",
-            "--count",
-            &count.to_string(),
-        ])
-        .stderr(Stdio::null())
-        .status()
-        .await
-        .expect("run cfp write");
-    assert!(status.success(), "cfp write failed");
+    cfp_write(&endpoint, 0, count as u64).await;
 
     let mut seen = HashSet::new();
     let mut lines = 0;

@@ -180,6 +180,25 @@ pub struct LeaseArgs {
     pub processor: String,
 }
 
+impl ConnectionArgs {
+    /// Worker settings for these containers, with `options` and whether to create the leases.
+    pub fn settings(
+        &self,
+        leases: &LeaseArgs,
+        create_leases: bool,
+        options: crate::processor::ProcessorOptions,
+    ) -> crate::worker::WorkerSettings {
+        crate::worker::WorkerSettings {
+            database: self.database.clone(),
+            container: self.container.clone(),
+            lease_database: leases.lease_database.clone().unwrap_or_else(|| self.database.clone()),
+            lease_container: leases.lease_container.clone(),
+            create_leases,
+            options,
+        }
+    }
+}
+
 /// `cfp estimate`.
 #[derive(Debug, Args)]
 pub struct EstimateArgs {

@@ -7,7 +7,7 @@ use crate::cosmos::CosmosAccount;
 use crate::processor::{
     LeaseStore, ProcessorEstimate, ProcessorOptions, estimate_leases, estimator::DEFAULT_CONCURRENCY,
 };
-use crate::worker::{WorkerError, WorkerSettings, open};
+use crate::worker::{WorkerError, open};
 
 /// Why `cfp estimate` failed.
 #[derive(Debug, thiserror::Error)]
@@ -33,18 +33,8 @@ pub async fn estimate(args: &EstimateArgs) -> Result<ProcessorEstimate, Estimate
     let account = CosmosAccount::connect(&args.connection.endpoint, &args.connection.key)
         .await
         .map_err(|e| EstimateError::Failed(format!("cannot connect to {}: {e}", args.connection.endpoint)))?;
-    let settings = WorkerSettings {
-        database: args.connection.database.clone(),
-        container: args.connection.container.clone(),
-        lease_database: args
-            .leases
-            .lease_database
-            .clone()
-            .unwrap_or_else(|| args.connection.database.clone()),
-        lease_container: args.leases.lease_container.clone(),
-        create_leases: false,
-        options: ProcessorOptions::new(args.leases.processor.clone(), "cfp-estimate"),
-    };
+    let options = ProcessorOptions::new(args.leases.processor.clone(), "cfp-estimate");
+    let settings = args.connection.settings(&args.leases, false, options);
     let (monitored, store) = open(&account, &account, &settings).await?;
     let snapshot = store
         .snapshot()

@@ -51,18 +51,7 @@ pub fn settings(args: &WorkerArgs) -> WorkerSettings {
     options.acquire_interval = args.lease_acquire_interval;
     options.renew_interval = args.lease_renew_interval;
     options.expiration = args.lease_expiration;
-    WorkerSettings {
-        database: args.connection.database.clone(),
-        container: args.connection.container.clone(),
-        lease_database: args
-            .leases
-            .lease_database
-            .clone()
-            .unwrap_or_else(|| args.connection.database.clone()),
-        lease_container: args.leases.lease_container.clone(),
-        create_leases: !args.no_create_leases,
-        options,
-    }
+    args.connection.settings(&args.leases, !args.no_create_leases, options)
 }
 
 /// Runs the worker until a termination signal.

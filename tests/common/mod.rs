@@ -176,15 +176,7 @@ impl Env {
 
     /// A direct view of the lease container (same prefix as the instances).
     pub async fn store(&self) -> Arc<dyn LeaseStore> {
-        let monitored = self.account.monitored(DB, ITEMS).await.unwrap();
-        let docs = self.account.documents(DB, LEASES).await.unwrap();
-        let prefix = changefeed_operator::processor::lease_prefix(
-            PROCESSOR,
-            self.account.host(),
-            monitored.database_rid(),
-            monitored.rid(),
-        );
-        Arc::new(changefeed_operator::processor::CosmosLeaseStore::new(docs, prefix).unwrap())
+        Arc::new(lease_store(&self.account, PROCESSOR).await.expect("lease store"))
     }
 
     pub async fn leases(&self) -> Vec<Lease> {
@@ -260,6 +252,34 @@ pub async fn start_emulator(container: &str) -> (tokio::process::Child, String) 
     .expect("emulator endpoint within 20 s");
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     (child, endpoint)
+}
+
+/// Runs `cfp write` of `doc-<first>`.. against `db/items` at `endpoint`.
+pub async fn cfp_write(endpoint: &str, first: u64, count: u64) {
+    let status = tokio::process::Command::new(CFP)
+        .args(["write", "--endpoint", endpoint, "--database", DB, "--container", ITEMS])
+        .args(["--first", &first.to_string(), "--count", &count.to_string()])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .await
+        .expect("run cfp write");
+    assert!(status.success(), "cfp write failed");
+}
+
+/// The lease store of processor `processor` for `db/items` in `db/leases` of `account`.
+pub async fn lease_store(
+    account: &CosmosAccount,
+    processor: &str,
+) -> Option<changefeed_operator::processor::CosmosLeaseStore> {
+    let monitored = account.monitored(DB, ITEMS).await.ok()?;
+    let docs = account.documents(DB, LEASES).await.ok()?;
+    let prefix = changefeed_operator::processor::lease_prefix(
+        processor,
+        account.host(),
+        monitored.database_rid(),
+        monitored.rid(),
+    );
+    changefeed_operator::processor::CosmosLeaseStore::new(docs, prefix).ok()
 }
 
 /// Sends SIGTERM and waits (bounded) for the process to exit.
