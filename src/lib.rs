@@ -10,6 +10,7 @@ pub mod cosmos;
 pub mod emulator;
 pub mod http;
 pub mod metrics;
+pub mod operator;
 pub mod processor;
 pub mod signals;
 pub mod worker;

@@ -28,6 +28,11 @@ fn main() -> ExitCode {
             Command::Worker(args) => cli::worker::run(args).await.map_err(|e| format!("cfp worker: {e}")),
             Command::Write(args) => cli::write::run(args).await.map_err(|e| format!("cfp write: {e}")),
             Command::Estimate(args) => cli::estimate::run(args).await.map_err(|e| format!("cfp estimate: {e}")),
+            Command::Operator(args) => cli::operator::run(args).await.map_err(|e| format!("cfp operator: {e}")),
+            Command::Crd => {
+                print!("{}", changefeed_operator::operator::crd_yaml());
+                Ok(())
+            }
         }
     });
     match result {

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use changefeed_operator::processor::{CloseReason, LeaseEvent};
-use common::{Env, eventually, fair, ids};
+use common::{Env, eventually, fair, ids, upsert_doc};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_instances_share_eight_partitions_and_lose_nothing() {
@@ -101,14 +101,11 @@ async fn a_graceful_stop_hands_leases_over_within_one_cycle_without_duplicates()
         let items = env.items.clone();
         async move {
             for n in 3000..6000usize {
-                let pk = format!("pk-{}", n % 97);
-                items
-                    .upsert(&pk, &serde_json::json!({"id": format!("doc-{n}"), "pk": pk}))
-                    .await
-                    .unwrap();
+                upsert_doc(&items, n).await;
             }
         }
     });
+    let mut acquired = [a.subscribe(), b.subscribe()];
     c.stop().await;
     let cycles_at_release = [a.acquire_cycles(), b.acquire_cycles()];
     let handed_over = eventually(Duration::from_secs(5), || async {
@@ -117,10 +114,15 @@ async fn a_graceful_stop_hands_leases_over_within_one_cycle_without_duplicates()
     })
     .await;
     let handoff = stopped_at.elapsed();
-    let cycles_taken = [
-        a.acquire_cycles() - cycles_at_release[0],
-        b.acquire_cycles() - cycles_at_release[1],
-    ];
+    // The cycle that took each lease, counted from the last cycle started before the release.
+    let mut cycles_taken = Vec::new();
+    for (rx, at_release) in acquired.iter_mut().zip(cycles_at_release) {
+        while let Ok(event) = rx.try_recv() {
+            if let LeaseEvent::Acquired { cycle, .. } = event {
+                cycles_taken.push(cycle.saturating_sub(at_release));
+            }
+        }
+    }
     writes.await.unwrap();
     assert!(handed_over, "leases not picked up: {:?}", env.owners().await);
     assert!(eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 6000 }).await);
@@ -132,6 +134,7 @@ async fn a_graceful_stop_hands_leases_over_within_one_cycle_without_duplicates()
         duplicates.len(),
         missing.len()
     );
+    assert_eq!(cycles_taken.len(), 2, "two leases handed over");
     assert!(
         cycles_taken.iter().all(|c| *c <= 1),
         "handoff took {cycles_taken:?} acquire cycles"
@@ -162,19 +165,19 @@ async fn scaling_one_to_four_reaches_fair_share_within_two_cycles() {
         new.push(handle);
     }
     let reached = eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 4, 32) }).await;
-    let cycles = new.iter().map(|h| h.acquire_cycles()).max().unwrap_or_default();
     assert!(reached, "no fair share: {:?}", env.owners().await);
     // Let one more cycle pass: nothing may move after the fair share was reached.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let mut moves = 0;
+    let mut cycles = 0;
     for rx in &mut events {
         while let Ok(event) = rx.try_recv() {
             if let LeaseEvent::Acquired {
-                previous_owner: Some(_),
-                ..
+                previous_owner, cycle, ..
             } = event
             {
-                moves += 1;
+                moves += usize::from(previous_owner.is_some());
+                cycles = cycles.max(cycle);
             }
         }
     }
@@ -204,11 +207,7 @@ async fn a_split_while_writing_replaces_the_parent_lease_and_loses_nothing() {
         let items = env.items.clone();
         async move {
             for n in 1000..4000usize {
-                let pk = format!("pk-{}", n % 97);
-                items
-                    .upsert(&pk, &serde_json::json!({"id": format!("doc-{n}"), "pk": pk}))
-                    .await
-                    .unwrap();
+                upsert_doc(&items, n).await;
             }
         }
     });

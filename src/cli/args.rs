@@ -25,6 +25,10 @@ pub enum Command {
     Write(WriteArgs),
     /// Print the remaining work per lease of a processor (the estimator).
     Estimate(EstimateArgs),
+    /// Run the Kubernetes operator (reconciles ChangeFeedProcessor resources).
+    Operator(OperatorArgs),
+    /// Print the ChangeFeedProcessor CustomResourceDefinition (YAML).
+    Crd,
 }
 
 /// `cfp emulator`.
@@ -60,33 +64,6 @@ pub struct ConnectionArgs {
     pub container: String,
 }
 
-/// Where a new lease starts reading.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StartFromArg {
-    /// All retained changes.
-    Beginning,
-    /// Changes after the processor first started.
-    Now,
-    /// Changes at or after a time.
-    Time(time::OffsetDateTime),
-}
-
-impl std::str::FromStr for StartFromArg {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "beginning" => Ok(Self::Beginning),
-            "now" => Ok(Self::Now),
-            _ => time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
-                .map(Self::Time)
-                .map_err(|_| {
-                    format!("expected beginning, now or an RFC 3339 time such as 2026-01-31T12:00:00Z, got {s:?}")
-                }),
-        }
-    }
-}
-
 /// The built-in handlers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum HandlerKind {
@@ -117,7 +94,7 @@ pub struct WorkerArgs {
     pub instance: Option<String>,
     /// Where leases without a checkpoint start: beginning, now, or an RFC 3339 time.
     #[arg(long, env = "CFP_START_FROM", default_value = "beginning")]
-    pub start_from: StartFromArg,
+    pub start_from: crate::cosmos::StartFrom,
     /// Where batches go.
     #[arg(long, env = "CFP_HANDLER", value_enum, default_value = "stdout")]
     pub handler: HandlerKind,
@@ -175,9 +152,32 @@ pub struct LeaseArgs {
     /// The lease container.
     #[arg(long, env = "CFP_LEASE_CONTAINER", default_value = "leases")]
     pub lease_container: String,
+    /// Endpoint of a separate account for the lease container (default: --endpoint).
+    #[arg(long, env = "CFP_LEASE_ENDPOINT")]
+    pub lease_endpoint: Option<String>,
+    /// Key of the lease account (default: --key).
+    #[arg(long, env = "CFP_LEASE_KEY", hide_env_values = true)]
+    pub lease_key: Option<String>,
     /// Processor (deployment unit) name; lease ids are prefixed with it.
     #[arg(long, env = "CFP_PROCESSOR", default_value = "changefeed")]
     pub processor: String,
+}
+
+impl LeaseArgs {
+    /// The account holding the lease container: the separate lease account when given, else `monitored`.
+    pub async fn account(
+        &self,
+        connection: &ConnectionArgs,
+        monitored: &crate::cosmos::CosmosAccount,
+    ) -> Result<crate::cosmos::CosmosAccount, crate::cosmos::CosmosError> {
+        match &self.lease_endpoint {
+            Some(endpoint) => {
+                crate::cosmos::CosmosAccount::connect(endpoint, self.lease_key.as_deref().unwrap_or(&connection.key))
+                    .await
+            }
+            None => Ok(monitored.clone()),
+        }
+    }
 }
 
 impl ConnectionArgs {
@@ -209,4 +209,39 @@ pub struct EstimateArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
     pub output: OutputFormat,
+}
+
+/// `cfp operator`.
+#[derive(Debug, Args)]
+pub struct OperatorArgs {
+    /// Watch only this namespace.
+    #[arg(long, env = "CFP_NAMESPACE", conflicts_with = "all_namespaces")]
+    pub namespace: Option<String>,
+    /// Watch every namespace (the default when --namespace is not given).
+    #[arg(long)]
+    pub all_namespaces: bool,
+    /// The worker image for resources that do not set `spec.worker.image`.
+    #[arg(long, env = "CFP_WORKER_IMAGE", default_value = concat!("ghcr.io/changefeed-operator/cfp:", env!("CARGO_PKG_VERSION")))]
+    pub worker_image: String,
+    /// Port of /metrics and /healthz (off when not given).
+    #[arg(long, env = "CFP_METRICS_PORT")]
+    pub metrics_port: Option<u16>,
+    /// Run without leader election (only with a single replica).
+    #[arg(long)]
+    pub no_leader_election: bool,
+    /// Namespace of the leader-election Lease (default: --namespace, else `POD_NAMESPACE`, else `default`).
+    #[arg(long, env = "CFP_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "changefeed-operator")]
+    pub leader_election_name: String,
+    /// This replica's identity in the election (default: the host name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// A leader that has not renewed for this long is replaced.
+    #[arg(long, default_value = "15s", value_parser = duration)]
+    pub leader_lease_duration: Duration,
+    /// How often the leader renews its lease.
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    pub leader_renew_interval: Duration,
 }

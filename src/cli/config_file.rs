@@ -189,7 +189,7 @@ mod tests {
             "2026-01-31T12:00:00Z",
         ]);
         assert_eq!(w.poll_interval, std::time::Duration::from_millis(500));
-        assert!(matches!(w.start_from, crate::cli::args::StartFromArg::Time(_)));
+        assert!(matches!(w.start_from, crate::cosmos::StartFrom::Time(_)));
         assert!(
             parse([
                 "cfp",

@@ -35,7 +35,12 @@ pub async fn estimate(args: &EstimateArgs) -> Result<ProcessorEstimate, Estimate
         .map_err(|e| EstimateError::Failed(format!("cannot connect to {}: {e}", args.connection.endpoint)))?;
     let options = ProcessorOptions::new(args.leases.processor.clone(), "cfp-estimate");
     let settings = args.connection.settings(&args.leases, false, options);
-    let (monitored, store) = open(&account, &account, &settings).await?;
+    let lease_account = args
+        .leases
+        .account(&args.connection, &account)
+        .await
+        .map_err(|e| EstimateError::Failed(format!("cannot connect to the lease account: {e}")))?;
+    let (monitored, store) = open(&account, &lease_account, &settings).await?;
     let snapshot = store
         .snapshot()
         .await

@@ -6,6 +6,7 @@ pub mod config_file;
 #[cfg(feature = "emulator")]
 pub mod emulator;
 pub mod estimate;
+pub mod operator;
 pub mod worker;
 pub mod write;
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::args::{HandlerKind, StartFromArg, WorkerArgs};
-use crate::cosmos::{CosmosAccount, StartFrom};
+use super::args::{HandlerKind, WorkerArgs};
+use crate::cosmos::CosmosAccount;
 use crate::metrics::WorkerMetrics;
 use crate::processor::{ChangeHandler, ProcessorOptions, StdoutHandler};
 use crate::worker::{WorkerError, WorkerSettings, build_processor};
@@ -41,11 +41,7 @@ pub fn settings(args: &WorkerArgs) -> WorkerSettings {
         .clone()
         .unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned());
     let mut options = ProcessorOptions::new(args.leases.processor.clone(), instance);
-    options.start_from = match args.start_from {
-        StartFromArg::Beginning => StartFrom::Beginning,
-        StartFromArg::Now => StartFrom::Now,
-        StartFromArg::Time(t) => StartFrom::Time(t),
-    };
+    options.start_from = args.start_from;
     options.max_items = args.max_items;
     options.poll_interval = args.poll_interval;
     options.acquire_interval = args.lease_acquire_interval;
@@ -67,7 +63,15 @@ pub async fn run(args: &WorkerArgs) -> Result<(), WorkerCommandError> {
     let handler: Arc<dyn ChangeHandler> = match args.handler {
         HandlerKind::Stdout => Arc::new(StdoutHandler::new()),
     };
-    let mut processor = build_processor(&account, &account, &settings, handler).await?;
+    let lease_account = args
+        .leases
+        .account(&args.connection, &account)
+        .await
+        .map_err(|source| WorkerCommandError::Connect {
+            endpoint: args.leases.lease_endpoint.clone().unwrap_or_default(),
+            source,
+        })?;
+    let mut processor = build_processor(&account, &lease_account, &settings, handler).await?;
     let shutdown = CancellationToken::new();
     let mut background = Vec::new();
     if let Some(port) = args.metrics_port {

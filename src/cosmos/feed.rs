@@ -27,6 +27,23 @@ pub enum StartFrom {
     Time(OffsetDateTime),
 }
 
+impl std::str::FromStr for StartFrom {
+    type Err = String;
+
+    /// `beginning`, `now` (any case) or an RFC 3339 time.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "beginning" => Ok(Self::Beginning),
+            "now" => Ok(Self::Now),
+            _ => OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+                .map(Self::Time)
+                .map_err(|_| {
+                    format!("expected beginning, now or an RFC 3339 time such as 2026-01-31T12:00:00Z, got {s:?}")
+                }),
+        }
+    }
+}
+
 /// One page of the change feed of a range.
 #[derive(Debug, Clone)]
 pub struct ChangePage {

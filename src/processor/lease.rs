@@ -219,6 +219,19 @@ impl CosmosLeaseStore {
         })
     }
 
+    /// Deletes every document of this processor (leases, markers, heartbeats); returns how many.
+    pub async fn delete_all(&self) -> Result<usize, LeaseStoreError> {
+        let ours = format!("{}.", self.prefix);
+        let mut deleted = 0;
+        for doc in self.container.list_by_id_prefix(&ours).await? {
+            if let Some(id) = doc.body.get("id").and_then(Value::as_str) {
+                self.container.delete(id, id, None).await?;
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+
     fn marker_id(&self, name: &str) -> String {
         format!("{}.{name}", self.prefix)
     }

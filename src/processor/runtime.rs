@@ -191,7 +191,7 @@ impl ProcessorHandle {
         tokens
     }
 
-    /// Acquire cycles completed so far.
+    /// Acquire cycles started so far (the first is number 1).
     pub fn acquire_cycles(&self) -> u64 {
         self.shared.cycles.load(Ordering::SeqCst)
     }
@@ -273,8 +273,8 @@ impl Coordinator {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => {
-                    self.acquire_cycle().await;
                     self.shared.cycles.fetch_add(1, Ordering::SeqCst);
+                    self.acquire_cycle().await;
                 }
                 Some(joined) = self.tasks.join_next() => self.on_exit(joined).await,
             }
@@ -360,6 +360,7 @@ impl Coordinator {
                 self.shared.emit(LeaseEvent::Acquired {
                     lease: child.lease_token.clone(),
                     previous_owner: None,
+                    cycle: self.shared.cycles.load(Ordering::SeqCst),
                 });
                 self.start_lease(child);
             }
@@ -435,6 +436,7 @@ impl Coordinator {
                     self.shared.emit(LeaseEvent::Acquired {
                         lease: acquired.lease_token.clone(),
                         previous_owner,
+                        cycle: self.shared.cycles.load(Ordering::SeqCst),
                     });
                     self.start_lease(acquired);
                 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use changefeed_operator::cosmos::{CosmosAccount, DocumentContainer, StartFrom};
+use changefeed_operator::cosmos::{CosmosAccount, DocumentContainer, ErrorKind, StartFrom};
 use changefeed_operator::emulator::{ContainerSpec, Emulator};
 use changefeed_operator::processor::{
     Batch, ChangeFeedProcessor, ChangeHandler, HandlerError, Lease, LeaseStore, ProcessorHandle, ProcessorOptions,
@@ -164,13 +164,7 @@ impl Env {
     pub async fn write(&self, range: std::ops::Range<usize>) {
         use futures::StreamExt;
         futures::stream::iter(range)
-            .for_each_concurrent(32, |n| async move {
-                let pk = format!("pk-{}", n % 97);
-                self.items
-                    .upsert(&pk, &json!({"id": format!("doc-{n}"), "pk": pk, "n": n}))
-                    .await
-                    .unwrap();
-            })
+            .for_each_concurrent(32, |n| upsert_doc(&self.items, n))
             .await;
     }
 
@@ -190,6 +184,22 @@ impl Env {
             *counts.entry(lease.owner.unwrap_or_default()).or_default() += 1;
         }
         counts
+    }
+}
+
+/// Upserts `doc-<n>` (partition key `pk-<n % 97>`), retrying what a client retries: throttling,
+/// timeouts and a partition in its split window (410/1007).
+pub async fn upsert_doc(items: &DocumentContainer, n: usize) {
+    let pk = format!("pk-{}", n % 97);
+    let doc = json!({"id": format!("doc-{n}"), "pk": pk, "n": n});
+    for attempt in 0.. {
+        match items.upsert(&pk, &doc).await {
+            Ok(_) => return,
+            Err(e) if attempt < 100 && (e.kind.is_retryable() || e.kind == ErrorKind::RangeGone) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("writing doc-{n}: {e}"),
+        }
     }
 }
 
@@ -293,10 +303,12 @@ pub async fn terminate(child: &mut tokio::process::Child) {
     let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
 }
 
-/// A plain HTTP/1.1 GET against a loopback address: (status, body).
+/// A plain HTTP/1.1 GET against a loopback address: (status, body); status 0 when nothing listens.
 pub async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(address).await.expect("connect");
+    let Ok(mut stream) = tokio::net::TcpStream::connect(address).await else {
+        return (0, String::new());
+    };
     let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.expect("send");
     let mut raw = String::new();

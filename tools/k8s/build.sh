@@ -6,19 +6,23 @@
 #   tools/k8s/build.sh --print    # prints that directory and builds nothing
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-pin="kube-1.35.4-etcd-3.6.16"
+kube_version="v1.35.4"
+pin="kube-1.35.4-etcd-3.6.16-r2"
 bin="${CFP_K8S_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/changefeed-operator/k8s-$pin}"
 if [[ "${1:-}" == "--print" ]]; then echo "$bin"; exit 0; fi
 mkdir -p "$bin"
 export GOFLAGS="${GOFLAGS:-} -trimpath" CGO_ENABLED=0
 
+# Stamp the real version (clients such as helm check it).
+version_flags="-X k8s.io/component-base/version.gitVersion=$kube_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=35 -X k8s.io/client-go/pkg/version.gitVersion=$kube_version -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=35"
+
 build() { # module-dir package output
-  if [[ -x "$bin/$3" ]]; then echo "k8s tools: $3 present in $bin"; return; fi
-  echo "k8s tools: building $3 (cold builds take minutes on 2 cores)"
+  if [[ -x "$bin/$3" ]]; then echo "k8s tools: $3 present in $bin" >&2; return; fi
+  echo "k8s tools: building $3 (cold builds take minutes on 2 cores)" >&2
   local started=$SECONDS
-  (cd "$here/$1" && go build -ldflags="-s -w" -o "$bin/$3.partial" "$2")
+  (cd "$here/$1" && go build -ldflags="-s -w $version_flags" -o "$bin/$3.partial" "$2")
   mv "$bin/$3.partial" "$bin/$3"
-  echo "k8s tools: built $3 in $((SECONDS - started)) s"
+  echo "k8s tools: built $3 in $((SECONDS - started)) s" >&2
 }
 build etcd go.etcd.io/etcd/server/v3 etcd
 build kube k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver

@@ -1,0 +1,186 @@
+//! Whether a `ChangeFeedProcessor` can work as configured, given the Secrets it references. Pure.
+
+use k8s_openapi::api::core::v1::Secret;
+
+use super::crd::{ChangeFeedProcessor, Connection};
+
+/// A configuration that cannot work, with a reason (CamelCase, for conditions and Events) and a
+/// message that says what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigProblem {
+    /// Machine-readable reason.
+    pub reason: &'static str,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+/// The Secret names a resource references (monitored account, then the lease account).
+pub fn referenced_secrets(cfp: &ChangeFeedProcessor) -> Vec<String> {
+    let mut names = vec![cfp.spec.connection.key_secret_ref.name.clone()];
+    if let Some(lease) = &cfp.spec.leases.connection {
+        names.push(lease.key_secret_ref.name.clone());
+    }
+    names.dedup();
+    names
+}
+
+/// Checks the resource and the Secrets it references (`lookup` by name).
+pub fn check(cfp: &ChangeFeedProcessor, lookup: impl Fn(&str) -> Option<Secret>) -> Result<(), ConfigProblem> {
+    let namespace = cfp.metadata.namespace.clone().unwrap_or_default();
+    let connections: Vec<(&str, &Connection)> = std::iter::once(("connection", &cfp.spec.connection))
+        .chain(cfp.spec.leases.connection.as_ref().map(|c| ("leases.connection", c)))
+        .collect();
+    for (field, connection) in connections {
+        let reference = &connection.key_secret_ref;
+        let Some(secret) = lookup(&reference.name) else {
+            return Err(ConfigProblem {
+                reason: "SecretNotFound",
+                message: format!(
+                    "Secret {:?} ({field}.keySecretRef) does not exist in namespace {namespace:?}; create it with the account key under {:?}",
+                    reference.name, reference.key
+                ),
+            });
+        };
+        let present = secret
+            .data
+            .as_ref()
+            .is_some_and(|d| d.get(&reference.key).is_some_and(|v| !v.0.is_empty()))
+            || secret
+                .string_data
+                .as_ref()
+                .is_some_and(|d| d.get(&reference.key).is_some_and(|v| !v.is_empty()));
+        if !present {
+            return Err(ConfigProblem {
+                reason: "SecretKeyMissing",
+                message: format!(
+                    "Secret {:?} has no non-empty key {:?} ({field}.keySecretRef.key); add the account key under that key",
+                    reference.name, reference.key
+                ),
+            });
+        }
+    }
+    let invalid = |message: String| ConfigProblem {
+        reason: "InvalidConfiguration",
+        message,
+    };
+    let duration = |field: &str, value: &str| {
+        humantime::parse_duration(value).map_err(|e| invalid(format!("{field} {value:?} is not a duration: {e}")))
+    };
+    duration("pollInterval", &cfp.spec.poll_interval)?;
+    let timings = &cfp.spec.lease_timings;
+    let acquire = duration("leaseTimings.acquireInterval", &timings.acquire_interval)?;
+    let renew = duration("leaseTimings.renewInterval", &timings.renew_interval)?;
+    let expiration = duration("leaseTimings.expiration", &timings.expiration)?;
+    if acquire.is_zero() || renew.is_zero() {
+        return Err(invalid("lease intervals must be longer than zero".into()));
+    }
+    if renew >= expiration {
+        return Err(invalid(format!(
+            "leaseTimings.renewInterval ({}) must be shorter than leaseTimings.expiration ({})",
+            timings.renew_interval, timings.expiration
+        )));
+    }
+    if let Err(e) = cfp.spec.start_from.parse::<crate::cosmos::StartFrom>() {
+        return Err(invalid(format!("startFrom: {e}")));
+    }
+    if let Some(scaling) = &cfp.spec.autoscaling {
+        if scaling.min_replicas > scaling.max_replicas {
+            return Err(invalid(format!(
+                "autoscaling.minReplicas ({}) is greater than autoscaling.maxReplicas ({})",
+                scaling.min_replicas, scaling.max_replicas
+            )));
+        }
+        duration("autoscaling.scaleDownStabilization", &scaling.scale_down_stabilization)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::crd::ChangeFeedProcessorSpec;
+    use k8s_openapi::ByteString;
+    use std::collections::BTreeMap;
+
+    fn resource(extra: serde_json::Value) -> ChangeFeedProcessor {
+        let mut spec = serde_json::json!({
+            "connection": {"endpoint": "https://a.documents.azure.com/", "keySecretRef": {"name": "cosmos"}},
+            "monitored": {"database": "db", "container": "c"},
+        });
+        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+            spec.extend(extra.clone());
+        }
+        let spec: ChangeFeedProcessorSpec = serde_json::from_value(spec).unwrap();
+        let mut cfp = ChangeFeedProcessor::new("p", spec);
+        cfp.metadata.namespace = Some("ns".into());
+        cfp
+    }
+
+    fn secret(key: &str, value: &str) -> Secret {
+        Secret {
+            data: Some(BTreeMap::from([(
+                key.to_owned(),
+                ByteString(value.as_bytes().to_vec()),
+            )])),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn table() {
+        let cases: Vec<(&str, serde_json::Value, Option<Secret>, Option<&str>)> = vec![
+            ("valid", serde_json::json!({}), Some(secret("key", "k")), None),
+            ("missing secret", serde_json::json!({}), None, Some("SecretNotFound")),
+            (
+                "missing key",
+                serde_json::json!({}),
+                Some(secret("other", "k")),
+                Some("SecretKeyMissing"),
+            ),
+            (
+                "empty key",
+                serde_json::json!({}),
+                Some(secret("key", "")),
+                Some("SecretKeyMissing"),
+            ),
+            (
+                "bad start",
+                serde_json::json!({"startFrom": "yesterday"}),
+                Some(secret("key", "k")),
+                Some("InvalidConfiguration"),
+            ),
+            (
+                "time start",
+                serde_json::json!({"startFrom": "2026-01-31T12:00:00Z"}),
+                Some(secret("key", "k")),
+                None,
+            ),
+            (
+                "renew slower than expiry",
+                serde_json::json!({"leaseTimings": {"acquireInterval": "1s", "renewInterval": "90s", "expiration": "60s"}}),
+                Some(secret("key", "k")),
+                Some("InvalidConfiguration"),
+            ),
+            (
+                "min over max",
+                serde_json::json!({"autoscaling": {"enabled": true, "minReplicas": 5, "maxReplicas": 2}}),
+                Some(secret("key", "k")),
+                Some("InvalidConfiguration"),
+            ),
+        ];
+        for (name, spec, secret, want) in cases {
+            let got = check(&resource(spec), |_| secret.clone());
+            assert_eq!(got.err().map(|p| p.reason), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn messages_name_the_secret_and_key() {
+        let problem = check(&resource(serde_json::json!({})), |_| None).unwrap_err();
+        assert!(
+            problem.message.contains("\"cosmos\"") && problem.message.contains("\"key\""),
+            "{}",
+            problem.message
+        );
+    }
+}

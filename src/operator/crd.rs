@@ -1,0 +1,360 @@
+//! The `ChangeFeedProcessor` custom resource (group `changefeed.io`, version `v1alpha1`).
+//! Field doc comments become the schema descriptions that `kubectl explain` prints.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Go-style durations the worker accepts (`500ms`, `2s`, `1m`, `1h`).
+const DURATION_RULE: &str = "self.matches('^[0-9]+(ms|s|m|h)$')";
+const DURATION_MESSAGE: &str = "must be a duration such as 500ms, 2s, 1m or 1h";
+
+/// Runs Azure Cosmos DB change feed processing as a scaled set of worker pods: the workers divide
+/// the monitored container's feed ranges through lease documents and hand every batch of changes
+/// to the handler.
+// Each `printcolumn(...)` repeats `type_ = ...`; clippy mistakes that for a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "changefeed.io",
+    version = "v1alpha1",
+    kind = "ChangeFeedProcessor",
+    plural = "changefeedprocessors",
+    singular = "changefeedprocessor",
+    shortname = "cfp",
+    namespaced,
+    status = "ChangeFeedProcessorStatus",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(
+        name = "Replicas",
+        type_ = "integer",
+        json_path = ".spec.replicas",
+        description = "Desired worker pods"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "integer",
+        json_path = ".status.readyReplicas",
+        description = "Ready worker pods"
+    ),
+    printcolumn(
+        name = "Status",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason",
+        description = "Why the processor is or is not ready"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ChangeFeedProcessorSpec {
+    /// How to reach the Cosmos DB account of the monitored container.
+    pub connection: Connection,
+    /// The container whose changes are processed.
+    pub monitored: ContainerRef,
+    /// Where the lease documents are kept.
+    #[serde(default)]
+    pub leases: LeaseSettings,
+    /// The processor (deployment unit) name that prefixes lease ids. Defaults to the resource
+    /// name. Changing it starts over with new leases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processor_name: Option<String>,
+    /// Where leases without a checkpoint start reading: `Beginning`, `Now` (anchored when the
+    /// leases are first created), or an RFC 3339 time such as `2026-01-31T12:00:00Z`.
+    #[serde(default = "default_start_from")]
+    #[x_kube(validation = kube::core::Rule::new(
+        "self == 'Beginning' || self == 'Now' || self.matches('^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\\\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$')"
+    ).message("startFrom must be Beginning, Now, or an RFC 3339 time such as 2026-01-31T12:00:00Z"))]
+    pub start_from: String,
+    /// Where batches of changes go.
+    #[serde(default)]
+    pub handler: HandlerSpec,
+    /// Lease timings of the workers.
+    #[serde(default)]
+    pub lease_timings: LeaseTimings,
+    /// Wait after a read that returned no changes (for example `5s`).
+    #[serde(default = "default_poll_interval")]
+    #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    pub poll_interval: String,
+    /// Maximum documents per batch.
+    #[serde(default = "default_max_items")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub max_items: i32,
+    /// Number of worker pods when autoscaling is off (also set through the `/scale` subresource,
+    /// so `kubectl scale`, HPA or KEDA can drive it).
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: i32,
+    /// Built-in autoscaling from the remaining-work estimate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<Autoscaling>,
+    /// Overrides for the worker pods.
+    #[serde(default)]
+    pub worker: WorkerTemplate,
+}
+
+fn default_start_from() -> String {
+    "Beginning".into()
+}
+fn default_poll_interval() -> String {
+    "5s".into()
+}
+fn default_max_items() -> i32 {
+    100
+}
+fn default_replicas() -> i32 {
+    1
+}
+
+/// How to reach a Cosmos DB account.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Connection {
+    /// The account endpoint, for example `https://myaccount.documents.azure.com:443/`.
+    #[x_kube(validation = kube::core::Rule::new("self.matches('^https?://[^/]+')").message("endpoint must be an http(s) URL such as https://myaccount.documents.azure.com:443/"))]
+    pub endpoint: String,
+    /// The Secret key that holds the account key. The key itself never appears in the resource.
+    pub key_secret_ref: SecretKeyRef,
+}
+
+/// A key of a Secret in the resource's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// The Secret's name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// The key within the Secret.
+    #[serde(default = "default_secret_key")]
+    pub key: String,
+}
+
+fn default_secret_key() -> String {
+    "key".into()
+}
+
+/// A database and container.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerRef {
+    /// The database id.
+    #[schemars(length(min = 1))]
+    pub database: String,
+    /// The container id.
+    #[schemars(length(min = 1))]
+    pub container: String,
+}
+
+/// Where lease documents are kept.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseSettings {
+    /// The lease database (default: the monitored database).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database: Option<String>,
+    /// The lease container (default `leases`); created with partition key `/id` when missing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    /// A separate account for the lease container (default: the monitored account).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection: Option<Connection>,
+    /// Delete this processor's lease documents when the resource is deleted. Off by default, so
+    /// that re-creating the resource resumes from the checkpoints.
+    #[serde(default)]
+    pub delete_on_resource_deletion: bool,
+}
+
+/// Where batches go.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct HandlerSpec {
+    /// The handler type. `Stdout`: each changed document as one JSON line on the worker's standard
+    /// output.
+    #[serde(default, rename = "type")]
+    pub kind: HandlerKind,
+}
+
+/// Handler types.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum HandlerKind {
+    /// One JSON line per changed document on standard output.
+    #[default]
+    Stdout,
+}
+
+/// Lease timings.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("duration(self.renewInterval) < duration(self.expiration)").message("leaseTimings.renewInterval must be shorter than leaseTimings.expiration"))]
+pub struct LeaseTimings {
+    /// How often leases are balanced among the workers.
+    #[serde(default = "default_acquire")]
+    #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    pub acquire_interval: String,
+    /// How often a worker renews its leases.
+    #[serde(default = "default_renew")]
+    #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    pub renew_interval: String,
+    /// A lease not renewed for this long is taken over by other workers.
+    #[serde(default = "default_expiration")]
+    #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    pub expiration: String,
+}
+
+impl Default for LeaseTimings {
+    fn default() -> Self {
+        Self {
+            acquire_interval: default_acquire(),
+            renew_interval: default_renew(),
+            expiration: default_expiration(),
+        }
+    }
+}
+
+fn default_acquire() -> String {
+    "13s".into()
+}
+fn default_renew() -> String {
+    "17s".into()
+}
+fn default_expiration() -> String {
+    "60s".into()
+}
+
+/// Built-in autoscaling from the remaining-work estimate.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("self.minReplicas <= self.maxReplicas").message("autoscaling.minReplicas must not be greater than autoscaling.maxReplicas"))]
+pub struct Autoscaling {
+    /// Turns built-in autoscaling on; `spec.replicas` is then ignored.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Fewest worker pods.
+    #[serde(default = "default_min_replicas")]
+    #[schemars(range(min = 0))]
+    pub min_replicas: i32,
+    /// Most worker pods (never more than there are leases).
+    #[serde(default = "default_max_replicas")]
+    #[schemars(range(min = 1))]
+    pub max_replicas: i32,
+    /// Remaining operations one worker is expected to keep up with.
+    #[serde(default = "default_target_lag")]
+    #[schemars(range(min = 1))]
+    pub target_lag_per_replica: i64,
+    /// Scale down only to the highest recommendation seen in this window.
+    #[serde(default = "default_stabilization")]
+    #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    pub scale_down_stabilization: String,
+}
+
+fn default_min_replicas() -> i32 {
+    1
+}
+fn default_max_replicas() -> i32 {
+    10
+}
+fn default_target_lag() -> i64 {
+    1000
+}
+fn default_stabilization() -> String {
+    "300s".into()
+}
+
+/// Overrides for the worker pods.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerTemplate {
+    /// The worker image (default: the operator's `--worker-image`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The image pull policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<String>,
+    /// Compute resources of the worker container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Extra containers in each worker pod, for example the user's handler service.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sidecars: Vec<Container>,
+    /// Node labels the worker pods must run on.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Tolerations of the worker pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Annotations added to the worker pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Service account of the worker pods (its token is not mounted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    /// Port of the worker's /metrics, /healthz and /readyz.
+    #[serde(default = "default_metrics_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub metrics_port: i32,
+}
+
+fn default_metrics_port() -> i32 {
+    9090
+}
+
+impl Default for WorkerTemplate {
+    fn default() -> Self {
+        Self {
+            image: None,
+            image_pull_policy: None,
+            resources: None,
+            sidecars: Vec::new(),
+            node_selector: BTreeMap::new(),
+            tolerations: Vec::new(),
+            annotations: BTreeMap::new(),
+            service_account_name: None,
+            metrics_port: default_metrics_port(),
+        }
+    }
+}
+
+/// The observed state.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ChangeFeedProcessorStatus {
+    /// The generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Worker pods that exist.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Worker pods that are ready.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// The label selector of the worker pods (for the `/scale` subresource).
+    #[serde(default)]
+    pub selector: String,
+    /// `Ready` (workers running as specified) and `ConfigValid` (the configuration can work),
+    /// with reasons and messages that say what to do.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+impl ChangeFeedProcessor {
+    /// The processor name prefixing lease ids: `spec.processorName` or the resource name.
+    pub fn processor_name(&self) -> String {
+        self.spec
+            .processor_name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| self.metadata.name.clone().unwrap_or_default())
+    }
+}
+
+/// The CRD as YAML (what `cfp crd` prints and `crds/` holds).
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    serde_yaml::to_string(&ChangeFeedProcessor::crd()).unwrap_or_default()
+}

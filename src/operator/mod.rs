@@ -1,0 +1,16 @@
+//! The Kubernetes operator: the `ChangeFeedProcessor` resource, its reconciler, leader election.
+//!
+//! [`crd`] (types), [`workload`] (pure rendering of the Deployment and Service), [`config`] (pure
+//! configuration check), [`status`] (pure conditions), [`reconcile`], [`leader`], [`metrics`],
+//! [`run`] (the `cfp operator` loop).
+
+pub mod config;
+pub mod crd;
+pub mod leader;
+pub mod metrics;
+pub mod reconcile;
+pub mod run;
+pub mod status;
+pub mod workload;
+
+pub use crd::{ChangeFeedProcessor, ChangeFeedProcessorSpec, ChangeFeedProcessorStatus, crd_yaml};

@@ -1,0 +1,189 @@
+//! `cfp operator`: leader election, the controller, and the operator's HTTP endpoints.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::api::Api;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use kube::{Client, ResourceExt};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::config::referenced_secrets;
+use super::crd::ChangeFeedProcessor;
+use super::leader::{Election, LeaderElector};
+use super::metrics::OperatorMetrics;
+use super::reconcile::{Context, error_policy, reconcile};
+
+/// How the operator runs.
+#[derive(Debug, Clone)]
+pub struct OperatorSettings {
+    /// Watch only this namespace (all namespaces when `None`).
+    pub namespace: Option<String>,
+    /// The default worker image.
+    pub worker_image: String,
+    /// Leader election, when enabled: the Lease's namespace and settings.
+    pub election: Option<(String, Election)>,
+    /// Port of /metrics and /healthz.
+    pub metrics_port: Option<u16>,
+}
+
+/// Why the operator stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    /// No usable kubeconfig or in-cluster configuration.
+    #[error("cannot reach the Kubernetes API: {0}")]
+    Client(#[from] kube::Error),
+    /// The metrics registry or endpoint failed.
+    #[error("metrics: {0}")]
+    Metrics(String),
+}
+
+/// Runs until `shutdown`.
+pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Result<(), OperatorError> {
+    let client = Client::try_default().await?;
+    let metrics = OperatorMetrics::new().map_err(|e| OperatorError::Metrics(e.to_string()))?;
+    let mut background = Vec::new();
+    if let Some(port) = settings.metrics_port {
+        let listener = TcpListener::bind(("0.0.0.0", port))
+            .await
+            .map_err(|e| OperatorError::Metrics(e.to_string()))?;
+        let address = listener
+            .local_addr()
+            .map_err(|e| OperatorError::Metrics(e.to_string()))?;
+        tracing::info!(%address, "serving /metrics and /healthz");
+        let metrics = metrics.clone();
+        background.push(tokio::spawn(crate::http::serve(
+            listener,
+            shutdown.clone(),
+            move |req| {
+                let metrics = metrics.clone();
+                async move {
+                    match req.uri().path() {
+                        "/metrics" => crate::http::response(200, "text/plain; version=0.0.4", metrics.render()),
+                        "/healthz" | "/readyz" => crate::http::response(200, "text/plain", "ok\n"),
+                        _ => crate::http::response(404, "text/plain", "not found\n"),
+                    }
+                }
+            },
+        )));
+    }
+    let elector = settings.election.as_ref().map(|(namespace, election)| {
+        LeaderElector::new(Api::<Lease>::namespaced(client.clone(), namespace), election.clone())
+    });
+    loop {
+        if let Some(elector) = &elector {
+            tracing::info!("waiting to become the leader");
+            if !elector.acquire(&shutdown).await {
+                break;
+            }
+        }
+        tracing::info!("leading: reconciling");
+        metrics.set_leader(true);
+        let lost = CancellationToken::new();
+        let holder = elector.as_ref().map(|elector| {
+            let (stop, lost) = (shutdown.clone(), lost.clone());
+            async move { elector.hold(&stop, &lost).await }
+        });
+        let controller = run_controller(
+            client.clone(),
+            &settings,
+            metrics.clone(),
+            shutdown.clone(),
+            lost.clone(),
+        );
+        match holder {
+            Some(holder) => {
+                tokio::join!(controller, async {
+                    holder.await;
+                    lost.cancel();
+                });
+            }
+            None => controller.await,
+        }
+        metrics.set_leader(false);
+        if shutdown.is_cancelled() {
+            if let Some(elector) = &elector {
+                elector.release().await;
+            }
+            break;
+        }
+        tracing::warn!("lost the leadership; stopped reconciling");
+    }
+    for task in background {
+        let _ = task.await;
+    }
+    Ok(())
+}
+
+async fn run_controller(
+    client: Client,
+    settings: &OperatorSettings,
+    metrics: Arc<OperatorMetrics>,
+    shutdown: CancellationToken,
+    lost: CancellationToken,
+) {
+    let (cfps, deployments, services, secrets) = match &settings.namespace {
+        Some(ns) => (
+            Api::<ChangeFeedProcessor>::namespaced(client.clone(), ns),
+            Api::<Deployment>::namespaced(client.clone(), ns),
+            Api::<Service>::namespaced(client.clone(), ns),
+            Api::<Secret>::namespaced(client.clone(), ns),
+        ),
+        None => (
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+        ),
+    };
+    let reporter = Reporter {
+        controller: "changefeed-operator".into(),
+        instance: settings.election.as_ref().map(|(_, e)| e.identity.clone()),
+    };
+    let context = Arc::new(Context {
+        client: client.clone(),
+        recorder: Recorder::new(client.clone(), reporter),
+        worker_image: settings.worker_image.clone(),
+        metrics,
+    });
+    let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=changefeed-operator");
+    let controller = Controller::new(cfps, watcher::Config::default());
+    let store = controller.store();
+    controller
+        .owns(deployments, owned.clone())
+        .owns(services, owned)
+        // A Secret created or fixed later brings the processors that reference it forward.
+        .watches(secrets, watcher::Config::default(), move |secret: Secret| {
+            let name = secret.name_any();
+            let namespace = secret.namespace();
+            store
+                .state()
+                .into_iter()
+                .filter(|cfp| cfp.namespace() == namespace && referenced_secrets(cfp).contains(&name))
+                .map(|cfp| ObjectRef::from_obj(&*cfp))
+                .collect::<Vec<_>>()
+        })
+        .graceful_shutdown_on(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = lost.cancelled() => {}
+            }
+        })
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => tracing::debug!(processor = %object.name, "reconciled"),
+                Err(error) => tracing::debug!(%error, "reconcile error"),
+            }
+        })
+        .await;
+    // Give in-flight API calls of the stopped controller a moment before another leader starts.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}

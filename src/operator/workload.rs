@@ -1,0 +1,475 @@
+//! Rendering the worker Deployment and metrics Service of a `ChangeFeedProcessor`. Pure.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretKeySelector, SecurityContext, Service,
+    ServicePort, ServiceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Resource;
+
+use super::crd::{ChangeFeedProcessor, Connection, HandlerKind};
+
+/// The label naming the processor resource a worker pod belongs to.
+pub const PROCESSOR_LABEL: &str = "changefeed.io/processor";
+const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+/// The field manager of everything the operator writes.
+pub const FIELD_MANAGER: &str = "changefeed-operator";
+/// The worker container's name.
+pub const WORKER_CONTAINER: &str = "worker";
+
+/// Labels selecting the worker pods of `cfp`.
+pub fn selector_labels(cfp: &ChangeFeedProcessor) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            PROCESSOR_LABEL.to_owned(),
+            cfp.metadata.name.clone().unwrap_or_default(),
+        ),
+        (COMPONENT_LABEL.to_owned(), "worker".to_owned()),
+    ])
+}
+
+/// The selector as a string, for `status.selector` (the `/scale` subresource).
+pub fn selector_string(cfp: &ChangeFeedProcessor) -> String {
+    selector_labels(cfp)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn labels(cfp: &ChangeFeedProcessor) -> BTreeMap<String, String> {
+    let mut labels = selector_labels(cfp);
+    labels.insert("app.kubernetes.io/name".into(), "changefeed-worker".into());
+    labels.insert(
+        "app.kubernetes.io/instance".into(),
+        cfp.metadata.name.clone().unwrap_or_default(),
+    );
+    labels.insert("app.kubernetes.io/managed-by".into(), FIELD_MANAGER.into());
+    labels
+}
+
+fn owner(cfp: &ChangeFeedProcessor) -> Vec<OwnerReference> {
+    cfp.controller_owner_ref(&()).into_iter().collect()
+}
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..Default::default()
+    }
+}
+
+fn secret_env(name: &str, connection: &Connection) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: connection.key_secret_ref.name.clone(),
+                key: connection.key_secret_ref.key.clone(),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The worker container's environment: every `cfp worker` flag as `CFP_<NAME>`.
+pub fn worker_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
+    let spec = &cfp.spec;
+    let mut vars = vec![
+        env("CFP_ENDPOINT", spec.connection.endpoint.clone()),
+        secret_env("CFP_KEY", &spec.connection),
+        env("CFP_DATABASE", spec.monitored.database.clone()),
+        env("CFP_CONTAINER", spec.monitored.container.clone()),
+        env(
+            "CFP_LEASE_DATABASE",
+            spec.leases
+                .database
+                .clone()
+                .unwrap_or_else(|| spec.monitored.database.clone()),
+        ),
+        env(
+            "CFP_LEASE_CONTAINER",
+            spec.leases.container.clone().unwrap_or_else(|| "leases".into()),
+        ),
+    ];
+    if let Some(lease_connection) = &spec.leases.connection {
+        vars.push(env("CFP_LEASE_ENDPOINT", lease_connection.endpoint.clone()));
+        vars.push(secret_env("CFP_LEASE_KEY", lease_connection));
+    }
+    vars.extend([
+        env("CFP_PROCESSOR", cfp.processor_name()),
+        EnvVar {
+            name: "CFP_INSTANCE".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.name".into(),
+                    // What the API server defaults it to: rendering it avoids a diff on every apply.
+                    api_version: Some("v1".into()),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        env(
+            "CFP_START_FROM",
+            match spec.start_from.as_str() {
+                "Beginning" => "beginning".to_owned(),
+                "Now" => "now".to_owned(),
+                time => time.to_owned(),
+            },
+        ),
+        env(
+            "CFP_HANDLER",
+            match spec.handler.kind {
+                HandlerKind::Stdout => "stdout",
+            },
+        ),
+        env("CFP_MAX_ITEMS", spec.max_items.to_string()),
+        env("CFP_POLL_INTERVAL", spec.poll_interval.clone()),
+        env(
+            "CFP_LEASE_ACQUIRE_INTERVAL",
+            spec.lease_timings.acquire_interval.clone(),
+        ),
+        env("CFP_LEASE_RENEW_INTERVAL", spec.lease_timings.renew_interval.clone()),
+        env("CFP_LEASE_EXPIRATION", spec.lease_timings.expiration.clone()),
+        env("CFP_METRICS_PORT", spec.worker.metrics_port.to_string()),
+    ]);
+    vars
+}
+
+fn probe(path: &str, period: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("metrics".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(3),
+        ..Default::default()
+    }
+}
+
+/// The worker Deployment with `replicas` pods running `image` unless the resource overrides it.
+pub fn worker_deployment(cfp: &ChangeFeedProcessor, image: &str, replicas: i32) -> Deployment {
+    let spec = &cfp.spec;
+    let name = cfp.metadata.name.clone().unwrap_or_default();
+    let worker = Container {
+        name: WORKER_CONTAINER.into(),
+        image: Some(spec.worker.image.clone().unwrap_or_else(|| image.to_owned())),
+        image_pull_policy: spec.worker.image_pull_policy.clone(),
+        args: Some(vec!["worker".into()]),
+        env: Some(worker_env(cfp)),
+        ports: Some(vec![ContainerPort {
+            name: Some("metrics".into()),
+            container_port: spec.worker.metrics_port,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        liveness_probe: Some(probe("/healthz", 10)),
+        readiness_probe: Some(probe("/readyz", 5)),
+        resources: spec.worker.resources.clone(),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: None,
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                localhost_profile: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut containers = vec![worker];
+    containers.extend(spec.worker.sidecars.iter().cloned());
+    let mut pod_labels = labels(cfp);
+    pod_labels.extend(selector_labels(cfp));
+    Deployment {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: cfp.metadata.namespace.clone(),
+            labels: Some(labels(cfp)),
+            owner_references: Some(owner(cfp)),
+            ..Default::default()
+        },
+        spec: Some(DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(cfp)),
+                match_expressions: None,
+            },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: Some(spec.worker.annotations.clone()).filter(|a| !a.is_empty()),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    containers,
+                    automount_service_account_token: Some(false),
+                    service_account_name: spec.worker.service_account_name.clone(),
+                    node_selector: Some(spec.worker.node_selector.clone()).filter(|n| !n.is_empty()),
+                    tolerations: Some(spec.worker.tolerations.clone()).filter(|t| !t.is_empty()),
+                    termination_grace_period_seconds: Some(60),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(65532),
+                        run_as_group: Some(65532),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            localhost_profile: None,
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The Service exposing the workers' metrics port (for Prometheus scraping).
+pub fn metrics_service(cfp: &ChangeFeedProcessor) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            name: Some(format!("{}-metrics", cfp.metadata.name.clone().unwrap_or_default())),
+            namespace: cfp.metadata.namespace.clone(),
+            labels: Some(labels(cfp)),
+            owner_references: Some(owner(cfp)),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            selector: Some(selector_labels(cfp)),
+            ports: Some(vec![ServicePort {
+                name: Some("metrics".into()),
+                port: cfp.spec.worker.metrics_port,
+                target_port: Some(IntOrString::String("metrics".into())),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            type_: Some("ClusterIP".into()),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::crd::ChangeFeedProcessorSpec;
+
+    fn resource(extra: serde_json::Value) -> ChangeFeedProcessor {
+        let mut spec = serde_json::json!({
+            "connection": {"endpoint": "https://acct.documents.azure.com:443/", "keySecretRef": {"name": "cosmos"}},
+            "monitored": {"database": "db", "container": "orders"},
+        });
+        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+            spec.extend(extra.clone());
+        }
+        let spec: ChangeFeedProcessorSpec = serde_json::from_value(spec).unwrap();
+        let mut cfp = ChangeFeedProcessor::new("orders", spec);
+        cfp.metadata.namespace = Some("shop".into());
+        cfp.metadata.uid = Some("uid-1".into());
+        cfp
+    }
+
+    fn env_of(deployment: &Deployment) -> BTreeMap<String, EnvVar> {
+        let pod = deployment.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        pod.containers[0]
+            .env
+            .clone()
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.name.clone(), e))
+            .collect()
+    }
+
+    fn value(env: &BTreeMap<String, EnvVar>, name: &str) -> Option<String> {
+        env.get(name).and_then(|e| e.value.clone())
+    }
+
+    #[test]
+    fn worker_env_table() {
+        struct Case {
+            name: &'static str,
+            spec: serde_json::Value,
+            want: &'static [(&'static str, Option<&'static str>)],
+        }
+        let cases = [
+            Case {
+                name: "defaults",
+                spec: serde_json::json!({}),
+                want: &[
+                    ("CFP_ENDPOINT", Some("https://acct.documents.azure.com:443/")),
+                    ("CFP_DATABASE", Some("db")),
+                    ("CFP_CONTAINER", Some("orders")),
+                    ("CFP_LEASE_DATABASE", Some("db")),
+                    ("CFP_LEASE_CONTAINER", Some("leases")),
+                    ("CFP_PROCESSOR", Some("orders")),
+                    ("CFP_START_FROM", Some("beginning")),
+                    ("CFP_HANDLER", Some("stdout")),
+                    ("CFP_MAX_ITEMS", Some("100")),
+                    ("CFP_POLL_INTERVAL", Some("5s")),
+                    ("CFP_LEASE_ACQUIRE_INTERVAL", Some("13s")),
+                    ("CFP_LEASE_RENEW_INTERVAL", Some("17s")),
+                    ("CFP_LEASE_EXPIRATION", Some("60s")),
+                    ("CFP_METRICS_PORT", Some("9090")),
+                    ("CFP_LEASE_ENDPOINT", None),
+                ],
+            },
+            Case {
+                name: "overrides",
+                spec: serde_json::json!({
+                    "processorName": "orders-v2", "startFrom": "Now", "maxItems": 7, "pollInterval": "250ms",
+                    "leases": {"database": "meta", "container": "cfp-leases",
+                               "connection": {"endpoint": "https://other.documents.azure.com/", "keySecretRef": {"name": "other", "key": "primary"}}},
+                    "leaseTimings": {"acquireInterval": "5s", "renewInterval": "4s", "expiration": "20s"},
+                }),
+                want: &[
+                    ("CFP_PROCESSOR", Some("orders-v2")),
+                    ("CFP_START_FROM", Some("now")),
+                    ("CFP_MAX_ITEMS", Some("7")),
+                    ("CFP_POLL_INTERVAL", Some("250ms")),
+                    ("CFP_LEASE_DATABASE", Some("meta")),
+                    ("CFP_LEASE_CONTAINER", Some("cfp-leases")),
+                    ("CFP_LEASE_ENDPOINT", Some("https://other.documents.azure.com/")),
+                    ("CFP_LEASE_ACQUIRE_INTERVAL", Some("5s")),
+                    ("CFP_LEASE_RENEW_INTERVAL", Some("4s")),
+                    ("CFP_LEASE_EXPIRATION", Some("20s")),
+                ],
+            },
+        ];
+        for case in cases {
+            let env = env_of(&worker_deployment(&resource(case.spec), "img:1", 2));
+            for (name, want) in case.want {
+                assert_eq!(value(&env, name).as_deref(), *want, "{}: {name}", case.name);
+            }
+        }
+    }
+
+    #[test]
+    fn secrets_and_instance_come_from_references() {
+        let env = env_of(&worker_deployment(&resource(serde_json::json!({})), "img:1", 1));
+        let key = env["CFP_KEY"]
+            .value_from
+            .as_ref()
+            .unwrap()
+            .secret_key_ref
+            .as_ref()
+            .unwrap();
+        assert_eq!((key.name.as_str(), key.key.as_str()), ("cosmos", "key"));
+        assert!(env["CFP_KEY"].value.is_none(), "never a literal key");
+        let instance = env["CFP_INSTANCE"]
+            .value_from
+            .as_ref()
+            .unwrap()
+            .field_ref
+            .as_ref()
+            .unwrap();
+        assert_eq!(instance.field_path, "metadata.name");
+    }
+
+    #[test]
+    fn pods_are_restricted_and_probed() {
+        let deployment = worker_deployment(&resource(serde_json::json!({})), "img:1", 3);
+        let spec = deployment.spec.as_ref().unwrap();
+        assert_eq!(spec.replicas, Some(3));
+        let pod = spec.template.spec.as_ref().unwrap();
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        let worker = &pod.containers[0];
+        assert_eq!(worker.image.as_deref(), Some("img:1"));
+        assert_eq!(worker.args.as_deref(), Some(&["worker".to_owned()][..]));
+        let sc = worker.security_context.as_ref().unwrap();
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(
+            sc.capabilities.as_ref().unwrap().drop.as_deref(),
+            Some(&["ALL".to_owned()][..])
+        );
+        assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+        assert_eq!(
+            worker
+                .liveness_probe
+                .as_ref()
+                .unwrap()
+                .http_get
+                .as_ref()
+                .unwrap()
+                .path
+                .as_deref(),
+            Some("/healthz")
+        );
+        assert_eq!(
+            worker
+                .readiness_probe
+                .as_ref()
+                .unwrap()
+                .http_get
+                .as_ref()
+                .unwrap()
+                .path
+                .as_deref(),
+            Some("/readyz")
+        );
+        let owner = &deployment.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.controller),
+            ("ChangeFeedProcessor", Some(true))
+        );
+        let selector = spec.selector.match_labels.as_ref().unwrap();
+        let pod_labels = spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
+        assert!(selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
+    }
+
+    #[test]
+    fn worker_overrides_apply() {
+        let cfp = resource(serde_json::json!({"worker": {
+            "image": "mine:2", "nodeSelector": {"pool": "cfp"}, "annotations": {"a": "b"},
+            "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+            "resources": {"limits": {"memory": "64Mi"}},
+            "sidecars": [{"name": "handler", "image": "handler:1"}],
+            "metricsPort": 9100,
+        }}));
+        let deployment = worker_deployment(&cfp, "img:1", 1);
+        let template = &deployment.spec.as_ref().unwrap().template;
+        let pod = template.spec.as_ref().unwrap();
+        assert_eq!(pod.containers.len(), 2);
+        assert_eq!(pod.containers[0].image.as_deref(), Some("mine:2"));
+        assert_eq!(pod.containers[1].name, "handler");
+        assert_eq!(pod.node_selector.as_ref().unwrap()["pool"], "cfp");
+        assert_eq!(pod.tolerations.as_ref().unwrap()[0].key.as_deref(), Some("dedicated"));
+        assert_eq!(
+            template.metadata.as_ref().unwrap().annotations.as_ref().unwrap()["a"],
+            "b"
+        );
+        assert!(pod.containers[0].resources.as_ref().unwrap().limits.is_some());
+        assert_eq!(pod.containers[0].ports.as_ref().unwrap()[0].container_port, 9100);
+        let service = metrics_service(&cfp);
+        assert_eq!(service.metadata.name.as_deref(), Some("orders-metrics"));
+        assert_eq!(service.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].port, 9100);
+    }
+}

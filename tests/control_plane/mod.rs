@@ -1,0 +1,290 @@
+//! A real Kubernetes control plane for tests: etcd and kube-apiserver (built by
+//! `tools/k8s/build.sh` from pinned Go modules, cached) on free loopback ports, with a generated
+//! CA, serving certificate and `system:masters` client certificate, and a kubeconfig for `kubectl`
+//! and `cfp operator`. One control plane serves every test of a test binary; tests isolate
+//! themselves by namespace. The processes die with the test binary (parent-death signal).
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+};
+
+/// A running control plane.
+pub struct ControlPlane {
+    /// The kubeconfig file (embedded certificates).
+    pub kubeconfig: PathBuf,
+    /// Where kube-apiserver, etcd and kubectl are.
+    pub bin: PathBuf,
+    /// `https://127.0.0.1:<port>`.
+    pub server: String,
+    /// How long the start took.
+    pub startup: Duration,
+}
+
+static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+
+impl ControlPlane {
+    /// The control plane of this test binary, started on first use.
+    pub fn shared() -> &'static ControlPlane {
+        match SHARED.get_or_init(start_on_keeper_thread) {
+            Ok(plane) => plane,
+            Err(error) => panic!("cannot start the test control plane: {error}"),
+        }
+    }
+
+    /// A client for the control plane.
+    pub async fn client(&self) -> kube::Client {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("client config");
+        kube::Client::try_from(config).expect("client")
+    }
+
+    /// `kubectl` against the control plane.
+    pub fn kubectl(&self) -> Command {
+        let mut command = Command::new(self.bin.join("kubectl"));
+        command.env("KUBECONFIG", &self.kubeconfig);
+        command
+    }
+
+    /// Runs kubectl with `args` and `stdin`; returns (success, stdout, stderr).
+    pub fn kubectl_run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+        use std::io::Write;
+        let mut child = self
+            .kubectl()
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run kubectl");
+        if let (Some(text), Some(mut input)) = (stdin, child.stdin.take()) {
+            input.write_all(text.as_bytes()).expect("kubectl stdin");
+        }
+        drop(child.stdin.take());
+        let output = child.wait_with_output().expect("kubectl output");
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+}
+
+/// Starts the processes from a thread that lives as long as the test binary, so that the
+/// parent-death signal (which follows the spawning thread) fires only when the binary exits.
+fn start_on_keeper_thread() -> Result<ControlPlane, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let result = start();
+        let _ = tx.send(result.map(|(plane, children)| (plane, children.len())));
+        loop {
+            std::thread::park();
+        }
+    });
+    rx.recv().map_err(|e| e.to_string())?.map(|(plane, _)| plane)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child, String> {
+    let log = std::fs::File::create(log).map_err(|e| e.to_string())?;
+    let err = log.try_clone().map_err(|e| e.to_string())?;
+    let mut command = Command::new(bin);
+    command.args(args).stdout(log).stderr(err).stdin(Stdio::null());
+    // SAFETY: prctl is async-signal-safe; it only asks the kernel to kill the child with the parent.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    command.spawn().map_err(|e| format!("{}: {e}", bin.display()))
+}
+
+/// Builds (or finds) the binaries with the project's script.
+fn binaries() -> Result<PathBuf, String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/k8s/build.sh");
+    let output = Command::new("bash")
+        .arg(&script)
+        .output()
+        .map_err(|e| format!("{}: {e}", script.display()))?;
+    if !output.status.success() {
+        return Err(format!(
+            "{} failed:\n{}",
+            script.display(),
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    stdout
+        .lines()
+        .last()
+        .map(PathBuf::from)
+        .ok_or_else(|| "build.sh printed no directory".into())
+}
+
+struct Pki {
+    ca: String,
+    server_cert: String,
+    server_key: String,
+    client_cert: String,
+    client_key: String,
+    service_account_key: String,
+    service_account_public_key: String,
+}
+
+fn pki() -> Result<Pki, rcgen::Error> {
+    let ca_key = KeyPair::generate()?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(DnType::CommonName, "cfp-test-ca");
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca = ca_params.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca_params, ca_key);
+
+    let server_key = KeyPair::generate()?;
+    let mut server = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])?;
+    server.distinguished_name.push(DnType::CommonName, "kube-apiserver");
+    server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let server_cert = server.signed_by(&server_key, &issuer)?;
+
+    let client_key = KeyPair::generate()?;
+    let mut client = CertificateParams::new(Vec::<String>::new())?;
+    client.distinguished_name.push(DnType::CommonName, "cfp-test-admin");
+    client
+        .distinguished_name
+        .push(DnType::OrganizationName, "system:masters");
+    client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let client_cert = client.signed_by(&client_key, &issuer)?;
+    let service_account = KeyPair::generate()?;
+
+    Ok(Pki {
+        ca: ca.pem(),
+        server_cert: server_cert.pem(),
+        server_key: server_key.serialize_pem(),
+        client_cert: client_cert.pem(),
+        client_key: client_key.serialize_pem(),
+        service_account_key: service_account.serialize_pem(),
+        service_account_public_key: service_account.public_key_pem(),
+    })
+}
+
+fn b64(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+fn start() -> Result<(ControlPlane, Vec<Child>), String> {
+    let started = Instant::now();
+    let bin = binaries()?;
+    let dir = std::env::temp_dir().join(format!("cfp-control-plane-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let pki = pki().map_err(|e| e.to_string())?;
+    let write = |name: &str, text: &str| -> Result<String, String> {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|e| e.to_string())?;
+        Ok(path.display().to_string())
+    };
+    let ca = write("ca.crt", &pki.ca)?;
+    let server_cert = write("server.crt", &pki.server_cert)?;
+    let server_key = write("server.key", &pki.server_key)?;
+    let sa_key = write("sa.key", &pki.service_account_key)?;
+    let sa_pub = write("sa.pub", &pki.service_account_public_key)?;
+
+    let (client_port, peer_port, api_port) = (free_port(), free_port(), free_port());
+    let etcd_url = format!("http://127.0.0.1:{client_port}");
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let etcd = spawn(
+        &bin.join("etcd"),
+        &[
+            format!("--data-dir={}", dir.join("etcd").display()),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=default={peer_url}"),
+            "--unsafe-no-fsync=true".into(),
+            "--log-level=warn".into(),
+        ],
+        &dir.join("etcd.log"),
+    )?;
+    let mut apiserver = spawn(
+        &bin.join("kube-apiserver"),
+        &[
+            format!("--etcd-servers={etcd_url}"),
+            format!("--secure-port={api_port}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--cert-dir={}", dir.join("certs").display()),
+            format!("--tls-cert-file={server_cert}"),
+            format!("--tls-private-key-file={server_key}"),
+            format!("--client-ca-file={ca}"),
+            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            "--authorization-mode=RBAC".into(),
+            "--allow-privileged=true".into(),
+            "--disable-admission-plugins=ServiceAccount".into(),
+            format!("--service-account-key-file={sa_pub}"),
+            format!("--service-account-signing-key-file={sa_key}"),
+            "--service-account-issuer=https://kubernetes.default.svc".into(),
+            "--v=0".into(),
+        ],
+        &dir.join("kube-apiserver.log"),
+    )?;
+    let server = format!("https://127.0.0.1:{api_port}");
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\nusers:\n- name: admin\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: admin\n    namespace: default\ncurrent-context: test\n",
+        b64(&pki.ca),
+        b64(&pki.client_cert),
+        b64(&pki.client_key)
+    );
+    let kubeconfig_path = PathBuf::from(write("kubeconfig", &kubeconfig)?);
+    let plane = ControlPlane {
+        kubeconfig: kubeconfig_path,
+        bin,
+        server,
+        startup: Duration::ZERO,
+    };
+    // Ready when `kubectl get --raw /readyz` answers ok (bounded).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (ok, out, _) = plane.kubectl_run(&["get", "--raw", "/readyz"], None);
+        if ok && out.trim() == "ok" {
+            break;
+        }
+        let exited = apiserver.try_wait().ok().flatten();
+        if Instant::now() > deadline || exited.is_some() {
+            let log = std::fs::read_to_string(dir.join("kube-apiserver.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            return Err(format!(
+                "kube-apiserver not ready (exit: {exited:?}); log tail:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let plane = ControlPlane {
+        startup: started.elapsed(),
+        ..plane
+    };
+    eprintln!("control plane ready at {} in {:.1?}", plane.server, plane.startup);
+    Ok((plane, vec![etcd, apiserver]))
+}

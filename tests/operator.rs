@@ -1,0 +1,679 @@
+//! The operator against a real kube-apiserver + etcd (no kubelet: tests check the objects the
+//! operator writes), with real `kubectl`, `cfp operator` processes and `cfp emulator`.
+
+mod common;
+mod control_plane;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::process::Stdio;
+use std::time::Duration;
+
+use changefeed_operator::operator::ChangeFeedProcessor;
+use changefeed_operator::operator::workload::worker_deployment;
+use common::{CFP, cfp_write, eventually, http_get, lease_store, start_emulator, terminate};
+use control_plane::ControlPlane;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::api::{Api, DeleteParams, ListParams};
+use tokio::process::{Child, Command};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The shared control plane with the CRD installed (from `crds/`, as a user would).
+async fn plane() -> &'static ControlPlane {
+    static CRD: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    let plane = tokio::task::spawn_blocking(ControlPlane::shared)
+        .await
+        .expect("control plane");
+    CRD.get_or_init(|| async {
+        let crd = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/crds/changefeedprocessors.changefeed.io.yaml"
+        );
+        let (ok, _, err) = plane.kubectl_run(&["apply", "-f", crd], None);
+        assert!(ok, "kubectl apply CRD: {err}");
+        let (ok, _, err) = plane.kubectl_run(
+            &[
+                "wait",
+                "--for=condition=Established",
+                "crd/changefeedprocessors.changefeed.io",
+                "--timeout=30s",
+            ],
+            None,
+        );
+        assert!(ok, "CRD not established: {err}");
+    })
+    .await;
+    plane
+}
+
+/// A fresh namespace for one test.
+fn namespace(plane: &ControlPlane, name: &str) -> String {
+    let (ok, _, err) = plane.kubectl_run(&["create", "namespace", name], None);
+    assert!(ok || err.contains("AlreadyExists"), "create namespace {name}: {err}");
+    name.to_owned()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+/// A `cfp operator` process watching `ns`, with leader election in `ns`.
+struct Operator {
+    child: Child,
+    metrics: std::net::SocketAddr,
+}
+
+impl Operator {
+    fn start(plane: &ControlPlane, ns: &str, identity: &str) -> Self {
+        let port = free_port();
+        let log =
+            std::fs::File::create(std::env::temp_dir().join(format!("cfp-operator-{ns}-{identity}.log"))).expect("log");
+        let child = Command::new(CFP)
+            .args([
+                "operator",
+                "--namespace",
+                ns,
+                "--identity",
+                identity,
+                "--metrics-port",
+                &port.to_string(),
+            ])
+            .args([
+                "--worker-image",
+                "cfp:test",
+                "--leader-lease-duration",
+                "3s",
+                "--leader-renew-interval",
+                "1s",
+            ])
+            .env("KUBECONFIG", &plane.kubeconfig)
+            .env("RUST_LOG", "info,kube=warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn cfp operator");
+        Self {
+            child,
+            metrics: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        }
+    }
+
+    /// (successful reconciles, leader gauge) from /metrics.
+    async fn scrape(&self) -> Option<(u64, u64)> {
+        let (status, body) = tokio::time::timeout(Duration::from_secs(2), http_get(self.metrics, "/metrics"))
+            .await
+            .ok()?;
+        if status != 200 {
+            return None;
+        }
+        let value = |prefix: &str| {
+            body.lines()
+                .find(|l| l.starts_with(prefix))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse::<f64>().ok())
+        };
+        Some((
+            value("cfp_operator_reconciles_total{result=\"ok\"}")? as u64,
+            value("cfp_operator_leader")? as u64,
+        ))
+    }
+}
+
+fn resource(name: &str, endpoint: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: changefeed.io/v1alpha1\nkind: ChangeFeedProcessor\nmetadata:\n  name: {name}\nspec:\n  connection:\n    endpoint: {endpoint}\n    keySecretRef:\n      name: cosmos\n  monitored:\n    database: db\n    container: items\n{extra}"
+    )
+}
+
+fn secret_yaml() -> String {
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: cosmos\nstringData:\n  key: {}\n",
+        changefeed_operator::cosmos::EMULATOR_KEY
+    )
+}
+
+fn apply(plane: &ControlPlane, ns: &str, yaml: &str) -> (bool, String, String) {
+    plane.kubectl_run(&["apply", "-n", ns, "-f", "-"], Some(yaml))
+}
+
+async fn wait<T, F, Fut>(what: &str, mut get: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        if let Some(value) = get().await {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn replicas(deployment: &Deployment) -> Option<i32> {
+    deployment.spec.as_ref().and_then(|s| s.replicas)
+}
+
+fn worker_env(deployment: &Deployment) -> BTreeMap<String, k8s_openapi::api::core::v1::EnvVar> {
+    let pod = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("pod spec");
+    pod.containers[0]
+        .env
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| (e.name.clone(), e))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_a_resource_creates_the_rendered_workload_and_status() {
+    let plane = plane().await;
+    let ns = namespace(plane, "create");
+    let client = plane.client().await;
+    let mut operator = Operator::start(plane, &ns, "op");
+    assert!(apply(plane, &ns, &secret_yaml()).0);
+    let (ok, out, err) = apply(
+        plane,
+        &ns,
+        &resource("orders", "https://acct.documents.azure.com:443/", "  replicas: 2\n"),
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("created"), "{out}");
+
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let deployment = wait("the worker Deployment", || async {
+        deployments.get_opt("orders").await.ok().flatten()
+    })
+    .await;
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
+    let cfp = cfps.get("orders").await.unwrap();
+    let rendered = worker_deployment(&cfp, "cfp:test", 2);
+    let (got, want) = (deployment.spec.clone().unwrap(), rendered.spec.unwrap());
+    assert_eq!(got.replicas, want.replicas);
+    assert_eq!(got.selector, want.selector);
+    let (got_pod, want_pod) = (got.template.spec.unwrap(), want.template.spec.unwrap());
+    assert_eq!(got_pod.containers[0].image, want_pod.containers[0].image);
+    assert_eq!(got_pod.containers[0].args, want_pod.containers[0].args);
+    assert_eq!(got_pod.containers[0].env, want_pod.containers[0].env);
+    assert_eq!(
+        got_pod.containers[0].security_context,
+        want_pod.containers[0].security_context
+    );
+    assert_eq!(got_pod.automount_service_account_token, Some(false));
+    assert_eq!(
+        deployment.metadata.owner_references.as_ref().unwrap()[0].uid,
+        cfp.metadata.uid.clone().unwrap()
+    );
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    assert!(services.get_opt("orders-metrics").await.unwrap().is_some());
+    let managers: Vec<String> = deployment
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| m.manager.filter(|_| m.operation.as_deref() == Some("Apply")))
+        .collect();
+    assert_eq!(managers, vec!["changefeed-operator".to_owned()]);
+
+    let status = wait("status", || async {
+        let cfp = cfps.get("orders").await.ok()?;
+        cfp.status
+            .filter(|s| s.observed_generation == cfp.metadata.generation && s.conditions.len() == 2)
+    })
+    .await;
+    let reasons: Vec<(String, String, String)> = status
+        .conditions
+        .iter()
+        .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+        .collect();
+    assert!(
+        reasons.contains(&("ConfigValid".into(), "True".into(), "Valid".into())),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.contains(&("Ready".into(), "False".into(), "WorkersStarting".into())),
+        "{reasons:?}"
+    );
+    assert!(status.selector.contains("changefeed.io/processor=orders"));
+
+    let (ok, table, _) = plane.kubectl_run(&["get", "cfp", "-n", &ns], None);
+    assert!(ok);
+    println!("kubectl get cfp:\n{table}");
+    let header = table.lines().next().unwrap_or_default();
+    for column in ["NAME", "REPLICAS", "READY", "STATUS", "AGE"] {
+        assert!(header.contains(column), "column {column} missing: {header}");
+    }
+    assert!(table.contains("WorkersStarting"));
+    terminate(&mut operator.child).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spec_changes_roll_out_and_drift_is_reverted() {
+    let plane = plane().await;
+    let ns = namespace(plane, "update");
+    let client = plane.client().await;
+    let mut operator = Operator::start(plane, &ns, "op");
+    assert!(apply(plane, &ns, &secret_yaml()).0);
+    assert!(apply(plane, &ns, &resource("orders", "https://acct.documents.azure.com/", "")).0);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    wait("deployment", || async {
+        deployments.get_opt("orders").await.ok().flatten()
+    })
+    .await;
+
+    let changed = "  replicas: 3\n  pollInterval: 1s\n  worker:\n    resources:\n      limits:\n        memory: 64Mi\n";
+    assert!(
+        apply(
+            plane,
+            &ns,
+            &resource("orders", "https://acct.documents.azure.com/", changed)
+        )
+        .0
+    );
+    let updated = wait("the changed Deployment", || async {
+        let d = deployments.get("orders").await.ok()?;
+        let env = worker_env(&d);
+        (replicas(&d) == Some(3) && env["CFP_POLL_INTERVAL"].value.as_deref() == Some("1s")).then_some(d)
+    })
+    .await;
+    let pod = updated.spec.unwrap().template.spec.unwrap();
+    let limits = pod.containers[0].resources.clone().unwrap().limits.unwrap();
+    assert_eq!(limits["memory"].0, "64Mi");
+
+    // Someone edits fields the operator owns: it puts them back.
+    let (ok, _, err) = plane.kubectl_run(&["scale", "deployment/orders", "-n", &ns, "--replicas=7"], None);
+    assert!(ok, "{err}");
+    let (ok, _, err) = plane.kubectl_run(
+        &[
+            "set",
+            "env",
+            "deployment/orders",
+            "-n",
+            &ns,
+            "-c",
+            "worker",
+            "CFP_MAX_ITEMS=5",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    wait("drift reverted", || async {
+        let d = deployments.get("orders").await.ok()?;
+        (replicas(&d) == Some(3) && worker_env(&d)["CFP_MAX_ITEMS"].value.as_deref() == Some("100")).then_some(())
+    })
+    .await;
+    println!(
+        "spec change rolled out (replicas 3, pollInterval 1s, memory limit 64Mi); manual edits (replicas 7, CFP_MAX_ITEMS=5) reverted"
+    );
+    terminate(&mut operator.child).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_resources_are_rejected_and_a_missing_secret_blocks_until_created() {
+    let plane = plane().await;
+    let ns = namespace(plane, "invalid");
+    let client = plane.client().await;
+    let endpoint = "https://acct.documents.azure.com/";
+    let (ok, _, err) = apply(
+        plane,
+        &ns,
+        &resource(
+            "bad-scaling",
+            endpoint,
+            "  autoscaling:\n    enabled: true\n    minReplicas: 5\n    maxReplicas: 2\n",
+        ),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("autoscaling.minReplicas must not be greater than autoscaling.maxReplicas"),
+        "{err}"
+    );
+    let (ok, _, err) = apply(plane, &ns, &resource("bad-start", endpoint, "  startFrom: yesterday\n"));
+    assert!(!ok);
+    assert!(
+        err.contains("startFrom must be Beginning, Now, or an RFC 3339 time"),
+        "{err}"
+    );
+    let (ok, _, err) = apply(
+        plane,
+        &ns,
+        &resource(
+            "bad-timings",
+            endpoint,
+            "  leaseTimings:\n    renewInterval: 90s\n    expiration: 60s\n",
+        ),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("renewInterval must be shorter than leaseTimings.expiration"),
+        "{err}"
+    );
+    println!("rejected: {}", err.lines().next().unwrap_or_default());
+
+    let mut operator = Operator::start(plane, &ns, "op");
+    assert!(apply(plane, &ns, &resource("orders", endpoint, "")).0);
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
+    let ready = wait("Ready=False SecretNotFound", || async {
+        let status = cfps.get("orders").await.ok()?.status?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready" && c.reason == "SecretNotFound")
+    })
+    .await;
+    assert_eq!(ready.status, "False");
+    assert!(ready.message.contains("\"cosmos\""), "{}", ready.message);
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let event = wait("a SecretNotFound Event", || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("SecretNotFound")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("orders")
+        })
+    })
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    assert!(
+        deployments.get_opt("orders").await.unwrap().is_none(),
+        "no workload without the Secret"
+    );
+
+    assert!(apply(plane, &ns, &secret_yaml()).0);
+    wait("the Deployment after the Secret appeared", || async {
+        deployments.get_opt("orders").await.ok().flatten()
+    })
+    .await;
+    let config_valid = wait("ConfigValid=True", || async {
+        let status = cfps.get("orders").await.ok()?.status?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "ConfigValid" && c.status == "True")
+    })
+    .await;
+    println!(
+        "missing Secret: Ready=False/SecretNotFound, Warning Event {:?}; after creating it: {}",
+        event.note, config_valid.reason
+    );
+    terminate(&mut operator.child).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_scale_drives_the_deployment_through_the_scale_subresource() {
+    let plane = plane().await;
+    let ns = namespace(plane, "scale");
+    let client = plane.client().await;
+    let mut operator = Operator::start(plane, &ns, "op");
+    assert!(apply(plane, &ns, &secret_yaml()).0);
+    assert!(apply(plane, &ns, &resource("orders", "https://acct.documents.azure.com/", "")).0);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    wait("deployment", || async {
+        deployments.get_opt("orders").await.ok().flatten()
+    })
+    .await;
+    let (ok, out, err) = plane.kubectl_run(&["scale", "cfp/orders", "-n", &ns, "--replicas=3"], None);
+    assert!(ok, "{err}");
+    assert!(out.contains("scaled"), "{out}");
+    wait("3 replicas", || async {
+        let d = deployments.get("orders").await.ok()?;
+        (replicas(&d) == Some(3)).then_some(())
+    })
+    .await;
+    let (ok, scale, _) = plane.kubectl_run(
+        &[
+            "get",
+            "--raw",
+            &format!("/apis/changefeed.io/v1alpha1/namespaces/{ns}/changefeedprocessors/orders/scale"),
+        ],
+        None,
+    );
+    assert!(ok);
+    let scale: serde_json::Value = serde_json::from_str(&scale).unwrap();
+    assert_eq!(scale["spec"]["replicas"], 3);
+    assert!(
+        scale["status"]["selector"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("changefeed.io/processor=orders")
+    );
+    println!(
+        "kubectl scale cfp/orders --replicas=3: Deployment replicas 3, /scale selector {}",
+        scale["status"]["selector"]
+    );
+    terminate(&mut operator.child).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_reconciles_and_a_killed_leader_hands_over() {
+    let plane = plane().await;
+    let ns = namespace(plane, "leader");
+    let client = plane.client().await;
+    assert!(apply(plane, &ns, &secret_yaml()).0);
+    let mut first = Operator::start(plane, &ns, "first");
+    // The first one leads before the second starts.
+    wait("the first operator leads", || async {
+        first.scrape().await.filter(|(_, leader)| *leader == 1)
+    })
+    .await;
+    let mut second = Operator::start(plane, &ns, "second");
+    wait("the second operator serves metrics", || async { second.scrape().await }).await;
+    assert!(apply(plane, &ns, &resource("one", "https://acct.documents.azure.com/", "")).0);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    wait("deployment one", || async {
+        deployments.get_opt("one").await.ok().flatten()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (leader_reconciles, _) = first.scrape().await.unwrap();
+    let (follower_reconciles, follower_leads) = second.scrape().await.unwrap();
+    assert!(leader_reconciles > 0);
+    assert_eq!(
+        (follower_reconciles, follower_leads),
+        (0, 0),
+        "the follower must not reconcile"
+    );
+
+    first.child.start_kill().unwrap();
+    let _ = first.child.wait().await;
+    let killed = tokio::time::Instant::now();
+    assert!(apply(plane, &ns, &resource("two", "https://acct.documents.azure.com/", "")).0);
+    wait("deployment two from the new leader", || async {
+        deployments.get_opt("two").await.ok().flatten()
+    })
+    .await;
+    let handover = killed.elapsed();
+    let (reconciles, leads) = wait("the new leader's metrics", || async {
+        second.scrape().await.filter(|(r, l)| *r > 0 && *l == 1)
+    })
+    .await;
+    println!(
+        "leader election: leader reconciled {leader_reconciles} times, follower 0; after SIGKILL the follower led and reconciled within {handover:.1?} (lease 3 s)"
+    );
+    assert!(reconciles > 0 && leads == 1);
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), &ns);
+    let lease = leases.get("changefeed-operator").await.unwrap();
+    assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some("second"));
+    terminate(&mut second.child).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_resource_that_asks_for_it_removes_its_lease_documents() {
+    let plane = plane().await;
+    let ns = namespace(plane, "cleanup");
+    let client = plane.client().await;
+    let (mut emulator, endpoint) = start_emulator("db/items:/pk:3").await;
+    let account =
+        changefeed_operator::cosmos::CosmosAccount::connect(&endpoint, changefeed_operator::cosmos::EMULATOR_KEY)
+            .await
+            .unwrap();
+    // Two processors' leases in the same lease container: only the deleted one's go.
+    for processor in ["orders", "keep"] {
+        let mut worker = Command::new(CFP)
+            .args([
+                "worker",
+                "--endpoint",
+                &endpoint,
+                "--database",
+                "db",
+                "--container",
+                "items",
+                "--processor",
+                processor,
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let created = eventually(TIMEOUT, || async {
+            match lease_store(&account, processor).await {
+                Some(store) => {
+                    use changefeed_operator::processor::LeaseStore;
+                    store.snapshot().await.map(|s| s.leases.len() == 3).unwrap_or(false)
+                }
+                None => false,
+            }
+        })
+        .await;
+        assert!(created, "leases of {processor} not created");
+        terminate(&mut worker).await;
+    }
+    let mut operator = Operator::start(plane, &ns, "op");
+    assert!(apply(plane, &ns, &secret_yaml()).0);
+    assert!(
+        apply(
+            plane,
+            &ns,
+            &resource("orders", &endpoint, "  leases:\n    deleteOnResourceDeletion: true\n")
+        )
+        .0
+    );
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
+    wait("the finalizer", || async {
+        let cfp = cfps.get("orders").await.ok()?;
+        cfp.metadata
+            .finalizers
+            .filter(|f| f.iter().any(|f| f == "changefeed.io/lease-cleanup"))
+    })
+    .await;
+    cfps.delete("orders", &DeleteParams::default()).await.unwrap();
+    wait("the resource gone", || async {
+        cfps.get_opt("orders")
+            .await
+            .ok()
+            .and_then(|o| o.is_none().then_some(()))
+    })
+    .await;
+    use changefeed_operator::processor::LeaseStore;
+    let orders = lease_store(&account, "orders").await.unwrap().snapshot().await.unwrap();
+    let keep = lease_store(&account, "keep").await.unwrap().snapshot().await.unwrap();
+    println!(
+        "lease cleanup: after deleting the resource, processor orders has {} leases (init marker {}), processor keep still {}",
+        orders.leases.len(),
+        orders.initialized,
+        keep.leases.len()
+    );
+    assert!(orders.leases.is_empty() && !orders.initialized);
+    assert_eq!(keep.leases.len(), 3);
+    terminate(&mut operator.child).await;
+    terminate(&mut emulator).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rendered_pod_template_runs_as_a_working_worker() {
+    let plane = plane().await;
+    let ns = namespace(plane, "template");
+    let client = plane.client().await;
+    let (mut emulator, endpoint) = start_emulator("db/items:/pk:4").await;
+    let mut operator = Operator::start(plane, &ns, "op");
+    assert!(apply(plane, &ns, &secret_yaml()).0);
+    let metrics_port = free_port();
+    let extra = format!("  pollInterval: 100ms\n  worker:\n    metricsPort: {metrics_port}\n");
+    assert!(apply(plane, &ns, &resource("orders", &endpoint, &extra)).0);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let deployment = wait("deployment", || async {
+        deployments.get_opt("orders").await.ok().flatten()
+    })
+    .await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+
+    // What a kubelet would do: resolve the environment and run the container's command.
+    let pod = deployment.spec.unwrap().template.spec.unwrap();
+    let container = &pod.containers[0];
+    let mut command = Command::new(CFP);
+    command
+        .args(container.args.clone().unwrap_or_default())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default());
+    for var in container.env.clone().unwrap_or_default() {
+        let value = match (var.value, var.value_from) {
+            (Some(value), _) => value,
+            (None, Some(source)) => {
+                if let Some(key) = source.secret_key_ref {
+                    let secret = secrets.get(&key.name).await.unwrap();
+                    String::from_utf8(secret.data.unwrap()[&key.key].0.clone()).unwrap()
+                } else if source.field_ref.map(|f| f.field_path).as_deref() == Some("metadata.name") {
+                    "orders-7d9f-abcde".to_owned()
+                } else {
+                    panic!("unsupported env source for {}", var.name)
+                }
+            }
+            _ => String::new(),
+        };
+        command.env(&var.name, value);
+    }
+    let mut worker = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = worker.stdout.take().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        use tokio::io::AsyncBufReadExt;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let _ = tx.send(line);
+        }
+    });
+    cfp_write(&endpoint, 0, 500).await;
+    let mut seen = std::collections::HashSet::new();
+    let all = tokio::time::timeout(TIMEOUT, async {
+        while let Some(line) = rx.recv().await {
+            let doc: serde_json::Value = serde_json::from_str(&line).unwrap();
+            seen.insert(doc["id"].as_str().unwrap_or_default().to_owned());
+            if seen.len() == 500 {
+                break;
+            }
+        }
+    })
+    .await;
+    let ready = http_get(
+        std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port)),
+        "/readyz",
+    )
+    .await
+    .0;
+    println!(
+        "rendered pod template as a process: {} of 500 documents on stdout, /readyz {ready}",
+        seen.len()
+    );
+    assert!(all.is_ok(), "only {} documents delivered", seen.len());
+    assert_eq!(ready, 200);
+    terminate(&mut worker).await;
+    terminate(&mut operator.child).await;
+    terminate(&mut emulator).await;
+}
