@@ -157,6 +157,33 @@ where
     }
 }
 
+/// A namespace with an operator, the Secret and a resource `orders` whose Deployment exists.
+struct Deployed {
+    plane: &'static ControlPlane,
+    ns: String,
+    operator: Operator,
+    deployments: Api<Deployment>,
+}
+
+async fn deployed(name: &str) -> Deployed {
+    let plane = plane().await;
+    let ns = namespace(plane, name);
+    let operator = Operator::start(plane, &ns, "op");
+    assert!(apply(plane, &ns, &secret_yaml()).0);
+    assert!(apply(plane, &ns, &resource("orders", "https://acct.documents.azure.com/", "")).0);
+    let deployments: Api<Deployment> = Api::namespaced(plane.client().await, &ns);
+    wait("deployment", || async {
+        deployments.get_opt("orders").await.ok().flatten()
+    })
+    .await;
+    Deployed {
+        plane,
+        ns,
+        operator,
+        deployments,
+    }
+}
+
 fn replicas(deployment: &Deployment) -> Option<i32> {
     deployment.spec.as_ref().and_then(|s| s.replicas)
 }
@@ -260,17 +287,12 @@ async fn applying_a_resource_creates_the_rendered_workload_and_status() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spec_changes_roll_out_and_drift_is_reverted() {
-    let plane = plane().await;
-    let ns = namespace(plane, "update");
-    let client = plane.client().await;
-    let mut operator = Operator::start(plane, &ns, "op");
-    assert!(apply(plane, &ns, &secret_yaml()).0);
-    assert!(apply(plane, &ns, &resource("orders", "https://acct.documents.azure.com/", "")).0);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    wait("deployment", || async {
-        deployments.get_opt("orders").await.ok().flatten()
-    })
-    .await;
+    let Deployed {
+        plane,
+        ns,
+        mut operator,
+        deployments,
+    } = deployed("update").await;
 
     let changed = "  replicas: 3\n  pollInterval: 1s\n  worker:\n    resources:\n      limits:\n        memory: 64Mi\n";
     assert!(
@@ -412,17 +434,12 @@ async fn invalid_resources_are_rejected_and_a_missing_secret_blocks_until_create
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_scale_drives_the_deployment_through_the_scale_subresource() {
-    let plane = plane().await;
-    let ns = namespace(plane, "scale");
-    let client = plane.client().await;
-    let mut operator = Operator::start(plane, &ns, "op");
-    assert!(apply(plane, &ns, &secret_yaml()).0);
-    assert!(apply(plane, &ns, &resource("orders", "https://acct.documents.azure.com/", "")).0);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    wait("deployment", || async {
-        deployments.get_opt("orders").await.ok().flatten()
-    })
-    .await;
+    let Deployed {
+        plane,
+        ns,
+        mut operator,
+        deployments,
+    } = deployed("scale").await;
     let (ok, out, err) = plane.kubectl_run(&["scale", "cfp/orders", "-n", &ns, "--replicas=3"], None);
     assert!(ok, "{err}");
     assert!(out.contains("scaled"), "{out}");
@@ -661,12 +678,9 @@ async fn the_rendered_pod_template_runs_as_a_working_worker() {
         }
     })
     .await;
-    let ready = http_get(
-        std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port)),
-        "/readyz",
-    )
-    .await
-    .0;
+    let ready = http_get(std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port)), "/readyz")
+        .await
+        .0;
     println!(
         "rendered pod template as a process: {} of 500 documents on stdout, /readyz {ready}",
         seen.len()
