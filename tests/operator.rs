@@ -283,7 +283,10 @@ async fn applying_a_resource_creates_the_rendered_workload_and_status() {
     }
     assert!(table.contains("WorkersStarting"));
     let (ok, explain, _) = plane.kubectl_run(&["explain", "cfp.spec.connection.keySecretRef"], None);
-    assert!(ok && explain.contains("The Secret key that holds the account key"), "{explain}");
+    assert!(
+        ok && explain.contains("The Secret key that holds the account key"),
+        "{explain}"
+    );
     terminate(&mut operator.child).await;
 }
 
@@ -295,8 +298,14 @@ async fn the_install_manifests_are_accepted_by_the_api_server() {
     let manifests = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/operator.yaml");
     let (ok, out, err) = plane.kubectl_run(&["apply", "--dry-run=server", "-f", manifests], None);
     assert!(ok, "{err}");
-    assert!(out.contains("deployment.apps/changefeed-operator created (server dry run)"), "{out}");
-    assert!(out.contains("clusterrole.rbac.authorization.k8s.io/changefeed-operator created (server dry run)"), "{out}");
+    assert!(
+        out.contains("deployment.apps/changefeed-operator created (server dry run)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("clusterrole.rbac.authorization.k8s.io/changefeed-operator created (server dry run)"),
+        "{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -50,9 +50,10 @@ pub struct CosmosError {
 
 impl fmt::Display for CosmosError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.sub_status {
-            Some(sub) => write!(f, "{} (status {}/{})", self.message, self.status, sub),
-            None => write!(f, "{} (status {})", self.message, self.status),
+        match (self.status, self.sub_status) {
+            (0, _) => write!(f, "{}", self.message),
+            (status, Some(sub)) => write!(f, "{} (status {status}/{sub})", self.message),
+            (status, None) => write!(f, "{} (status {status})", self.message),
         }
     }
 }
