@@ -77,6 +77,13 @@ async fn a_crashed_instance_leases_are_taken_over_after_expiry() {
     );
     assert!(missing.is_empty(), "lost {missing:?}");
     assert!(takeover >= Duration::from_secs(2), "taken before expiry: {takeover:?}");
+    // The dead instance's heartbeat is removed after five expirations (10 s here).
+    let forgotten = eventually(Duration::from_secs(20), || async {
+        let snapshot = env.store().await.snapshot().await.unwrap();
+        snapshot.instances.iter().all(|(name, _)| name != "a")
+    })
+    .await;
+    assert!(forgotten, "the crashed instance's heartbeat is still there");
     b.stop().await;
 }
 

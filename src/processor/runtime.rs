@@ -23,6 +23,9 @@ use super::owned::OwnedLease;
 use super::partition::{self, LeaseExit};
 use crate::cosmos::{CosmosError, MonitoredContainer};
 
+/// A heartbeat older than this many lease expirations belongs to an instance that died; it is removed.
+const STALE_HEARTBEAT_EXPIRATIONS: u32 = 5;
+
 /// Errors that stop a processor from starting or running.
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessorError {
@@ -401,6 +404,14 @@ impl Coordinator {
             .filter(|(_, beat)| *beat + expiration > now)
             .map(|(name, _)| name.clone())
             .collect();
+        // Heartbeats of instances that died without stopping (pods replaced under new names).
+        for (name, beat) in &snapshot.instances {
+            if *beat + expiration * STALE_HEARTBEAT_EXPIRATIONS < now
+                && let Err(error) = self.shared.store.remove_heartbeat(name).await
+            {
+                tracing::debug!(instance = %name, %error, "removing a stale heartbeat failed");
+            }
+        }
         // Leases the store says are ours but that no task processes (a restart under the same
         // name) are taken up again first.
         let mut wanted: Vec<String> = snapshot
