@@ -448,8 +448,21 @@ async fn invalid_resources_are_rejected_and_a_missing_secret_blocks_until_create
             .find(|c| c.type_ == "ConfigValid" && c.status == "True")
     })
     .await;
+    // A working resource whose Secret goes away keeps its workers and reports the problem.
+    let (ok, _, err) = plane.kubectl_run(&["delete", "secret", "cosmos", "-n", &ns], None);
+    assert!(ok, "{err}");
+    wait("Ready=False after the Secret was deleted", || async {
+        let status = cfps.get("orders").await.ok()?.status?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready" && c.reason == "SecretNotFound")
+    })
+    .await;
+    let kept = deployments.get("orders").await.unwrap();
+    assert_eq!(replicas(&kept), Some(1), "the existing workload stays");
     println!(
-        "missing Secret: Ready=False/SecretNotFound, Warning Event {:?}; after creating it: {}",
+        "missing Secret: Ready=False/SecretNotFound, Warning Event {:?}; after creating it: {}; after deleting it again the Deployment stays",
         event.note, config_valid.reason
     );
     terminate(&mut operator.child).await;
