@@ -243,7 +243,10 @@ async fn applying_a_resource_creates_the_rendered_workload_and_status() {
         cfp.metadata.uid.clone().unwrap()
     );
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
-    assert!(services.get_opt("orders-metrics").await.unwrap().is_some());
+    wait("the metrics Service", || async {
+        services.get_opt("orders-metrics").await.ok().flatten()
+    })
+    .await;
     let managers: Vec<String> = deployment
         .metadata
         .managed_fields
