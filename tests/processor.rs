@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use changefeed_operator::processor::{CloseReason, LeaseEvent};
@@ -164,13 +165,21 @@ async fn scaling_one_to_four_reaches_fair_share_within_two_cycles() {
         })
         .await
     );
-    let mut events = Vec::new();
-    let mut new = Vec::new();
+    // Scaling a Deployment from 1 to 4 starts three pods at once.
+    let mut processors = Vec::new();
     for name in ["b", "c", "d"] {
-        let handle = env.start(env.options(name)).await;
-        events.push(handle.subscribe());
-        new.push(handle);
+        let handler = Arc::new(common::RecordingHandler {
+            instance: name.into(),
+            deliveries: env.deliveries.clone(),
+        });
+        processors.push(env.processor(env.options(name), handler).await);
     }
+    let mut events: Vec<_> = processors.iter().map(|p| p.subscribe()).collect();
+    let new: Vec<_> = futures::future::join_all(processors.into_iter().map(|p| p.start()))
+        .await
+        .into_iter()
+        .map(|started| started.expect("start"))
+        .collect();
     let reached = eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 4, 32) }).await;
     assert!(reached, "no fair share: {:?}", env.owners().await);
     // Let one more cycle pass: nothing may move after the fair share was reached.
@@ -352,4 +361,41 @@ async fn a_restart_resumes_from_the_checkpoints() {
     assert!(missing.is_empty());
     assert!(replayed.is_empty(), "replayed {replayed:?}");
     again.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_from_now_is_anchored_when_the_leases_are_created() {
+    let env = Env::new(4).await;
+    env.write(0..300).await;
+    let mut options = env.options("a");
+    options.start_from = changefeed_operator::cosmos::StartFrom::Now;
+    // Slow first acquire: documents written right after start must not be skipped even though no
+    // lease is read yet.
+    options.acquire_interval = Duration::from_secs(2);
+    let a = env.start(options).await;
+    env.write(300..600).await;
+    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 300 }).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let old: Vec<String> = env
+        .deliveries
+        .ids()
+        .into_iter()
+        .filter(|id| ids(0..300).contains(id))
+        .collect();
+    let missing = env.deliveries.missing(ids(300..600));
+    println!(
+        "start from now: 300 written before the first start, 300 right after; delivered {} ({} old, {} of the new missing)",
+        env.deliveries.distinct(),
+        old.len(),
+        missing.len()
+    );
+    assert!(
+        old.is_empty(),
+        "documents from before the start were delivered: {old:?}"
+    );
+    assert!(
+        missing.is_empty(),
+        "documents written after the start were skipped: {missing:?}"
+    );
+    a.stop().await;
 }

@@ -12,8 +12,8 @@
 //! 4. an owner at or below its share is never robbed, and shares depend only on counts, so two
 //!    instances never trade a lease back and forth.
 //!
-//! An instance that joins a running processor announces itself (heartbeat) and waits a fraction of
-//! a cycle before its first acquire, so that instances starting together all count each other.
+//! An instance that joins a running processor announces itself (heartbeat) and waits half to one
+//! acquire interval before its first acquire, so that instances starting together all count each other.
 
 use std::collections::BTreeMap;
 

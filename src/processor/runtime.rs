@@ -295,7 +295,7 @@ impl Coordinator {
     }
 
     /// Announces this instance. When it joins a processor that others are running, it waits
-    /// a quarter to half a cycle before its first acquire so that instances starting together
+    /// half to one cycle before its first acquire so that instances starting together
     /// all count each other; a processor nobody runs yet is started at once.
     async fn join_delay(&self) -> Duration {
         let me = &self.shared.options.instance;
@@ -315,7 +315,7 @@ impl Coordinator {
             self.shared
                 .options
                 .acquire_interval
-                .mul_f64(0.25 + fastrand::f64() * 0.25)
+                .mul_f64(0.5 + fastrand::f64() * 0.5)
         } else {
             Duration::ZERO
         }
