@@ -92,7 +92,7 @@ pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
                 _ = cancel.cancelled() => return stop_reason(&owned),
                 page = reader.next_page(shared.options.read_timeout) => page,
             };
-            shared.observer.feed_read(
+            shared.observer().feed_read(
                 owned.token(),
                 started.elapsed(),
                 page.as_ref().map(|p| p.request_charge).unwrap_or_default(),
@@ -153,7 +153,7 @@ async fn deliver(shared: &Shared, owned: &OwnedLease, page: &ChangePage) -> bool
         let started = std::time::Instant::now();
         let result = shared.handler.handle(batch).await;
         shared
-            .observer
+            .observer()
             .handler_done(owned.token(), started.elapsed(), result.is_ok(), page.documents.len());
         match result {
             Ok(()) => return true,
@@ -200,7 +200,7 @@ async fn advance(shared: &Shared, owned: &OwnedLease, range: &EpkRange, page: &C
     loop {
         match owned.checkpoint(&continuation).await {
             Ok(_) => {
-                shared.observer.checkpointed(owned.token(), started.elapsed());
+                shared.observer().checkpointed(owned.token(), started.elapsed());
                 if !page.documents.is_empty() {
                     shared.emit(LeaseEvent::Checkpointed {
                         lease: owned.token().to_owned(),

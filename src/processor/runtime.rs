@@ -46,7 +46,7 @@ pub struct Shared {
     pub(crate) store: Arc<dyn LeaseStore>,
     pub(crate) handler: Arc<dyn ChangeHandler>,
     pub(crate) options: ProcessorOptions,
-    pub(crate) observer: Arc<dyn ProcessorObserver>,
+    observer: std::sync::RwLock<Arc<dyn ProcessorObserver>>,
     events: broadcast::Sender<LeaseEvent>,
     owned: Mutex<HashMap<String, Arc<OwnedLease>>>,
     cycles: AtomicU64,
@@ -54,8 +54,16 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Where measurements go.
+    pub(crate) fn observer(&self) -> Arc<dyn ProcessorObserver> {
+        match self.observer.read() {
+            Ok(observer) => observer.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
     pub(crate) fn emit(&self, event: LeaseEvent) {
-        self.observer.lease_event(&event);
+        self.observer().lease_event(&event);
         let _ = self.events.send(event);
     }
 
@@ -103,7 +111,7 @@ impl ChangeFeedProcessor {
                 store,
                 handler,
                 options,
-                observer: Arc::new(NoopObserver),
+                observer: std::sync::RwLock::new(Arc::new(NoopObserver)),
                 events,
                 owned: Mutex::new(HashMap::new()),
                 cycles: AtomicU64::new(0),
@@ -114,14 +122,10 @@ impl ChangeFeedProcessor {
 
     /// Reports measurements to `observer` (for example Prometheus metrics).
     pub fn with_observer(self, observer: Arc<dyn ProcessorObserver>) -> Self {
-        let mut shared = match Arc::try_unwrap(self.shared) {
-            Ok(shared) => shared,
-            Err(shared) => return Self { shared },
-        };
-        shared.observer = observer;
-        Self {
-            shared: Arc::new(shared),
+        if let Ok(mut current) = self.shared.observer.write() {
+            *current = observer;
         }
+        self
     }
 
     /// Lease lifecycle events from now on.
@@ -331,7 +335,7 @@ impl Coordinator {
         if let Ok(mut map) = self.shared.owned.lock() {
             map.insert(owned.id().to_owned(), owned.clone());
         }
-        self.shared.observer.leases_owned(self.shared.owned_count());
+        self.shared.observer().leases_owned(self.shared.owned_count());
         let shared = self.shared.clone();
         self.tasks.spawn(async move {
             let exit = partition::run(shared, owned.clone()).await;
@@ -368,7 +372,7 @@ impl Coordinator {
                 self.start_lease(child);
             }
         }
-        self.shared.observer.leases_owned(self.shared.owned_count());
+        self.shared.observer().leases_owned(self.shared.owned_count());
     }
 
     async fn acquire_cycle(&mut self) {
