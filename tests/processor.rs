@@ -271,6 +271,11 @@ async fn a_split_while_writing_replaces_the_parent_lease_and_loses_nothing() {
         missing.len()
     );
     assert_eq!(splits, 1);
+    let duplicates = env.deliveries.duplicates().len();
+    assert!(
+        duplicates <= 100,
+        "a split replays at most the batch in flight, not {duplicates}"
+    );
     assert!(missing.is_empty(), "lost {missing:?}");
     a.stop().await;
     b.stop().await;
@@ -398,4 +403,48 @@ async fn start_from_now_is_anchored_when_the_leases_are_created() {
         "documents written after the start were skipped: {missing:?}"
     );
     a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_parent_left_behind_by_a_crash_is_deleted_and_nothing_is_lost() {
+    let env = Env::new(2).await;
+    let a = env.start(env.options("a")).await;
+    env.write(0..500).await;
+    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 500 }).await);
+    a.stop().await;
+    // A crash between creating the children and deleting the parent leaves both.
+    let store = env.store().await;
+    let parent = env.leases().await.remove(0);
+    let range = parent.range().unwrap().clone();
+    let middle = changefeed_operator::cosmos::EpkRange::new("08", "08").min;
+    for child in [
+        changefeed_operator::cosmos::EpkRange::new(range.min.clone(), middle.clone()),
+        changefeed_operator::cosmos::EpkRange::new(middle.clone(), range.max.clone()),
+    ] {
+        let lease = changefeed_operator::processor::Lease::new(store.prefix(), &child, parent.continuation.clone());
+        store.create(&lease).await.unwrap();
+    }
+    env.deliveries.clear();
+    env.write(500..1500).await;
+    let b = env.start(env.options("b")).await;
+    let cleaned = eventually(Duration::from_secs(10), || async {
+        env.leases().await.iter().all(|l| l.id != parent.id)
+    })
+    .await;
+    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 1000 }).await);
+    let missing = env.deliveries.missing(ids(500..1500));
+    println!(
+        "split parent left by a crash: deleted {cleaned}, leases now {}, written 1000, delivered {} distinct, {} duplicates, lost {}",
+        env.leases().await.len(),
+        env.deliveries.distinct(),
+        env.deliveries.duplicates().len(),
+        missing.len()
+    );
+    assert!(cleaned, "the superseded parent is still there");
+    assert!(missing.is_empty());
+    assert!(
+        env.deliveries.duplicates().is_empty(),
+        "the parent and its children were both processed"
+    );
+    b.stop().await;
 }

@@ -17,6 +17,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::cosmos::EpkRange;
+
 /// What the balancer needs to know about one lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseState {
@@ -92,6 +94,30 @@ pub fn leases_to_acquire(leases: &[LeaseState], me: &str, live_instances: &[Stri
         }
     }
     mine
+}
+
+/// Ids of leases whose range is fully covered by narrower leases: the parent of a split whose
+/// children exist. They are never balanced or acquired; once free they are deleted.
+pub fn superseded(leases: &[(String, EpkRange)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (id, range) in leases {
+        let mut inside: Vec<&EpkRange> = leases
+            .iter()
+            .filter(|(other, r)| other != id && r != range && range.contains(r))
+            .map(|(_, r)| r)
+            .collect();
+        inside.sort();
+        let mut cursor = range.min.as_str();
+        for r in inside {
+            if r.min.as_str() <= cursor && r.max.as_str() > cursor {
+                cursor = r.max.as_str();
+            }
+        }
+        if cursor >= range.max.as_str() {
+            out.push(id.clone());
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -299,6 +325,40 @@ mod tests {
             }
         }
         assert_eq!(seen.len(), 24);
+    }
+
+    #[test]
+    fn split_parents_with_all_children_are_superseded() {
+        let lease = |id: &str, min: &str, max: &str| (id.to_owned(), EpkRange::new(min, max));
+        let cases = [
+            (
+                vec![
+                    lease("p", "", "80"),
+                    lease("c1", "", "40"),
+                    lease("c2", "40", "80"),
+                    lease("o", "80", "FF"),
+                ],
+                vec!["p"],
+            ),
+            (
+                vec![lease("p", "", "80"), lease("c1", "", "40"), lease("o", "80", "FF")],
+                vec![],
+            ),
+            (vec![lease("a", "", "80"), lease("b", "80", "FF")], vec![]),
+            (
+                vec![
+                    lease("p", "", "FF"),
+                    lease("c1", "", "40"),
+                    lease("c2", "40", "A0"),
+                    lease("c3", "A0", "FF"),
+                ],
+                vec!["p"],
+            ),
+        ];
+        for (leases, want) in cases {
+            let want: Vec<String> = want.into_iter().map(String::from).collect();
+            assert_eq!(superseded(&leases), want, "{leases:?}");
+        }
     }
 
     #[test]

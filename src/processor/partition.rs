@@ -101,7 +101,7 @@ pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
                 Ok(page) => page,
                 Err(error) => {
                     if matches!(error.kind, ErrorKind::RangeGone | ErrorKind::SplitInProgress)
-                        && let Some(exit) = split_from_checkpoint(&shared, &owned, &range, checkpoint.as_deref()).await
+                        && let Some(exit) = split_from_checkpoint(&shared, &owned, &range).await
                     {
                         return exit;
                     }
@@ -187,7 +187,7 @@ async fn advance(shared: &Shared, owned: &OwnedLease, range: &EpkRange, page: &C
     };
     let Some(continuation) = single else {
         // The SDK followed a split of the range inside one stream: each child's position is known.
-        return match split(shared, owned, range, &page.continuations, None).await {
+        return match split(shared, owned, range, &page.continuations).await {
             Some(exit) => Advance::Exit(exit),
             None => Advance::Rebuild,
         };
@@ -227,13 +227,8 @@ async fn advance(shared: &Shared, owned: &OwnedLease, range: &EpkRange, page: &C
 }
 
 /// After a 410 or a split-window failure: if the feed ranges under the lease changed, split the
-/// lease with the last checkpoint as every child's continuation.
-async fn split_from_checkpoint(
-    shared: &Shared,
-    owned: &OwnedLease,
-    range: &EpkRange,
-    checkpoint: Option<&str>,
-) -> Option<LeaseExit> {
+/// lease with its latest checkpoint as every child's continuation.
+async fn split_from_checkpoint(shared: &Shared, owned: &OwnedLease, range: &EpkRange) -> Option<LeaseExit> {
     let ranges = match shared.monitored.feed_ranges(true).await {
         Ok(ranges) => ranges,
         Err(error) => {
@@ -244,28 +239,29 @@ async fn split_from_checkpoint(
     let children: Vec<RangeContinuation> = ranges
         .iter()
         .filter(|r| range.contains(r))
+        // An empty continuation stands for the lease's latest checkpoint (filled in by `split`).
         .map(|r| RangeContinuation {
             range: r.clone(),
-            continuation: checkpoint.unwrap_or_default().to_owned(),
+            continuation: String::new(),
         })
         .collect();
     if children.len() < 2 {
         return None;
     }
-    split(shared, owned, range, &children, checkpoint).await
+    split(shared, owned, range, &children).await
 }
 
 /// Replaces the lease by one child lease per part (owned by this instance), then deletes it.
-/// Parts of the range not covered by `parts` get `fallback` (the parent's checkpoint).
+/// Parts of the range not covered by `parts`, or given an empty continuation, start from the
+/// parent's latest checkpoint.
 async fn split(
     shared: &Shared,
     owned: &OwnedLease,
     range: &EpkRange,
     parts: &[RangeContinuation],
-    fallback: Option<&str>,
 ) -> Option<LeaseExit> {
     let parent = owned.current().await;
-    let fallback = fallback.map(str::to_owned).or_else(|| parent.continuation.clone());
+    let fallback = parent.continuation.clone();
     let mut pieces: Vec<(EpkRange, Option<String>)> = Vec::new();
     let mut cursor = range.min.clone();
     let mut sorted: Vec<&RangeContinuation> = parts.iter().filter(|p| range.contains(&p.range)).collect();

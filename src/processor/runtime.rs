@@ -11,7 +11,7 @@ use tokio::sync::broadcast;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::balancer::{LeaseState, leases_to_acquire};
+use super::balancer::{LeaseState, leases_to_acquire, superseded};
 use super::bootstrap::bootstrap;
 use super::estimator::{DEFAULT_CONCURRENCY, LeaseEstimate, estimate_leases};
 use super::events::{CloseReason, LeaseEvent};
@@ -390,9 +390,24 @@ impl Coordinator {
         let now = OffsetDateTime::now_utc();
         let expiration = self.shared.options.expiration;
         self.drop_lost(&snapshot, &me);
+        // A split parent whose children exist is obsolete: never balanced, deleted once free.
+        let ranges: Vec<(String, crate::cosmos::EpkRange)> = snapshot
+            .leases
+            .iter()
+            .filter_map(|l| Some((l.id.clone(), l.range()?.clone())))
+            .collect();
+        let obsolete = superseded(&ranges);
+        for lease in snapshot.leases.iter().filter(|l| obsolete.contains(&l.id)) {
+            if lease.is_expired(now, expiration)
+                && let Err(error) = self.shared.store.delete(lease).await
+            {
+                tracing::debug!(lease = %lease.lease_token, %error, "deleting a superseded split parent failed");
+            }
+        }
         let states: Vec<LeaseState> = snapshot
             .leases
             .iter()
+            .filter(|l| !obsolete.contains(&l.id))
             .map(|l| LeaseState {
                 id: l.id.clone(),
                 live_owner: if l.is_expired(now, expiration) {
@@ -421,7 +436,9 @@ impl Coordinator {
         let mut wanted: Vec<String> = snapshot
             .leases
             .iter()
-            .filter(|l| l.owner.as_deref() == Some(me.as_str()) && !self.shared.is_owned(&l.id))
+            .filter(|l| {
+                l.owner.as_deref() == Some(me.as_str()) && !self.shared.is_owned(&l.id) && !obsolete.contains(&l.id)
+            })
             .map(|l| l.id.clone())
             .collect();
         wanted.extend(leases_to_acquire(&states, &me, &live));
