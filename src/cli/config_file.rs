@@ -39,13 +39,18 @@ where
 {
     let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
     let command = Cli::command();
-    let matches = command.clone().try_get_matches_from(&args).map_err(ParseError::Clap)?;
-    let Some((name, sub)) = matches.subcommand() else {
+    // First pass only to find the config file: required flags may come from the file itself.
+    let probe = command.clone().ignore_errors(true).try_get_matches_from(&args);
+    let config = probe.as_ref().ok().and_then(|matches| {
+        let (name, sub) = matches.subcommand()?;
+        let path = sub.try_get_one::<std::path::PathBuf>("config").ok().flatten()?;
+        Some((name.to_owned(), sub.clone(), path.clone()))
+    });
+    let Some((name, sub, path)) = config else {
+        let matches = command.try_get_matches_from(&args).map_err(ParseError::Clap)?;
         return Cli::from_arg_matches(&matches).map_err(ParseError::Clap);
     };
-    let Some(path) = sub.try_get_one::<std::path::PathBuf>("config").ok().flatten() else {
-        return Cli::from_arg_matches(&matches).map_err(ParseError::Clap);
-    };
+    let (name, sub, path) = (name.as_str(), &sub, &path);
     let extra = config_args(&command, name, sub, path).map_err(ParseError::Config)?;
     let mut merged = args;
     merged.extend(extra);
@@ -153,6 +158,19 @@ mod tests {
         assert_eq!(w.max_items, 7);
         assert_eq!(w.leases.processor, "from-flag");
         assert!(w.no_create_leases);
+    }
+
+    #[test]
+    fn required_flags_can_come_from_the_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("worker.yaml");
+        std::fs::write(&path, "database: db\ncontainer: items\n").unwrap();
+        let w = worker(&["cfp", "worker", "--config", path.to_str().unwrap()]);
+        assert_eq!(
+            (w.connection.database.as_str(), w.connection.container.as_str()),
+            ("db", "items")
+        );
+        assert!(parse(["cfp", "worker"]).is_err(), "still required without a file");
     }
 
     #[test]
