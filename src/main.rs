@@ -5,6 +5,13 @@ use std::process::ExitCode;
 use changefeed_operator::cli::{self, Command};
 
 fn main() -> ExitCode {
+    // SDK error values capture a stack backtrace whenever RUST_BACKTRACE is set, and a processor
+    // creates them as control flow (empty polls, lease preconditions). Keep library backtraces off
+    // unless asked for explicitly; panics still honour RUST_BACKTRACE.
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        // SAFETY: no other thread exists yet (the async runtime starts below).
+        unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
+    }
     let cli = match cli::config_file::parse(std::env::args_os()) {
         Ok(cli) => cli,
         Err(cli::config_file::ParseError::Clap(e)) => e.exit(),

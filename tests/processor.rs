@@ -217,7 +217,9 @@ async fn a_split_while_writing_replaces_the_parent_lease_and_loses_nothing() {
     let b = env.start(env.options("b")).await;
     let mut events = a.subscribe();
     let mut events_b = b.subscribe();
-    assert!(eventually(Duration::from_secs(10), || async { env.leases().await.len() == 2 }).await);
+    // One lease each before documents flow, so that only the split can move work around.
+    assert!(eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 2, 2) }).await);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     env.write(0..1000).await;
     let writes = tokio::spawn({
         let items = env.items.clone();

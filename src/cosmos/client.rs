@@ -26,10 +26,28 @@ impl std::fmt::Debug for CosmosAccount {
     }
 }
 
+/// The SDK captures a stack backtrace for every error when `RUST_BACKTRACE` is set. A processor
+/// uses errors as control flow (empty polls, 412/409/404 on leases), so that costs CPU all the time;
+/// capture stays off unless asked for with the SDK's own `AZURE_COSMOS_BACKTRACE_*` variables.
+fn quiet_sdk_backtraces() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let configured = std::env::vars().any(|(name, _)| name.starts_with("AZURE_COSMOS_BACKTRACE_"));
+        if !configured {
+            use azure_data_cosmos_driver::error::{BacktraceOptions, set_backtrace_options};
+            let mut options = BacktraceOptions::default();
+            options.max_captures_per_second = 0;
+            options.max_resolutions_per_second = 0;
+            set_backtrace_options(options);
+        }
+    });
+}
+
 impl CosmosAccount {
     /// Connects to `endpoint` (for example `https://acct.documents.azure.com:443/` or the
     /// loopback `cfp emulator`) with an account key. Fails on a malformed endpoint.
     pub async fn connect(endpoint: &str, key: &str) -> Result<Self, CosmosError> {
+        quiet_sdk_backtraces();
         let parsed: AccountEndpoint = endpoint.parse().map_err(|e| {
             CosmosError::local(ErrorKind::BadRequest, format!("invalid endpoint URL {endpoint:?}: {e}"))
         })?;
@@ -50,6 +68,7 @@ impl CosmosAccount {
         emulator: &std::sync::Arc<azure_data_cosmos_driver::in_memory_emulator::InMemoryEmulatorHttpClient>,
         gateway: &str,
     ) -> Result<Self, CosmosError> {
+        quiet_sdk_backtraces();
         let endpoint: AccountEndpoint = gateway
             .parse()
             .map_err(|e| CosmosError::local(ErrorKind::BadRequest, format!("invalid gateway URL {gateway:?}: {e}")))?;
