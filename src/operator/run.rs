@@ -43,11 +43,25 @@ pub enum OperatorError {
     /// The metrics registry or endpoint failed.
     #[error("metrics: {0}")]
     Metrics(String),
+    /// The ChangeFeedProcessor CRD is not installed.
+    #[error(
+        "the ChangeFeedProcessor CRD (changefeedprocessors.changefeed.io) is not installed; install it with `kubectl apply -f crds/` (or `cfp crd | kubectl apply -f -`)"
+    )]
+    CrdMissing,
 }
 
 /// Runs until `shutdown`.
 pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Result<(), OperatorError> {
     let client = Client::try_default().await?;
+    let probe: Api<ChangeFeedProcessor> = match &settings.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    match probe.list(&kube::api::ListParams::default().limit(1)).await {
+        Err(kube::Error::Api(status)) if status.code == 404 => return Err(OperatorError::CrdMissing),
+        Err(error) => return Err(OperatorError::Client(error)),
+        Ok(_) => {}
+    }
     let metrics = OperatorMetrics::new().map_err(|e| OperatorError::Metrics(e.to_string()))?;
     let mut background = Vec::new();
     if let Some(port) = settings.metrics_port {
