@@ -342,6 +342,21 @@ pub struct ChangeFeedProcessorStatus {
     pub conditions: Vec<Condition>,
 }
 
+impl ChangeFeedProcessorSpec {
+    /// The lease database: `leases.database` or the monitored database.
+    pub fn lease_database(&self) -> String {
+        self.leases
+            .database
+            .clone()
+            .unwrap_or_else(|| self.monitored.database.clone())
+    }
+
+    /// The lease container: `leases.container` or `leases`.
+    pub fn lease_container(&self) -> String {
+        self.leases.container.clone().unwrap_or_else(|| "leases".into())
+    }
+}
+
 impl ChangeFeedProcessor {
     /// The processor name prefixing lease ids: `spec.processorName` or the resource name.
     pub fn processor_name(&self) -> String {

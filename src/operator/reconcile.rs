@@ -268,12 +268,8 @@ async fn delete_leases(cfp: &ChangeFeedProcessor, found: &BTreeMap<String, Secre
     let settings = crate::worker::WorkerSettings {
         database: spec.monitored.database.clone(),
         container: spec.monitored.container.clone(),
-        lease_database: spec
-            .leases
-            .database
-            .clone()
-            .unwrap_or_else(|| spec.monitored.database.clone()),
-        lease_container: spec.leases.container.clone().unwrap_or_else(|| "leases".into()),
+        lease_database: spec.lease_database(),
+        lease_container: spec.lease_container(),
         create_leases: false,
         options: crate::processor::ProcessorOptions::new(cfp.processor_name(), "changefeed-operator"),
     };

@@ -88,17 +88,8 @@ pub fn worker_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
         secret_env("CFP_KEY", &spec.connection),
         env("CFP_DATABASE", spec.monitored.database.clone()),
         env("CFP_CONTAINER", spec.monitored.container.clone()),
-        env(
-            "CFP_LEASE_DATABASE",
-            spec.leases
-                .database
-                .clone()
-                .unwrap_or_else(|| spec.monitored.database.clone()),
-        ),
-        env(
-            "CFP_LEASE_CONTAINER",
-            spec.leases.container.clone().unwrap_or_else(|| "leases".into()),
-        ),
+        env("CFP_LEASE_DATABASE", spec.lease_database()),
+        env("CFP_LEASE_CONTAINER", spec.lease_container()),
     ];
     if let Some(lease_connection) = &spec.leases.connection {
         vars.push(env("CFP_LEASE_ENDPOINT", lease_connection.endpoint.clone()));

@@ -84,11 +84,14 @@ pub async fn estimate_leases(
     concurrency: usize,
 ) -> Result<Vec<LeaseEstimate>, CosmosError> {
     let now = OffsetDateTime::now_utc();
+    // One routing-map lookup for all leases (the SDK's cached map; refreshed per lease after a split).
+    let ranges = std::sync::Arc::new(monitored.feed_ranges(false).await?);
     let owned: Vec<Lease> = leases.iter().filter(|l| l.range().is_some()).cloned().collect();
     let results: Vec<Result<LeaseEstimate, CosmosError>> = futures::stream::iter(owned)
         .map(|lease| {
             let monitored = monitored.clone();
-            async move { estimate_lease(&monitored, &lease, now).await }
+            let ranges = ranges.clone();
+            async move { estimate_lease(&monitored, &ranges, &lease, now).await }
         })
         .buffer_unordered(concurrency.max(1))
         .collect()
@@ -98,6 +101,7 @@ pub async fn estimate_leases(
 
 async fn estimate_lease(
     monitored: &MonitoredContainer,
+    ranges: &[EpkRange],
     lease: &Lease,
     now: OffsetDateTime,
 ) -> Result<LeaseEstimate, CosmosError> {
@@ -117,21 +121,26 @@ async fn estimate_lease(
         return Ok(estimate);
     };
     estimate.started = true;
-    estimate.lag = range_lag(monitored, &range, continuation).await?;
+    estimate.lag = range_lag(monitored, ranges, &range, continuation).await?;
     Ok(estimate)
 }
 
 /// The lag of `range` from `continuation`, split per current physical range when the lease spans
 /// several (after a split).
-async fn range_lag(monitored: &MonitoredContainer, range: &EpkRange, continuation: &str) -> Result<u64, CosmosError> {
-    let mut parts = children(monitored, range, false).await?;
+async fn range_lag(
+    monitored: &MonitoredContainer,
+    ranges: &[EpkRange],
+    range: &EpkRange,
+    continuation: &str,
+) -> Result<u64, CosmosError> {
+    let mut parts = children(ranges, range);
     if parts.len() == 1 {
         let page = one_item(monitored, range, continuation).await?;
         if page.continuations.len() == 1 {
             return Ok(page_lag(&page));
         }
         // The range was split since the routing map was cached.
-        parts = children(monitored, range, true).await?;
+        parts = children(&monitored.feed_ranges(true).await?, range);
     }
     let mut total = 0;
     for part in parts {
@@ -140,14 +149,10 @@ async fn range_lag(monitored: &MonitoredContainer, range: &EpkRange, continuatio
     Ok(total)
 }
 
-async fn children(
-    monitored: &MonitoredContainer,
-    range: &EpkRange,
-    refresh: bool,
-) -> Result<Vec<EpkRange>, CosmosError> {
-    let ranges = monitored.feed_ranges(refresh).await?;
-    let inside: Vec<EpkRange> = ranges.into_iter().filter(|r| range.contains(r)).collect();
-    Ok(if inside.len() > 1 { inside } else { vec![range.clone()] })
+/// The physical ranges inside `range` when it spans several, else `range` itself.
+fn children(ranges: &[EpkRange], range: &EpkRange) -> Vec<EpkRange> {
+    let inside: Vec<EpkRange> = ranges.iter().filter(|r| range.contains(r)).cloned().collect();
+    if inside.len() > 1 { inside } else { vec![range.clone()] }
 }
 
 async fn one_item(
