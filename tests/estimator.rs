@@ -9,7 +9,7 @@ use std::time::Duration;
 use changefeed_operator::cosmos::{CosmosAccount, StartFrom};
 use changefeed_operator::metrics::WorkerMetrics;
 use changefeed_operator::processor::bootstrap::bootstrap;
-use changefeed_operator::processor::{LeaseEstimate, LeaseStore, NOT_STARTED_LAG, estimate_leases};
+use changefeed_operator::processor::{LeaseEstimate, LeaseStore, estimate_leases};
 use common::{
     CFP, DB, Env, ITEMS, RecordingHandler, cfp_write, eventually, http_get, lease_store, start_emulator, terminate,
 };
@@ -18,7 +18,9 @@ use tokio_util::sync::CancellationToken;
 
 async fn estimate(env: &Env) -> Vec<LeaseEstimate> {
     let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
-    estimate_leases(&monitored, &env.leases().await, 8).await.unwrap()
+    estimate_leases(&monitored, &env.leases().await, StartFrom::Beginning, 8)
+        .await
+        .unwrap()
 }
 
 /// Operations written per lease token: creates of `doc-<n>` for `creates` and one update each of
@@ -78,7 +80,7 @@ async fn the_estimate_counts_pending_operations_exactly_and_drops_to_zero() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_never_checkpointed_reports_the_sentinel() {
+async fn a_lease_never_checkpointed_counts_from_the_start_position() {
     let env = Env::new(3).await;
     let handler = Arc::new(RecordingHandler {
         instance: "x".into(),
@@ -92,13 +94,22 @@ async fn a_lease_never_checkpointed_reports_the_sentinel() {
         .await
         .unwrap();
     env.write(0..5000).await;
-    let estimates = estimate(&env).await;
+    let leases = env.leases().await;
+    let from_beginning = estimate_leases(&monitored, &leases, StartFrom::Beginning, 8)
+        .await
+        .unwrap();
+    let from_now = estimate_leases(&monitored, &leases, StartFrom::Now, 8).await.unwrap();
+    let lags = |e: &[LeaseEstimate]| e.iter().map(|l| l.lag).collect::<Vec<_>>();
     println!(
-        "never checkpointed: 5000 documents pending, lags {:?}",
-        estimates.iter().map(|e| e.lag).collect::<Vec<_>>()
+        "never checkpointed, 5000 pending: from the beginning {:?} (total {}), from now {:?}",
+        lags(&from_beginning),
+        from_beginning.iter().map(|e| e.lag).sum::<u64>(),
+        lags(&from_now)
     );
-    assert_eq!(estimates.len(), 3);
-    assert!(estimates.iter().all(|e| e.lag == NOT_STARTED_LAG && !e.started));
+    assert_eq!(from_beginning.len(), 3);
+    assert!(from_beginning.iter().all(|e| !e.started && e.lag > 0));
+    assert_eq!(from_beginning.iter().map(|e| e.lag).sum::<u64>(), 5000);
+    assert!(from_now.iter().all(|e| e.lag == 0), "nothing is new after now");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -232,7 +243,7 @@ async fn cfp_estimate_json_matches_the_library() {
     let library = || async {
         let store = lease_store(&account, "changefeed").await?;
         let leases = store.snapshot().await.ok()?.leases;
-        estimate_leases(&monitored, &leases, 8).await.ok()
+        estimate_leases(&monitored, &leases, StartFrom::Beginning, 8).await.ok()
     };
     let caught_up = eventually(Duration::from_secs(20), || async {
         library()

@@ -3,205 +3,22 @@
 
 mod common;
 mod control_plane;
+mod operator_support;
 
-use std::collections::BTreeMap;
-use std::future::Future;
 use std::process::Stdio;
 use std::time::Duration;
 
 use changefeed_operator::operator::ChangeFeedProcessor;
 use changefeed_operator::operator::workload::worker_deployment;
 use common::{CFP, cfp_write, eventually, http_get, lease_store, start_emulator, terminate};
-use control_plane::ControlPlane;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::{Api, DeleteParams, ListParams};
-use tokio::process::{Child, Command};
-
-const TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The shared control plane with the CRD installed (from `crds/`, as a user would).
-async fn plane() -> &'static ControlPlane {
-    static CRD: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    let plane = tokio::task::spawn_blocking(ControlPlane::shared)
-        .await
-        .expect("control plane");
-    CRD.get_or_init(|| async {
-        let crd = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/crds/changefeedprocessors.changefeed.io.yaml"
-        );
-        let (ok, _, err) = plane.kubectl_run(&["apply", "-f", crd], None);
-        assert!(ok, "kubectl apply CRD: {err}");
-        let (ok, _, err) = plane.kubectl_run(
-            &[
-                "wait",
-                "--for=condition=Established",
-                "crd/changefeedprocessors.changefeed.io",
-                "--timeout=30s",
-            ],
-            None,
-        );
-        assert!(ok, "CRD not established: {err}");
-    })
-    .await;
-    plane
-}
-
-/// A fresh namespace for one test.
-fn namespace(plane: &ControlPlane, name: &str) -> String {
-    let (ok, _, err) = plane.kubectl_run(&["create", "namespace", name], None);
-    assert!(ok || err.contains("AlreadyExists"), "create namespace {name}: {err}");
-    name.to_owned()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(0)
-}
-
-/// A `cfp operator` process watching `ns`, with leader election in `ns`.
-struct Operator {
-    child: Child,
-    metrics: std::net::SocketAddr,
-}
-
-impl Operator {
-    fn start(plane: &ControlPlane, ns: &str, identity: &str) -> Self {
-        let port = free_port();
-        let log =
-            std::fs::File::create(std::env::temp_dir().join(format!("cfp-operator-{ns}-{identity}.log"))).expect("log");
-        let child = Command::new(CFP)
-            .args([
-                "operator",
-                "--namespace",
-                ns,
-                "--identity",
-                identity,
-                "--metrics-port",
-                &port.to_string(),
-            ])
-            .args([
-                "--worker-image",
-                "cfp:test",
-                "--leader-lease-duration",
-                "3s",
-                "--leader-renew-interval",
-                "1s",
-            ])
-            .env("KUBECONFIG", &plane.kubeconfig)
-            .env("RUST_LOG", "info,kube=warn")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn cfp operator");
-        Self {
-            child,
-            metrics: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
-        }
-    }
-
-    /// (successful reconciles, leader gauge) from /metrics.
-    async fn scrape(&self) -> Option<(u64, u64)> {
-        let (status, body) = tokio::time::timeout(Duration::from_secs(2), http_get(self.metrics, "/metrics"))
-            .await
-            .ok()?;
-        if status != 200 {
-            return None;
-        }
-        let value = |prefix: &str| {
-            body.lines()
-                .find(|l| l.starts_with(prefix))
-                .and_then(|l| l.rsplit(' ').next())
-                .and_then(|v| v.parse::<f64>().ok())
-        };
-        Some((
-            value("cfp_operator_reconciles_total{result=\"ok\"}")? as u64,
-            value("cfp_operator_leader")? as u64,
-        ))
-    }
-}
-
-fn resource(name: &str, endpoint: &str, extra: &str) -> String {
-    format!(
-        "apiVersion: changefeed.io/v1alpha1\nkind: ChangeFeedProcessor\nmetadata:\n  name: {name}\nspec:\n  connection:\n    endpoint: {endpoint}\n    keySecretRef:\n      name: cosmos\n  monitored:\n    database: db\n    container: items\n{extra}"
-    )
-}
-
-fn secret_yaml() -> String {
-    format!(
-        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: cosmos\nstringData:\n  key: {}\n",
-        changefeed_operator::cosmos::EMULATOR_KEY
-    )
-}
-
-fn apply(plane: &ControlPlane, ns: &str, yaml: &str) -> (bool, String, String) {
-    plane.kubectl_run(&["apply", "-n", ns, "-f", "-"], Some(yaml))
-}
-
-async fn wait<T, F, Fut>(what: &str, mut get: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        if let Some(value) = get().await {
-            return value;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// A namespace with an operator, the Secret and a resource `orders` whose Deployment exists.
-struct Deployed {
-    plane: &'static ControlPlane,
-    ns: String,
-    operator: Operator,
-    deployments: Api<Deployment>,
-}
-
-async fn deployed(name: &str) -> Deployed {
-    let plane = plane().await;
-    let ns = namespace(plane, name);
-    let operator = Operator::start(plane, &ns, "op");
-    assert!(apply(plane, &ns, &secret_yaml()).0);
-    assert!(apply(plane, &ns, &resource("orders", "https://acct.documents.azure.com/", "")).0);
-    let deployments: Api<Deployment> = Api::namespaced(plane.client().await, &ns);
-    wait("deployment", || async {
-        deployments.get_opt("orders").await.ok().flatten()
-    })
-    .await;
-    Deployed {
-        plane,
-        ns,
-        operator,
-        deployments,
-    }
-}
-
-fn replicas(deployment: &Deployment) -> Option<i32> {
-    deployment.spec.as_ref().and_then(|s| s.replicas)
-}
-
-fn worker_env(deployment: &Deployment) -> BTreeMap<String, k8s_openapi::api::core::v1::EnvVar> {
-    let pod = deployment
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .expect("pod spec");
-    pod.containers[0]
-        .env
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|e| (e.name.clone(), e))
-        .collect()
-}
+use operator_support::{
+    Deployed, LocalWorker, Operator, TIMEOUT, apply, deployed, namespace, plane, replicas, resource, secret_yaml, wait,
+    worker_env,
+};
+use tokio::process::Command;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn applying_a_resource_creates_the_rendered_workload_and_status() {
@@ -259,7 +76,7 @@ async fn applying_a_resource_creates_the_rendered_workload_and_status() {
     let status = wait("status", || async {
         let cfp = cfps.get("orders").await.ok()?;
         cfp.status
-            .filter(|s| s.observed_generation == cfp.metadata.generation && s.conditions.len() == 2)
+            .filter(|s| s.observed_generation == cfp.metadata.generation && s.conditions.len() == 3)
     })
     .await;
     let reasons: Vec<(String, String, String)> = status
@@ -281,7 +98,7 @@ async fn applying_a_resource_creates_the_rendered_workload_and_status() {
     assert!(ok);
     println!("kubectl get cfp:\n{table}");
     let header = table.lines().next().unwrap_or_default();
-    for column in ["NAME", "REPLICAS", "READY", "STATUS", "AGE"] {
+    for column in ["NAME", "REPLICAS", "READY", "LEASES", "LAG", "STATUS", "AGE"] {
         assert!(header.contains(column), "column {column} missing: {header}");
     }
     assert!(table.contains("WorkersStarting"));
@@ -307,6 +124,15 @@ async fn the_install_manifests_are_accepted_by_the_api_server() {
     );
     assert!(
         out.contains("clusterrole.rbac.authorization.k8s.io/changefeed-operator created (server dry run)"),
+        "{out}"
+    );
+    // The built-in autoscaling example is a valid resource.
+    let ns = namespace(plane, "examples");
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/examples/autoscaling.yaml");
+    let (ok, out, err) = plane.kubectl_run(&["apply", "--dry-run=server", "-n", &ns, "-f", example], None);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("changefeedprocessor.changefeed.io/orders created (server dry run)"),
         "{out}"
     );
 }
@@ -655,78 +481,26 @@ async fn the_rendered_pod_template_runs_as_a_working_worker() {
     let (mut emulator, endpoint) = start_emulator("db/items:/pk:4").await;
     let mut operator = Operator::start(plane, &ns, "op");
     assert!(apply(plane, &ns, &secret_yaml()).0);
-    let metrics_port = free_port();
-    let extra = format!("  pollInterval: 100ms\n  worker:\n    metricsPort: {metrics_port}\n");
-    assert!(apply(plane, &ns, &resource("orders", &endpoint, &extra)).0);
+    assert!(apply(plane, &ns, &resource("orders", &endpoint, "  pollInterval: 100ms\n")).0);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     let deployment = wait("deployment", || async {
         deployments.get_opt("orders").await.ok().flatten()
     })
     .await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-
     // What a kubelet would do: resolve the environment and run the container's command.
-    let pod = deployment.spec.unwrap().template.spec.unwrap();
-    let container = &pod.containers[0];
-    let mut command = Command::new(CFP);
-    command
-        .args(container.args.clone().unwrap_or_default())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default());
-    for var in container.env.clone().unwrap_or_default() {
-        let value = match (var.value, var.value_from) {
-            (Some(value), _) => value,
-            (None, Some(source)) => {
-                if let Some(key) = source.secret_key_ref {
-                    let secret = secrets.get(&key.name).await.unwrap();
-                    String::from_utf8(secret.data.unwrap()[&key.key].0.clone()).unwrap()
-                } else if source.field_ref.map(|f| f.field_path).as_deref() == Some("metadata.name") {
-                    "orders-7d9f-abcde".to_owned()
-                } else {
-                    panic!("unsupported env source for {}", var.name)
-                }
-            }
-            _ => String::new(),
-        };
-        command.env(&var.name, value);
-    }
-    let mut worker = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let stdout = worker.stdout.take().unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        use tokio::io::AsyncBufReadExt;
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            let _ = tx.send(line);
-        }
-    });
+    let mut worker = LocalWorker::start(&deployment, &secrets, "orders-7d9f-abcde", &[]).await;
     cfp_write(&endpoint, 0, 500).await;
-    let mut seen = std::collections::HashSet::new();
-    let all = tokio::time::timeout(TIMEOUT, async {
-        while let Some(line) = rx.recv().await {
-            let doc: serde_json::Value = serde_json::from_str(&line).unwrap();
-            seen.insert(doc["id"].as_str().unwrap_or_default().to_owned());
-            if seen.len() == 500 {
-                break;
-            }
-        }
-    })
-    .await;
-    let ready = http_get(std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port)), "/readyz")
-        .await
-        .0;
+    let all = eventually(TIMEOUT, || async { worker.ids().len() == 500 }).await;
+    let seen = worker.ids();
+    let ready = http_get(worker.metrics, "/readyz").await.0;
     println!(
         "rendered pod template as a process: {} of 500 documents on stdout, /readyz {ready}",
         seen.len()
     );
-    assert!(all.is_ok(), "only {} documents delivered", seen.len());
+    assert!(all, "only {} documents delivered", seen.len());
     assert_eq!(ready, 200);
-    terminate(&mut worker).await;
+    terminate(&mut worker.child).await;
     terminate(&mut operator.child).await;
     terminate(&mut emulator).await;
 }

@@ -206,6 +206,10 @@ pub struct EstimateArgs {
     pub connection: ConnectionArgs,
     #[command(flatten)]
     pub leases: LeaseArgs,
+    /// The processor's start position (`beginning`, `now` or an RFC 3339 time): leases without a
+    /// checkpoint count the changes from there.
+    #[arg(long, env = "CFP_START_FROM", default_value = "beginning")]
+    pub start_from: crate::cosmos::StartFrom,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
     pub output: OutputFormat,

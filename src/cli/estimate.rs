@@ -51,7 +51,7 @@ pub async fn estimate(args: &EstimateArgs) -> Result<ProcessorEstimate, Estimate
             container: format!("{}/{}", settings.lease_database, settings.lease_container),
         });
     }
-    let leases = estimate_leases(&monitored, &snapshot.leases, DEFAULT_CONCURRENCY)
+    let leases = estimate_leases(&monitored, &snapshot.leases, args.start_from, DEFAULT_CONCURRENCY)
         .await
         .map_err(|e| EstimateError::Failed(format!("reading the change feed: {e}")))?;
     Ok(ProcessorEstimate::new(args.leases.processor.clone(), leases))

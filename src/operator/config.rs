@@ -2,6 +2,9 @@
 
 use k8s_openapi::api::core::v1::Secret;
 
+use std::time::Duration;
+
+use super::autoscale::Policy;
 use super::crd::{ChangeFeedProcessor, Connection};
 
 /// A configuration that cannot work, with a reason (CamelCase, for conditions and Events) and a
@@ -91,9 +94,35 @@ pub fn check(cfp: &ChangeFeedProcessor, lookup: impl Fn(&str) -> Option<Secret>)
             )));
         }
         duration("autoscaling.scaleDownStabilization", &scaling.scale_down_stabilization)?;
+        if duration("autoscaling.estimateInterval", &scaling.estimate_interval)?.is_zero() {
+            return Err(invalid("autoscaling.estimateInterval must be longer than zero".into()));
+        }
     }
     Ok(())
 }
+
+/// How often the processor's remaining work is estimated (`autoscaling.estimateInterval`).
+pub fn estimate_interval(cfp: &ChangeFeedProcessor) -> Duration {
+    humantime::parse_duration(&cfp.spec.autoscaling().estimate_interval)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .unwrap_or(DEFAULT_ESTIMATE_INTERVAL)
+}
+
+/// The autoscaling policy when built-in autoscaling is enabled.
+pub fn scaling_policy(cfp: &ChangeFeedProcessor) -> Option<Policy> {
+    let scaling = cfp.spec.autoscaling.as_ref().filter(|s| s.enabled)?;
+    Some(Policy {
+        min_replicas: scaling.min_replicas.max(0),
+        max_replicas: scaling.max_replicas.max(scaling.min_replicas.max(0)),
+        target_lag_per_replica: u64::try_from(scaling.target_lag_per_replica).unwrap_or(1).max(1),
+        scale_down_stabilization: humantime::parse_duration(&scaling.scale_down_stabilization)
+            .unwrap_or(DEFAULT_STABILIZATION),
+    })
+}
+
+const DEFAULT_ESTIMATE_INTERVAL: Duration = Duration::from_secs(15);
+const DEFAULT_STABILIZATION: Duration = Duration::from_secs(300);
 
 #[cfg(test)]
 mod tests {
@@ -162,6 +191,12 @@ mod tests {
                 Some("InvalidConfiguration"),
             ),
             (
+                "zero estimate interval",
+                serde_json::json!({"autoscaling": {"estimateInterval": "0s"}}),
+                Some(secret("key", "k")),
+                Some("InvalidConfiguration"),
+            ),
+            (
                 "min over max",
                 serde_json::json!({"autoscaling": {"enabled": true, "minReplicas": 5, "maxReplicas": 2}}),
                 Some(secret("key", "k")),
@@ -172,6 +207,31 @@ mod tests {
             let got = check(&resource(spec), |_| secret.clone());
             assert_eq!(got.err().map(|p| p.reason), want, "{name}");
         }
+    }
+
+    #[test]
+    fn policy_and_interval_from_the_spec() {
+        let off = resource(serde_json::json!({}));
+        assert_eq!(scaling_policy(&off), None);
+        assert_eq!(
+            estimate_interval(&off),
+            Duration::from_secs(15),
+            "estimates run while autoscaling is off"
+        );
+        let on = resource(serde_json::json!({"autoscaling": {
+            "enabled": true, "minReplicas": 0, "maxReplicas": 4, "targetLagPerReplica": 500,
+            "scaleDownStabilization": "1m", "estimateInterval": "2s"
+        }}));
+        assert_eq!(
+            scaling_policy(&on),
+            Some(Policy {
+                min_replicas: 0,
+                max_replicas: 4,
+                target_lag_per_replica: 500,
+                scale_down_stabilization: Duration::from_secs(60),
+            })
+        );
+        assert_eq!(estimate_interval(&on), Duration::from_secs(2));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, ResourceRequirements, Toleration};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -35,14 +35,26 @@ const DURATION_MESSAGE: &str = "must be a duration such as 500ms, 2s, 1m or 1h";
     printcolumn(
         name = "Replicas",
         type_ = "integer",
-        json_path = ".spec.replicas",
-        description = "Desired worker pods"
+        json_path = ".status.desiredReplicas",
+        description = "Worker pods the operator runs (spec.replicas, or the autoscaler's decision)"
     ),
     printcolumn(
         name = "Ready",
         type_ = "integer",
         json_path = ".status.readyReplicas",
         description = "Ready worker pods"
+    ),
+    printcolumn(
+        name = "Leases",
+        type_ = "integer",
+        json_path = ".status.leases",
+        description = "Lease documents (feed ranges) of the processor"
+    ),
+    printcolumn(
+        name = "Lag",
+        type_ = "integer",
+        json_path = ".status.estimatedLag",
+        description = "Estimated remaining operations over all leases"
     ),
     printcolumn(
         name = "Status",
@@ -232,14 +244,18 @@ fn default_expiration() -> String {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("self.minReplicas <= self.maxReplicas").message("autoscaling.minReplicas must not be greater than autoscaling.maxReplicas"))]
 pub struct Autoscaling {
-    /// Turns built-in autoscaling on; `spec.replicas` is then ignored.
+    /// Turns built-in autoscaling on: the operator sets the worker count from the estimate and
+    /// `spec.replicas` is ignored, unless a HorizontalPodAutoscaler (KEDA creates one) targets
+    /// this resource: then the external autoscaler rules through `/scale` and the condition
+    /// `Scaling` says `ExternalAutoscaler`.
     #[serde(default)]
     pub enabled: bool,
-    /// Fewest worker pods.
+    /// Fewest worker pods; 0 scales to zero when there is no lag for the whole stabilization
+    /// window (the estimator keeps watching and wakes the workers on the first change).
     #[serde(default = "default_min_replicas")]
     #[schemars(range(min = 0))]
     pub min_replicas: i32,
-    /// Most worker pods (never more than there are leases).
+    /// Most worker pods (never more than there are leases: more would sit idle).
     #[serde(default = "default_max_replicas")]
     #[schemars(range(min = 1))]
     pub max_replicas: i32,
@@ -247,10 +263,32 @@ pub struct Autoscaling {
     #[serde(default = "default_target_lag")]
     #[schemars(range(min = 1))]
     pub target_lag_per_replica: i64,
-    /// Scale down only to the highest recommendation seen in this window.
+    /// Scale down only to the highest recommendation seen in this window (scaling up is immediate).
     #[serde(default = "default_stabilization")]
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
     pub scale_down_stabilization: String,
+    /// How often the operator estimates the remaining work (also while autoscaling is off, for
+    /// the status and metrics).
+    #[serde(default = "default_estimate_interval")]
+    #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    pub estimate_interval: String,
+}
+
+impl Default for Autoscaling {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            min_replicas: default_min_replicas(),
+            max_replicas: default_max_replicas(),
+            target_lag_per_replica: default_target_lag(),
+            scale_down_stabilization: default_stabilization(),
+            estimate_interval: default_estimate_interval(),
+        }
+    }
+}
+
+fn default_estimate_interval() -> String {
+    "15s".into()
 }
 
 fn default_min_replicas() -> i32 {
@@ -336,8 +374,31 @@ pub struct ChangeFeedProcessorStatus {
     /// The label selector of the worker pods (for the `/scale` subresource).
     #[serde(default)]
     pub selector: String,
-    /// `Ready` (workers running as specified) and `ConfigValid` (the configuration can work),
-    /// with reasons and messages that say what to do.
+    /// Worker pods the operator asks for: `spec.replicas`, or the autoscaler's decision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_replicas: Option<i32>,
+    /// Lease documents (feed ranges) of the processor, from the last estimate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leases: Option<i32>,
+    /// Leases with remaining work, from the last estimate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leases_with_lag: Option<i32>,
+    /// Estimated remaining operations over all leases, from the last estimate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_lag: Option<i64>,
+    /// When the last successful estimate was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_estimate_time: Option<Time>,
+    /// When the operator last changed the number of worker pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_time: Option<Time>,
+    /// Leases per owning instance (worker pod), from the last estimate; only instances that own
+    /// a lease, at most 100.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub instances: BTreeMap<String, i32>,
+    /// `Ready` (workers running as specified), `ConfigValid` (the configuration can work) and
+    /// `Scaling` (what the autoscaler decided and why), with reasons and messages that say what
+    /// to do.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -349,6 +410,11 @@ impl ChangeFeedProcessorSpec {
             .database
             .clone()
             .unwrap_or_else(|| self.monitored.database.clone())
+    }
+
+    /// The autoscaling settings (defaults when the resource has none).
+    pub fn autoscaling(&self) -> Autoscaling {
+        self.autoscaling.clone().unwrap_or_default()
     }
 
     /// The lease container: `leases.container` or `leases`.

@@ -1,11 +1,15 @@
 //! The Kubernetes operator: the `ChangeFeedProcessor` resource, its reconciler, leader election.
 //!
 //! [`crd`] (types), [`workload`] (pure rendering of the Deployment and Service), [`config`] (pure
-//! configuration check), [`status`] (pure conditions), [`reconcile`], [`leader`], [`metrics`],
-//! [`run`] (the `cfp operator` loop).
+//! configuration check), [`status`] (pure conditions), [`autoscale`] (pure scaling policy),
+//! [`estimation`] (remaining-work estimates per resource), [`failover`] (freeing the leases of
+//! gone worker pods), [`reconcile`], [`leader`], [`metrics`], [`run`] (the `cfp operator` loop).
 
+pub mod autoscale;
 pub mod config;
 pub mod crd;
+pub mod estimation;
+pub mod failover;
 pub mod leader;
 pub mod metrics;
 pub mod reconcile;

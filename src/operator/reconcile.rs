@@ -2,28 +2,31 @@
 //! metrics Service with server-side apply, report status and Events, and clean up leases on
 //! deletion when asked.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 
+use super::autoscale::{Decision, Observed, ScaleHistory, ScalingReason};
 use super::config::{self, ConfigProblem};
 use super::crd::{ChangeFeedProcessor, ChangeFeedProcessorStatus, Connection};
+use super::estimation::{AccountRef, EstimateReport, EstimateTarget, Estimators, ResourceKey};
 use super::metrics::OperatorMetrics;
-use super::status::{Observation, conditions};
+use super::status::{Observation, SCALING, ScalingState, conditions};
 use super::workload::{FIELD_MANAGER, metrics_service, selector_string, worker_deployment};
 
 /// The finalizer that deletes a processor's lease documents before the resource goes away.
 pub const LEASE_FINALIZER: &str = "changefeed.io/lease-cleanup";
 
-/// What reconciliations share.
+/// What reconciliations share (one leadership term).
 pub struct Context {
     /// The Kubernetes client.
     pub client: Client,
@@ -31,8 +34,22 @@ pub struct Context {
     pub recorder: Recorder,
     /// The default worker image.
     pub worker_image: String,
-    /// Reconcile metrics.
+    /// Reconcile and processor metrics.
     pub metrics: Arc<OperatorMetrics>,
+    /// The remaining-work estimates, one task per resource.
+    pub estimators: Estimators,
+    /// The autoscaler's memory per resource (recent recommendations, last decision).
+    pub scaling: Mutex<HashMap<ResourceKey, ScaleState>>,
+}
+
+/// The autoscaler's memory of one resource.
+#[derive(Default)]
+pub struct ScaleState {
+    history: ScaleHistory,
+    decided_seq: u64,
+    decision: Option<Decision>,
+    /// When this operator last changed the replicas (the cached status may not show it yet).
+    last_scale_time: Option<Time>,
 }
 
 /// Why a reconciliation failed (it is retried).
@@ -92,9 +109,14 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
         }
     }
 
+    let key: ResourceKey = (namespace.clone(), name.clone());
     if cfp.metadata.deletion_timestamp.is_some() {
+        ctx.estimators.stop(&key);
+        if let Ok(mut scaling) = ctx.scaling.lock() {
+            scaling.remove(&key);
+        }
         if cfp.finalizers().iter().any(|f| f == LEASE_FINALIZER) {
-            let deleted = delete_leases(cfp, &found).await;
+            let deleted = delete_leases(ctx, cfp, &found).await;
             match deleted {
                 Ok(count) => {
                     publish(
@@ -122,68 +144,103 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
 
     let problem = config::check(cfp, |name| found.get(name).cloned()).err();
     let existing = deployments.get_opt(&name).await?;
-    let desired = cfp.spec.replicas;
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    let deployment = match &problem {
+    let before = existing.as_ref().and_then(|d| d.spec.as_ref()).and_then(|s| s.replicas);
+    let previous = cfp.status.clone().unwrap_or_default();
+    let mut report = None;
+    let plan = match &problem {
+        Some(_) => {
+            // Nothing to estimate with; the existing workload (if any) stays as it is.
+            ctx.estimators.stop(&key);
+            None
+        }
         None => {
+            match estimate_target(cfp, &found) {
+                Ok(target) => ctx.estimators.ensure(&key, target),
+                Err(message) => tracing::warn!(namespace, processor = name, %message, "cannot estimate"),
+            }
+            report = ctx.estimators.report(&key);
+            Some(plan_replicas(ctx, cfp, &key, before, report.as_ref()).await)
+        }
+    };
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let desired = plan.as_ref().and_then(|p| p.replicas);
+    let deployment = match (&problem, desired) {
+        (None, Some(desired)) => {
             let rendered = worker_deployment(cfp, &ctx.worker_image, desired);
             let applied = deployments.patch(&name, &params, &Patch::Apply(&rendered)).await?;
             let service = metrics_service(cfp);
             let service_name = service.metadata.name.clone().unwrap_or_default();
             services.patch(&service_name, &params, &Patch::Apply(&service)).await?;
-            let before = existing.as_ref().and_then(|d| d.spec.as_ref()).and_then(|s| s.replicas);
-            match before {
-                None => {
-                    publish(
-                        ctx,
-                        cfp,
-                        EventType::Normal,
-                        "Deployed",
-                        format!("deployed {desired} worker pod(s)"),
-                    )
-                    .await
+            let event = plan.as_ref().and_then(|p| p.event.clone());
+            if before.is_none() {
+                let note = format!("deployed {desired} worker pod(s)");
+                publish(ctx, cfp, EventType::Normal, "Deployed", note).await;
+            }
+            match (before, event) {
+                (_, Some((reason, note))) => publish(ctx, cfp, EventType::Normal, reason, note).await,
+                (Some(before), None) if before != desired => {
+                    let note = format!("scaled workers from {before} to {desired}");
+                    publish(ctx, cfp, EventType::Normal, "Scaled", note).await
                 }
-                Some(before) if before != desired => {
-                    publish(
-                        ctx,
-                        cfp,
-                        EventType::Normal,
-                        "Scaled",
-                        format!("scaled workers from {before} to {desired}"),
-                    )
-                    .await
-                }
-                Some(_) => {}
+                _ => {}
             }
             Some(applied)
         }
-        Some(ConfigProblem { reason, message }) => {
+        // Autoscaling waits for its first estimate before it creates the workers.
+        (None, None) => existing,
+        (Some(ConfigProblem { reason, message }), _) => {
             publish(ctx, cfp, EventType::Warning, reason, message.clone()).await;
             existing
         }
     };
+    let scaling = plan.map(|p| p.scaling);
+    let previous_scaling = previous.conditions.iter().find(|c| c.type_ == SCALING);
+    if let Some(state) = &scaling
+        && state.reason == ScalingReason::EstimateFailed.as_str()
+        && previous_scaling.is_none_or(|c| c.reason != state.reason)
+    {
+        publish(ctx, cfp, EventType::Warning, "EstimateFailed", state.message.clone()).await;
+    }
 
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
     let deployed = deployment.is_some();
+    let applied_replicas = deployment
+        .as_ref()
+        .and_then(|d| d.spec.as_ref())
+        .and_then(|s| s.replicas);
     let deployment_status = deployment.and_then(|d| d.status);
+    if let Some(replicas) = desired {
+        ctx.metrics.desired_replicas(&namespace, &name, replicas);
+    }
     let observation = Observation {
         problem: problem.clone(),
         deployed,
-        desired,
+        desired: desired.or(applied_replicas).unwrap_or(1),
         ready: deployment_status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0),
+        scaling,
     };
-    let previous = cfp.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
-    let status = ChangeFeedProcessorStatus {
+    let mut status = ChangeFeedProcessorStatus {
         observed_generation: cfp.metadata.generation,
         replicas: deployment_status.as_ref().and_then(|s| s.replicas).unwrap_or(0),
         ready_replicas: observation.ready,
         selector: selector_string(cfp),
-        conditions: conditions(
-            &observation,
-            &previous,
-            cfp.metadata.generation,
-            Time(k8s_openapi::jiff::Timestamp::now()),
-        ),
+        desired_replicas: desired.or(applied_replicas),
+        last_scale_time: last_scale_time(ctx, &key, before, desired, &now).or_else(|| previous.last_scale_time.clone()),
+        conditions: conditions(&observation, &previous.conditions, cfp.metadata.generation, now),
+        ..previous.clone()
     };
+    if let Some(EstimateReport {
+        time,
+        outcome: Ok(estimate),
+        ..
+    }) = &report
+    {
+        status.leases = Some(i32::try_from(estimate.lease_count).unwrap_or(i32::MAX));
+        status.leases_with_lag = Some(i32::try_from(estimate.leases_with_lag).unwrap_or(i32::MAX));
+        status.estimated_lag = Some(i64::try_from(estimate.total_lag).unwrap_or(i64::MAX));
+        status.last_estimate_time = Some(time.clone());
+        status.instances = instances(estimate);
+    }
     if cfp.status.as_ref() != Some(&status) {
         let body = serde_json::json!({
             "apiVersion": "changefeed.io/v1alpha1",
@@ -195,6 +252,197 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
     Ok(match problem {
         Some(_) => Action::requeue(Duration::from_secs(60)),
         None => Action::requeue(Duration::from_secs(300)),
+    })
+}
+
+/// When the replicas were last changed: now when `before` differs from `desired`, else what this
+/// operator remembers.
+fn last_scale_time(
+    ctx: &Context,
+    key: &ResourceKey,
+    before: Option<i32>,
+    desired: Option<i32>,
+    now: &Time,
+) -> Option<Time> {
+    let mut states = ctx.scaling.lock().ok()?;
+    let state = states.entry(key.clone()).or_default();
+    if desired.is_some() && before != desired {
+        state.last_scale_time = Some(now.clone());
+    }
+    state.last_scale_time.clone()
+}
+
+/// The most instances `status.instances` lists.
+const MAX_STATUS_INSTANCES: usize = 100;
+
+/// Leases per owning instance, the owners with the most leases first when there are too many.
+fn instances(estimate: &crate::processor::ProcessorEstimate) -> BTreeMap<String, i32> {
+    let mut counts: BTreeMap<String, i32> = BTreeMap::new();
+    for owner in estimate.leases.iter().filter_map(|l| l.owner.clone()) {
+        *counts.entry(owner).or_default() += 1;
+    }
+    if counts.len() > MAX_STATUS_INSTANCES {
+        let mut ranked: Vec<(String, i32)> = counts.into_iter().collect();
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        ranked.truncate(MAX_STATUS_INSTANCES);
+        counts = ranked.into_iter().collect();
+    }
+    counts
+}
+
+/// What the reconciler does with the replicas.
+struct ReplicaPlan {
+    /// The replicas to apply; `None` while autoscaling waits for its first estimate.
+    replicas: Option<i32>,
+    /// The `Scaling` condition.
+    scaling: ScalingState,
+    /// The Event of a fresh scaling decision.
+    event: Option<(&'static str, String)>,
+}
+
+fn scaling_state(active: bool, reason: &str, message: String) -> ScalingState {
+    ScalingState {
+        active,
+        reason: reason.into(),
+        message,
+    }
+}
+
+/// The replicas from `spec.replicas` (autoscaling off, or an external autoscaler), or from the
+/// autoscaling policy applied to the newest estimate.
+async fn plan_replicas(
+    ctx: &Context,
+    cfp: &ChangeFeedProcessor,
+    key: &ResourceKey,
+    current: Option<i32>,
+    report: Option<&EstimateReport>,
+) -> ReplicaPlan {
+    let spec_replicas = cfp.spec.replicas;
+    let Some(policy) = config::scaling_policy(cfp) else {
+        return ReplicaPlan {
+            replicas: Some(spec_replicas),
+            scaling: scaling_state(
+                false,
+                "ScalingDisabled",
+                format!(
+                    "built-in autoscaling is off: spec.replicas ({spec_replicas}) sets the workers (kubectl scale, or an HPA or KEDA through /scale)"
+                ),
+            ),
+            event: None,
+        };
+    };
+    if let Some(hpa) = external_autoscaler(&ctx.client, &key.0, &key.1).await {
+        return ReplicaPlan {
+            replicas: Some(spec_replicas),
+            scaling: scaling_state(
+                false,
+                "ExternalAutoscaler",
+                format!(
+                    "HorizontalPodAutoscaler {hpa:?} targets this resource and sets spec.replicas ({spec_replicas}) through /scale; the built-in autoscaler only estimates (delete the HPA or set autoscaling.enabled to false)"
+                ),
+            ),
+            event: None,
+        };
+    }
+    let Ok(mut states) = ctx.scaling.lock() else {
+        return ReplicaPlan {
+            replicas: current,
+            scaling: scaling_state(
+                false,
+                "WaitingForEstimate",
+                "the autoscaler state is unavailable".into(),
+            ),
+            event: None,
+        };
+    };
+    let state = states.entry(key.clone()).or_default();
+    let mut event = None;
+    if let Some(report) = report.filter(|r| r.seq > state.decided_seq) {
+        let observed = match &report.outcome {
+            Ok(estimate) => Observed::Estimate {
+                total_lag: estimate.total_lag,
+                leases: estimate.lease_count,
+            },
+            Err(failure) => Observed::Failed(failure.message.clone()),
+        };
+        let decision = state.history.decide(&policy, current, &observed, report.at);
+        event = decision.event.clone();
+        state.decided_seq = report.seq;
+        state.decision = Some(decision);
+    }
+    match &state.decision {
+        Some(decision) => ReplicaPlan {
+            replicas: Some(decision.replicas),
+            scaling: scaling_state(
+                decision.reason == ScalingReason::Active,
+                decision.reason.as_str(),
+                decision.message.clone(),
+            ),
+            event,
+        },
+        None => ReplicaPlan {
+            replicas: current,
+            scaling: scaling_state(
+                false,
+                "WaitingForEstimate",
+                "waiting for the first estimate of the remaining work".into(),
+            ),
+            event: None,
+        },
+    }
+}
+
+/// The name of a HorizontalPodAutoscaler (KEDA's ScaledObject creates one) that targets the
+/// resource's `/scale`, if any.
+async fn external_autoscaler(client: &Client, namespace: &str, name: &str) -> Option<String> {
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), namespace);
+    match hpas.list(&ListParams::default()).await {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .find(|hpa| {
+                hpa.spec.as_ref().is_some_and(|spec| {
+                    let target = &spec.scale_target_ref;
+                    target.kind == "ChangeFeedProcessor"
+                        && target.name == name
+                        && target
+                            .api_version
+                            .as_deref()
+                            .is_none_or(|v| v.starts_with("changefeed.io/"))
+                })
+            })
+            .map(|hpa| hpa.name_any()),
+        Err(error) => {
+            tracing::warn!(namespace, %error, "listing HorizontalPodAutoscalers failed; assuming none targets the processor");
+            None
+        }
+    }
+}
+
+/// What the operator estimates for `cfp`, with the keys from its Secrets.
+fn estimate_target(cfp: &ChangeFeedProcessor, found: &BTreeMap<String, Secret>) -> Result<EstimateTarget, String> {
+    let spec = &cfp.spec;
+    let account = AccountRef {
+        endpoint: spec.connection.endpoint.clone(),
+        key: secret_value(found, &spec.connection)?,
+    };
+    let lease_account = match &spec.leases.connection {
+        Some(connection) => Some(AccountRef {
+            endpoint: connection.endpoint.clone(),
+            key: secret_value(found, connection)?,
+        }),
+        None => None,
+    };
+    Ok(EstimateTarget {
+        account,
+        lease_account,
+        database: spec.monitored.database.clone(),
+        container: spec.monitored.container.clone(),
+        lease_database: spec.lease_database(),
+        lease_container: spec.lease_container(),
+        processor: cfp.processor_name(),
+        start_from: spec.start_from.parse().unwrap_or(crate::cosmos::StartFrom::Beginning),
+        interval: config::estimate_interval(cfp),
     })
 }
 
@@ -240,38 +488,25 @@ fn secret_value(found: &BTreeMap<String, Secret>, connection: &Connection) -> Re
         .and_then(|s| s.data.as_ref())
         .and_then(|d| d.get(&reference.key))
         .map(|v| String::from_utf8_lossy(&v.0).into_owned())
-        .ok_or_else(|| {
-            format!(
-                "Secret {:?} key {:?} is needed to delete the leases",
-                reference.name, reference.key
-            )
-        })
+        .ok_or_else(|| format!("Secret {:?} key {:?} is needed", reference.name, reference.key))
 }
 
 /// Deletes every document of the processor in its lease container; returns how many.
-async fn delete_leases(cfp: &ChangeFeedProcessor, found: &BTreeMap<String, Secret>) -> Result<usize, String> {
-    use crate::cosmos::CosmosAccount;
-    let spec = &cfp.spec;
-    let key = secret_value(found, &spec.connection)?;
-    let account = CosmosAccount::connect(&spec.connection.endpoint, &key)
-        .await
-        .map_err(|e| e.to_string())?;
-    let lease_account = match &spec.leases.connection {
-        Some(connection) => {
-            let key = secret_value(found, connection)?;
-            CosmosAccount::connect(&connection.endpoint, &key)
-                .await
-                .map_err(|e| e.to_string())?
-        }
+async fn delete_leases(
+    ctx: &Context,
+    cfp: &ChangeFeedProcessor,
+    found: &BTreeMap<String, Secret>,
+) -> Result<usize, String> {
+    let target = estimate_target(cfp, found).map_err(|e| format!("{e} to delete the leases"))?;
+    let accounts = ctx.estimators.accounts();
+    let account = accounts.get(&target.account).await.map_err(|e| e.to_string())?;
+    let lease_account = match &target.lease_account {
+        Some(lease_account) => accounts.get(lease_account).await.map_err(|e| e.to_string())?,
         None => account.clone(),
     };
     let settings = crate::worker::WorkerSettings {
-        database: spec.monitored.database.clone(),
-        container: spec.monitored.container.clone(),
-        lease_database: spec.lease_database(),
-        lease_container: spec.lease_container(),
         create_leases: false,
-        options: crate::processor::ProcessorOptions::new(cfp.processor_name(), "changefeed-operator"),
+        ..target.settings()
     };
     match crate::worker::open(&account, &lease_account, &settings).await {
         Ok((_, store)) => store.delete_all().await.map_err(|e| e.to_string()),

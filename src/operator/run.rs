@@ -1,6 +1,7 @@
 //! `cfp operator`: leader election, the controller, and the operator's HTTP endpoints.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -17,6 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::referenced_secrets;
 use super::crd::ChangeFeedProcessor;
+use super::estimation::{Accounts, Estimators};
+use super::failover::watch_worker_pods;
 use super::leader::{Election, LeaderElector};
 use super::metrics::OperatorMetrics;
 use super::reconcile::{Context, error_policy, reconcile};
@@ -63,6 +66,8 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
         Ok(_) => {}
     }
     let metrics = OperatorMetrics::new().map_err(|e| OperatorError::Metrics(e.to_string()))?;
+    // One Cosmos client per account, kept across leadership terms.
+    let accounts = Accounts::default();
     let mut background = Vec::new();
     if let Some(port) = settings.metrics_port {
         let listener = TcpListener::bind(("0.0.0.0", port))
@@ -108,6 +113,7 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
         let controller = run_controller(
             client.clone(),
             &settings,
+            accounts.clone(),
             metrics.clone(),
             shutdown.clone(),
             lost.clone(),
@@ -139,6 +145,7 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
 async fn run_controller(
     client: Client,
     settings: &OperatorSettings,
+    accounts: Accounts,
     metrics: Arc<OperatorMetrics>,
     shutdown: CancellationToken,
     lost: CancellationToken,
@@ -161,16 +168,27 @@ async fn run_controller(
         controller: "changefeed-operator".into(),
         instance: settings.election.as_ref().map(|(_, e)| e.identity.clone()),
     };
+    let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=changefeed-operator");
+    let controller = Controller::new(cfps, watcher::Config::default());
+    let store = controller.store();
+    // Estimates ask for a reconciliation of their resource when they finish.
+    let (trigger, estimated) = futures::channel::mpsc::unbounded();
     let context = Arc::new(Context {
         client: client.clone(),
         recorder: Recorder::new(client.clone(), reporter),
         worker_image: settings.worker_image.clone(),
-        metrics,
+        metrics: metrics.clone(),
+        estimators: Estimators::new(accounts, metrics, trigger, store.clone()),
+        scaling: Mutex::new(HashMap::new()),
     });
-    let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=changefeed-operator");
-    let controller = Controller::new(cfps, watcher::Config::default());
-    let store = controller.store();
+    let pods_stop = CancellationToken::new();
+    let pod_watch = tokio::spawn(watch_worker_pods(
+        context.clone(),
+        settings.namespace.clone(),
+        pods_stop.clone(),
+    ));
     controller
+        .reconcile_on(estimated)
         .owns(deployments, owned.clone())
         .owns(services, owned)
         // A Secret created or fixed later brings the processors that reference it forward.
@@ -198,6 +216,8 @@ async fn run_controller(
             }
         })
         .await;
+    pods_stop.cancel();
+    let _ = pod_watch.await;
     // Give in-flight API calls of the stopped controller a moment before another leader starts.
     tokio::time::sleep(Duration::from_millis(100)).await;
 }

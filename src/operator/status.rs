@@ -8,6 +8,20 @@ use super::config::ConfigProblem;
 pub const READY: &str = "Ready";
 /// `ConfigValid`: the configuration can work.
 pub const CONFIG_VALID: &str = "ConfigValid";
+/// `Scaling`: what the autoscaler decided and why.
+pub const SCALING: &str = "Scaling";
+
+/// The `Scaling` condition as the reconciler decided it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScalingState {
+    /// `True` while the built-in autoscaler applies its recommendation.
+    pub active: bool,
+    /// `ScalingActive`, `ScalingLimited`, `ScalingDisabled`, `EstimateFailed`,
+    /// `ExternalAutoscaler` or `WaitingForEstimate`.
+    pub reason: String,
+    /// What was decided and why.
+    pub message: String,
+}
 
 /// What the reconciler observed.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,6 +34,8 @@ pub struct Observation {
     pub desired: i32,
     /// Ready worker pods.
     pub ready: i32,
+    /// The `Scaling` condition; `None` keeps the previous one (the configuration cannot work).
+    pub scaling: Option<ScalingState>,
 }
 
 fn condition(kind: &str, ok: bool, reason: &str, message: String, generation: Option<i64>, now: &Time) -> Condition {
@@ -104,8 +120,20 @@ pub fn conditions(
             &now,
         ),
     };
-    [config, ready]
+    let scaling = match &observation.scaling {
+        Some(state) => Some(condition(
+            SCALING,
+            state.active,
+            &state.reason,
+            state.message.clone(),
+            generation,
+            &now,
+        )),
+        None => previous.iter().find(|c| c.type_ == SCALING).cloned(),
+    };
+    [Some(config), Some(ready), scaling]
         .into_iter()
+        .flatten()
         .map(|mut c| {
             if let Some(old) = previous.iter().find(|p| p.type_ == c.type_ && p.status == c.status) {
                 c.last_transition_time = old.last_transition_time.clone();
@@ -132,6 +160,11 @@ mod tests {
             deployed,
             desired,
             ready,
+            scaling: Some(ScalingState {
+                active: false,
+                reason: "ScalingDisabled".into(),
+                message: "built-in autoscaling is off".into(),
+            }),
         }
     }
 
@@ -168,6 +201,30 @@ mod tests {
             );
             assert!(got.iter().all(|c| c.observed_generation == Some(3)));
         }
+    }
+
+    #[test]
+    fn scaling_condition_follows_the_decision_and_survives_a_config_problem() {
+        let mut active = observe(None, true, 3, 3);
+        active.scaling = Some(ScalingState {
+            active: true,
+            reason: "ScalingActive".into(),
+            message: "3 replica(s) recommended".into(),
+        });
+        let first = conditions(&active, &[], Some(1), time(100));
+        let scaling = first.iter().find(|c| c.type_ == SCALING).unwrap();
+        assert_eq!(
+            (scaling.status.as_str(), scaling.reason.as_str()),
+            ("True", "ScalingActive")
+        );
+        let mut broken = observe(Some("SecretNotFound"), true, 3, 3);
+        broken.scaling = None;
+        let second = conditions(&broken, &first, Some(2), time(200));
+        assert_eq!(
+            second.iter().find(|c| c.type_ == SCALING),
+            Some(scaling),
+            "kept as it was"
+        );
     }
 
     #[test]

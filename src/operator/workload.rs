@@ -33,6 +33,11 @@ pub fn selector_labels(cfp: &ChangeFeedProcessor) -> BTreeMap<String, String> {
     ])
 }
 
+/// A label selector matching the worker pods of every processor the operator manages.
+pub fn worker_pod_selector() -> String {
+    format!("app.kubernetes.io/managed-by={FIELD_MANAGER},{COMPONENT_LABEL}=worker")
+}
+
 /// The selector as a string, for `status.selector` (the `/scale` subresource).
 pub fn selector_string(cfp: &ChangeFeedProcessor) -> String {
     selector_labels(cfp)

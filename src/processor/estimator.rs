@@ -4,8 +4,10 @@
 //! lag = latest LSN of the range (session token) − LSN of the next unprocessed change + 1, and 0
 //! when nothing is pending. The LSN of that change is read from the continuation after it (the
 //! service's quoted LSN or the emulator's cursor), so one code path serves both backends. A lease
-//! without a continuation yet reports [`NOT_STARTED_LAG`]. A lease whose range was split since
-//! its last checkpoint is estimated per child range, each from the lease's continuation.
+//! that was never checkpointed is estimated the same way from the processor's start position
+//! (the first change after the start), so a new processor's whole backlog is visible before any
+//! worker ran. A lease whose range was split since its last checkpoint is estimated per child
+//! range, each from the lease's continuation.
 
 use std::time::Duration;
 
@@ -17,11 +19,6 @@ use super::lease::Lease;
 use crate::cosmos::{
     ChangePage, CosmosError, EpkRange, MonitoredContainer, StartFrom, continuation_lsn, session_token_lsn,
 };
-
-/// The lag reported for a lease that has no continuation yet (never checkpointed, started from
-/// the beginning or a time): 1, as the .NET estimator and KEDA report it — work may be pending, its
-/// amount is unknown until the first checkpoint.
-pub const NOT_STARTED_LAG: u64 = 1;
 
 /// How many leases are estimated at once.
 pub const DEFAULT_CONCURRENCY: usize = 16;
@@ -42,8 +39,7 @@ pub struct LeaseEstimate {
     pub lag: u64,
     /// Seconds since the last checkpoint, when known.
     pub checkpoint_age: Option<u64>,
-    /// Whether the lease has a continuation (otherwise `lag` is the sentinel).
-    #[serde(skip)]
+    /// Whether the lease has a checkpoint; otherwise `lag` counts from the processor's start position.
     pub started: bool,
 }
 
@@ -77,10 +73,12 @@ impl ProcessorEstimate {
     }
 }
 
-/// Estimates every lease, at most `concurrency` at a time.
+/// Estimates every lease, at most `concurrency` at a time. Leases without a checkpoint count from
+/// `start` (the processor's start position for such leases).
 pub async fn estimate_leases(
     monitored: &MonitoredContainer,
     leases: &[Lease],
+    start: StartFrom,
     concurrency: usize,
 ) -> Result<Vec<LeaseEstimate>, CosmosError> {
     let now = OffsetDateTime::now_utc();
@@ -91,7 +89,7 @@ pub async fn estimate_leases(
         .map(|lease| {
             let monitored = monitored.clone();
             let ranges = ranges.clone();
-            async move { estimate_lease(&monitored, &ranges, &lease, now).await }
+            async move { estimate_lease(&monitored, &ranges, &lease, start, now).await }
         })
         .buffer_unordered(concurrency.max(1))
         .collect()
@@ -103,39 +101,36 @@ async fn estimate_lease(
     monitored: &MonitoredContainer,
     ranges: &[EpkRange],
     lease: &Lease,
+    start: StartFrom,
     now: OffsetDateTime,
 ) -> Result<LeaseEstimate, CosmosError> {
     let range = lease.range().cloned().unwrap_or_else(EpkRange::full);
     let checkpoint_age = lease
         .checkpoint_time
         .map(|t| u64::try_from((now - t).whole_seconds().max(0)).unwrap_or_default());
-    let mut estimate = LeaseEstimate {
+    let continuation = lease.continuation.as_deref().filter(|c| !c.is_empty());
+    Ok(LeaseEstimate {
         lease_token: lease.lease_token.clone(),
         feed_range: range.clone(),
         owner: lease.owner.clone().filter(|o| !o.is_empty()),
-        lag: NOT_STARTED_LAG,
+        lag: range_lag(monitored, ranges, &range, continuation, start).await?,
         checkpoint_age,
-        started: false,
-    };
-    let Some(continuation) = lease.continuation.as_deref() else {
-        return Ok(estimate);
-    };
-    estimate.started = true;
-    estimate.lag = range_lag(monitored, ranges, &range, continuation).await?;
-    Ok(estimate)
+        started: continuation.is_some(),
+    })
 }
 
-/// The lag of `range` from `continuation`, split per current physical range when the lease spans
-/// several (after a split).
+/// The lag of `range` from `continuation` (or from `start` without one), split per current
+/// physical range when the lease spans several (after a split).
 async fn range_lag(
     monitored: &MonitoredContainer,
     ranges: &[EpkRange],
     range: &EpkRange,
-    continuation: &str,
+    continuation: Option<&str>,
+    start: StartFrom,
 ) -> Result<u64, CosmosError> {
     let mut parts = children(ranges, range);
     if parts.len() == 1 {
-        let page = one_item(monitored, range, continuation).await?;
+        let page = one_item(monitored, range, continuation, start).await?;
         if page.continuations.len() == 1 {
             return Ok(page_lag(&page));
         }
@@ -144,7 +139,7 @@ async fn range_lag(
     }
     let mut total = 0;
     for part in parts {
-        total += page_lag(&one_item(monitored, &part, continuation).await?);
+        total += page_lag(&one_item(monitored, &part, continuation, start).await?);
     }
     Ok(total)
 }
@@ -158,11 +153,10 @@ fn children(ranges: &[EpkRange], range: &EpkRange) -> Vec<EpkRange> {
 async fn one_item(
     monitored: &MonitoredContainer,
     range: &EpkRange,
-    continuation: &str,
+    continuation: Option<&str>,
+    start: StartFrom,
 ) -> Result<ChangePage, CosmosError> {
-    let mut reader = monitored
-        .reader(range, Some(continuation), StartFrom::Beginning, 1)
-        .await?;
+    let mut reader = monitored.reader(range, continuation, start, 1).await?;
     reader.next_page(READ_TIMEOUT).await
 }
 

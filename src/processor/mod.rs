@@ -9,6 +9,7 @@ pub mod balancer;
 pub mod bootstrap;
 pub mod estimator;
 pub mod events;
+pub mod evict;
 pub mod handler;
 pub mod lease;
 pub mod observer;
@@ -17,8 +18,9 @@ pub mod owned;
 pub mod partition;
 pub mod runtime;
 
-pub use estimator::{LeaseEstimate, NOT_STARTED_LAG, ProcessorEstimate, estimate_leases};
+pub use estimator::{LeaseEstimate, ProcessorEstimate, estimate_leases};
 pub use events::{CloseReason, LeaseEvent};
+pub use evict::evict_instance;
 pub use handler::{Batch, ChangeHandler, HandlerError, StdoutHandler};
 pub use lease::{CosmosLeaseStore, Lease, LeaseStore, LeaseStoreError, lease_prefix};
 pub use observer::{NoopObserver, ProcessorObserver};

@@ -256,7 +256,13 @@ impl ProcessorMonitor {
         for owned in self.shared.owned_snapshot() {
             leases.push(owned.current().await);
         }
-        estimate_leases(&self.shared.monitored, &leases, DEFAULT_CONCURRENCY).await
+        estimate_leases(
+            &self.shared.monitored,
+            &leases,
+            self.shared.options.start_from,
+            DEFAULT_CONCURRENCY,
+        )
+        .await
     }
 }
 

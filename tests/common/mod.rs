@@ -240,9 +240,15 @@ pub const CFP: &str = env!("CARGO_BIN_EXE_cfp");
 
 /// Starts `cfp emulator --port 0 --container <spec>` and returns it with the endpoint it printed.
 pub async fn start_emulator(container: &str) -> (tokio::process::Child, String) {
+    start_emulator_on(0, container).await
+}
+
+/// Starts `cfp emulator --port <port> --container <spec>` (0: any free port) and returns it with
+/// the endpoint it printed.
+pub async fn start_emulator_on(port: u16, container: &str) -> (tokio::process::Child, String) {
     use tokio::io::{AsyncBufReadExt, BufReader};
     let mut child = tokio::process::Command::new(CFP)
-        .args(["emulator", "--port", "0", "--container", container])
+        .args(["emulator", "--port", &port.to_string(), "--container", container])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)

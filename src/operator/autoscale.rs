@@ -1,0 +1,357 @@
+//! The autoscaling policy: how many workers a processor should run, from its remaining-work
+//! estimate. Pure: time comes in as an argument, and the only state is the recent
+//! recommendations kept for the scale-down stabilization window.
+//!
+//! - desired = clamp(ceil(totalLag / targetLagPerReplica), minReplicas, min(maxReplicas, leases)):
+//!   never more workers than leases (they would sit idle); `minReplicas` wins over the lease cap.
+//! - Scale up at once, at most to double or +4 (whichever is more) per estimate, like the HPA; a
+//!   new Deployment starts at the full recommendation.
+//! - Scale down only to the highest recommendation seen within the stabilization window.
+//! - A failed estimate never scales: the current replicas are held.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// Autoscaling settings in plain values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// Fewest workers (0 allows scale to zero).
+    pub min_replicas: i32,
+    /// Most workers.
+    pub max_replicas: i32,
+    /// Remaining operations one worker is expected to keep up with.
+    pub target_lag_per_replica: u64,
+    /// Scale down only to the highest recommendation seen in this window.
+    pub scale_down_stabilization: Duration,
+}
+
+/// What the last estimate saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Observed {
+    /// A successful estimate.
+    Estimate {
+        /// Remaining operations over all leases.
+        total_lag: u64,
+        /// Number of leases (the most workers that can be busy).
+        leases: usize,
+    },
+    /// The estimate failed, with the error in words.
+    Failed(String),
+}
+
+/// Why the replicas are what they are (the `Scaling` condition's reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScalingReason {
+    /// The recommendation is applied (or on its way, step by step).
+    Active,
+    /// The recommendation is above `maxReplicas` or the lease count and is held there.
+    Limited,
+    /// The estimate failed; replicas are held.
+    EstimateFailed,
+}
+
+impl ScalingReason {
+    /// The CamelCase reason of the `Scaling` condition.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScalingReason::Active => "ScalingActive",
+            ScalingReason::Limited => "ScalingLimited",
+            ScalingReason::EstimateFailed => "EstimateFailed",
+        }
+    }
+}
+
+/// A scaling decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// The replicas to run now.
+    pub replicas: i32,
+    /// The recommendation of this estimate before step limits and stabilization (none on failure).
+    pub recommendation: Option<i32>,
+    /// The `Scaling` condition's reason.
+    pub reason: ScalingReason,
+    /// The `Scaling` condition's message: what was decided and why.
+    pub message: String,
+    /// When the replicas change: the Event's reason (`ScaledUp`/`ScaledDown`) and note.
+    pub event: Option<(&'static str, String)>,
+}
+
+/// The recommendations of the last stabilization window, oldest first.
+#[derive(Debug, Clone, Default)]
+pub struct ScaleHistory {
+    recommendations: VecDeque<(Instant, i32)>,
+    seeded: bool,
+}
+
+impl ScaleHistory {
+    /// Decides the replicas from `observed`, with `current` the replicas the Deployment has now
+    /// (`None` before it exists), and records the recommendation.
+    pub fn decide(&mut self, policy: &Policy, current: Option<i32>, observed: &Observed, now: Instant) -> Decision {
+        // A history that starts while workers already run (an operator restart or a new leader)
+        // counts the current replicas as a recommendation, so nothing scales down before a whole
+        // window of estimates was seen.
+        if !self.seeded {
+            self.seeded = true;
+            if let Some(current) = current {
+                self.recommendations.push_back((now, current));
+            }
+        }
+        while let Some((at, _)) = self.recommendations.front() {
+            if now.saturating_duration_since(*at) > policy.scale_down_stabilization {
+                self.recommendations.pop_front();
+            } else {
+                break;
+            }
+        }
+        let (total_lag, leases) = match observed {
+            Observed::Failed(error) => {
+                let replicas = current.unwrap_or(policy.min_replicas.max(1));
+                return Decision {
+                    replicas,
+                    recommendation: None,
+                    reason: ScalingReason::EstimateFailed,
+                    message: format!("the estimate failed, so {replicas} replica(s) are held: {error}"),
+                    event: None,
+                };
+            }
+            Observed::Estimate { total_lag, leases } => (*total_lag, *leases),
+        };
+        let target = policy.target_lag_per_replica.max(1);
+        let raw = i32::try_from(total_lag.div_ceil(target)).unwrap_or(i32::MAX);
+        let lease_cap = i32::try_from(leases).unwrap_or(i32::MAX);
+        let upper = policy.max_replicas.min(lease_cap).max(policy.min_replicas);
+        let recommendation = raw.clamp(policy.min_replicas, upper);
+        self.recommendations.push_back((now, recommendation));
+        let why = format!("estimated lag {total_lag}, target {target} per replica");
+        let (mut reason, mut message) = (
+            ScalingReason::Active,
+            format!("{recommendation} replica(s) recommended: {why}"),
+        );
+        if raw > upper {
+            reason = ScalingReason::Limited;
+            let limit = if lease_cap < policy.max_replicas {
+                format!("the lease count ({leases}; more workers than leases would sit idle)")
+            } else {
+                format!("maxReplicas ({})", policy.max_replicas)
+            };
+            message = format!("{raw} replica(s) wanted but held at {limit}: {why}");
+        }
+        let replicas = match current {
+            None => recommendation,
+            Some(current) if recommendation > current => {
+                let step = current.saturating_mul(2).max(current.saturating_add(4));
+                if recommendation > step {
+                    message = format!("{message}; scaling up step by step (at most {step} now)");
+                }
+                recommendation.min(step)
+            }
+            Some(current) => {
+                let highest = self
+                    .recommendations
+                    .iter()
+                    .map(|(_, r)| *r)
+                    .max()
+                    .unwrap_or(recommendation);
+                if highest > recommendation && highest >= current {
+                    message = format!(
+                        "{message}; held at {current} until the scale-down stabilization window ({}) has passed",
+                        humantime::format_duration(policy.scale_down_stabilization)
+                    );
+                }
+                current.min(highest.max(recommendation))
+            }
+        };
+        // A new Deployment counts as scaled up from zero.
+        let from = current.unwrap_or(0);
+        let event = if replicas > from {
+            Some((
+                "ScaledUp",
+                if total_lag > target {
+                    format!("{from} → {replicas}: estimated lag {total_lag} > {target} per replica")
+                } else {
+                    format!("{from} → {replicas}: estimated lag {total_lag} (target {target} per replica)")
+                },
+            ))
+        } else if replicas < from {
+            Some((
+                "ScaledDown",
+                format!(
+                    "{from} → {replicas}: estimated lag {total_lag} for the last {}",
+                    humantime::format_duration(policy.scale_down_stabilization)
+                ),
+            ))
+        } else {
+            None
+        };
+        Decision {
+            replicas,
+            recommendation: Some(recommendation),
+            reason,
+            message,
+            event,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WINDOW: Duration = Duration::from_secs(300);
+
+    fn policy(min: i32, max: i32, target: u64) -> Policy {
+        Policy {
+            min_replicas: min,
+            max_replicas: max,
+            target_lag_per_replica: target,
+            scale_down_stabilization: WINDOW,
+        }
+    }
+
+    fn estimate(total_lag: u64, leases: usize) -> Observed {
+        Observed::Estimate { total_lag, leases }
+    }
+
+    #[test]
+    fn a_new_deployment_is_scaled_up_from_zero() {
+        let decision = ScaleHistory::default().decide(&policy(1, 10, 500), None, &estimate(3000, 8), Instant::now());
+        assert_eq!(
+            decision.event,
+            Some(("ScaledUp", "0 → 6: estimated lag 3000 > 500 per replica".to_owned()))
+        );
+        let idle = ScaleHistory::default().decide(&policy(0, 10, 500), None, &estimate(0, 8), Instant::now());
+        assert_eq!(idle.event, None);
+    }
+
+    #[test]
+    fn single_decisions() {
+        // (name, policy, current, observed, replicas, reason)
+        #[rustfmt::skip]
+        let cases = [
+            ("new over a backlog starts in full", policy(1, 10, 500), None, estimate(3000, 8), 6, ScalingReason::Active),
+            ("rounds up", policy(1, 10, 500), None, estimate(3001, 8), 7, ScalingReason::Active),
+            ("no lag keeps the minimum", policy(2, 10, 500), None, estimate(0, 8), 2, ScalingReason::Active),
+            ("capped at the lease count", policy(1, 50, 1), None, estimate(10_000, 8), 8, ScalingReason::Limited),
+            ("capped at max", policy(1, 3, 1), None, estimate(10_000, 8), 3, ScalingReason::Limited),
+            ("min wins over the lease cap", policy(5, 10, 1000), None, estimate(0, 3), 5, ScalingReason::Active),
+            ("zero allowed", policy(0, 10, 1000), None, estimate(0, 4), 0, ScalingReason::Active),
+            ("wakes from zero", policy(0, 10, 1000), Some(0), estimate(100, 4), 1, ScalingReason::Active),
+            ("step limit: +4 from 1", policy(1, 100, 1), Some(1), estimate(50, 64), 5, ScalingReason::Active),
+            ("step limit: double from 10", policy(1, 100, 1), Some(10), estimate(50, 64), 20, ScalingReason::Active),
+            ("error holds", policy(1, 10, 1), Some(7), Observed::Failed("unreachable".into()), 7, ScalingReason::EstimateFailed),
+            ("error before any workload", policy(0, 10, 1), None, Observed::Failed("x".into()), 1, ScalingReason::EstimateFailed),
+            ("huge lag does not overflow", policy(1, 10, 1), Some(2), estimate(u64::MAX, 8), 6, ScalingReason::Limited),
+        ];
+        for (name, policy, current, observed, replicas, reason) in cases {
+            let decision = ScaleHistory::default().decide(&policy, current, &observed, Instant::now());
+            assert_eq!(
+                (decision.replicas, decision.reason),
+                (replicas, reason),
+                "{name}: {}",
+                decision.message
+            );
+        }
+    }
+
+    #[test]
+    fn errors_never_scale_down() {
+        let p = policy(0, 10, 100);
+        let mut history = ScaleHistory::default();
+        let start = Instant::now();
+        for minute in 0..30 {
+            let at = start + Duration::from_secs(60 * minute);
+            let decision = history.decide(&p, Some(6), &Observed::Failed("timeout".into()), at);
+            assert_eq!(decision.replicas, 6);
+            assert_eq!(decision.event, None);
+            assert!(decision.message.contains("timeout"));
+        }
+    }
+
+    #[test]
+    fn scale_down_waits_for_the_window() {
+        let p = policy(1, 10, 100);
+        let mut history = ScaleHistory::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut current = history.decide(&p, None, &estimate(800, 8), at(0)).replicas;
+        assert_eq!(current, 8);
+        // The lag drains; every 15 s a new estimate recommends fewer.
+        let mut timeline = Vec::new();
+        for s in (15..=600).step_by(15) {
+            let decision = history.decide(&p, Some(current), &estimate(0, 8), at(s));
+            if decision.replicas != current {
+                timeline.push((s, decision.replicas, decision.event.clone().map(|e| e.0)));
+            }
+            current = decision.replicas;
+        }
+        // The 8-recommendation at 0 s leaves the 300 s window at 315 s: one step down to the minimum.
+        assert_eq!(timeline, vec![(315, 1, Some("ScaledDown"))]);
+    }
+
+    #[test]
+    fn scale_down_goes_to_the_highest_recommendation_in_the_window() {
+        let p = policy(1, 10, 100);
+        let mut history = ScaleHistory::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(history.decide(&p, None, &estimate(1000, 10), at(0)).replicas, 10);
+        assert_eq!(history.decide(&p, Some(10), &estimate(500, 10), at(100)).replicas, 10);
+        assert_eq!(history.decide(&p, Some(10), &estimate(100, 10), at(200)).replicas, 10);
+        // 10 has left the window; 5 (at 100 s) is the highest left.
+        assert_eq!(history.decide(&p, Some(10), &estimate(100, 10), at(301)).replicas, 5);
+        assert_eq!(history.decide(&p, Some(5), &estimate(100, 10), at(401)).replicas, 1);
+    }
+
+    #[test]
+    fn scale_to_zero_and_back() {
+        let p = Policy {
+            scale_down_stabilization: Duration::from_secs(10),
+            ..policy(0, 4, 1000)
+        };
+        let mut history = ScaleHistory::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(
+            history.decide(&p, Some(2), &estimate(0, 4), at(0)).replicas,
+            2,
+            "seeded by the running replicas"
+        );
+        assert_eq!(history.decide(&p, Some(2), &estimate(0, 4), at(5)).replicas, 2);
+        let down = history.decide(&p, Some(2), &estimate(0, 4), at(11));
+        assert_eq!(down.replicas, 0);
+        assert_eq!(down.event.map(|e| e.0), Some("ScaledDown"));
+        let up = history.decide(&p, Some(0), &estimate(100, 4), at(12));
+        assert_eq!(up.replicas, 1);
+        assert_eq!(
+            up.event,
+            Some((
+                "ScaledUp",
+                "0 → 1: estimated lag 100 (target 1000 per replica)".to_owned()
+            ))
+        );
+    }
+
+    #[test]
+    fn scaling_up_is_immediate_but_stepped() {
+        let p = policy(1, 50, 10);
+        let mut history = ScaleHistory::default();
+        let t0 = Instant::now();
+        let mut current = 1;
+        let mut steps = Vec::new();
+        for i in 0..5 {
+            current = history
+                .decide(&p, Some(current), &estimate(400, 64), t0 + Duration::from_secs(15 * i))
+                .replicas;
+            steps.push(current);
+        }
+        assert_eq!(steps, vec![5, 10, 20, 40, 40]);
+    }
+
+    #[test]
+    fn limited_names_the_limit() {
+        let by_leases = ScaleHistory::default().decide(&policy(1, 50, 1), None, &estimate(10, 8), Instant::now());
+        assert!(by_leases.message.contains("lease count (8"), "{}", by_leases.message);
+        let by_max = ScaleHistory::default().decide(&policy(1, 3, 1), None, &estimate(10, 8), Instant::now());
+        assert!(by_max.message.contains("maxReplicas (3)"), "{}", by_max.message);
+    }
+}

@@ -1,0 +1,431 @@
+//! The operator's remaining-work estimates: one task per `ChangeFeedProcessor` that, every
+//! `autoscaling.estimateInterval`, bootstraps the processor's leases when nobody has yet (so a new
+//! processor's backlog is visible before any worker ran), runs the library estimator over the
+//! lease container, exports the figures as metrics and asks the controller to reconcile the
+//! resource. Tasks of different resources run independently of each other and of reconciliation;
+//! Cosmos clients are shared per account.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::channel::mpsc::UnboundedSender;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio_util::sync::CancellationToken;
+
+use super::crd::ChangeFeedProcessor;
+use super::metrics::{EstimateFigures, OperatorMetrics};
+use crate::cosmos::{CosmosAccount, MonitoredContainer, StartFrom};
+use crate::processor::bootstrap::bootstrap;
+use crate::processor::estimator::DEFAULT_CONCURRENCY;
+use crate::processor::{CosmosLeaseStore, LeaseStore, ProcessorEstimate, ProcessorOptions, estimate_leases};
+use crate::worker::{WorkerSettings, open};
+
+/// The instance name the operator uses when it bootstraps a processor's leases.
+pub const OPERATOR_INSTANCE: &str = "changefeed-operator";
+
+/// A resource, by namespace and name.
+pub type ResourceKey = (String, String);
+
+/// An account endpoint and its key. The key never appears in `Debug` output or logs.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct AccountRef {
+    /// The account endpoint.
+    pub endpoint: String,
+    /// The account key.
+    pub key: String,
+}
+
+impl std::fmt::Debug for AccountRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AccountRef")
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What to estimate for one resource, and how often.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EstimateTarget {
+    /// The monitored account.
+    pub account: AccountRef,
+    /// The lease account, when it is another one.
+    pub lease_account: Option<AccountRef>,
+    /// Database of the monitored container.
+    pub database: String,
+    /// The monitored container.
+    pub container: String,
+    /// Database of the lease container.
+    pub lease_database: String,
+    /// The lease container.
+    pub lease_container: String,
+    /// The processor name (lease id prefix).
+    pub processor: String,
+    /// Where leases without a checkpoint start.
+    pub start_from: StartFrom,
+    /// Time between estimates.
+    pub interval: Duration,
+}
+
+impl EstimateTarget {
+    /// The most one estimate may take before it counts as failed: twice the interval, within 5–60 s.
+    pub fn timeout(&self) -> Duration {
+        (self.interval * 2).clamp(Duration::from_secs(5), Duration::from_secs(60))
+    }
+
+    /// Worker settings that open this processor's containers (creating the lease container when missing,
+    /// as a worker would).
+    pub fn settings(&self) -> WorkerSettings {
+        WorkerSettings {
+            database: self.database.clone(),
+            container: self.container.clone(),
+            lease_database: self.lease_database.clone(),
+            lease_container: self.lease_container.clone(),
+            create_leases: true,
+            options: ProcessorOptions::new(self.processor.clone(), OPERATOR_INSTANCE),
+        }
+    }
+}
+
+/// One estimate's outcome.
+#[derive(Debug, Clone)]
+pub struct EstimateReport {
+    /// Counts estimates of this resource (1, 2, ...): a newer report has a higher number.
+    pub seq: u64,
+    /// When it finished (monotonic, for the scaling policy).
+    pub at: Instant,
+    /// When it finished (wall clock, for the status).
+    pub time: Time,
+    /// The estimate, or why it failed.
+    pub outcome: Result<ProcessorEstimate, EstimateFailure>,
+}
+
+/// Why an estimate failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct EstimateFailure {
+    /// A metric label: one of `metrics::ESTIMATE_ERROR_REASONS`.
+    pub reason: &'static str,
+    /// What went wrong, in words.
+    pub message: String,
+}
+
+impl EstimateFailure {
+    fn new(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// Connected Cosmos clients, one per account, shared by every resource.
+#[derive(Clone, Default)]
+pub struct Accounts {
+    clients: Arc<Mutex<HashMap<AccountRef, CosmosAccount>>>,
+}
+
+impl Accounts {
+    /// The client of `account`, connecting on first use.
+    pub async fn get(&self, account: &AccountRef) -> Result<CosmosAccount, EstimateFailure> {
+        if let Some(client) = self.clients.lock().ok().and_then(|m| m.get(account).cloned()) {
+            return Ok(client);
+        }
+        let client = CosmosAccount::connect(&account.endpoint, &account.key)
+            .await
+            .map_err(|e| EstimateFailure::new("connect", format!("cannot connect to {}: {e}", account.endpoint)))?;
+        if let Ok(mut clients) = self.clients.lock() {
+            clients.insert(account.clone(), client.clone());
+        }
+        Ok(client)
+    }
+
+    /// Drops the client of `account`, so that the next use connects anew (after a failure: a
+    /// client can keep state, such as session tokens, that an account which came back rejects).
+    pub fn forget(&self, account: &AccountRef) {
+        if let Ok(mut clients) = self.clients.lock() {
+            clients.remove(account);
+        }
+    }
+
+    /// Opens the monitored container and the lease store of `target`.
+    pub async fn open(&self, target: &EstimateTarget) -> Result<Opened, EstimateFailure> {
+        let account = self.get(&target.account).await?;
+        let lease_account = match &target.lease_account {
+            Some(lease_account) => self.get(lease_account).await?,
+            None => account.clone(),
+        };
+        let (monitored, store) = open(&account, &lease_account, &target.settings())
+            .await
+            .map_err(|e| EstimateFailure::new("lease_store", e.to_string()))?;
+        Ok(Opened {
+            monitored,
+            store: Arc::new(store),
+        })
+    }
+}
+
+/// A processor's opened containers.
+#[derive(Clone)]
+pub struct Opened {
+    /// The monitored container.
+    pub monitored: MonitoredContainer,
+    /// The processor's lease store.
+    pub store: Arc<CosmosLeaseStore>,
+}
+
+/// One estimate: bootstrap the leases when nobody has, then estimate every lease.
+pub async fn estimate_once(opened: &Opened, target: &EstimateTarget) -> Result<ProcessorEstimate, EstimateFailure> {
+    let store_error = |e: &dyn std::fmt::Display| EstimateFailure::new("lease_store", format!("lease container: {e}"));
+    let mut snapshot = opened.store.snapshot().await.map_err(|e| store_error(&e))?;
+    if !snapshot.initialized {
+        bootstrap(
+            opened.store.as_ref(),
+            &opened.monitored,
+            OPERATOR_INSTANCE,
+            target.start_from,
+        )
+        .await
+        .map_err(|e| store_error(&e))?;
+        snapshot = opened.store.snapshot().await.map_err(|e| store_error(&e))?;
+    }
+    let leases = estimate_leases(
+        &opened.monitored,
+        &snapshot.leases,
+        target.start_from,
+        DEFAULT_CONCURRENCY,
+    )
+    .await
+    .map_err(|e| EstimateFailure::new("change_feed", format!("reading the change feed: {e}")))?;
+    Ok(ProcessorEstimate::new(target.processor.clone(), leases))
+}
+
+/// The figures exported for an estimate.
+pub fn figures(estimate: &ProcessorEstimate) -> EstimateFigures {
+    let owners: std::collections::BTreeSet<&str> = estimate.leases.iter().filter_map(|l| l.owner.as_deref()).collect();
+    EstimateFigures {
+        estimated_lag: estimate.total_lag,
+        leases: estimate.lease_count,
+        leases_with_lag: estimate.leases_with_lag,
+        lease_owners: owners.len(),
+    }
+}
+
+#[derive(Default)]
+struct TaskState {
+    report: Option<EstimateReport>,
+    opened: Option<Opened>,
+}
+
+struct Running {
+    target: EstimateTarget,
+    cancel: CancellationToken,
+    state: Arc<Mutex<TaskState>>,
+}
+
+struct Inner {
+    accounts: Accounts,
+    metrics: Arc<OperatorMetrics>,
+    trigger: UnboundedSender<ObjectRef<ChangeFeedProcessor>>,
+    resources: Store<ChangeFeedProcessor>,
+    running: Mutex<HashMap<ResourceKey, Running>>,
+    root: CancellationToken,
+}
+
+/// The estimate tasks of one leadership term. Dropping it stops them and removes their metrics.
+pub struct Estimators {
+    inner: Arc<Inner>,
+}
+
+impl Estimators {
+    /// Estimators that ask for reconciliations through `trigger` and stop estimating resources
+    /// that are no longer in `resources`.
+    pub fn new(
+        accounts: Accounts,
+        metrics: Arc<OperatorMetrics>,
+        trigger: UnboundedSender<ObjectRef<ChangeFeedProcessor>>,
+        resources: Store<ChangeFeedProcessor>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                accounts,
+                metrics,
+                trigger,
+                resources,
+                running: Mutex::new(HashMap::new()),
+                root: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// The shared Cosmos clients.
+    pub fn accounts(&self) -> &Accounts {
+        &self.inner.accounts
+    }
+
+    /// Makes sure `key` is estimated as `target` says; restarts its task when the target changed.
+    pub fn ensure(&self, key: &ResourceKey, target: EstimateTarget) {
+        let Ok(mut running) = self.inner.running.lock() else {
+            return;
+        };
+        let previous = match running.get(key) {
+            Some(task) if task.target == target && !task.cancel.is_cancelled() => return,
+            Some(task) => {
+                task.cancel.cancel();
+                task.state.lock().ok().and_then(|s| s.report.clone())
+            }
+            None => None,
+        };
+        let state = Arc::new(Mutex::new(TaskState {
+            report: previous,
+            opened: None,
+        }));
+        let cancel = self.inner.root.child_token();
+        tokio::spawn(run(
+            self.inner.clone(),
+            key.clone(),
+            target.clone(),
+            state.clone(),
+            cancel.clone(),
+        ));
+        running.insert(key.clone(), Running { target, cancel, state });
+    }
+
+    /// Stops estimating `key` and removes its metrics.
+    pub fn stop(&self, key: &ResourceKey) {
+        if let Some(task) = self.inner.running.lock().ok().and_then(|mut m| m.remove(key)) {
+            task.cancel.cancel();
+        }
+        self.inner.metrics.forget(&key.0, &key.1);
+    }
+
+    /// The latest estimate of `key`, if any.
+    pub fn report(&self, key: &ResourceKey) -> Option<EstimateReport> {
+        let running = self.inner.running.lock().ok()?;
+        let state = running.get(key)?.state.lock().ok()?;
+        state.report.clone()
+    }
+
+    /// The lease store of `key`'s processor: the estimator's, or a newly opened one.
+    pub async fn lease_store(&self, key: &ResourceKey) -> Result<Arc<CosmosLeaseStore>, EstimateFailure> {
+        let (target, opened) = {
+            let running = self.inner.running.lock().ok();
+            let task = running.as_ref().and_then(|m| m.get(key)).ok_or_else(|| {
+                EstimateFailure::new(
+                    "lease_store",
+                    format!(
+                        "processor {}/{} is not being estimated (not reconciled yet, or misconfigured)",
+                        key.0, key.1
+                    ),
+                )
+            })?;
+            let opened = task.state.lock().ok().and_then(|s| s.opened.clone());
+            (task.target.clone(), opened)
+        };
+        match opened {
+            Some(opened) => Ok(opened.store),
+            None => Ok(self.inner.accounts.open(&target).await?.store),
+        }
+    }
+}
+
+impl Drop for Estimators {
+    fn drop(&mut self) {
+        self.inner.root.cancel();
+        if let Ok(running) = self.inner.running.lock() {
+            for (namespace, name) in running.keys() {
+                self.inner.metrics.forget(namespace, name);
+            }
+        }
+    }
+}
+
+async fn run(
+    inner: Arc<Inner>,
+    key: ResourceKey,
+    target: EstimateTarget,
+    state: Arc<Mutex<TaskState>>,
+    cancel: CancellationToken,
+) {
+    let (namespace, name) = (key.0.as_str(), key.1.as_str());
+    let object = ObjectRef::<ChangeFeedProcessor>::new(name).within(namespace);
+    let mut seq = state
+        .lock()
+        .ok()
+        .and_then(|s| s.report.as_ref().map(|r| r.seq))
+        .unwrap_or(0);
+    loop {
+        if inner.resources.get(&object).is_none() {
+            // The resource was deleted: stop, and let its series disappear.
+            if let Ok(mut running) = inner.running.lock()
+                && running.get(&key).is_some_and(|t| Arc::ptr_eq(&t.state, &state))
+            {
+                running.remove(&key);
+            }
+            inner.metrics.forget(namespace, name);
+            return;
+        }
+        let started = Instant::now();
+        let attempt = async {
+            let cached = state.lock().ok().and_then(|s| s.opened.clone());
+            let opened = match cached {
+                Some(opened) => opened,
+                None => {
+                    let opened = inner.accounts.open(&target).await?;
+                    if let Ok(mut s) = state.lock() {
+                        s.opened = Some(opened.clone());
+                    }
+                    opened
+                }
+            };
+            estimate_once(&opened, &target).await
+        };
+        let outcome = tokio::select! {
+            _ = cancel.cancelled() => return,
+            outcome = tokio::time::timeout(target.timeout(), attempt) => outcome.unwrap_or_else(|_| {
+                Err(EstimateFailure::new("timeout", format!("no answer from the account within {:?}", target.timeout())))
+            }),
+        };
+        let took = started.elapsed();
+        match &outcome {
+            Ok(estimate) => {
+                inner.metrics.estimated(namespace, name, figures(estimate), took);
+                tracing::debug!(
+                    namespace,
+                    processor = name,
+                    lag = estimate.total_lag,
+                    leases = estimate.lease_count,
+                    "estimated"
+                );
+            }
+            Err(failure) => {
+                inner.metrics.estimate_failed(namespace, name, failure.reason, took);
+                tracing::warn!(namespace, processor = name, reason = failure.reason, error = %failure.message, "estimate failed");
+                // Connect and open the containers again next time: an account that came back may
+                // have new containers and reject the old client's session tokens.
+                if let Ok(mut s) = state.lock() {
+                    s.opened = None;
+                }
+                inner.accounts.forget(&target.account);
+                if let Some(lease_account) = &target.lease_account {
+                    inner.accounts.forget(lease_account);
+                }
+            }
+        }
+        seq += 1;
+        if let Ok(mut s) = state.lock() {
+            s.report = Some(EstimateReport {
+                seq,
+                at: Instant::now(),
+                time: Time(k8s_openapi::jiff::Timestamp::now()),
+                outcome,
+            });
+        }
+        let _ = inner.trigger.unbounded_send(object.clone());
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(target.interval) => {}
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! Fast failover: the operator watches the worker pods, and when one is gone from the API (or has
+//! `Failed`) it frees every lease that pod still owns and removes its heartbeat, so the surviving
+//! workers take them in their next acquire cycle instead of after the lease expiration.
+//!
+//! The freeing is a conditional replace that clears `Owner` only while it names that pod, so a
+//! lease whose owner pod still exists is never touched. A pod that terminates gracefully has
+//! released its leases itself; freeing then finds nothing.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use tokio_util::sync::CancellationToken;
+
+use super::crd::ChangeFeedProcessor;
+use super::reconcile::Context;
+use super::workload::{PROCESSOR_LABEL, worker_pod_selector};
+use crate::processor::evict_instance;
+
+/// A worker pod: namespace, pod name, processor resource name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct WorkerPod {
+    namespace: String,
+    pod: String,
+    processor: String,
+}
+
+fn worker_pod(pod: &Pod) -> Option<WorkerPod> {
+    Some(WorkerPod {
+        namespace: pod.namespace()?,
+        pod: pod.metadata.name.clone()?,
+        processor: pod.labels().get(PROCESSOR_LABEL)?.clone(),
+    })
+}
+
+fn failed(pod: &Pod) -> bool {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")
+}
+
+/// Watches the worker pods (in `namespace`, or all) until `stop`, freeing the leases of pods that are gone.
+pub async fn watch_worker_pods(ctx: Arc<Context>, namespace: Option<String>, stop: CancellationToken) {
+    let pods: Api<Pod> = match &namespace {
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
+    };
+    let config = watcher::Config::default().labels(&worker_pod_selector());
+    let mut events = watcher(pods, config).boxed();
+    // The pods known to exist, and those being listed again after the watch restarted.
+    let mut known: HashSet<WorkerPod> = HashSet::new();
+    let mut relisted: Option<HashSet<WorkerPod>> = None;
+    // Failed pods whose leases were freed already.
+    let mut handled_failed: HashSet<WorkerPod> = HashSet::new();
+    loop {
+        let event = tokio::select! {
+            _ = stop.cancelled() => return,
+            event = events.next() => event,
+        };
+        let gone = match event {
+            None => return,
+            Some(Err(error)) => {
+                tracing::debug!(%error, "worker pod watch error (retried)");
+                continue;
+            }
+            Some(Ok(watcher::Event::Init)) => {
+                relisted = Some(HashSet::new());
+                Vec::new()
+            }
+            Some(Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod))) => {
+                let Some(worker) = worker_pod(&pod) else { continue };
+                match relisted.as_mut() {
+                    Some(listing) => listing.insert(worker.clone()),
+                    None => known.insert(worker.clone()),
+                };
+                if failed(&pod) && handled_failed.insert(worker.clone()) {
+                    vec![(worker, "Failed")]
+                } else {
+                    Vec::new()
+                }
+            }
+            Some(Ok(watcher::Event::InitDone)) => {
+                let listing = relisted.take().unwrap_or_default();
+                let vanished: Vec<(WorkerPod, &str)> =
+                    known.difference(&listing).cloned().map(|w| (w, "deleted")).collect();
+                known = listing;
+                vanished
+            }
+            Some(Ok(watcher::Event::Delete(pod))) => {
+                let Some(worker) = worker_pod(&pod) else { continue };
+                known.remove(&worker);
+                if handled_failed.remove(&worker) {
+                    Vec::new()
+                } else {
+                    vec![(worker, "deleted")]
+                }
+            }
+        };
+        for (worker, why) in gone {
+            tokio::spawn(free_leases(ctx.clone(), worker, why));
+        }
+    }
+}
+
+async fn free_leases(ctx: Arc<Context>, worker: WorkerPod, why: &'static str) {
+    let WorkerPod {
+        namespace,
+        pod,
+        processor,
+    } = &worker;
+    let key = (namespace.clone(), processor.clone());
+    let store = match ctx.estimators.lease_store(&key).await {
+        Ok(store) => store,
+        Err(error) => {
+            tracing::warn!(namespace, processor, pod, %error, "cannot free the leases of a gone worker pod; they free themselves on expiry");
+            return;
+        }
+    };
+    let freed = match evict_instance(store.as_ref(), pod).await {
+        Ok(freed) => freed,
+        Err(error) => {
+            tracing::warn!(namespace, processor, pod, %error, "freeing the leases of a gone worker pod failed; they free themselves on expiry");
+            return;
+        }
+    };
+    if freed.is_empty() {
+        tracing::debug!(namespace, processor, pod, "gone worker pod owned no leases");
+        return;
+    }
+    tracing::info!(
+        namespace,
+        processor,
+        pod,
+        leases = freed.len(),
+        why,
+        "freed the leases of a gone worker pod"
+    );
+    ctx.metrics.leases_freed(namespace, processor, freed.len());
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(ctx.client.clone(), namespace);
+    if let Ok(cfp) = cfps.get(processor).await {
+        let event = Event {
+            type_: EventType::Normal,
+            reason: "LeasesFreed".into(),
+            note: Some(format!(
+                "worker pod {pod} was {why}: freed its {} lease(s) for the other workers ({})",
+                freed.len(),
+                freed.join(", ")
+            )),
+            action: "Failover".into(),
+            secondary: None,
+        };
+        if let Err(error) = ctx.recorder.publish(&event, &cfp.object_ref(&())).await {
+            tracing::warn!(%error, "publishing an event failed");
+        }
+    }
+}

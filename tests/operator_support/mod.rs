@@ -1,0 +1,329 @@
+//! What the operator tests share: the control plane with the CRD installed, a namespace per test,
+//! `cfp operator` processes, resource YAML, bounded waits, and a stand-in for a kubelet that runs
+//! a Deployment's pod template as a local `cfp worker` process.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use tokio::process::{Child, Command};
+
+use crate::common::{CFP, http_get};
+use crate::control_plane::ControlPlane;
+
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The shared control plane with the CRD installed (from `crds/`, as a user would).
+pub async fn plane() -> &'static ControlPlane {
+    static CRD: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    let plane = tokio::task::spawn_blocking(ControlPlane::shared)
+        .await
+        .expect("control plane");
+    CRD.get_or_init(|| async {
+        let crd = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/crds/changefeedprocessors.changefeed.io.yaml"
+        );
+        let (ok, _, err) = plane.kubectl_run(&["apply", "-f", crd], None);
+        assert!(ok, "kubectl apply CRD: {err}");
+        let (ok, _, err) = plane.kubectl_run(
+            &[
+                "wait",
+                "--for=condition=Established",
+                "crd/changefeedprocessors.changefeed.io",
+                "--timeout=30s",
+            ],
+            None,
+        );
+        assert!(ok, "CRD not established: {err}");
+    })
+    .await;
+    plane
+}
+
+/// A fresh namespace for one test.
+pub fn namespace(plane: &ControlPlane, name: &str) -> String {
+    let (ok, _, err) = plane.kubectl_run(&["create", "namespace", name], None);
+    assert!(ok || err.contains("AlreadyExists"), "create namespace {name}: {err}");
+    name.to_owned()
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+/// A `cfp operator` process watching `ns`, with leader election in `ns`.
+pub struct Operator {
+    pub child: Child,
+    pub metrics: std::net::SocketAddr,
+}
+
+impl Operator {
+    pub fn start(plane: &ControlPlane, ns: &str, identity: &str) -> Self {
+        let port = free_port();
+        let log =
+            std::fs::File::create(std::env::temp_dir().join(format!("cfp-operator-{ns}-{identity}.log"))).expect("log");
+        let child = Command::new(CFP)
+            .args([
+                "operator",
+                "--namespace",
+                ns,
+                "--identity",
+                identity,
+                "--metrics-port",
+                &port.to_string(),
+            ])
+            .args([
+                "--worker-image",
+                "cfp:test",
+                "--leader-lease-duration",
+                "3s",
+                "--leader-renew-interval",
+                "1s",
+            ])
+            .env("KUBECONFIG", &plane.kubeconfig)
+            .env("RUST_LOG", "info,kube=warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn cfp operator");
+        Self {
+            child,
+            metrics: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        }
+    }
+
+    /// (successful reconciles, leader gauge) from /metrics.
+    pub async fn scrape(&self) -> Option<(u64, u64)> {
+        let body = metrics_body(self.metrics).await?;
+        Some((
+            metric_value(&body, "cfp_operator_reconciles_total{result=\"ok\"}")? as u64,
+            metric_value(&body, "cfp_operator_leader")? as u64,
+        ))
+    }
+
+    /// The value of the first series of /metrics that starts with `prefix`.
+    pub async fn metric(&self, prefix: &str) -> Option<f64> {
+        metric_value(&metrics_body(self.metrics).await?, prefix)
+    }
+}
+
+/// The /metrics text at `address`, if it answers 200 within 2 s.
+pub async fn metrics_body(address: std::net::SocketAddr) -> Option<String> {
+    let (status, body) = tokio::time::timeout(Duration::from_secs(2), http_get(address, "/metrics"))
+        .await
+        .ok()?;
+    (status == 200).then_some(body)
+}
+
+/// The value of the first series in `body` whose line starts with `prefix`.
+pub fn metric_value(body: &str, prefix: &str) -> Option<f64> {
+    body.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+}
+
+pub fn resource(name: &str, endpoint: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: changefeed.io/v1alpha1\nkind: ChangeFeedProcessor\nmetadata:\n  name: {name}\nspec:\n  connection:\n    endpoint: {endpoint}\n    keySecretRef:\n      name: cosmos\n  monitored:\n    database: db\n    container: items\n{extra}"
+    )
+}
+
+pub fn secret_yaml() -> String {
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: cosmos\nstringData:\n  key: {}\n",
+        changefeed_operator::cosmos::EMULATOR_KEY
+    )
+}
+
+pub fn apply(plane: &ControlPlane, ns: &str, yaml: &str) -> (bool, String, String) {
+    plane.kubectl_run(&["apply", "-n", ns, "-f", "-"], Some(yaml))
+}
+
+pub async fn wait<T, F, Fut>(what: &str, get: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    wait_up_to(what, TIMEOUT, get).await
+}
+
+/// Polls `get` every 100 ms until it returns a value; fails the test after `timeout`.
+pub async fn wait_up_to<T, F, Fut>(what: &str, timeout: Duration, mut get: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = get().await {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A namespace with an operator, the Secret and a resource `orders` whose Deployment exists.
+pub struct Deployed {
+    pub plane: &'static ControlPlane,
+    pub ns: String,
+    pub operator: Operator,
+    pub deployments: Api<Deployment>,
+}
+
+pub async fn deployed(name: &str) -> Deployed {
+    let plane = plane().await;
+    let ns = namespace(plane, name);
+    let operator = Operator::start(plane, &ns, "op");
+    assert!(apply(plane, &ns, &secret_yaml()).0);
+    assert!(apply(plane, &ns, &resource("orders", "https://acct.documents.azure.com/", "")).0);
+    let deployments: Api<Deployment> = Api::namespaced(plane.client().await, &ns);
+    wait("deployment", || async {
+        deployments.get_opt("orders").await.ok().flatten()
+    })
+    .await;
+    Deployed {
+        plane,
+        ns,
+        operator,
+        deployments,
+    }
+}
+
+pub fn replicas(deployment: &Deployment) -> Option<i32> {
+    deployment.spec.as_ref().and_then(|s| s.replicas)
+}
+
+pub fn worker_env(deployment: &Deployment) -> BTreeMap<String, k8s_openapi::api::core::v1::EnvVar> {
+    let pod = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("pod spec");
+    pod.containers[0]
+        .env
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| (e.name.clone(), e))
+        .collect()
+}
+
+/// A Deployment's pod template run as a local process, as a kubelet would run its worker
+/// container: the environment resolved (Secret keys, the pod name), `CFP_METRICS_PORT` on a free
+/// port, stdout (one JSON line per delivered document) collected.
+pub struct LocalWorker {
+    /// The pod name (and so the instance name).
+    pub pod: String,
+    /// The process.
+    pub child: Child,
+    /// Its /metrics, /healthz and /readyz.
+    pub metrics: std::net::SocketAddr,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl LocalWorker {
+    /// Starts the worker container of `deployment` as pod `pod`, with `overrides` of its environment.
+    pub async fn start(deployment: &Deployment, secrets: &Api<Secret>, pod: &str, overrides: &[(&str, &str)]) -> Self {
+        let template = deployment
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .expect("pod spec");
+        let container = &template.containers[0];
+        let port = free_port();
+        let mut command = Command::new(CFP);
+        command
+            .args(container.args.clone().unwrap_or_default())
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("RUST_LOG", "warn");
+        for var in container.env.clone().unwrap_or_default() {
+            let value = match (var.value, var.value_from) {
+                (Some(value), _) => value,
+                (None, Some(source)) => {
+                    if let Some(key) = source.secret_key_ref {
+                        let secret = secrets.get(&key.name).await.expect("secret");
+                        String::from_utf8(secret.data.expect("secret data")[&key.key].0.clone()).expect("utf-8 key")
+                    } else if source.field_ref.map(|f| f.field_path).as_deref() == Some("metadata.name") {
+                        pod.to_owned()
+                    } else {
+                        panic!("unsupported env source for {}", var.name)
+                    }
+                }
+                _ => String::new(),
+            };
+            command.env(&var.name, value);
+        }
+        command.env("CFP_METRICS_PORT", port.to_string());
+        for (name, value) in overrides {
+            command.env(name, value);
+        }
+        let log = std::fs::File::create(std::env::temp_dir().join(format!("cfp-worker-{pod}.log"))).expect("log");
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn cfp worker");
+        let stdout = child.stdout.take().expect("stdout");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        tokio::spawn(async move {
+            use tokio::io::AsyncBufReadExt;
+            let mut reader = tokio::io::BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                sink.lock().expect("lines").push(line);
+            }
+        });
+        Self {
+            pod: pod.to_owned(),
+            child,
+            metrics: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            lines,
+        }
+    }
+
+    /// The ids of the documents delivered so far.
+    pub fn ids(&self) -> std::collections::HashSet<String> {
+        self.lines
+            .lock()
+            .expect("lines")
+            .iter()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|d| d["id"].as_str().map(str::to_owned))
+            .collect()
+    }
+
+    /// Deliveries so far (with duplicates).
+    pub fn deliveries(&self) -> usize {
+        self.lines.lock().expect("lines").len()
+    }
+
+    /// The value of the first series of its /metrics that starts with `prefix`.
+    pub async fn metric(&self, prefix: &str) -> Option<f64> {
+        metric_value(&metrics_body(self.metrics).await?, prefix)
+    }
+
+    /// Sends `signal` (for example `-STOP`, `-CONT`) to the process.
+    pub async fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("running worker");
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .await
+            .expect("kill");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+}
