@@ -36,6 +36,9 @@ fn main() -> ExitCode {
             Command::Write(args) => cli::write::run(args).await.map_err(|e| format!("cfp write: {e}")),
             Command::Estimate(args) => cli::estimate::run(args).await.map_err(|e| format!("cfp estimate: {e}")),
             Command::Operator(args) => cli::operator::run(args).await.map_err(|e| format!("cfp operator: {e}")),
+            Command::Deadletter(command) => cli::deadletter::run(command)
+                .await
+                .map_err(|e| format!("cfp deadletter: {e}")),
             Command::Crd => {
                 print!("{}", changefeed_operator::operator::crd_yaml());
                 Ok(())

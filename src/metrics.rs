@@ -27,6 +27,8 @@ pub struct WorkerMetrics {
     read_duration: HistogramVec,
     request_charge: GaugeVec,
     estimated_lag: IntGaugeVec,
+    lease_stuck: IntGaugeVec,
+    dead_lettered: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
@@ -121,8 +123,20 @@ impl WorkerMetrics {
             estimated_lag: gauge(
                 &registry,
                 "cfp_estimated_lag",
-                "Estimated remaining operations per owned lease (1 for a lease that has no checkpoint yet).",
+                "Estimated remaining operations per owned lease.",
                 &["processor", "lease"],
+            )?,
+            lease_stuck: gauge(
+                &registry,
+                "cfp_lease_stuck",
+                "1 while a lease halts on a batch its handler keeps failing (on-exhausted halt).",
+                &["processor", "lease"],
+            )?,
+            dead_lettered: counter(
+                &registry,
+                "cfp_documents_dead_lettered_total",
+                "Documents the handler kept failing, moved to the dead-letter container.",
+                p,
             )?,
             registry,
             processor: processor.to_owned(),
@@ -136,6 +150,7 @@ impl WorkerMetrics {
         metrics.documents.with_label_values(&[processor]);
         metrics.batches.with_label_values(&[processor]);
         metrics.handler_errors.with_label_values(&[processor]);
+        metrics.dead_lettered.with_label_values(&[processor]);
         metrics.leases_owned.with_label_values(&[processor]);
         metrics.request_charge.with_label_values(&[processor]);
         Ok(Arc::new(metrics))
@@ -183,6 +198,18 @@ impl ProcessorObserver for WorkerMetrics {
         }
     }
 
+    fn lease_stuck(&self, lease: &str, stuck: bool) {
+        self.lease_stuck
+            .with_label_values(&[self.processor.as_str(), lease])
+            .set(i64::from(stuck));
+    }
+
+    fn dead_lettered(&self, _lease: &str, documents: usize) {
+        self.dead_lettered
+            .with_label_values(&[self.processor.as_str()])
+            .inc_by(documents as u64);
+    }
+
     fn checkpointed(&self, _lease: &str, elapsed: Duration) {
         self.checkpoint_duration
             .with_label_values(&[&self.processor])
@@ -213,8 +240,8 @@ impl ProcessorObserver for WorkerMetrics {
     }
 }
 
-/// Serves `/metrics`, `/healthz` (the process answers) and `/readyz` (bootstrapped and the lease
-/// loop running) until `shutdown`.
+/// Serves `/metrics`, `/healthz` (the process answers) and `/readyz` (bootstrapped, the lease
+/// loop running and the handler answering) until `shutdown`.
 pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
@@ -228,8 +255,11 @@ pub async fn serve(
             match req.uri().path() {
                 "/metrics" => crate::http::response(200, "text/plain; version=0.0.4", metrics.render()),
                 "/healthz" => crate::http::response(200, "text/plain", "ok\n"),
-                "/readyz" if monitor.is_ready() => crate::http::response(200, "text/plain", "ready\n"),
-                "/readyz" => crate::http::response(503, "text/plain", "not ready\n"),
+                "/readyz" if !monitor.is_ready() => crate::http::response(503, "text/plain", "not ready\n"),
+                "/readyz" if !monitor.handler_ready().await => {
+                    crate::http::response(503, "text/plain", "not ready: the handler does not answer\n")
+                }
+                "/readyz" => crate::http::response(200, "text/plain", "ready\n"),
                 _ => crate::http::response(404, "text/plain", "not found\n"),
             }
         }

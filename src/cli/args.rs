@@ -29,6 +29,9 @@ pub enum Command {
     Operator(OperatorArgs),
     /// Print the ChangeFeedProcessor CustomResourceDefinition (YAML).
     Crd,
+    /// List or replay the documents a processor dead-lettered.
+    #[command(subcommand)]
+    Deadletter(DeadLetterCommand),
 }
 
 /// `cfp emulator`.
@@ -69,6 +72,73 @@ pub struct ConnectionArgs {
 pub enum HandlerKind {
     /// One JSON line per changed document on standard output.
     Stdout,
+    /// POST every batch to --handler-url.
+    Http,
+}
+
+/// Body formats of the HTTP handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HandlerFormat {
+    /// `{"processor", "lease", "feedRange", "batch", "documents"}`.
+    Json,
+    /// A CloudEvents 1.0 JSON batch, one event per document.
+    Cloudevents,
+}
+
+/// What happens to a batch the handler still fails after --max-attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnExhaustedArg {
+    /// Keep retrying at --max-backoff; the lease is reported stuck. Nothing is ever skipped.
+    Halt,
+    /// Move the failing documents to the dead-letter container and go on.
+    DeadLetter,
+}
+
+/// Where batches go (`cfp worker`, `cfp deadletter replay`).
+#[derive(Debug, Args, Clone)]
+pub struct HandlerArgs {
+    /// Where batches go.
+    #[arg(long, env = "CFP_HANDLER", value_enum, default_value = "stdout")]
+    pub handler: HandlerKind,
+    /// The URL the HTTP handler POSTs batches to, for example `http://localhost:8080/changes`.
+    #[arg(long, env = "CFP_HANDLER_URL")]
+    pub handler_url: Option<String>,
+    /// The HTTP body format.
+    #[arg(long, env = "CFP_HANDLER_FORMAT", value_enum, default_value = "json")]
+    pub handler_format: HandlerFormat,
+    /// An HTTP request taking longer fails (and is retried).
+    #[arg(long, env = "CFP_HANDLER_TIMEOUT", default_value = "60s", value_parser = duration)]
+    pub handler_timeout: Duration,
+    /// An extra HTTP header `NAME=VALUE` (repeatable). Also every environment variable
+    /// `CFP_HANDLER_HEADER_<NAME>`; values are never logged.
+    #[arg(long = "handler-header", value_name = "NAME=VALUE")]
+    pub handler_headers: Vec<String>,
+    /// A path on the handler's host that answers 2xx when it is ready (default: its port accepts connections).
+    #[arg(long, env = "CFP_HANDLER_READINESS_PATH")]
+    pub handler_readiness_path: Option<String>,
+}
+
+/// Retries of a failing batch (`cfp worker`).
+#[derive(Debug, Args, Clone)]
+pub struct RetryArgs {
+    /// Attempts of a failing batch before --on-exhausted applies.
+    #[arg(long, env = "CFP_MAX_ATTEMPTS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_attempts: u32,
+    /// Wait before the first retry; doubles up to --max-backoff.
+    #[arg(long, env = "CFP_INITIAL_BACKOFF", default_value = "1s", value_parser = duration)]
+    pub initial_backoff: Duration,
+    /// Longest wait between attempts.
+    #[arg(long, env = "CFP_MAX_BACKOFF", default_value = "30s", value_parser = duration)]
+    pub max_backoff: Duration,
+    /// What happens after --max-attempts failures.
+    #[arg(long, env = "CFP_ON_EXHAUSTED", value_enum, default_value = "halt")]
+    pub on_exhausted: OnExhaustedArg,
+    /// Database of the dead-letter container (default: the lease database).
+    #[arg(long, env = "CFP_DEAD_LETTER_DATABASE")]
+    pub dead_letter_database: Option<String>,
+    /// The dead-letter container (created with partition key `/id` when missing).
+    #[arg(long, env = "CFP_DEAD_LETTER_CONTAINER")]
+    pub dead_letter_container: Option<String>,
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -95,9 +165,10 @@ pub struct WorkerArgs {
     /// Where leases without a checkpoint start: beginning, now, or an RFC 3339 time.
     #[arg(long, env = "CFP_START_FROM", default_value = "beginning")]
     pub start_from: crate::cosmos::StartFrom,
-    /// Where batches go.
-    #[arg(long, env = "CFP_HANDLER", value_enum, default_value = "stdout")]
-    pub handler: HandlerKind,
+    #[command(flatten)]
+    pub handler: HandlerArgs,
+    #[command(flatten)]
+    pub retry: RetryArgs,
     /// Maximum documents per batch.
     #[arg(long, env = "CFP_MAX_ITEMS", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_items: u32,
@@ -248,4 +319,45 @@ pub struct OperatorArgs {
     /// How often the leader renews its lease.
     #[arg(long, default_value = "5s", value_parser = duration)]
     pub leader_renew_interval: Duration,
+}
+
+/// `cfp deadletter`.
+#[derive(Debug, Subcommand)]
+pub enum DeadLetterCommand {
+    /// List a processor's dead-lettered documents.
+    List(DeadLetterArgs),
+    /// Send a processor's dead-lettered documents to the handler again; each one it accepts is removed.
+    Replay(DeadLetterReplayArgs),
+}
+
+/// Where a processor's dead letters are.
+#[derive(Debug, Args, Clone)]
+pub struct DeadLetterArgs {
+    /// Account endpoint of the dead-letter container.
+    #[arg(long, env = "CFP_ENDPOINT", default_value = "http://127.0.0.1:8081/")]
+    pub endpoint: String,
+    /// Account key (defaults to the emulator's well-known key).
+    #[arg(long, env = "CFP_KEY", hide_env_values = true, default_value = crate::cosmos::EMULATOR_KEY, hide_default_value = true)]
+    pub key: String,
+    /// Database of the dead-letter container.
+    #[arg(long, env = "CFP_DEAD_LETTER_DATABASE")]
+    pub dead_letter_database: String,
+    /// The dead-letter container.
+    #[arg(long, env = "CFP_DEAD_LETTER_CONTAINER")]
+    pub dead_letter_container: String,
+    /// The processor whose dead letters these are.
+    #[arg(long, env = "CFP_PROCESSOR", default_value = "changefeed")]
+    pub processor: String,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
+    pub output: OutputFormat,
+}
+
+/// `cfp deadletter replay`.
+#[derive(Debug, Args, Clone)]
+pub struct DeadLetterReplayArgs {
+    #[command(flatten)]
+    pub letters: DeadLetterArgs,
+    #[command(flatten)]
+    pub handler: HandlerArgs,
 }

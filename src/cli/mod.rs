@@ -3,9 +3,11 @@
 
 pub mod args;
 pub mod config_file;
+pub mod deadletter;
 #[cfg(feature = "emulator")]
 pub mod emulator;
 pub mod estimate;
+pub mod handler;
 pub mod operator;
 pub mod worker;
 pub mod write;

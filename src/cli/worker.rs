@@ -6,10 +6,10 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::args::{HandlerKind, WorkerArgs};
+use super::args::{OnExhaustedArg, WorkerArgs};
 use crate::cosmos::CosmosAccount;
 use crate::metrics::WorkerMetrics;
-use crate::processor::{ChangeHandler, ProcessorOptions, StdoutHandler};
+use crate::processor::{CosmosDeadLetters, OnExhausted, ProcessorOptions, RetryPolicy};
 use crate::worker::{WorkerError, WorkerSettings, build_processor};
 
 /// Why `cfp worker` stopped with an error.
@@ -32,6 +32,17 @@ pub enum WorkerCommandError {
     /// The metrics endpoint could not be served.
     #[error("cannot serve metrics: {0}")]
     Metrics(std::io::Error),
+    /// The handler or retry flags cannot work.
+    #[error("{0}")]
+    Handler(String),
+    /// The dead-letter container cannot be used.
+    #[error("dead-letter container {container}: {source}")]
+    DeadLetters {
+        /// `database/container`.
+        container: String,
+        /// The error.
+        source: crate::cosmos::CosmosError,
+    },
 }
 
 /// The settings a worker runs with, from its arguments.
@@ -47,7 +58,52 @@ pub fn settings(args: &WorkerArgs) -> WorkerSettings {
     options.acquire_interval = args.lease_acquire_interval;
     options.renew_interval = args.lease_renew_interval;
     options.expiration = args.lease_expiration;
+    options.retry = RetryPolicy {
+        max_attempts: args.retry.max_attempts,
+        initial_backoff: args.retry.initial_backoff,
+        max_backoff: args.retry.max_backoff,
+        on_exhausted: match args.retry.on_exhausted {
+            OnExhaustedArg::Halt => OnExhausted::Halt,
+            OnExhaustedArg::DeadLetter => OnExhausted::DeadLetter,
+        },
+    };
     args.connection.settings(&args.leases, !args.no_create_leases, options)
+}
+
+/// The CloudEvents `source` of the monitored container.
+pub fn event_source(account: &CosmosAccount, database: &str, container: &str) -> String {
+    format!("cosmosdb://{}/dbs/{database}/colls/{container}", account.host())
+}
+
+/// Opens (creating when missing) the dead-letter container the flags name, if any.
+async fn dead_letters(
+    args: &WorkerArgs,
+    settings: &WorkerSettings,
+    account: &CosmosAccount,
+) -> Result<Option<Arc<CosmosDeadLetters>>, WorkerCommandError> {
+    let Some(container) = &args.retry.dead_letter_container else {
+        if args.retry.on_exhausted == OnExhaustedArg::DeadLetter {
+            return Err(WorkerCommandError::Handler(
+                "--on-exhausted dead-letter needs --dead-letter-container (CFP_DEAD_LETTER_CONTAINER)".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    let database = args
+        .retry
+        .dead_letter_database
+        .clone()
+        .unwrap_or_else(|| settings.lease_database.clone());
+    let name = format!("{database}/{container}");
+    let opened = async {
+        account.ensure_container(&database, container, "/id").await?;
+        account.documents(&database, container).await
+    };
+    let documents = opened.await.map_err(|source| WorkerCommandError::DeadLetters {
+        container: name,
+        source,
+    })?;
+    Ok(Some(Arc::new(CosmosDeadLetters::new(documents))))
 }
 
 /// Runs the worker until a termination signal.
@@ -60,9 +116,8 @@ pub async fn run(args: &WorkerArgs) -> Result<(), WorkerCommandError> {
             endpoint: endpoint.clone(),
             source,
         })?;
-    let handler: Arc<dyn ChangeHandler> = match args.handler {
-        HandlerKind::Stdout => Arc::new(StdoutHandler::new()),
-    };
+    let source = event_source(&account, &settings.database, &settings.container);
+    let handler = super::handler::build(&args.handler, source).map_err(WorkerCommandError::Handler)?;
     let lease_account = args
         .leases
         .account(&args.connection, &account)
@@ -72,6 +127,9 @@ pub async fn run(args: &WorkerArgs) -> Result<(), WorkerCommandError> {
             source,
         })?;
     let mut processor = build_processor(&account, &lease_account, &settings, handler).await?;
+    if let Some(store) = dead_letters(args, &settings, &lease_account).await? {
+        processor = processor.with_dead_letters(store);
+    }
     let shutdown = CancellationToken::new();
     let mut background = Vec::new();
     if let Some(port) = args.metrics_port {

@@ -115,6 +115,18 @@ impl DocumentContainer {
     /// Every document whose id starts with `prefix`.
     pub async fn list_by_id_prefix(&self, prefix: &str) -> Result<Vec<Document>, CosmosError> {
         let query = Query::from("SELECT * FROM c WHERE STARTSWITH(c.id, @prefix)").with_parameter("@prefix", prefix)?;
+        self.list(query).await
+    }
+
+    /// Every document whose top-level string property `field` (a name from code, not input)
+    /// equals `value`.
+    pub async fn list_by_field(&self, field: &'static str, value: &str) -> Result<Vec<Document>, CosmosError> {
+        let query = Query::from(format!("SELECT * FROM c WHERE c.{field} = @value").as_str())
+            .with_parameter("@value", value)?;
+        self.list(query).await
+    }
+
+    async fn list(&self, query: Query) -> Result<Vec<Document>, CosmosError> {
         let mut items = self
             .client
             .query_items::<Value>(query, FeedScope::full_container(), None)

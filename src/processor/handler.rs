@@ -1,25 +1,60 @@
 //! Handlers: the user's code that receives batches of changed documents.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
+use crate::cosmos::EpkRange;
+
 /// One batch of changes from one lease.
 #[derive(Debug, Clone, Copy)]
 pub struct Batch<'a> {
+    /// The processor (deployment unit) name.
+    pub processor: &'a str,
     /// The lease token (`"{min}-{max}"`) the batch was read from.
     pub lease_token: &'a str,
+    /// The lease's EPK range.
+    pub feed_range: &'a EpkRange,
+    /// Identifies the batch: the same for every delivery of the same batch (retries, and
+    /// redelivery after a crash while the batch size is unchanged).
+    pub batch_id: &'a str,
+    /// Which delivery attempt this is (1 for the first).
+    pub attempt: u32,
     /// The changed documents, in change order for the range.
     pub documents: &'a [Value],
 }
 
 /// Why a handler could not handle a batch. The batch is retried (never checkpointed).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct HandlerError(pub String);
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct HandlerError {
+    /// What went wrong.
+    pub message: String,
+    /// How long the handler asked to wait before the next attempt (HTTP `Retry-After`).
+    pub retry_after: Option<Duration>,
+}
+
+impl HandlerError {
+    /// A failure with no wish about when to retry.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// A failure whose handler asked to retry after `delay`.
+    pub fn retry_after(message: impl Into<String>, delay: Duration) -> Self {
+        Self {
+            message: message.into(),
+            retry_after: Some(delay),
+        }
+    }
+}
 
 /// The user's code. A batch is checkpointed only after `handle` returned `Ok`; an `Err` makes the
 /// processor retry the same batch with backoff. Delivery is at-least-once: after a crash or a
@@ -28,12 +63,21 @@ pub struct HandlerError(pub String);
 pub trait ChangeHandler: Send + Sync + 'static {
     /// Handles one batch.
     async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError>;
+
+    /// Whether the handler can take batches now (the worker's `/readyz` includes it).
+    async fn ready(&self) -> bool {
+        true
+    }
 }
 
 #[async_trait]
 impl<T: ChangeHandler + ?Sized> ChangeHandler for Arc<T> {
     async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
         (**self).handle(batch).await
+    }
+
+    async fn ready(&self) -> bool {
+        (**self).ready().await
     }
 }
 
@@ -62,9 +106,9 @@ impl ChangeHandler for StdoutHandler {
         let out = guard.get_or_insert_with(tokio::io::stdout);
         out.write_all(text.as_bytes())
             .await
-            .map_err(|e| HandlerError(format!("writing to stdout: {e}")))?;
+            .map_err(|e| HandlerError::new(format!("writing to stdout: {e}")))?;
         out.flush()
             .await
-            .map_err(|e| HandlerError(format!("flushing stdout: {e}")))
+            .map_err(|e| HandlerError::new(format!("flushing stdout: {e}")))
     }
 }

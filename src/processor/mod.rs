@@ -7,10 +7,13 @@
 
 pub mod balancer;
 pub mod bootstrap;
+pub mod deadletter;
+pub mod delivery;
 pub mod estimator;
 pub mod events;
 pub mod evict;
 pub mod handler;
+pub mod http_handler;
 pub mod lease;
 pub mod observer;
 pub mod options;
@@ -18,11 +21,13 @@ pub mod owned;
 pub mod partition;
 pub mod runtime;
 
+pub use deadletter::{CosmosDeadLetters, DeadLetter, DeadLetterStore};
 pub use estimator::{LeaseEstimate, ProcessorEstimate, estimate_leases};
 pub use events::{CloseReason, LeaseEvent};
 pub use evict::evict_instance;
 pub use handler::{Batch, ChangeHandler, HandlerError, StdoutHandler};
+pub use http_handler::{HttpFormat, HttpHandler, HttpHandlerConfig};
 pub use lease::{CosmosLeaseStore, Lease, LeaseStore, LeaseStoreError, lease_prefix};
 pub use observer::{NoopObserver, ProcessorObserver};
-pub use options::ProcessorOptions;
+pub use options::{OnExhausted, ProcessorOptions, RetryPolicy};
 pub use runtime::{ChangeFeedProcessor, ProcessorError, ProcessorHandle, ProcessorMonitor};

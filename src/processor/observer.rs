@@ -16,6 +16,10 @@ pub trait ProcessorObserver: Send + Sync + 'static {
     fn leases_owned(&self, _count: usize) {}
     /// A lease event happened.
     fn lease_event(&self, _event: &LeaseEvent) {}
+    /// A lease halted on a batch its handler keeps failing (`true`), or went on again (`false`).
+    fn lease_stuck(&self, _lease: &str, _stuck: bool) {}
+    /// `documents` of a lease were moved to the dead-letter container.
+    fn dead_lettered(&self, _lease: &str, _documents: usize) {}
 }
 
 /// An observer that ignores everything.

@@ -29,6 +29,56 @@ pub struct ProcessorOptions {
     pub min_backoff: Duration,
     /// Longest delay between retries.
     pub max_backoff: Duration,
+    /// Retries of a batch the handler fails, and what happens when they are exhausted.
+    pub retry: RetryPolicy,
+}
+
+/// What happens to a batch the handler still fails after [`RetryPolicy::max_attempts`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnExhausted {
+    /// Keep retrying at the longest backoff and report the lease as stuck; nothing is ever skipped.
+    #[default]
+    Halt,
+    /// Find the failing documents by bisecting the batch, move each to the dead-letter container,
+    /// deliver the rest, then checkpoint and go on.
+    DeadLetter,
+}
+
+/// Retries of a batch the handler fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts before `on_exhausted` applies (at least 1).
+    pub max_attempts: u32,
+    /// Delay before the first retry; doubles up to `max_backoff` (with ±20 % jitter).
+    pub initial_backoff: Duration,
+    /// Longest delay between attempts.
+    pub max_backoff: Duration,
+    /// What happens after `max_attempts` failures.
+    pub on_exhausted: OnExhausted,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(30),
+            on_exhausted: OnExhausted::Halt,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The delay after failed attempt number `attempt` (1-based).
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        exponential_backoff(self.initial_backoff, self.max_backoff, attempt.saturating_sub(1))
+    }
+}
+
+/// `initial` doubled `step` times, capped at `max`, with ±20 % jitter.
+fn exponential_backoff(initial: Duration, max: Duration, step: u32) -> Duration {
+    let base = initial.saturating_mul(1u32 << step.min(16)).min(max);
+    base.mul_f64(0.8 + fastrand::f64() * 0.4)
 }
 
 impl ProcessorOptions {
@@ -46,17 +96,13 @@ impl ProcessorOptions {
             read_timeout: Duration::from_secs(65),
             min_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
+            retry: RetryPolicy::default(),
         }
     }
 
     /// The delay before retry number `attempt` (0-based): exponential with ±20 % jitter.
     pub fn backoff(&self, attempt: u32) -> Duration {
-        let base = self
-            .min_backoff
-            .saturating_mul(1u32 << attempt.min(16))
-            .min(self.max_backoff);
-        let jitter = 0.8 + fastrand::f64() * 0.4;
-        base.mul_f64(jitter)
+        exponential_backoff(self.min_backoff, self.max_backoff, attempt)
     }
 
     /// Checks the timings make sense together.
@@ -79,6 +125,15 @@ impl ProcessorOptions {
         if self.acquire_interval.is_zero() || self.renew_interval.is_zero() {
             return Err("lease intervals must be longer than zero".into());
         }
+        if self.retry.max_attempts == 0 {
+            return Err("max attempts must be at least 1".into());
+        }
+        if self.retry.initial_backoff > self.retry.max_backoff {
+            return Err(format!(
+                "the initial backoff ({:?}) must not be longer than the max backoff ({:?})",
+                self.retry.initial_backoff, self.retry.max_backoff
+            ));
+        }
         Ok(())
     }
 }
@@ -93,6 +148,20 @@ mod tests {
         assert!(options.backoff(0) <= Duration::from_millis(600));
         assert!(options.backoff(3) >= Duration::from_millis(3200));
         assert!(options.backoff(40) <= Duration::from_secs(36));
+    }
+
+    #[test]
+    fn handler_retries_back_off_from_the_first_failure() {
+        let retry = RetryPolicy {
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(1),
+            ..RetryPolicy::default()
+        };
+        let around =
+            |d: Duration, ms: u64| d >= Duration::from_millis(ms * 8 / 10) && d <= Duration::from_millis(ms * 12 / 10);
+        assert!(around(retry.backoff(1), 100));
+        assert!(around(retry.backoff(3), 400));
+        assert!(around(retry.backoff(30), 1000));
     }
 
     #[test]

@@ -7,8 +7,8 @@ use std::time::Duration;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
+use super::delivery::{Delivery, batch_id};
 use super::events::{CloseReason, LeaseEvent};
-use super::handler::Batch;
 use super::lease::Lease;
 use super::owned::{OwnedLease, UpdateError};
 use super::runtime::Shared;
@@ -65,6 +65,8 @@ pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
             return LeaseExit::closed(CloseReason::Error);
         };
         let checkpoint = lease.continuation.clone();
+        // Where the next page starts: its batch id is derived from it.
+        let mut position = checkpoint.clone();
         let opened = shared
             .monitored
             .reader(
@@ -119,12 +121,24 @@ pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
             };
             failures = 0;
             let empty = page.documents.is_empty();
-            if !empty && !deliver(&shared, &owned, &page).await {
-                // Stopped while retrying a failing batch: nothing was checkpointed past it.
-                return stop_reason(&owned);
+            if !empty {
+                let delivery = Delivery {
+                    shared: &shared,
+                    owned: &owned,
+                    range: &range,
+                    batch_id: batch_id(owned.token(), position.as_deref()),
+                };
+                if !delivery.run(&page.documents).await {
+                    // Stopped while retrying a failing batch: nothing was checkpointed past it.
+                    return stop_reason(&owned);
+                }
             }
             match advance(&shared, &owned, &range, &page).await {
-                Advance::Continue => {}
+                Advance::Continue => {
+                    if let [only] = page.continuations.as_slice() {
+                        position = Some(only.continuation.clone());
+                    }
+                }
                 Advance::Rebuild => break,
                 Advance::Exit(exit) => return exit,
             }
@@ -140,36 +154,6 @@ fn is_configuration_error(error: &CosmosError) -> bool {
         error.kind,
         ErrorKind::Unauthorized | ErrorKind::BadRequest | ErrorKind::NotFound
     )
-}
-
-/// Hands a batch to the handler until it succeeds. `false` when the lease was stopped meanwhile.
-async fn deliver(shared: &Shared, owned: &OwnedLease, page: &ChangePage) -> bool {
-    let batch = Batch {
-        lease_token: owned.token(),
-        documents: &page.documents,
-    };
-    let mut attempt = 0;
-    loop {
-        let started = std::time::Instant::now();
-        let result = shared.handler.handle(batch).await;
-        shared
-            .observer()
-            .handler_done(owned.token(), started.elapsed(), result.is_ok(), page.documents.len());
-        match result {
-            Ok(()) => return true,
-            Err(error) => {
-                // Poison-batch handling (bounded retries, dead-lettering) plugs in here.
-                shared.emit_error(
-                    Some(owned.token()),
-                    format!("handler failed (attempt {}): {error}", attempt + 1),
-                );
-                if !pause(owned.cancelled(), shared.options.backoff(attempt)).await {
-                    return false;
-                }
-                attempt += 1;
-            }
-        }
-    }
 }
 
 enum Advance {

@@ -13,12 +13,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::balancer::{LeaseState, leases_to_acquire, superseded};
 use super::bootstrap::bootstrap;
+use super::deadletter::DeadLetterStore;
 use super::estimator::{DEFAULT_CONCURRENCY, LeaseEstimate, estimate_leases};
 use super::events::{CloseReason, LeaseEvent};
 use super::handler::ChangeHandler;
 use super::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError};
 use super::observer::{NoopObserver, ProcessorObserver};
-use super::options::ProcessorOptions;
+use super::options::{OnExhausted, ProcessorOptions};
 use super::owned::OwnedLease;
 use super::partition::{self, LeaseExit};
 use crate::cosmos::{CosmosError, MonitoredContainer};
@@ -51,6 +52,7 @@ pub struct Shared {
     owned: Mutex<HashMap<String, Arc<OwnedLease>>>,
     cycles: AtomicU64,
     ready: AtomicBool,
+    pub(crate) dead_letters: std::sync::OnceLock<Arc<dyn DeadLetterStore>>,
 }
 
 impl Shared {
@@ -116,6 +118,7 @@ impl ChangeFeedProcessor {
                 owned: Mutex::new(HashMap::new()),
                 cycles: AtomicU64::new(0),
                 ready: AtomicBool::new(false),
+                dead_letters: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -125,6 +128,13 @@ impl ChangeFeedProcessor {
         if let Ok(mut current) = self.shared.observer.write() {
             *current = observer;
         }
+        self
+    }
+
+    /// Stores the documents the handler keeps failing in `store` (needed when the retry policy
+    /// says `DeadLetter`).
+    pub fn with_dead_letters(self, store: Arc<dyn DeadLetterStore>) -> Self {
+        let _ = self.shared.dead_letters.set(store);
         self
     }
 
@@ -143,6 +153,12 @@ impl ChangeFeedProcessor {
     /// Bootstraps the lease store (once per processor) and starts processing.
     pub async fn start(self) -> Result<ProcessorHandle, ProcessorError> {
         self.shared.options.validate().map_err(ProcessorError::Config)?;
+        if self.shared.options.retry.on_exhausted == OnExhausted::DeadLetter && self.shared.dead_letters.get().is_none()
+        {
+            return Err(ProcessorError::Config(
+                "dead-lettering needs a dead-letter container (--dead-letter-container)".into(),
+            ));
+        }
         let options = &self.shared.options;
         bootstrap(
             self.shared.store.as_ref(),
@@ -243,6 +259,11 @@ impl ProcessorMonitor {
     /// Whether the processor is bootstrapped and its lease loop is running.
     pub fn is_ready(&self) -> bool {
         self.shared.ready.load(Ordering::SeqCst)
+    }
+
+    /// Whether the handler can take batches now (for example, an HTTP handler answers).
+    pub async fn handler_ready(&self) -> bool {
+        self.shared.handler.ready().await
     }
 
     /// Leases owned now.

@@ -1,0 +1,151 @@
+//! `cfp deadletter list|replay`: a processor's dead-lettered documents, and sending them to the
+//! handler again (each one it accepts is removed; the others stay).
+
+use std::fmt::Write as _;
+
+use super::args::{DeadLetterArgs, DeadLetterCommand, DeadLetterReplayArgs, OutputFormat};
+use crate::cosmos::{CosmosAccount, EpkRange, ErrorKind};
+use crate::processor::{Batch, CosmosDeadLetters, DeadLetter};
+
+/// Why `cfp deadletter` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DeadLetterError {
+    /// The account or container could not be reached.
+    #[error("{0}")]
+    Open(String),
+    /// The handler flags cannot work.
+    #[error("{0}")]
+    Handler(String),
+    /// Some dead letters were not accepted by the handler.
+    #[error("{failed} of {total} dead letters were not accepted by the handler and stay in the container")]
+    NotReplayed {
+        /// Not accepted.
+        failed: usize,
+        /// Tried.
+        total: usize,
+    },
+}
+
+async fn open(args: &DeadLetterArgs) -> Result<(CosmosAccount, CosmosDeadLetters), DeadLetterError> {
+    let account = CosmosAccount::connect(&args.endpoint, &args.key)
+        .await
+        .map_err(|e| DeadLetterError::Open(format!("cannot connect to {}: {e}", args.endpoint)))?;
+    let name = format!("{}/{}", args.dead_letter_database, args.dead_letter_container);
+    let container = account
+        .documents(&args.dead_letter_database, &args.dead_letter_container)
+        .await
+        .map_err(|e| match e.kind {
+            ErrorKind::NotFound => DeadLetterError::Open(format!("the dead-letter container {name} does not exist")),
+            _ => DeadLetterError::Open(format!("opening the dead-letter container {name}: {e}")),
+        })?;
+    Ok((account, CosmosDeadLetters::new(container)))
+}
+
+/// Runs `cfp deadletter ...`.
+pub async fn run(command: &DeadLetterCommand) -> Result<(), DeadLetterError> {
+    match command {
+        DeadLetterCommand::List(args) => {
+            let (_, letters) = open(args).await?;
+            let list = letters
+                .list(&args.processor)
+                .await
+                .map_err(|e| DeadLetterError::Open(format!("listing dead letters: {e}")))?;
+            match args.output {
+                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&list).unwrap_or_default()),
+                OutputFormat::Table => print!("{}", table(&args.processor, &list)),
+            }
+            Ok(())
+        }
+        DeadLetterCommand::Replay(args) => replay(args).await,
+    }
+}
+
+/// The dead letters as a table for people.
+pub fn table(processor: &str, letters: &[DeadLetter]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "DEAD LETTER\tDOCUMENT\tLEASE\tATTEMPTS\tLAST FAILURE\tERROR");
+    for letter in letters {
+        let document = letter
+            .document
+            .get("id")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("-");
+        let when = letter
+            .last_failure
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        let error: String = letter.error.chars().take(120).collect();
+        let _ = writeln!(
+            out,
+            "{}\t{document}\t{}\t{}\t{when}\t{error}",
+            letter.id, letter.lease, letter.attempts
+        );
+    }
+    let _ = writeln!(
+        out,
+        "processor {processor}: {} dead-lettered document(s)",
+        letters.len()
+    );
+    out
+}
+
+async fn replay(args: &DeadLetterReplayArgs) -> Result<(), DeadLetterError> {
+    let (account, letters) = open(&args.letters).await?;
+    // Replayed events come from the dead-letter container.
+    let source = super::worker::event_source(
+        &account,
+        &args.letters.dead_letter_database,
+        &args.letters.dead_letter_container,
+    );
+    let handler = super::handler::build(&args.handler, source).map_err(DeadLetterError::Handler)?;
+    let list = letters
+        .list(&args.letters.processor)
+        .await
+        .map_err(|e| DeadLetterError::Open(format!("listing dead letters: {e}")))?;
+    let mut failed = 0;
+    for letter in &list {
+        let range = match letter.lease.split_once('-') {
+            Some((min, max)) => EpkRange::new(min, max),
+            None => EpkRange::full(),
+        };
+        let batch_id = format!("replay.{}", letter.id);
+        let documents = std::slice::from_ref(&letter.document);
+        let batch = Batch {
+            processor: &letter.processor,
+            lease_token: &letter.lease,
+            feed_range: &range,
+            batch_id: &batch_id,
+            attempt: letter.attempts + 1,
+            documents,
+        };
+        match handler.handle(batch).await {
+            Ok(()) => match letters.remove(&letter.id).await {
+                Ok(()) => eprintln!("replayed {} (document {:?})", letter.id, letter.document.get("id")),
+                Err(error) => {
+                    failed += 1;
+                    eprintln!(
+                        "replayed {} but removing it failed (it may be replayed again): {error}",
+                        letter.id
+                    );
+                }
+            },
+            Err(error) => {
+                failed += 1;
+                eprintln!("not replayed {}: {error}", letter.id);
+            }
+        }
+    }
+    eprintln!(
+        "processor {}: {} of {} dead letters replayed",
+        args.letters.processor,
+        list.len() - failed,
+        list.len()
+    );
+    if failed > 0 {
+        return Err(DeadLetterError::NotReplayed {
+            failed,
+            total: list.len(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,268 @@
+//! Handing one batch to the handler: retries with exponential backoff (or the handler's
+//! `Retry-After`), then, after `max_attempts`, what the retry policy says:
+//! - `Halt`: keep retrying at the longest backoff; the lease is reported stuck (metric, a warning
+//!   per attempt, and a `handlerFailing` lease property the operator turns into a condition);
+//!   nothing is ever checkpointed past the batch.
+//! - `DeadLetter`: bisect the batch to find the documents that fail on their own (halves are
+//!   tried once, a single document gets every attempt), store each in the dead-letter container,
+//!   deliver the rest in order, and let the lease checkpoint and go on. When a dead-letter write
+//!   fails it is retried; the batch is never checkpointed before its poison is stored.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use super::deadletter::DeadLetter;
+use super::handler::{Batch, HandlerError};
+use super::options::OnExhausted;
+use super::owned::OwnedLease;
+use super::runtime::Shared;
+use crate::cosmos::EpkRange;
+
+/// The lease property that says a lease's handler is failing (set while halted, removed on recovery).
+pub const HANDLER_FAILING_PROPERTY: &str = "handlerFailing";
+
+/// A stable id for the batch read from `position` of lease `lease` (FNV-1a, hex).
+pub fn batch_id(lease: &str, position: Option<&str>) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in lease.bytes().chain([0]).chain(position.unwrap_or("").bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+/// One batch on its way to the handler.
+pub(crate) struct Delivery<'a> {
+    pub(crate) shared: &'a Shared,
+    pub(crate) owned: &'a OwnedLease,
+    pub(crate) range: &'a EpkRange,
+    pub(crate) batch_id: String,
+}
+
+/// Sleeps unless the lease is stopped first; `false` when stopped.
+async fn pause(owned: &OwnedLease, delay: Duration) -> bool {
+    tokio::select! {
+        _ = owned.cancelled().cancelled() => false,
+        _ = tokio::time::sleep(delay) => true,
+    }
+}
+
+impl Delivery<'_> {
+    async fn attempt(&self, batch_id: &str, attempt: u32, documents: &[Value]) -> Result<(), HandlerError> {
+        let batch = Batch {
+            processor: &self.shared.options.processor_name,
+            lease_token: self.owned.token(),
+            feed_range: self.range,
+            batch_id,
+            attempt,
+            documents,
+        };
+        let started = std::time::Instant::now();
+        let result = self.shared.handler.handle(batch).await;
+        self.shared
+            .observer()
+            .handler_done(self.owned.token(), started.elapsed(), result.is_ok(), documents.len());
+        if let Err(error) = &result {
+            self.shared.emit_error(
+                Some(self.owned.token()),
+                format!(
+                    "handler failed batch {batch_id} (attempt {attempt}, {} documents): {error}",
+                    documents.len()
+                ),
+            );
+        }
+        result
+    }
+
+    /// Delivers the batch. `true` when it may be checkpointed (handled, or its poison
+    /// dead-lettered), `false` when the lease was stopped first.
+    pub(crate) async fn run(&self, documents: &[Value]) -> bool {
+        let policy = self.shared.options.retry;
+        let mut first_failure = None;
+        let mut stuck = false;
+        for attempt in 1.. {
+            let error = match self.attempt(&self.batch_id, attempt, documents).await {
+                Ok(()) => {
+                    if stuck {
+                        self.set_stuck(None).await;
+                    }
+                    return true;
+                }
+                Err(error) => error,
+            };
+            let first = *first_failure.get_or_insert_with(OffsetDateTime::now_utc);
+            let delay = if attempt < policy.max_attempts {
+                policy.backoff(attempt)
+            } else {
+                match policy.on_exhausted {
+                    OnExhausted::DeadLetter => return self.isolate(documents, error, attempt, first).await,
+                    OnExhausted::Halt => {
+                        if !stuck {
+                            stuck = true;
+                            self.set_stuck(Some(&error)).await;
+                        }
+                        policy.max_backoff
+                    }
+                }
+            };
+            if !pause(self.owned, error.retry_after.unwrap_or(delay)).await {
+                return false;
+            }
+        }
+        false
+    }
+
+    /// Finds the failing documents of a batch that failed `attempts` times as a whole.
+    async fn isolate(&self, documents: &[Value], error: HandlerError, attempts: u32, first: OffsetDateTime) -> bool {
+        if let [single] = documents {
+            return self.dead_letter(single, &error, attempts, first).await;
+        }
+        let policy = self.shared.options.retry;
+        let mut parts: VecDeque<(usize, &[Value])> = halves(0, documents).into();
+        while let Some((offset, part)) = parts.pop_front() {
+            let id = format!("{}.{offset}+{}", self.batch_id, part.len());
+            if part.len() > 1 {
+                if self.attempt(&id, 1, part).await.is_err() {
+                    for half in halves(offset, part).into_iter().rev() {
+                        parts.push_front(half);
+                    }
+                }
+                continue;
+            }
+            let mut attempt = 1;
+            loop {
+                match self.attempt(&id, attempt, part).await {
+                    Ok(()) => break,
+                    Err(error) if attempt >= policy.max_attempts => {
+                        if !self.dead_letter(&part[0], &error, attempt, first).await {
+                            return false;
+                        }
+                        break;
+                    }
+                    Err(error) => {
+                        if !pause(self.owned, error.retry_after.unwrap_or(policy.backoff(attempt))).await {
+                            return false;
+                        }
+                        attempt += 1;
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// Stores one dead letter, retrying until it is stored; `false` when the lease was stopped first.
+    async fn dead_letter(&self, document: &Value, error: &HandlerError, attempts: u32, first: OffsetDateTime) -> bool {
+        let Some(store) = self.shared.dead_letters.get() else {
+            // Options validation requires a store for DeadLetter; never drop a document without one.
+            self.shared.emit_error(
+                Some(self.owned.token()),
+                "no dead-letter container is configured".into(),
+            );
+            return false;
+        };
+        let letter = DeadLetter::new(
+            document.clone(),
+            &self.shared.options.processor_name,
+            self.owned.token(),
+            error.message.clone(),
+            attempts,
+            first,
+        );
+        let mut failures = 0;
+        loop {
+            match store.put(&letter).await {
+                Ok(()) => {
+                    let document_id = letter.document.get("id").and_then(Value::as_str).unwrap_or_default();
+                    tracing::warn!(
+                        processor = %self.shared.options.processor_name,
+                        lease = self.owned.token(),
+                        document = document_id,
+                        dead_letter = %letter.id,
+                        attempts,
+                        error = %error,
+                        "document dead-lettered"
+                    );
+                    self.shared.observer().dead_lettered(self.owned.token(), 1);
+                    return true;
+                }
+                Err(store_error) => {
+                    self.shared.emit_error(
+                        Some(self.owned.token()),
+                        format!("writing a dead letter failed (the batch is not checkpointed): {store_error}"),
+                    );
+                    if !pause(self.owned, self.shared.options.retry.backoff(failures + 1)).await {
+                        return false;
+                    }
+                    failures += 1;
+                }
+            }
+        }
+    }
+
+    /// Reports the lease stuck (with the handler's error) or recovered: metric and lease property.
+    async fn set_stuck(&self, error: Option<&HandlerError>) {
+        let token = self.owned.token();
+        self.shared.observer().lease_stuck(token, error.is_some());
+        let note = error.map(|e| {
+            let since = OffsetDateTime::now_utc()
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default();
+            format!("since {since}: {}", e.message)
+        });
+        match &note {
+            Some(note) => {
+                tracing::warn!(processor = %self.shared.options.processor_name, lease = token, "handler keeps failing; the lease halts ({note})")
+            }
+            None => {
+                tracing::info!(processor = %self.shared.options.processor_name, lease = token, "handler recovered; the lease goes on")
+            }
+        }
+        let update = self
+            .owned
+            .update(|lease| match &note {
+                Some(note) => {
+                    lease.properties.insert(HANDLER_FAILING_PROPERTY.into(), note.clone());
+                }
+                None => {
+                    lease.properties.remove(HANDLER_FAILING_PROPERTY);
+                }
+            })
+            .await;
+        if let Err(error) = update {
+            tracing::debug!(lease = token, %error, "recording the handler state in the lease failed");
+        }
+    }
+}
+
+/// The two halves of `part` (which starts at `offset` of the batch).
+fn halves(offset: usize, part: &[Value]) -> Vec<(usize, &[Value])> {
+    let middle = part.len() / 2;
+    vec![(offset, &part[..middle]), (offset + middle, &part[middle..])]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_ids_are_stable_and_distinct() {
+        assert_eq!(batch_id("-FF", Some("\"12\"")), batch_id("-FF", Some("\"12\"")));
+        assert_ne!(batch_id("-FF", Some("\"12\"")), batch_id("-FF", Some("\"13\"")));
+        assert_ne!(batch_id("-FF", None), batch_id("-80", None));
+        assert_eq!(batch_id("-FF", None).len(), 16);
+    }
+
+    #[test]
+    fn halves_cover_the_part_in_order() {
+        let docs: Vec<Value> = (0..5).map(|n| serde_json::json!(n)).collect();
+        let parts = halves(10, &docs);
+        assert_eq!(parts[0].0, 10);
+        assert_eq!(parts[0].1.len(), 2);
+        assert_eq!(parts[1].0, 12);
+        assert_eq!(parts[1].1.len(), 3);
+    }
+}
