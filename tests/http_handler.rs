@@ -16,7 +16,7 @@ use changefeed_operator::processor::{
     CosmosDeadLetters, HttpFormat, HttpHandler, HttpHandlerConfig, OnExhausted, ProcessorHandle, RetryPolicy,
     estimate_leases,
 };
-use common::{CFP, DB, Env, ITEMS, cfp_write, eventually, http_get, start_emulator, terminate};
+use common::{CFP, DB, Env, ITEMS, cfp_worker, cfp_write, eventually, http_get, start_emulator, terminate};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -507,16 +507,7 @@ async fn cfp_worker_posts_batches_and_cfp_deadletter_replays_the_poison() {
     let handler_url = format!("http://127.0.0.1:{handler_port}/changes");
     let log_path = std::env::temp_dir().join(format!("cfp-http-worker-{handler_port}.log"));
     let log = std::fs::File::create(&log_path).unwrap();
-    let mut worker = tokio::process::Command::new(CFP)
-        .args([
-            "worker",
-            "--endpoint",
-            &endpoint_url,
-            "--database",
-            "db",
-            "--container",
-            "items",
-        ])
+    let mut worker = cfp_worker(&endpoint_url)
         .args([
             "--handler",
             "http",
@@ -546,7 +537,6 @@ async fn cfp_worker_posts_batches_and_cfp_deadletter_replays_the_poison() {
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(log)
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port));
@@ -629,5 +619,61 @@ async fn cfp_worker_posts_batches_and_cfp_deadletter_replays_the_poison() {
     assert!(endpoint.delivered().contains("doc-7"));
     assert!(remaining.is_empty());
     assert!(!worker_log.contains("s3cret"), "a header value was logged");
+    terminate(&mut emulator).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_python_handler_receives_every_document() {
+    let (mut emulator, endpoint) = start_emulator("db/items:/pk:4").await;
+    let port = free_port();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/example_handler.py");
+    let mut python = tokio::process::Command::new("python3")
+        .arg(script)
+        .arg(port.to_string())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3");
+    let stdout = python.stdout.take().unwrap();
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = lines.clone();
+    tokio::spawn(async move {
+        use tokio::io::AsyncBufReadExt;
+        let mut reader = tokio::io::BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = reader.next_line().await {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    let url = format!("http://127.0.0.1:{port}/changes");
+    let mut worker = cfp_worker(&endpoint)
+        .args([
+            "--handler",
+            "http",
+            "--handler-url",
+            &url,
+            "--handler-readiness-path",
+            "/ready",
+        ])
+        .args(["--poll-interval", "100ms"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    cfp_write(&endpoint, 0, 300).await;
+    let ids = || -> HashSet<String> {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter_map(|v| v["id"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let all = eventually(Duration::from_secs(30), || async { ids().len() == 300 }).await;
+    println!(
+        "README Python handler: {} of 300 documents received through cfp worker --handler http",
+        ids().len()
+    );
+    assert!(all);
+    terminate(&mut worker).await;
     terminate(&mut emulator).await;
 }

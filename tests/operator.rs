@@ -504,3 +504,167 @@ async fn the_rendered_pod_template_runs_as_a_working_worker() {
     terminate(&mut operator.child).await;
     terminate(&mut emulator).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_handler_in_a_sidecar_is_rendered_and_bad_handlers_are_rejected() {
+    let plane = plane().await;
+    let ns = namespace(plane, "http");
+    let client = plane.client().await;
+    let endpoint = "https://acct.documents.azure.com/";
+    let handler = |url: &str, extra: &str| {
+        format!(
+            "  handler:\n    type: Http\n    http:\n      url: {url}\n      format: CloudEvents\n      headers:\n      - name: Authorization\n        valueFrom:\n          secretKeyRef: {{name: handler, key: token}}\n{extra}"
+        )
+    };
+    let (ok, _, err) = apply(
+        plane,
+        &ns,
+        &resource("bad-url", endpoint, &handler("localhost:8080/changes", "")),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("handler.http.url must be an http:// or https:// URL"),
+        "{err}"
+    );
+    let (ok, _, err) = apply(
+        plane,
+        &ns,
+        &resource("no-url", endpoint, "  handler:\n    type: Http\n"),
+    );
+    assert!(!ok);
+    assert!(err.contains("handler.http (with a url) is required"), "{err}");
+    let (ok, _, err) = apply(
+        plane,
+        &ns,
+        &resource("no-dead-letter", endpoint, "  handler:\n    onExhausted: DeadLetter\n"),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("handler.onExhausted DeadLetter needs deadLetter.container"),
+        "{err}"
+    );
+
+    let mut operator = Operator::start(plane, &ns, "op");
+    assert!(apply(plane, &ns, &secret_yaml()).0);
+    let sidecar = "    onExhausted: DeadLetter\n  deadLetter:\n    container: poison\n  worker:\n    sidecars:\n    - name: handler\n      image: example.com/orders-handler:1\n      ports:\n      - containerPort: 8080\n";
+    let (ok, _, err) = apply(
+        plane,
+        &ns,
+        &resource("orders", endpoint, &handler("http://localhost:8080/changes", sidecar)),
+    );
+    assert!(ok, "{err}");
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
+    // The header's Secret is missing: no workload until it exists.
+    wait("Ready=False/SecretNotFound for the header Secret", || async {
+        let status = cfps.get("orders").await.ok()?.status?;
+        status.conditions.into_iter().find(|c| {
+            c.type_ == "Ready" && c.reason == "SecretNotFound" && c.message.contains("headers[Authorization]")
+        })
+    })
+    .await;
+    let token = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: handler\nstringData:\n  token: Bearer abc\n";
+    assert!(apply(plane, &ns, token).0);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let deployment = wait("the Deployment", || async {
+        deployments.get_opt("orders").await.ok().flatten()
+    })
+    .await;
+    let env = worker_env(&deployment);
+    let value = |name: &str| env.get(name).and_then(|e| e.value.clone());
+    let pod = deployment.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let names: Vec<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
+    let header = env["CFP_HANDLER_HEADER_Authorization"]
+        .value_from
+        .as_ref()
+        .and_then(|s| s.secret_key_ref.as_ref())
+        .map(|r| (r.name.clone(), r.key.clone()));
+    println!(
+        "http handler: containers {names:?}, CFP_HANDLER={:?} CFP_HANDLER_URL={:?} CFP_HANDLER_FORMAT={:?} CFP_ON_EXHAUSTED={:?} CFP_DEAD_LETTER_CONTAINER={:?}, Authorization from {header:?}",
+        value("CFP_HANDLER"),
+        value("CFP_HANDLER_URL"),
+        value("CFP_HANDLER_FORMAT"),
+        value("CFP_ON_EXHAUSTED"),
+        value("CFP_DEAD_LETTER_CONTAINER")
+    );
+    assert_eq!(names, ["worker", "handler"]);
+    assert_eq!(value("CFP_HANDLER").as_deref(), Some("http"));
+    assert_eq!(
+        value("CFP_HANDLER_URL").as_deref(),
+        Some("http://localhost:8080/changes")
+    );
+    assert_eq!(value("CFP_HANDLER_FORMAT").as_deref(), Some("cloudevents"));
+    assert_eq!(value("CFP_ON_EXHAUSTED").as_deref(), Some("dead-letter"));
+    assert_eq!(value("CFP_DEAD_LETTER_CONTAINER").as_deref(), Some("poison"));
+    assert_eq!(header, Some(("handler".to_owned(), "token".to_owned())));
+    assert!(env["CFP_HANDLER_HEADER_Authorization"].value.is_none());
+    terminate(&mut operator.child).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_halted_by_its_handler_makes_the_processor_degraded() {
+    let plane = plane().await;
+    let ns = namespace(plane, "degraded");
+    let client = plane.client().await;
+    let (mut emulator, endpoint) = start_emulator("db/items:/pk:3").await;
+    let mut operator = Operator::start(plane, &ns, "op");
+    assert!(apply(plane, &ns, &secret_yaml()).0);
+    let extra = "  autoscaling:\n    estimateInterval: 1s\n";
+    assert!(apply(plane, &ns, &resource("orders", &endpoint, extra)).0);
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
+    let healthy = wait("Degraded=False", || async {
+        let status = cfps.get("orders").await.ok()?.status?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "False")
+    })
+    .await;
+    // What a worker whose handler keeps failing writes into its lease (see the http_handler tests).
+    let account =
+        changefeed_operator::cosmos::CosmosAccount::connect(&endpoint, changefeed_operator::cosmos::EMULATOR_KEY)
+            .await
+            .unwrap();
+    use changefeed_operator::processor::LeaseStore;
+    let store = lease_store(&account, "orders").await.unwrap();
+    let mut lease = store.snapshot().await.unwrap().leases.remove(0);
+    lease.properties.insert(
+        "handlerFailing".into(),
+        "since 2026-11-23T03:00:00Z: POST http://localhost:8080/changes answered 500".into(),
+    );
+    let lease = store.replace(&lease).await.unwrap();
+    let degraded = wait("Degraded=True/HandlerFailing", || async {
+        let status = cfps.get("orders").await.ok()?.status?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Degraded" && c.reason == "HandlerFailing")
+    })
+    .await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let warning = wait("a HandlerFailing Event", || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("HandlerFailing"))
+    })
+    .await;
+    let mut fixed = lease.clone();
+    fixed.properties.remove("handlerFailing");
+    store.replace(&fixed).await.unwrap();
+    wait("Degraded=False again", || async {
+        let status = cfps.get("orders").await.ok()?.status?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "False")
+    })
+    .await;
+    println!(
+        "degraded: {} → Degraded=True/HandlerFailing: {:?}; Warning Event {:?}; after the lease recovered Degraded=False",
+        healthy.reason, degraded.message, warning.note
+    );
+    assert!(degraded.message.contains(&lease.lease_token), "{}", degraded.message);
+    assert_eq!(warning.type_.as_deref(), Some("Warning"));
+    terminate(&mut operator.child).await;
+    terminate(&mut emulator).await;
+}

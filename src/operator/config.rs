@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Secret;
 use std::time::Duration;
 
 use super::autoscale::Policy;
-use super::crd::{ChangeFeedProcessor, Connection};
+use super::crd::{ChangeFeedProcessor, OnExhaustedKind, SecretKeyRef};
 
 /// A configuration that cannot work, with a reason (CamelCase, for conditions and Events) and a
 /// message that says what to do.
@@ -17,29 +17,47 @@ pub struct ConfigProblem {
     pub message: String,
 }
 
-/// The Secret names a resource references (monitored account, then the lease account).
-pub fn referenced_secrets(cfp: &ChangeFeedProcessor) -> Vec<String> {
-    let mut names = vec![cfp.spec.connection.key_secret_ref.name.clone()];
+/// The Secret keys a resource references, with the field that names each: the account keys, then
+/// the HTTP handler's header values.
+fn secret_references(cfp: &ChangeFeedProcessor) -> Vec<(String, &SecretKeyRef)> {
+    let mut references = vec![(
+        "connection.keySecretRef".to_owned(),
+        &cfp.spec.connection.key_secret_ref,
+    )];
     if let Some(lease) = &cfp.spec.leases.connection {
-        names.push(lease.key_secret_ref.name.clone());
+        references.push(("leases.connection.keySecretRef".to_owned(), &lease.key_secret_ref));
     }
-    names.dedup();
+    if let Some(http) = &cfp.spec.handler.http {
+        for header in &http.headers {
+            if let Some(source) = &header.value_from {
+                let field = format!("handler.http.headers[{}].valueFrom.secretKeyRef", header.name);
+                references.push((field, &source.secret_key_ref));
+            }
+        }
+    }
+    references
+}
+
+/// The Secret names a resource references (account keys, handler headers).
+pub fn referenced_secrets(cfp: &ChangeFeedProcessor) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for (_, reference) in secret_references(cfp) {
+        if !names.contains(&reference.name) {
+            names.push(reference.name.clone());
+        }
+    }
     names
 }
 
 /// Checks the resource and the Secrets it references (`lookup` by name).
 pub fn check(cfp: &ChangeFeedProcessor, lookup: impl Fn(&str) -> Option<Secret>) -> Result<(), ConfigProblem> {
     let namespace = cfp.metadata.namespace.clone().unwrap_or_default();
-    let connections: Vec<(&str, &Connection)> = std::iter::once(("connection", &cfp.spec.connection))
-        .chain(cfp.spec.leases.connection.as_ref().map(|c| ("leases.connection", c)))
-        .collect();
-    for (field, connection) in connections {
-        let reference = &connection.key_secret_ref;
+    for (field, reference) in secret_references(cfp) {
         let Some(secret) = lookup(&reference.name) else {
             return Err(ConfigProblem {
                 reason: "SecretNotFound",
                 message: format!(
-                    "Secret {:?} ({field}.keySecretRef) does not exist in namespace {namespace:?}; create it with the account key under {:?}",
+                    "Secret {:?} ({field}) does not exist in namespace {namespace:?}; create it with a value under {:?}",
                     reference.name, reference.key
                 ),
             });
@@ -56,7 +74,7 @@ pub fn check(cfp: &ChangeFeedProcessor, lookup: impl Fn(&str) -> Option<Secret>)
             return Err(ConfigProblem {
                 reason: "SecretKeyMissing",
                 message: format!(
-                    "Secret {:?} has no non-empty key {:?} ({field}.keySecretRef.key); add the account key under that key",
+                    "Secret {:?} has no non-empty key {:?} ({field}.key); add the value under that key",
                     reference.name, reference.key
                 ),
             });
@@ -82,6 +100,23 @@ pub fn check(cfp: &ChangeFeedProcessor, lookup: impl Fn(&str) -> Option<Secret>)
             "leaseTimings.renewInterval ({}) must be shorter than leaseTimings.expiration ({})",
             timings.renew_interval, timings.expiration
         )));
+    }
+    let handler = &cfp.spec.handler;
+    if let Some(http) = &handler.http {
+        duration("handler.http.timeout", &http.timeout)?;
+    }
+    let initial = duration("handler.retry.initialBackoff", &handler.retry.initial_backoff)?;
+    let max = duration("handler.retry.maxBackoff", &handler.retry.max_backoff)?;
+    if initial > max {
+        return Err(invalid(format!(
+            "handler.retry.initialBackoff ({}) must not be longer than handler.retry.maxBackoff ({})",
+            handler.retry.initial_backoff, handler.retry.max_backoff
+        )));
+    }
+    if handler.on_exhausted == OnExhaustedKind::DeadLetter && cfp.spec.dead_letter.is_none() {
+        return Err(invalid(
+            "handler.onExhausted DeadLetter needs deadLetter.container".into(),
+        ));
     }
     if let Err(e) = cfp.spec.start_from.parse::<crate::cosmos::StartFrom>() {
         return Err(invalid(format!("startFrom: {e}")));
@@ -191,6 +226,25 @@ mod tests {
                 Some("InvalidConfiguration"),
             ),
             (
+                "missing header secret",
+                serde_json::json!({"handler": {"type": "Http", "http": {"url": "http://localhost:8080/",
+                    "headers": [{"name": "Authorization", "valueFrom": {"secretKeyRef": {"name": "handler", "key": "token"}}}]}}}),
+                Some(secret("key", "k")),
+                Some("SecretKeyMissing"),
+            ),
+            (
+                "backoff upside down",
+                serde_json::json!({"handler": {"retry": {"initialBackoff": "1m", "maxBackoff": "1s"}}}),
+                Some(secret("key", "k")),
+                Some("InvalidConfiguration"),
+            ),
+            (
+                "dead letter without a container",
+                serde_json::json!({"handler": {"onExhausted": "DeadLetter"}}),
+                Some(secret("key", "k")),
+                Some("InvalidConfiguration"),
+            ),
+            (
                 "zero estimate interval",
                 serde_json::json!({"autoscaling": {"estimateInterval": "0s"}}),
                 Some(secret("key", "k")),
@@ -232,6 +286,31 @@ mod tests {
             })
         );
         assert_eq!(estimate_interval(&on), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn header_secrets_are_referenced() {
+        let cfp = resource(
+            serde_json::json!({"handler": {"type": "Http", "http": {"url": "http://localhost:8080/",
+            "headers": [{"name": "Authorization", "valueFrom": {"secretKeyRef": {"name": "handler", "key": "token"}}},
+                        {"name": "X-Tenant", "value": "t1"}]}}}),
+        );
+        assert_eq!(
+            referenced_secrets(&cfp),
+            vec!["cosmos".to_owned(), "handler".to_owned()]
+        );
+        let both = |name: &str| match name {
+            "cosmos" => Some(secret("key", "k")),
+            _ => Some(secret("token", "t")),
+        };
+        assert_eq!(check(&cfp, both), Ok(()));
+        let problem = check(&cfp, |name| (name == "cosmos").then(|| secret("key", "k"))).unwrap_err();
+        assert_eq!(problem.reason, "SecretNotFound");
+        assert!(
+            problem.message.contains("handler.http.headers[Authorization]"),
+            "{}",
+            problem.message
+        );
     }
 
     #[test]

@@ -65,6 +65,7 @@ const DURATION_MESSAGE: &str = "must be a duration such as 500ms, 2s, 1m or 1h";
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("!has(self.handler) || !has(self.handler.onExhausted) || self.handler.onExhausted != 'DeadLetter' || has(self.deadLetter)").message("handler.onExhausted DeadLetter needs deadLetter.container"))]
 pub struct ChangeFeedProcessorSpec {
     /// How to reach the Cosmos DB account of the monitored container.
     pub connection: Connection,
@@ -83,16 +84,21 @@ pub struct ChangeFeedProcessorSpec {
     #[x_kube(validation = kube::core::Rule::new(
         "self == 'Beginning' || self == 'Now' || self.matches('^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\\\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$')"
     ).message("startFrom must be Beginning, Now, or an RFC 3339 time such as 2026-01-31T12:00:00Z"))]
+    #[schemars(length(max = 64))]
     pub start_from: String,
-    /// Where batches of changes go.
+    /// Where batches of changes go, and what happens when the handler fails one.
     #[serde(default)]
     pub handler: HandlerSpec,
+    /// Where documents go that the handler keeps failing (with `handler.onExhausted: DeadLetter`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetterSpec>,
     /// Lease timings of the workers.
     #[serde(default)]
     pub lease_timings: LeaseTimings,
     /// Wait after a read that returned no changes (for example `5s`).
     #[serde(default = "default_poll_interval")]
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    #[schemars(length(max = 32))]
     pub poll_interval: String,
     /// Maximum documents per batch.
     #[serde(default = "default_max_items")]
@@ -130,6 +136,7 @@ fn default_replicas() -> i32 {
 pub struct Connection {
     /// The account endpoint, for example `https://myaccount.documents.azure.com:443/`.
     #[x_kube(validation = kube::core::Rule::new("self.matches('^https?://[^/]+')").message("endpoint must be an http(s) URL such as https://myaccount.documents.azure.com:443/"))]
+    #[schemars(length(max = 2048))]
     pub endpoint: String,
     /// The Secret key that holds the account key. The key itself never appears in the resource.
     pub key_secret_ref: SecretKeyRef,
@@ -182,14 +189,27 @@ pub struct LeaseSettings {
     pub delete_on_resource_deletion: bool,
 }
 
-/// Where batches go.
+/// Where batches go, and what happens when the handler fails one.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("self.type != 'Http' || has(self.http)").message("handler.http (with a url) is required when handler.type is Http"))]
 pub struct HandlerSpec {
     /// The handler type. `Stdout`: each changed document as one JSON line on the worker's standard
-    /// output.
+    /// output. `Http`: every batch is POSTed to `handler.http.url` (for example a sidecar in
+    /// `worker.sidecars`); 2xx means handled.
     #[serde(default, rename = "type")]
     pub kind: HandlerKind,
+    /// The HTTP handler (with `type: Http`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpHandlerSpec>,
+    /// Retries of a batch the handler fails.
+    #[serde(default)]
+    pub retry: RetrySpec,
+    /// What happens to a batch still failing after `retry.maxAttempts`: `Halt` keeps retrying at
+    /// `retry.maxBackoff` and reports the lease (condition `Degraded`, reason `HandlerFailing`),
+    /// skipping nothing; `DeadLetter` moves the failing documents to `deadLetter` and goes on.
+    #[serde(default)]
+    pub on_exhausted: OnExhaustedKind,
 }
 
 /// Handler types.
@@ -198,6 +218,138 @@ pub enum HandlerKind {
     /// One JSON line per changed document on standard output.
     #[default]
     Stdout,
+    /// POST every batch to an HTTP endpoint.
+    Http,
+}
+
+/// The HTTP handler.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpHandlerSpec {
+    /// Where batches are POSTed, for example `http://localhost:8080/changes` (a sidecar) or a
+    /// Service URL.
+    #[x_kube(validation = kube::core::Rule::new("self.matches('^https?://[^/:]+(:[0-9]+)?(/.*)?$')").message("handler.http.url must be an http:// or https:// URL such as http://localhost:8080/changes"))]
+    #[schemars(length(max = 2048))]
+    pub url: String,
+    /// The body: `Json` (`{"processor", "lease", "feedRange", "batch", "documents"}`) or
+    /// `CloudEvents` (a CloudEvents 1.0 JSON batch, one event per document).
+    #[serde(default)]
+    pub format: HttpFormatKind,
+    /// A request taking longer fails (and is retried).
+    #[serde(default = "default_handler_timeout")]
+    #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    #[schemars(length(max = 32))]
+    pub timeout: String,
+    /// A path on the handler's host that answers 2xx when it is ready; the worker is not Ready
+    /// before (default: when the handler's port accepts connections).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self.startsWith('/')").message("handler.http.readinessPath must start with /"))]
+    #[schemars(length(max = 1024))]
+    pub readiness_path: Option<String>,
+    /// Extra request headers, for example `Authorization` from a Secret. Values are never logged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub headers: Vec<HttpHeader>,
+}
+
+fn default_handler_timeout() -> String {
+    "60s".into()
+}
+
+/// HTTP body formats.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum HttpFormatKind {
+    /// `{"processor", "lease", "feedRange", "batch", "documents"}` as `application/json`.
+    #[default]
+    Json,
+    /// A CloudEvents 1.0 JSON batch (`application/cloudevents-batch+json`).
+    CloudEvents,
+}
+
+/// One request header: a literal value or a Secret key.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("has(self.value) != has(self.valueFrom)").message("a header needs exactly one of value and valueFrom"))]
+pub struct HttpHeader {
+    /// The header name, for example `Authorization` (letters, digits and `-`).
+    #[schemars(length(min = 1, max = 256), pattern(r"^[A-Za-z0-9-]+$"))]
+    pub name: String,
+    /// A literal value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// The value from a Secret key in the resource's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<HeaderValueSource>,
+}
+
+/// Where a header value comes from.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HeaderValueSource {
+    /// A key of a Secret in the resource's namespace.
+    pub secret_key_ref: SecretKeyRef,
+}
+
+/// Retries of a failing batch: exponential backoff with jitter.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RetrySpec {
+    /// Attempts before `onExhausted` applies.
+    #[serde(default = "default_max_attempts")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_attempts: i32,
+    /// Wait before the first retry; doubles up to `maxBackoff`.
+    #[serde(default = "default_initial_backoff")]
+    #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    #[schemars(length(max = 32))]
+    pub initial_backoff: String,
+    /// Longest wait between attempts.
+    #[serde(default = "default_max_backoff")]
+    #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    #[schemars(length(max = 32))]
+    pub max_backoff: String,
+}
+
+impl Default for RetrySpec {
+    fn default() -> Self {
+        Self {
+            max_attempts: default_max_attempts(),
+            initial_backoff: default_initial_backoff(),
+            max_backoff: default_max_backoff(),
+        }
+    }
+}
+
+fn default_max_attempts() -> i32 {
+    5
+}
+fn default_initial_backoff() -> String {
+    "1s".into()
+}
+fn default_max_backoff() -> String {
+    "30s".into()
+}
+
+/// What happens to a batch still failing after its attempts.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OnExhaustedKind {
+    /// Keep retrying and report the lease; nothing is ever skipped.
+    #[default]
+    Halt,
+    /// Move the failing documents to the dead-letter container and go on.
+    DeadLetter,
+}
+
+/// The dead-letter container (in the lease account).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetterSpec {
+    /// Its database (default: the lease database).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database: Option<String>,
+    /// The container, created with partition key `/id` when missing.
+    #[schemars(length(min = 1))]
+    pub container: String,
 }
 
 /// Lease timings.
@@ -208,14 +360,17 @@ pub struct LeaseTimings {
     /// How often leases are balanced among the workers.
     #[serde(default = "default_acquire")]
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    #[schemars(length(max = 32))]
     pub acquire_interval: String,
     /// How often a worker renews its leases.
     #[serde(default = "default_renew")]
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    #[schemars(length(max = 32))]
     pub renew_interval: String,
     /// A lease not renewed for this long is taken over by other workers.
     #[serde(default = "default_expiration")]
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    #[schemars(length(max = 32))]
     pub expiration: String,
 }
 
@@ -266,11 +421,13 @@ pub struct Autoscaling {
     /// Scale down only to the highest recommendation seen in this window (scaling up is immediate).
     #[serde(default = "default_stabilization")]
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    #[schemars(length(max = 32))]
     pub scale_down_stabilization: String,
     /// How often the operator estimates the remaining work (also while autoscaling is off, for
     /// the status and metrics).
     #[serde(default = "default_estimate_interval")]
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    #[schemars(length(max = 32))]
     pub estimate_interval: String,
 }
 

@@ -20,7 +20,7 @@ use super::config::{self, ConfigProblem};
 use super::crd::{ChangeFeedProcessor, ChangeFeedProcessorStatus, Connection};
 use super::estimation::{AccountRef, EstimateReport, EstimateTarget, Estimators, ResourceKey};
 use super::metrics::OperatorMetrics;
-use super::status::{Observation, SCALING, ScalingState, conditions};
+use super::status::{DEGRADED, Observation, SCALING, ScalingState, conditions};
 use super::workload::{FIELD_MANAGER, metrics_service, selector_string, worker_deployment};
 
 /// The finalizer that deletes a processor's lease documents before the resource goes away.
@@ -218,7 +218,19 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
         desired: desired.or(applied_replicas).unwrap_or(1),
         ready: deployment_status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0),
         scaling,
+        failing_leases: report.as_ref().and_then(|r| r.outcome.as_ref().ok()).map(|estimate| {
+            estimate
+                .leases
+                .iter()
+                .filter_map(|l| Some((l.lease_token.clone(), l.handler_failing.clone()?)))
+                .collect()
+        }),
     };
+    let failing_now = observation.failing_leases.as_ref().is_some_and(|f| !f.is_empty());
+    let failing_before = previous
+        .conditions
+        .iter()
+        .any(|c| c.type_ == DEGRADED && c.reason == "HandlerFailing");
     let mut status = ChangeFeedProcessorStatus {
         observed_generation: cfp.metadata.generation,
         replicas: deployment_status.as_ref().and_then(|s| s.replicas).unwrap_or(0),
@@ -240,6 +252,19 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
         status.estimated_lag = Some(i64::try_from(estimate.total_lag).unwrap_or(i64::MAX));
         status.last_estimate_time = Some(time.clone());
         status.instances = instances(estimate);
+    }
+    if failing_now
+        && !failing_before
+        && let Some(condition) = status.conditions.iter().find(|c| c.type_ == DEGRADED)
+    {
+        publish(
+            ctx,
+            cfp,
+            EventType::Warning,
+            "HandlerFailing",
+            condition.message.clone(),
+        )
+        .await;
     }
     if cfp.status.as_ref() != Some(&status) {
         let body = serde_json::json!({

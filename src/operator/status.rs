@@ -10,6 +10,8 @@ pub const READY: &str = "Ready";
 pub const CONFIG_VALID: &str = "ConfigValid";
 /// `Scaling`: what the autoscaler decided and why.
 pub const SCALING: &str = "Scaling";
+/// `Degraded`: some leases halt because their handler keeps failing.
+pub const DEGRADED: &str = "Degraded";
 
 /// The `Scaling` condition as the reconciler decided it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +38,43 @@ pub struct Observation {
     pub ready: i32,
     /// The `Scaling` condition; `None` keeps the previous one (the configuration cannot work).
     pub scaling: Option<ScalingState>,
+    /// Leases halted on a failing handler (lease token, since when and the error), from the
+    /// last estimate; `None` keeps the previous `Degraded` condition (no estimate yet).
+    pub failing_leases: Option<Vec<(String, String)>>,
+}
+
+/// The `Degraded` condition for the halted leases.
+fn degraded(failing: &[(String, String)], generation: Option<i64>, now: &Time) -> Condition {
+    match failing {
+        [] => condition(
+            DEGRADED,
+            false,
+            "HandlersHealthy",
+            "no lease is halted by a failing handler".into(),
+            generation,
+            now,
+        ),
+        [(lease, note), rest @ ..] => {
+            let more = if rest.is_empty() {
+                String::new()
+            } else {
+                format!(" (and {} more lease(s))", rest.len())
+            };
+            // A condition's status True here means "degraded".
+            let mut degraded = condition(
+                DEGRADED,
+                true,
+                "HandlerFailing",
+                format!(
+                    "lease {lease} halts on a batch its handler keeps failing, {note}{more}; fix the handler, or set handler.onExhausted to DeadLetter"
+                ),
+                generation,
+                now,
+            );
+            degraded.message.truncate(1000);
+            degraded
+        }
+    }
 }
 
 fn condition(kind: &str, ok: bool, reason: &str, message: String, generation: Option<i64>, now: &Time) -> Condition {
@@ -131,7 +170,11 @@ pub fn conditions(
         )),
         None => previous.iter().find(|c| c.type_ == SCALING).cloned(),
     };
-    [Some(config), Some(ready), scaling]
+    let degraded = match &observation.failing_leases {
+        Some(failing) => Some(degraded(failing, generation, &now)),
+        None => previous.iter().find(|c| c.type_ == DEGRADED).cloned(),
+    };
+    [Some(config), Some(ready), scaling, degraded]
         .into_iter()
         .flatten()
         .map(|mut c| {
@@ -165,6 +208,7 @@ mod tests {
                 reason: "ScalingDisabled".into(),
                 message: "built-in autoscaling is off".into(),
             }),
+            failing_leases: None,
         }
     }
 
@@ -224,6 +268,33 @@ mod tests {
             second.iter().find(|c| c.type_ == SCALING),
             Some(scaling),
             "kept as it was"
+        );
+    }
+
+    #[test]
+    fn degraded_names_the_halted_lease() {
+        let mut observation = observe(None, true, 2, 2);
+        observation.failing_leases = Some(vec![
+            ("-80".into(), "since 2026-01-01T00:00:00Z: POST answered 500".into()),
+            ("80-FF".into(), "since 2026-01-01T00:00:01Z: timeout".into()),
+        ]);
+        let got = conditions(&observation, &[], None, time(1));
+        let degraded = got.iter().find(|c| c.type_ == DEGRADED).unwrap();
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "HandlerFailing")
+        );
+        assert!(
+            degraded.message.contains("lease -80") && degraded.message.contains("1 more"),
+            "{}",
+            degraded.message
+        );
+        observation.failing_leases = Some(Vec::new());
+        let healthy = conditions(&observation, &got, None, time(2));
+        let degraded = healthy.iter().find(|c| c.type_ == DEGRADED).unwrap();
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("False", "HandlersHealthy")
         );
     }
 

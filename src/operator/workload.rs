@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
-use super::crd::{ChangeFeedProcessor, Connection, HandlerKind};
+use super::crd::{ChangeFeedProcessor, Connection, HandlerKind, HttpFormatKind, OnExhaustedKind, SecretKeyRef};
 
 /// The label naming the processor resource a worker pod belongs to.
 pub const PROCESSOR_LABEL: &str = "changefeed.io/processor";
@@ -71,12 +71,16 @@ fn env(name: &str, value: impl Into<String>) -> EnvVar {
 }
 
 fn secret_env(name: &str, connection: &Connection) -> EnvVar {
+    secret_key_env(name, &connection.key_secret_ref)
+}
+
+fn secret_key_env(name: &str, reference: &SecretKeyRef) -> EnvVar {
     EnvVar {
         name: name.into(),
         value_from: Some(EnvVarSource {
             secret_key_ref: Some(SecretKeySelector {
-                name: connection.key_secret_ref.name.clone(),
-                key: connection.key_secret_ref.key.clone(),
+                name: reference.name.clone(),
+                key: reference.key.clone(),
                 optional: Some(false),
             }),
             ..Default::default()
@@ -126,6 +130,7 @@ pub fn worker_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
             "CFP_HANDLER",
             match spec.handler.kind {
                 HandlerKind::Stdout => "stdout",
+                HandlerKind::Http => "http",
             },
         ),
         env("CFP_MAX_ITEMS", spec.max_items.to_string()),
@@ -138,6 +143,56 @@ pub fn worker_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
         env("CFP_LEASE_EXPIRATION", spec.lease_timings.expiration.clone()),
         env("CFP_METRICS_PORT", spec.worker.metrics_port.to_string()),
     ]);
+    vars.extend(handler_env(cfp));
+    vars
+}
+
+/// The handler, retry and dead-letter settings as `CFP_*` variables; header values from Secrets
+/// come through `secretKeyRef` as `CFP_HANDLER_HEADER_<NAME>`, never in the pod spec itself.
+fn handler_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
+    let spec = &cfp.spec;
+    let handler = &spec.handler;
+    let mut vars = Vec::new();
+    if let (HandlerKind::Http, Some(http)) = (handler.kind, &handler.http) {
+        vars.push(env("CFP_HANDLER_URL", http.url.clone()));
+        vars.push(env(
+            "CFP_HANDLER_FORMAT",
+            match http.format {
+                HttpFormatKind::Json => "json",
+                HttpFormatKind::CloudEvents => "cloudevents",
+            },
+        ));
+        vars.push(env("CFP_HANDLER_TIMEOUT", http.timeout.clone()));
+        if let Some(path) = &http.readiness_path {
+            vars.push(env("CFP_HANDLER_READINESS_PATH", path.clone()));
+        }
+        for header in &http.headers {
+            let name = format!("CFP_HANDLER_HEADER_{}", header.name);
+            match (&header.value, &header.value_from) {
+                (Some(value), _) => vars.push(env(&name, value.clone())),
+                (None, Some(source)) => vars.push(secret_key_env(&name, &source.secret_key_ref)),
+                (None, None) => {}
+            }
+        }
+    }
+    vars.extend([
+        env("CFP_MAX_ATTEMPTS", handler.retry.max_attempts.to_string()),
+        env("CFP_INITIAL_BACKOFF", handler.retry.initial_backoff.clone()),
+        env("CFP_MAX_BACKOFF", handler.retry.max_backoff.clone()),
+        env(
+            "CFP_ON_EXHAUSTED",
+            match handler.on_exhausted {
+                OnExhaustedKind::Halt => "halt",
+                OnExhaustedKind::DeadLetter => "dead-letter",
+            },
+        ),
+    ]);
+    if let Some(dead_letter) = &spec.dead_letter {
+        if let Some(database) = &dead_letter.database {
+            vars.push(env("CFP_DEAD_LETTER_DATABASE", database.clone()));
+        }
+        vars.push(env("CFP_DEAD_LETTER_CONTAINER", dead_letter.container.clone()));
+    }
     vars
 }
 
@@ -357,6 +412,43 @@ mod tests {
                     ("CFP_LEASE_EXPIRATION", Some("20s")),
                 ],
             },
+            Case {
+                name: "http handler with dead-lettering",
+                spec: serde_json::json!({
+                    "handler": {"type": "Http", "onExhausted": "DeadLetter",
+                                "http": {"url": "http://localhost:8080/changes", "format": "CloudEvents",
+                                         "timeout": "10s", "readinessPath": "/ready",
+                                         "headers": [{"name": "X-Tenant", "value": "t1"}]},
+                                "retry": {"maxAttempts": 3, "initialBackoff": "200ms", "maxBackoff": "5s"}},
+                    "deadLetter": {"container": "poison"},
+                }),
+                want: &[
+                    ("CFP_HANDLER", Some("http")),
+                    ("CFP_HANDLER_URL", Some("http://localhost:8080/changes")),
+                    ("CFP_HANDLER_FORMAT", Some("cloudevents")),
+                    ("CFP_HANDLER_TIMEOUT", Some("10s")),
+                    ("CFP_HANDLER_READINESS_PATH", Some("/ready")),
+                    ("CFP_HANDLER_HEADER_X-Tenant", Some("t1")),
+                    ("CFP_MAX_ATTEMPTS", Some("3")),
+                    ("CFP_INITIAL_BACKOFF", Some("200ms")),
+                    ("CFP_MAX_BACKOFF", Some("5s")),
+                    ("CFP_ON_EXHAUSTED", Some("dead-letter")),
+                    ("CFP_DEAD_LETTER_CONTAINER", Some("poison")),
+                    ("CFP_DEAD_LETTER_DATABASE", None),
+                ],
+            },
+            Case {
+                name: "stdout handler defaults",
+                spec: serde_json::json!({}),
+                want: &[
+                    ("CFP_HANDLER_URL", None),
+                    ("CFP_MAX_ATTEMPTS", Some("5")),
+                    ("CFP_INITIAL_BACKOFF", Some("1s")),
+                    ("CFP_MAX_BACKOFF", Some("30s")),
+                    ("CFP_ON_EXHAUSTED", Some("halt")),
+                    ("CFP_DEAD_LETTER_CONTAINER", None),
+                ],
+            },
         ];
         for case in cases {
             let env = env_of(&worker_deployment(&resource(case.spec), "img:1", 2));
@@ -386,6 +478,17 @@ mod tests {
             .as_ref()
             .unwrap();
         assert_eq!(instance.field_path, "metadata.name");
+    }
+
+    #[test]
+    fn header_secrets_come_through_secret_key_refs() {
+        let spec = serde_json::json!({"handler": {"type": "Http", "http": {"url": "http://localhost:8080/",
+            "headers": [{"name": "Authorization", "valueFrom": {"secretKeyRef": {"name": "handler", "key": "token"}}}]}}});
+        let env = env_of(&worker_deployment(&resource(spec), "img:1", 1));
+        let header = &env["CFP_HANDLER_HEADER_Authorization"];
+        assert!(header.value.is_none(), "never a literal secret");
+        let reference = header.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+        assert_eq!((reference.name.as_str(), reference.key.as_str()), ("handler", "token"));
     }
 
     #[test]

@@ -15,6 +15,7 @@ use futures::StreamExt;
 use serde::Serialize;
 use time::OffsetDateTime;
 
+use super::delivery::HANDLER_FAILING_PROPERTY;
 use super::lease::Lease;
 use crate::cosmos::{
     ChangePage, CosmosError, EpkRange, MonitoredContainer, StartFrom, continuation_lsn, session_token_lsn,
@@ -41,6 +42,9 @@ pub struct LeaseEstimate {
     pub checkpoint_age: Option<u64>,
     /// Whether the lease has a checkpoint; otherwise `lag` counts from the processor's start position.
     pub started: bool,
+    /// Set while the lease halts on a batch its handler keeps failing: since when, and the error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handler_failing: Option<String>,
 }
 
 /// The estimate of a whole processor.
@@ -116,6 +120,7 @@ async fn estimate_lease(
         lag: range_lag(monitored, ranges, &range, continuation, start).await?,
         checkpoint_age,
         started: continuation.is_some(),
+        handler_failing: lease.properties.get(HANDLER_FAILING_PROPERTY).cloned(),
     })
 }
 
@@ -230,6 +235,7 @@ mod tests {
             lag,
             checkpoint_age: None,
             started: true,
+            handler_failing: None,
         };
         let estimate = ProcessorEstimate::new("p", vec![lease("80", 0), lease("", 5), lease("40", 7)]);
         assert_eq!(

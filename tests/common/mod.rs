@@ -270,6 +270,16 @@ pub async fn start_emulator_on(port: u16, container: &str) -> (tokio::process::C
     (child, endpoint)
 }
 
+/// `cfp worker` of `db/items` at `endpoint` (logs at warn level), for more flags and spawning.
+pub fn cfp_worker(endpoint: &str) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(CFP);
+    command
+        .args(["worker", "--endpoint", endpoint, "--database", DB, "--container", ITEMS])
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true);
+    command
+}
+
 /// Runs `cfp write` of `doc-<first>`.. against `db/items` at `endpoint`.
 pub async fn cfp_write(endpoint: &str, first: u64, count: u64) {
     let status = tokio::process::Command::new(CFP)
