@@ -3,9 +3,12 @@
 //! - [`cosmos`]: the only module that talks to the Cosmos SDK.
 //! - [`processor`]: the change feed processor (leases, balancing, checkpoints, splits).
 //! - [`emulator`]: the SDK's in-memory emulator served over loopback HTTP (`cfp emulator`).
+//! - [`demo`]: `cfp demo`, the whole system in one command on the emulator.
 
 pub mod cli;
 pub mod cosmos;
+#[cfg(feature = "emulator")]
+pub mod demo;
 #[cfg(feature = "emulator")]
 pub mod emulator;
 pub mod http;

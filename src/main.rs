@@ -33,6 +33,16 @@ fn main() -> ExitCode {
             #[cfg(feature = "emulator")]
             Command::Emulator(args) => cli::emulator::run(args).await.map_err(|e| format!("cfp emulator: {e}")),
             Command::Worker(args) => cli::worker::run(args).await.map_err(|e| format!("cfp worker: {e}")),
+            #[cfg(feature = "emulator")]
+            Command::Demo(args) => changefeed_operator::demo::run(changefeed_operator::demo::DemoSettings {
+                duration: args.duration,
+                workers: args.workers as usize,
+                partitions: args.partitions,
+                rate: args.rate,
+            })
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("cfp demo: {e}")),
             Command::Write(args) => cli::write::run(args).await.map_err(|e| format!("cfp write: {e}")),
             Command::Estimate(args) => cli::estimate::run(args).await.map_err(|e| format!("cfp estimate: {e}")),
             Command::Operator(args) => cli::operator::run(args).await.map_err(|e| format!("cfp operator: {e}")),

@@ -21,6 +21,10 @@ pub enum Command {
     Emulator(EmulatorArgs),
     /// Run one change feed processor instance.
     Worker(Box<WorkerArgs>),
+    /// The whole system in one command on the embedded emulator: writes, workers, a crash, a
+    /// split, a new worker, a drain, and a verification table.
+    #[cfg(feature = "emulator")]
+    Demo(DemoArgs),
     /// Write generated documents into a container (for trying things out and load tests).
     Write(WriteArgs),
     /// Print the remaining work per lease of a processor (the estimator).
@@ -48,6 +52,24 @@ pub struct EmulatorArgs {
     /// (default partition key `/id`, 4 partitions). Repeatable.
     #[arg(long = "container", value_name = "SPEC")]
     pub containers: Vec<crate::emulator::ContainerSpec>,
+}
+
+/// `cfp demo`.
+#[cfg(feature = "emulator")]
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// How long documents are written (the drain and the verification come after).
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    pub duration: Duration,
+    /// Worker processes at the start (one more joins later).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub workers: u32,
+    /// Physical partitions of the demo container.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub partitions: u32,
+    /// Documents written per second.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub rate: u32,
 }
 
 /// How the account is reached.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the pinned control-plane binaries the test suite uses (kube-apiserver, kubectl, etcd) from
-# the Go wrapper modules beside this script, into a cache directory. Skips what is already built.
+# Builds the pinned control-plane binaries the test suite uses (kube-apiserver, kubectl, etcd, and
+# helm) from the Go wrapper modules beside this script, into a cache directory. Skips what is
+# already built (bump the pin's -rN when a version changes).
 #
 #   tools/k8s/build.sh            # builds into $CFP_K8S_BIN (default ~/.cache/changefeed-operator/k8s-<pin>)
 #   tools/k8s/build.sh --print    # prints that directory and builds nothing
@@ -27,4 +28,7 @@ build() { # module-dir package output
 build etcd go.etcd.io/etcd/server/v3 etcd
 build kube k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver
 build kube k8s.io/kubernetes/cmd/kubectl kubectl
+helm_version="v3.22.0"
+version_flags="-X helm.sh/helm/v3/internal/version.version=$helm_version"
+build helm helm.sh/helm/v3/cmd/helm helm
 echo "$bin"

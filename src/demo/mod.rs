@@ -1,0 +1,496 @@
+//! `cfp demo`: the whole system in one command on the embedded emulator — a container with N
+//! partitions served on loopback, a steady writer, M `cfp worker` processes, and on a schedule a
+//! crash (kill -9), a partition split, one more worker, and a final drain — then a verification
+//! table (written, delivered, lost, duplicates, failover and rebalance times). Lost documents make
+//! it fail.
+
+pub mod fleet;
+pub mod view;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use time::OffsetDateTime;
+use tokio_util::sync::CancellationToken;
+
+use crate::cosmos::{CosmosError, DocumentContainer, MonitoredContainer, StartFrom};
+use crate::emulator::{ContainerSpec, EmulatorError, bind};
+use crate::processor::{CosmosLeaseStore, LeaseStore, ProcessorOptions, estimate_leases};
+use crate::worker::{WorkerError, WorkerSettings, open};
+use fleet::{Deliveries, LEASE_EXPIRATION, Worker};
+use view::{Frame, View, WorkerLine};
+
+const DATABASE: &str = "demo";
+const CONTAINER: &str = "items";
+
+/// How the demo runs.
+#[derive(Debug, Clone, Copy)]
+pub struct DemoSettings {
+    /// How long documents are written (the drain comes after).
+    pub duration: Duration,
+    /// Workers at the start.
+    pub workers: usize,
+    /// Physical partitions of the container.
+    pub partitions: u32,
+    /// Documents written per second.
+    pub rate: u32,
+}
+
+/// Why the demo failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// The emulator could not start.
+    #[error(transparent)]
+    Emulator(#[from] EmulatorError),
+    /// Cosmos failed.
+    #[error(transparent)]
+    Cosmos(#[from] CosmosError),
+    /// The containers could not be opened.
+    #[error(transparent)]
+    Open(#[from] WorkerError),
+    /// A worker process could not start.
+    #[error("cannot start a worker process: {0}")]
+    Spawn(std::io::Error),
+    /// The settings make no sense.
+    #[error("{0}")]
+    Settings(String),
+    /// Documents were written and never delivered.
+    #[error("{lost} of {written} written documents were never delivered")]
+    Lost {
+        /// Never delivered.
+        lost: usize,
+        /// Written.
+        written: usize,
+    },
+}
+
+/// What the demo measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verification {
+    /// Documents written.
+    pub written: usize,
+    /// Distinct documents delivered.
+    pub delivered: usize,
+    /// Written and never delivered.
+    pub lost: usize,
+    /// Deliveries beyond the first of a document (at-least-once).
+    pub duplicates: usize,
+    /// From the kill -9 until the survivors owned all the dead worker's leases.
+    pub failover: Option<Duration>,
+    /// From adding a worker until it owned its fair share.
+    pub rebalance: Option<Duration>,
+    /// Physical partitions before and after the split.
+    pub partitions: (usize, usize),
+    /// Leases before and after the split.
+    pub leases: (usize, usize),
+    /// From the end of writing until everything was delivered.
+    pub drain: Option<Duration>,
+}
+
+impl Verification {
+    /// The table printed at the end.
+    pub fn table(&self) -> String {
+        let seconds = |d: Option<Duration>| d.map_or_else(|| "-".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()));
+        let mut out = String::new();
+        let rows = [
+            ("written", self.written.to_string()),
+            ("delivered (unique)", self.delivered.to_string()),
+            ("lost", self.lost.to_string()),
+            (
+                "duplicates",
+                format!("{} (at-least-once: redelivered after the crash)", self.duplicates),
+            ),
+            (
+                "failover (kill -9)",
+                format!(
+                    "{} (lease expiration {} s)",
+                    seconds(self.failover),
+                    LEASE_EXPIRATION.as_secs()
+                ),
+            ),
+            ("rebalance (+1 worker)", seconds(self.rebalance)),
+            (
+                "split",
+                format!(
+                    "partitions {} → {}, leases {} → {}",
+                    self.partitions.0, self.partitions.1, self.leases.0, self.leases.1
+                ),
+            ),
+            ("drain", seconds(self.drain)),
+        ];
+        let _ = writeln!(out, "verification");
+        for (name, value) in rows {
+            let _ = writeln!(out, "  {name:<22} {value}");
+        }
+        let _ = writeln!(
+            out,
+            "result: {}",
+            if self.lost == 0 {
+                "OK, nothing lost"
+            } else {
+                "FAILED, documents lost"
+            }
+        );
+        out
+    }
+}
+
+/// Runs the demo, printing as it goes; returns what it measured (an error when anything was lost).
+pub async fn run(settings: DemoSettings) -> Result<Verification, DemoError> {
+    if settings.workers == 0 || settings.partitions == 0 || settings.rate == 0 {
+        return Err(DemoError::Settings(
+            "--workers, --partitions and --rate must be at least 1".into(),
+        ));
+    }
+    let spec = ContainerSpec {
+        database: DATABASE.into(),
+        container: CONTAINER.into(),
+        partition_key: "/pk".into(),
+        partitions: settings.partitions,
+    };
+    let (emulator, listener) = bind(SocketAddr::from(([127, 0, 0, 1], 0)), &[spec]).await?;
+    let stop = CancellationToken::new();
+    let server = tokio::spawn({
+        let (emulator, stop) = (emulator.clone(), stop.clone());
+        async move { emulator.serve(listener, stop).await }
+    });
+    let endpoint = emulator.endpoint();
+    let account = emulator.account().await?;
+    let items = account.documents(DATABASE, CONTAINER).await?;
+    let lease_settings = WorkerSettings {
+        database: DATABASE.into(),
+        container: CONTAINER.into(),
+        lease_database: DATABASE.into(),
+        lease_container: "leases".into(),
+        create_leases: true,
+        options: ProcessorOptions::new("demo", "cfp-demo"),
+    };
+    let (monitored, store) = open(&account, &account, &lease_settings).await?;
+    let logs = std::env::temp_dir().join(format!("cfp-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&logs).map_err(DemoError::Spawn)?;
+
+    let mut view = View::new();
+    let started = Instant::now();
+    view.event(
+        Duration::ZERO,
+        &format!(
+            "emulator at {endpoint}: {DATABASE}/{CONTAINER} with {} partitions; {} workers; writing {}/s for {} s",
+            settings.partitions,
+            settings.workers,
+            settings.rate,
+            settings.duration.as_secs()
+        ),
+    );
+    let deliveries = Deliveries::default();
+    let mut workers = Vec::new();
+    let spawn = |name: &str, deliveries: &Deliveries| -> Result<Worker, DemoError> {
+        let log = std::fs::File::create(logs.join(format!("{name}.log"))).map_err(DemoError::Spawn)?;
+        Worker::start(name, &endpoint, DATABASE, CONTAINER, log, deliveries).map_err(DemoError::Spawn)
+    };
+    for n in 1..=settings.workers {
+        workers.push(spawn(&format!("worker-{n}"), &deliveries)?);
+    }
+    let writer = Writer::start(items, settings.rate);
+
+    let schedule = Schedule::new(settings.duration);
+    let mut done = Done::default();
+    let mut verification = Verification {
+        written: 0,
+        delivered: 0,
+        lost: 0,
+        duplicates: 0,
+        failover: None,
+        rebalance: None,
+        partitions: (settings.partitions as usize, settings.partitions as usize),
+        leases: (0, 0),
+        drain: None,
+    };
+    let mut killed: Option<(String, Instant)> = None;
+    let mut added: Option<(String, Instant)> = None;
+    let mut writing_stopped: Option<Instant> = None;
+    let mut last = (Instant::now(), 0u64, 0usize);
+    let mut lag = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        let elapsed = started.elapsed();
+        let owners = owners(&store).await;
+        let lease_count = owners.values().sum::<usize>();
+        if verification.leases.0 == 0 && lease_count > 0 {
+            verification.leases = (lease_count, lease_count);
+        }
+        if elapsed >= schedule.kill && !done.kill && workers.iter().filter(|w| w.alive()).count() > 1 {
+            done.kill = true;
+            if let Some(victim) = workers.iter_mut().filter(|w| w.alive()).nth(1) {
+                victim.kill().await;
+                view.event(
+                    elapsed,
+                    &format!(
+                        "kill -9 {}: its leases free themselves after the lease expiration",
+                        victim.name
+                    ),
+                );
+                killed = Some((victim.name.clone(), Instant::now()));
+            }
+        }
+        if let Some((name, at)) = &killed
+            && verification.failover.is_none()
+            && !owners.contains_key(name)
+        {
+            verification.failover = Some(at.elapsed());
+            view.event(
+                elapsed,
+                &format!(
+                    "failover: the other workers took all of {name}'s leases in {:.1?}",
+                    at.elapsed()
+                ),
+            );
+        }
+        if elapsed >= schedule.split && !done.split {
+            done.split = true;
+            view.event(
+                elapsed,
+                "splitting partition 0 (reads of it fail for 200 ms, as on the service)",
+            );
+            match emulator
+                .split(DATABASE, CONTAINER, None, Duration::from_millis(200))
+                .await
+            {
+                Ok(after) => {
+                    verification.partitions.1 = after.len();
+                    view.event(started.elapsed(), &format!("split done: {} partitions", after.len()));
+                }
+                Err(error) => view.event(started.elapsed(), &format!("split failed: {error}")),
+            }
+        }
+        if done.split && lease_count > verification.leases.1 {
+            verification.leases.1 = lease_count;
+            view.event(
+                elapsed,
+                &format!("the split lease was replaced by its children: {lease_count} leases"),
+            );
+        }
+        if elapsed >= schedule.add && !done.add {
+            done.add = true;
+            let name = format!("worker-{}", workers.len() + 1);
+            workers.push(spawn(&name, &deliveries)?);
+            view.event(elapsed, &format!("added {name}"));
+            added = Some((name, Instant::now()));
+        }
+        if let Some((name, at)) = &added
+            && verification.rebalance.is_none()
+        {
+            let alive = workers.iter().filter(|w| w.alive()).count().max(1);
+            if owners.get(name).copied().unwrap_or(0) >= lease_count / alive && lease_count > 0 {
+                verification.rebalance = Some(at.elapsed());
+                view.event(
+                    elapsed,
+                    &format!("rebalanced: {name} owns its share after {:.1?}", at.elapsed()),
+                );
+            }
+        }
+        if elapsed >= settings.duration && writing_stopped.is_none() {
+            writer.stop.store(true, Ordering::SeqCst);
+            writing_stopped = Some(Instant::now());
+            view.event(elapsed, "stopping the writer; draining");
+        }
+        lag = estimate(&monitored, &store).await.or(lag);
+        let (delivered, total) = deliveries.totals();
+        let written = writer.count();
+        let since = last.0.elapsed().as_secs_f64().max(0.001);
+        view.show(&Frame {
+            elapsed,
+            written,
+            delivered,
+            lag,
+            writes_per_second: written.saturating_sub(last.1) as f64 / since,
+            deliveries_per_second: total.saturating_sub(last.2) as f64 / since,
+            leases: lease_count,
+            workers: workers
+                .iter()
+                .map(|w| WorkerLine {
+                    name: w.name.clone(),
+                    leases: owners.get(&w.name).copied().unwrap_or(0),
+                    handled: w.handled(),
+                    state: if w.killed {
+                        "killed -9"
+                    } else if w.stopped {
+                        "stopped"
+                    } else {
+                        "running"
+                    },
+                })
+                .collect(),
+        });
+        last = (Instant::now(), written, total);
+        if let Some(at) = writing_stopped {
+            let all = writer.written().iter().all(|id| deliveries.contains(id));
+            if all && writer.idle() {
+                verification.drain = Some(at.elapsed());
+                view.event(
+                    started.elapsed(),
+                    &format!(
+                        "drained: all {} documents delivered {:.1?} after writing stopped",
+                        writer.count(),
+                        at.elapsed()
+                    ),
+                );
+                break;
+            }
+            if at.elapsed() > Duration::from_secs(60) {
+                view.event(started.elapsed(), "drain did not finish within 60 s");
+                break;
+            }
+        }
+    }
+    for worker in &mut workers {
+        worker.stop().await;
+    }
+    stop.cancel();
+    let _ = server.await;
+    view.finish();
+
+    let written = writer.written();
+    let (delivered, total) = deliveries.totals();
+    verification.written = written.len();
+    verification.delivered = delivered;
+    verification.lost = written.iter().filter(|id| !deliveries.contains(id)).count();
+    verification.duplicates = total.saturating_sub(delivered);
+    println!();
+    print!("{}", verification.table());
+    println!("worker logs: {}", logs.display());
+    if verification.lost > 0 {
+        return Err(DemoError::Lost {
+            lost: verification.lost,
+            written: verification.written,
+        });
+    }
+    Ok(verification)
+}
+
+/// When the scripted events happen.
+struct Schedule {
+    kill: Duration,
+    split: Duration,
+    add: Duration,
+}
+
+impl Schedule {
+    fn new(duration: Duration) -> Self {
+        Self {
+            kill: duration.mul_f64(0.25),
+            split: duration.mul_f64(0.45),
+            add: duration.mul_f64(0.6),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Done {
+    kill: bool,
+    split: bool,
+    add: bool,
+}
+
+/// Live lease owners and how many leases each holds (expired owners count as none).
+async fn owners(store: &CosmosLeaseStore) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    let Ok(snapshot) = store.snapshot().await else {
+        return counts;
+    };
+    let now = OffsetDateTime::now_utc();
+    for lease in snapshot.leases {
+        let owner = if lease.is_expired(now, LEASE_EXPIRATION) {
+            String::new()
+        } else {
+            lease.owner.clone().unwrap_or_default()
+        };
+        *counts.entry(owner).or_default() += 1;
+    }
+    counts
+}
+
+async fn estimate(monitored: &MonitoredContainer, store: &CosmosLeaseStore) -> Option<u64> {
+    let leases = store.snapshot().await.ok()?.leases;
+    let estimates = estimate_leases(monitored, &leases, StartFrom::Beginning, 16)
+        .await
+        .ok()?;
+    Some(estimates.iter().map(|e| e.lag).sum())
+}
+
+/// Writes `demo-<n>` documents at a steady rate until stopped.
+struct Writer {
+    stop: Arc<AtomicBool>,
+    count: Arc<AtomicU64>,
+    ids: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Writer {
+    fn start(items: DocumentContainer, rate: u32) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let count = Arc::new(AtomicU64::new(0));
+        let ids = Arc::new(Mutex::new(Vec::new()));
+        let task = tokio::spawn({
+            let (stop, count, ids) = (stop.clone(), count.clone(), ids.clone());
+            async move {
+                let per_tick = (rate / 10).max(1);
+                let mut tick = tokio::time::interval(Duration::from_millis(100));
+                let mut next: u64 = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    tick.tick().await;
+                    let batch: Vec<u64> = (next..next + u64::from(per_tick)).collect();
+                    next += u64::from(per_tick);
+                    let written: Vec<Option<String>> = futures::stream::iter(batch)
+                        .map(|n| write_one(&items, n))
+                        .buffer_unordered(16)
+                        .collect()
+                        .await;
+                    let written: Vec<String> = written.into_iter().flatten().collect();
+                    count.fetch_add(written.len() as u64, Ordering::SeqCst);
+                    if let Ok(mut ids) = ids.lock() {
+                        ids.extend(written);
+                    }
+                }
+            }
+        });
+        Self { stop, count, ids, task }
+    }
+
+    fn count(&self) -> u64 {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    fn written(&self) -> Vec<String> {
+        self.ids.lock().map(|ids| ids.clone()).unwrap_or_default()
+    }
+
+    fn idle(&self) -> bool {
+        self.task.is_finished()
+    }
+}
+
+/// Upserts `demo-<n>`, retrying what a client retries; `None` when it could not be written.
+async fn write_one(items: &DocumentContainer, n: u64) -> Option<String> {
+    let id = format!("demo-{n}");
+    let pk = format!("pk-{}", n % 64);
+    let doc = serde_json::json!({"id": id, "pk": pk, "n": n});
+    for attempt in 0..20 {
+        match items.upsert(&pk, &doc).await {
+            Ok(_) => return Some(id),
+            Err(error) if error.kind.is_retryable() || error.kind == crate::cosmos::ErrorKind::RangeGone => {
+                tokio::time::sleep(Duration::from_millis(50 * (attempt + 1))).await;
+            }
+            Err(error) => {
+                tracing::warn!(document = %id, %error, "write failed");
+                return None;
+            }
+        }
+    }
+    None
+}
