@@ -360,13 +360,23 @@ impl Emulator {
 
 /// Binds `addr`, builds an emulator whose gateway is the bound address, and creates `containers`.
 pub async fn bind(addr: SocketAddr, containers: &[ContainerSpec]) -> Result<(Emulator, TcpListener), EmulatorError> {
+    bind_advertised(addr, None, containers).await
+}
+
+/// Like [`bind`], with `advertise` (when given) as the gateway clients are told to use.
+pub async fn bind_advertised(
+    addr: SocketAddr,
+    advertise: Option<&str>,
+    containers: &[ContainerSpec],
+) -> Result<(Emulator, TcpListener), EmulatorError> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| EmulatorError::Bind { addr, source })?;
     let local = listener
         .local_addr()
         .map_err(|source| EmulatorError::Bind { addr, source })?;
-    let emulator = Emulator::new(&format!("http://{local}/"))?;
+    let gateway = advertise.map_or_else(|| format!("http://{local}/"), str::to_owned);
+    let emulator = Emulator::new(&gateway)?;
     for spec in containers {
         emulator.create_container(spec).await?;
     }

@@ -64,15 +64,19 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs go to standard error (standard output carries data); `RUST_LOG` sets the level.
+/// Logs go to standard error (standard output carries data); `RUST_LOG` sets the level and
+/// `CFP_LOG_FORMAT=json` writes one JSON object per line (for log collectors).
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,azure_data_cosmos=warn,azure_data_cosmos_driver=warn,azure_core=warn")
     });
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    if std::env::var("CFP_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json")) {
+        builder.json().init();
+    } else {
+        builder.with_ansi(std::io::stderr().is_terminal()).init();
+    }
 }

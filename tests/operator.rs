@@ -668,3 +668,61 @@ async fn a_lease_halted_by_its_handler_makes_the_processor_degraded() {
     terminate(&mut operator.child).await;
     terminate(&mut emulator).await;
 }
+
+/// Resident memory of a process in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unrelated_secrets_do_not_grow_the_operator() {
+    let plane = plane().await;
+    let ns = namespace(plane, "noise");
+    let mut operator = Operator::start(plane, &ns, "op");
+    assert!(apply(plane, &ns, &secret_yaml()).0);
+    assert!(apply(plane, &ns, &resource("orders", "https://acct.documents.azure.com/", "")).0);
+    let client = plane.client().await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    wait("the first reconcile", || async {
+        deployments.get_opt("orders").await.ok().flatten()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pid = operator.child.id().expect("operator pid");
+    let before = rss_kib(pid);
+    // 1000 Secrets of 10 KiB the operator has nothing to do with (10 MiB of data).
+    let blob = "x".repeat(10 * 1024);
+    let mut yaml = String::new();
+    for n in 0..1000 {
+        yaml.push_str(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: noise-{n}\nstringData:\n  blob: {blob}\n---\n"
+        ));
+    }
+    let (ok, _, err) = plane.kubectl_run(&["create", "-n", &ns, "-f", "-"], Some(&yaml));
+    assert!(ok, "{err}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = rss_kib(pid);
+    // A new operator starts over a namespace that already holds them (the initial list).
+    let mut fresh = Operator::start(plane, &ns, "fresh");
+    wait("the fresh operator serves metrics", || async { fresh.scrape().await }).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let fresh_rss = rss_kib(fresh.child.id().expect("pid"));
+    println!(
+        "operator RSS: {:.1} MiB before, {:.1} MiB after 1000 unrelated 10 KiB Secrets (10 MiB of data) appeared; a new operator over them: {:.1} MiB (the Secret watch is metadata-only)",
+        before as f64 / 1024.0,
+        after as f64 / 1024.0,
+        fresh_rss as f64 / 1024.0
+    );
+    assert!(
+        after < before + 5 * 1024,
+        "the operator grew by {} KiB: Secret data is being cached",
+        after.saturating_sub(before)
+    );
+    terminate(&mut fresh.child).await;
+    terminate(&mut operator.child).await;
+}

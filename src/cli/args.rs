@@ -48,6 +48,11 @@ pub struct EmulatorArgs {
     /// Address to listen on (loopback by default).
     #[arg(long, default_value = "127.0.0.1", env = "CFP_EMULATOR_HOST")]
     pub host: std::net::IpAddr,
+    /// The URL clients are told to use (default: `http://<host>:<port>/`), for example the URL of
+    /// a Kubernetes Service in front of the emulator. Clients of a host other than localhost need
+    /// `AZURE_COSMOS_EMULATOR_HOST=<that host>` to use plain http.
+    #[arg(long, env = "CFP_EMULATOR_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
     /// A container to create at start: `database/container[:/partitionKeyPath[:partitions]]`
     /// (default partition key `/id`, 4 partitions). Repeatable.
     #[arg(long = "container", value_name = "SPEC")]
@@ -311,9 +316,14 @@ pub struct EstimateArgs {
 /// `cfp operator`.
 #[derive(Debug, Args)]
 pub struct OperatorArgs {
-    /// Watch only this namespace.
-    #[arg(long, env = "CFP_NAMESPACE", conflicts_with = "all_namespaces")]
-    pub namespace: Option<String>,
+    /// Watch only this namespace (repeatable, or comma-separated).
+    #[arg(
+        long,
+        env = "CFP_NAMESPACE",
+        conflicts_with = "all_namespaces",
+        value_delimiter = ','
+    )]
+    pub namespace: Vec<String>,
     /// Watch every namespace (the default when --namespace is not given).
     #[arg(long)]
     pub all_namespaces: bool,

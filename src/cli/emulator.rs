@@ -5,11 +5,16 @@ use std::net::SocketAddr;
 use tokio_util::sync::CancellationToken;
 
 use super::args::EmulatorArgs;
-use crate::emulator::{EmulatorError, bind};
+use crate::emulator::{EmulatorError, bind_advertised};
 
 /// Serves the emulator until a termination signal.
 pub async fn run(args: &EmulatorArgs) -> Result<(), EmulatorError> {
-    let (emulator, listener) = bind(SocketAddr::new(args.host, args.port), &args.containers).await?;
+    let (emulator, listener) = bind_advertised(
+        SocketAddr::new(args.host, args.port),
+        args.advertise_url.as_deref(),
+        &args.containers,
+    )
+    .await?;
     println!("Cosmos DB emulator listening");
     println!("  endpoint: {}", emulator.endpoint());
     println!("  key:      {}", crate::cosmos::EMULATOR_KEY);

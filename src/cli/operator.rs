@@ -15,12 +15,12 @@ pub fn settings(args: &OperatorArgs) -> OperatorSettings {
     let election_namespace = args
         .leader_election_namespace
         .clone()
-        .or_else(|| args.namespace.clone())
+        .or_else(|| (args.namespace.len() == 1).then(|| args.namespace[0].clone()))
         .or_else(|| std::env::var("POD_NAMESPACE").ok())
         .unwrap_or_else(|| "default".into());
     OperatorSettings {
-        namespace: if args.all_namespaces {
-            None
+        namespaces: if args.all_namespaces {
+            Vec::new()
         } else {
             args.namespace.clone()
         },

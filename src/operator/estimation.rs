@@ -209,6 +209,7 @@ pub fn figures(estimate: &ProcessorEstimate) -> EstimateFigures {
         leases: estimate.lease_count,
         leases_with_lag: estimate.leases_with_lag,
         lease_owners: owners.len(),
+        leases_unowned: estimate.leases.iter().filter(|l| l.owner.is_none()).count(),
     }
 }
 

@@ -27,7 +27,9 @@ struct ProcessorSeries {
     leases: IntGaugeVec,
     leases_with_lag: IntGaugeVec,
     lease_owners: IntGaugeVec,
+    leases_unowned: IntGaugeVec,
     desired_replicas: IntGaugeVec,
+    ready: IntGaugeVec,
     estimate_errors: IntCounterVec,
     estimate_duration: HistogramVec,
     leases_freed: IntCounterVec,
@@ -44,6 +46,8 @@ pub struct EstimateFigures {
     pub leases_with_lag: usize,
     /// Instances owning at least one lease.
     pub lease_owners: usize,
+    /// Leases without an owner.
+    pub leases_unowned: usize,
 }
 
 const PROCESSOR_LABELS: [&str; 2] = ["namespace", "name"];
@@ -93,10 +97,20 @@ impl ProcessorSeries {
                 "cfp_processor_lease_owners",
                 "Instances owning at least one lease of the processor.",
             )?,
+            leases_unowned: gauge(
+                registry,
+                "cfp_processor_leases_unowned",
+                "Leases of the processor without an owner (nobody processes them).",
+            )?,
             desired_replicas: gauge(
                 registry,
                 "cfp_processor_desired_replicas",
                 "Worker pods the operator asks for (spec.replicas or the autoscaler's decision).",
+            )?,
+            ready: gauge(
+                registry,
+                "cfp_processor_ready",
+                "1 while the processor's Ready condition is True.",
             )?,
             estimate_errors: counter(
                 registry,
@@ -169,6 +183,7 @@ impl OperatorMetrics {
         set(&series.leases, figures.leases as u64);
         set(&series.leases_with_lag, figures.leases_with_lag as u64);
         set(&series.lease_owners, figures.lease_owners as u64);
+        set(&series.leases_unowned, figures.leases_unowned as u64);
         series
             .estimate_duration
             .with_label_values(&labels)
@@ -199,6 +214,14 @@ impl OperatorMetrics {
             .set(i64::from(replicas));
     }
 
+    /// Records whether the processor is Ready.
+    pub fn ready(&self, namespace: &str, name: &str, ready: bool) {
+        self.processor
+            .ready
+            .with_label_values(&[namespace, name])
+            .set(i64::from(ready));
+    }
+
     /// Counts leases freed by fast failover.
     pub fn leases_freed(&self, namespace: &str, name: &str, count: usize) {
         self.processor
@@ -216,7 +239,9 @@ impl OperatorMetrics {
             &series.leases,
             &series.leases_with_lag,
             &series.lease_owners,
+            &series.leases_unowned,
             &series.desired_replicas,
+            &series.ready,
         ] {
             let _ = gauge.remove_label_values(&labels);
         }
@@ -264,6 +289,7 @@ mod tests {
             leases: 8,
             leases_with_lag: 8,
             lease_owners: 0,
+            leases_unowned: 8,
         };
         metrics.estimated("ns", "orders", figures, Duration::from_millis(20));
         metrics.desired_replicas("ns", "orders", 6);

@@ -266,6 +266,11 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
         )
         .await;
     }
+    let ready = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == super::status::READY && c.status == "True");
+    ctx.metrics.ready(&namespace, &name, ready);
     if cfp.status.as_ref() != Some(&status) {
         let body = serde_json::json!({
             "apiVersion": "changefeed.io/v1alpha1",

@@ -9,6 +9,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
@@ -27,8 +28,8 @@ use super::reconcile::{Context, error_policy, reconcile};
 /// How the operator runs.
 #[derive(Debug, Clone)]
 pub struct OperatorSettings {
-    /// Watch only this namespace (all namespaces when `None`).
-    pub namespace: Option<String>,
+    /// Watch only these namespaces (all namespaces when empty).
+    pub namespaces: Vec<String>,
     /// The default worker image.
     pub worker_image: String,
     /// Leader election, when enabled: the Lease's namespace and settings.
@@ -56,7 +57,7 @@ pub enum OperatorError {
 /// Runs until `shutdown`.
 pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Result<(), OperatorError> {
     let client = Client::try_default().await?;
-    let probe: Api<ChangeFeedProcessor> = match &settings.namespace {
+    let probe: Api<ChangeFeedProcessor> = match settings.namespaces.first() {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
@@ -110,14 +111,23 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
             let (stop, lost) = (shutdown.clone(), lost.clone());
             async move { elector.hold(&stop, &lost).await }
         });
-        let controller = run_controller(
-            client.clone(),
-            &settings,
-            accounts.clone(),
-            metrics.clone(),
-            shutdown.clone(),
-            lost.clone(),
-        );
+        // One controller per watched namespace (or one for all), sharing clients and metrics.
+        let scopes: Vec<Option<String>> = if settings.namespaces.is_empty() {
+            vec![None]
+        } else {
+            settings.namespaces.iter().cloned().map(Some).collect()
+        };
+        let controller = futures::future::join_all(scopes.into_iter().map(|scope| {
+            run_controller(
+                client.clone(),
+                &settings,
+                scope,
+                accounts.clone(),
+                metrics.clone(),
+                shutdown.clone(),
+                lost.clone(),
+            )
+        }));
         match holder {
             Some(holder) => {
                 tokio::join!(controller, async {
@@ -125,7 +135,9 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
                     lost.cancel();
                 });
             }
-            None => controller.await,
+            None => {
+                controller.await;
+            }
         }
         metrics.set_leader(false);
         if shutdown.is_cancelled() {
@@ -145,17 +157,18 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
 async fn run_controller(
     client: Client,
     settings: &OperatorSettings,
+    namespace: Option<String>,
     accounts: Accounts,
     metrics: Arc<OperatorMetrics>,
     shutdown: CancellationToken,
     lost: CancellationToken,
 ) {
-    let (cfps, deployments, services, secrets) = match &settings.namespace {
+    let (cfps, deployments, services, secrets) = match &namespace {
         Some(ns) => (
             Api::<ChangeFeedProcessor>::namespaced(client.clone(), ns),
             Api::<Deployment>::namespaced(client.clone(), ns),
             Api::<Service>::namespaced(client.clone(), ns),
-            Api::<Secret>::namespaced(client.clone(), ns),
+            Api::<PartialObjectMeta<Secret>>::namespaced(client.clone(), ns),
         ),
         None => (
             Api::all(client.clone()),
@@ -182,26 +195,27 @@ async fn run_controller(
         scaling: Mutex::new(HashMap::new()),
     });
     let pods_stop = CancellationToken::new();
-    let pod_watch = tokio::spawn(watch_worker_pods(
-        context.clone(),
-        settings.namespace.clone(),
-        pods_stop.clone(),
-    ));
+    let pod_watch = tokio::spawn(watch_worker_pods(context.clone(), namespace.clone(), pods_stop.clone()));
     controller
         .reconcile_on(estimated)
         .owns(deployments, owned.clone())
         .owns(services, owned)
-        // A Secret created or fixed later brings the processors that reference it forward.
-        .watches(secrets, watcher::Config::default(), move |secret: Secret| {
-            let name = secret.name_any();
-            let namespace = secret.namespace();
-            store
-                .state()
-                .into_iter()
-                .filter(|cfp| cfp.namespace() == namespace && referenced_secrets(cfp).contains(&name))
-                .map(|cfp| ObjectRef::from_obj(&*cfp))
-                .collect::<Vec<_>>()
-        })
+        // A Secret created or fixed later brings the processors that reference it forward. Only
+        // Secret metadata is watched: the operator never holds Secret data it does not read.
+        .watches(
+            secrets,
+            watcher::Config::default(),
+            move |secret: PartialObjectMeta<Secret>| {
+                let name = secret.name_any();
+                let namespace = secret.namespace();
+                store
+                    .state()
+                    .into_iter()
+                    .filter(|cfp| cfp.namespace() == namespace && referenced_secrets(cfp).contains(&name))
+                    .map(|cfp| ObjectRef::from_obj(&*cfp))
+                    .collect::<Vec<_>>()
+            },
+        )
         .graceful_shutdown_on(async move {
             tokio::select! {
                 _ = shutdown.cancelled() => {}

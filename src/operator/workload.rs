@@ -144,7 +144,17 @@ pub fn worker_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
         env("CFP_METRICS_PORT", spec.worker.metrics_port.to_string()),
     ]);
     vars.extend(handler_env(cfp));
+    vars.extend(emulator_host_env(cfp));
     vars
+}
+
+/// A plain `http://` endpoint other than localhost is an emulator in the cluster (the Cosmos
+/// service is https only): the SDK uses plain http there only when told the host.
+fn emulator_host_env(cfp: &ChangeFeedProcessor) -> Option<EnvVar> {
+    let url = url::Url::parse(&cfp.spec.connection.endpoint).ok()?;
+    let host = url.host_str()?;
+    (url.scheme() == "http" && host != "localhost" && host != "127.0.0.1")
+        .then(|| env("AZURE_COSMOS_EMULATOR_HOST", host))
 }
 
 /// The handler, retry and dead-letter settings as `CFP_*` variables; header values from Secrets
@@ -389,6 +399,7 @@ mod tests {
                     ("CFP_LEASE_EXPIRATION", Some("60s")),
                     ("CFP_METRICS_PORT", Some("9090")),
                     ("CFP_LEASE_ENDPOINT", None),
+                    ("AZURE_COSMOS_EMULATOR_HOST", None),
                 ],
             },
             Case {
@@ -436,6 +447,11 @@ mod tests {
                     ("CFP_DEAD_LETTER_CONTAINER", Some("poison")),
                     ("CFP_DEAD_LETTER_DATABASE", None),
                 ],
+            },
+            Case {
+                name: "in-cluster emulator",
+                spec: serde_json::json!({"connection": {"endpoint": "http://cosmos-emulator.dev.svc:8081/", "keySecretRef": {"name": "cosmos"}}}),
+                want: &[("AZURE_COSMOS_EMULATOR_HOST", Some("cosmos-emulator.dev.svc"))],
             },
             Case {
                 name: "stdout handler defaults",

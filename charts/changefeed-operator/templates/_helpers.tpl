@@ -1,0 +1,81 @@
+{{/* The release's full name (truncated to 63 characters). */}}
+{{- define "changefeed-operator.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels of every object. */}}
+{{- define "changefeed-operator.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: changefeed-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Labels selecting the operator pods. */}}
+{{- define "changefeed-operator.selectorLabels" -}}
+app.kubernetes.io/name: changefeed-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{/* The operator image: repository@digest, or repository:tag (default: appVersion). */}}
+{{- define "changefeed-operator.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The service account's name. */}}
+{{- define "changefeed-operator.serviceAccountName" -}}
+{{- default (include "changefeed-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{/* The in-cluster emulator's host name. */}}
+{{- define "changefeed-operator.emulatorHost" -}}
+{{- printf "%s-emulator.%s.svc" (include "changefeed-operator.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{/* The rules the operator needs in a namespace it watches: only the verbs the code uses. */}}
+{{- define "changefeed-operator.rules" -}}
+- apiGroups: ["changefeed.io"]
+  resources: ["changefeedprocessors"]
+  # list/watch: the controller; get: Events of fast failover; patch: the lease-cleanup finalizer.
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["changefeed.io"]
+  resources: ["changefeedprocessors/status"]
+  # Status is written with server-side apply.
+  verbs: ["patch"]
+- apiGroups: ["changefeed.io"]
+  resources: ["changefeedprocessors/finalizers"]
+  # Owner references with blockOwnerDeletion on the workers' Deployment and Service.
+  verbs: ["update"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  # Server-side apply (create/patch), reading replicas and status, the owns-watch.
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  # get: the Secrets resources name; list/watch: a metadata-only watch (no Secret data is cached).
+  verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  # Fast failover: a gone worker pod's leases are freed at once.
+  verbs: ["list", "watch"]
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  # The built-in autoscaler steps back when an HPA (or KEDA) targets a resource's /scale.
+  verbs: ["list"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end -}}
