@@ -126,15 +126,17 @@ async fn the_install_manifests_are_accepted_by_the_api_server() {
         out.contains("clusterrole.rbac.authorization.k8s.io/changefeed-operator created (server dry run)"),
         "{out}"
     );
-    // The built-in autoscaling example is a valid resource.
+    // The examples are valid resources.
     let ns = namespace(plane, "examples");
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/examples/autoscaling.yaml");
-    let (ok, out, err) = plane.kubectl_run(&["apply", "--dry-run=server", "-n", &ns, "-f", example], None);
-    assert!(ok, "{err}");
-    assert!(
-        out.contains("changefeedprocessor.changefeed.io/orders created (server dry run)"),
-        "{out}"
-    );
+    for (file, name) in [("autoscaling.yaml", "orders"), ("emulator.yaml", "items")] {
+        let example = format!("{}/manifests/examples/{file}", env!("CARGO_MANIFEST_DIR"));
+        let (ok, out, err) = plane.kubectl_run(&["apply", "--dry-run=server", "-n", &ns, "-f", &example], None);
+        assert!(ok, "{file}: {err}");
+        assert!(
+            out.contains(&format!("changefeedprocessor.changefeed.io/{name} created (server dry run)")),
+            "{out}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
