@@ -133,7 +133,9 @@ async fn the_install_manifests_are_accepted_by_the_api_server() {
         let (ok, out, err) = plane.kubectl_run(&["apply", "--dry-run=server", "-n", &ns, "-f", &example], None);
         assert!(ok, "{file}: {err}");
         assert!(
-            out.contains(&format!("changefeedprocessor.changefeed.io/{name} created (server dry run)")),
+            out.contains(&format!(
+                "changefeedprocessor.changefeed.io/{name} created (server dry run)"
+            )),
             "{out}"
         );
     }
@@ -727,4 +729,76 @@ async fn unrelated_secrets_do_not_grow_the_operator() {
     );
     terminate(&mut fresh.child).await;
     terminate(&mut operator.child).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_leader_is_replaced_and_never_reconciles_after_it_resumes() {
+    let plane = plane().await;
+    let ns = namespace(plane, "frozen");
+    let client = plane.client().await;
+    assert!(apply(plane, &ns, &secret_yaml()).0);
+    let first = Operator::start(plane, &ns, "first");
+    wait("the first operator leads", || async {
+        first.scrape().await.filter(|(_, leader)| *leader == 1)
+    })
+    .await;
+    let mut second = Operator::start(plane, &ns, "second");
+    wait("the second operator serves metrics", || async { second.scrape().await }).await;
+    let endpoint = "https://acct.documents.azure.com/";
+    assert!(apply(plane, &ns, &resource("one", endpoint, "")).0);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    wait("deployment one", || async {
+        deployments.get_opt("one").await.ok().flatten()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (before, _) = first.scrape().await.expect("first metrics");
+    let pid = first.child.id().expect("pid").to_string();
+    let signal = |sig: &'static str| {
+        let pid = pid.clone();
+        async move {
+            let status = Command::new("kill").args([sig, &pid]).status().await.unwrap();
+            assert!(status.success());
+        }
+    };
+    signal("-STOP").await;
+    let frozen = tokio::time::Instant::now();
+    wait("the second operator leads", || async {
+        second.scrape().await.filter(|(_, leader)| *leader == 1)
+    })
+    .await;
+    let takeover = frozen.elapsed();
+    assert!(apply(plane, &ns, &resource("two", endpoint, "")).0);
+    wait("deployment two from the new leader", || async {
+        deployments.get_opt("two").await.ok().flatten()
+    })
+    .await;
+    signal("-CONT").await;
+    // Work for a leader right after the old one resumes: only the new one may do it.
+    assert!(apply(plane, &ns, &resource("three", endpoint, "  replicas: 2\n")).0);
+    assert!(apply(plane, &ns, &resource("one", endpoint, "  replicas: 3\n")).0);
+    wait("deployment three", || async {
+        deployments.get_opt("three").await.ok().flatten()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (after, leads) = wait("the resumed operator's metrics", || async { first.scrape().await }).await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), &ns);
+    let holder = leases
+        .get("changefeed-operator")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity;
+    println!(
+        "frozen leader: the follower led {takeover:.1?} after SIGSTOP (lease 3 s, deadline 2 s); after SIGCONT the old leader reconciled {} more times (before {before}, after {after}), leader gauge {leads}, Lease holder {holder:?}",
+        after - before
+    );
+    assert_eq!(after, before, "the resumed old leader reconciled");
+    assert_eq!(leads, 0);
+    assert_eq!(holder.as_deref(), Some("second"));
+    let mut first = first;
+    terminate(&mut first.child).await;
+    terminate(&mut second.child).await;
 }

@@ -348,8 +348,11 @@ pub struct OperatorArgs {
     /// A leader that has not renewed for this long is replaced.
     #[arg(long, default_value = "15s", value_parser = duration)]
     pub leader_lease_duration: Duration,
-    /// How often the leader renews its lease.
-    #[arg(long, default_value = "5s", value_parser = duration)]
+    /// A leader that could not renew for this long stops reconciling (shorter than the lease duration).
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub leader_renew_deadline: Duration,
+    /// How often the leader renews its lease and candidates retry.
+    #[arg(long, default_value = "2s", value_parser = duration)]
     pub leader_renew_interval: Duration,
 }
 

@@ -32,6 +32,7 @@ pub fn settings(args: &OperatorArgs) -> OperatorSettings {
                     name: args.leader_election_name.clone(),
                     identity,
                     lease_duration: args.leader_lease_duration,
+                    renew_deadline: args.leader_renew_deadline,
                     renew_interval: args.leader_renew_interval,
                 },
             )

@@ -111,6 +111,9 @@ async fn free_leases(ctx: Arc<Context>, worker: WorkerPod, why: &'static str) {
         pod,
         processor,
     } = &worker;
+    if !(ctx.leading)() {
+        return;
+    }
     let key = (namespace.clone(), processor.clone());
     let store = match ctx.estimators.lease_store(&key).await {
         Ok(store) => store,

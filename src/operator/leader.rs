@@ -1,8 +1,16 @@
 //! Leader election through a `coordination.k8s.io/v1` Lease, so that of several operator
 //! replicas exactly one reconciles. Updates use the Lease's resourceVersion (optimistic
 //! concurrency): two candidates can never both win.
+//!
+//! As client-go does, expiry is never judged by comparing another machine's `renewTime` with this
+//! machine's clock: a candidate notes when it last saw the Lease record change (on its own
+//! monotonic clock) and takes over only after `lease_duration` without a change. The leader counts
+//! as leading only while its last successful renewal (monotonic) is younger than `renew_deadline`,
+//! which is shorter than `lease_duration`: a leader that was frozen or cut off stops reconciling
+//! before anyone else may start.
 
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -19,14 +27,44 @@ pub struct Election {
     pub identity: String,
     /// A leader that has not renewed for this long is replaced.
     pub lease_duration: Duration,
-    /// How often the leader renews.
+    /// A leader stops reconciling when it could not renew for this long (shorter than
+    /// `lease_duration`).
+    pub renew_deadline: Duration,
+    /// How often the leader renews and candidates retry.
     pub renew_interval: Duration,
+}
+
+impl Election {
+    /// Checks `renew_interval < renew_deadline < lease_duration`.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.renew_interval.is_zero() || self.renew_interval >= self.renew_deadline {
+            return Err(format!(
+                "the leader renew interval ({:?}) must be shorter than the renew deadline ({:?})",
+                self.renew_interval, self.renew_deadline
+            ));
+        }
+        if self.renew_deadline >= self.lease_duration {
+            return Err(format!(
+                "the leader renew deadline ({:?}) must be shorter than the lease duration ({:?})",
+                self.renew_deadline, self.lease_duration
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The Lease record as last seen, and when (this machine's monotonic clock).
+struct Observed {
+    record: String,
+    at: Instant,
 }
 
 /// Runs an election on `api`.
 pub struct LeaderElector {
     api: Api<Lease>,
     election: Election,
+    observed: Mutex<Option<Observed>>,
+    renewed: Mutex<Option<Instant>>,
 }
 
 fn now() -> MicroTime {
@@ -36,7 +74,44 @@ fn now() -> MicroTime {
 impl LeaderElector {
     /// An elector for the Lease `election.name` in `api`'s namespace.
     pub fn new(api: Api<Lease>, election: Election) -> Self {
-        Self { api, election }
+        Self {
+            api,
+            election,
+            observed: Mutex::new(None),
+            renewed: Mutex::new(None),
+        }
+    }
+
+    /// Whether this replica leads now: its last renewal is younger than the renew deadline.
+    pub fn is_leading(&self) -> bool {
+        self.renewed
+            .lock()
+            .ok()
+            .and_then(|r| *r)
+            .is_some_and(|at| at.elapsed() < self.election.renew_deadline)
+    }
+
+    fn set_renewed(&self, at: Option<Instant>) {
+        if let Ok(mut renewed) = self.renewed.lock() {
+            *renewed = at;
+        }
+    }
+
+    /// Notes the record; returns how long it has been unchanged (monotonic).
+    fn observe(&self, record: String) -> Duration {
+        let Ok(mut observed) = self.observed.lock() else {
+            return Duration::ZERO;
+        };
+        match observed.as_ref() {
+            Some(seen) if seen.record == record => seen.at.elapsed(),
+            _ => {
+                *observed = Some(Observed {
+                    record,
+                    at: Instant::now(),
+                });
+                Duration::ZERO
+            }
+        }
     }
 
     /// Waits until this replica leads; `false` when `shutdown` came first.
@@ -54,12 +129,15 @@ impl LeaderElector {
         }
     }
 
-    /// One attempt: create the Lease, or take it over when it is free, expired or already ours.
+    /// One attempt: create the Lease, or take it over when it is free, unrenewed for the lease
+    /// duration (as observed here), or already ours.
     pub async fn try_acquire(&self) -> Result<bool, kube::Error> {
         let me = &self.election.identity;
         let seconds = i32::try_from(self.election.lease_duration.as_secs())
             .unwrap_or(i32::MAX)
             .max(1);
+        // The lease counts from before the request: the API server may apply it any time after.
+        let attempt = Instant::now();
         let Some(mut lease) = self.api.get_opt(&self.election.name).await? else {
             let lease = Lease {
                 metadata: ObjectMeta {
@@ -76,21 +154,26 @@ impl LeaderElector {
                 }),
             };
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
+                Ok(_) => {
+                    self.set_renewed(Some(attempt));
+                    Ok(true)
+                }
                 Err(kube::Error::Api(status)) if status.is_already_exists() || status.is_conflict() => Ok(false),
                 Err(error) => Err(error),
             };
         };
         let spec = lease.spec.get_or_insert_with(Default::default);
         let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
-        let renewed = spec.renew_time.as_ref().map(|t| t.0);
-        let duration = spec.lease_duration_seconds.unwrap_or(seconds);
-        let expired = renewed.is_none_or(|t| {
-            t.checked_add(jiff_seconds(duration))
-                .map(|deadline| deadline < Timestamp::now())
-                .unwrap_or(true)
-        });
-        if holder.as_deref() != Some(me.as_str()) && holder.is_some() && !expired {
+        let record = format!(
+            "{holder:?}|{:?}|{:?}",
+            spec.renew_time.as_ref().map(|t| t.0),
+            spec.lease_transitions
+        );
+        let unchanged_for = self.observe(record);
+        let their_duration =
+            Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(seconds)).unwrap_or(0));
+        if holder.as_deref() != Some(me.as_str()) && holder.is_some() && unchanged_for < their_duration {
+            self.set_renewed(None);
             return Ok(false);
         }
         if holder.as_deref() != Some(me.as_str()) {
@@ -105,36 +188,46 @@ impl LeaderElector {
             .replace(&self.election.name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                self.set_renewed(Some(attempt));
+                Ok(true)
+            }
             Err(kube::Error::Api(status)) if status.is_conflict() => Ok(false),
             Err(error) => Err(error),
         }
     }
 
-    /// Renews while leading; cancels `lost` when the lease cannot be renewed within its duration
-    /// or another replica holds it. Returns when `stop` or `lost` is cancelled.
+    /// Renews while leading; cancels `lost` as soon as no renewal succeeded within the renew
+    /// deadline or another replica holds the lease. Returns when `stop` or `lost` is cancelled.
     pub async fn hold(&self, stop: &CancellationToken, lost: &CancellationToken) {
-        let mut last_renewal = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = lost.cancelled() => return,
                 _ = tokio::time::sleep(self.election.renew_interval) => {}
             }
-            match self.try_acquire().await {
-                Ok(true) => last_renewal = tokio::time::Instant::now(),
-                Ok(false) => {
+            if !self.is_leading() {
+                tracing::warn!("no leader lease renewal within the renew deadline; stopped leading");
+                lost.cancel();
+                return;
+            }
+            // A renewal may not outlast the deadline.
+            let remaining = self
+                .renewed
+                .lock()
+                .ok()
+                .and_then(|r| *r)
+                .map(|at| self.election.renew_deadline.saturating_sub(at.elapsed()))
+                .unwrap_or_default();
+            match tokio::time::timeout(remaining, self.try_acquire()).await {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => {
                     tracing::warn!("another operator replica took the leader lease");
                     lost.cancel();
                     return;
                 }
-                Err(error) => {
-                    tracing::warn!(%error, "renewing the leader lease failed");
-                    if last_renewal.elapsed() >= self.election.lease_duration {
-                        lost.cancel();
-                        return;
-                    }
-                }
+                Ok(Err(error)) => tracing::warn!(%error, "renewing the leader lease failed"),
+                Err(_) => tracing::warn!("renewing the leader lease timed out"),
             }
         }
     }
@@ -150,6 +243,7 @@ impl LeaderElector {
         }
         spec.holder_identity = None;
         spec.renew_time = None;
+        self.set_renewed(None);
         if let Err(error) = self
             .api
             .replace(&self.election.name, &PostParams::default(), &lease)
@@ -160,6 +254,21 @@ impl LeaderElector {
     }
 }
 
-fn jiff_seconds(seconds: i32) -> k8s_openapi::jiff::SignedDuration {
-    k8s_openapi::jiff::SignedDuration::from_secs(i64::from(seconds))
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timings_must_nest() {
+        let election = |interval, deadline, duration| Election {
+            name: "l".into(),
+            identity: "me".into(),
+            lease_duration: Duration::from_secs(duration),
+            renew_deadline: Duration::from_secs(deadline),
+            renew_interval: Duration::from_secs(interval),
+        };
+        assert!(election(2, 10, 15).validate().is_ok());
+        assert!(election(10, 10, 15).validate().unwrap_err().contains("renew interval"));
+        assert!(election(2, 15, 15).validate().unwrap_err().contains("renew deadline"));
+    }
 }

@@ -40,6 +40,8 @@ pub struct Context {
     pub estimators: Estimators,
     /// The autoscaler's memory per resource (recent recommendations, last decision).
     pub scaling: Mutex<HashMap<ResourceKey, ScaleState>>,
+    /// Whether this replica may act now (it leads, with a renewal inside the deadline).
+    pub leading: Arc<dyn Fn() -> bool + Send + Sync>,
 }
 
 /// The autoscaler's memory of one resource.
@@ -80,6 +82,10 @@ impl ReconcileError {
 
 /// Reconciles one resource.
 pub async fn reconcile(cfp: Arc<ChangeFeedProcessor>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    if !(ctx.leading)() {
+        // Not (or no longer) the leader: the controller is being stopped; touch nothing.
+        return Ok(Action::await_change());
+    }
     let started = Instant::now();
     let result = reconcile_inner(&cfp, &ctx).await;
     ctx.metrics

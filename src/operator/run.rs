@@ -47,6 +47,9 @@ pub enum OperatorError {
     /// The metrics registry or endpoint failed.
     #[error("metrics: {0}")]
     Metrics(String),
+    /// The settings do not work together.
+    #[error("{0}")]
+    Config(String),
     /// The ChangeFeedProcessor CRD is not installed.
     #[error(
         "the ChangeFeedProcessor CRD (changefeedprocessors.changefeed.io) is not installed; install it with `kubectl apply -f crds/` (or `cfp crd | kubectl apply -f -`)"
@@ -56,6 +59,9 @@ pub enum OperatorError {
 
 /// Runs until `shutdown`.
 pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Result<(), OperatorError> {
+    if let Some((_, election)) = &settings.election {
+        election.validate().map_err(OperatorError::Config)?;
+    }
     let client = Client::try_default().await?;
     let probe: Api<ChangeFeedProcessor> = match settings.namespaces.first() {
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -95,8 +101,19 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
         )));
     }
     let elector = settings.election.as_ref().map(|(namespace, election)| {
-        LeaderElector::new(Api::<Lease>::namespaced(client.clone(), namespace), election.clone())
+        Arc::new(LeaderElector::new(
+            Api::<Lease>::namespaced(client.clone(), namespace),
+            election.clone(),
+        ))
     });
+    // Reconciliations act only while this replica holds a lease renewed within the deadline.
+    let leading: Arc<dyn Fn() -> bool + Send + Sync> = match &elector {
+        Some(elector) => {
+            let elector = elector.clone();
+            Arc::new(move || elector.is_leading())
+        }
+        None => Arc::new(|| true),
+    };
     loop {
         if let Some(elector) = &elector {
             tracing::info!("waiting to become the leader");
@@ -118,15 +135,13 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
             settings.namespaces.iter().cloned().map(Some).collect()
         };
         let controller = futures::future::join_all(scopes.into_iter().map(|scope| {
-            run_controller(
-                client.clone(),
-                &settings,
-                scope,
-                accounts.clone(),
-                metrics.clone(),
-                shutdown.clone(),
-                lost.clone(),
-            )
+            let shared = Shared {
+                client: client.clone(),
+                accounts: accounts.clone(),
+                metrics: metrics.clone(),
+                leading: leading.clone(),
+            };
+            run_controller(shared, &settings, scope, shutdown.clone(), lost.clone())
         }));
         match holder {
             Some(holder) => {
@@ -154,15 +169,27 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
     Ok(())
 }
 
-async fn run_controller(
+/// What the controllers of a leadership term share.
+struct Shared {
     client: Client,
-    settings: &OperatorSettings,
-    namespace: Option<String>,
     accounts: Accounts,
     metrics: Arc<OperatorMetrics>,
+    leading: Arc<dyn Fn() -> bool + Send + Sync>,
+}
+
+async fn run_controller(
+    shared: Shared,
+    settings: &OperatorSettings,
+    namespace: Option<String>,
     shutdown: CancellationToken,
     lost: CancellationToken,
 ) {
+    let Shared {
+        client,
+        accounts,
+        metrics,
+        leading,
+    } = shared;
     let (cfps, deployments, services, secrets) = match &namespace {
         Some(ns) => (
             Api::<ChangeFeedProcessor>::namespaced(client.clone(), ns),
@@ -192,6 +219,7 @@ async fn run_controller(
         worker_image: settings.worker_image.clone(),
         metrics: metrics.clone(),
         estimators: Estimators::new(accounts, metrics, trigger, store.clone()),
+        leading,
         scaling: Mutex::new(HashMap::new()),
     });
     let pods_stop = CancellationToken::new();

@@ -86,8 +86,10 @@ impl Operator {
                 "cfp:test",
                 "--leader-lease-duration",
                 "3s",
+                "--leader-renew-deadline",
+                "2s",
                 "--leader-renew-interval",
-                "1s",
+                "500ms",
             ])
             .env("KUBECONFIG", &plane.kubeconfig)
             .env("RUST_LOG", "info,kube=warn")
