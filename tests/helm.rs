@@ -328,6 +328,7 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
         ("watch", "pods"),
         ("list", "horizontalpodautoscalers.autoscaling"),
         ("create", "events.events.k8s.io"),
+        ("patch", "poddisruptionbudgets.policy"),
     ];
     for (verb, resource) in needed {
         assert!(

@@ -64,6 +64,15 @@ async fn applying_a_resource_creates_the_rendered_workload_and_status() {
         services.get_opt("orders-metrics").await.ok().flatten()
     })
     .await;
+    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    let budget = wait("the PodDisruptionBudget", || async {
+        budgets.get_opt("orders").await.ok().flatten()
+    })
+    .await;
+    assert_eq!(
+        budget.spec.and_then(|s| s.max_unavailable),
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+    );
     let managers: Vec<String> = deployment
         .metadata
         .managed_fields

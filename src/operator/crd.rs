@@ -3,7 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, EnvFromSource, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
+    TopologySpreadConstraint, Volume, VolumeMount,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -471,10 +474,12 @@ pub struct WorkerTemplate {
     /// The image pull policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<String>,
-    /// Compute resources of the worker container.
+    /// Compute resources of the worker container (default: requests of 100m CPU and 64Mi memory,
+    /// so that workers are not BestEffort).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
-    /// Extra containers in each worker pod, for example the user's handler service.
+    /// Extra containers in each worker pod, for example the user's handler service. Those without
+    /// a securityContext get the worker's restricted one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sidecars: Vec<Container>,
     /// Node labels the worker pods must run on.
@@ -486,9 +491,38 @@ pub struct WorkerTemplate {
     /// Annotations added to the worker pods.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
-    /// Service account of the worker pods (its token is not mounted).
+    /// Labels added to the worker pods (for example `azure.workload.identity/use: "true"`); the
+    /// operator's own selector labels win.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Service account of the worker pods, for example one federated for workload identity (its
+    /// API token is not mounted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_name: Option<String>,
+    /// Extra environment variables of the worker container (the operator's `CFP_*` win).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Environment variables of the worker container from ConfigMaps or Secrets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env_from: Vec<EnvFromSource>,
+    /// Volumes of the worker pods (for the worker's `volumeMounts` and the sidecars').
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
+    /// Volume mounts of the worker container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMount>,
+    /// Secrets to pull the worker and sidecar images.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// Affinity of the worker pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// How the worker pods spread over zones and nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+    /// Priority class of the worker pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
     /// Port of the worker's /metrics, /healthz and /readyz.
     #[serde(default = "default_metrics_port")]
     #[schemars(range(min = 1, max = 65535))]
@@ -509,7 +543,16 @@ impl Default for WorkerTemplate {
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
             annotations: BTreeMap::new(),
+            labels: BTreeMap::new(),
             service_account_name: None,
+            env: Vec::new(),
+            env_from: Vec::new(),
+            volumes: Vec::new(),
+            volume_mounts: Vec::new(),
+            image_pull_secrets: Vec::new(),
+            affinity: None,
+            topology_spread_constraints: Vec::new(),
+            priority_class_name: None,
             metrics_port: default_metrics_port(),
         }
     }
@@ -591,8 +634,58 @@ impl ChangeFeedProcessor {
     }
 }
 
-/// The CRD as YAML (what `cfp crd` prints and `crds/` holds).
+/// The fields of `spec.worker` that embed Kubernetes types.
+const EMBEDDED_WORKER_FIELDS: [&str; 10] = [
+    "resources",
+    "sidecars",
+    "tolerations",
+    "env",
+    "envFrom",
+    "volumes",
+    "volumeMounts",
+    "imagePullSecrets",
+    "affinity",
+    "topologySpreadConstraints",
+];
+
+/// The CRD as YAML (what `cfp crd` prints and `crds/` holds). Descriptions inside embedded
+/// Kubernetes types (containers, volumes, affinity, ...) are left out — `kubectl explain pod`
+/// has them — so the CRD stays well under the 256 KiB that a client-side `kubectl apply` allows.
 pub fn crd_yaml() -> String {
     use kube::CustomResourceExt;
-    serde_yaml::to_string(&ChangeFeedProcessor::crd()).unwrap_or_default()
+    let mut crd = serde_json::to_value(ChangeFeedProcessor::crd()).unwrap_or_default();
+    if let Some(versions) = crd.pointer_mut("/spec/versions").and_then(|v| v.as_array_mut()) {
+        for version in versions {
+            let worker = version.pointer_mut("/schema/openAPIV3Schema/properties/spec/properties/worker/properties");
+            if let Some(fields) = worker.and_then(|w| w.as_object_mut()) {
+                for name in EMBEDDED_WORKER_FIELDS {
+                    if let Some(field) = fields.get_mut(name) {
+                        strip_nested_descriptions(field);
+                    }
+                }
+            }
+        }
+    }
+    serde_yaml::to_string(&crd).unwrap_or_default()
+}
+
+/// Removes the descriptions below `schema` (keeping its own).
+fn strip_nested_descriptions(schema: &mut serde_json::Value) {
+    fn strip(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(map) => {
+                map.remove("description");
+                map.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    if let Some(map) = schema.as_object_mut() {
+        for (key, value) in map.iter_mut() {
+            if key != "description" {
+                strip(value);
+            }
+        }
+    }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -21,7 +22,7 @@ use super::crd::{ChangeFeedProcessor, ChangeFeedProcessorStatus, Connection};
 use super::estimation::{AccountRef, EstimateReport, EstimateTarget, Estimators, ResourceKey};
 use super::metrics::OperatorMetrics;
 use super::status::{DEGRADED, Observation, SCALING, ScalingState, conditions};
-use super::workload::{FIELD_MANAGER, metrics_service, selector_string, worker_deployment};
+use super::workload::{FIELD_MANAGER, metrics_service, selector_string, worker_deployment, worker_disruption_budget};
 
 /// The finalizer that deletes a processor's lease documents before the resource goes away.
 pub const LEASE_FINALIZER: &str = "changefeed.io/lease-cleanup";
@@ -177,6 +178,10 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
             let service = metrics_service(cfp);
             let service_name = service.metadata.name.clone().unwrap_or_default();
             services.patch(&service_name, &params, &Patch::Apply(&service)).await?;
+            let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &namespace);
+            budgets
+                .patch(&name, &params, &Patch::Apply(&worker_disruption_budget(cfp)))
+                .await?;
             let event = plan.as_ref().and_then(|p| p.event.clone());
             if before.is_none() {
                 let note = format!("deployed {desired} worker pod(s)");

@@ -5,9 +5,11 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretKeySelector, SecurityContext, Service,
-    ServicePort, ServiceSpec,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
+    SecurityContext, Service, ServicePort, ServiceSpec,
 };
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
@@ -206,6 +208,67 @@ fn handler_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
     vars
 }
 
+/// The restricted Pod Security Standard's container settings.
+fn restricted() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            add: None,
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            localhost_profile: None,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Requests for a worker without `resources`, so that it is not BestEffort (first to be evicted).
+fn default_resources() -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_owned(), Quantity("100m".into())),
+            ("memory".to_owned(), Quantity("64Mi".into())),
+        ])),
+        ..Default::default()
+    }
+}
+
+/// The worker container's environment: the operator's `CFP_*` variables, then the user's
+/// `worker.env` except names the operator sets.
+fn container_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
+    let mut vars = worker_env(cfp);
+    let ours: Vec<String> = vars.iter().map(|v| v.name.clone()).collect();
+    vars.extend(cfp.spec.worker.env.iter().filter(|v| !ours.contains(&v.name)).cloned());
+    vars
+}
+
+/// A PodDisruptionBudget letting one worker pod at a time be evicted (node drains, upgrades):
+/// never blocks a drain, never takes several workers down together.
+pub fn worker_disruption_budget(cfp: &ChangeFeedProcessor) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: ObjectMeta {
+            name: cfp.metadata.name.clone(),
+            namespace: cfp.metadata.namespace.clone(),
+            labels: Some(labels(cfp)),
+            owner_references: Some(owner(cfp)),
+            ..Default::default()
+        },
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector_labels(cfp)),
+                match_expressions: None,
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
 fn probe(path: &str, period: i32) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
@@ -228,7 +291,7 @@ pub fn worker_deployment(cfp: &ChangeFeedProcessor, image: &str, replicas: i32) 
         image: Some(spec.worker.image.clone().unwrap_or_else(|| image.to_owned())),
         image_pull_policy: spec.worker.image_pull_policy.clone(),
         args: Some(vec!["worker".into()]),
-        env: Some(worker_env(cfp)),
+        env: Some(container_env(cfp)),
         ports: Some(vec![ContainerPort {
             name: Some("metrics".into()),
             container_port: spec.worker.metrics_port,
@@ -237,26 +300,19 @@ pub fn worker_deployment(cfp: &ChangeFeedProcessor, image: &str, replicas: i32) 
         }]),
         liveness_probe: Some(probe("/healthz", 10)),
         readiness_probe: Some(probe("/readyz", 5)),
-        resources: spec.worker.resources.clone(),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                add: None,
-            }),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".into(),
-                localhost_profile: None,
-            }),
-            ..Default::default()
-        }),
+        resources: Some(spec.worker.resources.clone().unwrap_or_else(default_resources)),
+        security_context: Some(restricted()),
+        env_from: Some(spec.worker.env_from.clone()).filter(|e| !e.is_empty()),
+        volume_mounts: Some(spec.worker.volume_mounts.clone()).filter(|m| !m.is_empty()),
         ..Default::default()
     };
     let mut containers = vec![worker];
-    containers.extend(spec.worker.sidecars.iter().cloned());
-    let mut pod_labels = labels(cfp);
+    containers.extend(spec.worker.sidecars.iter().cloned().map(|mut sidecar| {
+        sidecar.security_context.get_or_insert_with(restricted);
+        sidecar
+    }));
+    let mut pod_labels = spec.worker.labels.clone();
+    pod_labels.extend(labels(cfp));
     pod_labels.extend(selector_labels(cfp));
     Deployment {
         metadata: ObjectMeta {
@@ -291,6 +347,12 @@ pub fn worker_deployment(cfp: &ChangeFeedProcessor, image: &str, replicas: i32) 
                     service_account_name: spec.worker.service_account_name.clone(),
                     node_selector: Some(spec.worker.node_selector.clone()).filter(|n| !n.is_empty()),
                     tolerations: Some(spec.worker.tolerations.clone()).filter(|t| !t.is_empty()),
+                    volumes: Some(spec.worker.volumes.clone()).filter(|v| !v.is_empty()),
+                    image_pull_secrets: Some(spec.worker.image_pull_secrets.clone()).filter(|s| !s.is_empty()),
+                    affinity: spec.worker.affinity.clone(),
+                    topology_spread_constraints: Some(spec.worker.topology_spread_constraints.clone())
+                        .filter(|t| !t.is_empty()),
+                    priority_class_name: spec.worker.priority_class_name.clone(),
                     termination_grace_period_seconds: Some(60),
                     security_context: Some(PodSecurityContext {
                         run_as_non_root: Some(true),
@@ -505,6 +567,88 @@ mod tests {
         assert!(header.value.is_none(), "never a literal secret");
         let reference = header.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
         assert_eq!((reference.name.as_str(), reference.key.as_str()), ("handler", "token"));
+    }
+
+    #[test]
+    fn the_pod_template_carries_what_users_need() {
+        let spec = serde_json::json!({"worker": {
+            "env": [{"name": "APP_MODE", "value": "fast"}, {"name": "CFP_MAX_ITEMS", "value": "1"}],
+            "envFrom": [{"configMapRef": {"name": "app"}}],
+            "volumes": [{"name": "certs", "secret": {"secretName": "certs"}}],
+            "volumeMounts": [{"name": "certs", "mountPath": "/certs", "readOnly": true}],
+            "imagePullSecrets": [{"name": "registry"}],
+            "labels": {"azure.workload.identity/use": "true", "changefeed.io/processor": "spoofed"},
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["workers"]}]}]}}},
+            "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": {"changefeed.io/processor": "orders"}}}],
+            "priorityClassName": "changefeed",
+            "serviceAccountName": "orders-identity",
+            "sidecars": [
+                {"name": "handler", "image": "handler:1"},
+                {"name": "own", "image": "own:1", "securityContext": {"runAsUser": 1000}}
+            ]
+        }});
+        let deployment = worker_deployment(&resource(spec), "img:1", 2);
+        let template = deployment.spec.as_ref().unwrap().template.clone();
+        let pod = template.spec.unwrap();
+        let worker = &pod.containers[0];
+        let env = env_of(&deployment);
+        assert_eq!(value(&env, "APP_MODE").as_deref(), Some("fast"));
+        assert_eq!(
+            value(&env, "CFP_MAX_ITEMS").as_deref(),
+            Some("100"),
+            "the operator's settings win"
+        );
+        assert_eq!(
+            worker.env_from.as_ref().unwrap()[0]
+                .config_map_ref
+                .as_ref()
+                .unwrap()
+                .name,
+            "app"
+        );
+        assert_eq!(worker.volume_mounts.as_ref().unwrap()[0].mount_path, "/certs");
+        assert_eq!(pod.volumes.as_ref().unwrap()[0].name, "certs");
+        assert_eq!(pod.image_pull_secrets.as_ref().unwrap()[0].name, "registry");
+        assert!(pod.affinity.as_ref().unwrap().node_affinity.is_some());
+        assert_eq!(pod.topology_spread_constraints.as_ref().unwrap().len(), 1);
+        assert_eq!(pod.priority_class_name.as_deref(), Some("changefeed"));
+        assert_eq!(pod.service_account_name.as_deref(), Some("orders-identity"));
+        let labels = template.metadata.unwrap().labels.unwrap();
+        assert_eq!(labels["azure.workload.identity/use"], "true");
+        assert_eq!(labels["changefeed.io/processor"], "orders", "the selector labels win");
+        let requests = worker.resources.as_ref().unwrap().requests.as_ref().unwrap();
+        assert_eq!(
+            (requests["cpu"].0.as_str(), requests["memory"].0.as_str()),
+            ("100m", "64Mi")
+        );
+        let handler = pod.containers[1].security_context.as_ref().unwrap();
+        assert_eq!(
+            handler.run_as_non_root,
+            Some(true),
+            "sidecars are restricted by default"
+        );
+        assert_eq!(handler.allow_privilege_escalation, Some(false));
+        let own = pod.containers[2].security_context.as_ref().unwrap();
+        assert_eq!(
+            (own.run_as_user, own.run_as_non_root),
+            (Some(1000), None),
+            "a sidecar's own context stays"
+        );
+    }
+
+    #[test]
+    fn one_worker_at_a_time_may_be_disrupted() {
+        let pdb = worker_disruption_budget(&resource(serde_json::json!({})));
+        let spec = pdb.spec.unwrap();
+        assert_eq!(spec.max_unavailable, Some(IntOrString::Int(1)));
+        assert_eq!(spec.min_available, None);
+        assert_eq!(
+            spec.selector.unwrap().match_labels.unwrap()["changefeed.io/processor"],
+            "orders"
+        );
+        assert_eq!(pdb.metadata.owner_references.unwrap().len(), 1);
     }
 
     #[test]

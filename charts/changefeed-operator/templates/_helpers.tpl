@@ -63,6 +63,10 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["list", "watch", "create", "patch"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  # One worker at a time may be evicted (server-side apply).
+  verbs: ["create", "patch"]
 - apiGroups: [""]
   resources: ["secrets"]
   # get: the Secrets resources name; list/watch: a metadata-only watch (no Secret data is cached).
