@@ -85,7 +85,7 @@ async fn applying_a_resource_creates_the_rendered_workload_and_status() {
     let status = wait("status", || async {
         let cfp = cfps.get("orders").await.ok()?;
         cfp.status
-            .filter(|s| s.observed_generation == cfp.metadata.generation && s.conditions.len() == 3)
+            .filter(|s| s.observed_generation == cfp.metadata.generation && s.conditions.len() == 4)
     })
     .await;
     let reasons: Vec<(String, String, String)> = status
@@ -97,8 +97,13 @@ async fn applying_a_resource_creates_the_rendered_workload_and_status() {
         reasons.contains(&("ConfigValid".into(), "True".into(), "Valid".into())),
         "{reasons:?}"
     );
+    // No Deployment controller runs here: the rollout is never observed, and status says so.
     assert!(
-        reasons.contains(&("Ready".into(), "False".into(), "WorkersStarting".into())),
+        reasons.contains(&("Ready".into(), "False".into(), "RolloutInProgress".into())),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.contains(&("Progressing".into(), "True".into(), "RolloutInProgress".into())),
         "{reasons:?}"
     );
     assert!(status.selector.contains("changefeed.io/processor=orders"));
@@ -110,7 +115,7 @@ async fn applying_a_resource_creates_the_rendered_workload_and_status() {
     for column in ["NAME", "REPLICAS", "READY", "LEASES", "LAG", "STATUS", "AGE"] {
         assert!(header.contains(column), "column {column} missing: {header}");
     }
-    assert!(table.contains("WorkersStarting"));
+    assert!(table.contains("RolloutInProgress"));
     let (ok, explain, _) = plane.kubectl_run(&["explain", "cfp.spec.connection.keySecretRef"], None);
     assert!(
         ok && explain.contains("The Secret key that holds the account key"),
@@ -810,4 +815,131 @@ async fn a_frozen_leader_is_replaced_and_never_reconciles_after_it_resumes() {
     let mut first = first;
     terminate(&mut first.child).await;
     terminate(&mut second.child).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_says_why_the_workers_do_not_run() {
+    let Deployed {
+        plane,
+        ns,
+        mut operator,
+        deployments,
+    } = deployed("truth").await;
+    let client = plane.client().await;
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
+    let ready = |reason: &'static str| {
+        let cfps = cfps.clone();
+        async move {
+            wait(&format!("Ready reason {reason}"), || async {
+                let status = cfps.get("orders").await.ok()?.status?;
+                status
+                    .conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "Ready" && c.reason == reason)
+            })
+            .await
+        }
+    };
+    let deployment = deployments.get("orders").await.unwrap();
+    let generation = deployment.metadata.generation.unwrap_or(1);
+    let set_status = |status: serde_json::Value| {
+        let (ns, plane) = (ns.clone(), plane);
+        async move {
+            let patch = serde_json::json!({"status": status}).to_string();
+            let (ok, _, err) = plane.kubectl_run(
+                &[
+                    "patch",
+                    "deployment",
+                    "orders",
+                    "-n",
+                    &ns,
+                    "--subresource=status",
+                    "--type=merge",
+                    "-p",
+                    &patch,
+                ],
+                None,
+            );
+            assert!(ok, "{err}");
+        }
+    };
+    // What the Deployment controller reports once every pod runs.
+    set_status(serde_json::json!({"observedGeneration": generation, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1})).await;
+    let all_ready = ready("WorkersReady").await;
+
+    // A worker pod crash-looping, as a kubelet reports it.
+    let labels = deployment.spec.unwrap().template.metadata.unwrap().labels.unwrap();
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "orders-7c9d-x1", "namespace": ns, "labels": labels},
+        "spec": {"containers": [{"name": "worker", "image": "cfp:test"}]},
+    });
+    assert!(plane.kubectl_run(&["create", "-f", "-"], Some(&pod.to_string())).0);
+    let pod_status = serde_json::json!({"status": {"containerStatuses": [{
+        "name": "worker", "image": "cfp:test", "imageID": "", "ready": false, "restartCount": 6,
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 2m40s restarting failed container=worker"}},
+        "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}
+    }]}});
+    let (ok, _, err) = plane.kubectl_run(
+        &[
+            "patch",
+            "pod",
+            "orders-7c9d-x1",
+            "-n",
+            &ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &pod_status.to_string(),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    set_status(serde_json::json!({"observedGeneration": generation, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 0, "availableReplicas": 0})).await;
+    let crash = ready("CrashLoopBackOff").await;
+    assert!(
+        crash.message.contains("pod orders-7c9d-x1 container worker"),
+        "{}",
+        crash.message
+    );
+    assert!(crash.message.contains("last exit code 1"), "{}", crash.message);
+
+    // Pods refused by admission, as the Deployment controller reports it.
+    set_status(serde_json::json!({"observedGeneration": generation, "replicas": 0, "updatedReplicas": 0, "readyReplicas": 0, "conditions": [{
+        "type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+        "message": "pods \"orders-7c9d-x2\" is forbidden: violates PodSecurity \"restricted:latest\""
+    }]})).await;
+    let refused = ready("ReplicaFailure").await;
+    assert!(refused.message.contains("violates PodSecurity"), "{}", refused.message);
+
+    // The API server refuses the rendered Deployment: condition and Warning Event with its message.
+    let bad = "  worker:\n    volumes:\n    - name: Bad_Volume\n      emptyDir: {}\n";
+    assert!(
+        apply(
+            plane,
+            &ns,
+            &resource("orders", "https://acct.documents.azure.com/", bad)
+        )
+        .0
+    );
+    let refused_apply = ready("ApplyFailed").await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let event = wait("an ApplyFailed Event", || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("ApplyFailed"))
+    })
+    .await;
+    println!(
+        "status truth: {} → {}: {:?} → ReplicaFailure: {:?} → ApplyFailed: {:?} (Warning Event {:?})",
+        all_ready.reason, crash.reason, crash.message, refused.message, refused_apply.message, event.type_
+    );
+    assert!(
+        refused_apply.message.contains("Bad_Volume"),
+        "{}",
+        refused_apply.message
+    );
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    terminate(&mut operator.child).await;
 }

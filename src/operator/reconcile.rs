@@ -21,7 +21,7 @@ use super::config::{self, ConfigProblem};
 use super::crd::{ChangeFeedProcessor, ChangeFeedProcessorStatus, Connection};
 use super::estimation::{AccountRef, EstimateReport, EstimateTarget, Estimators, ResourceKey};
 use super::metrics::OperatorMetrics;
-use super::status::{DEGRADED, Observation, SCALING, ScalingState, conditions};
+use super::status::{DEGRADED, Observation, Rollout, SCALING, ScalingState, conditions};
 use super::workload::{FIELD_MANAGER, metrics_service, selector_string, worker_deployment, worker_disruption_budget};
 
 /// The finalizer that deletes a processor's lease documents before the resource goes away.
@@ -107,7 +107,6 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
     let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &namespace);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
-    let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
 
     let mut found: BTreeMap<String, Secret> = BTreeMap::new();
     for secret in config::referenced_secrets(cfp) {
@@ -171,31 +170,36 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
     };
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let desired = plan.as_ref().and_then(|p| p.replicas);
+    let mut apply_failure = None;
     let deployment = match (&problem, desired) {
         (None, Some(desired)) => {
-            let rendered = worker_deployment(cfp, &ctx.worker_image, desired);
-            let applied = deployments.patch(&name, &params, &Patch::Apply(&rendered)).await?;
-            let service = metrics_service(cfp);
-            let service_name = service.metadata.name.clone().unwrap_or_default();
-            services.patch(&service_name, &params, &Patch::Apply(&service)).await?;
-            let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &namespace);
-            budgets
-                .patch(&name, &params, &Patch::Apply(&worker_disruption_budget(cfp)))
-                .await?;
-            let event = plan.as_ref().and_then(|p| p.event.clone());
-            if before.is_none() {
-                let note = format!("deployed {desired} worker pod(s)");
-                publish(ctx, cfp, EventType::Normal, "Deployed", note).await;
-            }
-            match (before, event) {
-                (_, Some((reason, note))) => publish(ctx, cfp, EventType::Normal, reason, note).await,
-                (Some(before), None) if before != desired => {
-                    let note = format!("scaled workers from {before} to {desired}");
-                    publish(ctx, cfp, EventType::Normal, "Scaled", note).await
+            match apply_workload(&client, &namespace, cfp, &ctx.worker_image, desired).await {
+                Ok(applied) => {
+                    let event = plan.as_ref().and_then(|p| p.event.clone());
+                    if before.is_none() {
+                        let note = format!("deployed {desired} worker pod(s)");
+                        publish(ctx, cfp, EventType::Normal, "Deployed", note).await;
+                    }
+                    match (before, event) {
+                        (_, Some((reason, note))) => publish(ctx, cfp, EventType::Normal, reason, note).await,
+                        (Some(before), None) if before != desired => {
+                            let note = format!("scaled workers from {before} to {desired}");
+                            publish(ctx, cfp, EventType::Normal, "Scaled", note).await
+                        }
+                        _ => {}
+                    }
+                    Some(applied)
                 }
-                _ => {}
+                // The API server refused what was rendered (admission, validation, permissions):
+                // say so on the resource instead of only in the operator's log.
+                Err(kube::Error::Api(status)) if !status.is_conflict() => {
+                    let message = format!("{} ({})", status.message, status.reason);
+                    publish(ctx, cfp, EventType::Warning, "ApplyFailed", message.clone()).await;
+                    apply_failure = Some(message);
+                    existing
+                }
+                Err(error) => return Err(error.into()),
             }
-            Some(applied)
         }
         // Autoscaling waits for its first estimate before it creates the workers.
         (None, None) => existing,
@@ -214,6 +218,8 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
     }
 
     let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let mut rollout = rollout_of(deployment.as_ref());
+    rollout.apply_failure = apply_failure;
     let deployed = deployment.is_some();
     let applied_replicas = deployment
         .as_ref()
@@ -229,6 +235,7 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
         desired: desired.or(applied_replicas).unwrap_or(1),
         ready: deployment_status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0),
         scaling,
+        rollout,
         failing_leases: report.as_ref().and_then(|r| r.outcome.as_ref().ok()).map(|estimate| {
             estimate
                 .leases
@@ -237,6 +244,10 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
                 .collect()
         }),
     };
+    let mut observation = observation;
+    if observation.deployed && observation.ready < observation.desired {
+        observation.rollout.pod_problem = pod_problem(&client, &namespace, cfp).await;
+    }
     let failing_now = observation.failing_leases.as_ref().is_some_and(|f| !f.is_empty());
     let failing_before = previous
         .conditions
@@ -294,6 +305,113 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
         Some(_) => Action::requeue(Duration::from_secs(60)),
         None => Action::requeue(Duration::from_secs(300)),
     })
+}
+
+/// Applies the worker Deployment, metrics Service and PodDisruptionBudget; returns the Deployment.
+async fn apply_workload(
+    client: &Client,
+    namespace: &str,
+    cfp: &ChangeFeedProcessor,
+    image: &str,
+    replicas: i32,
+) -> Result<Deployment, kube::Error> {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let name = cfp.name_any();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    let applied = deployments
+        .patch(&name, &params, &Patch::Apply(&worker_deployment(cfp, image, replicas)))
+        .await?;
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let service = metrics_service(cfp);
+    let service_name = service.metadata.name.clone().unwrap_or_default();
+    services.patch(&service_name, &params, &Patch::Apply(&service)).await?;
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), namespace);
+    budgets
+        .patch(&name, &params, &Patch::Apply(&worker_disruption_budget(cfp)))
+        .await?;
+    Ok(applied)
+}
+
+/// What the Deployment's status says about the rollout.
+fn rollout_of(deployment: Option<&Deployment>) -> Rollout {
+    let Some(deployment) = deployment else {
+        return Rollout::default();
+    };
+    let status = deployment.status.clone().unwrap_or_default();
+    let conditions = status.conditions.unwrap_or_default();
+    let find = |kind: &str, value: &str| {
+        conditions
+            .iter()
+            .find(|c| c.type_ == kind && c.status == value)
+            .map(|c| {
+                c.message
+                    .clone()
+                    .unwrap_or_else(|| c.reason.clone().unwrap_or_default())
+            })
+    };
+    Rollout {
+        observed: status
+            .observed_generation
+            .is_some_and(|o| Some(o) >= deployment.metadata.generation),
+        updated: status.updated_replicas.unwrap_or(0),
+        replica_failure: find("ReplicaFailure", "True"),
+        stalled: find("Progressing", "False"),
+        pod_problem: None,
+        apply_failure: None,
+    }
+}
+
+/// Container states that keep a worker pod from running, as kubelets report them.
+const POD_PROBLEMS: [&str; 7] = [
+    "CrashLoopBackOff",
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "InvalidImageName",
+    "RunContainerError",
+];
+
+/// The first worker pod whose container cannot run: (pod, container, reason, message).
+async fn pod_problem(
+    client: &Client,
+    namespace: &str,
+    cfp: &ChangeFeedProcessor,
+) -> Option<(String, String, String, String)> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
+    let list = match pods.list(&ListParams::default().labels(&selector_string(cfp))).await {
+        Ok(list) => list,
+        Err(error) => {
+            tracing::debug!(%error, "listing worker pods failed");
+            return None;
+        }
+    };
+    for pod in list.items {
+        let statuses = pod.status.and_then(|s| s.container_statuses).unwrap_or_default();
+        for container in statuses {
+            let waiting = container.state.and_then(|s| s.waiting);
+            if let Some(waiting) = waiting.filter(|w| w.reason.as_deref().is_some_and(|r| POD_PROBLEMS.contains(&r))) {
+                let last_exit = container
+                    .last_state
+                    .and_then(|s| s.terminated)
+                    .map(|t| {
+                        format!(
+                            " (last exit code {}{})",
+                            t.exit_code,
+                            t.reason.map(|r| format!(", {r}")).unwrap_or_default()
+                        )
+                    })
+                    .unwrap_or_default();
+                return Some((
+                    pod.metadata.name.clone().unwrap_or_default(),
+                    container.name,
+                    waiting.reason.unwrap_or_default(),
+                    format!("{}{last_exit}", waiting.message.unwrap_or_default()),
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// When the replicas were last changed: now when `before` differs from `desired`, else what this

@@ -12,6 +12,25 @@ pub const CONFIG_VALID: &str = "ConfigValid";
 pub const SCALING: &str = "Scaling";
 /// `Degraded`: some leases halt because their handler keeps failing.
 pub const DEGRADED: &str = "Degraded";
+/// `Progressing`: a rollout of the workers is under way (or stalled).
+pub const PROGRESSING: &str = "Progressing";
+
+/// What the worker Deployment and its pods report.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Rollout {
+    /// Whether the Deployment controller has seen the current Deployment spec.
+    pub observed: bool,
+    /// Pods of the current pod template.
+    pub updated: i32,
+    /// The Deployment's `ReplicaFailure` condition message (pods refused: Pod Security, quota, ...).
+    pub replica_failure: Option<String>,
+    /// The Deployment's `Progressing=False` message (progress deadline exceeded).
+    pub stalled: Option<String>,
+    /// A worker pod that cannot run: (pod, container, reason such as `CrashLoopBackOff`, message).
+    pub pod_problem: Option<(String, String, String, String)>,
+    /// The API server refused the rendered objects, with its message.
+    pub apply_failure: Option<String>,
+}
 
 /// The `Scaling` condition as the reconciler decided it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +60,8 @@ pub struct Observation {
     /// Leases halted on a failing handler (lease token, since when and the error), from the
     /// last estimate; `None` keeps the previous `Degraded` condition (no estimate yet).
     pub failing_leases: Option<Vec<(String, String)>>,
+    /// The rollout of the workers.
+    pub rollout: Rollout,
 }
 
 /// The `Degraded` condition for the halted leases.
@@ -134,11 +155,69 @@ pub fn conditions(
             generation,
             &now,
         ),
+        (None, _) if observation.rollout.apply_failure.is_some() => condition(
+            READY,
+            false,
+            "ApplyFailed",
+            format!(
+                "the API server refused the workers' objects: {}",
+                observation.rollout.apply_failure.clone().unwrap_or_default()
+            ),
+            generation,
+            &now,
+        ),
         (None, _) if observation.desired == 0 => condition(
             READY,
             true,
             "ScaledToZero",
             "0 worker pods are desired".into(),
+            generation,
+            &now,
+        ),
+        (None, _) if observation.rollout.replica_failure.is_some() => condition(
+            READY,
+            false,
+            "ReplicaFailure",
+            format!(
+                "worker pods cannot be created: {}",
+                observation.rollout.replica_failure.clone().unwrap_or_default()
+            ),
+            generation,
+            &now,
+        ),
+        (None, _) if observation.rollout.pod_problem.is_some() => {
+            let (pod, container, reason, message) = observation.rollout.pod_problem.clone().unwrap_or_default();
+            condition(
+                READY,
+                false,
+                &reason,
+                format!(
+                    "{} of {} worker pods are ready; pod {pod} container {container}: {reason}: {message}",
+                    observation.ready, observation.desired
+                ),
+                generation,
+                &now,
+            )
+        }
+        (None, _) if observation.rollout.stalled.is_some() => condition(
+            READY,
+            false,
+            "RolloutStalled",
+            format!(
+                "the workers' rollout made no progress: {}",
+                observation.rollout.stalled.clone().unwrap_or_default()
+            ),
+            generation,
+            &now,
+        ),
+        (None, _) if !observation.rollout.observed || observation.rollout.updated < observation.desired => condition(
+            READY,
+            false,
+            "RolloutInProgress",
+            format!(
+                "{} of {} worker pods run the current template, {} ready",
+                observation.rollout.updated, observation.desired, observation.ready
+            ),
             generation,
             &now,
         ),
@@ -170,11 +249,39 @@ pub fn conditions(
         )),
         None => previous.iter().find(|c| c.type_ == SCALING).cloned(),
     };
+    let progressing = observation.deployed.then(|| {
+        let rollout = &observation.rollout;
+        if let Some(stalled) = &rollout.stalled {
+            condition(PROGRESSING, false, "RolloutStalled", stalled.clone(), generation, &now)
+        } else if !rollout.observed || rollout.updated < observation.desired || observation.ready < observation.desired
+        {
+            condition(
+                PROGRESSING,
+                true,
+                "RolloutInProgress",
+                format!(
+                    "{} of {} worker pods updated, {} ready",
+                    rollout.updated, observation.desired, observation.ready
+                ),
+                generation,
+                &now,
+            )
+        } else {
+            condition(
+                PROGRESSING,
+                false,
+                "RolloutComplete",
+                "every worker pod runs the current template and is ready".into(),
+                generation,
+                &now,
+            )
+        }
+    });
     let degraded = match &observation.failing_leases {
         Some(failing) => Some(degraded(failing, generation, &now)),
         None => previous.iter().find(|c| c.type_ == DEGRADED).cloned(),
     };
-    [Some(config), Some(ready), scaling, degraded]
+    [Some(config), Some(ready), progressing, scaling, degraded]
         .into_iter()
         .flatten()
         .map(|mut c| {
@@ -209,6 +316,11 @@ mod tests {
                 message: "built-in autoscaling is off".into(),
             }),
             failing_leases: None,
+            rollout: Rollout {
+                observed: true,
+                updated: desired,
+                ..Rollout::default()
+            },
         }
     }
 
@@ -268,6 +380,130 @@ mod tests {
             second.iter().find(|c| c.type_ == SCALING),
             Some(scaling),
             "kept as it was"
+        );
+    }
+
+    #[test]
+    fn ready_tells_why_workers_are_not_running() {
+        let cases: Vec<(&str, Rollout, i32, &str, &str)> = vec![
+            (
+                "all ready",
+                Rollout {
+                    observed: true,
+                    updated: 2,
+                    ..Rollout::default()
+                },
+                2,
+                "WorkersReady",
+                "RolloutComplete",
+            ),
+            (
+                "new template not seen yet",
+                Rollout {
+                    observed: false,
+                    updated: 2,
+                    ..Rollout::default()
+                },
+                2,
+                "RolloutInProgress",
+                "RolloutInProgress",
+            ),
+            (
+                "old pods still ready",
+                Rollout {
+                    observed: true,
+                    updated: 1,
+                    ..Rollout::default()
+                },
+                2,
+                "RolloutInProgress",
+                "RolloutInProgress",
+            ),
+            (
+                "crash loop",
+                Rollout {
+                    observed: true,
+                    updated: 2,
+                    pod_problem: Some((
+                        "orders-1".into(),
+                        "worker".into(),
+                        "CrashLoopBackOff".into(),
+                        "back-off 40s".into(),
+                    )),
+                    ..Rollout::default()
+                },
+                1,
+                "CrashLoopBackOff",
+                "RolloutInProgress",
+            ),
+            (
+                "pods refused",
+                Rollout {
+                    observed: true,
+                    updated: 0,
+                    replica_failure: Some("violates PodSecurity".into()),
+                    ..Rollout::default()
+                },
+                0,
+                "ReplicaFailure",
+                "RolloutInProgress",
+            ),
+            (
+                "stalled",
+                Rollout {
+                    observed: true,
+                    updated: 1,
+                    stalled: Some("ProgressDeadlineExceeded".into()),
+                    ..Rollout::default()
+                },
+                1,
+                "RolloutStalled",
+                "RolloutStalled",
+            ),
+            (
+                "apply refused",
+                Rollout {
+                    observed: true,
+                    updated: 2,
+                    apply_failure: Some("spec.volumes[0].name: Invalid value".into()),
+                    ..Rollout::default()
+                },
+                2,
+                "ApplyFailed",
+                "RolloutComplete",
+            ),
+        ];
+        for (name, rollout, ready, want_ready, want_progressing) in cases {
+            let mut observation = observe(None, true, 2, ready);
+            observation.rollout = rollout;
+            let got = conditions(&observation, &[], Some(1), time(1));
+            let reason = |kind: &str| {
+                got.iter()
+                    .find(|c| c.type_ == kind)
+                    .map(|c| c.reason.clone())
+                    .unwrap_or_default()
+            };
+            assert_eq!(
+                (reason(READY).as_str(), reason(PROGRESSING).as_str()),
+                (want_ready, want_progressing),
+                "{name}"
+            );
+        }
+        let mut crash = observe(None, true, 2, 1);
+        crash.rollout.pod_problem = Some((
+            "orders-1".into(),
+            "worker".into(),
+            "CrashLoopBackOff".into(),
+            "back-off 40s".into(),
+        ));
+        let ready = conditions(&crash, &[], None, time(1))
+            .into_iter()
+            .find(|c| c.type_ == READY)
+            .unwrap();
+        assert!(
+            ready.message.contains("pod orders-1 container worker"),
+            "{}",
+            ready.message
         );
     }
 
