@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::{Api, DeleteParams, ListParams};
 use operator_support::{
     Deployed, LocalWorker, Operator, TIMEOUT, apply, deployed, namespace, plane, replicas, resource, secret_yaml, wait,
-    worker_env,
+    wait_up_to, worker_env,
 };
 use tokio::process::Command;
 
@@ -468,7 +468,47 @@ async fn deleting_a_resource_that_asks_for_it_removes_its_lease_documents() {
             .filter(|f| f.iter().any(|f| f == "changefeed.io/lease-cleanup"))
     })
     .await;
+    // A worker pod still runs (no kubelet here: a Pod object stands for it).
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let deployment = wait("the Deployment", || async {
+        deployments.get_opt("orders").await.ok().flatten()
+    })
+    .await;
+    let labels = deployment.spec.unwrap().template.metadata.unwrap().labels.unwrap();
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "orders-5d8-w1", "namespace": ns, "labels": labels},
+        "spec": {"containers": [{"name": "worker", "image": "cfp:test"}]},
+    });
+    assert!(plane.kubectl_run(&["create", "-f", "-"], Some(&pod.to_string())).0);
     cfps.delete("orders", &DeleteParams::default()).await.unwrap();
+    // First the workers go to zero, and nothing is deleted while a worker pod exists.
+    wait("the workers scaled to 0", || async {
+        let d = deployments.get("orders").await.ok()?;
+        (replicas(&d) == Some(0)).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    use changefeed_operator::processor::LeaseStore;
+    let while_running = lease_store(&account, "orders")
+        .await
+        .unwrap()
+        .snapshot()
+        .await
+        .unwrap()
+        .leases
+        .len();
+    assert!(
+        cfps.get_opt("orders").await.unwrap().is_some(),
+        "the resource waits for the pods"
+    );
+    assert_eq!(while_running, 3, "no lease is deleted while a worker pod exists");
+    // What the ReplicaSet controller does after the scale to 0.
+    assert!(
+        plane
+            .kubectl_run(&["delete", "pod", "orders-5d8-w1", "-n", &ns, "--wait=false"], None)
+            .0
+    );
     wait("the resource gone", || async {
         cfps.get_opt("orders")
             .await
@@ -476,11 +516,10 @@ async fn deleting_a_resource_that_asks_for_it_removes_its_lease_documents() {
             .and_then(|o| o.is_none().then_some(()))
     })
     .await;
-    use changefeed_operator::processor::LeaseStore;
     let orders = lease_store(&account, "orders").await.unwrap().snapshot().await.unwrap();
     let keep = lease_store(&account, "keep").await.unwrap().snapshot().await.unwrap();
     println!(
-        "lease cleanup: after deleting the resource, processor orders has {} leases (init marker {}), processor keep still {}",
+        "lease cleanup: workers scaled to 0 first, 3 leases kept while a worker pod existed; after it went, processor orders has {} leases (init marker {}), processor keep still {}",
         orders.leases.len(),
         orders.initialized,
         keep.leases.len()
@@ -941,5 +980,64 @@ async fn the_status_says_why_the_workers_do_not_run() {
         refused_apply.message
     );
     assert_eq!(event.type_.as_deref(), Some("Warning"));
+    terminate(&mut operator.child).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resource_whose_leases_cannot_be_deleted_still_goes_away_within_the_cleanup_timeout() {
+    let plane = plane().await;
+    let ns = namespace(plane, "stuck-cleanup");
+    let client = plane.client().await;
+    let mut operator = Operator::start(plane, &ns, "op");
+    assert!(apply(plane, &ns, &secret_yaml()).0);
+    let extra = "  leases:\n    deleteOnResourceDeletion: true\n    cleanupTimeout: 4s\n";
+    assert!(
+        apply(
+            plane,
+            &ns,
+            &resource("orders", "https://acct.documents.azure.com/", extra)
+        )
+        .0
+    );
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
+    wait("the finalizer", || async {
+        let cfp = cfps.get("orders").await.ok()?;
+        cfp.metadata
+            .finalizers
+            .filter(|f| f.iter().any(|f| f == "changefeed.io/lease-cleanup"))
+    })
+    .await;
+    // The key is gone before the resource: its leases cannot be reached any more.
+    assert!(plane.kubectl_run(&["delete", "secret", "cosmos", "-n", &ns], None).0);
+    let deleted = tokio::time::Instant::now();
+    cfps.delete("orders", &DeleteParams::default()).await.unwrap();
+    wait_up_to("the resource gone", Duration::from_secs(30), || async {
+        cfps.get_opt("orders")
+            .await
+            .ok()
+            .and_then(|o| o.is_none().then_some(()))
+    })
+    .await;
+    let took = deleted.elapsed();
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let abandoned = wait("a LeaseCleanupAbandoned Event", || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("LeaseCleanupAbandoned"))
+    })
+    .await;
+    println!(
+        "cleanup without the Secret: the resource was gone {took:.1?} after its deletion (cleanupTimeout 4 s); Warning Event {:?}",
+        abandoned.note
+    );
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    assert_eq!(abandoned.type_.as_deref(), Some("Warning"));
+    assert!(
+        abandoned
+            .note
+            .unwrap_or_default()
+            .contains("may be left in the lease container")
+    );
     terminate(&mut operator.child).await;
 }

@@ -101,6 +101,7 @@ pub fn check(cfp: &ChangeFeedProcessor, lookup: impl Fn(&str) -> Option<Secret>)
             timings.renew_interval, timings.expiration
         )));
     }
+    duration("leases.cleanupTimeout", &cfp.spec.leases.cleanup_timeout)?;
     let handler = &cfp.spec.handler;
     if let Some(http) = &handler.http {
         duration("handler.http.timeout", &http.timeout)?;

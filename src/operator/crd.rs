@@ -174,7 +174,7 @@ pub struct ContainerRef {
 }
 
 /// Where lease documents are kept.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct LeaseSettings {
     /// The lease database (default: the monitored database).
@@ -190,6 +190,29 @@ pub struct LeaseSettings {
     /// that re-creating the resource resumes from the checkpoints.
     #[serde(default)]
     pub delete_on_resource_deletion: bool,
+    /// How long deleting the lease documents is retried (the workers are first scaled to zero and
+    /// their pods waited for) before the resource goes away anyway, with a Warning Event saying
+    /// what was left behind: a namespace deletion never hangs on it.
+    #[serde(default = "default_cleanup_timeout")]
+    #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    #[schemars(length(max = 32))]
+    pub cleanup_timeout: String,
+}
+
+fn default_cleanup_timeout() -> String {
+    "5m".into()
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        Self {
+            database: None,
+            container: None,
+            connection: None,
+            delete_on_resource_deletion: false,
+            cleanup_timeout: default_cleanup_timeout(),
+        }
+    }
 }
 
 /// Where batches go, and what happens when the handler fails one.

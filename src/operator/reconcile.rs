@@ -61,9 +61,6 @@ pub enum ReconcileError {
     /// A Kubernetes API call failed.
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
-    /// Deleting the lease documents failed.
-    #[error("deleting lease documents: {0}")]
-    LeaseCleanup(String),
     /// The resource has no namespace or name.
     #[error("the resource has no namespace or name")]
     Unnamed,
@@ -75,7 +72,6 @@ impl ReconcileError {
         match self {
             ReconcileError::Kube(kube::Error::Api(status)) if status.is_conflict() => "conflict",
             ReconcileError::Kube(_) => "kubernetes_api",
-            ReconcileError::LeaseCleanup(_) => "lease_cleanup",
             ReconcileError::Unnamed => "unnamed",
         }
     }
@@ -122,24 +118,7 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
             scaling.remove(&key);
         }
         if cfp.finalizers().iter().any(|f| f == LEASE_FINALIZER) {
-            let deleted = delete_leases(ctx, cfp, &found).await;
-            match deleted {
-                Ok(count) => {
-                    publish(
-                        ctx,
-                        cfp,
-                        EventType::Normal,
-                        "LeasesDeleted",
-                        format!("deleted {count} lease documents"),
-                    )
-                    .await;
-                    set_finalizer(&cfps, cfp, false).await?;
-                }
-                Err(message) => {
-                    publish(ctx, cfp, EventType::Warning, "LeaseCleanupFailed", message.clone()).await;
-                    return Err(ReconcileError::LeaseCleanup(message));
-                }
-            }
+            return clean_up(ctx, cfp, &cfps, &found).await;
         }
         return Ok(Action::await_change());
     }
@@ -305,6 +284,103 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
         Some(_) => Action::requeue(Duration::from_secs(60)),
         None => Action::requeue(Duration::from_secs(300)),
     })
+}
+
+/// Deleting a resource whose leases must go: scale the workers to zero and wait until their pods
+/// are gone (so nothing writes a lease back), delete the leases, then drop the finalizer. Failures
+/// are retried until `leases.cleanupTimeout` after the deletion began; then the finalizer is
+/// dropped anyway with a Warning Event naming what was left behind.
+async fn clean_up(
+    ctx: &Context,
+    cfp: &ChangeFeedProcessor,
+    cfps: &Api<ChangeFeedProcessor>,
+    found: &BTreeMap<String, Secret>,
+) -> Result<Action, ReconcileError> {
+    let namespace = cfp.namespace().ok_or(ReconcileError::Unnamed)?;
+    let name = cfp.name_any();
+    let timeout = humantime::parse_duration(&cfp.spec.leases.cleanup_timeout).unwrap_or(Duration::from_secs(300));
+    let since = cfp
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .map(|t| k8s_openapi::jiff::Timestamp::now().duration_since(t.0))
+        .and_then(|d| Duration::try_from(d).ok())
+        .unwrap_or_default();
+    let give_up = |what: String| async move {
+        let note = format!(
+            "gave up after {} (leases.cleanupTimeout): {what}; the lease documents of processor {:?} may be left in the lease container",
+            humantime::format_duration(timeout),
+            cfp.processor_name()
+        );
+        publish(ctx, cfp, EventType::Warning, "LeaseCleanupAbandoned", note).await;
+        set_finalizer(cfps, cfp, false).await?;
+        Ok(Action::await_change())
+    };
+    // 1. No worker may write a lease back: scale to zero and wait for the pods to go.
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
+    if let Some(deployment) = deployments.get_opt(&name).await?
+        && deployment.spec.as_ref().and_then(|s| s.replicas) != Some(0)
+    {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        deployments
+            .patch(
+                &name,
+                &params,
+                &Patch::Apply(&worker_deployment(cfp, &ctx.worker_image, 0)),
+            )
+            .await?;
+        publish(
+            ctx,
+            cfp,
+            EventType::Normal,
+            "ScaledDown",
+            "scaled the workers to 0 before deleting the leases".into(),
+        )
+        .await;
+    }
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let running = pods
+        .list(&ListParams::default().labels(&selector_string(cfp)))
+        .await?
+        .items
+        .len();
+    if running > 0 {
+        if since >= timeout {
+            return give_up(format!("{running} worker pod(s) still exist")).await;
+        }
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
+    // 2. Delete the leases.
+    match delete_leases(ctx, cfp, found).await {
+        Ok(count) => {
+            publish(
+                ctx,
+                cfp,
+                EventType::Normal,
+                "LeasesDeleted",
+                format!("deleted {count} lease documents"),
+            )
+            .await;
+            set_finalizer(cfps, cfp, false).await?;
+            Ok(Action::await_change())
+        }
+        Err(message) if since >= timeout => give_up(format!("deleting the leases failed: {message}")).await,
+        Err(message) => {
+            publish(
+                ctx,
+                cfp,
+                EventType::Warning,
+                "LeaseCleanupFailed",
+                format!("{message}; retrying"),
+            )
+            .await;
+            Ok(Action::requeue(
+                Duration::from_secs(5)
+                    .min(timeout.saturating_sub(since))
+                    .max(Duration::from_secs(1)),
+            ))
+        }
+    }
 }
 
 /// Applies the worker Deployment, metrics Service and PodDisruptionBudget; returns the Deployment.
