@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -25,7 +25,8 @@ pub struct WorkerMetrics {
     leases_closed: IntCounterVec,
     checkpoint_duration: HistogramVec,
     read_duration: HistogramVec,
-    request_charge: GaugeVec,
+    request_charge: CounterVec,
+    read_errors: IntCounterVec,
     estimated_lag: IntGaugeVec,
     lease_stuck: IntGaugeVec,
     dead_lettered: IntCounterVec,
@@ -61,7 +62,7 @@ impl WorkerMetrics {
     pub fn new(processor: &str) -> Result<Arc<Self>, prometheus::Error> {
         let registry = Registry::new();
         let p = &["processor"];
-        let request_charge = GaugeVec::new(
+        let request_charge = CounterVec::new(
             Opts::new(
                 "cfp_feed_request_charge_total",
                 "Request units charged for change feed reads.",
@@ -120,6 +121,12 @@ impl WorkerMetrics {
                 LATENCY_BUCKETS.to_vec(),
             )?,
             request_charge,
+            read_errors: counter(
+                &registry,
+                "cfp_feed_read_errors_total",
+                "Change feed reads that failed, by kind (transient ones are retried with backoff).",
+                &["processor", "kind"],
+            )?,
             estimated_lag: gauge(
                 &registry,
                 "cfp_estimated_lag",
@@ -182,7 +189,7 @@ impl ProcessorObserver for WorkerMetrics {
             .observe(elapsed.as_secs_f64());
         self.request_charge
             .with_label_values(&[&self.processor])
-            .add(request_charge);
+            .inc_by(request_charge.max(0.0));
     }
 
     fn handler_done(&self, _lease: &str, elapsed: Duration, ok: bool, documents: usize) {
@@ -196,6 +203,12 @@ impl ProcessorObserver for WorkerMetrics {
         } else {
             self.handler_errors.with_label_values(&p).inc();
         }
+    }
+
+    fn feed_read_failed(&self, _lease: &str, kind: &str) {
+        self.read_errors
+            .with_label_values(&[self.processor.as_str(), kind])
+            .inc();
     }
 
     fn lease_stuck(&self, lease: &str, stuck: bool) {

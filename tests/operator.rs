@@ -1041,3 +1041,62 @@ async fn a_resource_whose_leases_cannot_be_deleted_still_goes_away_within_the_cl
     );
     terminate(&mut operator.child).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fields_that_locate_the_checkpoints_are_immutable() {
+    let plane = plane().await;
+    let ns = namespace(plane, "immutable");
+    let endpoint = "https://acct.documents.azure.com/";
+    assert!(
+        apply(
+            plane,
+            &ns,
+            &resource("orders", endpoint, "  leases:\n    container: cfp-leases\n")
+        )
+        .0
+    );
+    let changed_container = resource("orders", endpoint, "  leases:\n    container: cfp-leases\n")
+        .replace("container: items", "container: payments");
+    let cases = [
+        (changed_container, "monitored is immutable"),
+        (
+            resource(
+                "orders",
+                endpoint,
+                "  processorName: orders-v2\n  leases:\n    container: cfp-leases\n",
+            ),
+            "processorName is immutable",
+        ),
+        (
+            resource("orders", endpoint, "  leases:\n    container: other-leases\n"),
+            "leases.container is immutable",
+        ),
+    ];
+    for (yaml, message) in &cases {
+        let (ok, _, err) = apply(plane, &ns, yaml);
+        assert!(!ok && err.contains(message), "expected {message:?}: {err}");
+    }
+    // Other fields still change.
+    let (ok, _, err) = apply(
+        plane,
+        &ns,
+        &resource(
+            "orders",
+            endpoint,
+            "  leases:\n    container: cfp-leases\n  pollInterval: 1m30s\n",
+        ),
+    );
+    assert!(ok, "{err}");
+    let (ok, listed, _) = plane.kubectl_run(&["get", "changefeed", "-n", &ns], None);
+    assert!(ok && listed.contains("orders"), "category changefeed: {listed}");
+    let (ok, explain, _) = plane.kubectl_run(&["explain", "cfp"], None);
+    assert!(
+        ok && explain.contains("A ChangeFeedProcessor runs Azure Cosmos DB change feed processing"),
+        "{explain}"
+    );
+    println!(
+        "immutable: {} changes refused ({}); pollInterval 1m30s accepted; kubectl get changefeed lists it; kubectl explain cfp describes it",
+        cases.len(),
+        cases.iter().map(|(_, m)| *m).collect::<Vec<_>>().join(", ")
+    );
+}

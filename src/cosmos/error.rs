@@ -26,6 +26,21 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// A short label (for metrics).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::PreconditionFailed => "precondition_failed",
+            ErrorKind::RangeGone => "range_gone",
+            ErrorKind::SplitInProgress => "split_in_progress",
+            ErrorKind::Transient => "transient",
+            ErrorKind::Unauthorized => "unauthorized",
+            ErrorKind::BadRequest => "bad_request",
+            ErrorKind::Other => "other",
+        }
+    }
+
     /// Whether retrying the same request later can succeed.
     pub fn is_retryable(self) -> bool {
         matches!(

@@ -12,8 +12,8 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 /// Go-style durations the worker accepts (`500ms`, `2s`, `1m`, `1h`).
-const DURATION_RULE: &str = "self.matches('^[0-9]+(ms|s|m|h)$')";
-const DURATION_MESSAGE: &str = "must be a duration such as 500ms, 2s, 1m or 1h";
+const DURATION_RULE: &str = "self.matches('^([0-9]+(ms|s|m|h))+$')";
+const DURATION_MESSAGE: &str = "must be a duration such as 500ms, 2s, 1m30s or 1h";
 
 /// Runs Azure Cosmos DB change feed processing as a scaled set of worker pods: the workers divide
 /// the monitored container's feed ranges through lease documents and hand every batch of changes
@@ -28,6 +28,9 @@ const DURATION_MESSAGE: &str = "must be a duration such as 500ms, 2s, 1m or 1h";
     plural = "changefeedprocessors",
     singular = "changefeedprocessor",
     shortname = "cfp",
+    category = "all",
+    category = "changefeed",
+    doc = "A ChangeFeedProcessor runs Azure Cosmos DB change feed processing as a scaled set of worker pods: the workers divide the monitored container's feed ranges through lease documents, hand every batch of changes to the handler and checkpoint after it succeeded. The operator estimates the remaining work, autoscales the workers and frees the leases of worker pods that are gone.",
     namespaced,
     status = "ChangeFeedProcessorStatus",
     scale(
@@ -69,10 +72,13 @@ const DURATION_MESSAGE: &str = "must be a duration such as 500ms, 2s, 1m or 1h";
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("!has(self.handler) || !has(self.handler.onExhausted) || self.handler.onExhausted != 'DeadLetter' || has(self.deadLetter)").message("handler.onExhausted DeadLetter needs deadLetter.container"))]
+#[x_kube(validation = kube::core::Rule::new("has(self.processorName) == has(oldSelf.processorName) && (!has(self.processorName) || self.processorName == oldSelf.processorName)").message("processorName is immutable (it prefixes the lease ids): create a new resource to start a processor over"))]
 pub struct ChangeFeedProcessorSpec {
     /// How to reach the Cosmos DB account of the monitored container.
     pub connection: Connection,
-    /// The container whose changes are processed.
+    /// The container whose changes are processed. Immutable: create a new resource for another
+    /// container.
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("monitored is immutable: create a new resource for another container"))]
     pub monitored: ContainerRef,
     /// Where the lease documents are kept.
     #[serde(default)]
@@ -80,6 +86,7 @@ pub struct ChangeFeedProcessorSpec {
     /// The processor (deployment unit) name that prefixes lease ids. Defaults to the resource
     /// name. Changing it starts over with new leases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
     pub processor_name: Option<String>,
     /// Where leases without a checkpoint start reading: `Beginning`, `Now` (anchored when the
     /// leases are first created), or an RFC 3339 time such as `2026-01-31T12:00:00Z`.
@@ -166,10 +173,10 @@ fn default_secret_key() -> String {
 #[serde(rename_all = "camelCase")]
 pub struct ContainerRef {
     /// The database id.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 256))]
     pub database: String,
     /// The container id.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 256))]
     pub container: String,
 }
 
@@ -177,11 +184,16 @@ pub struct ContainerRef {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct LeaseSettings {
-    /// The lease database (default: the monitored database).
+    /// The lease database (default: the monitored database). Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("leases.database is immutable: the checkpoints live there; create a new resource to move them"))]
+    #[schemars(length(max = 256))]
     pub database: Option<String>,
     /// The lease container (default `leases`); created with partition key `/id` when missing.
+    /// Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("leases.container is immutable: the checkpoints live there; create a new resource to move them"))]
+    #[schemars(length(max = 256))]
     pub container: Option<String>,
     /// A separate account for the lease container (default: the monitored account).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -623,6 +635,7 @@ pub struct ChangeFeedProcessorStatus {
     /// `Scaling` (what the autoscaler decided and why), with reasons and messages that say what
     /// to do.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }
 

@@ -8,6 +8,8 @@ use super::events::LeaseEvent;
 pub trait ProcessorObserver: Send + Sync + 'static {
     /// A change feed read finished (successfully or not) after `elapsed`, costing `request_charge` RU.
     fn feed_read(&self, _lease: &str, _elapsed: Duration, _request_charge: f64) {}
+    /// A change feed read failed with an error of `kind` (see `ErrorKind::as_str`).
+    fn feed_read_failed(&self, _lease: &str, _kind: &str) {}
     /// The handler finished a batch of `documents` after `elapsed`.
     fn handler_done(&self, _lease: &str, _elapsed: Duration, _ok: bool, _documents: usize) {}
     /// A checkpoint was written after `elapsed`.

@@ -102,6 +102,7 @@ pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
             let page = match page {
                 Ok(page) => page,
                 Err(error) => {
+                    shared.observer().feed_read_failed(owned.token(), error.kind.as_str());
                     if matches!(error.kind, ErrorKind::RangeGone | ErrorKind::SplitInProgress)
                         && let Some(exit) = split_from_checkpoint(&shared, &owned, &range).await
                     {
