@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::{Api, DeleteParams, ListParams};
 use operator_support::{
     Deployed, LocalWorker, Operator, TIMEOUT, apply, deployed, namespace, plane, replicas, resource, secret_yaml, wait,
-    wait_up_to, worker_env,
+    wait_event, wait_up_to, worker_env,
 };
 use tokio::process::Command;
 
@@ -697,14 +697,7 @@ async fn a_lease_halted_by_its_handler_makes_the_processor_degraded() {
             .find(|c| c.type_ == "Degraded" && c.reason == "HandlerFailing")
     })
     .await;
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
-    let warning = wait("a HandlerFailing Event", || async {
-        let list = events.list(&ListParams::default()).await.ok()?;
-        list.items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("HandlerFailing"))
-    })
-    .await;
+    let warning = wait_event(&client, &ns, "HandlerFailing").await;
     let mut fixed = lease.clone();
     fixed.properties.remove("handlerFailing");
     store.replace(&fixed).await.unwrap();
@@ -962,14 +955,7 @@ async fn the_status_says_why_the_workers_do_not_run() {
         .0
     );
     let refused_apply = ready("ApplyFailed").await;
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
-    let event = wait("an ApplyFailed Event", || async {
-        let list = events.list(&ListParams::default()).await.ok()?;
-        list.items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("ApplyFailed"))
-    })
-    .await;
+    let event = wait_event(&client, &ns, "ApplyFailed").await;
     println!(
         "status truth: {} → {}: {:?} → ReplicaFailure: {:?} → ApplyFailed: {:?} (Warning Event {:?})",
         all_ready.reason, crash.reason, crash.message, refused.message, refused_apply.message, event.type_
@@ -1019,14 +1005,7 @@ async fn a_resource_whose_leases_cannot_be_deleted_still_goes_away_within_the_cl
     })
     .await;
     let took = deleted.elapsed();
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
-    let abandoned = wait("a LeaseCleanupAbandoned Event", || async {
-        let list = events.list(&ListParams::default()).await.ok()?;
-        list.items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("LeaseCleanupAbandoned"))
-    })
-    .await;
+    let abandoned = wait_event(&client, &ns, "LeaseCleanupAbandoned").await;
     println!(
         "cleanup without the Secret: the resource was gone {took:.1?} after its deletion (cleanupTimeout 4 s); Warning Event {:?}",
         abandoned.note

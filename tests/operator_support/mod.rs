@@ -329,3 +329,13 @@ impl LocalWorker {
         assert!(status.success(), "kill {signal} {pid}");
     }
 }
+
+/// Waits for an Event with `reason` in `namespace` and returns it.
+pub async fn wait_event(client: &kube::Client, namespace: &str, reason: &str) -> k8s_openapi::api::events::v1::Event {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), namespace);
+    wait(&format!("a {reason} Event"), || async {
+        let list = events.list(&kube::api::ListParams::default()).await.ok()?;
+        list.items.into_iter().find(|e| e.reason.as_deref() == Some(reason))
+    })
+    .await
+}
