@@ -105,7 +105,7 @@ impl WorkerMetrics {
             leases_closed: counter(
                 &registry,
                 "cfp_leases_closed_total",
-                "Leases this instance stopped processing, by reason: shutdown (released), split, lease_lost, lease_gone, error.",
+                "Leases this instance stopped processing, by reason: shutdown (released), split, lease_lost, lease_gone, error, panic (released).",
                 &["processor", "reason"],
             )?,
             checkpoint_duration: histogram(
@@ -148,7 +148,7 @@ impl WorkerMetrics {
             registry,
             processor: processor.to_owned(),
         };
-        for reason in ["shutdown", "split", "lease_lost", "lease_gone", "error"] {
+        for reason in ["shutdown", "split", "lease_lost", "lease_gone", "error", "panic"] {
             metrics.leases_closed.with_label_values(&[processor, reason]);
         }
         for stolen in ["true", "false"] {
@@ -253,8 +253,9 @@ impl ProcessorObserver for WorkerMetrics {
     }
 }
 
-/// Serves `/metrics`, `/healthz` (the process answers) and `/readyz` (bootstrapped, the lease
-/// loop running and the handler answering) until `shutdown`.
+/// Serves `/metrics`, `/healthz` (the lease coordinator runs) and `/readyz` (bootstrapped, the
+/// lease loop running, every lease's change feed readable and the handler answering) until
+/// `shutdown`.
 pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
@@ -267,8 +268,14 @@ pub async fn serve(
         async move {
             match req.uri().path() {
                 "/metrics" => crate::http::response(200, "text/plain; version=0.0.4", metrics.render()),
-                "/healthz" => crate::http::response(200, "text/plain", "ok\n"),
+                "/healthz" if monitor.is_alive() => crate::http::response(200, "text/plain", "ok\n"),
+                "/healthz" => crate::http::response(503, "text/plain", "the lease coordinator stopped\n"),
                 "/readyz" if !monitor.is_ready() => crate::http::response(503, "text/plain", "not ready\n"),
+                "/readyz" if monitor.read_problem().is_some() => crate::http::response(
+                    503,
+                    "text/plain",
+                    format!("not ready: {}\n", monitor.read_problem().unwrap_or_default()),
+                ),
                 "/readyz" if !monitor.handler_ready().await => {
                     crate::http::response(503, "text/plain", "not ready: the handler does not answer\n")
                 }

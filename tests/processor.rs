@@ -450,3 +450,87 @@ async fn a_split_parent_left_behind_by_a_crash_is_deleted_and_nothing_is_lost() 
     );
     b.stop().await;
 }
+
+/// Fails (or panics in) the first batches that hold `doc-<poison>`, then records like the others.
+struct Unreliable {
+    inner: common::RecordingHandler,
+    poison: String,
+    failures_left: std::sync::atomic::AtomicU32,
+    panic: bool,
+}
+
+#[async_trait::async_trait]
+impl changefeed_operator::processor::ChangeHandler for Unreliable {
+    async fn handle(
+        &self,
+        batch: changefeed_operator::processor::Batch<'_>,
+    ) -> Result<(), changefeed_operator::processor::HandlerError> {
+        use std::sync::atomic::Ordering;
+        let poisoned = batch.documents.iter().any(|d| d["id"] == self.poison.as_str());
+        if poisoned
+            && self
+                .failures_left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            if self.panic {
+                panic!("handler bug on {}", self.poison);
+            }
+            return Err(changefeed_operator::processor::HandlerError::new(
+                "downstream unavailable",
+            ));
+        }
+        self.inner.handle(batch).await
+    }
+}
+
+async fn unreliable_run(panic: bool) -> (usize, usize, Vec<CloseReason>) {
+    let env = Env::new(2).await;
+    let mut options = env.options("a");
+    options.retry.initial_backoff = Duration::from_millis(20);
+    options.retry.max_backoff = Duration::from_millis(100);
+    let handler = Arc::new(Unreliable {
+        inner: common::RecordingHandler {
+            instance: "a".into(),
+            deliveries: env.deliveries.clone(),
+        },
+        poison: "doc-50".into(),
+        failures_left: std::sync::atomic::AtomicU32::new(3),
+        panic,
+    });
+    let processor = env.processor(options, handler).await;
+    let mut events = processor.subscribe();
+    let handle = processor.start().await.unwrap();
+    env.write(0..200).await;
+    let all = eventually(Duration::from_secs(30), || async { env.deliveries.distinct() == 200 }).await;
+    let mut closed = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        if let LeaseEvent::Closed { reason, .. } = event {
+            closed.push(reason);
+        }
+    }
+    let owned = handle.owned_leases().len();
+    handle.stop().await;
+    assert!(all, "only {} of 200 delivered", env.deliveries.distinct());
+    (env.deliveries.distinct(), owned, closed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_error_is_retried_and_nothing_is_lost() {
+    let (delivered, owned, closed) = unreliable_run(false).await;
+    println!(
+        "handler failing 3 times on doc-50: {delivered} of 200 delivered, leases owned {owned}, leases closed {closed:?}"
+    );
+    assert!(closed.is_empty(), "errors are retried in place: {closed:?}");
+    assert_eq!(owned, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_releases_its_lease_which_is_processed_again() {
+    let (delivered, owned, closed) = unreliable_run(true).await;
+    println!(
+        "handler panicking 3 times on doc-50: {delivered} of 200 delivered, leases owned {owned} at the end, leases closed {closed:?}"
+    );
+    assert!(closed.contains(&CloseReason::Panicked), "{closed:?}");
+    assert_eq!(owned, 2, "the released lease was taken again");
+}

@@ -16,6 +16,9 @@ pub enum CloseReason {
     Split,
     /// An error that is not retried ended the lease's processing.
     Error,
+    /// The lease's task panicked (for example in the handler); the lease was released so that it
+    /// is processed again from its checkpoint.
+    Panicked,
 }
 
 impl CloseReason {
@@ -27,6 +30,7 @@ impl CloseReason {
             CloseReason::LeaseGone => "lease_gone",
             CloseReason::Split => "split",
             CloseReason::Error => "error",
+            CloseReason::Panicked => "panic",
         }
     }
 }

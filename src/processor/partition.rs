@@ -14,6 +14,9 @@ use super::owned::{OwnedLease, UpdateError};
 use super::runtime::Shared;
 use crate::cosmos::{ChangePage, CosmosError, EpkRange, ErrorKind, RangeContinuation};
 
+/// Consecutive failed reads after which a lease counts as failing (a warning, and `/readyz` says so).
+const PERSISTENT_FAILURES: u32 = 5;
+
 /// How the processing of one lease ended.
 #[derive(Debug)]
 pub struct LeaseExit {
@@ -52,6 +55,7 @@ fn stop_reason(owned: &OwnedLease) -> LeaseExit {
 pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
     let cancel = owned.cancelled().clone();
     let mut failures: u32 = 0;
+    let mut rebuilds: u32 = 0;
     loop {
         if cancel.is_cancelled() {
             return stop_reason(&owned);
@@ -110,16 +114,28 @@ pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
                     }
                     if is_configuration_error(&error) {
                         shared.emit_error(Some(owned.token()), format!("reading the change feed: {error}"));
+                    } else if failures + 1 >= PERSISTENT_FAILURES {
+                        if failures + 1 == PERSISTENT_FAILURES || (failures + 1).is_multiple_of(PERSISTENT_FAILURES * 4)
+                        {
+                            tracing::warn!(lease = owned.token(), attempts = failures + 1, %error, "the change feed keeps failing; retrying from the last checkpoint");
+                        }
                     } else {
                         tracing::debug!(lease = owned.token(), %error, "change feed read failed; retrying from the last checkpoint");
                     }
+                    if failures + 1 >= PERSISTENT_FAILURES {
+                        shared.set_read_failing(owned.token(), Some(error.to_string()));
+                    }
                     if !pause(&cancel, shared.options.backoff(failures)).await {
+                        shared.set_read_failing(owned.token(), None);
                         return stop_reason(&owned);
                     }
                     failures += 1;
                     break;
                 }
             };
+            if failures > 0 {
+                shared.set_read_failing(owned.token(), None);
+            }
             failures = 0;
             let empty = page.documents.is_empty();
             if !empty {
@@ -136,11 +152,25 @@ pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
             }
             match advance(&shared, &owned, &range, &page).await {
                 Advance::Continue => {
+                    rebuilds = 0;
                     if let [only] = page.continuations.as_slice() {
                         position = Some(only.continuation.clone());
                     }
                 }
-                Advance::Rebuild => break,
+                Advance::Rebuild => {
+                    // The reader must restart from the last checkpoint (a split that could not be
+                    // recorded yet, for example): redelivery follows, so never in a tight loop.
+                    rebuilds += 1;
+                    tracing::info!(
+                        lease = owned.token(),
+                        rebuilds,
+                        "rebuilding the change feed reader from the last checkpoint"
+                    );
+                    if !pause(&cancel, shared.options.backoff(rebuilds - 1)).await {
+                        return stop_reason(&owned);
+                    }
+                    break;
+                }
                 Advance::Exit(exit) => return exit,
             }
             if empty && !pause(&cancel, shared.options.poll_interval).await {

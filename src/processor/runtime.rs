@@ -53,6 +53,10 @@ pub struct Shared {
     cycles: AtomicU64,
     ready: AtomicBool,
     pub(crate) dead_letters: std::sync::OnceLock<Arc<dyn DeadLetterStore>>,
+    /// Leases whose change feed keeps failing, with the last error.
+    read_failing: Mutex<HashMap<String, String>>,
+    /// Set when the coordinator stopped without being asked to (a panic).
+    died: AtomicBool,
 }
 
 impl Shared {
@@ -77,19 +81,38 @@ impl Shared {
         });
     }
 
-    fn owned_snapshot(&self) -> Vec<Arc<OwnedLease>> {
-        self.owned
+    /// The owned-lease map; a panic elsewhere while it was held does not make it unusable (a
+    /// poisoned lock must never read as "owns nothing").
+    fn owned_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<OwnedLease>>> {
+        self.owned.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records that lease `token`'s change feed keeps failing (`Some(error)`) or works again.
+    pub(crate) fn set_read_failing(&self, token: &str, error: Option<String>) {
+        let mut failing = self
+            .read_failing
             .lock()
-            .map(|m| m.values().cloned().collect())
-            .unwrap_or_default()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match error {
+            Some(error) => {
+                failing.insert(token.to_owned(), error);
+            }
+            None => {
+                failing.remove(token);
+            }
+        }
+    }
+
+    fn owned_snapshot(&self) -> Vec<Arc<OwnedLease>> {
+        self.owned_map().values().cloned().collect()
     }
 
     fn owned_count(&self) -> usize {
-        self.owned.lock().map(|m| m.len()).unwrap_or_default()
+        self.owned_map().len()
     }
 
     fn is_owned(&self, id: &str) -> bool {
-        self.owned.lock().map(|m| m.contains_key(id)).unwrap_or_default()
+        self.owned_map().contains_key(id)
     }
 }
 
@@ -119,6 +142,8 @@ impl ChangeFeedProcessor {
                 cycles: AtomicU64::new(0),
                 ready: AtomicBool::new(false),
                 dead_letters: std::sync::OnceLock::new(),
+                read_failing: Mutex::new(HashMap::new()),
+                died: AtomicBool::new(false),
             }),
         }
     }
@@ -261,6 +286,24 @@ impl ProcessorMonitor {
         self.shared.ready.load(Ordering::SeqCst)
     }
 
+    /// Why the processor is not fully working: a lease whose change feed keeps failing.
+    pub fn read_problem(&self) -> Option<String> {
+        let failing = self
+            .shared
+            .read_failing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        failing
+            .iter()
+            .next()
+            .map(|(lease, error)| format!("lease {lease} cannot read its change feed: {error}"))
+    }
+
+    /// Whether the processor's coordinator still runs (false after it died unexpectedly).
+    pub fn is_alive(&self) -> bool {
+        !self.shared.died.load(Ordering::SeqCst)
+    }
+
     /// Whether the handler can take batches now (for example, an HTTP handler answers).
     pub async fn handler_ready(&self) -> bool {
         self.shared.handler.ready().await
@@ -295,6 +338,17 @@ struct Coordinator {
 
 impl Coordinator {
     async fn run(mut self, shutdown: CancellationToken) {
+        // Marks the processor dead if this task ends (or unwinds) without a shutdown request.
+        struct Watch(Arc<Shared>, CancellationToken);
+        impl Drop for Watch {
+            fn drop(&mut self) {
+                if !self.1.is_cancelled() {
+                    self.0.died.store(true, Ordering::SeqCst);
+                    tracing::error!("the lease coordinator stopped unexpectedly");
+                }
+            }
+        }
+        let _watch = Watch(self.shared.clone(), shutdown.clone());
         let delay = self.join_delay().await;
         tokio::select! {
             _ = shutdown.cancelled() => {}
@@ -340,7 +394,8 @@ impl Coordinator {
                 .leases
                 .iter()
                 .any(|l| !l.is_expired(now, expiration) && l.owner.as_deref().is_some_and(|o| o != me)),
-            Err(_) => false,
+            // Unknown: wait as if others ran, rather than race them for leases.
+            Err(_) => true,
         };
         if others_running {
             self.shared
@@ -359,26 +414,48 @@ impl Coordinator {
             self.shared.store.clone(),
             &self.leases,
         );
-        if let Ok(mut map) = self.shared.owned.lock() {
+        {
+            // One task per lease: a split's children can be seen as ours by an acquire cycle and
+            // be started by the split's own exit path too.
+            let mut map = self.shared.owned_map();
+            if map.contains_key(owned.id()) {
+                tracing::debug!(lease = owned.token(), "lease already processed here");
+                return;
+            }
             map.insert(owned.id().to_owned(), owned.clone());
         }
         self.shared.observer().leases_owned(self.shared.owned_count());
         let shared = self.shared.clone();
         self.tasks.spawn(async move {
-            let exit = partition::run(shared, owned.clone()).await;
+            use futures::FutureExt;
+            // A panic (for example in the handler) must not leak the lease: it is released below.
+            let exit = std::panic::AssertUnwindSafe(partition::run(shared, owned.clone()))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| {
+                    let message = panic
+                        .downcast_ref::<&str>()
+                        .map(|m| (*m).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".to_owned());
+                    tracing::error!(lease = owned.token(), panic = %message, "the lease's task panicked; releasing the lease");
+                    LeaseExit {
+                        reason: CloseReason::Panicked,
+                        children: Vec::new(),
+                    }
+                });
             (owned, exit)
         });
     }
 
     async fn on_exit(&mut self, joined: Result<(Arc<OwnedLease>, LeaseExit), tokio::task::JoinError>) {
         let Ok((owned, exit)) = joined else {
-            tracing::error!("a lease task panicked");
+            // Only an aborted task gets here (panics are caught inside the task).
+            tracing::error!("a lease task ended without a result");
             return;
         };
-        if let Ok(mut map) = self.shared.owned.lock() {
-            map.remove(owned.id());
-        }
-        if exit.reason == CloseReason::Shutdown
+        self.shared.owned_map().remove(owned.id());
+        if matches!(exit.reason, CloseReason::Shutdown | CloseReason::Panicked)
             && let Err(error) = owned.release().await
         {
             tracing::warn!(lease = owned.token(), %error, "releasing the lease failed; it frees itself on expiry");
