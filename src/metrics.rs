@@ -173,7 +173,7 @@ impl WorkerMetrics {
     /// Replaces the per-lease lag gauges with `estimates`.
     pub fn set_lag(&self, estimates: &[LeaseEstimate]) {
         self.estimated_lag.reset();
-        for estimate in estimates {
+        for estimate in estimates.iter().filter(|e| e.error.is_none()) {
             let lag = i64::try_from(estimate.lag).unwrap_or(i64::MAX);
             self.estimated_lag
                 .with_label_values(&[self.processor.as_str(), estimate.lease_token.as_str()])

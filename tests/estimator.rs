@@ -307,3 +307,40 @@ async fn cfp_estimate_json_matches_the_library() {
     );
     terminate(&mut emulator).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_cannot_be_estimated_does_not_hide_the_others() {
+    let env = Env::new(3).await;
+    let handler = Arc::new(RecordingHandler {
+        instance: "x".into(),
+        deliveries: env.deliveries.clone(),
+    });
+    drop(env.processor(env.options("x"), handler).await);
+    let store = env.store().await;
+    let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
+    bootstrap(store.as_ref(), &monitored, "x", StartFrom::Beginning)
+        .await
+        .unwrap();
+    env.write(0..300).await;
+    let mut broken = env.leases().await.remove(0);
+    broken.continuation = Some("{\"kind\":\"not_a_cursor\"}".into());
+    store.replace(&broken).await.unwrap();
+    let estimates = estimate_leases(&monitored, &env.leases().await, StartFrom::Beginning, 8)
+        .await
+        .unwrap();
+    let failed: Vec<&LeaseEstimate> = estimates.iter().filter(|e| e.error.is_some()).collect();
+    let known: u64 = estimates.iter().filter(|e| e.error.is_none()).map(|e| e.lag).sum();
+    println!(
+        "one corrupted lease: {} of {} estimated (known lag {known}); the broken one: {:?}",
+        estimates.len() - failed.len(),
+        estimates.len(),
+        failed.first().and_then(|e| e.error.clone())
+    );
+    assert_eq!(estimates.len(), 3);
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].lease_token, broken.lease_token);
+    assert!(
+        known > 0 && known < 300,
+        "the other leases' work is still counted: {known}"
+    );
+}

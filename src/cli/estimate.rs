@@ -57,12 +57,18 @@ pub async fn estimate(args: &EstimateArgs) -> Result<ProcessorEstimate, Estimate
     Ok(ProcessorEstimate::new(args.leases.processor.clone(), leases))
 }
 
-/// Prints the estimate.
+/// Prints the estimate; fails (after printing) when some leases could not be estimated.
 pub async fn run(args: &EstimateArgs) -> Result<(), EstimateError> {
     let estimate = estimate(args).await?;
     match args.output {
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&estimate).unwrap_or_default()),
         OutputFormat::Table => print!("{}", table(&estimate)),
+    }
+    if estimate.leases_failed > 0 {
+        return Err(EstimateError::Failed(format!(
+            "{} of {} leases could not be estimated (see their errors above)",
+            estimate.leases_failed, estimate.lease_count
+        )));
     }
     Ok(())
 }
@@ -76,10 +82,10 @@ pub fn table(estimate: &ProcessorEstimate) -> String {
             [
                 l.lease_token.clone(),
                 l.owner.clone().unwrap_or_else(|| "-".into()),
-                if l.started {
-                    l.lag.to_string()
-                } else {
-                    format!("{} (not started)", l.lag)
+                match (&l.error, l.started) {
+                    (Some(error), _) => format!("error: {error}"),
+                    (None, true) => l.lag.to_string(),
+                    (None, false) => format!("{} (not started)", l.lag),
                 },
                 l.checkpoint_age.map_or_else(|| "-".into(), |s| format!("{s}s")),
             ]
@@ -99,8 +105,16 @@ pub fn table(estimate: &ProcessorEstimate) -> String {
     }
     let _ = writeln!(
         out,
-        "processor {}: {} leases, {} with lag, total lag {}",
-        estimate.processor, estimate.lease_count, estimate.leases_with_lag, estimate.total_lag
+        "processor {}: {} leases, {} with lag, total lag {}{}",
+        estimate.processor,
+        estimate.lease_count,
+        estimate.leases_with_lag,
+        estimate.total_lag,
+        if estimate.leases_failed > 0 {
+            format!(" ({} leases could not be estimated)", estimate.leases_failed)
+        } else {
+            String::new()
+        }
     );
     out
 }

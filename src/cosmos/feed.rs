@@ -188,11 +188,10 @@ impl FeedReader {
         let session_token = headers.session_token().map(|t| t.to_string());
         let lsn = headers.lsn();
         let request_charge = headers.request_charge().map(|c| c.value()).unwrap_or_default();
-        let documents: Vec<Value> = page
-            .into_items()
-            .into_iter()
-            .filter_map(|item| item.current().cloned())
-            .collect();
+        // The continuation moves past every item of the page, so every item is delivered: one
+        // without a current image (a delete in the all-versions mode) as its previous image, or
+        // as what its metadata identifies.
+        let documents: Vec<Value> = page.into_items().into_iter().map(document_of).collect();
         let token = self.pages.to_continuation_token()?;
         let continuations = decode_sdk_token(token.as_str())
             .ok_or_else(|| CosmosError::local(ErrorKind::Other, "unrecognized change feed continuation token"))?;
@@ -206,10 +205,59 @@ impl FeedReader {
     }
 }
 
+/// The document a change item stands for: its current image; else its previous image; else a
+/// document with what its metadata says (id, partition key, operation, LSN).
+fn document_of(item: ChangeFeedItem<Value>) -> Value {
+    if let Some(current) = item.current() {
+        return current.clone();
+    }
+    tracing::warn!(
+        operation = ?item.operation_type(),
+        "a change arrived without a current image; delivering what identifies it"
+    );
+    if let Some(previous) = item.previous() {
+        return previous.clone();
+    }
+    let metadata = item.metadata();
+    serde_json::json!({
+        "id": metadata.and_then(|m| m.id()),
+        "_partitionKey": metadata.and_then(|m| m.partition_key()).cloned(),
+        "_operationType": item.operation_type().map(|o| format!("{o:?}")),
+        "_lsn": metadata.and_then(|m| m.lsn()).map(|l| l.value()),
+    })
+}
+
 fn to_sdk_range(range: &EpkRange) -> Result<FeedRange, CosmosError> {
     let min = EffectivePartitionKey::try_from(range.min.as_str())
         .map_err(|e| CosmosError::local(ErrorKind::BadRequest, format!("bad EPK {:?}: {e}", range.min)))?;
     let max = EffectivePartitionKey::try_from(range.max.as_str())
         .map_err(|e| CosmosError::local(ErrorKind::BadRequest, format!("bad EPK {:?}: {e}", range.max)))?;
     Ok(FeedRange::new(min, max)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn item(value: Value) -> ChangeFeedItem<Value> {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn every_change_item_becomes_a_document() {
+        let flat = item(json!({"id": "a", "pk": "p", "n": 1}));
+        assert_eq!(document_of(flat)["n"], 1);
+        let with_previous =
+            item(json!({"previous": {"id": "b", "n": 2}, "metadata": {"operationType": "delete", "lsn": 5}}));
+        assert_eq!(document_of(with_previous)["id"], "b");
+        let metadata_only =
+            item(json!({"metadata": {"operationType": "delete", "lsn": 7, "id": "c", "partitionKey": ["p"]}}));
+        let doc = document_of(metadata_only);
+        assert_eq!((doc["id"].clone(), doc["_lsn"].clone()), (json!("c"), json!(7)));
+        assert!(
+            doc["_operationType"].as_str().unwrap_or_default().contains("Delete"),
+            "{doc}"
+        );
+    }
 }

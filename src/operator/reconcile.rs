@@ -594,6 +594,13 @@ async fn plan_replicas(
     let mut event = None;
     if let Some(report) = report.filter(|r| r.seq > state.decided_seq) {
         let observed = match &report.outcome {
+            // A partial estimate could hide work: it never scales down, like a failed one.
+            Ok(estimate) if estimate.leases_failed > 0 => Observed::Failed(format!(
+                "{} of {} leases could not be estimated; first: {}",
+                estimate.leases_failed,
+                estimate.lease_count,
+                estimate.leases.iter().find_map(|l| l.error.clone()).unwrap_or_default()
+            )),
             Ok(estimate) => Observed::Estimate {
                 total_lag: estimate.total_lag,
                 leases: estimate.lease_count,

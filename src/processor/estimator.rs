@@ -45,6 +45,9 @@ pub struct LeaseEstimate {
     /// Set while the lease halts on a batch its handler keeps failing: since when, and the error.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handler_failing: Option<String>,
+    /// Why this lease could not be estimated (its `lag` is then 0 and not counted as known).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// The estimate of a whole processor.
@@ -57,8 +60,10 @@ pub struct ProcessorEstimate {
     pub lease_count: usize,
     /// Leases with lag > 0.
     pub leases_with_lag: usize,
-    /// Sum of the lags.
+    /// Sum of the lags of the leases that could be estimated.
     pub total_lag: u64,
+    /// Leases that could not be estimated (see their `error`).
+    pub leases_failed: usize,
     /// Per lease, ordered by range.
     pub leases: Vec<LeaseEstimate>,
 }
@@ -72,13 +77,15 @@ impl ProcessorEstimate {
             lease_count: leases.len(),
             leases_with_lag: leases.iter().filter(|l| l.lag > 0).count(),
             total_lag: leases.iter().map(|l| l.lag).sum(),
+            leases_failed: leases.iter().filter(|l| l.error.is_some()).count(),
             leases,
         }
     }
 }
 
 /// Estimates every lease, at most `concurrency` at a time. Leases without a checkpoint count from
-/// `start` (the processor's start position for such leases).
+/// `start` (the processor's start position for such leases). A lease that cannot be estimated is
+/// returned with its `error`; only a failure that concerns every lease (the routing map) is an `Err`.
 pub async fn estimate_leases(
     monitored: &MonitoredContainer,
     leases: &[Lease],
@@ -89,16 +96,30 @@ pub async fn estimate_leases(
     // One routing-map lookup for all leases (the SDK's cached map; refreshed per lease after a split).
     let ranges = std::sync::Arc::new(monitored.feed_ranges(false).await?);
     let owned: Vec<Lease> = leases.iter().filter(|l| l.range().is_some()).cloned().collect();
-    let results: Vec<Result<LeaseEstimate, CosmosError>> = futures::stream::iter(owned)
+    let results: Vec<LeaseEstimate> = futures::stream::iter(owned)
         .map(|lease| {
             let monitored = monitored.clone();
             let ranges = ranges.clone();
-            async move { estimate_lease(&monitored, &ranges, &lease, start, now).await }
+            async move {
+                // One lease that cannot be read does not hide the others' work.
+                estimate_lease(&monitored, &ranges, &lease, start, now)
+                    .await
+                    .unwrap_or_else(|error| LeaseEstimate {
+                        lease_token: lease.lease_token.clone(),
+                        feed_range: lease.range().cloned().unwrap_or_else(EpkRange::full),
+                        owner: lease.owner.clone().filter(|o| !o.is_empty()),
+                        lag: 0,
+                        checkpoint_age: None,
+                        started: lease.continuation.is_some(),
+                        handler_failing: None,
+                        error: Some(error.to_string()),
+                    })
+            }
         })
         .buffer_unordered(concurrency.max(1))
         .collect()
         .await;
-    results.into_iter().collect()
+    Ok(results)
 }
 
 async fn estimate_lease(
@@ -121,6 +142,7 @@ async fn estimate_lease(
         checkpoint_age,
         started: continuation.is_some(),
         handler_failing: lease.properties.get(HANDLER_FAILING_PROPERTY).cloned(),
+        error: None,
     })
 }
 
@@ -236,6 +258,7 @@ mod tests {
             checkpoint_age: None,
             started: true,
             handler_failing: None,
+            error: None,
         };
         let estimate = ProcessorEstimate::new("p", vec![lease("80", 0), lease("", 5), lease("40", 7)]);
         assert_eq!(
