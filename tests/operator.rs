@@ -1079,3 +1079,69 @@ async fn the_fields_that_locate_the_checkpoints_are_immutable() {
         cases.iter().map(|(_, m)| *m).collect::<Vec<_>>().join(", ")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_account_key_appears_nowhere_it_should_not() {
+    use base64::Engine;
+    let plane = plane().await;
+    let ns = namespace(plane, "canary");
+    let client = plane.client().await;
+    let (mut emulator, endpoint) = start_emulator("db/items:/pk:2").await;
+    // A recognisable key (the in-memory emulator accepts any well-formed key) and handler token.
+    let nonce = std::process::id();
+    let key = base64::engine::general_purpose::STANDARD.encode(format!("cfp-leak-canary-key-{nonce}-0123456789abcdef"));
+    let token = format!("Bearer cfp-leak-canary-token-{nonce}");
+    let secrets = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: cosmos\nstringData:\n  key: {key}\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: handler\nstringData:\n  token: {token}\n"
+    );
+    assert!(apply(plane, &ns, &secrets).0);
+    let mut operator = Operator::start_logging(plane, &ns, "op", "debug,kube=debug");
+    let extra = "  autoscaling:\n    estimateInterval: 1s\n  handler:\n    type: Http\n    http:\n      url: http://127.0.0.1:9/changes\n      headers:\n      - name: Authorization\n        valueFrom: {secretKeyRef: {name: handler, key: token}}\n";
+    assert!(apply(plane, &ns, &resource("orders", &endpoint, extra)).0);
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
+    wait("an estimate in the status", || async {
+        cfps.get("orders").await.ok()?.status?.last_estimate_time
+    })
+    .await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let deployment = deployments.get("orders").await.unwrap();
+    let secret_api: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let mut worker = LocalWorker::start(&deployment, &secret_api, "orders-6f5d-canary", &[("RUST_LOG", "debug")]).await;
+    cfp_write(&endpoint, 0, 20).await;
+    // Let the worker read, fail the (unreachable) handler with its header, and retry a few times.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let worker_metrics = operator_support::metrics_body(worker.metrics).await.unwrap_or_default();
+    let operator_metrics = operator_support::metrics_body(operator.metrics)
+        .await
+        .unwrap_or_default();
+    terminate(&mut worker.child).await;
+    terminate(&mut operator.child).await;
+    terminate(&mut emulator).await;
+    let (_, status, _) = plane.kubectl_run(&["get", "cfp", "orders", "-n", &ns, "-o", "yaml"], None);
+    let (_, events, _) = plane.kubectl_run(&["get", "events", "-n", &ns, "-o", "yaml"], None);
+    let (_, rendered, _) = plane.kubectl_run(&["get", "deployment,service,pdb", "-n", &ns, "-o", "yaml"], None);
+    let places = [
+        (
+            "operator log (debug)",
+            std::fs::read_to_string(Operator::log_path(&ns, "op")).unwrap_or_default(),
+        ),
+        (
+            "worker log (debug)",
+            std::fs::read_to_string(LocalWorker::log_path("orders-6f5d-canary")).unwrap_or_default(),
+        ),
+        ("worker /metrics", worker_metrics),
+        ("operator /metrics", operator_metrics),
+        ("resource and status", status),
+        ("Events", events),
+        ("rendered objects", rendered),
+    ];
+    let mut scanned = Vec::new();
+    for (place, text) in &places {
+        assert!(!text.is_empty(), "{place} is empty: nothing was scanned");
+        assert!(!text.contains(&key), "the account key leaked into the {place}");
+        assert!(!text.contains(&token), "the handler token leaked into the {place}");
+        assert!(!text.contains("cfp-leak-canary"), "a canary leaked into the {place}");
+        scanned.push(format!("{place} ({} KiB)", text.len() / 1024));
+    }
+    println!("no key or token in: {}", scanned.join(", "));
+}

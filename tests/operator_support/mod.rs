@@ -68,9 +68,18 @@ pub struct Operator {
 
 impl Operator {
     pub fn start(plane: &ControlPlane, ns: &str, identity: &str) -> Self {
+        Self::start_logging(plane, ns, identity, "info,kube=warn")
+    }
+
+    /// The log file of the operator started with `identity` in `ns`.
+    pub fn log_path(ns: &str, identity: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("cfp-operator-{ns}-{identity}.log"))
+    }
+
+    /// Like [`Operator::start`], logging at `rust_log`.
+    pub fn start_logging(plane: &ControlPlane, ns: &str, identity: &str, rust_log: &str) -> Self {
         let port = free_port();
-        let log =
-            std::fs::File::create(std::env::temp_dir().join(format!("cfp-operator-{ns}-{identity}.log"))).expect("log");
+        let log = std::fs::File::create(Self::log_path(ns, identity)).expect("log");
         let child = Command::new(CFP)
             .args([
                 "operator",
@@ -92,7 +101,7 @@ impl Operator {
                 "500ms",
             ])
             .env("KUBECONFIG", &plane.kubeconfig)
-            .env("RUST_LOG", "info,kube=warn")
+            .env("RUST_LOG", rust_log)
             .stdout(Stdio::null())
             .stderr(log)
             .kill_on_drop(true)
@@ -272,7 +281,7 @@ impl LocalWorker {
         for (name, value) in overrides {
             command.env(name, value);
         }
-        let log = std::fs::File::create(std::env::temp_dir().join(format!("cfp-worker-{pod}.log"))).expect("log");
+        let log = std::fs::File::create(Self::log_path(pod)).expect("log");
         let mut child = command
             .stdout(Stdio::piped())
             .stderr(log)
@@ -295,6 +304,11 @@ impl LocalWorker {
             metrics: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
             lines,
         }
+    }
+
+    /// The log file of the worker of pod `pod`.
+    pub fn log_path(pod: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("cfp-worker-{pod}.log"))
     }
 
     /// The ids of the documents delivered so far.
