@@ -279,13 +279,18 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
     assert!(ok, "{err}");
     let (ok, out, err) = helm(&["install", "cfp", CHART, "--namespace", ns]);
     assert!(ok, "helm install: {out}{err}");
-    let (ok, _, err) = kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/changefeedprocessors.changefeed.io",
-        "--timeout=30s",
-    ]);
-    assert!(ok, "CRD not established: {err}");
+    // `kubectl wait` fails at once (instead of waiting) while the new CRD has no conditions yet.
+    let established = eventually(Duration::from_secs(30), || async {
+        let (ok, out, _) = kubectl(&[
+            "get",
+            "crd/changefeedprocessors.changefeed.io",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+        ]);
+        ok && out.trim() == "True"
+    })
+    .await;
+    assert!(established, "the CRD was not established within 30 s");
     for object in [
         "deployment/cfp-changefeed-operator",
         "serviceaccount/cfp-changefeed-operator",

@@ -1145,3 +1145,49 @@ async fn the_account_key_appears_nowhere_it_should_not() {
     }
     println!("no key or token in: {}", scanned.join(", "));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rendered_worker_pod_passes_the_restricted_pod_security_standard() {
+    let Deployed {
+        plane,
+        ns,
+        mut operator,
+        deployments,
+    } = deployed("pss-worker").await;
+    let restricted = namespace(plane, "pss-restricted");
+    let (ok, _, err) = plane.kubectl_run(
+        &[
+            "label",
+            "namespace",
+            &restricted,
+            "pod-security.kubernetes.io/enforce=restricted",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    // With a sidecar that sets no security context of its own: it gets the worker's.
+    let sidecar = "  worker:\n    sidecars:\n    - name: handler\n      image: example.com/handler:1\n";
+    assert!(
+        apply(
+            plane,
+            &ns,
+            &resource("orders", "https://acct.documents.azure.com/", sidecar)
+        )
+        .0
+    );
+    let deployment = wait("the Deployment with the sidecar", || async {
+        let d = deployments.get("orders").await.ok()?;
+        let containers = d.spec.as_ref()?.template.spec.as_ref()?.containers.len();
+        (containers == 2).then_some(d)
+    })
+    .await;
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "worker-pod-check", "namespace": restricted},
+        "spec": deployment.spec.unwrap().template.spec,
+    });
+    let (ok, _, err) = plane.kubectl_run(&["create", "--dry-run=server", "-f", "-"], Some(&pod.to_string()));
+    println!("rendered worker pod (worker + sidecar) under enforce=restricted: admitted {ok} {err}");
+    assert!(ok, "the worker pod is refused by Pod Security: {err}");
+    terminate(&mut operator.child).await;
+}

@@ -31,16 +31,20 @@ pub async fn plane() -> &'static ControlPlane {
         );
         let (ok, _, err) = plane.kubectl_run(&["apply", "-f", crd], None);
         assert!(ok, "kubectl apply CRD: {err}");
-        let (ok, _, err) = plane.kubectl_run(
-            &[
-                "wait",
-                "--for=condition=Established",
-                "crd/changefeedprocessors.changefeed.io",
-                "--timeout=30s",
-            ],
-            None,
-        );
-        assert!(ok, "CRD not established: {err}");
+        // `kubectl wait` fails at once (instead of waiting) while the new CRD has no conditions yet.
+        let established = wait("the CRD established", || async {
+            let (ok, out, _) = plane.kubectl_run(
+                &[
+                    "get",
+                    "crd/changefeedprocessors.changefeed.io",
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+                ],
+                None,
+            );
+            (ok && out.trim() == "True").then_some(())
+        });
+        established.await;
     })
     .await;
     plane
