@@ -30,6 +30,7 @@ pub struct WorkerMetrics {
     estimated_lag: IntGaugeVec,
     lease_stuck: IntGaugeVec,
     dead_lettered: IntCounterVec,
+    lease_errors: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
@@ -145,6 +146,12 @@ impl WorkerMetrics {
                 "Documents the handler kept failing, moved to the dead-letter container.",
                 p,
             )?,
+            lease_errors: counter(
+                &registry,
+                "cfp_lease_errors_total",
+                "Problems found in the lease container, by reason (invalid_document: skipped).",
+                &["processor", "reason"],
+            )?,
             registry,
             processor: processor.to_owned(),
         };
@@ -203,6 +210,12 @@ impl ProcessorObserver for WorkerMetrics {
         } else {
             self.handler_errors.with_label_values(&p).inc();
         }
+    }
+
+    fn lease_error(&self, reason: &str) {
+        self.lease_errors
+            .with_label_values(&[self.processor.as_str(), reason])
+            .inc();
     }
 
     fn feed_read_failed(&self, _lease: &str, kind: &str) {

@@ -534,3 +534,34 @@ async fn a_panicking_handler_releases_its_lease_which_is_processed_again() {
     assert!(closed.contains(&CloseReason::Panicked), "{closed:?}");
     assert_eq!(owned, 2, "the released lease was taken again");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_lease_document_is_skipped_and_counted_not_fatal() {
+    let env = Env::new(2).await;
+    // Garbage under the processor's lease prefix before it ever starts (a hand edit, another
+    // tool's document...): bootstrap, balancing and processing must all go on.
+    env.account
+        .ensure_container(common::DB, common::LEASES, "/id")
+        .await
+        .unwrap();
+    let store = env.store().await;
+    let garbage = serde_json::json!({"id": format!("{}..garbage", store.prefix()), "LeaseToken": 42, "Owner": ["x"]});
+    let leases = env.account.documents(common::DB, common::LEASES).await.unwrap();
+    leases.create(garbage["id"].as_str().unwrap(), &garbage).await.unwrap();
+    let a = env.start(env.options("a")).await;
+    assert!(eventually(Duration::from_secs(10), || async { a.owned_leases().len() == 2 }).await);
+    env.write(0..300).await;
+    let all = eventually(Duration::from_secs(20), || async { env.deliveries.distinct() == 300 }).await;
+    let snapshot = store.snapshot().await;
+    println!(
+        "a malformed lease document: {} of 300 delivered; snapshot {}; invalid documents reported: {:?}",
+        env.deliveries.distinct(),
+        if snapshot.is_ok() { "ok" } else { "failed" },
+        snapshot.as_ref().map(|s| s.invalid.clone()).unwrap_or_default()
+    );
+    assert!(all);
+    let snapshot = snapshot.unwrap();
+    assert_eq!(snapshot.leases.len(), 2);
+    assert_eq!(snapshot.invalid.len(), 1);
+    a.stop().await;
+}

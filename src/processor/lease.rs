@@ -153,6 +153,8 @@ pub struct LeaseSnapshot {
     pub instances: Vec<(String, OffsetDateTime)>,
     /// Whether the `.info` marker exists (bootstrap completed).
     pub initialized: bool,
+    /// Documents under the lease prefix that are not valid leases (id, what is wrong): skipped.
+    pub invalid: Vec<(String, String)>,
 }
 
 /// The lease container of one processor. Every update is conditional on the lease's ETag.
@@ -308,7 +310,11 @@ impl LeaseStore for CosmosLeaseStore {
                 .unwrap_or_default()
                 .to_owned();
             if id.starts_with(&lease_prefix) {
-                snapshot.leases.push(parse_lease(doc.body, doc.etag)?);
+                // One malformed document must not stop the whole processor: skip and report it.
+                match parse_lease(doc.body, doc.etag) {
+                    Ok(lease) => snapshot.leases.push(lease),
+                    Err(error) => snapshot.invalid.push((id, error.to_string())),
+                }
             } else if let Some(instance) = id.strip_prefix(&heartbeat_prefix) {
                 let beat = doc
                     .body

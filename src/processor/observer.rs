@@ -18,6 +18,8 @@ pub trait ProcessorObserver: Send + Sync + 'static {
     fn leases_owned(&self, _count: usize) {}
     /// A lease event happened.
     fn lease_event(&self, _event: &LeaseEvent) {}
+    /// Something in the lease container is wrong (`reason`, for example `invalid_document`).
+    fn lease_error(&self, _reason: &str) {}
     /// A lease halted on a batch its handler keeps failing (`true`), or went on again (`false`).
     fn lease_stuck(&self, _lease: &str, _stuck: bool) {}
     /// `documents` of a lease were moved to the dead-letter container.

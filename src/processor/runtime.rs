@@ -198,6 +198,7 @@ impl ChangeFeedProcessor {
             shared: self.shared.clone(),
             leases: leases.clone(),
             tasks: JoinSet::new(),
+            reported_invalid: std::collections::HashSet::new(),
         };
         let task = tokio::spawn(coordinator.run(shutdown.clone()));
         let renewer = tokio::spawn(renew_loop(self.shared.clone(), shutdown.clone()));
@@ -334,6 +335,8 @@ struct Coordinator {
     shared: Arc<Shared>,
     leases: CancellationToken,
     tasks: JoinSet<(Arc<OwnedLease>, LeaseExit)>,
+    /// Invalid lease documents already reported (each is logged and counted once).
+    reported_invalid: std::collections::HashSet<String>,
 }
 
 impl Coordinator {
@@ -491,6 +494,12 @@ impl Coordinator {
                 return;
             }
         };
+        for (id, reason) in &snapshot.invalid {
+            if self.reported_invalid.insert(id.clone()) {
+                tracing::warn!(processor = %self.shared.options.processor_name, document = %id, %reason, "skipping a document under the lease prefix that is not a valid lease; fix or delete it");
+                self.shared.observer().lease_error("invalid_document");
+            }
+        }
         let now = OffsetDateTime::now_utc();
         let expiration = self.shared.options.expiration;
         self.drop_lost(&snapshot, &me);
