@@ -111,6 +111,9 @@ pub struct PhysicalPartition {
     pub range: EpkRange,
 }
 
+/// The largest request body the emulator accepts (the service limits a document to 2 MiB).
+pub const MAX_REQUEST_BODY: usize = 4 * 1024 * 1024;
+
 /// An in-memory Cosmos DB account.
 #[derive(Clone)]
 pub struct Emulator {
@@ -287,11 +290,25 @@ impl Emulator {
     /// Passes a Cosmos REST request to the in-memory store.
     async fn forward(&self, req: hyper::Request<Incoming>) -> Result<hyper::Response<Full<Bytes>>, CosmosError> {
         let (parts, body) = req.into_parts();
-        let body = body
-            .collect()
-            .await
-            .map_err(|e| CosmosError::local(ErrorKind::Transient, format!("reading request body: {e}")))?
-            .to_bytes();
+        // Cosmos DB refuses requests over a few MiB; never buffer an unbounded body.
+        let body = match http_body_util::Limited::new(body, MAX_REQUEST_BODY).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                return Ok(crate::http::json(
+                    413,
+                    &serde_json::json!({
+                        "code": "RequestEntityTooLarge",
+                        "message": format!("request body larger than {} MiB", MAX_REQUEST_BODY / (1024 * 1024)),
+                    }),
+                ));
+            }
+            Err(e) => {
+                return Err(CosmosError::local(
+                    ErrorKind::Transient,
+                    format!("reading request body: {e}"),
+                ));
+            }
+        };
         let mut url = self.gateway.clone();
         // The Python SDK sends a trailing slash on resource paths; the store does not expect one.
         let path = parts.uri.path();

@@ -12,6 +12,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+/// How long a client may take to send its request headers.
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A response with a fully buffered body.
 pub type Response = hyper::Response<Full<Bytes>>;
 
@@ -42,7 +45,12 @@ where
                 let response = handler(req);
                 async move { Ok::<_, Infallible>(response.await) }
             });
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            // A client that never finishes its request headers (slowloris) is dropped.
+            builder
+                .http1()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT);
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             tokio::select! {
                 _ = conn => {}
