@@ -565,3 +565,34 @@ async fn a_malformed_lease_document_is_skipped_and_counted_not_fatal() {
     assert_eq!(snapshot.invalid.len(), 1);
     a.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_whose_reads_keep_failing_is_reported_and_the_others_flow() {
+    let env = Env::new(2).await;
+    // Leases exist; one gets a continuation the service refuses.
+    let first = env.start(env.options("first")).await;
+    assert!(eventually(Duration::from_secs(10), || async { first.owned_leases().len() == 2 }).await);
+    first.stop().await;
+    let store = env.store().await;
+    let mut broken = env.leases().await.remove(0);
+    broken.continuation = Some("{\"kind\":\"not_a_cursor\"}".into());
+    store.replace(&broken).await.unwrap();
+    let a = env.start(env.options("a")).await;
+    env.write(0..200).await;
+    let monitor = a.monitor();
+    let reported = eventually(Duration::from_secs(20), || async { monitor.read_problem().is_some() }).await;
+    let flowing = eventually(Duration::from_secs(20), || async { env.deliveries.distinct() > 0 }).await;
+    let problem = monitor.read_problem();
+    println!(
+        "a lease with a refused continuation: readiness problem {problem:?}; the other lease delivered {} documents; the broken lease still owned: {}",
+        env.deliveries.distinct(),
+        a.owned_leases().contains(&broken.lease_token)
+    );
+    assert!(reported && flowing);
+    assert!(problem.unwrap_or_default().contains(&broken.lease_token));
+    assert!(
+        a.owned_leases().contains(&broken.lease_token),
+        "nothing is skipped: the lease stays and retries"
+    );
+    a.stop().await;
+}
