@@ -309,11 +309,15 @@ async fn scales_to_zero_when_idle_and_wakes_on_new_changes() {
     let zero_after = setup.wait_replicas(0, Duration::from_secs(40)).await - started;
     // At 0 replicas a kubelet stops the pod.
     terminate(&mut worker.child).await;
-    let ready = setup
-        .status()
-        .await
-        .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Ready").map(|c| c.reason));
-    assert_eq!(ready.as_deref(), Some("ScaledToZero"));
+    // The status is written right after the Deployment, in the same reconciliation.
+    wait("Ready=True/ScaledToZero", || async {
+        let status = setup.status().await?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready" && c.reason == "ScaledToZero" && c.status == "True")
+    })
+    .await;
     assert_eq!(worker.ids().len(), 200);
     cfp_write(&setup.endpoint, 1000, 100).await;
     let written = Instant::now();
