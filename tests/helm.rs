@@ -242,8 +242,16 @@ fn kubectl(args: &[&str]) -> (bool, String, String) {
     plane().kubectl_run(args, None)
 }
 
+/// `kubectl auth can-i` as `sa`; `resource` may name a subresource (`changefeedprocessors.changefeed.io/status`).
 fn can_i(sa: &str, verb: &str, resource: &str, namespace: Option<&str>) -> bool {
+    let (resource, subresource) = match resource.split_once('/') {
+        Some((resource, sub)) => (resource, Some(format!("--subresource={sub}"))),
+        None => (resource, None),
+    };
     let mut args = vec!["auth", "can-i", verb, resource, "--as", sa];
+    if let Some(sub) = &subresource {
+        args.push(sub);
+    }
     match namespace {
         Some(ns) => args.extend(["-n", ns]),
         None => args.push("--all-namespaces"),
@@ -340,6 +348,37 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
             can_i(&sa, verb, resource, None),
             "the operator cannot {verb} {resource}"
         );
+    }
+    // And every verb of every rule the chart grants is effective for the ServiceAccount.
+    let mut granted = 0;
+    for (kind, namespace) in [
+        ("clusterrole/cfp-changefeed-operator", None),
+        ("role/cfp-changefeed-operator-leader-election", Some(ns)),
+    ] {
+        let mut args = vec!["get", kind, "-o", "json"];
+        if let Some(ns) = namespace {
+            args.extend(["-n", ns]);
+        }
+        let (ok, json, err) = kubectl(&args);
+        assert!(ok, "{err}");
+        let role: Value = serde_json::from_str(&json).unwrap();
+        for rule in role["rules"].as_array().unwrap() {
+            let group = rule["apiGroups"][0].as_str().unwrap_or_default();
+            for resource in rule["resources"].as_array().unwrap().iter().filter_map(Value::as_str) {
+                let qualified = match resource.split_once('/') {
+                    Some((base, sub)) if !group.is_empty() => format!("{base}.{group}/{sub}"),
+                    _ if !group.is_empty() => format!("{resource}.{group}"),
+                    _ => resource.to_owned(),
+                };
+                for verb in rule["verbs"].as_array().unwrap().iter().filter_map(Value::as_str) {
+                    assert!(
+                        can_i(&sa, verb, &qualified, namespace),
+                        "the operator cannot {verb} {qualified}"
+                    );
+                    granted += 1;
+                }
+            }
+        }
     }
     assert!(can_i(&sa, "update", "leases.coordination.k8s.io", Some(ns)));
     let forbidden = [
@@ -456,7 +495,7 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
         "the user's resource stays"
     );
     println!(
-        "helm install: CRD established, operator Deployment/ServiceAccount/RBAC/Service present, operator pod admitted under PSS restricted (a privileged one refused); can-i: {} needed verbs yes, {} forbidden no; the operator as {sa} reconciled orders (conditions {status}); helm upgrade → replicas 3, RUST_LOG {rust_log}; helm uninstall kept the CRD and cfp/orders",
+        "helm install: CRD established, operator Deployment/ServiceAccount/RBAC/Service present, operator pod admitted under PSS restricted (a privileged one refused); can-i: {} needed verbs yes, all {granted} granted (resource, verb) pairs effective, {} forbidden no; the operator as {sa} reconciled orders (conditions {status}); helm upgrade → replicas 3, RUST_LOG {rust_log}; helm uninstall kept the CRD and cfp/orders",
         needed.len(),
         forbidden.len()
     );
