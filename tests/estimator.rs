@@ -79,20 +79,31 @@ async fn the_estimate_counts_pending_operations_exactly_and_drops_to_zero() {
     b.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_never_checkpointed_counts_from_the_start_position() {
-    let env = Env::new(3).await;
+/// The leases created (starting from the beginning: no continuation) with nothing processed.
+async fn bootstrapped(
+    env: &Env,
+) -> (
+    Arc<dyn changefeed_operator::processor::LeaseStore>,
+    changefeed_operator::cosmos::MonitoredContainer,
+) {
     let handler = Arc::new(RecordingHandler {
         instance: "x".into(),
         deliveries: env.deliveries.clone(),
     });
-    // Create the leases (start from the beginning: no continuation) without processing anything.
+    // Building a processor creates the lease container; bootstrapping creates the leases.
     drop(env.processor(env.options("x"), handler).await);
     let store = env.store().await;
     let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
     bootstrap(store.as_ref(), &monitored, "x", StartFrom::Beginning)
         .await
         .unwrap();
+    (store, monitored)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_never_checkpointed_counts_from_the_start_position() {
+    let env = Env::new(3).await;
+    let (_, monitored) = bootstrapped(&env).await;
     env.write(0..5000).await;
     let leases = env.leases().await;
     let from_beginning = estimate_leases(&monitored, &leases, StartFrom::Beginning, 8)
@@ -311,16 +322,7 @@ async fn cfp_estimate_json_matches_the_library() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_that_cannot_be_estimated_does_not_hide_the_others() {
     let env = Env::new(3).await;
-    let handler = Arc::new(RecordingHandler {
-        instance: "x".into(),
-        deliveries: env.deliveries.clone(),
-    });
-    drop(env.processor(env.options("x"), handler).await);
-    let store = env.store().await;
-    let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
-    bootstrap(store.as_ref(), &monitored, "x", StartFrom::Beginning)
-        .await
-        .unwrap();
+    let (store, monitored) = bootstrapped(&env).await;
     env.write(0..300).await;
     let mut broken = env.leases().await.remove(0);
     broken.continuation = Some("{\"kind\":\"not_a_cursor\"}".into());
