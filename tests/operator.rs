@@ -15,8 +15,8 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::{Api, DeleteParams, ListParams};
 use operator_support::{
-    Deployed, LocalWorker, Operator, TIMEOUT, apply, deployed, namespace, plane, replicas, resource, secret_yaml, wait,
-    wait_event, wait_up_to, worker_env,
+    Deployed, FAKE_ENDPOINT, LocalWorker, Operator, TIMEOUT, apply, apply_ok, deployed, namespace, plane, replicas,
+    resource, secret_yaml, wait, wait_event, wait_up_to, worker_env,
 };
 use tokio::process::Command;
 
@@ -26,7 +26,7 @@ async fn applying_a_resource_creates_the_rendered_workload_and_status() {
     let ns = namespace(plane, "create");
     let client = plane.client().await;
     let mut operator = Operator::start(plane, &ns, "op");
-    assert!(apply(plane, &ns, &secret_yaml()).0);
+    apply_ok(plane, &ns, &secret_yaml());
     let (ok, out, err) = apply(
         plane,
         &ns,
@@ -165,14 +165,7 @@ async fn spec_changes_roll_out_and_drift_is_reverted() {
     } = deployed("update").await;
 
     let changed = "  replicas: 3\n  pollInterval: 1s\n  worker:\n    resources:\n      limits:\n        memory: 64Mi\n";
-    assert!(
-        apply(
-            plane,
-            &ns,
-            &resource("orders", "https://acct.documents.azure.com/", changed)
-        )
-        .0
-    );
+    apply_ok(plane, &ns, &resource("orders", FAKE_ENDPOINT, changed));
     let updated = wait("the changed Deployment", || async {
         let d = deployments.get("orders").await.ok()?;
         let env = worker_env(&d);
@@ -216,7 +209,7 @@ async fn invalid_resources_are_rejected_and_a_missing_secret_blocks_until_create
     let plane = plane().await;
     let ns = namespace(plane, "invalid");
     let client = plane.client().await;
-    let endpoint = "https://acct.documents.azure.com/";
+    let endpoint = FAKE_ENDPOINT;
     let (ok, _, err) = apply(
         plane,
         &ns,
@@ -254,7 +247,7 @@ async fn invalid_resources_are_rejected_and_a_missing_secret_blocks_until_create
     println!("rejected: {}", err.lines().next().unwrap_or_default());
 
     let mut operator = Operator::start(plane, &ns, "op");
-    assert!(apply(plane, &ns, &resource("orders", endpoint, "")).0);
+    apply_ok(plane, &ns, &resource("orders", endpoint, ""));
     let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
     let ready = wait("Ready=False SecretNotFound", || async {
         let status = cfps.get("orders").await.ok()?.status?;
@@ -282,7 +275,7 @@ async fn invalid_resources_are_rejected_and_a_missing_secret_blocks_until_create
         "no workload without the Secret"
     );
 
-    assert!(apply(plane, &ns, &secret_yaml()).0);
+    apply_ok(plane, &ns, &secret_yaml());
     wait("the Deployment after the Secret appeared", || async {
         deployments.get_opt("orders").await.ok().flatten()
     })
@@ -360,7 +353,7 @@ async fn only_the_leader_reconciles_and_a_killed_leader_hands_over() {
     let plane = plane().await;
     let ns = namespace(plane, "leader");
     let client = plane.client().await;
-    assert!(apply(plane, &ns, &secret_yaml()).0);
+    apply_ok(plane, &ns, &secret_yaml());
     let mut first = Operator::start(plane, &ns, "first");
     // The first one leads before the second starts.
     wait("the first operator leads", || async {
@@ -369,7 +362,7 @@ async fn only_the_leader_reconciles_and_a_killed_leader_hands_over() {
     .await;
     let mut second = Operator::start(plane, &ns, "second");
     wait("the second operator serves metrics", || async { second.scrape().await }).await;
-    assert!(apply(plane, &ns, &resource("one", "https://acct.documents.azure.com/", "")).0);
+    apply_ok(plane, &ns, &resource("one", FAKE_ENDPOINT, ""));
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     wait("deployment one", || async {
         deployments.get_opt("one").await.ok().flatten()
@@ -388,7 +381,7 @@ async fn only_the_leader_reconciles_and_a_killed_leader_hands_over() {
     first.child.start_kill().unwrap();
     let _ = first.child.wait().await;
     let killed = tokio::time::Instant::now();
-    assert!(apply(plane, &ns, &resource("two", "https://acct.documents.azure.com/", "")).0);
+    apply_ok(plane, &ns, &resource("two", FAKE_ENDPOINT, ""));
     wait("deployment two from the new leader", || async {
         deployments.get_opt("two").await.ok().flatten()
     })
@@ -451,14 +444,11 @@ async fn deleting_a_resource_that_asks_for_it_removes_its_lease_documents() {
         terminate(&mut worker).await;
     }
     let mut operator = Operator::start(plane, &ns, "op");
-    assert!(apply(plane, &ns, &secret_yaml()).0);
-    assert!(
-        apply(
-            plane,
-            &ns,
-            &resource("orders", &endpoint, "  leases:\n    deleteOnResourceDeletion: true\n")
-        )
-        .0
+    apply_ok(plane, &ns, &secret_yaml());
+    apply_ok(
+        plane,
+        &ns,
+        &resource("orders", &endpoint, "  leases:\n    deleteOnResourceDeletion: true\n"),
     );
     let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
     wait("the finalizer", || async {
@@ -537,8 +527,8 @@ async fn the_rendered_pod_template_runs_as_a_working_worker() {
     let client = plane.client().await;
     let (mut emulator, endpoint) = start_emulator("db/items:/pk:4").await;
     let mut operator = Operator::start(plane, &ns, "op");
-    assert!(apply(plane, &ns, &secret_yaml()).0);
-    assert!(apply(plane, &ns, &resource("orders", &endpoint, "  pollInterval: 100ms\n")).0);
+    apply_ok(plane, &ns, &secret_yaml());
+    apply_ok(plane, &ns, &resource("orders", &endpoint, "  pollInterval: 100ms\n"));
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     let deployment = wait("deployment", || async {
         deployments.get_opt("orders").await.ok().flatten()
@@ -567,7 +557,7 @@ async fn an_http_handler_in_a_sidecar_is_rendered_and_bad_handlers_are_rejected(
     let plane = plane().await;
     let ns = namespace(plane, "http");
     let client = plane.client().await;
-    let endpoint = "https://acct.documents.azure.com/";
+    let endpoint = FAKE_ENDPOINT;
     let handler = |url: &str, extra: &str| {
         format!(
             "  handler:\n    type: Http\n    http:\n      url: {url}\n      format: CloudEvents\n      headers:\n      - name: Authorization\n        valueFrom:\n          secretKeyRef: {{name: handler, key: token}}\n{extra}"
@@ -602,7 +592,7 @@ async fn an_http_handler_in_a_sidecar_is_rendered_and_bad_handlers_are_rejected(
     );
 
     let mut operator = Operator::start(plane, &ns, "op");
-    assert!(apply(plane, &ns, &secret_yaml()).0);
+    apply_ok(plane, &ns, &secret_yaml());
     let sidecar = "    onExhausted: DeadLetter\n  deadLetter:\n    container: poison\n  worker:\n    sidecars:\n    - name: handler\n      image: example.com/orders-handler:1\n      ports:\n      - containerPort: 8080\n";
     let (ok, _, err) = apply(
         plane,
@@ -620,7 +610,7 @@ async fn an_http_handler_in_a_sidecar_is_rendered_and_bad_handlers_are_rejected(
     })
     .await;
     let token = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: handler\nstringData:\n  token: Bearer abc\n";
-    assert!(apply(plane, &ns, token).0);
+    apply_ok(plane, &ns, token);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     let deployment = wait("the Deployment", || async {
         deployments.get_opt("orders").await.ok().flatten()
@@ -664,9 +654,9 @@ async fn a_lease_halted_by_its_handler_makes_the_processor_degraded() {
     let client = plane.client().await;
     let (mut emulator, endpoint) = start_emulator("db/items:/pk:3").await;
     let mut operator = Operator::start(plane, &ns, "op");
-    assert!(apply(plane, &ns, &secret_yaml()).0);
+    apply_ok(plane, &ns, &secret_yaml());
     let extra = "  autoscaling:\n    estimateInterval: 1s\n";
-    assert!(apply(plane, &ns, &resource("orders", &endpoint, extra)).0);
+    apply_ok(plane, &ns, &resource("orders", &endpoint, extra));
     let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
     let healthy = wait("Degraded=False", || async {
         let status = cfps.get("orders").await.ok()?.status?;
@@ -734,8 +724,8 @@ async fn unrelated_secrets_do_not_grow_the_operator() {
     let plane = plane().await;
     let ns = namespace(plane, "noise");
     let mut operator = Operator::start(plane, &ns, "op");
-    assert!(apply(plane, &ns, &secret_yaml()).0);
-    assert!(apply(plane, &ns, &resource("orders", "https://acct.documents.azure.com/", "")).0);
+    apply_ok(plane, &ns, &secret_yaml());
+    apply_ok(plane, &ns, &resource("orders", FAKE_ENDPOINT, ""));
     let client = plane.client().await;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     wait("the first reconcile", || async {
@@ -782,7 +772,7 @@ async fn a_frozen_leader_is_replaced_and_never_reconciles_after_it_resumes() {
     let plane = plane().await;
     let ns = namespace(plane, "frozen");
     let client = plane.client().await;
-    assert!(apply(plane, &ns, &secret_yaml()).0);
+    apply_ok(plane, &ns, &secret_yaml());
     let first = Operator::start(plane, &ns, "first");
     wait("the first operator leads", || async {
         first.scrape().await.filter(|(_, leader)| *leader == 1)
@@ -790,8 +780,8 @@ async fn a_frozen_leader_is_replaced_and_never_reconciles_after_it_resumes() {
     .await;
     let mut second = Operator::start(plane, &ns, "second");
     wait("the second operator serves metrics", || async { second.scrape().await }).await;
-    let endpoint = "https://acct.documents.azure.com/";
-    assert!(apply(plane, &ns, &resource("one", endpoint, "")).0);
+    let endpoint = FAKE_ENDPOINT;
+    apply_ok(plane, &ns, &resource("one", endpoint, ""));
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     wait("deployment one", || async {
         deployments.get_opt("one").await.ok().flatten()
@@ -814,15 +804,15 @@ async fn a_frozen_leader_is_replaced_and_never_reconciles_after_it_resumes() {
     })
     .await;
     let takeover = frozen.elapsed();
-    assert!(apply(plane, &ns, &resource("two", endpoint, "")).0);
+    apply_ok(plane, &ns, &resource("two", endpoint, ""));
     wait("deployment two from the new leader", || async {
         deployments.get_opt("two").await.ok().flatten()
     })
     .await;
     signal("-CONT").await;
     // Work for a leader right after the old one resumes: only the new one may do it.
-    assert!(apply(plane, &ns, &resource("three", endpoint, "  replicas: 2\n")).0);
-    assert!(apply(plane, &ns, &resource("one", endpoint, "  replicas: 3\n")).0);
+    apply_ok(plane, &ns, &resource("three", endpoint, "  replicas: 2\n"));
+    apply_ok(plane, &ns, &resource("one", endpoint, "  replicas: 3\n"));
     wait("deployment three", || async {
         deployments.get_opt("three").await.ok().flatten()
     })
@@ -946,14 +936,7 @@ async fn the_status_says_why_the_workers_do_not_run() {
 
     // The API server refuses the rendered Deployment: condition and Warning Event with its message.
     let bad = "  worker:\n    volumes:\n    - name: Bad_Volume\n      emptyDir: {}\n";
-    assert!(
-        apply(
-            plane,
-            &ns,
-            &resource("orders", "https://acct.documents.azure.com/", bad)
-        )
-        .0
-    );
+    apply_ok(plane, &ns, &resource("orders", FAKE_ENDPOINT, bad));
     let refused_apply = ready("ApplyFailed").await;
     let event = wait_event(&client, &ns, "ApplyFailed").await;
     println!(
@@ -975,16 +958,9 @@ async fn a_resource_whose_leases_cannot_be_deleted_still_goes_away_within_the_cl
     let ns = namespace(plane, "stuck-cleanup");
     let client = plane.client().await;
     let mut operator = Operator::start(plane, &ns, "op");
-    assert!(apply(plane, &ns, &secret_yaml()).0);
+    apply_ok(plane, &ns, &secret_yaml());
     let extra = "  leases:\n    deleteOnResourceDeletion: true\n    cleanupTimeout: 4s\n";
-    assert!(
-        apply(
-            plane,
-            &ns,
-            &resource("orders", "https://acct.documents.azure.com/", extra)
-        )
-        .0
-    );
+    apply_ok(plane, &ns, &resource("orders", FAKE_ENDPOINT, extra));
     let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
     wait("the finalizer", || async {
         let cfp = cfps.get("orders").await.ok()?;
@@ -1025,14 +1001,11 @@ async fn a_resource_whose_leases_cannot_be_deleted_still_goes_away_within_the_cl
 async fn the_fields_that_locate_the_checkpoints_are_immutable() {
     let plane = plane().await;
     let ns = namespace(plane, "immutable");
-    let endpoint = "https://acct.documents.azure.com/";
-    assert!(
-        apply(
-            plane,
-            &ns,
-            &resource("orders", endpoint, "  leases:\n    container: cfp-leases\n")
-        )
-        .0
+    let endpoint = FAKE_ENDPOINT;
+    apply_ok(
+        plane,
+        &ns,
+        &resource("orders", endpoint, "  leases:\n    container: cfp-leases\n"),
     );
     let changed_container = resource("orders", endpoint, "  leases:\n    container: cfp-leases\n")
         .replace("container: items", "container: payments");
@@ -1094,10 +1067,10 @@ async fn the_account_key_appears_nowhere_it_should_not() {
     let secrets = format!(
         "apiVersion: v1\nkind: Secret\nmetadata:\n  name: cosmos\nstringData:\n  key: {key}\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: handler\nstringData:\n  token: {token}\n"
     );
-    assert!(apply(plane, &ns, &secrets).0);
+    apply_ok(plane, &ns, &secrets);
     let mut operator = Operator::start_logging(plane, &ns, "op", "debug,kube=debug");
     let extra = "  autoscaling:\n    estimateInterval: 1s\n  handler:\n    type: Http\n    http:\n      url: http://127.0.0.1:9/changes\n      headers:\n      - name: Authorization\n        valueFrom: {secretKeyRef: {name: handler, key: token}}\n";
-    assert!(apply(plane, &ns, &resource("orders", &endpoint, extra)).0);
+    apply_ok(plane, &ns, &resource("orders", &endpoint, extra));
     let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
     wait("an estimate in the status", || async {
         cfps.get("orders").await.ok()?.status?.last_estimate_time
@@ -1167,14 +1140,7 @@ async fn the_rendered_worker_pod_passes_the_restricted_pod_security_standard() {
     assert!(ok, "{err}");
     // With a sidecar that sets no security context of its own: it gets the worker's.
     let sidecar = "  worker:\n    sidecars:\n    - name: handler\n      image: example.com/handler:1\n";
-    assert!(
-        apply(
-            plane,
-            &ns,
-            &resource("orders", "https://acct.documents.azure.com/", sidecar)
-        )
-        .0
-    );
+    apply_ok(plane, &ns, &resource("orders", FAKE_ENDPOINT, sidecar));
     let deployment = wait("the Deployment with the sidecar", || async {
         let d = deployments.get("orders").await.ok()?;
         let containers = d.spec.as_ref()?.template.spec.as_ref()?.containers.len();

@@ -161,6 +161,15 @@ pub fn secret_yaml() -> String {
     )
 }
 
+/// An account endpoint for tests where no Cosmos request has to succeed.
+pub const FAKE_ENDPOINT: &str = "https://acct.documents.azure.com/";
+
+/// `kubectl apply` of `yaml` in `ns`; fails the test with kubectl's message when it is refused.
+pub fn apply_ok(plane: &ControlPlane, ns: &str, yaml: &str) {
+    let (ok, _, err) = apply(plane, ns, yaml);
+    assert!(ok, "kubectl apply: {err}");
+}
+
 pub fn apply(plane: &ControlPlane, ns: &str, yaml: &str) -> (bool, String, String) {
     plane.kubectl_run(&["apply", "-n", ns, "-f", "-"], Some(yaml))
 }
@@ -202,7 +211,7 @@ pub async fn deployed(name: &str) -> Deployed {
     let ns = namespace(plane, name);
     let operator = Operator::start(plane, &ns, "op");
     assert!(apply(plane, &ns, &secret_yaml()).0);
-    assert!(apply(plane, &ns, &resource("orders", "https://acct.documents.azure.com/", "")).0);
+    assert!(apply(plane, &ns, &resource("orders", FAKE_ENDPOINT, "")).0);
     let deployments: Api<Deployment> = Api::namespaced(plane.client().await, &ns);
     wait("deployment", || async {
         deployments.get_opt("orders").await.ok().flatten()
