@@ -48,6 +48,14 @@ pub enum EmulatorError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The Entra ID token file could not be read.
+    #[error("cannot read the Entra ID token file {path}: {source}")]
+    TokenFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// A request to the emulator failed.
     #[error(transparent)]
     Cosmos(#[from] CosmosError),
@@ -119,6 +127,8 @@ pub const MAX_REQUEST_BODY: usize = 4 * 1024 * 1024;
 pub struct Emulator {
     client: Arc<InMemoryEmulatorHttpClient>,
     gateway: Url,
+    /// With key auth disabled: the one Entra ID token the account accepts.
+    entra_token: Option<Arc<str>>,
 }
 
 impl Emulator {
@@ -135,6 +145,7 @@ impl Emulator {
         Ok(Self {
             client: Arc::new(client),
             gateway,
+            entra_token: None,
         })
     }
 
@@ -142,6 +153,14 @@ impl Emulator {
     pub fn in_process() -> Self {
         // The URL is fixed and valid; `new` can only fail on a bad URL.
         Self::new("https://eastus.emulator.local/").unwrap_or_else(|_| unreachable!("valid URL"))
+    }
+
+    /// Disables key auth, as on an account with `disableLocalAuth`: requests over HTTP must carry
+    /// the Entra ID bearer token `token` (Cosmos DB's `type=aad` authorization); others get 401.
+    /// In-process clients are not checked.
+    pub fn require_entra_token(mut self, token: &str) -> Self {
+        self.entra_token = Some(Arc::from(token.trim()));
+        self
     }
 
     /// The endpoint clients use.
@@ -278,6 +297,9 @@ impl Emulator {
             let query = req.uri().query().unwrap_or_default().to_owned();
             return self.control(req.method().clone(), &control, &query).await;
         }
+        if let Some(refusal) = self.refuse_unauthorized(&req) {
+            return refusal;
+        }
         match self.forward(req).await {
             Ok(response) => response,
             Err(error) => crate::http::json(
@@ -285,6 +307,32 @@ impl Emulator {
                 &serde_json::json!({"code": "ServiceUnavailable", "message": error.to_string()}),
             ),
         }
+    }
+
+    /// The 401 the service answers when key auth is disabled and a request is not signed with the
+    /// accepted Entra ID token; `None` when the request may pass.
+    fn refuse_unauthorized(&self, req: &hyper::Request<Incoming>) -> Option<hyper::Response<Full<Bytes>>> {
+        let expected = self.entra_token.as_deref()?;
+        let header = req
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        // `type=aad&ver=1.0&sig=<token>`, percent-encoded as a whole.
+        let decoded: String = url::form_urlencoded::parse(format!("h={header}").as_bytes())
+            .map(|(_, value)| value.into_owned())
+            .collect();
+        let fields: std::collections::HashMap<&str, &str> =
+            decoded.split('&').filter_map(|field| field.split_once('=')).collect();
+        let message = match (fields.get("type").copied(), fields.get("sig").copied()) {
+            (Some("aad"), Some(token)) if token == expected => return None,
+            (Some("aad"), _) => "The AAD token in the request is not valid for this account.",
+            _ => "Local Authorization is disabled. Use an AAD token to authorize all requests.",
+        };
+        Some(crate::http::json(
+            401,
+            &serde_json::json!({"code": "Unauthorized", "message": message}),
+        ))
     }
 
     /// Passes a Cosmos REST request to the in-memory store.

@@ -10,7 +10,7 @@ mod operator_support;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
-use changefeed_operator::cosmos::{CosmosAccount, EMULATOR_KEY, continuation_lsn};
+use changefeed_operator::cosmos::{AccountAuth, CosmosAccount, continuation_lsn};
 use changefeed_operator::operator::ChangeFeedProcessor;
 use changefeed_operator::operator::crd::ChangeFeedProcessorStatus;
 use changefeed_operator::processor::LeaseStore;
@@ -429,7 +429,7 @@ async fn a_deleted_worker_pod_frees_its_leases_at_once() {
         pods.create(&PostParams::default(), &pod).await.expect("create pod");
         workers.push(LocalWorker::start(&deployment, &secrets, name, &[]).await);
     }
-    let account = CosmosAccount::connect(&setup.endpoint, EMULATOR_KEY)
+    let account = CosmosAccount::connect(&setup.endpoint, &AccountAuth::emulator_key())
         .await
         .expect("account");
     let store = wait("the lease store", || async { lease_store(&account, "orders").await }).await;

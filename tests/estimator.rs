@@ -247,7 +247,7 @@ async fn cfp_estimate_json_matches_the_library() {
         .spawn()
         .unwrap();
     cfp_write(&endpoint, 0, 200).await;
-    let account = CosmosAccount::connect(&endpoint, changefeed_operator::cosmos::EMULATOR_KEY)
+    let account = CosmosAccount::connect(&endpoint, &changefeed_operator::cosmos::AccountAuth::emulator_key())
         .await
         .unwrap();
     let monitored = account.monitored(DB, ITEMS).await.unwrap();

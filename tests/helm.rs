@@ -84,6 +84,8 @@ fn the_chart_lints_and_renders_with_default_and_other_values() {
         "serviceMonitor.enabled=true,prometheusRule.enabled=true,grafanaDashboard.enabled=true",
         "--set",
         "emulator.enabled=true,leaderElection.enabled=false,logFormat=text,image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        "--set",
+        "workloadIdentity.clientId=0b5d6c3a-0000-4000-8000-00000000beef,podLabels.team=payments",
     ];
     let (ok, out, err) = helm(&[&["lint", "--strict", CHART][..], &others[..]].concat());
     assert!(ok, "helm lint --strict with other values: {out}{err}");
@@ -138,6 +140,14 @@ fn the_chart_lints_and_renders_with_default_and_other_values() {
         .iter()
         .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "cfp-changefeed-operator")
         .unwrap();
+    let pod_labels = &operator["spec"]["template"]["metadata"]["labels"];
+    assert_eq!(pod_labels["azure.workload.identity/use"], "true", "{pod_labels}");
+    assert_eq!(pod_labels["team"], "payments", "{pod_labels}");
+    let account = docs.iter().find(|d| d["kind"] == "ServiceAccount").unwrap();
+    assert_eq!(
+        account["metadata"]["annotations"]["azure.workload.identity/client-id"],
+        "0b5d6c3a-0000-4000-8000-00000000beef"
+    );
     let container = &operator["spec"]["template"]["spec"]["containers"][0];
     let args: Vec<&str> = container["args"]
         .as_array()

@@ -3,6 +3,7 @@
 
 mod common;
 mod control_plane;
+mod entra_support;
 mod operator_support;
 
 use std::process::Stdio;
@@ -407,10 +408,12 @@ async fn deleting_a_resource_that_asks_for_it_removes_its_lease_documents() {
     let ns = namespace(plane, "cleanup");
     let client = plane.client().await;
     let (mut emulator, endpoint) = start_emulator("db/items:/pk:3").await;
-    let account =
-        changefeed_operator::cosmos::CosmosAccount::connect(&endpoint, changefeed_operator::cosmos::EMULATOR_KEY)
-            .await
-            .unwrap();
+    let account = changefeed_operator::cosmos::CosmosAccount::connect(
+        &endpoint,
+        &changefeed_operator::cosmos::AccountAuth::emulator_key(),
+    )
+    .await
+    .unwrap();
     // Two processors' leases in the same lease container: only the deleted one's go.
     for processor in ["orders", "keep"] {
         let mut worker = Command::new(CFP)
@@ -667,10 +670,12 @@ async fn a_lease_halted_by_its_handler_makes_the_processor_degraded() {
     })
     .await;
     // What a worker whose handler keeps failing writes into its lease (see the http_handler tests).
-    let account =
-        changefeed_operator::cosmos::CosmosAccount::connect(&endpoint, changefeed_operator::cosmos::EMULATOR_KEY)
-            .await
-            .unwrap();
+    let account = changefeed_operator::cosmos::CosmosAccount::connect(
+        &endpoint,
+        &changefeed_operator::cosmos::AccountAuth::emulator_key(),
+    )
+    .await
+    .unwrap();
     use changefeed_operator::processor::LeaseStore;
     let store = lease_store(&account, "orders").await.unwrap();
     let mut lease = store.snapshot().await.unwrap().leases.remove(0);
@@ -1156,4 +1161,95 @@ async fn the_rendered_worker_pod_passes_the_restricted_pod_security_standard() {
     println!("rendered worker pod (worker + sidecar) under enforce=restricted: admitted {ok} {err}");
     assert!(ok, "the worker pod is refused by Pod Security: {err}");
     terminate(&mut operator.child).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workload_identity_resources_run_without_keys_and_the_operator_estimates_with_its_own_identity() {
+    use entra_support::TokenEndpoint;
+    let plane = plane().await;
+    let ns = namespace(plane, "entra");
+    let client = plane.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = TokenEndpoint::start(dir.path()).await;
+    let (mut emulator, endpoint) = TokenEndpoint::start_emulator(dir.path(), "db/items:/pk:4").await;
+    let identity = tokens.pod_env_in(dir.path());
+    common::cfp_write_with(&endpoint, 0, 40, &["--auth", "workload-identity"], &identity).await;
+
+    // The API server refuses what cannot work, with messages that say what to do.
+    let entra = |extra: &str| {
+        format!(
+            "apiVersion: changefeed.io/v1alpha1\nkind: ChangeFeedProcessor\nmetadata:\n  name: orders\nspec:\n  connection:\n    endpoint: {endpoint}\n    auth: WorkloadIdentity\n{extra}  monitored:\n    database: db\n    container: items\n  pollInterval: 100ms\n  autoscaling:\n    enabled: true\n    maxReplicas: 4\n    targetLagPerReplica: 10\n    estimateInterval: 1s\n"
+        )
+    };
+    let refusals = [
+        (entra(""), "auth WorkloadIdentity needs worker.serviceAccountName"),
+        (
+            entra("    keySecretRef:\n      name: cosmos\n"),
+            "leave it out with auth WorkloadIdentity",
+        ),
+        (
+            resource("keyless", &endpoint, "").replace("    keySecretRef:\n      name: cosmos\n", ""),
+            "set keySecretRef with auth Key",
+        ),
+    ];
+    for (yaml, message) in &refusals {
+        let (ok, _, err) = apply(plane, &ns, yaml);
+        assert!(!ok && err.contains(message), "expected {message:?}: {err}");
+    }
+
+    // The operator runs with its own workload identity; there is no Secret in the namespace.
+    let mut operator = Operator::start_with_env(plane, &ns, "op", "info,kube=warn", &identity);
+    apply_ok(
+        plane,
+        &ns,
+        &entra("").replace(
+            "  pollInterval:",
+            "  worker:\n    serviceAccountName: orders-identity\n  pollInterval:",
+        ),
+    );
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
+    let lag = wait("the operator's estimate with its token", || async {
+        let status = cfps.get("orders").await.ok()?.status?;
+        status.estimated_lag.filter(|lag| *lag == 40)
+    })
+    .await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let deployment = wait("4 replicas for lag 40", || async {
+        let deployment = deployments.get_opt("orders").await.ok()??;
+        (replicas(&deployment) == Some(4)).then_some(deployment)
+    })
+    .await;
+    let template = deployment.spec.clone().unwrap().template;
+    let labels = template.metadata.clone().unwrap().labels.unwrap();
+    let pod = template.spec.clone().unwrap();
+    let env = worker_env(&deployment);
+    assert_eq!(
+        labels.get("azure.workload.identity/use").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(pod.service_account_name.as_deref(), Some("orders-identity"));
+    assert_eq!(env["CFP_AUTH"].value.as_deref(), Some("workload-identity"));
+    assert!(!env.contains_key("CFP_KEY"), "no key in a keyless pod");
+
+    // The pod template, with what the workload identity webhook injects, processes everything.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let injected: Vec<(&str, &str)> = identity.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut worker = LocalWorker::start(&deployment, &secrets, "orders-5c7d9-entra", &injected).await;
+    wait("lag 0 after the keyless worker ran", || async {
+        let status = cfps.get("orders").await.ok()?.status?;
+        (status.estimated_lag == Some(0)).then_some(())
+    })
+    .await;
+    let seen = tokens.seen();
+    println!(
+        "workload identity: {} refusals ({}); operator estimated lag {lag} with its token → 4 replicas; pod label + service account + CFP_AUTH, no CFP_KEY; keyless worker drained lag to 0; token endpoint issued {} tokens, refused {}",
+        refusals.len(),
+        refusals.iter().map(|(_, m)| *m).collect::<Vec<_>>().join("; "),
+        seen.issued,
+        seen.refused.len()
+    );
+    assert!(seen.issued >= 3 && seen.refused.is_empty(), "{seen:?}");
+    terminate(&mut worker.child).await;
+    terminate(&mut operator.child).await;
+    terminate(&mut emulator).await;
 }

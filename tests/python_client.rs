@@ -26,7 +26,9 @@ async fn the_python_sdk_writes_through_cfp_emulator_and_the_change_feed_sees_it(
     );
     assert_eq!(stdout.trim(), "ok 25");
 
-    let account = CosmosAccount::connect(&endpoint, EMULATOR_KEY).await.unwrap();
+    let account = CosmosAccount::connect(&endpoint, &changefeed_operator::cosmos::AccountAuth::emulator_key())
+        .await
+        .unwrap();
     let monitored = account.monitored("py", "docs").await.unwrap();
     let mut ids = Vec::new();
     for range in monitored.feed_ranges(false).await.unwrap() {

@@ -53,6 +53,11 @@ pub struct EmulatorArgs {
     /// `AZURE_COSMOS_EMULATOR_HOST=<that host>` to use plain http.
     #[arg(long, env = "CFP_EMULATOR_ADVERTISE_URL")]
     pub advertise_url: Option<String>,
+    /// Disable key auth, as an account with local authorization disabled: serve only requests
+    /// carrying the Microsoft Entra ID token written in this file (for testing `--auth
+    /// workload-identity` against a token endpoint you run).
+    #[arg(long, env = "CFP_EMULATOR_ENTRA_TOKEN_FILE", value_name = "PATH")]
+    pub entra_token_file: Option<std::path::PathBuf>,
     /// A container to create at start: `database/container[:/partitionKeyPath[:partitions]]`
     /// (default partition key `/id`, 4 partitions). Repeatable.
     #[arg(long = "container", value_name = "SPEC")]
@@ -86,12 +91,39 @@ pub struct ConnectionArgs {
     /// Account key (defaults to the emulator's well-known key).
     #[arg(long, env = "CFP_KEY", hide_env_values = true, default_value = crate::cosmos::EMULATOR_KEY, hide_default_value = true)]
     pub key: String,
+    /// How to authenticate: the account key (--key), or a Microsoft Entra ID token from the
+    /// pod's workload identity (`AZURE_CLIENT_ID`, `AZURE_TENANT_ID`, `AZURE_FEDERATED_TOKEN_FILE`)
+    /// or the host's managed identity (user-assigned when `AZURE_CLIENT_ID` is set).
+    #[arg(long, env = "CFP_AUTH", value_enum, default_value_t = AuthMode::Key)]
+    pub auth: AuthMode,
     /// Database of the monitored container.
     #[arg(long, env = "CFP_DATABASE")]
     pub database: String,
     /// The monitored container.
     #[arg(long, env = "CFP_CONTAINER")]
     pub container: String,
+}
+
+/// How a command authenticates to an account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AuthMode {
+    /// The account key.
+    Key,
+    /// Microsoft Entra ID through Kubernetes workload identity.
+    WorkloadIdentity,
+    /// Microsoft Entra ID through the host's managed identity.
+    ManagedIdentity,
+}
+
+impl AuthMode {
+    /// The credential of this mode, with `key` used only by [`AuthMode::Key`].
+    pub fn with_key(self, key: &str) -> crate::cosmos::AccountAuth {
+        match self {
+            AuthMode::Key => crate::cosmos::AccountAuth::Key(key.to_owned()),
+            AuthMode::WorkloadIdentity => crate::cosmos::AccountAuth::WorkloadIdentity,
+            AuthMode::ManagedIdentity => crate::cosmos::AccountAuth::ManagedIdentity,
+        }
+    }
 }
 
 /// The built-in handlers.
@@ -256,6 +288,9 @@ pub struct LeaseArgs {
     /// Key of the lease account (default: --key).
     #[arg(long, env = "CFP_LEASE_KEY", hide_env_values = true)]
     pub lease_key: Option<String>,
+    /// How to authenticate to the lease account (default: --auth).
+    #[arg(long, env = "CFP_LEASE_AUTH", value_enum)]
+    pub lease_auth: Option<AuthMode>,
     /// Processor (deployment unit) name; lease ids are prefixed with it.
     #[arg(long, env = "CFP_PROCESSOR", default_value = "changefeed")]
     pub processor: String,
@@ -270,8 +305,9 @@ impl LeaseArgs {
     ) -> Result<crate::cosmos::CosmosAccount, crate::cosmos::CosmosError> {
         match &self.lease_endpoint {
             Some(endpoint) => {
-                crate::cosmos::CosmosAccount::connect(endpoint, self.lease_key.as_deref().unwrap_or(&connection.key))
-                    .await
+                let mode = self.lease_auth.unwrap_or(connection.auth);
+                let auth = mode.with_key(self.lease_key.as_deref().unwrap_or(&connection.key));
+                crate::cosmos::CosmosAccount::connect(endpoint, &auth).await
             }
             None => Ok(monitored.clone()),
         }
@@ -279,6 +315,11 @@ impl LeaseArgs {
 }
 
 impl ConnectionArgs {
+    /// The credential of the monitored account.
+    pub fn account_auth(&self) -> crate::cosmos::AccountAuth {
+        self.auth.with_key(&self.key)
+    }
+
     /// Worker settings for these containers, with `options` and whether to create the leases.
     pub fn settings(
         &self,
@@ -374,6 +415,11 @@ pub struct DeadLetterArgs {
     /// Account key (defaults to the emulator's well-known key).
     #[arg(long, env = "CFP_KEY", hide_env_values = true, default_value = crate::cosmos::EMULATOR_KEY, hide_default_value = true)]
     pub key: String,
+    /// How to authenticate: the account key (--key), or a Microsoft Entra ID token from the
+    /// pod's workload identity (`AZURE_CLIENT_ID`, `AZURE_TENANT_ID`, `AZURE_FEDERATED_TOKEN_FILE`)
+    /// or the host's managed identity (user-assigned when `AZURE_CLIENT_ID` is set).
+    #[arg(long, env = "CFP_AUTH", value_enum, default_value_t = AuthMode::Key)]
+    pub auth: AuthMode,
     /// Database of the dead-letter container.
     #[arg(long, env = "CFP_DEAD_LETTER_DATABASE")]
     pub dead_letter_database: String,

@@ -27,7 +27,7 @@ pub enum DeadLetterError {
 }
 
 async fn open(args: &DeadLetterArgs) -> Result<(CosmosAccount, CosmosDeadLetters), DeadLetterError> {
-    let account = CosmosAccount::connect(&args.endpoint, &args.key)
+    let account = CosmosAccount::connect(&args.endpoint, &args.auth.with_key(&args.key))
         .await
         .map_err(|e| DeadLetterError::Open(format!("cannot connect to {}: {e}", args.endpoint)))?;
     let name = format!("{}/{}", args.dead_letter_database, args.dead_letter_container);

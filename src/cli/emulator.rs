@@ -9,15 +9,26 @@ use crate::emulator::{EmulatorError, bind_advertised};
 
 /// Serves the emulator until a termination signal.
 pub async fn run(args: &EmulatorArgs) -> Result<(), EmulatorError> {
-    let (emulator, listener) = bind_advertised(
+    let (mut emulator, listener) = bind_advertised(
         SocketAddr::new(args.host, args.port),
         args.advertise_url.as_deref(),
         &args.containers,
     )
     .await?;
+    if let Some(path) = &args.entra_token_file {
+        let token = std::fs::read_to_string(path).map_err(|source| EmulatorError::TokenFile {
+            path: path.clone(),
+            source,
+        })?;
+        emulator = emulator.require_entra_token(&token);
+    }
     println!("Cosmos DB emulator listening");
     println!("  endpoint: {}", emulator.endpoint());
-    println!("  key:      {}", crate::cosmos::EMULATOR_KEY);
+    if args.entra_token_file.is_some() {
+        println!("  auth:     Entra ID token only (key auth disabled)");
+    } else {
+        println!("  key:      {}", crate::cosmos::EMULATOR_KEY);
+    }
     for spec in &args.containers {
         println!(
             "  container {}/{} (partition key {}, {} partitions)",

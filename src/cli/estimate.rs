@@ -30,7 +30,7 @@ pub enum EstimateError {
 
 /// Estimates a processor's leases.
 pub async fn estimate(args: &EstimateArgs) -> Result<ProcessorEstimate, EstimateError> {
-    let account = CosmosAccount::connect(&args.connection.endpoint, &args.connection.key)
+    let account = CosmosAccount::connect(&args.connection.endpoint, &args.connection.account_auth())
         .await
         .map_err(|e| EstimateError::Failed(format!("cannot connect to {}: {e}", args.connection.endpoint)))?;
     let options = ProcessorOptions::new(args.leases.processor.clone(), "cfp-estimate");

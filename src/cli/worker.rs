@@ -110,7 +110,7 @@ async fn dead_letters(
 pub async fn run(args: &WorkerArgs) -> Result<(), WorkerCommandError> {
     let settings = settings(args);
     let endpoint = &args.connection.endpoint;
-    let account = CosmosAccount::connect(endpoint, &args.connection.key)
+    let account = CosmosAccount::connect(endpoint, &args.connection.account_auth())
         .await
         .map_err(|source| WorkerCommandError::Connect {
             endpoint: endpoint.clone(),

@@ -7,7 +7,7 @@ use crate::cosmos::{CosmosAccount, CosmosError, ErrorKind};
 
 /// Writes the documents and prints how many were written.
 pub async fn run(args: &WriteArgs) -> Result<(), CosmosError> {
-    let account = CosmosAccount::connect(&args.connection.endpoint, &args.connection.key).await?;
+    let account = CosmosAccount::connect(&args.connection.endpoint, &args.connection.account_auth()).await?;
     let container = account
         .documents(&args.connection.database, &args.connection.container)
         .await?;

@@ -5,6 +5,7 @@ use azure_data_cosmos::models::{ContainerProperties, SystemProperties};
 use azure_data_cosmos::options::Region;
 use azure_data_cosmos::{AccountEndpoint, AccountReference, CosmosClient, RoutingStrategy};
 
+use super::auth::AccountAuth;
 use super::documents::DocumentContainer;
 use super::error::{CosmosError, ErrorKind};
 use super::feed::MonitoredContainer;
@@ -45,8 +46,9 @@ fn quiet_sdk_backtraces() {
 
 impl CosmosAccount {
     /// Connects to `endpoint` (for example `https://acct.documents.azure.com:443/` or the
-    /// loopback `cfp emulator`) with an account key. Fails on a malformed endpoint.
-    pub async fn connect(endpoint: &str, key: &str) -> Result<Self, CosmosError> {
+    /// loopback `cfp emulator`) with `auth`. Fails on a malformed endpoint or an Entra ID
+    /// credential the environment does not configure.
+    pub async fn connect(endpoint: &str, auth: &AccountAuth) -> Result<Self, CosmosError> {
         quiet_sdk_backtraces();
         let parsed: AccountEndpoint = endpoint.parse().map_err(|e| {
             CosmosError::local(ErrorKind::BadRequest, format!("invalid endpoint URL {endpoint:?}: {e}"))
@@ -55,10 +57,11 @@ impl CosmosAccount {
             .ok()
             .and_then(|u| u.host_str().map(str::to_owned))
             .ok_or_else(|| CosmosError::local(ErrorKind::BadRequest, format!("endpoint {endpoint:?} has no host")))?;
-        let account = AccountReference::with_authentication_key(parsed, Secret::new(key.to_owned()));
+        let account = auth.reference(parsed)?;
         let client = CosmosClient::builder()
             .build(account, RoutingStrategy::ProximityTo(Region::EAST_US))
-            .await?;
+            .await
+            .map_err(|e| refused_credential(CosmosError::from(e), auth))?;
         Ok(Self { client, host })
     }
 
@@ -134,6 +137,28 @@ impl CosmosAccount {
         }
         Ok(())
     }
+}
+
+/// The SDK's sub-status when the credential could not produce a token.
+const TOKEN_ACQUISITION_FAILED: u32 = 20402;
+
+/// Says which credential an account refused and what to check (the SDK's 401 names neither).
+fn refused_credential(mut error: CosmosError, auth: &AccountAuth) -> CosmosError {
+    if error.kind == ErrorKind::Unauthorized {
+        let hint = match auth {
+            _ if error.sub_status == Some(TOKEN_ACQUISITION_FAILED) => {
+                "no Microsoft Entra ID token: check the identity's federation (or managed identity) and AZURE_* settings"
+            }
+            AccountAuth::Key(_) => {
+                "the account refused the key: check it, or use --auth workload-identity if the account accepts only Microsoft Entra ID"
+            }
+            _ => {
+                "the account refused the Microsoft Entra ID token: give the identity a Cosmos DB data-plane role on the account"
+            }
+        };
+        error.message = format!("{hint} ({})", error.message);
+    }
+    error
 }
 
 fn ignore_conflict(err: CosmosError) -> Result<(), CosmosError> {

@@ -105,7 +105,16 @@ impl From<azure_data_cosmos::CosmosError> for CosmosError {
         let status = err.status();
         let code = u16::from(status.status_code());
         let sub_status = status.sub_status().map(|s| u32::from(s.value()));
-        let message = err.to_string();
+        let mut message = err.to_string();
+        // The SDK keeps the cause (for example the identity provider's answer) out of its message.
+        let mut cause = std::error::Error::source(&err);
+        while let Some(inner) = cause {
+            let text = inner.to_string();
+            if !message.contains(&text) {
+                message = format!("{message}: {text}");
+            }
+            cause = inner.source();
+        }
         Self {
             kind: Self::classify(code, sub_status),
             status: code,

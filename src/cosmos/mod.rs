@@ -2,6 +2,7 @@
 //! reads, document CRUD with If-Match, and the continuation-token bridge between the SDK's
 //! composite tokens and the raw per-range continuations stored in lease documents.
 
+mod auth;
 mod client;
 mod continuation;
 mod documents;
@@ -10,6 +11,7 @@ mod feed;
 mod lsn;
 mod range;
 
+pub use auth::AccountAuth;
 pub use client::{CosmosAccount, EMULATOR_KEY};
 pub use continuation::{RangeContinuation, decode_sdk_token, encode_sdk_token};
 pub use documents::{Document, DocumentContainer};

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Secret;
 use std::time::Duration;
 
 use super::autoscale::Policy;
-use super::crd::{ChangeFeedProcessor, OnExhaustedKind, SecretKeyRef};
+use super::crd::{AuthKind, ChangeFeedProcessor, OnExhaustedKind, SecretKeyRef};
 
 /// A configuration that cannot work, with a reason (CamelCase, for conditions and Events) and a
 /// message that says what to do.
@@ -20,12 +20,18 @@ pub struct ConfigProblem {
 /// The Secret keys a resource references, with the field that names each: the account keys, then
 /// the HTTP handler's header values.
 fn secret_references(cfp: &ChangeFeedProcessor) -> Vec<(String, &SecretKeyRef)> {
-    let mut references = vec![(
-        "connection.keySecretRef".to_owned(),
-        &cfp.spec.connection.key_secret_ref,
-    )];
-    if let Some(lease) = &cfp.spec.leases.connection {
-        references.push(("leases.connection.keySecretRef".to_owned(), &lease.key_secret_ref));
+    let mut references = Vec::new();
+    if let Some(key) = &cfp.spec.connection.key_secret_ref {
+        references.push(("connection.keySecretRef".to_owned(), key));
+    }
+    if let Some(key) = cfp
+        .spec
+        .leases
+        .connection
+        .as_ref()
+        .and_then(|c| c.key_secret_ref.as_ref())
+    {
+        references.push(("leases.connection.keySecretRef".to_owned(), key));
     }
     if let Some(http) = &cfp.spec.handler.http {
         for header in &http.headers {
@@ -52,6 +58,7 @@ pub fn referenced_secrets(cfp: &ChangeFeedProcessor) -> Vec<String> {
 /// Checks the resource and the Secrets it references (`lookup` by name).
 pub fn check(cfp: &ChangeFeedProcessor, lookup: impl Fn(&str) -> Option<Secret>) -> Result<(), ConfigProblem> {
     let namespace = cfp.metadata.namespace.clone().unwrap_or_default();
+    check_auth(cfp)?;
     for (field, reference) in secret_references(cfp) {
         let Some(secret) = lookup(&reference.name) else {
             return Err(ConfigProblem {
@@ -133,6 +140,33 @@ pub fn check(cfp: &ChangeFeedProcessor, lookup: impl Fn(&str) -> Option<Secret>)
         if duration("autoscaling.estimateInterval", &scaling.estimate_interval)?.is_zero() {
             return Err(invalid("autoscaling.estimateInterval must be longer than zero".into()));
         }
+    }
+    Ok(())
+}
+
+/// Each connection has the credential its auth mode needs; workload identity runs the pods as a
+/// service account (the one its federated identity trusts).
+fn check_auth(cfp: &ChangeFeedProcessor) -> Result<(), ConfigProblem> {
+    let connections = [
+        ("connection", Some(&cfp.spec.connection)),
+        ("leases.connection", cfp.spec.leases.connection.as_ref()),
+    ];
+    for (field, connection) in connections {
+        let Some(connection) = connection else { continue };
+        let message = match (connection.auth, &connection.key_secret_ref) {
+            (AuthKind::Key, None) => format!("{field}.keySecretRef is needed with auth Key"),
+            (AuthKind::WorkloadIdentity, Some(_)) => {
+                format!("{field}.keySecretRef must be left out with auth WorkloadIdentity")
+            }
+            (AuthKind::WorkloadIdentity, None) if cfp.spec.worker.service_account_name.is_none() => format!(
+                "{field}.auth WorkloadIdentity needs worker.serviceAccountName: the service account whose federated identity may use the account"
+            ),
+            _ => continue,
+        };
+        return Err(ConfigProblem {
+            reason: "InvalidConfiguration",
+            message,
+        });
     }
     Ok(())
 }
@@ -248,6 +282,32 @@ mod tests {
             (
                 "zero estimate interval",
                 serde_json::json!({"autoscaling": {"estimateInterval": "0s"}}),
+                Some(secret("key", "k")),
+                Some("InvalidConfiguration"),
+            ),
+            (
+                "workload identity needs no Secret",
+                serde_json::json!({"connection": {"endpoint": "https://a.documents.azure.com:443/", "auth": "WorkloadIdentity"},
+                    "worker": {"serviceAccountName": "orders-identity"}}),
+                None,
+                None,
+            ),
+            (
+                "workload identity without a service account",
+                serde_json::json!({"connection": {"endpoint": "https://a.documents.azure.com:443/", "auth": "WorkloadIdentity"}}),
+                None,
+                Some("InvalidConfiguration"),
+            ),
+            (
+                "key auth without a key",
+                serde_json::json!({"connection": {"endpoint": "https://a.documents.azure.com:443/"}}),
+                None,
+                Some("InvalidConfiguration"),
+            ),
+            (
+                "lease account: workload identity with a key",
+                serde_json::json!({"leases": {"connection": {"endpoint": "https://l.documents.azure.com:443/", "auth": "WorkloadIdentity",
+                    "keySecretRef": {"name": "l"}}}, "worker": {"serviceAccountName": "orders-identity"}}),
                 Some(secret("key", "k")),
                 Some("InvalidConfiguration"),
             ),

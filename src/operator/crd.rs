@@ -72,6 +72,7 @@ const DURATION_MESSAGE: &str = "must be a duration such as 500ms, 2s, 1m30s or 1
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("!has(self.handler) || !has(self.handler.onExhausted) || self.handler.onExhausted != 'DeadLetter' || has(self.deadLetter)").message("handler.onExhausted DeadLetter needs deadLetter.container"))]
+#[x_kube(validation = kube::core::Rule::new("!((has(self.connection.auth) && self.connection.auth == 'WorkloadIdentity') || (has(self.leases) && has(self.leases.connection) && has(self.leases.connection.auth) && self.leases.connection.auth == 'WorkloadIdentity')) || (has(self.worker) && has(self.worker.serviceAccountName))").message("auth WorkloadIdentity needs worker.serviceAccountName: the service account whose federated identity may use the account"))]
 #[x_kube(validation = kube::core::Rule::new("has(self.processorName) == has(oldSelf.processorName) && (!has(self.processorName) || self.processorName == oldSelf.processorName)").message("processorName is immutable (it prefixes the lease ids): create a new resource to start a processor over"))]
 pub struct ChangeFeedProcessorSpec {
     /// How to reach the Cosmos DB account of the monitored container.
@@ -143,13 +144,34 @@ fn default_replicas() -> i32 {
 /// How to reach a Cosmos DB account.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("(has(self.auth) && self.auth == 'WorkloadIdentity') != has(self.keySecretRef)").message("set keySecretRef with auth Key (the default), and leave it out with auth WorkloadIdentity"))]
 pub struct Connection {
     /// The account endpoint, for example `https://myaccount.documents.azure.com:443/`.
     #[x_kube(validation = kube::core::Rule::new("self.matches('^https?://[^/]+')").message("endpoint must be an http(s) URL such as https://myaccount.documents.azure.com:443/"))]
     #[schemars(length(max = 2048))]
     pub endpoint: String,
-    /// The Secret key that holds the account key. The key itself never appears in the resource.
-    pub key_secret_ref: SecretKeyRef,
+    /// How the workers and the operator authenticate: `Key` (the account key from
+    /// `keySecretRef`) or `WorkloadIdentity` (Microsoft Entra ID tokens: worker pods get the
+    /// `azure.workload.identity/use` label and run as `worker.serviceAccountName`, whose
+    /// federated identity needs a Cosmos DB data-plane role on the account; the operator uses
+    /// its own workload identity to estimate and to manage leases).
+    #[serde(default)]
+    pub auth: AuthKind,
+    /// The Secret key that holds the account key (with `auth: Key`). The key itself never
+    /// appears in the resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_secret_ref: Option<SecretKeyRef>,
+}
+
+/// How to authenticate to a Cosmos DB account.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum AuthKind {
+    /// The account key, from a Secret.
+    #[default]
+    Key,
+    /// Microsoft Entra ID through Kubernetes workload identity (for accounts with key auth
+    /// disabled).
+    WorkloadIdentity,
 }
 
 /// A key of a Secret in the resource's namespace.

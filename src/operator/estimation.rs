@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::crd::ChangeFeedProcessor;
 use super::metrics::{EstimateFigures, OperatorMetrics};
-use crate::cosmos::{CosmosAccount, MonitoredContainer, StartFrom};
+use crate::cosmos::{AccountAuth, CosmosAccount, MonitoredContainer, StartFrom};
 use crate::processor::bootstrap::bootstrap;
 use crate::processor::estimator::DEFAULT_CONCURRENCY;
 use crate::processor::{CosmosLeaseStore, LeaseStore, ProcessorEstimate, ProcessorOptions, estimate_leases};
@@ -28,21 +28,13 @@ pub const OPERATOR_INSTANCE: &str = "changefeed-operator";
 /// A resource, by namespace and name.
 pub type ResourceKey = (String, String);
 
-/// An account endpoint and its key. The key never appears in `Debug` output or logs.
-#[derive(Clone, PartialEq, Eq, Hash)]
+/// An account endpoint and its credential (whose `Debug` output never shows a key).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct AccountRef {
     /// The account endpoint.
     pub endpoint: String,
-    /// The account key.
-    pub key: String,
-}
-
-impl std::fmt::Debug for AccountRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AccountRef")
-            .field("endpoint", &self.endpoint)
-            .finish_non_exhaustive()
-    }
+    /// The account key, or the operator's own Entra ID identity.
+    pub auth: AccountAuth,
 }
 
 /// What to estimate for one resource, and how often.
@@ -132,7 +124,7 @@ impl Accounts {
         if let Some(client) = self.clients.lock().ok().and_then(|m| m.get(account).cloned()) {
             return Ok(client);
         }
-        let client = CosmosAccount::connect(&account.endpoint, &account.key)
+        let client = CosmosAccount::connect(&account.endpoint, &account.auth)
             .await
             .map_err(|e| EstimateFailure::new("connect", format!("cannot connect to {}: {e}", account.endpoint)))?;
         if let Ok(mut clients) = self.clients.lock() {

@@ -18,11 +18,12 @@ use kube::{Client, Resource, ResourceExt};
 
 use super::autoscale::{Decision, Observed, ScaleHistory, ScalingReason};
 use super::config::{self, ConfigProblem};
-use super::crd::{ChangeFeedProcessor, ChangeFeedProcessorStatus, Connection};
+use super::crd::{AuthKind, ChangeFeedProcessor, ChangeFeedProcessorStatus, Connection};
 use super::estimation::{AccountRef, EstimateReport, EstimateTarget, Estimators, ResourceKey};
 use super::metrics::OperatorMetrics;
 use super::status::{DEGRADED, Observation, Rollout, SCALING, ScalingState, conditions};
 use super::workload::{FIELD_MANAGER, metrics_service, selector_string, worker_deployment, worker_disruption_budget};
+use crate::cosmos::AccountAuth;
 
 /// The finalizer that deletes a processor's lease documents before the resource goes away.
 pub const LEASE_FINALIZER: &str = "changefeed.io/lease-cleanup";
@@ -666,12 +667,12 @@ fn estimate_target(cfp: &ChangeFeedProcessor, found: &BTreeMap<String, Secret>) 
     let spec = &cfp.spec;
     let account = AccountRef {
         endpoint: spec.connection.endpoint.clone(),
-        key: secret_value(found, &spec.connection)?,
+        auth: account_auth(found, &spec.connection)?,
     };
     let lease_account = match &spec.leases.connection {
         Some(connection) => Some(AccountRef {
             endpoint: connection.endpoint.clone(),
-            key: secret_value(found, connection)?,
+            auth: account_auth(found, connection)?,
         }),
         None => None,
     };
@@ -723,13 +724,19 @@ async fn set_finalizer(
     Ok(())
 }
 
-fn secret_value(found: &BTreeMap<String, Secret>, connection: &Connection) -> Result<String, String> {
-    let reference = &connection.key_secret_ref;
+/// How the operator itself authenticates to a connection's account: the key from the Secret, or
+/// its own workload identity.
+fn account_auth(found: &BTreeMap<String, Secret>, connection: &Connection) -> Result<AccountAuth, String> {
+    let reference = match (connection.auth, &connection.key_secret_ref) {
+        (AuthKind::WorkloadIdentity, _) => return Ok(AccountAuth::WorkloadIdentity),
+        (AuthKind::Key, Some(reference)) => reference,
+        (AuthKind::Key, None) => return Err("connection.keySecretRef is needed with auth Key".to_owned()),
+    };
     found
         .get(&reference.name)
         .and_then(|s| s.data.as_ref())
         .and_then(|d| d.get(&reference.key))
-        .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+        .map(|v| AccountAuth::Key(String::from_utf8_lossy(&v.0).into_owned()))
         .ok_or_else(|| format!("Secret {:?} key {:?} is needed", reference.name, reference.key))
 }
 

@@ -14,7 +14,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
-use super::crd::{ChangeFeedProcessor, Connection, HandlerKind, HttpFormatKind, OnExhaustedKind, SecretKeyRef};
+use super::crd::{
+    AuthKind, ChangeFeedProcessor, Connection, HandlerKind, HttpFormatKind, OnExhaustedKind, SecretKeyRef,
+};
 
 /// The label naming the processor resource a worker pod belongs to.
 pub const PROCESSOR_LABEL: &str = "changefeed.io/processor";
@@ -72,9 +74,29 @@ fn env(name: &str, value: impl Into<String>) -> EnvVar {
     }
 }
 
-fn secret_env(name: &str, connection: &Connection) -> EnvVar {
-    secret_key_env(name, &connection.key_secret_ref)
+/// The credential variables of one connection: `CFP_<prefix>AUTH`, and `CFP_<prefix>KEY` from
+/// the Secret with auth `Key`.
+fn auth_env(prefix: &str, connection: &Connection) -> Vec<EnvVar> {
+    let mode = match connection.auth {
+        AuthKind::Key => "key",
+        AuthKind::WorkloadIdentity => "workload-identity",
+    };
+    let mut vars = vec![env(&format!("CFP_{prefix}AUTH"), mode)];
+    if let (AuthKind::Key, Some(reference)) = (connection.auth, &connection.key_secret_ref) {
+        vars.push(secret_key_env(&format!("CFP_{prefix}KEY"), reference));
+    }
+    vars
 }
+
+/// Whether the pods need the workload identity webhook (a connection uses Entra ID).
+fn uses_workload_identity(cfp: &ChangeFeedProcessor) -> bool {
+    std::iter::once(&cfp.spec.connection)
+        .chain(cfp.spec.leases.connection.as_ref())
+        .any(|c| c.auth == AuthKind::WorkloadIdentity)
+}
+
+/// The label that makes the Azure workload identity webhook inject the federated token.
+pub const WORKLOAD_IDENTITY_LABEL: &str = "azure.workload.identity/use";
 
 fn secret_key_env(name: &str, reference: &SecretKeyRef) -> EnvVar {
     EnvVar {
@@ -94,17 +116,17 @@ fn secret_key_env(name: &str, reference: &SecretKeyRef) -> EnvVar {
 /// The worker container's environment: every `cfp worker` flag as `CFP_<NAME>`.
 pub fn worker_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
     let spec = &cfp.spec;
-    let mut vars = vec![
-        env("CFP_ENDPOINT", spec.connection.endpoint.clone()),
-        secret_env("CFP_KEY", &spec.connection),
+    let mut vars = vec![env("CFP_ENDPOINT", spec.connection.endpoint.clone())];
+    vars.extend(auth_env("", &spec.connection));
+    vars.extend([
         env("CFP_DATABASE", spec.monitored.database.clone()),
         env("CFP_CONTAINER", spec.monitored.container.clone()),
         env("CFP_LEASE_DATABASE", spec.lease_database()),
         env("CFP_LEASE_CONTAINER", spec.lease_container()),
-    ];
+    ]);
     if let Some(lease_connection) = &spec.leases.connection {
         vars.push(env("CFP_LEASE_ENDPOINT", lease_connection.endpoint.clone()));
-        vars.push(secret_env("CFP_LEASE_KEY", lease_connection));
+        vars.extend(auth_env("LEASE_", lease_connection));
     }
     vars.extend([
         env("CFP_PROCESSOR", cfp.processor_name()),
@@ -314,6 +336,9 @@ pub fn worker_deployment(cfp: &ChangeFeedProcessor, image: &str, replicas: i32) 
     let mut pod_labels = spec.worker.labels.clone();
     pod_labels.extend(labels(cfp));
     pod_labels.extend(selector_labels(cfp));
+    if uses_workload_identity(cfp) {
+        pod_labels.insert(WORKLOAD_IDENTITY_LABEL.into(), "true".into());
+    }
     Deployment {
         metadata: ObjectMeta {
             name: Some(name),
@@ -556,6 +581,80 @@ mod tests {
             .as_ref()
             .unwrap();
         assert_eq!(instance.field_path, "metadata.name");
+    }
+
+    #[test]
+    fn auth_modes_table() {
+        struct Case {
+            name: &'static str,
+            spec: serde_json::Value,
+            /// (CFP_AUTH, CFP_KEY from a Secret, CFP_LEASE_AUTH, CFP_LEASE_KEY from a Secret)
+            want: (Option<&'static str>, bool, Option<&'static str>, bool),
+            workload_identity_label: bool,
+        }
+        let identity =
+            serde_json::json!({"endpoint": "https://acct.documents.azure.com:443/", "auth": "WorkloadIdentity"});
+        let keyed = serde_json::json!({"endpoint": "https://leases.documents.azure.com:443/", "keySecretRef": {"name": "leases"}});
+        let cases = [
+            Case {
+                name: "key (default)",
+                spec: serde_json::json!({}),
+                want: (Some("key"), true, None, false),
+                workload_identity_label: false,
+            },
+            Case {
+                name: "workload identity",
+                spec: serde_json::json!({"connection": identity, "worker": {"serviceAccountName": "orders-identity"}}),
+                want: (Some("workload-identity"), false, None, false),
+                workload_identity_label: true,
+            },
+            Case {
+                name: "workload identity, lease account with a key",
+                spec: serde_json::json!({"connection": identity, "leases": {"connection": keyed}}),
+                want: (Some("workload-identity"), false, Some("key"), true),
+                workload_identity_label: true,
+            },
+            Case {
+                name: "key, lease account with workload identity",
+                spec: serde_json::json!({"leases": {"connection": identity}}),
+                want: (Some("key"), true, Some("workload-identity"), false),
+                workload_identity_label: true,
+            },
+        ];
+        for case in cases {
+            let deployment = worker_deployment(&resource(case.spec), "img:1", 1);
+            let env = env_of(&deployment);
+            let from_secret = |name: &str| {
+                env.get(name)
+                    .is_some_and(|e| e.value_from.is_some() && e.value.is_none())
+            };
+            let got = (
+                value(&env, "CFP_AUTH").as_deref().map(str::to_owned),
+                from_secret("CFP_KEY"),
+                value(&env, "CFP_LEASE_AUTH").as_deref().map(str::to_owned),
+                from_secret("CFP_LEASE_KEY"),
+            );
+            let want = (
+                case.want.0.map(str::to_owned),
+                case.want.1,
+                case.want.2.map(str::to_owned),
+                case.want.3,
+            );
+            assert_eq!(got, want, "{}", case.name);
+            assert!(
+                !env.contains_key("CFP_KEY") || case.want.1,
+                "{}: no key variable",
+                case.name
+            );
+            let template = deployment.spec.unwrap().template;
+            let labels = template.metadata.unwrap().labels.unwrap();
+            assert_eq!(
+                labels.get(WORKLOAD_IDENTITY_LABEL).map(String::as_str),
+                case.workload_identity_label.then_some("true"),
+                "{}",
+                case.name
+            );
+        }
     }
 
     #[test]

@@ -246,9 +246,15 @@ pub async fn start_emulator(container: &str) -> (tokio::process::Child, String) 
 /// Starts `cfp emulator --port <port> --container <spec>` (0: any free port) and returns it with
 /// the endpoint it printed.
 pub async fn start_emulator_on(port: u16, container: &str) -> (tokio::process::Child, String) {
+    start_emulator_with(&["--port", &port.to_string(), "--container", container]).await
+}
+
+/// Starts `cfp emulator <args>` and returns it with the endpoint it printed.
+pub async fn start_emulator_with(args: &[&str]) -> (tokio::process::Child, String) {
     use tokio::io::{AsyncBufReadExt, BufReader};
     let mut child = tokio::process::Command::new(CFP)
-        .args(["emulator", "--port", &port.to_string(), "--container", container])
+        .arg("emulator")
+        .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
@@ -282,9 +288,16 @@ pub fn cfp_worker(endpoint: &str) -> tokio::process::Command {
 
 /// Runs `cfp write` of `doc-<first>`.. against `db/items` at `endpoint`.
 pub async fn cfp_write(endpoint: &str, first: u64, count: u64) {
+    cfp_write_with(endpoint, first, count, &[], &[]).await;
+}
+
+/// Like [`cfp_write`], with more flags and environment variables (for example an identity).
+pub async fn cfp_write_with(endpoint: &str, first: u64, count: u64, flags: &[&str], env: &[(&str, String)]) {
     let status = tokio::process::Command::new(CFP)
         .args(["write", "--endpoint", endpoint, "--database", DB, "--container", ITEMS])
         .args(["--first", &first.to_string(), "--count", &count.to_string()])
+        .args(flags)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stderr(std::process::Stdio::null())
         .status()
         .await

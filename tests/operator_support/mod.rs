@@ -82,6 +82,17 @@ impl Operator {
 
     /// Like [`Operator::start`], logging at `rust_log`.
     pub fn start_logging(plane: &ControlPlane, ns: &str, identity: &str, rust_log: &str) -> Self {
+        Self::start_with_env(plane, ns, identity, rust_log, &[])
+    }
+
+    /// Like [`Operator::start_logging`], with more environment variables (its pod's identity).
+    pub fn start_with_env(
+        plane: &ControlPlane,
+        ns: &str,
+        identity: &str,
+        rust_log: &str,
+        env: &[(&str, String)],
+    ) -> Self {
         let port = free_port();
         let log = std::fs::File::create(Self::log_path(ns, identity)).expect("log");
         let child = Command::new(CFP)
@@ -106,6 +117,7 @@ impl Operator {
             ])
             .env("KUBECONFIG", &plane.kubeconfig)
             .env("RUST_LOG", rust_log)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null())
             .stderr(log)
             .kill_on_drop(true)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the pinned control-plane binaries the test suite uses (kube-apiserver, kubectl, etcd, and
-# helm) from the Go wrapper modules beside this script, into a cache directory. Skips what is
+# Builds the pinned control-plane binaries the test suite uses (kube-apiserver, kubectl, etcd,
+# controller-manager, scheduler, kubelet and helm) from the Go wrapper modules beside this script, into a cache directory. Skips what is
 # already built (bump the pin's -rN when a version changes).
 #
 #   tools/k8s/build.sh            # builds into $CFP_K8S_BIN (default ~/.cache/changefeed-operator/k8s-<pin>)
@@ -28,6 +28,10 @@ build() { # module-dir package output
 build etcd go.etcd.io/etcd/server/v3 etcd
 build kube k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver
 build kube k8s.io/kubernetes/cmd/kubectl kubectl
+# The single-node cluster of the end-to-end tests (tests/cluster): node agent and controllers.
+build kube k8s.io/kubernetes/cmd/kube-controller-manager kube-controller-manager
+build kube k8s.io/kubernetes/cmd/kube-scheduler kube-scheduler
+build kube k8s.io/kubernetes/cmd/kubelet kubelet
 helm_version="v3.22.0"
 version_flags="-X helm.sh/helm/v3/internal/version.version=$helm_version"
 build helm helm.sh/helm/v3/cmd/helm helm
