@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use changefeed_operator::processor::{CloseReason, LeaseEvent};
+use changefeed_operator::processor::{Batch, ChangeHandler, CloseReason, HandlerError, LeaseEvent};
 use common::{Env, eventually, fair, ids, upsert_doc};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -595,4 +595,142 @@ async fn a_lease_whose_reads_keep_failing_is_reported_and_the_others_flow() {
         "nothing is skipped: the lease stays and retries"
     );
     a.stop().await;
+}
+
+/// A [`common::RecordingHandler`] that takes its time (a batch in flight most of the time, as a
+/// real handler's would be).
+struct SlowHandler(common::RecordingHandler);
+
+#[async_trait::async_trait]
+impl ChangeHandler for SlowHandler {
+    async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        self.0.handle(batch).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebalancing_under_load_hands_leases_over_without_redelivering_anything() {
+    let env = Env::new(8).await;
+    let slow = |name: &str| {
+        Arc::new(SlowHandler(common::RecordingHandler {
+            instance: name.into(),
+            deliveries: env.deliveries.clone(),
+        }))
+    };
+    let a_processor = env.processor(env.options("a"), slow("a")).await;
+    let mut a_events = a_processor.subscribe();
+    let a = a_processor.start().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            env.owners().await.get("a") == Some(&8)
+        })
+        .await
+    );
+    // Every lease busy: writes keep coming while the new instances join.
+    let writes = tokio::spawn({
+        let items = env.items.clone();
+        async move {
+            for n in 0..3000usize {
+                upsert_doc(&items, n).await;
+                if n % 10 == 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut joined = Vec::new();
+    for name in ["b", "c", "d"] {
+        joined.push(
+            env.processor(env.options(name), slow(name))
+                .await
+                .start()
+                .await
+                .unwrap(),
+        );
+    }
+    let started = Instant::now();
+    let fair_share = eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 4, 8) }).await;
+    let balanced = started.elapsed();
+    writes.await.unwrap();
+    assert!(eventually(Duration::from_secs(60), || async { env.deliveries.distinct() >= 3000 }).await);
+    let mut handed_over = 0;
+    while let Ok(event) = a_events.try_recv() {
+        handed_over += usize::from(matches!(
+            event,
+            LeaseEvent::Closed {
+                reason: CloseReason::HandedOver,
+                ..
+            }
+        ));
+    }
+    let duplicates = env.deliveries.duplicates();
+    let missing = env.deliveries.missing(ids(0..3000));
+    println!(
+        "rebalance under load 1 -> 4 instances, 8 busy leases: fair share after {balanced:.2?}, {handed_over} leases handed over by a, written 3000, delivered {} distinct, duplicates {}, lost {}",
+        env.deliveries.distinct(),
+        duplicates.len(),
+        missing.len()
+    );
+    assert!(fair_share, "{:?}", env.owners().await);
+    assert_eq!(handed_over, 6, "a handed 6 of its 8 leases over");
+    assert!(
+        missing.is_empty() && duplicates.is_empty(),
+        "missing {missing:?} duplicates {duplicates:?}"
+    );
+    a.stop().await;
+    for handle in joined {
+        handle.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_that_ignores_a_handoff_request_loses_the_lease_after_a_renew_interval() {
+    let env = Env::new(2).await;
+    let a = env.start(env.options("a")).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            env.owners().await.get("a") == Some(&2)
+        })
+        .await
+    );
+    a.abort();
+    env.store().await.remove_heartbeat("a").await.unwrap();
+    // An owner of another version: it keeps renewing both leases and never looks at requests.
+    let store = env.store().await;
+    let renewing = tokio::spawn({
+        let store = store.clone();
+        async move {
+            loop {
+                if let Ok(snapshot) = store.snapshot().await {
+                    let own = snapshot
+                        .leases
+                        .into_iter()
+                        .filter(|l| matches!(l.owner.as_deref(), Some("a" | "old-version")));
+                    for mut lease in own {
+                        lease.owner = Some("old-version".into());
+                        lease.timestamp = Some(time::OffsetDateTime::now_utc());
+                        let _ = store.replace(&lease).await;
+                    }
+                }
+                let _ = store.heartbeat("old-version").await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let b = env.start(env.options("b")).await;
+    let took = eventually(Duration::from_secs(10), || async {
+        env.owners().await.get("b") == Some(&1)
+    })
+    .await;
+    let after = started.elapsed();
+    renewing.abort();
+    println!(
+        "an owner ignoring handoff requests: b took its share after {after:.2?} (renew interval 300 ms, acquire 500 ms)"
+    );
+    assert!(took, "{:?}", env.owners().await);
+    b.stop().await;
 }

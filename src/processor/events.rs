@@ -16,6 +16,9 @@ pub enum CloseReason {
     Split,
     /// An error that is not retried ended the lease's processing.
     Error,
+    /// Another instance asked for the lease (balancing); it was handed over after the last batch
+    /// was checkpointed, so nothing is delivered twice.
+    HandedOver,
     /// The lease's task panicked (for example in the handler); the lease was released so that it
     /// is processed again from its checkpoint.
     Panicked,
@@ -31,6 +34,7 @@ impl CloseReason {
             CloseReason::Split => "split",
             CloseReason::Error => "error",
             CloseReason::Panicked => "panic",
+            CloseReason::HandedOver => "handed_over",
         }
     }
 }

@@ -69,7 +69,37 @@ pub struct Lease {
     pub etag: String,
 }
 
+/// Lease property: the instance that asked the live owner to hand the lease over (balancing
+/// without redelivery: the owner finishes and checkpoints its batch, then writes the requester as
+/// owner).
+pub const HANDOFF_TO_PROPERTY: &str = "handoffTo";
+/// Lease property: when the handoff was asked for (RFC 3339, the requester's clock).
+pub const HANDOFF_REQUESTED_PROPERTY: &str = "handoffRequestedAt";
+
 impl Lease {
+    /// The pending handoff request: the requester and when it asked.
+    pub fn handoff_request(&self) -> Option<(&str, OffsetDateTime)> {
+        let to = self.properties.get(HANDOFF_TO_PROPERTY)?;
+        let at = self.properties.get(HANDOFF_REQUESTED_PROPERTY)?;
+        let at = OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).ok()?;
+        Some((to.as_str(), at))
+    }
+
+    /// Records that `to` asks for the lease, at `at`.
+    pub fn request_handoff(&mut self, to: &str, at: OffsetDateTime) {
+        let at = at
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        self.properties.insert(HANDOFF_TO_PROPERTY.into(), to.to_owned());
+        self.properties.insert(HANDOFF_REQUESTED_PROPERTY.into(), at);
+    }
+
+    /// Removes a handoff request.
+    pub fn clear_handoff(&mut self) {
+        self.properties.remove(HANDOFF_TO_PROPERTY);
+        self.properties.remove(HANDOFF_REQUESTED_PROPERTY);
+    }
+
     /// A new, unowned lease over `range`.
     pub fn new(prefix: &str, range: &EpkRange, continuation: Option<String>) -> Self {
         let token = range.lease_token();

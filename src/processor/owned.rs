@@ -38,6 +38,8 @@ pub struct OwnedLease {
     store: Arc<dyn LeaseStore>,
     cancel: CancellationToken,
     lost: AtomicBool,
+    /// The instance that asked for the lease; processing stops after the current batch.
+    handoff_to: std::sync::Mutex<Option<String>>,
 }
 
 impl OwnedLease {
@@ -51,6 +53,7 @@ impl OwnedLease {
             store,
             cancel: parent.child_token(),
             lost: AtomicBool::new(false),
+            handoff_to: std::sync::Mutex::new(None),
         })
     }
 
@@ -80,6 +83,26 @@ impl OwnedLease {
         self.cancel.cancel();
     }
 
+    /// Stops processing after the current batch when `lease` (our copy, as the store has it) carries
+    /// another instance's handoff request; the release then hands the lease to it.
+    pub fn notice_handoff(&self, lease: &Lease) {
+        let Some((to, _)) = lease.handoff_request() else { return };
+        if to == self.me {
+            return;
+        }
+        let Ok(mut target) = self.handoff_to.lock() else { return };
+        if target.is_none() {
+            tracing::info!(lease = %self.token, to = %to, "handing the lease over after the current batch");
+            *target = Some(to.to_owned());
+            self.cancel.cancel();
+        }
+    }
+
+    /// The instance the lease is being handed over to, if one asked.
+    pub fn handoff_target(&self) -> Option<String> {
+        self.handoff_to.lock().ok().and_then(|t| t.clone())
+    }
+
     /// The latest known copy of the lease.
     pub async fn current(&self) -> Lease {
         self.lease.lock().await.clone()
@@ -101,6 +124,7 @@ impl OwnedLease {
                 }
                 Err(LeaseStoreError::Changed(_)) => match self.store.read(&self.id).await? {
                     Some(current) if current.owner.as_deref() == Some(self.me.as_str()) => {
+                        self.notice_handoff(&current);
                         *guard = current;
                         last_error = Some(LeaseStoreError::Changed(self.id.clone()));
                     }
@@ -139,9 +163,15 @@ impl OwnedLease {
         .await
     }
 
-    /// Gives the lease up, keeping its continuation.
+    /// Gives the lease up, keeping its continuation: to the instance that asked for it, else to
+    /// nobody.
     pub async fn release(&self) -> Result<Lease, UpdateError> {
-        self.update(|lease| lease.owner = None).await
+        let to = self.handoff_target();
+        self.update(|lease| {
+            lease.owner = to.clone();
+            lease.clear_handoff();
+        })
+        .await
     }
 
     /// Deletes the lease (after a split created its children), if it is still ours.

@@ -46,6 +46,8 @@ async fn pause(cancel: &CancellationToken, delay: Duration) -> bool {
 fn stop_reason(owned: &OwnedLease) -> LeaseExit {
     LeaseExit::closed(if owned.is_lost() {
         CloseReason::LeaseLost
+    } else if owned.handoff_target().is_some() {
+        CloseReason::HandedOver
     } else {
         CloseReason::Shutdown
     })
@@ -302,6 +304,7 @@ async fn split(
     for (child_range, continuation) in pieces {
         let mut child = Lease::new(&prefix, &child_range, continuation);
         child.properties = parent.properties.clone();
+        child.clear_handoff();
         child.owner = Some(shared.options.instance.clone());
         child.timestamp = Some(OffsetDateTime::now_utc());
         match shared.store.create(&child).await {

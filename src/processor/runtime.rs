@@ -199,6 +199,7 @@ impl ChangeFeedProcessor {
             leases: leases.clone(),
             tasks: JoinSet::new(),
             reported_invalid: std::collections::HashSet::new(),
+            awaiting: Vec::new(),
         };
         let task = tokio::spawn(coordinator.run(shutdown.clone()));
         let renewer = tokio::spawn(renew_loop(self.shared.clone(), shutdown.clone()));
@@ -337,6 +338,9 @@ struct Coordinator {
     tasks: JoinSet<(Arc<OwnedLease>, LeaseExit)>,
     /// Invalid lease documents already reported (each is logged and counted once).
     reported_invalid: std::collections::HashSet<String>,
+    /// Leases this cycle asked their owners for: (lease id, owner asked), adopted as soon as
+    /// the owner hands them over.
+    awaiting: Vec<(String, Option<String>)>,
 }
 
 impl Coordinator {
@@ -359,6 +363,11 @@ impl Coordinator {
         }
         let mut tick = tokio::time::interval(self.shared.options.acquire_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Handed-over leases are looked for several times per cycle (point reads of the few
+        // leases asked for), so that a handoff completes within the cycle that asked for it.
+        let poll = (self.shared.options.acquire_interval / 8).clamp(Duration::from_millis(50), Duration::from_secs(2));
+        let mut handoff_poll = tokio::time::interval(poll);
+        handoff_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.shared.ready.store(true, Ordering::SeqCst);
         loop {
             tokio::select! {
@@ -367,6 +376,7 @@ impl Coordinator {
                     self.shared.cycles.fetch_add(1, Ordering::SeqCst);
                     self.acquire_cycle().await;
                 }
+                _ = handoff_poll.tick(), if !self.awaiting.is_empty() => self.adopt_handed_over().await,
                 Some(joined) = self.tasks.join_next() => self.on_exit(joined).await,
             }
         }
@@ -458,8 +468,10 @@ impl Coordinator {
             return;
         };
         self.shared.owned_map().remove(owned.id());
-        if matches!(exit.reason, CloseReason::Shutdown | CloseReason::Panicked)
-            && let Err(error) = owned.release().await
+        if matches!(
+            exit.reason,
+            CloseReason::Shutdown | CloseReason::Panicked | CloseReason::HandedOver
+        ) && let Err(error) = owned.release().await
         {
             tracing::warn!(lease = owned.token(), %error, "releasing the lease failed; it frees itself on expiry");
         }
@@ -480,6 +492,50 @@ impl Coordinator {
             }
         }
         self.shared.observer().leases_owned(self.shared.owned_count());
+    }
+
+    /// Takes up the leases asked for that their owners have handed to this instance.
+    async fn adopt_handed_over(&mut self) {
+        let me = self.shared.options.instance.clone();
+        let awaiting = std::mem::take(&mut self.awaiting);
+        for (id, previous_owner) in awaiting {
+            let lease = match self.shared.store.read(&id).await {
+                Ok(Some(lease)) => lease,
+                Ok(None) => continue,
+                Err(error) => {
+                    tracing::debug!(lease = %id, %error, "reading a lease asked for failed");
+                    self.awaiting.push((id, previous_owner));
+                    continue;
+                }
+            };
+            let handed_over = lease.owner.as_deref() == Some(me.as_str()) && !self.shared.is_owned(&id);
+            if !handed_over {
+                if lease.handoff_request().is_some_and(|(to, _)| to == me) {
+                    self.awaiting.push((id, previous_owner));
+                }
+                continue;
+            }
+            let mut next = lease.clone();
+            next.clear_handoff();
+            next.timestamp = Some(OffsetDateTime::now_utc());
+            match self.shared.store.replace(&next).await {
+                Ok(acquired) => self.acquired(acquired, previous_owner),
+                Err(error) => {
+                    tracing::debug!(lease = %lease.lease_token, %error, "taking up a handed-over lease failed")
+                }
+            }
+        }
+    }
+
+    /// Starts processing a lease this instance just wrote itself into.
+    fn acquired(&mut self, acquired: Lease, previous_owner: Option<String>) {
+        tracing::info!(processor = %self.shared.options.processor_name, instance = %self.shared.options.instance, lease = %acquired.lease_token, previous_owner = ?previous_owner, "lease acquired");
+        self.shared.emit(LeaseEvent::Acquired {
+            lease: acquired.lease_token.clone(),
+            previous_owner,
+            cycle: self.shared.cycles.load(Ordering::SeqCst),
+        });
+        self.start_lease(acquired);
     }
 
     async fn acquire_cycle(&mut self) {
@@ -556,6 +612,7 @@ impl Coordinator {
             .collect();
         wanted.extend(leases_to_acquire(&states, &me, &live));
         // All acquisitions of a cycle go out together: others see this cycle's result at once.
+        let patience = self.shared.options.renew_interval;
         let attempts = wanted.iter().filter_map(|id| {
             let lease = snapshot.leases.iter().find(|l| &l.id == id)?;
             if self.shared.is_owned(id) {
@@ -568,23 +625,43 @@ impl Coordinator {
             }
             .filter(|o| *o != me);
             let mut next = lease.clone();
-            next.owner = Some(me.clone());
-            next.timestamp = Some(OffsetDateTime::now_utc());
+            let step = match (&previous_owner, lease.handoff_request()) {
+                // A live owner is asked to hand the lease over after its current batch (nothing
+                // delivered twice); only one that has not done so within a renew interval (an
+                // older version, or stuck in a batch) loses it outright.
+                (Some(_), Some((to, at))) if to == me.as_str() && now - at < patience => return None,
+                (Some(_), Some((to, at))) if to != me.as_str() && now - at < expiration => return None,
+                (Some(_), Some((to, _))) if to == me.as_str() => AcquireStep::Take,
+                (Some(_), _) => {
+                    next.request_handoff(&me, now);
+                    AcquireStep::AskHandoff
+                }
+                (None, _) => AcquireStep::Take,
+            };
+            if step == AcquireStep::Take {
+                next.owner = Some(me.clone());
+                next.clear_handoff();
+                next.timestamp = Some(OffsetDateTime::now_utc());
+            }
             let store = self.shared.store.clone();
-            Some(async move { (store.replace(&next).await, lease, previous_owner) })
+            Some(async move { (store.replace(&next).await, lease, previous_owner, step) })
         });
         let results = futures::future::join_all(attempts).await;
-        for (result, lease, previous_owner) in results {
-            match result {
-                Ok(acquired) => {
-                    tracing::info!(processor = %self.shared.options.processor_name, instance = %me, lease = %acquired.lease_token, previous_owner = ?previous_owner, "lease acquired");
-                    self.shared.emit(LeaseEvent::Acquired {
-                        lease: acquired.lease_token.clone(),
-                        previous_owner,
-                        cycle: self.shared.cycles.load(Ordering::SeqCst),
-                    });
-                    self.start_lease(acquired);
+        for (result, lease, previous_owner, step) in results {
+            if step == AcquireStep::AskHandoff {
+                match result {
+                    Ok(asked) => {
+                        tracing::debug!(lease = %asked.lease_token, owner = ?previous_owner, "asked the owner to hand the lease over");
+                        if !self.awaiting.iter().any(|(id, _)| *id == asked.id) {
+                            self.awaiting.push((asked.id, previous_owner));
+                        }
+                    }
+                    Err(error) => tracing::debug!(lease = %lease.lease_token, %error, "asking for a handoff failed"),
                 }
+                continue;
+            }
+            match result {
+                Ok(acquired) => self.acquired(acquired, previous_owner),
                 Err(LeaseStoreError::Changed(_) | LeaseStoreError::Gone(_)) => {
                     tracing::debug!(lease = %lease.lease_token, "another instance moved first");
                 }
@@ -595,19 +672,34 @@ impl Coordinator {
         }
     }
 
-    /// Stops processing leases the store shows with another owner (or no longer has).
+    /// Stops processing leases the store shows with another owner (or no longer has), and hands
+    /// over those another instance asked for.
     fn drop_lost(&self, snapshot: &LeaseSnapshot, me: &str) {
         for owned in self.shared.owned_snapshot() {
-            let still_mine = snapshot
+            let mine = snapshot
                 .leases
                 .iter()
-                .any(|l| l.id == owned.id() && l.owner.as_deref() == Some(me));
-            if !still_mine && !owned.cancelled().is_cancelled() {
-                tracing::info!(lease = owned.token(), "lease taken by another instance");
-                owned.mark_lost();
+                .find(|l| l.id == owned.id() && l.owner.as_deref() == Some(me));
+            match mine {
+                Some(lease) => owned.notice_handoff(lease),
+                None if !owned.cancelled().is_cancelled() => {
+                    tracing::info!(lease = owned.token(), "lease taken by another instance");
+                    owned.mark_lost();
+                }
+                None => {}
             }
         }
     }
+}
+
+/// What an acquire cycle does with a lease it wants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AcquireStep {
+    /// Write this instance as the owner (a free or expired lease, or an owner that ignored a
+    /// handoff request).
+    Take,
+    /// Ask the live owner to hand it over.
+    AskHandoff,
 }
 
 async fn renew_loop(shared: Arc<Shared>, shutdown: CancellationToken) {

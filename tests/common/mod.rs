@@ -349,3 +349,13 @@ pub async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, String
         .unwrap_or_default();
     (status, body)
 }
+
+/// The whole body of a request a test server received (empty when it cannot be read).
+pub async fn body_of(req: hyper::Request<hyper::body::Incoming>) -> bytes::Bytes {
+    use http_body_util::BodyExt;
+    req.into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default()
+}

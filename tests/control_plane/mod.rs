@@ -77,6 +77,28 @@ impl ControlPlane {
             String::from_utf8_lossy(&output.stderr).into_owned(),
         )
     }
+
+    /// Waits (bounded) until `kubectl get --raw /readyz` answers ok; fails early when the API
+    /// server exits, with the tail of its `log`.
+    pub fn wait_ready(&self, apiserver: &mut Child, log: &Path) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let (ok, out, _) = self.kubectl_run(&["get", "--raw", "/readyz"], None);
+            if ok && out.trim() == "ok" {
+                return Ok(());
+            }
+            let exited = apiserver.try_wait().ok().flatten();
+            if Instant::now() > deadline || exited.is_some() {
+                let log = std::fs::read_to_string(log).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                return Err(format!(
+                    "kube-apiserver not ready (exit: {exited:?}); log tail:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
 }
 
 /// Starts the processes from a thread that lives as long as the test binary, so that the
@@ -93,14 +115,15 @@ fn start_on_keeper_thread() -> Result<ControlPlane, String> {
     rx.recv().map_err(|e| e.to_string())?.map(|(plane, _)| plane)
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .unwrap_or(0)
 }
 
-fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child, String> {
+/// Starts `bin` with `args`, output to `log`, killed when the spawning thread ends.
+pub fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child, String> {
     let log = std::fs::File::create(log).map_err(|e| e.to_string())?;
     let err = log.try_clone().map_err(|e| e.to_string())?;
     let mut command = Command::new(bin);
@@ -115,8 +138,30 @@ fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child, String> {
     command.spawn().map_err(|e| format!("{}: {e}", bin.display()))
 }
 
+/// Starts etcd on free loopback ports with its data in `dir`; returns it and its client URL.
+pub fn start_etcd(bin: &Path, dir: &Path) -> Result<(Child, String), String> {
+    let (client_port, peer_port) = (free_port(), free_port());
+    let etcd_url = format!("http://127.0.0.1:{client_port}");
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let etcd = spawn(
+        &bin.join("etcd"),
+        &[
+            format!("--data-dir={}", dir.join("etcd").display()),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=default={peer_url}"),
+            "--unsafe-no-fsync=true".into(),
+            "--log-level=warn".into(),
+        ],
+        &dir.join("etcd.log"),
+    )?;
+    Ok((etcd, etcd_url))
+}
+
 /// Builds (or finds) the binaries with the project's script.
-fn binaries() -> Result<PathBuf, String> {
+pub fn binaries() -> Result<PathBuf, String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/k8s/build.sh");
     let output = Command::new("bash")
         .arg(&script)
@@ -137,17 +182,50 @@ fn binaries() -> Result<PathBuf, String> {
         .ok_or_else(|| "build.sh printed no directory".into())
 }
 
-struct Pki {
-    ca: String,
-    server_cert: String,
-    server_key: String,
-    client_cert: String,
-    client_key: String,
-    service_account_key: String,
-    service_account_public_key: String,
+/// A test CA with an API server certificate, an admin client certificate and a service account key.
+pub struct Pki {
+    pub ca: String,
+    pub server_cert: String,
+    pub server_key: String,
+    pub client_cert: String,
+    pub client_key: String,
+    pub service_account_key: String,
+    pub service_account_public_key: String,
 }
 
-fn pki() -> Result<Pki, rcgen::Error> {
+/// Where [`Pki::write_to`] put each file.
+pub struct PkiFiles {
+    pub ca: String,
+    pub server_cert: String,
+    pub server_key: String,
+    pub client_cert: String,
+    pub client_key: String,
+    pub service_account_key: String,
+    pub service_account_public_key: String,
+}
+
+impl Pki {
+    /// Writes every certificate and key into `dir`.
+    pub fn write_to(&self, dir: &Path) -> Result<PkiFiles, String> {
+        let write = |name: &str, text: &str| -> Result<String, String> {
+            let path = dir.join(name);
+            std::fs::write(&path, text).map_err(|e| e.to_string())?;
+            Ok(path.display().to_string())
+        };
+        Ok(PkiFiles {
+            ca: write("ca.crt", &self.ca)?,
+            server_cert: write("server.crt", &self.server_cert)?,
+            server_key: write("server.key", &self.server_key)?,
+            client_cert: write("admin.crt", &self.client_cert)?,
+            client_key: write("admin.key", &self.client_key)?,
+            service_account_key: write("sa.key", &self.service_account_key)?,
+            service_account_public_key: write("sa.pub", &self.service_account_public_key)?,
+        })
+    }
+}
+
+/// A new PKI whose server certificate is valid for `names` (host names and IP addresses).
+pub fn pki(names: &[&str]) -> Result<Pki, rcgen::Error> {
     let ca_key = KeyPair::generate()?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -161,7 +239,7 @@ fn pki() -> Result<Pki, rcgen::Error> {
     let issuer = Issuer::new(ca_params, ca_key);
 
     let server_key = KeyPair::generate()?;
-    let mut server = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])?;
+    let mut server = CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())?;
     server.distinguished_name.push(DnType::CommonName, "kube-apiserver");
     server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     let server_cert = server.signed_by(&server_key, &issuer)?;
@@ -187,7 +265,18 @@ fn pki() -> Result<Pki, rcgen::Error> {
     })
 }
 
-fn b64(text: &str) -> String {
+/// An admin kubeconfig for `server` (certificates embedded).
+pub fn kubeconfig(server: &str, pki: &Pki) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\nusers:\n- name: admin\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: admin\n    namespace: default\ncurrent-context: test\n",
+        b64(&pki.ca),
+        b64(&pki.client_cert),
+        b64(&pki.client_key)
+    )
+}
+
+/// Base64 of `text` (kubeconfig data fields).
+pub fn b64(text: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(text)
 }
@@ -198,35 +287,13 @@ fn start() -> Result<(ControlPlane, Vec<Child>), String> {
     let dir = std::env::temp_dir().join(format!("cfp-control-plane-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let pki = pki().map_err(|e| e.to_string())?;
-    let write = |name: &str, text: &str| -> Result<String, String> {
-        let path = dir.join(name);
-        std::fs::write(&path, text).map_err(|e| e.to_string())?;
-        Ok(path.display().to_string())
-    };
-    let ca = write("ca.crt", &pki.ca)?;
-    let server_cert = write("server.crt", &pki.server_cert)?;
-    let server_key = write("server.key", &pki.server_key)?;
-    let sa_key = write("sa.key", &pki.service_account_key)?;
-    let sa_pub = write("sa.pub", &pki.service_account_public_key)?;
+    let pki = pki(&["localhost", "127.0.0.1"]).map_err(|e| e.to_string())?;
+    let files = pki.write_to(&dir)?;
+    let (ca, server_cert, server_key) = (files.ca, files.server_cert, files.server_key);
+    let (sa_key, sa_pub) = (files.service_account_key, files.service_account_public_key);
 
-    let (client_port, peer_port, api_port) = (free_port(), free_port(), free_port());
-    let etcd_url = format!("http://127.0.0.1:{client_port}");
-    let peer_url = format!("http://127.0.0.1:{peer_port}");
-    let etcd = spawn(
-        &bin.join("etcd"),
-        &[
-            format!("--data-dir={}", dir.join("etcd").display()),
-            format!("--listen-client-urls={etcd_url}"),
-            format!("--advertise-client-urls={etcd_url}"),
-            format!("--listen-peer-urls={peer_url}"),
-            format!("--initial-advertise-peer-urls={peer_url}"),
-            format!("--initial-cluster=default={peer_url}"),
-            "--unsafe-no-fsync=true".into(),
-            "--log-level=warn".into(),
-        ],
-        &dir.join("etcd.log"),
-    )?;
+    let (etcd, etcd_url) = start_etcd(&bin, &dir)?;
+    let api_port = free_port();
     let mut apiserver = spawn(
         &bin.join("kube-apiserver"),
         &[
@@ -250,37 +317,16 @@ fn start() -> Result<(ControlPlane, Vec<Child>), String> {
         &dir.join("kube-apiserver.log"),
     )?;
     let server = format!("https://127.0.0.1:{api_port}");
-    let kubeconfig = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\nusers:\n- name: admin\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: admin\n    namespace: default\ncurrent-context: test\n",
-        b64(&pki.ca),
-        b64(&pki.client_cert),
-        b64(&pki.client_key)
-    );
-    let kubeconfig_path = PathBuf::from(write("kubeconfig", &kubeconfig)?);
+    let kubeconfig = kubeconfig(&server, &pki);
+    let kubeconfig_path = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig_path, kubeconfig).map_err(|e| e.to_string())?;
     let plane = ControlPlane {
         kubeconfig: kubeconfig_path,
         bin,
         server,
         startup: Duration::ZERO,
     };
-    // Ready when `kubectl get --raw /readyz` answers ok (bounded).
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let (ok, out, _) = plane.kubectl_run(&["get", "--raw", "/readyz"], None);
-        if ok && out.trim() == "ok" {
-            break;
-        }
-        let exited = apiserver.try_wait().ok().flatten();
-        if Instant::now() > deadline || exited.is_some() {
-            let log = std::fs::read_to_string(dir.join("kube-apiserver.log")).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(30).collect();
-            return Err(format!(
-                "kube-apiserver not ready (exit: {exited:?}); log tail:\n{}",
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    plane.wait_ready(&mut apiserver, &dir.join("kube-apiserver.log"))?;
     let plane = ControlPlane {
         startup: started.elapsed(),
         ..plane

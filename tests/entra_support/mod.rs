@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use tokio_rustls::rustls;
 
 pub const TENANT: &str = "7a1c2f4e-0000-4000-8000-00000000c0de";
@@ -128,12 +128,7 @@ async fn token_response(
     seen: &Mutex<TokenRequests>,
 ) -> hyper::Response<Full<Bytes>> {
     let path = req.uri().path().to_owned();
-    let body = req
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
+    let body = crate::common::body_of(req).await;
     let form: std::collections::HashMap<String, String> = url::form_urlencoded::parse(&body).into_owned().collect();
     let field = |name: &str| form.get(name).map(String::as_str).unwrap_or_default();
     let problem = if path != format!("/{TENANT}/oauth2/v2.0/token") {

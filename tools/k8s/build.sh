@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the pinned control-plane binaries the test suite uses (kube-apiserver, kubectl, etcd,
-# controller-manager, scheduler, kubelet and helm) from the Go wrapper modules beside this script, into a cache directory. Skips what is
+# controller-manager, scheduler, kubelet, kube-proxy and helm) from the Go wrapper modules beside this script, into a cache directory. Skips what is
 # already built (bump the pin's -rN when a version changes).
 #
 #   tools/k8s/build.sh            # builds into $CFP_K8S_BIN (default ~/.cache/changefeed-operator/k8s-<pin>)
@@ -32,6 +32,7 @@ build kube k8s.io/kubernetes/cmd/kubectl kubectl
 build kube k8s.io/kubernetes/cmd/kube-controller-manager kube-controller-manager
 build kube k8s.io/kubernetes/cmd/kube-scheduler kube-scheduler
 build kube k8s.io/kubernetes/cmd/kubelet kubelet
+build kube k8s.io/kubernetes/cmd/kube-proxy kube-proxy
 helm_version="v3.22.0"
 version_flags="-X helm.sh/helm/v3/internal/version.version=$helm_version"
 build helm helm.sh/helm/v3/cmd/helm helm

@@ -1,0 +1,545 @@
+//! The whole product on a real single-node cluster (`tests/cluster`): `helm install`, the operator
+//! as a pod, a `ChangeFeedProcessor` whose worker pods (the `cfp` image, restricted security
+//! context enforced by the kubelet, probes) deliver every document over HTTP to a receiver on the
+//! host, autoscaling from the estimator's lag, failover when a pod is killed, a graceful rolling
+//! restart, and a crash-looping worker reported in the status. One cluster, steps in order.
+
+mod cluster;
+mod common;
+mod control_plane;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use changefeed_operator::cosmos::{AccountAuth, CosmosAccount};
+use changefeed_operator::operator::{ChangeFeedProcessor, ChangeFeedProcessorStatus};
+use changefeed_operator::processor::LeaseStore;
+use cluster::{CFP_IMAGE, Cluster, HOST_IP};
+use common::{CFP, lease_store, terminate, upsert_doc};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease as KubeLease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+
+const NS: &str = "shop";
+const PARTITIONS: usize = 8;
+
+/// What the HTTP handler delivered: every document id in arrival order.
+#[derive(Default)]
+struct Received {
+    ids: Vec<String>,
+}
+
+impl Received {
+    fn distinct_with_prefix(&self, prefix: &str) -> usize {
+        self.ids
+            .iter()
+            .filter(|id| id.starts_with(prefix))
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    }
+
+    fn duplicates_with_prefix(&self, prefix: &str) -> usize {
+        self.ids.iter().filter(|id| id.starts_with(prefix)).count() - self.distinct_with_prefix(prefix)
+    }
+}
+
+/// The user's service: an HTTP endpoint on the host's bridge address that the worker pods POST
+/// batches to (the handler's JSON format).
+async fn receiver() -> (SocketAddr, Arc<Mutex<Received>>) {
+    let listener = tokio::net::TcpListener::bind((HOST_IP, 0))
+        .await
+        .expect("bind receiver");
+    let address = listener.local_addr().unwrap();
+    let received = Arc::new(Mutex::new(Received::default()));
+    let sink = received.clone();
+    tokio::spawn(changefeed_operator::http::serve(
+        listener,
+        tokio_util::sync::CancellationToken::new(),
+        move |req: hyper::Request<hyper::body::Incoming>| {
+            let sink = sink.clone();
+            async move {
+                let body = common::body_of(req).await;
+                let batch: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                let ids = batch["documents"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|d| d["id"].as_str().map(str::to_owned));
+                sink.lock().unwrap().ids.extend(ids);
+                changefeed_operator::http::json(200, &serde_json::json!({}))
+            }
+        },
+    ));
+    (address, received)
+}
+
+/// Polls `get` every 250 ms until it returns `Some`, at most `timeout`; panics naming `what`.
+async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut get: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = get().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn kubectl(cluster: &Cluster, args: &[&str], stdin: Option<&str>) -> String {
+    let (ok, out, err) = cluster.plane.kubectl_run(args, stdin);
+    assert!(ok, "kubectl {}: {err}", args.join(" "));
+    out
+}
+
+fn resource(name: &str, endpoint: &str, handler: &str, extra: &str) -> String {
+    format!(
+        r#"apiVersion: changefeed.io/v1alpha1
+kind: ChangeFeedProcessor
+metadata: {{name: {name}, namespace: {NS}}}
+spec:
+  connection:
+    endpoint: {endpoint}
+    keySecretRef: {{name: cosmos}}
+  monitored: {{database: db, container: items}}
+  pollInterval: 200ms
+  leaseTimings: {{acquireInterval: 1s, renewInterval: 1s, expiration: 5s}}
+  handler:
+    type: Http
+    http: {{url: "{handler}"}}
+  worker:
+    env: [{{name: COSMOS_DISABLE_IMDS, value: "true"}}]
+{extra}"#
+    )
+}
+
+/// Worker pods of `name` that are Running and Ready (not terminating).
+async fn ready_pods(pods: &Api<Pod>, name: &str) -> Vec<String> {
+    let selector = format!("changefeed.io/processor={name}");
+    let list = pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    list.into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .filter_map(|p| p.metadata.name)
+        .collect()
+}
+
+/// The Ready worker pods of `name` and how many leases they hold together.
+async fn ready_holding(pods: &Api<Pod>, store: &impl LeaseStore, name: &str) -> (Vec<String>, usize) {
+    let ready = ready_pods(pods, name).await;
+    let held = owners(store)
+        .await
+        .iter()
+        .filter(|(o, _)| ready.contains(o))
+        .map(|(_, n)| n)
+        .sum::<usize>();
+    (ready, held)
+}
+
+/// Leases per owner ("" for none).
+async fn owners(store: &impl LeaseStore) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    if let Ok(snapshot) = store.snapshot().await {
+        for lease in snapshot.leases {
+            *counts.entry(lease.owner.unwrap_or_default()).or_default() += 1;
+        }
+    }
+    counts
+}
+
+async fn status(cfps: &Api<ChangeFeedProcessor>, name: &str) -> Option<ChangeFeedProcessorStatus> {
+    cfps.get(name).await.ok()?.status
+}
+
+async fn spec_replicas(deployments: &Api<Deployment>, name: &str) -> Option<i32> {
+    deployments.get_opt(name).await.ok()??.spec?.replicas
+}
+
+/// A uid and whether the root filesystem is mounted read-only, for a host PID.
+fn process_identity(pid: u32) -> (String, bool) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_default()
+        .to_owned();
+    let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+    let read_only = mounts
+        .lines()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .any(|f| f.get(4) == Some(&"/") && f.get(5).is_some_and(|o| o.split(',').any(|o| o == "ro")));
+    (uid, read_only)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
+    if let Some(reason) = cluster::unavailable() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run the end-to-end cluster: {reason}"
+        );
+        eprintln!("SKIPPED the end-to-end cluster test: {reason}");
+        return;
+    }
+    // Started on this (the test's) thread: the processes die with it.
+    let mut cluster = Cluster::start(Path::new(CFP)).unwrap_or_else(|e| panic!("cluster: {e}"));
+    let client = cluster.plane.client().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), NS);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+
+    // 1. helm install: the operator runs as pods, one leads, `kubectl get cfp` works.
+    let started = Instant::now();
+    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/changefeed-operator");
+    let (repository, tag) = CFP_IMAGE.rsplit_once(':').unwrap();
+    let helm = std::process::Command::new(cluster.plane.bin.join("helm"))
+        .env("KUBECONFIG", &cluster.plane.kubeconfig)
+        .args([
+            "install",
+            "cfp",
+            chart,
+            "--namespace",
+            "cfp-system",
+            "--create-namespace",
+            "--wait",
+            "--timeout",
+            "180s",
+        ])
+        .args([
+            "--set",
+            &format!("image.repository={repository},image.tag={tag},image.pullPolicy=IfNotPresent"),
+        ])
+        .args([
+            "--set",
+            "leaderElection.leaseDuration=6s,leaderElection.renewDeadline=4s,leaderElection.renewInterval=1s",
+        ])
+        .args([
+            "--set-string",
+            &format!("extraEnv[0].name=AZURE_COSMOS_EMULATOR_HOST,extraEnv[0].value={HOST_IP}"),
+        ])
+        .args([
+            "--set-string",
+            "extraEnv[1].name=COSMOS_DISABLE_IMDS,extraEnv[1].value=true",
+        ])
+        .output()
+        .expect("run helm");
+    assert!(
+        helm.status.success(),
+        "helm install: {}\n{}",
+        String::from_utf8_lossy(&helm.stderr),
+        cluster.log_tail("kubelet", 20)
+    );
+    let leases: Api<KubeLease> = Api::namespaced(client.clone(), "cfp-system");
+    let leader = wait_for("an operator pod leads", Duration::from_secs(60), || async {
+        let lease = leases.get_opt("cfp-changefeed-operator").await.ok()??;
+        lease.spec?.holder_identity.filter(|h| !h.is_empty())
+    })
+    .await;
+    kubectl(&cluster, &["create", "namespace", NS], None);
+    kubectl(&cluster, &["get", "cfp", "-A"], None);
+    println!(
+        "1. helm install → operator pods Running, leader {leader}, in {:.1?}",
+        started.elapsed()
+    );
+
+    // 2. A processor over 8 partitions with a backlog: worker pods take every lease, evenly, and
+    //    deliver every document to the receiver.
+    let (mut emulator, endpoint) = common::start_emulator_with(&[
+        "--host",
+        HOST_IP,
+        "--port",
+        "0",
+        "--container",
+        &format!("db/items:/pk:{PARTITIONS}"),
+    ])
+    .await;
+    // SAFETY: set before any thread of this test reads the environment for the SDK.
+    unsafe { std::env::set_var("AZURE_COSMOS_EMULATOR_HOST", HOST_IP) };
+    let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key())
+        .await
+        .expect("account");
+    let items = account.documents("db", "items").await.expect("items");
+    let write = |range: std::ops::Range<usize>| {
+        let items = items.clone();
+        async move {
+            futures::future::join_all(range.map(|n| {
+                let items = items.clone();
+                async move { upsert_doc(&items, n).await }
+            }))
+            .await;
+        }
+    };
+    write(0..2000).await;
+    let (receiver_address, received) = receiver().await;
+    let handler = format!("http://{receiver_address}/changes");
+    kubectl(
+        &cluster,
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: cosmos, namespace: {NS}}}\nstringData: {{key: \"{}\"}}\n---\n{}",
+            changefeed_operator::cosmos::EMULATOR_KEY,
+            resource("orders", &endpoint, &handler, "  replicas: 4\n")
+        )),
+    );
+    let started = Instant::now();
+    let running = wait_for("4 worker pods Ready", Duration::from_secs(120), || async {
+        let ready = ready_pods(&pods, "orders").await;
+        (ready.len() == 4).then_some(ready)
+    })
+    .await;
+    let pods_ready = started.elapsed();
+    wait_for("2000 documents delivered", Duration::from_secs(120), || async {
+        (received.lock().unwrap().distinct_with_prefix("doc-") >= 2000).then_some(())
+    })
+    .await;
+    let delivered = started.elapsed();
+    let store = wait_for("the lease store", Duration::from_secs(30), || {
+        lease_store(&account, "orders")
+    })
+    .await;
+    let spread = wait_for("8 leases, 2 per pod", Duration::from_secs(60), || async {
+        let owners = owners(&store).await;
+        let live = owners.iter().filter(|(o, _)| running.contains(o)).count();
+        (live == 4 && owners.values().all(|n| *n == 2)).then_some(owners)
+    })
+    .await;
+    let pids = cluster.container_pids("worker");
+    let identities: Vec<(String, bool)> = pids.iter().map(|pid| process_identity(*pid)).collect();
+    assert!(!identities.is_empty(), "worker processes found through containerd");
+    assert!(
+        identities.iter().all(|(uid, ro)| uid == "65532" && *ro),
+        "the kubelet enforced non-root and a read-only root filesystem: {identities:?}"
+    );
+    let (distinct, duplicates) = {
+        let r = received.lock().unwrap();
+        (r.distinct_with_prefix("doc-"), r.duplicates_with_prefix("doc-"))
+    };
+    println!(
+        "2. 4 worker pods Ready in {pods_ready:.1?} (uid/read-only root of {} worker processes: {identities:?}); {distinct}/2000 documents delivered in {delivered:.1?} ({duplicates} duplicates); leases per pod {spread:?}",
+        pids.len()
+    );
+
+    // 3. Autoscaling: lag → more pods → drained → back down after the stabilization window.
+    kubectl(
+        &cluster,
+        &["apply", "-f", "-"],
+        Some(&resource(
+            "orders",
+            &endpoint,
+            &handler,
+            "  autoscaling: {enabled: true, minReplicas: 1, maxReplicas: 8, targetLagPerReplica: 250, scaleDownStabilization: 15s, estimateInterval: 1s}\n",
+        )),
+    );
+    wait_for("scaled in to 1 with no lag", Duration::from_secs(60), || async {
+        (spec_replicas(&deployments, "orders").await == Some(1)).then_some(())
+    })
+    .await;
+    wait_for("one Ready worker", Duration::from_secs(60), || async {
+        (ready_pods(&pods, "orders").await.len() == 1).then_some(())
+    })
+    .await;
+    let started = Instant::now();
+    write(2000..4000).await;
+    let mut timeline: Vec<(f64, Option<i64>, Option<i32>, usize)> = Vec::new();
+    let mut peak = (0, 0);
+    let deadline = started + Duration::from_secs(150);
+    loop {
+        let lag = status(&cfps, "orders").await.and_then(|s| s.estimated_lag);
+        let replicas = spec_replicas(&deployments, "orders").await;
+        let ready = ready_pods(&pods, "orders").await.len();
+        peak = (peak.0.max(replicas.unwrap_or(0)), peak.1.max(ready));
+        let sample = (started.elapsed().as_secs_f64(), lag, replicas, ready);
+        if timeline
+            .last()
+            .is_none_or(|last| (last.1, last.2, last.3) != (lag, replicas, ready))
+        {
+            timeline.push(sample);
+        }
+        let delivered = received.lock().unwrap().distinct_with_prefix("doc-");
+        if peak.0 > 1 && replicas == Some(1) && ready == 1 && delivered >= 4000 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "autoscaling timeline did not complete: {timeline:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let timeline_text: Vec<String> = timeline
+        .iter()
+        .map(|(t, lag, replicas, ready)| {
+            format!(
+                "{t:.1}s lag {} replicas {} ready {ready}",
+                lag.map_or("-".into(), |l| l.to_string()),
+                replicas.unwrap_or(-1)
+            )
+        })
+        .collect();
+    println!(
+        "3. autoscaling (2000 new documents, target 250/replica, window 15s): peak {} replicas / {} Ready pods; timeline: {}",
+        peak.0,
+        peak.1,
+        timeline_text.join(" → ")
+    );
+    assert!(peak.0 > 1 && peak.1 > 1, "the lag scaled the workers out: {timeline:?}");
+
+    // 4a. A worker pod killed outright: its leases move within seconds, nothing is lost.
+    kubectl(
+        &cluster,
+        &["apply", "-f", "-"],
+        Some(&resource("orders", &endpoint, &handler, "  replicas: 3\n")),
+    );
+    let three = wait_for(
+        "3 Ready workers holding every lease",
+        Duration::from_secs(120),
+        || async {
+            let (ready, held) = ready_holding(&pods, &store, "orders").await;
+            (ready.len() == 3 && held == PARTITIONS).then_some(ready)
+        },
+    )
+    .await;
+    let victim = three[0].clone();
+    let killed = Instant::now();
+    kubectl(
+        &cluster,
+        &["delete", "pod", &victim, "-n", NS, "--grace-period=0", "--force"],
+        None,
+    );
+    let moved = wait_for(
+        "the killed pod's leases taken by live pods",
+        Duration::from_secs(60),
+        || async {
+            let owners = owners(&store).await;
+            let ready = ready_pods(&pods, "orders").await;
+            let held = owners
+                .iter()
+                .filter(|(o, _)| ready.contains(o) && **o != victim)
+                .map(|(_, n)| n)
+                .sum::<usize>();
+            (held == PARTITIONS).then(|| killed.elapsed())
+        },
+    )
+    .await;
+    write(4000..4500).await;
+    wait_for(
+        "documents written after the kill delivered",
+        Duration::from_secs(60),
+        || async { (received.lock().unwrap().distinct_with_prefix("doc-") >= 4500).then_some(()) },
+    )
+    .await;
+    println!(
+        "4a. pod {victim} force-deleted: its leases owned by live pods after {moved:.1?}; 4500/4500 delivered (0 lost)"
+    );
+
+    // 4b. A rolling restart under continuous writes: graceful handoff, no duplicates.
+    wait_for("3 Ready workers again", Duration::from_secs(120), || async {
+        (ready_pods(&pods, "orders").await.len() == 3).then_some(())
+    })
+    .await;
+    let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let writer = tokio::spawn({
+        let (items, writing) = (items.clone(), writing.clone());
+        async move {
+            let mut n = 0usize;
+            while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                let id = 100_000 + n;
+                upsert_doc(&items, id).await;
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            n
+        }
+    });
+    let before: Vec<String> = ready_pods(&pods, "orders").await;
+    let restarted = Instant::now();
+    kubectl(&cluster, &["rollout", "restart", "deployment/orders", "-n", NS], None);
+    kubectl(
+        &cluster,
+        &["rollout", "status", "deployment/orders", "-n", NS, "--timeout=180s"],
+        None,
+    );
+    wait_for(
+        "3 new Ready workers holding every lease",
+        Duration::from_secs(120),
+        || async {
+            let (ready, held) = ready_holding(&pods, &store, "orders").await;
+            (ready.len() == 3 && ready.iter().all(|p| !before.contains(p)) && held == PARTITIONS).then_some(())
+        },
+    )
+    .await;
+    let rollout = restarted.elapsed();
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.await.unwrap();
+    let expected: Vec<String> = (0..written).map(|n| format!("doc-{}", 100_000 + n)).collect();
+    wait_for(
+        "every document written during the restart delivered",
+        Duration::from_secs(60),
+        || async {
+            let r = received.lock().unwrap();
+            let seen: std::collections::BTreeSet<&String> = r.ids.iter().collect();
+            expected.iter().all(|id| seen.contains(id)).then_some(())
+        },
+    )
+    .await;
+    let duplicates = {
+        let r = received.lock().unwrap();
+        let mut counts: BTreeMap<&String, usize> = BTreeMap::new();
+        for id in r.ids.iter().filter(|id| expected.contains(id)) {
+            *counts.entry(id).or_default() += 1;
+        }
+        counts.values().filter(|n| **n > 1).count()
+    };
+    println!(
+        "4b. rollout restart of 3 workers in {rollout:.1?} under continuous writes: {written}/{written} delivered, {duplicates} duplicates"
+    );
+    assert_eq!(duplicates, 0, "a graceful handoff redelivers nothing");
+
+    // 5. A worker that cannot reach its account crash-loops, and the status says so.
+    kubectl(
+        &cluster,
+        &["apply", "-f", "-"],
+        Some(&resource(
+            "broken",
+            &format!("http://{HOST_IP}:1/"),
+            &handler,
+            "  replicas: 1\n",
+        )),
+    );
+    let started = Instant::now();
+    let ready = wait_for(
+        "Ready=False naming the crash loop",
+        Duration::from_secs(180),
+        || async {
+            let status = status(&cfps, "broken").await?;
+            let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?.clone();
+            (ready.status == "False" && ready.reason == "CrashLoopBackOff").then_some(ready)
+        },
+    )
+    .await;
+    println!(
+        "5. bad endpoint → after {:.1?}: Ready=False/{}: {}",
+        started.elapsed(),
+        ready.reason,
+        ready.message
+    );
+
+    terminate(&mut emulator).await;
+    cluster.stop();
+}
