@@ -56,24 +56,14 @@ async fn receiver() -> (SocketAddr, Arc<Mutex<Received>>) {
     let address = listener.local_addr().unwrap();
     let received = Arc::new(Mutex::new(Received::default()));
     let sink = received.clone();
-    tokio::spawn(changefeed_operator::http::serve(
-        listener,
-        tokio_util::sync::CancellationToken::new(),
-        move |req: hyper::Request<hyper::body::Incoming>| {
-            let sink = sink.clone();
-            async move {
-                let body = common::body_of(req).await;
-                let batch: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-                let ids = batch["documents"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|d| d["id"].as_str().map(str::to_owned));
-                sink.lock().unwrap().ids.extend(ids);
-                changefeed_operator::http::json(200, &serde_json::json!({}))
-            }
-        },
-    ));
+    common::receive_batches(listener, move |_, batch| {
+        let ids = batch["documents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d["id"].as_str().map(str::to_owned));
+        sink.lock().unwrap().ids.extend(ids);
+    });
     (address, received)
 }
 

@@ -149,6 +149,13 @@ impl OwnedLease {
         ))
     }
 
+    /// Whether this instance last wrote the lease longer than `expiration` ago (it was frozen or
+    /// cut off): another instance may own it now.
+    pub async fn may_have_expired(&self, expiration: std::time::Duration) -> bool {
+        let written = self.lease.lock().await.timestamp;
+        written.is_none_or(|at| OffsetDateTime::now_utc() - at >= expiration)
+    }
+
     /// Extends the lease (writes a new timestamp).
     pub async fn renew(&self) -> Result<Lease, UpdateError> {
         self.update(|_| {}).await

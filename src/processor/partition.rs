@@ -140,6 +140,25 @@ pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
             }
             failures = 0;
             let empty = page.documents.is_empty();
+            // After a freeze (SIGSTOP, a stalled VM) longer than the expiration the lease may be
+            // another instance's: make sure it is still ours before delivering anything.
+            if !empty && owned.may_have_expired(shared.options.expiration).await {
+                match owned.renew().await {
+                    Ok(_) => {}
+                    Err(UpdateError::Lost(owner)) => {
+                        tracing::info!(lease = owned.token(), new_owner = ?owner, "the lease expired while this instance was stalled; not delivering");
+                        return LeaseExit::closed(CloseReason::LeaseLost);
+                    }
+                    Err(UpdateError::Gone) => return LeaseExit::closed(CloseReason::LeaseGone),
+                    Err(UpdateError::Store(error)) => {
+                        tracing::debug!(lease = owned.token(), %error, "cannot confirm the lease after a stall; retrying");
+                        if !pause(&cancel, shared.options.backoff(0)).await {
+                            return stop_reason(&owned);
+                        }
+                        break;
+                    }
+                }
+            }
             if !empty {
                 let delivery = Delivery {
                     shared: &shared,

@@ -359,3 +359,25 @@ pub async fn body_of(req: hyper::Request<hyper::body::Incoming>) -> bytes::Bytes
         .map(|b| b.to_bytes())
         .unwrap_or_default()
 }
+
+/// A batch receiver like a user's service: serves `listener`, hands each request's path and JSON
+/// body (`null` when it is not JSON) to `on_batch`, and answers 200.
+pub fn receive_batches(
+    listener: tokio::net::TcpListener,
+    on_batch: impl Fn(&str, serde_json::Value) + Send + Sync + 'static,
+) {
+    let on_batch = std::sync::Arc::new(on_batch);
+    tokio::spawn(changefeed_operator::http::serve(
+        listener,
+        tokio_util::sync::CancellationToken::new(),
+        move |req: hyper::Request<hyper::body::Incoming>| {
+            let on_batch = on_batch.clone();
+            async move {
+                let path = req.uri().path().to_owned();
+                let body = serde_json::from_slice(&body_of(req).await).unwrap_or_default();
+                on_batch(&path, body);
+                changefeed_operator::http::json(200, &serde_json::json!({}))
+            }
+        },
+    ));
+}
