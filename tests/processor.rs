@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use changefeed_operator::processor::{Batch, ChangeHandler, CloseReason, HandlerError, LeaseEvent};
+use changefeed_operator::processor::{Batch, ChangeHandler, CloseReason, HandlerError, LeaseEvent, LeaseStore};
 use common::{Env, eventually, fair, ids, upsert_doc};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -733,4 +733,84 @@ async fn an_owner_that_ignores_a_handoff_request_loses_the_lease_after_a_renew_i
     );
     assert!(took, "{:?}", env.owners().await);
     b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_deleted_while_processed_is_recreated_from_its_checkpoint() {
+    let env = Env::new(2).await;
+    let a = env.start(env.options("a")).await;
+    env.write(0..100).await;
+    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 100 }).await);
+    let store = env.store().await;
+    let victim = env.leases().await.remove(0);
+    store
+        .delete(&victim)
+        .await
+        .expect("delete the lease behind the owner's back");
+    env.write(100..300).await;
+    let recreated = eventually(Duration::from_secs(20), || async {
+        env.leases().await.iter().any(|l| l.id == victim.id)
+    })
+    .await;
+    assert!(eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 300 }).await);
+    let back = env.leases().await.into_iter().find(|l| l.id == victim.id);
+    let missing = env.deliveries.missing(ids(0..300));
+    println!(
+        "lease deleted while processed: recreated {recreated} (checkpoint kept: {}), 300 written, {} delivered, {} lost, {} duplicates",
+        back.as_ref().is_some_and(|l| l.continuation.is_some()),
+        env.deliveries.distinct(),
+        missing.len(),
+        env.deliveries.duplicates().len()
+    );
+    assert!(recreated && missing.is_empty(), "missing {missing:?}");
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_store_marked_initialized_without_leases_is_bootstrapped_again() {
+    let env = Env::new(3).await;
+    env.account
+        .ensure_container(common::DB, common::LEASES, "/id")
+        .await
+        .unwrap();
+    env.store().await.mark_initialized().await.unwrap();
+    env.write(0..150).await;
+    let a = env.start(env.options("a")).await;
+    let delivered = eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 150 }).await;
+    println!(
+        ".info without leases: {} leases created, {} of 150 delivered",
+        env.leases().await.len(),
+        env.deliveries.distinct()
+    );
+    assert!(delivered);
+    assert_eq!(env.leases().await.len(), 3);
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_processors_leases_in_the_same_container_are_never_touched() {
+    let env = Env::new(2).await;
+    env.account
+        .ensure_container(common::DB, common::LEASES, "/id")
+        .await
+        .unwrap();
+    let foreign = common::lease_store(&env.account, "billing").await.unwrap();
+    let range = changefeed_operator::cosmos::EpkRange::new("", "FF");
+    let mut lease = changefeed_operator::processor::Lease::new(foreign.prefix(), &range, Some("\"42\"".into()));
+    lease.owner = Some("billing-0".into());
+    lease.timestamp = Some(time::OffsetDateTime::now_utc());
+    let before = foreign.create(&lease).await.unwrap().expect("created");
+    let a = env.start(env.options("a")).await;
+    env.write(0..100).await;
+    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 100 }).await);
+    let after = foreign.read(&before.id).await.unwrap().expect("still there");
+    println!(
+        "foreign processor's lease: owner {:?}, etag unchanged {}; ours: {} leases, 100 delivered",
+        after.owner,
+        after.etag == before.etag,
+        env.leases().await.len()
+    );
+    assert_eq!(after.etag, before.etag, "another processor's lease was written");
+    assert_eq!(env.leases().await.len(), 2);
+    a.stop().await;
 }

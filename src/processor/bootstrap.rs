@@ -19,23 +19,32 @@ pub async fn bootstrap(
 ) -> Result<(), ProcessorError> {
     loop {
         let snapshot = store.snapshot().await?;
-        if snapshot.initialized {
+        let ranges = monitored.feed_ranges(true).await?;
+        let uncovered: Vec<&crate::cosmos::EpkRange> = ranges
+            .iter()
+            .filter(|range| {
+                !snapshot
+                    .leases
+                    .iter()
+                    .any(|l| l.range().is_some_and(|r| r.overlaps(range)))
+            })
+            .collect();
+        if snapshot.initialized && uncovered.is_empty() {
             return Ok(());
         }
         if !store.try_lock(me, LOCK_STALE_AFTER).await? {
             tokio::time::sleep(Duration::from_millis(250 + fastrand::u64(0..250))).await;
             continue;
         }
-        let ranges = monitored.feed_ranges(true).await?;
+        if snapshot.initialized {
+            tracing::warn!(
+                instance = me,
+                ranges = uncovered.len(),
+                "the lease store is initialized but feed ranges have no lease (lease documents deleted?); creating them from the start position"
+            );
+        }
         let mut created = 0;
-        for range in &ranges {
-            if snapshot
-                .leases
-                .iter()
-                .any(|l| l.range().is_some_and(|r| r.overlaps(range)))
-            {
-                continue;
-            }
+        for range in uncovered {
             let continuation = match start {
                 StartFrom::Now => Some(anchor_now(monitored, range).await?),
                 StartFrom::Beginning | StartFrom::Time(_) => None,

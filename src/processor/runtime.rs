@@ -475,6 +475,9 @@ impl Coordinator {
         {
             tracing::warn!(lease = owned.token(), %error, "releasing the lease failed; it frees itself on expiry");
         }
+        if exit.reason == CloseReason::LeaseGone && !self.leases.is_cancelled() {
+            self.recreate(&owned).await;
+        }
         tracing::info!(processor = %self.shared.options.processor_name, instance = %self.shared.options.instance, lease = owned.token(), reason = exit.reason.as_str(), "lease closed");
         self.shared.emit(LeaseEvent::Closed {
             lease: owned.token().to_owned(),
@@ -492,6 +495,28 @@ impl Coordinator {
             }
         }
         self.shared.observer().leases_owned(self.shared.owned_count());
+    }
+
+    /// Puts back a lease document deleted while this instance processed it, with its last
+    /// checkpoint and no owner, so that its range is not left without a lease (nothing lost).
+    async fn recreate(&self, owned: &OwnedLease) {
+        let mut lease = owned.current().await;
+        lease.owner = None;
+        lease.etag.clear();
+        lease.clear_handoff();
+        match self.shared.store.create(&lease).await {
+            Ok(Some(_)) => {
+                tracing::warn!(
+                    lease = owned.token(),
+                    "the lease document was deleted while this instance processed it; recreated it from its last checkpoint"
+                );
+            }
+            Ok(None) => tracing::debug!(lease = owned.token(), "the deleted lease exists again"),
+            Err(error) => self.shared.emit_error(
+                Some(owned.token()),
+                format!("recreating the deleted lease failed: {error}"),
+            ),
+        }
     }
 
     /// Takes up the leases asked for that their owners have handed to this instance.
