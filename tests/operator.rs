@@ -1253,3 +1253,102 @@ async fn workload_identity_resources_run_without_keys_and_the_operator_estimates
     terminate(&mut operator.child).await;
     terminate(&mut emulator).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_refuses_bad_values_with_messages_that_say_what_to_do() {
+    let plane = plane().await;
+    let ns = namespace(plane, "badvalues");
+    let base = |extra: &str| resource("bad", FAKE_ENDPOINT, extra);
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "endpoint scheme",
+            base("").replace(FAKE_ENDPOINT, "ftp://cosmos.example"),
+            "endpoint must be an http(s) URL",
+        ),
+        (
+            "start position",
+            base("  startFrom: yesterday\n"),
+            "startFrom must be Beginning, Now, or an RFC 3339 time",
+        ),
+        (
+            "duration with words",
+            base("  pollInterval: 5 seconds\n"),
+            "must be a duration such as 500ms",
+        ),
+        (
+            "zero batch size",
+            base("  maxItems: 0\n"),
+            "should be greater than or equal to 1",
+        ),
+        (
+            "negative replicas",
+            base("  replicas: -1\n"),
+            "should be greater than or equal to 0",
+        ),
+        (
+            "renew slower than expiry",
+            base("  leaseTimings: {renewInterval: 90s, expiration: 60s}\n"),
+            "leaseTimings.renewInterval must be shorter than leaseTimings.expiration",
+        ),
+        (
+            "autoscaling bounds upside down",
+            base("  autoscaling: {enabled: true, minReplicas: 5, maxReplicas: 2}\n"),
+            "autoscaling.minReplicas must not be greater than autoscaling.maxReplicas",
+        ),
+        (
+            "Http handler without a url",
+            base("  handler: {type: Http}\n"),
+            "handler.http (with a url) is required",
+        ),
+        (
+            "handler url without a scheme",
+            base("  handler: {type: Http, http: {url: \"localhost:8080\"}}\n"),
+            "handler.http.url must be an http:// or https:// URL",
+        ),
+        (
+            "dead letter without a container",
+            base("  handler: {onExhausted: DeadLetter}\n"),
+            "handler.onExhausted DeadLetter needs deadLetter.container",
+        ),
+        (
+            "header with value and valueFrom",
+            base(
+                "  handler: {type: Http, http: {url: \"http://h/\", headers: [{name: A, value: b, valueFrom: {secretKeyRef: {name: s, key: k}}}]}}\n",
+            ),
+            "a header needs exactly one of value and valueFrom",
+        ),
+        (
+            "readiness path without a slash",
+            base("  handler: {type: Http, http: {url: \"http://h/\", readinessPath: ready}}\n"),
+            "handler.http.readinessPath must start with /",
+        ),
+        (
+            "unknown handler type",
+            base("  handler: {type: Kafka}\n"),
+            "Unsupported value: \"Kafka\"",
+        ),
+        (
+            "unknown auth mode",
+            base("").replace("    keySecretRef:", "    auth: Password\n    keySecretRef:"),
+            "Unsupported value: \"Password\"",
+        ),
+        (
+            "processor name too long",
+            base(&format!("  processorName: {}\n", "p".repeat(200))),
+            "Too long",
+        ),
+    ];
+    let mut refused = Vec::new();
+    for (name, yaml, message) in &cases {
+        let (ok, _, err) = apply(plane, &ns, yaml);
+        assert!(!ok, "{name}: accepted");
+        assert!(err.contains(message), "{name}: expected {message:?} in {err}");
+        refused.push(*name);
+    }
+    apply_ok(plane, &ns, &base("  pollInterval: 1m30s\n  maxItems: 1\n"));
+    println!(
+        "bad values: {} refused with their messages ({}); the valid resource is accepted",
+        refused.len(),
+        refused.join(", ")
+    );
+}

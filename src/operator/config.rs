@@ -383,4 +383,21 @@ mod tests {
             problem.message
         );
     }
+
+    proptest::proptest! {
+        /// Every duration the CRD's rule accepts (`^([0-9]+(ms|s|m|h))+$`, such as `1m30s`) is one
+        /// the operator reads, with the value its parts add up to: the API server never admits a
+        /// duration the operator then reports as invalid.
+        #[test]
+        fn every_duration_the_crd_accepts_is_read_as_written(
+            parts in proptest::collection::vec((0u64..100_000, 0usize..4), 1..4),
+        ) {
+            let units = [("ms", 1u64), ("s", 1_000), ("m", 60_000), ("h", 3_600_000)];
+            let text: String = parts.iter().map(|(n, u)| format!("{n}{}", units[*u].0)).collect();
+            let millis: u64 = parts.iter().map(|(n, u)| n * units[*u].1).sum();
+            let parsed = humantime::parse_duration(&text);
+            proptest::prop_assert!(parsed.is_ok(), "{text:?}: {parsed:?}");
+            proptest::prop_assert_eq!(parsed.unwrap_or_default(), std::time::Duration::from_millis(millis), "{}", text);
+        }
+    }
 }

@@ -369,4 +369,35 @@ mod tests {
         assert_eq!(counts.get("b"), Some(&12));
         assert!(cycles <= 1);
     }
+
+    proptest::proptest! {
+        /// Whatever the starting point (instances holding any number of leases, free leases,
+        /// instances joining), every instance planning on the same snapshot reaches the fair
+        /// share within two cycles, with no lease taken from an instance at or below its share.
+        #[test]
+        fn any_start_reaches_the_fair_share_within_two_cycles(
+            held in proptest::collection::vec(0usize..20, 1..8),
+            free in 0usize..40,
+            joining in 0usize..4,
+        ) {
+            let names: Vec<String> = (0..held.len() + joining).map(|i| format!("i{i}")).collect();
+            let owners: Vec<(&str, usize)> = held.iter().enumerate().map(|(i, n)| (names[i].as_str(), *n)).collect();
+            let state = leases(&owners, free);
+            let total = state.len();
+            proptest::prop_assume!(total > 0);
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            let (cycles, moves, counts) = simulate(state, &refs);
+            let workers = names.len();
+            let (floor, ceil) = (total / workers, total.div_ceil(workers));
+            // The least a fair share needs: what instances above the ceiling hold too many.
+            let excess: usize = held.iter().map(|n| n.saturating_sub(ceil)).sum();
+            proptest::prop_assert!(cycles <= 2, "{cycles} cycles");
+            proptest::prop_assert!(!counts.contains_key(""), "a lease left free: {counts:?}");
+            for name in &names {
+                let n = counts.get(name).copied().unwrap_or(0);
+                proptest::prop_assert!(n >= floor && n <= ceil, "{name} holds {n}, share {floor}..={ceil}: {counts:?}");
+            }
+            proptest::prop_assert!(moves <= excess + workers, "{moves} moves for an excess of {excess}");
+        }
+    }
 }
