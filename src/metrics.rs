@@ -27,6 +27,7 @@ pub struct WorkerMetrics {
     read_duration: HistogramVec,
     request_charge: CounterVec,
     read_errors: IntCounterVec,
+    read_retries: IntCounterVec,
     estimated_lag: IntGaugeVec,
     lease_stuck: IntGaugeVec,
     dead_lettered: IntCounterVec,
@@ -128,6 +129,12 @@ impl WorkerMetrics {
                 "Change feed reads that failed, by kind (transient ones are retried with backoff).",
                 &["processor", "kind"],
             )?,
+            read_retries: counter(
+                &registry,
+                "cfp_feed_read_retries_total",
+                "Attempts the Cosmos SDK repeated within change feed reads that then succeeded (throttling, 503, timeouts).",
+                &["processor"],
+            )?,
             estimated_lag: gauge(
                 &registry,
                 "cfp_estimated_lag",
@@ -216,6 +223,12 @@ impl ProcessorObserver for WorkerMetrics {
         self.lease_errors
             .with_label_values(&[self.processor.as_str(), reason])
             .inc();
+    }
+
+    fn feed_read_retried(&self, _lease: &str, retries: u32) {
+        self.read_retries
+            .with_label_values(&[self.processor.as_str()])
+            .inc_by(u64::from(retries));
     }
 
     fn feed_read_failed(&self, _lease: &str, kind: &str) {

@@ -59,14 +59,7 @@ fn worker(endpoint: &str, receiver: &str, instance: &str) -> Child {
         .args(["--processor", "chaos", "--instance", instance, "--handler", "http"])
         .args(["--handler-url", &format!("{receiver}{instance}")])
         .args(["--max-items", &MAX_ITEMS.to_string(), "--poll-interval", "100ms"])
-        .args([
-            "--lease-acquire-interval",
-            "1s",
-            "--lease-renew-interval",
-            "1s",
-            "--lease-expiration",
-            "3s",
-        ])
+        .args(common::FAST_LEASES)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -58,6 +58,9 @@ pub struct ChangePage {
     pub lsn: Option<u64>,
     /// Request units charged for the read.
     pub request_charge: f64,
+    /// Attempts beyond the first that the SDK made for this page (it retries throttling, 503s
+    /// and timeouts by itself).
+    pub retries: u32,
 }
 
 /// The container whose change feed is processed.
@@ -188,6 +191,7 @@ impl FeedReader {
         let session_token = headers.session_token().map(|t| t.to_string());
         let lsn = headers.lsn();
         let request_charge = headers.request_charge().map(|c| c.value()).unwrap_or_default();
+        let retries = u32::try_from(page.diagnostics().request_count().saturating_sub(1)).unwrap_or(u32::MAX);
         // The continuation moves past every item of the page, so every item is delivered: one
         // without a current image (a delete in the all-versions mode) as its previous image, or
         // as what its metadata identifies.
@@ -201,6 +205,7 @@ impl FeedReader {
             session_token,
             lsn,
             request_charge,
+            retries,
         })
     }
 }

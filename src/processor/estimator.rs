@@ -220,6 +220,7 @@ mod tests {
             session_token: session.map(str::to_owned),
             lsn: None,
             request_charge: 0.0,
+            retries: 0,
         }
     }
 

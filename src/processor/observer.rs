@@ -10,6 +10,9 @@ pub trait ProcessorObserver: Send + Sync + 'static {
     fn feed_read(&self, _lease: &str, _elapsed: Duration, _request_charge: f64) {}
     /// A change feed read failed with an error of `kind` (see `ErrorKind::as_str`).
     fn feed_read_failed(&self, _lease: &str, _kind: &str) {}
+    /// A change feed read succeeded after the SDK retried it `retries` times (throttling, 503s,
+    /// timeouts).
+    fn feed_read_retried(&self, _lease: &str, _retries: u32) {}
     /// The handler finished a batch of `documents` after `elapsed`.
     fn handler_done(&self, _lease: &str, _elapsed: Duration, _ok: bool, _documents: usize) {}
     /// A checkpoint was written after `elapsed`.

@@ -135,6 +135,9 @@ pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
                     break;
                 }
             };
+            if page.retries > 0 {
+                shared.observer().feed_read_retried(owned.token(), page.retries);
+            }
             if failures > 0 {
                 shared.set_read_failing(owned.token(), None);
             }

@@ -381,3 +381,22 @@ pub fn receive_batches(
         },
     ));
 }
+
+/// `cfp worker` lease timings for multi-process tests: acquire and renew every second, expire
+/// after three.
+pub const FAST_LEASES: [&str; 6] = [
+    "--lease-acquire-interval",
+    "1s",
+    "--lease-renew-interval",
+    "1s",
+    "--lease-expiration",
+    "3s",
+];
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}

@@ -57,12 +57,7 @@ pub fn namespace(plane: &ControlPlane, name: &str) -> String {
     name.to_owned()
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(0)
-}
+pub use crate::common::free_port;
 
 /// A `cfp operator` process watching `ns`, with leader election in `ns`.
 pub struct Operator {

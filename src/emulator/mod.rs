@@ -5,6 +5,13 @@
 //! - `POST /_emulator/split?database=D&container=C[&partition=ID][&lockMs=N]` — splits one
 //!   physical partition at its midpoint (the first one when `partition` is not given) and answers
 //!   with the partitions after the split.
+//! - `POST /_emulator/faults?rate=R&kinds=429,503,408` — fails a share `R` of the Cosmos requests
+//!   as the service does; `POST /_emulator/outage?ms=N` fails every request for `N` ms;
+//!   `DELETE /_emulator/faults` stops; `GET /_emulator/faults` reports what was injected.
+
+mod faults;
+
+pub use faults::{Fault, FaultInjector};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -129,6 +136,8 @@ pub struct Emulator {
     gateway: Url,
     /// With key auth disabled: the one Entra ID token the account accepts.
     entra_token: Option<Arc<str>>,
+    /// Faults injected into Cosmos requests.
+    faults: Arc<FaultInjector>,
 }
 
 impl Emulator {
@@ -146,6 +155,7 @@ impl Emulator {
             client: Arc::new(client),
             gateway,
             entra_token: None,
+            faults: Arc::new(FaultInjector::default()),
         })
     }
 
@@ -297,6 +307,9 @@ impl Emulator {
             let query = req.uri().query().unwrap_or_default().to_owned();
             return self.control(req.method().clone(), &control, &query).await;
         }
+        if let Some(fault) = self.faults.next() {
+            return fault.response();
+        }
         if let Some(refusal) = self.refuse_unauthorized(&req) {
             return refusal;
         }
@@ -393,9 +406,45 @@ impl Emulator {
             .map_err(|e| CosmosError::local(ErrorKind::Other, format!("building response: {e}")))
     }
 
+    /// The fault-injection endpoints; `None` for other actions.
+    fn fault_control(
+        &self,
+        method: &hyper::Method,
+        action: &str,
+        params: &std::collections::HashMap<String, String>,
+    ) -> Option<hyper::Response<Full<Bytes>>> {
+        let bad = |message: String| crate::http::json(400, &serde_json::json!({ "message": message }));
+        match (method, action) {
+            (&hyper::Method::POST, "faults") => {
+                let rate = params.get("rate").map_or(Ok(0.1), |r| r.parse::<f64>());
+                let kinds: Option<Vec<Fault>> = params
+                    .get("kinds")
+                    .map_or("429,503,408", String::as_str)
+                    .split(',')
+                    .map(Fault::parse)
+                    .collect();
+                match (rate, kinds) {
+                    (Ok(rate), Some(kinds)) if (0.0..=1.0).contains(&rate) => self.faults.configure(rate, kinds),
+                    _ => return Some(bad("rate must be 0..1 and kinds a list of 429, 503, 408".into())),
+                }
+            }
+            (&hyper::Method::POST, "outage") => match params.get("ms").and_then(|ms| ms.parse::<u64>().ok()) {
+                Some(ms) => self.faults.outage(Duration::from_millis(ms)),
+                None => return Some(bad("ms (the outage's length in milliseconds) is required".into())),
+            },
+            (&hyper::Method::DELETE, "faults") => self.faults.clear(),
+            (&hyper::Method::GET, "faults") => {}
+            _ => return None,
+        }
+        Some(crate::http::json(200, &self.faults.report()))
+    }
+
     async fn control(&self, method: hyper::Method, action: &str, query: &str) -> hyper::Response<Full<Bytes>> {
         let params: std::collections::HashMap<String, String> =
             url::form_urlencoded::parse(query.as_bytes()).into_owned().collect();
+        if let Some(response) = self.fault_control(&method, action, &params) {
+            return response;
+        }
         let (Some(database), Some(container)) = (params.get("database"), params.get("container")) else {
             return crate::http::json(
                 400,

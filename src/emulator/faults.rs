@@ -1,0 +1,161 @@
+//! Service faults `cfp emulator` can inject, as the service answers them: a share of requests
+//! throttled (429 with a retry-after), unavailable (503) or timed out (408), and outages during
+//! which every request fails. For testing what clients do under faults, over the control API.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::http::Response;
+
+/// One kind of injected failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fault {
+    /// 429/3200: request rate too large, retry after a short delay.
+    Throttled,
+    /// 503: the service is unavailable.
+    Unavailable,
+    /// 408: the request timed out on the service.
+    Timeout,
+}
+
+impl Fault {
+    /// Parses a status code (`429`, `503`, `408`).
+    pub fn parse(code: &str) -> Option<Self> {
+        match code.trim() {
+            "429" => Some(Fault::Throttled),
+            "503" => Some(Fault::Unavailable),
+            "408" => Some(Fault::Timeout),
+            _ => None,
+        }
+    }
+
+    /// The status code.
+    pub fn code(self) -> u16 {
+        match self {
+            Fault::Throttled => 429,
+            Fault::Unavailable => 503,
+            Fault::Timeout => 408,
+        }
+    }
+
+    /// The response the service gives.
+    pub fn response(self) -> Response {
+        let (code, message, sub_status) = match self {
+            Fault::Throttled => (
+                "TooManyRequests",
+                "Request rate is large. More Request Units may be needed, so no changes were made.",
+                "3200",
+            ),
+            Fault::Unavailable => ("ServiceUnavailable", "The service is currently unavailable.", "0"),
+            Fault::Timeout => ("RequestTimeout", "The request timed out.", "0"),
+        };
+        let mut response = crate::http::json(
+            self.code(),
+            &serde_json::json!({"code": code, "message": format!("{message} (injected by cfp emulator)")}),
+        );
+        let headers = response.headers_mut();
+        headers.insert("x-ms-substatus", hyper::header::HeaderValue::from_static(sub_status));
+        if self == Fault::Throttled {
+            headers.insert("x-ms-retry-after-ms", hyper::header::HeaderValue::from_static("50"));
+        }
+        response
+    }
+}
+
+#[derive(Default)]
+struct State {
+    rate: f64,
+    kinds: Vec<Fault>,
+    outage_until: Option<Instant>,
+    injected: BTreeMap<u16, u64>,
+}
+
+/// Decides, request by request, whether to fail it.
+#[derive(Default)]
+pub struct FaultInjector {
+    state: Mutex<State>,
+}
+
+impl FaultInjector {
+    /// Fails `rate` (0..=1) of the requests, with kinds drawn evenly from `kinds`.
+    pub fn configure(&self, rate: f64, kinds: Vec<Fault>) {
+        if let Ok(mut state) = self.state.lock() {
+            state.rate = if kinds.is_empty() { 0.0 } else { rate.clamp(0.0, 1.0) };
+            state.kinds = kinds;
+        }
+    }
+
+    /// Fails every request (503) for `duration`.
+    pub fn outage(&self, duration: Duration) {
+        if let Ok(mut state) = self.state.lock() {
+            state.outage_until = Some(Instant::now() + duration);
+        }
+    }
+
+    /// Stops injecting.
+    pub fn clear(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.rate = 0.0;
+            state.kinds.clear();
+            state.outage_until = None;
+        }
+    }
+
+    /// The fault for the next request, if it is to fail.
+    pub fn next(&self) -> Option<Fault> {
+        let mut state = self.state.lock().ok()?;
+        let fault = if state.outage_until.is_some_and(|until| Instant::now() < until) {
+            Some(Fault::Unavailable)
+        } else if state.rate > 0.0 && fastrand::f64() < state.rate {
+            let pick = fastrand::usize(0..state.kinds.len());
+            state.kinds.get(pick).copied()
+        } else {
+            None
+        }?;
+        *state.injected.entry(fault.code()).or_default() += 1;
+        Some(fault)
+    }
+
+    /// What is configured and how many of each fault were injected.
+    pub fn report(&self) -> serde_json::Value {
+        let Ok(state) = self.state.lock() else {
+            return serde_json::Value::Null;
+        };
+        let outage = state
+            .outage_until
+            .map(|until| until.saturating_duration_since(Instant::now()).as_millis() as u64)
+            .unwrap_or(0);
+        serde_json::json!({
+            "rate": state.rate,
+            "kinds": state.kinds.iter().map(|k| k.code()).collect::<Vec<_>>(),
+            "outageRemainingMs": outage,
+            "injected": state.injected.iter().map(|(code, n)| (code.to_string(), *n)).collect::<BTreeMap<_, _>>(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_outages_and_counts() {
+        let faults = FaultInjector::default();
+        assert!((0..100).all(|_| faults.next().is_none()), "nothing injected by default");
+        faults.configure(1.0, vec![Fault::Throttled]);
+        assert_eq!(faults.next(), Some(Fault::Throttled));
+        faults.configure(0.0, vec![Fault::Throttled]);
+        faults.outage(Duration::from_secs(60));
+        assert_eq!(faults.next(), Some(Fault::Unavailable));
+        faults.clear();
+        assert_eq!(faults.next(), None);
+        assert_eq!(faults.report()["injected"]["429"], 1);
+        assert_eq!(faults.report()["injected"]["503"], 1);
+        let throttled = Fault::Throttled.response();
+        assert_eq!(throttled.status(), 429);
+        assert_eq!(throttled.headers()["x-ms-retry-after-ms"], "50");
+        assert_eq!(Fault::parse("408"), Some(Fault::Timeout));
+        assert_eq!(Fault::parse("500"), None);
+    }
+}

@@ -1,0 +1,165 @@
+//! Injected service faults: `cfp emulator` answers a share of all Cosmos requests (change feed
+//! reads, lease reads, replaces and queries, writes) with 429 (retry-after), 503 or 408, as the
+//! service does, and then fails everything for twice the lease expiration. Two `cfp worker`
+//! processes keep going: nothing is lost, no lease is left behind, the read errors show in the
+//! workers' metrics, and after the outage every lease is processed again.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use changefeed_operator::cosmos::{AccountAuth, CosmosAccount, DocumentContainer};
+use changefeed_operator::processor::LeaseStore;
+use common::{CFP, DB, ITEMS, http_get, lease_store, start_emulator, terminate};
+use tokio::process::{Child, Command};
+
+fn worker(endpoint: &str, receiver: &str, instance: &str, metrics: u16) -> Child {
+    Command::new(CFP)
+        .args(["worker", "--endpoint", endpoint, "--database", DB, "--container", ITEMS])
+        .args(["--processor", "faults", "--instance", instance, "--handler", "http"])
+        .args([
+            "--handler-url",
+            receiver,
+            "--poll-interval",
+            "100ms",
+            "--max-items",
+            "50",
+        ])
+        .args(common::FAST_LEASES)
+        .args(["--metrics-port", &metrics.to_string()])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(
+            std::fs::File::create(std::env::temp_dir().join(format!("cfp-faults-{instance}.log"))).expect("log file"),
+        )
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn cfp worker")
+}
+
+/// Writes `doc-<n>` for `range`, retrying what the service refuses (clients retry faults).
+async fn write(items: &DocumentContainer, range: std::ops::Range<usize>) {
+    for n in range {
+        let doc = serde_json::json!({"id": format!("doc-{n}"), "pk": format!("pk-{}", n % 13)});
+        for attempt in 0.. {
+            match items.upsert(&format!("pk-{}", n % 13), &doc).await {
+                Ok(_) => break,
+                Err(e) if attempt >= 100 => panic!("writing doc-{n}: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+}
+
+async fn control(endpoint: &str, method: reqwest::Method, action: &str) -> serde_json::Value {
+    let answer = reqwest::Client::new()
+        .request(method, format!("{endpoint}_emulator/{action}"))
+        .send()
+        .await
+        .expect("emulator control");
+    assert!(answer.status().is_success(), "{action}: {}", answer.status());
+    serde_json::from_slice(&answer.bytes().await.expect("body")).expect("JSON")
+}
+
+async fn wait_delivered(seen: &Mutex<BTreeSet<String>>, count: usize, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if (0..count).all(|n| seen.lock().unwrap().contains(&format!("doc-{n}"))) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    false
+}
+
+/// The sum of the series of `metric` at a worker's /metrics.
+async fn metric_sum(port: u16, metric: &str) -> f64 {
+    let (_, body) = http_get(SocketAddr::from(([127, 0, 0, 1], port)), "/metrics").await;
+    body.lines()
+        .filter(|l| l.starts_with(metric))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_ride_out_throttling_errors_timeouts_and_an_outage_without_losing_anything() {
+    let (mut emulator, endpoint) = start_emulator("db/items:/pk:4").await;
+    let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key())
+        .await
+        .unwrap();
+    let items = account.documents(DB, ITEMS).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let receiver = format!("http://{}/", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    let deliveries = Arc::new(Mutex::new(0usize));
+    let (sink, count) = (seen.clone(), deliveries.clone());
+    common::receive_batches(listener, move |_, batch| {
+        let ids: Vec<String> = batch["documents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d["id"].as_str().map(str::to_owned))
+            .collect();
+        *count.lock().unwrap() += ids.len();
+        sink.lock().unwrap().extend(ids);
+    });
+    write(&items, 0..300).await;
+
+    // 10 % of every request fails while the workers start and documents keep coming.
+    control(&endpoint, reqwest::Method::POST, "faults?rate=0.1&kinds=429,503,408").await;
+    let ports = [common::free_port(), common::free_port()];
+    let mut workers = vec![
+        worker(&endpoint, &receiver, "f0", ports[0]),
+        worker(&endpoint, &receiver, "f1", ports[1]),
+    ];
+    let started = Instant::now();
+    write(&items, 300..1000).await;
+    let through_faults = wait_delivered(&seen, 1000, Duration::from_secs(90)).await;
+    let faults_took = started.elapsed();
+    let mut retried = 0.0;
+    for port in ports {
+        retried += metric_sum(port, "cfp_feed_read_retries_total").await
+            + metric_sum(port, "cfp_feed_read_errors_total").await;
+    }
+    let injected = control(&endpoint, reqwest::Method::GET, "faults").await;
+
+    // Everything fails for twice the lease expiration; then documents written afterwards arrive.
+    control(&endpoint, reqwest::Method::DELETE, "faults").await;
+    control(&endpoint, reqwest::Method::POST, "outage?ms=6000").await;
+    tokio::time::sleep(Duration::from_millis(6000)).await;
+    let recovered_from = Instant::now();
+    write(&items, 1000..1300).await;
+    let after_outage = wait_delivered(&seen, 1300, Duration::from_secs(60)).await;
+    let recovery = recovered_from.elapsed();
+    let store = lease_store(&account, "faults").await.expect("lease store");
+    let owners: Vec<Option<String>> = store
+        .snapshot()
+        .await
+        .unwrap()
+        .leases
+        .into_iter()
+        .map(|l| l.owner)
+        .collect();
+    let outage = control(&endpoint, reqwest::Method::GET, "faults").await;
+    for child in &mut workers {
+        terminate(child).await;
+    }
+    terminate(&mut emulator).await;
+
+    let delivered = *deliveries.lock().unwrap();
+    println!(
+        "faults: injected {} during the faulty phase; 1000/1000 delivered {through_faults} in {faults_took:.1?}; workers counted {retried} retried or failed change feed reads; outage of 6 s (2x expiration): {} requests refused, then 300 more delivered {after_outage} within {recovery:.1?}; lease owners {owners:?}; deliveries {delivered} for 1300 documents",
+        injected["injected"], outage["injected"]["503"]
+    );
+    assert!(through_faults, "lost under faults");
+    assert!(after_outage, "not processed again after the outage");
+    assert!(retried > 0.0, "the injected faults show in the workers' metrics");
+    assert!(
+        owners.iter().all(|o| matches!(o.as_deref(), Some("f0" | "f1"))),
+        "every lease owned by a live worker after the outage: {owners:?}"
+    );
+}
