@@ -105,7 +105,7 @@ impl ScaleHistory {
         }
         let (total_lag, leases) = match observed {
             Observed::Failed(error) => {
-                let replicas = current.unwrap_or(policy.min_replicas.max(1));
+                let replicas = current.unwrap_or(policy.min_replicas.max(1).min(policy.max_replicas));
                 return Decision {
                     replicas,
                     recommendation: None,
@@ -353,5 +353,63 @@ mod tests {
         assert!(by_leases.message.contains("lease count (8"), "{}", by_leases.message);
         let by_max = ScaleHistory::default().decide(&policy(1, 3, 1), None, &estimate(10, 8), Instant::now());
         assert!(by_max.message.contains("maxReplicas (3)"), "{}", by_max.message);
+    }
+
+    proptest::proptest! {
+        /// Over any sequence of estimates (successes and failures, any lag, any lease count) the
+        /// replicas stay within the bounds: at least `minReplicas`, at most `maxReplicas`, never
+        /// more than the leases unless `minReplicas` says so, never changed by a failed estimate,
+        /// and up-steps of at most double or +4.
+        #[test]
+        fn replicas_stay_within_the_policy_whatever_the_estimates(
+            min in 0i32..5,
+            extra in 0i32..20,
+            target in 1u64..2000,
+            steps in proptest::collection::vec((proptest::option::of((0u64..1_000_000, 1usize..64)), 0u64..120), 1..30),
+        ) {
+            let policy = Policy {
+                min_replicas: min,
+                // The CRD admits maxReplicas >= 1 and minReplicas <= maxReplicas.
+                max_replicas: min.max(1) + extra,
+                target_lag_per_replica: target,
+                scale_down_stabilization: Duration::from_secs(60),
+            };
+            let mut history = ScaleHistory::default();
+            let start = Instant::now();
+            let mut now = start;
+            let mut current: Option<i32> = None;
+            for (estimate, seconds) in steps {
+                now += Duration::from_secs(seconds);
+                let observed = match estimate {
+                    Some((total_lag, leases)) => Observed::Estimate { total_lag, leases },
+                    None => Observed::Failed("unreachable".into()),
+                };
+                let decision = history.decide(&policy, current, &observed, now);
+                let replicas = decision.replicas;
+                proptest::prop_assert!(
+                    replicas >= policy.min_replicas && replicas <= policy.max_replicas,
+                    "{replicas} outside {min}..={}",
+                    policy.max_replicas
+                );
+                match &observed {
+                    Observed::Failed(_) => {
+                        if let Some(held) = current {
+                            proptest::prop_assert_eq!(replicas, held, "a failed estimate changed the replicas");
+                        }
+                    }
+                    Observed::Estimate { leases, .. } => {
+                        let cap = (*leases as i32).max(policy.min_replicas);
+                        // Scale-down stabilization may hold replicas above a lease count that shrank.
+                        proptest::prop_assert!(replicas <= cap.max(current.unwrap_or(0)), "{replicas} workers for {leases} leases");
+                        if let Some(before) = current {
+                            if replicas > before {
+                                proptest::prop_assert!(replicas <= (before * 2).max(before + 4).max(policy.min_replicas), "step {before} → {replicas}");
+                            }
+                        }
+                    }
+                }
+                current = Some(replicas);
+            }
+        }
     }
 }

@@ -830,4 +830,60 @@ mod tests {
         assert_eq!(service.metadata.name.as_deref(), Some("orders-metrics"));
         assert_eq!(service.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].port, 9100);
     }
+
+    proptest::proptest! {
+        /// Whatever the spec, the rendered Deployment selects its own pods, runs every container
+        /// restricted (non-root, read-only root, no capabilities, no privilege escalation) with
+        /// resource requests, takes keys only from Secrets, and runs the replicas asked for.
+        #[test]
+        fn any_spec_renders_a_restricted_keyless_deployment(
+            replicas in 0i32..50,
+            max_items in 1i32..10000,
+            http in proptest::bool::ANY,
+            identity in proptest::bool::ANY,
+            lease_account in proptest::bool::ANY,
+            sidecars in 0usize..3,
+            labels in proptest::collection::btree_map("[a-z]{1,8}", "[a-z0-9]{0,8}", 0..4),
+        ) {
+            let mut spec = serde_json::json!({"maxItems": max_items, "worker": {"labels": labels}});
+            if http {
+                spec["handler"] = serde_json::json!({"type": "Http", "http": {"url": "http://localhost:8080/"}});
+            }
+            if identity {
+                spec["connection"] = serde_json::json!({"endpoint": "https://a.documents.azure.com:443/", "auth": "WorkloadIdentity"});
+                spec["worker"]["serviceAccountName"] = serde_json::json!("identity");
+            }
+            if lease_account {
+                spec["leases"] = serde_json::json!({"connection": {"endpoint": "https://l.documents.azure.com:443/", "keySecretRef": {"name": "l"}}});
+            }
+            spec["worker"]["sidecars"] = serde_json::json!((0..sidecars).map(|i| serde_json::json!({"name": format!("side{i}"), "image": "side:1"})).collect::<Vec<_>>());
+            let cfp = resource(spec);
+            let deployment = worker_deployment(&cfp, "img:1", replicas);
+            let deployment_spec = deployment.spec.clone().unwrap();
+            proptest::prop_assert_eq!(deployment_spec.replicas, Some(replicas));
+            let template = deployment_spec.template;
+            let pod_labels = template.metadata.unwrap().labels.unwrap();
+            for (key, value) in deployment_spec.selector.match_labels.unwrap() {
+                proptest::prop_assert_eq!(pod_labels.get(&key), Some(&value), "selector label {} overridden", key);
+            }
+            let pod = template.spec.unwrap();
+            proptest::prop_assert_eq!(pod.containers.len(), 1 + sidecars);
+            for container in &pod.containers {
+                let security = container.security_context.clone().unwrap_or_default();
+                proptest::prop_assert_eq!(security.run_as_non_root, Some(true));
+                proptest::prop_assert_eq!(security.read_only_root_filesystem, Some(true));
+                proptest::prop_assert_eq!(security.allow_privilege_escalation, Some(false));
+                let dropped = security.capabilities.and_then(|c| c.drop).unwrap_or_default();
+                proptest::prop_assert!(dropped.contains(&"ALL".to_owned()), "{} keeps capabilities", container.name);
+                if container.name == "worker" {
+                    proptest::prop_assert!(container.resources.as_ref().and_then(|r| r.requests.as_ref()).is_some());
+                }
+                for var in container.env.iter().flatten() {
+                    if var.name.ends_with("KEY") {
+                        proptest::prop_assert!(var.value.is_none(), "{} is a literal", var.name);
+                    }
+                }
+            }
+        }
+    }
 }
