@@ -401,10 +401,13 @@ mod tests {
                         let cap = (*leases as i32).max(policy.min_replicas);
                         // Scale-down stabilization may hold replicas above a lease count that shrank.
                         proptest::prop_assert!(replicas <= cap.max(current.unwrap_or(0)), "{replicas} workers for {leases} leases");
-                        if let Some(before) = current {
-                            if replicas > before {
-                                proptest::prop_assert!(replicas <= (before * 2).max(before + 4).max(policy.min_replicas), "step {before} → {replicas}");
-                            }
+                        if let Some(before) = current
+                            && replicas > before
+                        {
+                            proptest::prop_assert!(
+                                replicas <= (before * 2).max(before + 4).max(policy.min_replicas),
+                                "step {before} → {replicas}"
+                            );
                         }
                     }
                 }
