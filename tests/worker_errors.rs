@@ -97,3 +97,37 @@ async fn configuration_errors_end_the_worker_with_one_clear_line() {
     }
     terminate(&mut emulator).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_account_key_ends_the_worker_with_one_line_naming_the_key() {
+    // An account that checks signatures, as the service does.
+    let key = "c2lnbmF0dXJlcy1hcmUtY2hlY2tlZC1oZXJlLWNmcA==";
+    let (mut emulator, endpoint) =
+        common::start_emulator_with(&["--port", "0", "--container", "db/items:/pk:2", "--key", key]).await;
+    let account = [
+        "--endpoint",
+        endpoint.as_str(),
+        "--database",
+        "db",
+        "--container",
+        "items",
+    ];
+    let write = tokio::process::Command::new(CFP)
+        .arg("write")
+        .args(account)
+        .args(["--key", key, "--count", "5"])
+        .status()
+        .await
+        .unwrap();
+    assert!(
+        write.success(),
+        "the right key writes (signatures of every request type check out)"
+    );
+    let (code, stderr) = worker(&[&account[..], &["--key", changefeed_operator::cosmos::EMULATOR_KEY]].concat()).await;
+    println!("wrong key: exit {code:?}: {stderr}");
+    assert!(code.is_some_and(|c| c != 0));
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr:?}");
+    assert!(stderr.contains("the account refused the key"), "{stderr}");
+    assert!(!stderr.contains(key), "the key is never printed");
+    terminate(&mut emulator).await;
+}

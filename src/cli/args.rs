@@ -56,8 +56,17 @@ pub struct EmulatorArgs {
     /// Disable key auth, as an account with local authorization disabled: serve only requests
     /// carrying the Microsoft Entra ID token written in this file (for testing `--auth
     /// workload-identity` against a token endpoint you run).
-    #[arg(long, env = "CFP_EMULATOR_ENTRA_TOKEN_FILE", value_name = "PATH")]
+    #[arg(
+        long,
+        env = "CFP_EMULATOR_ENTRA_TOKEN_FILE",
+        value_name = "PATH",
+        conflicts_with = "key"
+    )]
     pub entra_token_file: Option<std::path::PathBuf>,
+    /// Require requests signed with this account key, as the service does (401 otherwise). By
+    /// default any signature is accepted, as in the SDK's emulator.
+    #[arg(long, env = "CFP_EMULATOR_KEY", hide_env_values = true)]
+    pub key: Option<String>,
     /// A container to create at start: `database/container[:/partitionKeyPath[:partitions]]`
     /// (default partition key `/id`, 4 partitions). Repeatable.
     #[arg(long = "container", value_name = "SPEC")]

@@ -24,8 +24,13 @@ pub async fn run(args: &EmulatorArgs) -> Result<(), EmulatorError> {
     }
     println!("Cosmos DB emulator listening");
     println!("  endpoint: {}", emulator.endpoint());
+    if let Some(key) = &args.key {
+        emulator = emulator.require_key(key);
+    }
     if args.entra_token_file.is_some() {
         println!("  auth:     Entra ID token only (key auth disabled)");
+    } else if args.key.is_some() {
+        println!("  key:      the one given with --key (signatures checked)");
     } else {
         println!("  key:      {}", crate::cosmos::EMULATOR_KEY);
     }

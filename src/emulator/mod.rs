@@ -9,8 +9,10 @@
 //!   as the service does; `POST /_emulator/outage?ms=N` fails every request for `N` ms;
 //!   `DELETE /_emulator/faults` stops; `GET /_emulator/faults` reports what was injected.
 
+mod auth;
 mod faults;
 
+pub use auth::RequiredAuth;
 pub use faults::{Fault, FaultInjector};
 
 use std::net::SocketAddr;
@@ -134,8 +136,8 @@ pub const MAX_REQUEST_BODY: usize = 4 * 1024 * 1024;
 pub struct Emulator {
     client: Arc<InMemoryEmulatorHttpClient>,
     gateway: Url,
-    /// With key auth disabled: the one Entra ID token the account accepts.
-    entra_token: Option<Arc<str>>,
+    /// Which requests over HTTP are authorized.
+    auth: RequiredAuth,
     /// Faults injected into Cosmos requests.
     faults: Arc<FaultInjector>,
 }
@@ -154,7 +156,7 @@ impl Emulator {
         Ok(Self {
             client: Arc::new(client),
             gateway,
-            entra_token: None,
+            auth: RequiredAuth::Any,
             faults: Arc::new(FaultInjector::default()),
         })
     }
@@ -169,7 +171,14 @@ impl Emulator {
     /// the Entra ID bearer token `token` (Cosmos DB's `type=aad` authorization); others get 401.
     /// In-process clients are not checked.
     pub fn require_entra_token(mut self, token: &str) -> Self {
-        self.entra_token = Some(Arc::from(token.trim()));
+        self.auth = RequiredAuth::EntraToken(Arc::from(token.trim()));
+        self
+    }
+
+    /// Requires requests over HTTP to be signed with the account key `key`, as the service does
+    /// (401 otherwise). In-process clients are not checked.
+    pub fn require_key(mut self, key: &str) -> Self {
+        self.auth = RequiredAuth::Key(Arc::new(azure_core::credentials::Secret::new(key.to_owned())));
         self
     }
 
@@ -322,30 +331,20 @@ impl Emulator {
         }
     }
 
-    /// The 401 the service answers when key auth is disabled and a request is not signed with the
-    /// accepted Entra ID token; `None` when the request may pass.
+    /// The 401 the service answers for a request its authorization does not cover.
     fn refuse_unauthorized(&self, req: &hyper::Request<Incoming>) -> Option<hyper::Response<Full<Bytes>>> {
-        let expected = self.entra_token.as_deref()?;
-        let header = req
-            .headers()
-            .get(hyper::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default();
-        // `type=aad&ver=1.0&sig=<token>`, percent-encoded as a whole.
-        let decoded: String = url::form_urlencoded::parse(format!("h={header}").as_bytes())
-            .map(|(_, value)| value.into_owned())
-            .collect();
-        let fields: std::collections::HashMap<&str, &str> =
-            decoded.split('&').filter_map(|field| field.split_once('=')).collect();
-        let message = match (fields.get("type").copied(), fields.get("sig").copied()) {
-            (Some("aad"), Some(token)) if token == expected => return None,
-            (Some("aad"), _) => "The AAD token in the request is not valid for this account.",
-            _ => "Local Authorization is disabled. Use an AAD token to authorize all requests.",
+        let header = |name: &str| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
         };
-        Some(crate::http::json(
-            401,
-            &serde_json::json!({"code": "Unauthorized", "message": message}),
-        ))
+        self.auth.refuse(&auth::SignedRequest {
+            method: req.method().as_str(),
+            path: req.uri().path(),
+            authorization: header("authorization"),
+            date: header("x-ms-date"),
+        })
     }
 
     /// Passes a Cosmos REST request to the in-memory store.
