@@ -814,3 +814,49 @@ async fn another_processors_leases_in_the_same_container_are_never_touched() {
     assert_eq!(env.leases().await.len(), 2);
     a.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_container_deleted_while_running_is_reported_and_processing_resumes_when_it_is_back() {
+    let env = Env::new(4).await;
+    let a = env.start(env.options("a")).await;
+    let b = env.start(env.options("b")).await;
+    env.write(0..200).await;
+    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 200 }).await);
+    assert!(eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 2, 4) }).await);
+    env.account.delete_container(common::DB, common::LEASES).await.unwrap();
+    let deleted = Instant::now();
+    let reported = eventually(Duration::from_secs(10), || async {
+        a.monitor()
+            .read_problem()
+            .is_some_and(|p| p.contains("lease container"))
+            && b.monitor().read_problem().is_some()
+    })
+    .await;
+    let problem = a.monitor().read_problem();
+    env.write(200..400).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.account
+        .ensure_container(common::DB, common::LEASES, "/id")
+        .await
+        .unwrap();
+    let back = Instant::now();
+    let resumed = eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 400 }).await;
+    let cleared = a.monitor().read_problem().is_none() && b.monitor().read_problem().is_none();
+    let missing = env.deliveries.missing(ids(0..400));
+    let leases = env.leases().await;
+    println!(
+        "lease container deleted: reported {reported} after {:.1?} ({problem:?}); recreated {:.1?} later: 400 delivered {resumed} within {:.1?}, lost {}, duplicates {}, leases {} with checkpoints {}, readiness cleared {cleared}",
+        back.duration_since(deleted).saturating_sub(Duration::from_secs(2)),
+        back.duration_since(deleted),
+        back.elapsed(),
+        missing.len(),
+        env.deliveries.duplicates().len(),
+        leases.len(),
+        leases.iter().filter(|l| l.continuation.is_some()).count()
+    );
+    assert!(reported, "readiness names the missing lease container");
+    assert!(resumed && missing.is_empty(), "missing {missing:?}");
+    assert!(cleared);
+    a.stop().await;
+    b.stop().await;
+}

@@ -121,6 +121,17 @@ impl CosmosAccount {
         Ok(DocumentContainer::new(client, partition_key_paths(&props)))
     }
 
+    /// Deletes a container and everything in it. Fails with `NotFound` when it does not exist.
+    pub async fn delete_container(&self, database: &str, container: &str) -> Result<(), CosmosError> {
+        self.client
+            .database_client(database)
+            .container_client(container, None)
+            .await?
+            .delete(None)
+            .await?;
+        Ok(())
+    }
+
     /// Creates the database and container (with the given partition key path) when missing.
     pub async fn ensure_container(&self, database: &str, container: &str, pk_path: &str) -> Result<(), CosmosError> {
         if let Err(e) = self.client.create_database(database, None).await {

@@ -38,6 +38,8 @@ pub struct OwnedLease {
     store: Arc<dyn LeaseStore>,
     cancel: CancellationToken,
     lost: AtomicBool,
+    /// Set with `lost` when the lease document itself was found deleted.
+    gone: AtomicBool,
     /// The instance that asked for the lease; processing stops after the current batch.
     handoff_to: std::sync::Mutex<Option<String>>,
 }
@@ -53,6 +55,7 @@ impl OwnedLease {
             store,
             cancel: parent.child_token(),
             lost: AtomicBool::new(false),
+            gone: AtomicBool::new(false),
             handoff_to: std::sync::Mutex::new(None),
         })
     }
@@ -75,6 +78,17 @@ impl OwnedLease {
     /// Whether the lease was found owned by someone else (or deleted).
     pub fn is_lost(&self) -> bool {
         self.lost.load(Ordering::SeqCst)
+    }
+
+    /// Whether the lease document was found deleted.
+    pub fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::SeqCst)
+    }
+
+    /// Stops processing because the lease document was deleted.
+    fn mark_gone(&self) {
+        self.gone.store(true, Ordering::SeqCst);
+        self.mark_lost();
     }
 
     /// Stops processing because the lease is no longer ours.
@@ -133,12 +147,12 @@ impl OwnedLease {
                         return Err(UpdateError::Lost(current.owner));
                     }
                     None => {
-                        self.mark_lost();
+                        self.mark_gone();
                         return Err(UpdateError::Gone);
                     }
                 },
                 Err(LeaseStoreError::Gone(_)) => {
-                    self.mark_lost();
+                    self.mark_gone();
                     return Err(UpdateError::Gone);
                 }
                 Err(other) => return Err(other.into()),

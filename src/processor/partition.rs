@@ -44,7 +44,9 @@ async fn pause(cancel: &CancellationToken, delay: Duration) -> bool {
 }
 
 fn stop_reason(owned: &OwnedLease) -> LeaseExit {
-    LeaseExit::closed(if owned.is_lost() {
+    LeaseExit::closed(if owned.is_gone() {
+        CloseReason::LeaseGone
+    } else if owned.is_lost() {
         CloseReason::LeaseLost
     } else if owned.handoff_target().is_some() {
         CloseReason::HandedOver

@@ -55,6 +55,8 @@ pub struct Shared {
     pub(crate) dead_letters: std::sync::OnceLock<Arc<dyn DeadLetterStore>>,
     /// Leases whose change feed keeps failing, with the last error.
     read_failing: Mutex<HashMap<String, String>>,
+    /// Why the lease store cannot be used (its container is missing), while that lasts.
+    store_problem: Mutex<Option<String>>,
     /// Set when the coordinator stopped without being asked to (a panic).
     died: AtomicBool,
 }
@@ -143,6 +145,7 @@ impl ChangeFeedProcessor {
                 ready: AtomicBool::new(false),
                 dead_letters: std::sync::OnceLock::new(),
                 read_failing: Mutex::new(HashMap::new()),
+                store_problem: Mutex::new(None),
                 died: AtomicBool::new(false),
             }),
         }
@@ -200,6 +203,7 @@ impl ChangeFeedProcessor {
             tasks: JoinSet::new(),
             reported_invalid: std::collections::HashSet::new(),
             awaiting: Vec::new(),
+            orphans: Vec::new(),
         };
         let task = tokio::spawn(coordinator.run(shutdown.clone()));
         let renewer = tokio::spawn(renew_loop(self.shared.clone(), shutdown.clone()));
@@ -288,8 +292,18 @@ impl ProcessorMonitor {
         self.shared.ready.load(Ordering::SeqCst)
     }
 
-    /// Why the processor is not fully working: a lease whose change feed keeps failing.
+    /// Why the processor is not fully working: the lease container is missing, or a lease's
+    /// change feed keeps failing.
     pub fn read_problem(&self) -> Option<String> {
+        let store = self
+            .shared
+            .store_problem
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if store.is_some() {
+            return store;
+        }
         let failing = self
             .shared
             .read_failing
@@ -341,6 +355,9 @@ struct Coordinator {
     /// Leases this cycle asked their owners for: (lease id, owner asked), adopted as soon as
     /// the owner hands them over.
     awaiting: Vec<(String, Option<String>)>,
+    /// Leases this instance owned when the lease container disappeared, with their checkpoints:
+    /// written back when it exists again.
+    orphans: Vec<Lease>,
 }
 
 impl Coordinator {
@@ -499,7 +516,7 @@ impl Coordinator {
 
     /// Puts back a lease document deleted while this instance processed it, with its last
     /// checkpoint and no owner, so that its range is not left without a lease (nothing lost).
-    async fn recreate(&self, owned: &OwnedLease) {
+    async fn recreate(&mut self, owned: &OwnedLease) {
         let mut lease = owned.current().await;
         lease.owner = None;
         lease.etag.clear();
@@ -512,10 +529,61 @@ impl Coordinator {
                 );
             }
             Ok(None) => tracing::debug!(lease = owned.token(), "the deleted lease exists again"),
+            Err(LeaseStoreError::Cosmos(error)) if error.kind == crate::cosmos::ErrorKind::NotFound => {
+                // The whole lease container is gone: keep the checkpoint until it is back.
+                self.orphans.push(lease);
+            }
             Err(error) => self.shared.emit_error(
                 Some(owned.token()),
                 format!("recreating the deleted lease failed: {error}"),
             ),
+        }
+    }
+
+    /// Reports the lease container missing (once in the log; on `/readyz` while it lasts).
+    fn store_missing(&mut self, error: &LeaseStoreError) {
+        let mut problem = self
+            .shared
+            .store_problem
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if problem.is_none() {
+            tracing::error!(processor = %self.shared.options.processor_name, %error, "the lease container does not exist (deleted?); processing waits until it is back, then the leases owned here are written back with their checkpoints");
+            *problem = Some(format!("the lease container does not exist (deleted?): {error}"));
+        }
+    }
+
+    /// After the lease container came back: writes back the leases this instance owned, then
+    /// creates leases for the ranges nobody covers (from the start position).
+    async fn store_back(&mut self) {
+        let was_missing = self
+            .shared
+            .store_problem
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+            .is_some();
+        let orphans = std::mem::take(&mut self.orphans);
+        if !was_missing && orphans.is_empty() {
+            return;
+        }
+        tracing::warn!(processor = %self.shared.options.processor_name, leases = orphans.len(), "the lease container exists again; writing back the leases owned here");
+        for lease in &orphans {
+            if let Err(error) = self.shared.store.create(lease).await {
+                tracing::warn!(lease = %lease.lease_token, %error, "writing a lease back failed");
+            }
+        }
+        let me = self.shared.options.instance.clone();
+        if let Err(error) = super::bootstrap::bootstrap(
+            self.shared.store.as_ref(),
+            &self.shared.monitored,
+            &me,
+            self.shared.options.start_from,
+        )
+        .await
+        {
+            self.shared
+                .emit_error(None, format!("creating the missing leases failed: {error}"));
         }
     }
 
@@ -570,11 +638,20 @@ impl Coordinator {
         }
         let snapshot = match self.shared.store.snapshot().await {
             Ok(snapshot) => snapshot,
+            Err(LeaseStoreError::Cosmos(error)) if error.kind == crate::cosmos::ErrorKind::NotFound => {
+                self.store_missing(&LeaseStoreError::Cosmos(error));
+                return;
+            }
             Err(error) => {
                 self.shared.emit_error(None, format!("listing leases failed: {error}"));
                 return;
             }
         };
+        let store_was_missing = self.shared.store_problem.lock().is_ok_and(|problem| problem.is_some());
+        if store_was_missing || !self.orphans.is_empty() {
+            self.store_back().await;
+            return;
+        }
         for (id, reason) in &snapshot.invalid {
             if self.reported_invalid.insert(id.clone()) {
                 tracing::warn!(processor = %self.shared.options.processor_name, document = %id, %reason, "skipping a document under the lease prefix that is not a valid lease; fix or delete it");
