@@ -441,10 +441,19 @@ async fn a_deleted_worker_pod_frees_its_leases_at_once() {
         Some(counts)
     };
     cfp_write(&setup.endpoint, 0, 1000).await;
-    let balanced = wait("3 workers share the 8 leases", || async {
-        owners()
+    // Balanced, and each worker processes what the store says it owns (a handed-over lease is
+    // the new owner's in the store a moment before that worker takes it up).
+    let balanced = wait("3 workers share the 8 leases and process them", || async {
+        let counts = owners()
             .await
-            .filter(|c| c.len() == 3 && !c.contains_key("") && c.values().all(|n| *n >= 2))
+            .filter(|c| c.len() == 3 && !c.contains_key("") && c.values().all(|n| (2..=3).contains(n)))?;
+        for worker in &workers {
+            let owned = worker.metric("cfp_leases_owned").await? as usize;
+            if counts.get(&worker.pod) != Some(&owned) {
+                return None;
+            }
+        }
+        Some(counts)
     })
     .await;
     let victim = &workers[0];
