@@ -860,3 +860,53 @@ async fn a_lease_container_deleted_while_running_is_reported_and_processing_resu
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpointing_every_ten_batches_writes_a_tenth_and_a_stop_still_checkpoints() {
+    let env = Env::new(2).await;
+    let mut options = env.options("a");
+    options.max_items = 10;
+    options.checkpoint = changefeed_operator::processor::CheckpointPolicy {
+        every_batches: 10,
+        interval: None,
+    };
+    let processor = env
+        .processor(
+            options.clone(),
+            Arc::new(common::RecordingHandler {
+                instance: "a".into(),
+                deliveries: env.deliveries.clone(),
+            }),
+        )
+        .await;
+    let mut events = processor.subscribe();
+    let a = processor.start().await.unwrap();
+    env.write(0..1000).await;
+    assert!(eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 1000 }).await);
+    let (mut batches, mut checkpoints) = (0usize, 0usize);
+    while let Ok(event) = events.try_recv() {
+        if let LeaseEvent::Checkpointed { .. } = event {
+            checkpoints += 1;
+        }
+    }
+    batches += env.deliveries.total().div_ceil(10);
+    // A graceful stop writes the positions handled since the last checkpoint...
+    a.stop().await;
+    let b = env.start(env.options("b")).await;
+    env.write(1000..1100).await;
+    assert!(eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 1100 }).await);
+    let duplicates = env.deliveries.duplicates();
+    println!(
+        "checkpoint every 10 batches: ~{batches} batches of 10, {checkpoints} checkpoint writes; after a graceful stop and restart: 1100 delivered, {} duplicates",
+        duplicates.len()
+    );
+    assert!(
+        checkpoints <= batches / 5,
+        "{checkpoints} checkpoints for {batches} batches"
+    );
+    assert!(
+        duplicates.is_empty(),
+        "a stop lost the deferred positions: {duplicates:?}"
+    );
+    b.stop().await;
+}

@@ -240,6 +240,14 @@ pub struct WorkerArgs {
     /// Maximum documents per batch.
     #[arg(long, env = "CFP_MAX_ITEMS", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_items: u32,
+    /// Checkpoint after this many handled batches (1: after every batch). More saves lease writes
+    /// and costs redelivery of up to that many batches per lease after a crash; a released lease
+    /// is always checkpointed.
+    #[arg(long, env = "CFP_CHECKPOINT_EVERY_BATCHES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub checkpoint_every_batches: u32,
+    /// Checkpoint at the latest this long after the last checkpoint while batches are pending.
+    #[arg(long, env = "CFP_CHECKPOINT_INTERVAL", value_parser = duration)]
+    pub checkpoint_interval: Option<Duration>,
     /// Wait after a read that returned no changes.
     #[arg(long, env = "CFP_POLL_INTERVAL", default_value = "5s", value_parser = duration)]
     pub poll_interval: Duration,

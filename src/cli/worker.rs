@@ -58,6 +58,10 @@ pub fn settings(args: &WorkerArgs) -> WorkerSettings {
     options.acquire_interval = args.lease_acquire_interval;
     options.renew_interval = args.lease_renew_interval;
     options.expiration = args.lease_expiration;
+    options.checkpoint = crate::processor::CheckpointPolicy {
+        every_batches: args.checkpoint_every_batches,
+        interval: args.checkpoint_interval,
+    };
     options.retry = RetryPolicy {
         max_attempts: args.retry.max_attempts,
         initial_backoff: args.retry.initial_backoff,

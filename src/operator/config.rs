@@ -109,6 +109,9 @@ pub fn check(cfp: &ChangeFeedProcessor, lookup: impl Fn(&str) -> Option<Secret>)
         )));
     }
     duration("leases.cleanupTimeout", &cfp.spec.leases.cleanup_timeout)?;
+    if let Some(interval) = cfp.spec.checkpoint.as_ref().and_then(|c| c.interval.as_deref()) {
+        duration("checkpoint.interval", interval)?;
+    }
     let handler = &cfp.spec.handler;
     if let Some(http) = &handler.http {
         duration("handler.http.timeout", &http.timeout)?;

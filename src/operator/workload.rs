@@ -158,6 +158,10 @@ pub fn worker_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
             },
         ),
         env("CFP_MAX_ITEMS", spec.max_items.to_string()),
+        env(
+            "CFP_CHECKPOINT_EVERY_BATCHES",
+            spec.checkpoint.as_ref().map_or(1, |c| c.every_batches).to_string(),
+        ),
         env("CFP_POLL_INTERVAL", spec.poll_interval.clone()),
         env(
             "CFP_LEASE_ACQUIRE_INTERVAL",
@@ -167,6 +171,9 @@ pub fn worker_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
         env("CFP_LEASE_EXPIRATION", spec.lease_timings.expiration.clone()),
         env("CFP_METRICS_PORT", spec.worker.metrics_port.to_string()),
     ]);
+    if let Some(interval) = spec.checkpoint.as_ref().and_then(|c| c.interval.clone()) {
+        vars.push(env("CFP_CHECKPOINT_INTERVAL", interval));
+    }
     vars.extend(handler_env(cfp));
     vars.extend(emulator_host_env(cfp));
     vars
@@ -480,6 +487,8 @@ mod tests {
                     ("CFP_START_FROM", Some("beginning")),
                     ("CFP_HANDLER", Some("stdout")),
                     ("CFP_MAX_ITEMS", Some("100")),
+                    ("CFP_CHECKPOINT_EVERY_BATCHES", Some("1")),
+                    ("CFP_CHECKPOINT_INTERVAL", None),
                     ("CFP_POLL_INTERVAL", Some("5s")),
                     ("CFP_LEASE_ACQUIRE_INTERVAL", Some("13s")),
                     ("CFP_LEASE_RENEW_INTERVAL", Some("17s")),
@@ -496,8 +505,11 @@ mod tests {
                     "leases": {"database": "meta", "container": "cfp-leases",
                                "connection": {"endpoint": "https://other.documents.azure.com/", "keySecretRef": {"name": "other", "key": "primary"}}},
                     "leaseTimings": {"acquireInterval": "5s", "renewInterval": "4s", "expiration": "20s"},
+                    "checkpoint": {"everyBatches": 20, "interval": "10s"},
                 }),
                 want: &[
+                    ("CFP_CHECKPOINT_EVERY_BATCHES", Some("20")),
+                    ("CFP_CHECKPOINT_INTERVAL", Some("10s")),
                     ("CFP_PROCESSOR", Some("orders-v2")),
                     ("CFP_START_FROM", Some("now")),
                     ("CFP_MAX_ITEMS", Some("7")),

@@ -7,6 +7,7 @@
 
 pub mod balancer;
 pub mod bootstrap;
+pub mod checkpoint_policy;
 pub mod deadletter;
 pub mod delivery;
 pub mod estimator;
@@ -21,6 +22,7 @@ pub mod owned;
 pub mod partition;
 pub mod runtime;
 
+pub use checkpoint_policy::CheckpointPolicy;
 pub use deadletter::{CosmosDeadLetters, DeadLetter, DeadLetterStore};
 pub use estimator::{LeaseEstimate, ProcessorEstimate, estimate_leases};
 pub use events::{CloseReason, LeaseEvent};

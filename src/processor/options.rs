@@ -31,6 +31,8 @@ pub struct ProcessorOptions {
     pub max_backoff: Duration,
     /// Retries of a batch the handler fails, and what happens when they are exhausted.
     pub retry: RetryPolicy,
+    /// How often handled batches are checkpointed (default: after every batch).
+    pub checkpoint: super::CheckpointPolicy,
 }
 
 /// What happens to a batch the handler still fails after [`RetryPolicy::max_attempts`].
@@ -97,6 +99,7 @@ impl ProcessorOptions {
             min_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
             retry: RetryPolicy::default(),
+            checkpoint: super::CheckpointPolicy::default(),
         }
     }
 

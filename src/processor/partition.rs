@@ -7,6 +7,7 @@ use std::time::Duration;
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
+use super::checkpoint_policy::Deferred;
 use super::delivery::{Delivery, batch_id};
 use super::events::{CloseReason, LeaseEvent};
 use super::lease::Lease;
@@ -55,8 +56,35 @@ fn stop_reason(owned: &OwnedLease) -> LeaseExit {
     })
 }
 
-/// Processes one owned lease until it is lost, split, or the processor stops.
+/// Processes one owned lease until it is lost, split, or the processor stops; a lease given up
+/// (shutdown, handoff) has its last handled position written first.
 pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
+    let mut deferred = Deferred::new(shared.options.checkpoint, std::time::Instant::now());
+    let exit = process(&shared, &owned, &mut deferred).await;
+    if matches!(exit.reason, CloseReason::Shutdown | CloseReason::HandedOver) {
+        write_pending(&shared, &owned, &mut deferred).await;
+    }
+    exit
+}
+
+/// Writes the handled position not yet checkpointed, if any (before a release or a reader
+/// rebuild, so that nothing handled is read again).
+async fn write_pending(shared: &Shared, owned: &OwnedLease, deferred: &mut Deferred) {
+    let Some(continuation) = deferred.pending().map(str::to_owned) else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    match owned.checkpoint(&continuation).await {
+        Ok(_) => {
+            deferred.written(std::time::Instant::now());
+            shared.observer().checkpointed(owned.token(), started.elapsed());
+        }
+        Err(error) => tracing::debug!(lease = owned.token(), %error, "writing the deferred checkpoint failed"),
+    }
+}
+
+async fn process(shared: &Arc<Shared>, owned: &Arc<OwnedLease>, deferred: &mut Deferred) -> LeaseExit {
+    let (shared, owned) = (shared.clone(), owned.clone());
     let cancel = owned.cancelled().clone();
     let mut failures: u32 = 0;
     let mut rebuilds: u32 = 0;
@@ -64,6 +92,8 @@ pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
         if cancel.is_cancelled() {
             return stop_reason(&owned);
         }
+        // A reader (re)opens at the last written checkpoint: write what was handled since.
+        write_pending(&shared, &owned, deferred).await;
         let lease = owned.current().await;
         let Some(range) = lease.range().cloned() else {
             shared.emit_error(
@@ -176,7 +206,7 @@ pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
                     return stop_reason(&owned);
                 }
             }
-            match advance(&shared, &owned, &range, &page).await {
+            match advance(&shared, &owned, &range, &page, deferred).await {
                 Advance::Continue => {
                     rebuilds = 0;
                     if let [only] = page.continuations.as_slice() {
@@ -221,7 +251,13 @@ enum Advance {
 
 /// Checkpoints the position after a handled page, or splits the lease when the page shows the
 /// range now spans several partitions.
-async fn advance(shared: &Shared, owned: &OwnedLease, range: &EpkRange, page: &ChangePage) -> Advance {
+async fn advance(
+    shared: &Shared,
+    owned: &OwnedLease,
+    range: &EpkRange,
+    page: &ChangePage,
+    deferred: &mut Deferred,
+) -> Advance {
     let single = match page.continuations.as_slice() {
         [only] if only.range == *range => Some(only.continuation.clone()),
         _ => None,
@@ -233,14 +269,23 @@ async fn advance(shared: &Shared, owned: &OwnedLease, range: &EpkRange, page: &C
             None => Advance::Rebuild,
         };
     };
-    if page.documents.is_empty() && owned.current().await.continuation.as_deref() == Some(continuation.as_str()) {
+    let unchanged = owned.current().await.continuation.as_deref() == Some(continuation.as_str());
+    if page.documents.is_empty() && unchanged && !deferred.is_pending() {
         return Advance::Continue;
     }
+    if !(page.documents.is_empty() && unchanged) {
+        deferred.record(continuation, !page.documents.is_empty());
+    }
     let started = std::time::Instant::now();
+    let Some(continuation) = deferred.due(started).map(str::to_owned) else {
+        // The policy defers this checkpoint (checkpoint.every).
+        return Advance::Continue;
+    };
     let mut attempt = 0;
     loop {
         match owned.checkpoint(&continuation).await {
             Ok(_) => {
+                deferred.written(std::time::Instant::now());
                 shared.observer().checkpointed(owned.token(), started.elapsed());
                 if !page.documents.is_empty() {
                     shared.emit(LeaseEvent::Checkpointed {
