@@ -1,7 +1,6 @@
 //! A small HTTP/1.1 + cleartext HTTP/2 server loop shared by the emulator and the metrics
 //! endpoints.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -43,7 +42,17 @@ where
         connections.spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let response = handler(req);
-                async move { Ok::<_, Infallible>(response.await) }
+                async move {
+                    let response = response.await;
+                    if response.extensions().get::<ResetConnection>().is_some() {
+                        // No answer: the connection (HTTP/1.1) or stream (HTTP/2) is reset.
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::ConnectionReset,
+                            "reset on purpose",
+                        ));
+                    }
+                    Ok(response)
+                }
             });
             let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             // A client that never finishes its request headers (slowloris) is dropped.
@@ -61,6 +70,11 @@ where
     connections.close();
     connections.wait().await;
 }
+
+/// Marks a response that must not be sent: the server resets the connection instead (fault
+/// injection).
+#[derive(Debug, Clone, Copy)]
+pub struct ResetConnection;
 
 /// A response with `status`, a content type and a body.
 pub fn response(status: u16, content_type: &'static str, body: impl Into<Bytes>) -> Response {

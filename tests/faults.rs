@@ -110,7 +110,12 @@ async fn workers_ride_out_throttling_errors_timeouts_and_an_outage_without_losin
     write(&items, 0..300).await;
 
     // 10 % of every request fails while the workers start and documents keep coming.
-    control(&endpoint, reqwest::Method::POST, "faults?rate=0.1&kinds=429,503,408").await;
+    control(
+        &endpoint,
+        reqwest::Method::POST,
+        "faults?rate=0.1&kinds=429,503,408,reset",
+    )
+    .await;
     let ports = [common::free_port(), common::free_port()];
     let mut workers = vec![
         worker(&endpoint, &receiver, "f0", ports[0]),
@@ -125,6 +130,22 @@ async fn workers_ride_out_throttling_errors_timeouts_and_an_outage_without_losin
         retried += metric_sum(port, "cfp_feed_read_retries_total").await
             + metric_sum(port, "cfp_feed_read_errors_total").await;
     }
+    // The estimator (the operator's code path) answers through the same faults.
+    let estimate = Command::new(CFP)
+        .args([
+            "estimate",
+            "--endpoint",
+            &endpoint,
+            "--database",
+            DB,
+            "--container",
+            ITEMS,
+        ])
+        .args(["--processor", "faults", "-o", "json"])
+        .output()
+        .await
+        .expect("run cfp estimate");
+    let estimated: serde_json::Value = serde_json::from_slice(&estimate.stdout).unwrap_or_default();
     let injected = control(&endpoint, reqwest::Method::GET, "faults").await;
 
     // Everything fails for twice the lease expiration; then documents written afterwards arrive.
@@ -145,6 +166,11 @@ async fn workers_ride_out_throttling_errors_timeouts_and_an_outage_without_losin
         .map(|l| l.owner)
         .collect();
     let outage = control(&endpoint, reqwest::Method::GET, "faults").await;
+    let alive = workers
+        .iter_mut()
+        .map(|w| w.try_wait())
+        .filter(|status| matches!(status, Ok(None)))
+        .count();
     for child in &mut workers {
         terminate(child).await;
     }
@@ -152,12 +178,24 @@ async fn workers_ride_out_throttling_errors_timeouts_and_an_outage_without_losin
 
     let delivered = *deliveries.lock().unwrap();
     println!(
-        "faults: injected {} during the faulty phase; 1000/1000 delivered {through_faults} in {faults_took:.1?}; workers counted {retried} retried or failed change feed reads; outage of 6 s (2x expiration): {} requests refused, then 300 more delivered {after_outage} within {recovery:.1?}; lease owners {owners:?}; deliveries {delivered} for 1300 documents",
-        injected["injected"], outage["injected"]["503"]
+        "faults: injected {} during the faulty phase; 1000/1000 delivered {through_faults} in {faults_took:.1?}; workers counted {retried} retried or failed change feed reads; cfp estimate under faults: exit {:?}, totalLag {}; outage of 6 s (2x expiration): {} requests refused, then 300 more delivered {after_outage} within {recovery:.1?}; lease owners {owners:?}; {alive}/2 workers running; deliveries {delivered} for 1300 documents",
+        injected["injected"],
+        estimate.status.code(),
+        estimated["totalLag"],
+        outage["injected"]["503"]
     );
     assert!(through_faults, "lost under faults");
+    assert_eq!(
+        alive, 2,
+        "a worker gave up (a transient fault at startup must be retried)"
+    );
     assert!(after_outage, "not processed again after the outage");
     assert!(retried > 0.0, "the injected faults show in the workers' metrics");
+    assert!(
+        estimate.status.success() && estimated["totalLag"].is_u64(),
+        "the estimator rides out the faults: {}",
+        String::from_utf8_lossy(&estimate.stderr)
+    );
     assert!(
         owners.iter().all(|o| matches!(o.as_deref(), Some("f0" | "f1"))),
         "every lease owned by a live worker after the outage: {owners:?}"

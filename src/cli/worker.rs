@@ -110,30 +110,42 @@ async fn dead_letters(
     Ok(Some(Arc::new(CosmosDeadLetters::new(documents))))
 }
 
+impl WorkerCommandError {
+    /// Whether starting again later can succeed (throttling, 503, timeouts, resets).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            WorkerCommandError::Connect { source, .. } | WorkerCommandError::DeadLetters { source, .. } => {
+                source.kind.is_retryable()
+            }
+            WorkerCommandError::Setup(WorkerError::Cosmos { source, .. }) => source.kind.is_retryable(),
+            WorkerCommandError::Start(error) => error.is_transient(),
+            _ => false,
+        }
+    }
+}
+
+/// Transient startup failures retried before `cfp worker` gives up (about a minute).
+const STARTUP_ATTEMPTS: u32 = 7;
+
 /// Runs the worker until a termination signal.
 pub async fn run(args: &WorkerArgs) -> Result<(), WorkerCommandError> {
     let settings = settings(args);
-    let endpoint = &args.connection.endpoint;
-    let account = CosmosAccount::connect(endpoint, &args.connection.account_auth())
-        .await
-        .map_err(|source| WorkerCommandError::Connect {
-            endpoint: endpoint.clone(),
-            source,
-        })?;
-    let source = event_source(&account, &settings.database, &settings.container);
-    let handler = super::handler::build(&args.handler, source).map_err(WorkerCommandError::Handler)?;
-    let lease_account = args
-        .leases
-        .account(&args.connection, &account)
-        .await
-        .map_err(|source| WorkerCommandError::Connect {
-            endpoint: args.leases.lease_endpoint.clone().unwrap_or_default(),
-            source,
-        })?;
-    let mut processor = build_processor(&account, &lease_account, &settings, handler).await?;
-    if let Some(store) = dead_letters(args, &settings, &lease_account).await? {
-        processor = processor.with_dead_letters(store);
-    }
+    let mut attempt = 0;
+    let mut processor = loop {
+        match open(args, &settings).await {
+            Ok(processor) => break processor,
+            Err(error) if error.is_transient() && attempt < STARTUP_ATTEMPTS => {
+                attempt += 1;
+                let delay = std::time::Duration::from_millis(500 << attempt.min(5));
+                tracing::warn!(%error, attempt, ?delay, "starting failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = crate::signals::terminated() => return Ok(()),
+                }
+            }
+            Err(error) => return Err(error),
+        }
+    };
     let shutdown = CancellationToken::new();
     let mut background = Vec::new();
     if let Some(port) = args.metrics_port {
@@ -176,4 +188,33 @@ pub async fn run(args: &WorkerArgs) -> Result<(), WorkerCommandError> {
         let _ = task.await;
     }
     Ok(())
+}
+
+/// Connects to the accounts and opens the containers: the processor, not started yet.
+async fn open(
+    args: &WorkerArgs,
+    settings: &WorkerSettings,
+) -> Result<crate::processor::ChangeFeedProcessor, WorkerCommandError> {
+    let endpoint = &args.connection.endpoint;
+    let account = CosmosAccount::connect(endpoint, &args.connection.account_auth())
+        .await
+        .map_err(|source| WorkerCommandError::Connect {
+            endpoint: endpoint.clone(),
+            source,
+        })?;
+    let source = event_source(&account, &settings.database, &settings.container);
+    let handler = super::handler::build(&args.handler, source).map_err(WorkerCommandError::Handler)?;
+    let lease_account = args
+        .leases
+        .account(&args.connection, &account)
+        .await
+        .map_err(|source| WorkerCommandError::Connect {
+            endpoint: args.leases.lease_endpoint.clone().unwrap_or_default(),
+            source,
+        })?;
+    let mut processor = build_processor(&account, &lease_account, settings, handler).await?;
+    if let Some(store) = dead_letters(args, settings, &lease_account).await? {
+        processor = processor.with_dead_letters(store);
+    }
+    Ok(processor)
 }

@@ -17,6 +17,8 @@ pub enum Fault {
     Unavailable,
     /// 408: the request timed out on the service.
     Timeout,
+    /// The connection is reset before an answer.
+    Reset,
 }
 
 impl Fault {
@@ -26,16 +28,28 @@ impl Fault {
             "429" => Some(Fault::Throttled),
             "503" => Some(Fault::Unavailable),
             "408" => Some(Fault::Timeout),
+            "reset" => Some(Fault::Reset),
             _ => None,
         }
     }
 
-    /// The status code.
+    /// The status code (0 for a reset connection).
     pub fn code(self) -> u16 {
         match self {
             Fault::Throttled => 429,
             Fault::Unavailable => 503,
             Fault::Timeout => 408,
+            Fault::Reset => 0,
+        }
+    }
+
+    /// The name the control API and reports use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Throttled => "429",
+            Fault::Unavailable => "503",
+            Fault::Timeout => "408",
+            Fault::Reset => "reset",
         }
     }
 
@@ -49,6 +63,11 @@ impl Fault {
             ),
             Fault::Unavailable => ("ServiceUnavailable", "The service is currently unavailable.", "0"),
             Fault::Timeout => ("RequestTimeout", "The request timed out.", "0"),
+            Fault::Reset => {
+                let mut response = crate::http::response(500, "text/plain", "");
+                response.extensions_mut().insert(crate::http::ResetConnection);
+                return response;
+            }
         };
         let mut response = crate::http::json(
             self.code(),
@@ -68,7 +87,7 @@ struct State {
     rate: f64,
     kinds: Vec<Fault>,
     outage_until: Option<Instant>,
-    injected: BTreeMap<u16, u64>,
+    injected: BTreeMap<&'static str, u64>,
 }
 
 /// Decides, request by request, whether to fail it.
@@ -113,7 +132,7 @@ impl FaultInjector {
         } else {
             None
         }?;
-        *state.injected.entry(fault.code()).or_default() += 1;
+        *state.injected.entry(fault.name()).or_default() += 1;
         Some(fault)
     }
 
@@ -128,9 +147,9 @@ impl FaultInjector {
             .unwrap_or(0);
         serde_json::json!({
             "rate": state.rate,
-            "kinds": state.kinds.iter().map(|k| k.code()).collect::<Vec<_>>(),
+            "kinds": state.kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
             "outageRemainingMs": outage,
-            "injected": state.injected.iter().map(|(code, n)| (code.to_string(), *n)).collect::<BTreeMap<_, _>>(),
+            "injected": state.injected,
         })
     }
 }

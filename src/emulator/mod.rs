@@ -5,7 +5,7 @@
 //! - `POST /_emulator/split?database=D&container=C[&partition=ID][&lockMs=N]` — splits one
 //!   physical partition at its midpoint (the first one when `partition` is not given) and answers
 //!   with the partitions after the split.
-//! - `POST /_emulator/faults?rate=R&kinds=429,503,408` — fails a share `R` of the Cosmos requests
+//! - `POST /_emulator/faults?rate=R&kinds=429,503,408,reset` — fails a share `R` of the Cosmos requests
 //!   as the service does; `POST /_emulator/outage?ms=N` fails every request for `N` ms;
 //!   `DELETE /_emulator/faults` stops; `GET /_emulator/faults` reports what was injected.
 
@@ -424,7 +424,7 @@ impl Emulator {
                     .collect();
                 match (rate, kinds) {
                     (Ok(rate), Some(kinds)) if (0.0..=1.0).contains(&rate) => self.faults.configure(rate, kinds),
-                    _ => return Some(bad("rate must be 0..1 and kinds a list of 429, 503, 408".into())),
+                    _ => return Some(bad("rate must be 0..1 and kinds a list of 429, 503, 408, reset".into())),
                 }
             }
             (&hyper::Method::POST, "outage") => match params.get("ms").and_then(|ms| ms.parse::<u64>().ok()) {

@@ -10,8 +10,33 @@ use crate::cosmos::{MonitoredContainer, StartFrom};
 /// A lock older than this is taken to belong to an instance that died while bootstrapping.
 const LOCK_STALE_AFTER: Duration = Duration::from_secs(30);
 
+/// Transient failures (throttling, 503, timeouts) retried before the bootstrap gives up.
+const TRANSIENT_ATTEMPTS: u32 = 8;
+
 /// Waits until the lease store is initialized, initializing it when this instance gets the lock.
+/// Transient failures are retried with backoff.
 pub async fn bootstrap(
+    store: &dyn LeaseStore,
+    monitored: &MonitoredContainer,
+    me: &str,
+    start: StartFrom,
+) -> Result<(), ProcessorError> {
+    let mut failures = 0;
+    loop {
+        match bootstrap_once(store, monitored, me, start).await {
+            Ok(()) => return Ok(()),
+            Err(error) if error.is_transient() && failures < TRANSIENT_ATTEMPTS => {
+                failures += 1;
+                let delay = Duration::from_millis(250 << failures.min(6));
+                tracing::warn!(instance = me, %error, attempt = failures, "bootstrapping the leases failed; retrying");
+                tokio::time::sleep(delay).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+async fn bootstrap_once(
     store: &dyn LeaseStore,
     monitored: &MonitoredContainer,
     me: &str,

@@ -41,6 +41,17 @@ pub enum ProcessorError {
     Cosmos(#[from] CosmosError),
 }
 
+impl ProcessorError {
+    /// Whether trying again later can succeed (throttling, 503, timeouts).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ProcessorError::Config(_) => false,
+            ProcessorError::Store(error) => error.is_transient(),
+            ProcessorError::Cosmos(error) => error.kind.is_retryable(),
+        }
+    }
+}
+
 /// What the lease tasks share.
 pub struct Shared {
     pub(crate) monitored: MonitoredContainer,
