@@ -266,25 +266,7 @@ async fn cfp_estimate_json_matches_the_library() {
     terminate(&mut worker).await;
     cfp_write(&endpoint, 200, 1000).await;
 
-    let cfp_estimate = |extra: &'static [&'static str]| {
-        let endpoint = endpoint.clone();
-        async move {
-            tokio::process::Command::new(CFP)
-                .args([
-                    "estimate",
-                    "--endpoint",
-                    &endpoint,
-                    "--database",
-                    DB,
-                    "--container",
-                    ITEMS,
-                ])
-                .args(extra)
-                .output()
-                .await
-                .unwrap()
-        }
-    };
+    let cfp_estimate = |extra: &'static [&'static str]| common::cfp_estimate(&endpoint, extra);
     let output = cfp_estimate(&["-o", "json"]).await;
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let cli: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();

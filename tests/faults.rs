@@ -131,20 +131,7 @@ async fn workers_ride_out_throttling_errors_timeouts_and_an_outage_without_losin
             + metric_sum(port, "cfp_feed_read_errors_total").await;
     }
     // The estimator (the operator's code path) answers through the same faults.
-    let estimate = Command::new(CFP)
-        .args([
-            "estimate",
-            "--endpoint",
-            &endpoint,
-            "--database",
-            DB,
-            "--container",
-            ITEMS,
-        ])
-        .args(["--processor", "faults", "-o", "json"])
-        .output()
-        .await
-        .expect("run cfp estimate");
+    let estimate = common::cfp_estimate(&endpoint, &["--processor", "faults", "-o", "json"]).await;
     let estimated: serde_json::Value = serde_json::from_slice(&estimate.stdout).unwrap_or_default();
     let injected = control(&endpoint, reqwest::Method::GET, "faults").await;
 

@@ -400,3 +400,21 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .unwrap_or(0)
 }
+
+/// Runs `cfp estimate` of `db/items` at `endpoint` with more `flags`.
+pub async fn cfp_estimate(endpoint: &str, flags: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(CFP)
+        .args([
+            "estimate",
+            "--endpoint",
+            endpoint,
+            "--database",
+            DB,
+            "--container",
+            ITEMS,
+        ])
+        .args(flags)
+        .output()
+        .await
+        .expect("run cfp estimate")
+}
