@@ -910,3 +910,73 @@ async fn checkpointing_every_ten_batches_writes_a_tenth_and_a_stop_still_checkpo
     );
     b.stop().await;
 }
+
+/// Records the lease errors a processor reports (what `cfp_lease_errors_total` counts).
+#[derive(Default)]
+struct LeaseErrors(std::sync::Mutex<Vec<String>>);
+
+impl changefeed_operator::processor::ProcessorObserver for LeaseErrors {
+    fn lease_error(&self, reason: &str) {
+        self.0.lock().unwrap().push(reason.to_owned());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_overlapping_another_is_reported_once_and_nothing_is_lost() {
+    let env = Env::new(2).await;
+    let a = env.start(env.options("a")).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            env.owners().await.get("a") == Some(&2)
+        })
+        .await
+    );
+    a.stop().await;
+    // A lease straddling the boundary of the two real ones (a hand edit, another tool).
+    let leases = env.leases().await;
+    let boundary = leases
+        .iter()
+        .filter_map(|l| l.range())
+        .map(|r| r.max.clone())
+        .min()
+        .unwrap();
+    let bogus_range = changefeed_operator::cosmos::EpkRange::new("10", format!("{boundary}1"));
+    let store = env.store().await;
+    store
+        .create(&changefeed_operator::processor::Lease::new(
+            store.prefix(),
+            &bogus_range,
+            None,
+        ))
+        .await
+        .unwrap();
+    let errors = Arc::new(LeaseErrors::default());
+    let processor = env
+        .processor(
+            env.options("b"),
+            Arc::new(common::RecordingHandler {
+                instance: "b".into(),
+                deliveries: env.deliveries.clone(),
+            }),
+        )
+        .await
+        .with_observer(errors.clone());
+    let b = processor.start().await.unwrap();
+    env.write(0..200).await;
+    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 200 }).await);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let reported = errors.0.lock().unwrap().clone();
+    println!(
+        "overlapping lease [10, {boundary}1): reported {:?} over several cycles; 200 written, {} delivered, {} lost",
+        reported,
+        env.deliveries.distinct(),
+        env.deliveries.missing(ids(0..200)).len()
+    );
+    let overlapping = reported.iter().filter(|r| *r == "overlapping_range").count();
+    assert_eq!(
+        overlapping, 3,
+        "each of the three overlapping leases reported once: {reported:?}"
+    );
+    assert!(env.deliveries.missing(ids(0..200)).is_empty());
+    b.stop().await;
+}

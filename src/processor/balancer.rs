@@ -120,6 +120,16 @@ pub fn superseded(leases: &[(String, EpkRange)]) -> Vec<String> {
     out
 }
 
+/// Leases whose range overlaps another lease's (split parents in `superseded` aside): a lease
+/// container edited by hand or by another tool. Both are processed (duplicates, never a loss).
+pub fn overlapping(leases: &[(String, EpkRange)], superseded: &[String]) -> Vec<String> {
+    let live: Vec<&(String, EpkRange)> = leases.iter().filter(|(id, _)| !superseded.contains(id)).collect();
+    live.iter()
+        .filter(|(id, range)| live.iter().any(|(other, r)| other != id && r.overlaps(range)))
+        .map(|(id, _)| id.clone())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,6 +193,25 @@ mod tests {
             }
         }
         panic!("did not converge");
+    }
+
+    #[test]
+    fn overlapping_ranges_are_found_but_not_split_parents() {
+        let r = |min: &str, max: &str| EpkRange::new(min, max);
+        let leases = vec![
+            ("a".to_owned(), r("", "80")),
+            ("b".to_owned(), r("80", "FF")),
+            ("parent".to_owned(), r("", "FF")),
+            ("bogus".to_owned(), r("70", "90")),
+        ];
+        let parents = vec!["parent".to_owned()];
+        let mut found = overlapping(&leases, &parents);
+        found.sort();
+        assert_eq!(found, ["a", "b", "bogus"]);
+        assert!(
+            overlapping(&leases[..2], &[]).is_empty(),
+            "adjacent ranges do not overlap"
+        );
     }
 
     #[test]

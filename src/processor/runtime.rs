@@ -11,7 +11,7 @@ use tokio::sync::broadcast;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::balancer::{LeaseState, leases_to_acquire, superseded};
+use super::balancer::{LeaseState, leases_to_acquire, overlapping, superseded};
 use super::bootstrap::bootstrap;
 use super::deadletter::DeadLetterStore;
 use super::estimator::{DEFAULT_CONCURRENCY, LeaseEstimate, estimate_leases};
@@ -679,6 +679,12 @@ impl Coordinator {
             .filter_map(|l| Some((l.id.clone(), l.range()?.clone())))
             .collect();
         let obsolete = superseded(&ranges);
+        for id in overlapping(&ranges, &obsolete) {
+            if self.reported_invalid.insert(id.clone()) {
+                tracing::warn!(processor = %self.shared.options.processor_name, lease = %id, "a lease's range overlaps another lease's (edited by hand or another tool?); both are processed, so changes in the overlap arrive twice: delete the lease that should not exist");
+                self.shared.observer().lease_error("overlapping_range");
+            }
+        }
         for lease in snapshot.leases.iter().filter(|l| obsolete.contains(&l.id)) {
             if lease.is_expired(now, expiration)
                 && let Err(error) = self.shared.store.delete(lease).await
