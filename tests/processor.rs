@@ -158,13 +158,7 @@ async fn a_graceful_stop_hands_leases_over_within_one_cycle_without_duplicates()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scaling_one_to_four_reaches_fair_share_within_two_cycles() {
     let env = Env::new(32).await;
-    let a = env.start(env.options("a")).await;
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            env.owners().await.get("a") == Some(&32)
-        })
-        .await
-    );
+    let a = env.start_owning_all("a", 32).await;
     // Scaling a Deployment from 1 to 4 starts three pods at once.
     let mut processors = Vec::new();
     for name in ["b", "c", "d"] {
@@ -688,13 +682,7 @@ async fn rebalancing_under_load_hands_leases_over_without_redelivering_anything(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_that_ignores_a_handoff_request_loses_the_lease_after_a_renew_interval() {
     let env = Env::new(2).await;
-    let a = env.start(env.options("a")).await;
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            env.owners().await.get("a") == Some(&2)
-        })
-        .await
-    );
+    let a = env.start_owning_all("a", 2).await;
     a.abort();
     env.store().await.remove_heartbeat("a").await.unwrap();
     // An owner of another version: it keeps renewing both leases and never looks at requests.
@@ -924,14 +912,7 @@ impl changefeed_operator::processor::ProcessorObserver for LeaseErrors {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_overlapping_another_is_reported_once_and_nothing_is_lost() {
     let env = Env::new(2).await;
-    let a = env.start(env.options("a")).await;
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            env.owners().await.get("a") == Some(&2)
-        })
-        .await
-    );
-    a.stop().await;
+    env.start_owning_all("a", 2).await.stop().await;
     // A lease straddling the boundary of the two real ones (a hand edit, another tool).
     let leases = env.leases().await;
     let boundary = leases
@@ -952,13 +933,7 @@ async fn a_lease_overlapping_another_is_reported_once_and_nothing_is_lost() {
         .unwrap();
     let errors = Arc::new(LeaseErrors::default());
     let processor = env
-        .processor(
-            env.options("b"),
-            Arc::new(common::RecordingHandler {
-                instance: "b".into(),
-                deliveries: env.deliveries.clone(),
-            }),
-        )
+        .processor(env.options("b"), env.recorder("b"))
         .await
         .with_observer(errors.clone());
     let b = processor.start().await.unwrap();

@@ -151,6 +151,29 @@ impl Env {
             .unwrap()
     }
 
+    /// A handler recording into `self.deliveries` as instance `name`.
+    pub fn recorder(&self, name: &str) -> Arc<RecordingHandler> {
+        Arc::new(RecordingHandler {
+            instance: name.into(),
+            deliveries: self.deliveries.clone(),
+        })
+    }
+
+    /// Starts `name` alone and waits (at most 10 s) until it owns all `leases`.
+    pub async fn start_owning_all(&self, name: &str, leases: usize) -> ProcessorHandle {
+        let handle = self.start(self.options(name)).await;
+        let owns_all = eventually(Duration::from_secs(10), || async {
+            self.owners().await.get(name) == Some(&leases)
+        })
+        .await;
+        assert!(
+            owns_all,
+            "{name} did not take all {leases} leases: {:?}",
+            self.owners().await
+        );
+        handle
+    }
+
     /// Starts an instance recording into `self.deliveries`.
     pub async fn start(&self, options: ProcessorOptions) -> ProcessorHandle {
         let handler = Arc::new(RecordingHandler {
