@@ -176,6 +176,16 @@ async fn workers_ride_out_throttling_errors_timeouts_and_an_outage_without_losin
         alive, 2,
         "a worker gave up (a transient fault at startup must be retried)"
     );
+    // The outage is logged once per kind and lease, not once per cycle.
+    for instance in ["f0", "f1"] {
+        let log = std::fs::read_to_string(std::env::temp_dir().join(format!("cfp-faults-{instance}.log")))
+            .unwrap_or_default();
+        let renews = log.lines().filter(|l| l.contains("renew failed")).count();
+        assert!(
+            renews <= 4,
+            "{instance} logged {renews} renew failures for 4 leases over a 6 s outage"
+        );
+    }
     assert!(after_outage, "not processed again after the outage");
     assert!(retried > 0.0, "the injected faults show in the workers' metrics");
     assert!(

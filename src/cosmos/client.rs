@@ -57,12 +57,27 @@ impl CosmosAccount {
             .ok()
             .and_then(|u| u.host_str().map(str::to_owned))
             .ok_or_else(|| CosmosError::local(ErrorKind::BadRequest, format!("endpoint {endpoint:?} has no host")))?;
-        let account = auth.reference(parsed)?;
-        let client = CosmosClient::builder()
-            .build(account, RoutingStrategy::ProximityTo(Region::EAST_US))
-            .await
-            .map_err(|e| refused_credential(CosmosError::from(e), auth))?;
-        Ok(Self { client, host })
+        // The SDK does not retry the account metadata read it starts with: a throttled, unavailable
+        // or reset first request is tried again a few times here.
+        let mut attempt = 0;
+        loop {
+            let account = auth.reference(parsed.clone())?;
+            let built = CosmosClient::builder()
+                .build(account, RoutingStrategy::ProximityTo(Region::EAST_US))
+                .await;
+            match built {
+                Ok(client) => return Ok(Self { client, host }),
+                Err(error) => {
+                    let error = refused_credential(CosmosError::from(error), auth);
+                    if !error.kind.is_retryable() || attempt >= CONNECT_RETRIES {
+                        return Err(error);
+                    }
+                    attempt += 1;
+                    tracing::debug!(%error, attempt, "connecting failed; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(200 << attempt)).await;
+                }
+            }
+        }
     }
 
     /// Connects to an in-process SDK emulator whose single region is served at `gateway`.
@@ -149,6 +164,9 @@ impl CosmosAccount {
         Ok(())
     }
 }
+
+/// Transient failures of the first account read retried by [`CosmosAccount::connect`].
+const CONNECT_RETRIES: u32 = 3;
 
 /// The SDK's sub-status when the credential could not produce a token.
 const TOKEN_ACQUISITION_FAILED: u32 = 20402;

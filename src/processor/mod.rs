@@ -10,6 +10,7 @@ pub mod bootstrap;
 pub mod checkpoint_policy;
 pub mod deadletter;
 pub mod delivery;
+pub mod error_log;
 pub mod estimator;
 pub mod events;
 pub mod evict;

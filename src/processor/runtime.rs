@@ -68,6 +68,8 @@ pub struct Shared {
     read_failing: Mutex<HashMap<String, String>>,
     /// Why the lease store cannot be used (its container is missing), while that lasts.
     store_problem: Mutex<Option<String>>,
+    /// Which repeated errors were logged when.
+    error_log: Mutex<super::error_log::ErrorLog>,
     /// Set when the coordinator stopped without being asked to (a panic).
     died: AtomicBool,
 }
@@ -87,7 +89,22 @@ impl Shared {
     }
 
     pub(crate) fn emit_error(&self, lease: Option<&str>, message: String) {
-        tracing::warn!(processor = %self.options.processor_name, instance = %self.options.instance, lease, "{message}");
+        let log_now = self
+            .error_log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .record(lease, super::error_log::kind_of(&message), std::time::Instant::now());
+        match log_now {
+            Some(0) => {
+                tracing::warn!(processor = %self.options.processor_name, instance = %self.options.instance, lease, "{message}")
+            }
+            Some(repeated) => {
+                tracing::warn!(processor = %self.options.processor_name, instance = %self.options.instance, lease, repeated, "{message} (and {repeated} more like it in the last minute)")
+            }
+            None => {
+                tracing::debug!(processor = %self.options.processor_name, instance = %self.options.instance, lease, "{message}")
+            }
+        }
         self.emit(LeaseEvent::Error {
             lease: lease.map(str::to_owned),
             message,
@@ -157,6 +174,7 @@ impl ChangeFeedProcessor {
                 dead_letters: std::sync::OnceLock::new(),
                 read_failing: Mutex::new(HashMap::new()),
                 store_problem: Mutex::new(None),
+                error_log: Mutex::new(super::error_log::ErrorLog::default()),
                 died: AtomicBool::new(false),
             }),
         }

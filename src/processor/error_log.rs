@@ -1,0 +1,70 @@
+//! Which repeated errors reach the log: the first of a kind (per lease), then at most one a
+//! minute with how often it repeated — an outage must not write a warning per lease per second.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// How long a kind of error stays quiet in the log after it was logged.
+pub const QUIET_FOR: Duration = Duration::from_secs(60);
+
+/// Errors seen, by (lease, kind): repeats since last logged, and when that was.
+#[derive(Debug, Default)]
+pub struct ErrorLog {
+    seen: HashMap<(Option<String>, String), (u64, Instant)>,
+}
+
+impl ErrorLog {
+    /// Records an error of `kind` (for example `renew failed`) on `lease`; `Some(repeats)` when it
+    /// is to be logged now, with how many of the same were not logged since the last time.
+    pub fn record(&mut self, lease: Option<&str>, kind: &str, now: Instant) -> Option<u64> {
+        let key = (lease.map(str::to_owned), kind.to_owned());
+        match self.seen.get_mut(&key) {
+            Some((repeats, last)) if now.saturating_duration_since(*last) < QUIET_FOR => {
+                *repeats += 1;
+                None
+            }
+            Some((repeats, last)) => {
+                let skipped = *repeats;
+                *repeats = 0;
+                *last = now;
+                Some(skipped)
+            }
+            None => {
+                self.seen.insert(key, (0, now));
+                Some(0)
+            }
+        }
+    }
+}
+
+/// The kind of an error message: what comes before its first `:`.
+pub fn kind_of(message: &str) -> &str {
+    message.split(':').next().unwrap_or(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_then_once_a_minute_per_lease_and_kind() {
+        let mut log = ErrorLog::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(log.record(Some("a"), "renew failed", at(0)), Some(0));
+        assert_eq!(log.record(Some("a"), "renew failed", at(1)), None);
+        assert_eq!(log.record(Some("b"), "renew failed", at(1)), Some(0), "another lease");
+        assert_eq!(
+            log.record(Some("a"), "checkpoint failed", at(2)),
+            Some(0),
+            "another kind"
+        );
+        assert_eq!(log.record(Some("a"), "renew failed", at(30)), None);
+        assert_eq!(
+            log.record(Some("a"), "renew failed", at(61)),
+            Some(2),
+            "two were not logged"
+        );
+        assert_eq!(kind_of("renew failed: 503 unavailable"), "renew failed");
+    }
+}
