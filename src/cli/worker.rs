@@ -124,8 +124,9 @@ impl WorkerCommandError {
     }
 }
 
-/// Transient startup failures retried before `cfp worker` gives up (about a minute).
-const STARTUP_ATTEMPTS: u32 = 7;
+/// Transient startup failures retried before `cfp worker` gives up (about half a minute; then
+/// Kubernetes restarts it with its own back-off).
+const STARTUP_ATTEMPTS: u32 = 4;
 
 /// Runs the worker until a termination signal.
 pub async fn run(args: &WorkerArgs) -> Result<(), WorkerCommandError> {
