@@ -124,9 +124,9 @@ impl WorkerCommandError {
     }
 }
 
-/// Transient startup failures retried before `cfp worker` gives up (about half a minute; then
+/// Transient startup failures retried before `cfp worker` gives up (about ten seconds; then
 /// Kubernetes restarts it with its own back-off).
-const STARTUP_ATTEMPTS: u32 = 4;
+const STARTUP_ATTEMPTS: u32 = 2;
 
 /// Runs the worker until a termination signal.
 pub async fn run(args: &WorkerArgs) -> Result<(), WorkerCommandError> {
