@@ -54,7 +54,7 @@ async fn the_estimate_counts_pending_operations_exactly_and_drops_to_zero() {
     let env = Env::new(4).await;
     let a = env.start(env.options("a")).await;
     env.write(0..400).await;
-    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 400 }).await);
+    assert!(env.delivered_within(400, Duration::from_secs(20)).await);
     a.stop().await;
 
     let expected = write_ops(&env, 400..700, 0..200).await;
@@ -128,7 +128,7 @@ async fn after_a_split_the_estimate_still_covers_every_range() {
     let env = Env::new(2).await;
     let a = env.start(env.options("a")).await;
     env.write(0..300).await;
-    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 300 }).await);
+    assert!(env.delivered_within(300, Duration::from_secs(20)).await);
     a.stop().await;
     let partitions = env
         .emulator
@@ -179,7 +179,7 @@ async fn a_running_worker_serves_its_metrics_and_health() {
         shutdown.clone(),
     ));
     env.write(0..700).await;
-    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 700 }).await);
+    assert!(env.delivered_within(700, Duration::from_secs(20)).await);
 
     let scraped = eventually(Duration::from_secs(10), || async {
         let (_, body) = http_get(address, "/metrics").await;

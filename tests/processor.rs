@@ -68,7 +68,7 @@ async fn a_crashed_instance_leases_are_taken_over_after_expiry() {
     .await;
     let takeover = crashed_at.elapsed();
     assert!(taken, "b did not take a's leases: {:?}", env.owners().await);
-    assert!(eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 4000 }).await);
+    assert!(env.delivered_within(4000, Duration::from_secs(30)).await);
     let missing = env.deliveries.missing(ids(0..4000));
     println!(
         "crash failover: takeover after {takeover:.1?} (expiration 2 s, acquire 0.5 s), written 4000, delivered {} distinct, {} duplicates, lost {}",
@@ -102,7 +102,7 @@ async fn a_graceful_stop_hands_leases_over_within_one_cycle_without_duplicates()
     // Settle: no lease moves while documents flow.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     env.write(0..3000).await;
-    assert!(eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 3000 }).await);
+    assert!(env.delivered_within(3000, Duration::from_secs(30)).await);
 
     let stopped_at = Instant::now();
     let writes = tokio::spawn({
@@ -133,7 +133,7 @@ async fn a_graceful_stop_hands_leases_over_within_one_cycle_without_duplicates()
     }
     writes.await.unwrap();
     assert!(handed_over, "leases not picked up: {:?}", env.owners().await);
-    assert!(eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 6000 }).await);
+    assert!(env.delivered_within(6000, Duration::from_secs(30)).await);
     let missing = env.deliveries.missing(ids(0..6000));
     let duplicates = env.deliveries.duplicates();
     println!(
@@ -249,7 +249,7 @@ async fn a_split_while_writing_replaces_the_parent_lease_and_loses_nothing() {
             .map(|l| l.lease_token.clone())
             .collect::<Vec<_>>()
     );
-    assert!(eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 4000 }).await);
+    assert!(env.delivered_within(4000, Duration::from_secs(30)).await);
     let missing = env.deliveries.missing(ids(0..4000));
     let mut splits = 0;
     for rx in [&mut events, &mut events_b] {
@@ -288,7 +288,7 @@ async fn a_checkpoint_with_a_stale_etag_writes_nothing_and_reports_the_lease_los
     let a = env.start(options).await;
     let mut events = a.subscribe();
     env.write(0..50).await;
-    assert!(eventually(Duration::from_secs(10), || async { env.deliveries.distinct() >= 50 }).await);
+    assert!(env.delivered_within(50, Duration::from_secs(10)).await);
     assert!(
         eventually(Duration::from_secs(5), || async {
             env.leases().await[0].continuation.is_some()
@@ -339,12 +339,12 @@ async fn a_restart_resumes_from_the_checkpoints() {
     let env = Env::new(4).await;
     let a = env.start(env.options("a")).await;
     env.write(0..1000).await;
-    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 1000 }).await);
+    assert!(env.delivered_within(1000, Duration::from_secs(20)).await);
     a.stop().await;
     env.deliveries.clear();
     env.write(1000..1500).await;
     let again = env.start(env.options("a2")).await;
-    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 500 }).await);
+    assert!(env.delivered_within(500, Duration::from_secs(20)).await);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let replayed: Vec<String> = env
         .deliveries
@@ -375,7 +375,7 @@ async fn start_from_now_is_anchored_when_the_leases_are_created() {
     options.acquire_interval = Duration::from_secs(2);
     let a = env.start(options).await;
     env.write(300..600).await;
-    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 300 }).await);
+    assert!(env.delivered_within(300, Duration::from_secs(20)).await);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let old: Vec<String> = env
         .deliveries
@@ -406,7 +406,7 @@ async fn a_split_parent_left_behind_by_a_crash_is_deleted_and_nothing_is_lost() 
     let env = Env::new(2).await;
     let a = env.start(env.options("a")).await;
     env.write(0..500).await;
-    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 500 }).await);
+    assert!(env.delivered_within(500, Duration::from_secs(20)).await);
     a.stop().await;
     // A crash between creating the children and deleting the parent leaves both.
     let store = env.store().await;
@@ -427,7 +427,7 @@ async fn a_split_parent_left_behind_by_a_crash_is_deleted_and_nothing_is_lost() 
         env.leases().await.iter().all(|l| l.id != parent.id)
     })
     .await;
-    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 1000 }).await);
+    assert!(env.delivered_within(1000, Duration::from_secs(20)).await);
     let missing = env.deliveries.missing(ids(500..1500));
     println!(
         "split parent left by a crash: deleted {cleaned}, leases now {}, written 1000, delivered {} distinct, {} duplicates, lost {}",
@@ -534,10 +534,7 @@ async fn a_malformed_lease_document_is_skipped_and_counted_not_fatal() {
     let env = Env::new(2).await;
     // Garbage under the processor's lease prefix before it ever starts (a hand edit, another
     // tool's document...): bootstrap, balancing and processing must all go on.
-    env.account
-        .ensure_container(common::DB, common::LEASES, "/id")
-        .await
-        .unwrap();
+    env.ensure_leases().await;
     let store = env.store().await;
     let garbage = serde_json::json!({"id": format!("{}..garbage", store.prefix()), "LeaseToken": 42, "Owner": ["x"]});
     let leases = env.account.documents(common::DB, common::LEASES).await.unwrap();
@@ -648,7 +645,7 @@ async fn rebalancing_under_load_hands_leases_over_without_redelivering_anything(
     let fair_share = eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 4, 8) }).await;
     let balanced = started.elapsed();
     writes.await.unwrap();
-    assert!(eventually(Duration::from_secs(60), || async { env.deliveries.distinct() >= 3000 }).await);
+    assert!(env.delivered_within(3000, Duration::from_secs(60)).await);
     let mut handed_over = 0;
     while let Ok(event) = a_events.try_recv() {
         handed_over += usize::from(matches!(
@@ -728,7 +725,7 @@ async fn a_lease_deleted_while_processed_is_recreated_from_its_checkpoint() {
     let env = Env::new(2).await;
     let a = env.start(env.options("a")).await;
     env.write(0..100).await;
-    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 100 }).await);
+    assert!(env.delivered_within(100, Duration::from_secs(20)).await);
     let store = env.store().await;
     let victim = env.leases().await.remove(0);
     store
@@ -740,7 +737,7 @@ async fn a_lease_deleted_while_processed_is_recreated_from_its_checkpoint() {
         env.leases().await.iter().any(|l| l.id == victim.id)
     })
     .await;
-    assert!(eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 300 }).await);
+    assert!(env.delivered_within(300, Duration::from_secs(30)).await);
     let back = env.leases().await.into_iter().find(|l| l.id == victim.id);
     let missing = env.deliveries.missing(ids(0..300));
     println!(
@@ -757,14 +754,11 @@ async fn a_lease_deleted_while_processed_is_recreated_from_its_checkpoint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_store_marked_initialized_without_leases_is_bootstrapped_again() {
     let env = Env::new(3).await;
-    env.account
-        .ensure_container(common::DB, common::LEASES, "/id")
-        .await
-        .unwrap();
+    env.ensure_leases().await;
     env.store().await.mark_initialized().await.unwrap();
     env.write(0..150).await;
     let a = env.start(env.options("a")).await;
-    let delivered = eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 150 }).await;
+    let delivered = env.delivered_within(150, Duration::from_secs(20)).await;
     println!(
         ".info without leases: {} leases created, {} of 150 delivered",
         env.leases().await.len(),
@@ -778,10 +772,7 @@ async fn a_lease_store_marked_initialized_without_leases_is_bootstrapped_again()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_processors_leases_in_the_same_container_are_never_touched() {
     let env = Env::new(2).await;
-    env.account
-        .ensure_container(common::DB, common::LEASES, "/id")
-        .await
-        .unwrap();
+    env.ensure_leases().await;
     let foreign = common::lease_store(&env.account, "billing").await.unwrap();
     let range = changefeed_operator::cosmos::EpkRange::new("", "FF");
     let mut lease = changefeed_operator::processor::Lease::new(foreign.prefix(), &range, Some("\"42\"".into()));
@@ -790,7 +781,7 @@ async fn another_processors_leases_in_the_same_container_are_never_touched() {
     let before = foreign.create(&lease).await.unwrap().expect("created");
     let a = env.start(env.options("a")).await;
     env.write(0..100).await;
-    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 100 }).await);
+    assert!(env.delivered_within(100, Duration::from_secs(20)).await);
     let after = foreign.read(&before.id).await.unwrap().expect("still there");
     println!(
         "foreign processor's lease: owner {:?}, etag unchanged {}; ours: {} leases, 100 delivered",
@@ -809,7 +800,7 @@ async fn a_lease_container_deleted_while_running_is_reported_and_processing_resu
     let a = env.start(env.options("a")).await;
     let b = env.start(env.options("b")).await;
     env.write(0..200).await;
-    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 200 }).await);
+    assert!(env.delivered_within(200, Duration::from_secs(20)).await);
     assert!(eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 2, 4) }).await);
     env.account.delete_container(common::DB, common::LEASES).await.unwrap();
     let deleted = Instant::now();
@@ -823,12 +814,9 @@ async fn a_lease_container_deleted_while_running_is_reported_and_processing_resu
     let problem = a.monitor().read_problem();
     env.write(200..400).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    env.account
-        .ensure_container(common::DB, common::LEASES, "/id")
-        .await
-        .unwrap();
+    env.ensure_leases().await;
     let back = Instant::now();
-    let resumed = eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 400 }).await;
+    let resumed = env.delivered_within(400, Duration::from_secs(30)).await;
     let cleared = a.monitor().read_problem().is_none() && b.monitor().read_problem().is_none();
     let missing = env.deliveries.missing(ids(0..400));
     let leases = env.leases().await;
@@ -870,7 +858,7 @@ async fn checkpointing_every_ten_batches_writes_a_tenth_and_a_stop_still_checkpo
     let mut events = processor.subscribe();
     let a = processor.start().await.unwrap();
     env.write(0..1000).await;
-    assert!(eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 1000 }).await);
+    assert!(env.delivered_within(1000, Duration::from_secs(30)).await);
     let (mut batches, mut checkpoints) = (0usize, 0usize);
     while let Ok(event) = events.try_recv() {
         if let LeaseEvent::Checkpointed { .. } = event {
@@ -882,7 +870,7 @@ async fn checkpointing_every_ten_batches_writes_a_tenth_and_a_stop_still_checkpo
     a.stop().await;
     let b = env.start(env.options("b")).await;
     env.write(1000..1100).await;
-    assert!(eventually(Duration::from_secs(30), || async { env.deliveries.distinct() >= 1100 }).await);
+    assert!(env.delivered_within(1100, Duration::from_secs(30)).await);
     let duplicates = env.deliveries.duplicates();
     println!(
         "checkpoint every 10 batches: ~{batches} batches of 10, {checkpoints} checkpoint writes; after a graceful stop and restart: 1100 delivered, {} duplicates",
@@ -938,7 +926,7 @@ async fn a_lease_overlapping_another_is_reported_once_and_nothing_is_lost() {
         .with_observer(errors.clone());
     let b = processor.start().await.unwrap();
     env.write(0..200).await;
-    assert!(eventually(Duration::from_secs(20), || async { env.deliveries.distinct() >= 200 }).await);
+    assert!(env.delivered_within(200, Duration::from_secs(20)).await);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let reported = errors.0.lock().unwrap().clone();
     println!(

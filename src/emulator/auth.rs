@@ -36,23 +36,20 @@ pub struct SignedRequest<'a> {
 impl RequiredAuth {
     /// The 401 the service answers for `request`; `None` when it may pass.
     pub fn refuse(&self, request: &SignedRequest<'_>) -> Option<Response> {
-        // `type=master&ver=1.0&sig=<signature>`, percent-encoded as a whole.
-        let decoded: String = url::form_urlencoded::parse(format!("h={}", request.authorization).as_bytes())
-            .map(|(_, value)| value.into_owned())
-            .collect();
-        let fields: std::collections::HashMap<&str, &str> =
-            decoded.split('&').filter_map(|field| field.split_once('=')).collect();
-        let (kind, signature) = (fields.get("type").copied(), fields.get("sig").copied());
         let message = match self {
             RequiredAuth::Any => return None,
-            RequiredAuth::EntraToken(expected) => match (kind, signature) {
-                (Some("aad"), Some(token)) if token == expected.as_ref() => return None,
-                (Some("aad"), _) => "The AAD token in the request is not valid for this account.",
+            RequiredAuth::EntraToken(expected) => match kind_and_signature(request.authorization) {
+                (Some(kind), Some(token)) if kind == "aad" && token == expected.as_ref() => return None,
+                (Some(kind), _) if kind == "aad" => "The AAD token in the request is not valid for this account.",
                 _ => "Local Authorization is disabled. Use an AAD token to authorize all requests.",
             },
-            RequiredAuth::Key(key) => match (kind, signature) {
-                (Some("master"), Some(signature)) if signature == expected_signature(key, request)? => return None,
-                (Some("aad"), _) => {
+            RequiredAuth::Key(key) => match kind_and_signature(request.authorization) {
+                (Some(kind), Some(signature))
+                    if kind == "master" && expected_signature(key, request).is_some_and(|e| e == signature) =>
+                {
+                    return None;
+                }
+                (Some(kind), _) if kind == "aad" => {
                     "Microsoft Entra ID tokens are not accepted by this emulator; sign with the account key."
                 }
                 _ => {
@@ -65,6 +62,23 @@ impl RequiredAuth {
             &serde_json::json!({"code": "Unauthorized", "message": message}),
         ))
     }
+}
+
+/// The `type` and `sig` of an Authorization header (`type=master&ver=1.0&sig=<signature>`,
+/// percent-encoded as a whole).
+fn kind_and_signature(authorization: &str) -> (Option<String>, Option<String>) {
+    let decoded: String = url::form_urlencoded::parse(format!("h={authorization}").as_bytes())
+        .map(|(_, value)| value.into_owned())
+        .collect();
+    let (mut kind, mut signature) = (None, None);
+    for (name, value) in decoded.split('&').filter_map(|field| field.split_once('=')) {
+        match name {
+            "type" => kind = Some(value.to_owned()),
+            "sig" => signature = Some(value.to_owned()),
+            _ => {}
+        }
+    }
+    (kind, signature)
 }
 
 /// The master-key signature of a request: HMAC-SHA256 over

@@ -57,14 +57,13 @@ impl Deferred {
     /// The pending position, when the policy says to write it now.
     pub fn due(&self, now: Instant) -> Option<&str> {
         let pending = self.pending.as_deref()?;
-        let by_count = self.batches >= self.policy.every_batches.max(1);
+        // Every batch (the default) also writes a position an empty page moved.
+        let by_count = self.policy.every_batches <= 1 || self.batches >= self.policy.every_batches;
         let by_time = self
             .policy
             .interval
             .is_some_and(|interval| now.saturating_duration_since(self.last_write) >= interval);
-        // A position without new batches (an empty page moved the continuation) is written with
-        // the next batch, or by time.
-        (by_count || by_time || (self.batches == 0 && self.policy.every_batches <= 1)).then_some(pending)
+        (by_count || by_time).then_some(pending)
     }
 
     /// The pending position, whatever the policy (a release writes it).

@@ -172,6 +172,11 @@ impl LeaseStoreError {
     pub fn is_transient(&self) -> bool {
         matches!(self, LeaseStoreError::Cosmos(e) if e.kind.is_retryable())
     }
+
+    /// Whether the lease container itself does not exist (a request on it answered 404).
+    pub fn is_container_missing(&self) -> bool {
+        matches!(self, LeaseStoreError::Cosmos(e) if e.kind == crate::cosmos::ErrorKind::NotFound)
+    }
 }
 
 /// Everything of one processor in the lease container, read in one query.

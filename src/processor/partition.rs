@@ -60,7 +60,7 @@ fn stop_reason(owned: &OwnedLease) -> LeaseExit {
 /// (shutdown, handoff) has its last handled position written first.
 pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
     let mut deferred = Deferred::new(shared.options.checkpoint, std::time::Instant::now());
-    let exit = process(&shared, &owned, &mut deferred).await;
+    let exit = process(shared.clone(), owned.clone(), &mut deferred).await;
     if matches!(exit.reason, CloseReason::Shutdown | CloseReason::HandedOver) {
         write_pending(&shared, &owned, &mut deferred).await;
     }
@@ -83,8 +83,7 @@ async fn write_pending(shared: &Shared, owned: &OwnedLease, deferred: &mut Defer
     }
 }
 
-async fn process(shared: &Arc<Shared>, owned: &Arc<OwnedLease>, deferred: &mut Deferred) -> LeaseExit {
-    let (shared, owned) = (shared.clone(), owned.clone());
+async fn process(shared: Arc<Shared>, owned: Arc<OwnedLease>, deferred: &mut Deferred) -> LeaseExit {
     let cancel = owned.cancelled().clone();
     let mut failures: u32 = 0;
     let mut rebuilds: u32 = 0;

@@ -558,7 +558,7 @@ impl Coordinator {
                 );
             }
             Ok(None) => tracing::debug!(lease = owned.token(), "the deleted lease exists again"),
-            Err(LeaseStoreError::Cosmos(error)) if error.kind == crate::cosmos::ErrorKind::NotFound => {
+            Err(error) if error.is_container_missing() => {
                 // The whole lease container is gone: keep the checkpoint until it is back.
                 self.orphans.push(lease);
             }
@@ -583,8 +583,9 @@ impl Coordinator {
     }
 
     /// After the lease container came back: writes back the leases this instance owned, then
-    /// creates leases for the ranges nobody covers (from the start position).
-    async fn store_back(&mut self) {
+    /// creates leases for the ranges nobody covers (from the start position). `false` when the
+    /// container was never missing (nothing to do).
+    async fn store_back(&mut self) -> bool {
         let was_missing = self
             .shared
             .store_problem
@@ -594,7 +595,7 @@ impl Coordinator {
             .is_some();
         let orphans = std::mem::take(&mut self.orphans);
         if !was_missing && orphans.is_empty() {
-            return;
+            return false;
         }
         tracing::warn!(processor = %self.shared.options.processor_name, leases = orphans.len(), "the lease container exists again; writing back the leases owned here");
         for lease in &orphans {
@@ -614,6 +615,7 @@ impl Coordinator {
             self.shared
                 .emit_error(None, format!("creating the missing leases failed: {error}"));
         }
+        true
     }
 
     /// Takes up the leases asked for that their owners have handed to this instance.
@@ -667,8 +669,8 @@ impl Coordinator {
         }
         let snapshot = match self.shared.store.snapshot().await {
             Ok(snapshot) => snapshot,
-            Err(LeaseStoreError::Cosmos(error)) if error.kind == crate::cosmos::ErrorKind::NotFound => {
-                self.store_missing(&LeaseStoreError::Cosmos(error));
+            Err(error) if error.is_container_missing() => {
+                self.store_missing(&error);
                 return;
             }
             Err(error) => {
@@ -676,9 +678,7 @@ impl Coordinator {
                 return;
             }
         };
-        let store_was_missing = self.shared.store_problem.lock().is_ok_and(|problem| problem.is_some());
-        if store_was_missing || !self.orphans.is_empty() {
-            self.store_back().await;
+        if self.store_back().await {
             return;
         }
         for (id, reason) in &snapshot.invalid {

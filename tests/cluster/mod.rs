@@ -340,25 +340,25 @@ impl Cluster {
         let Ok(containers) = run("ctr", &["-a", &address, "-n", "k8s.io", "containers", "ls", "--quiet"]) else {
             return Vec::new();
         };
+        // Running tasks: id → pid, listed once.
+        let running: std::collections::HashMap<String, u32> =
+            run("ctr", &["-a", &address, "-n", "k8s.io", "tasks", "ls"])
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    (fields.get(2) == Some(&"RUNNING")).then_some(())?;
+                    Some((fields.first()?.to_string(), fields.get(1)?.parse().ok()?))
+                })
+                .collect();
         let mut pids = Vec::new();
         for id in containers.lines() {
+            let Some(pid) = running.get(id) else { continue };
             let Ok(info) = run("ctr", &["-a", &address, "-n", "k8s.io", "containers", "info", id]) else {
                 continue;
             };
-            let labelled = info.contains(&format!("\"io.kubernetes.container.name\": \"{container}\""));
-            if !labelled {
-                continue;
-            }
-            if let Ok(tasks) = run("ctr", &["-a", &address, "-n", "k8s.io", "tasks", "ls"]) {
-                for line in tasks.lines() {
-                    let fields: Vec<&str> = line.split_whitespace().collect();
-                    if fields.first() == Some(&id)
-                        && fields.get(2) == Some(&"RUNNING")
-                        && let Some(pid) = fields.get(1).and_then(|p| p.parse().ok())
-                    {
-                        pids.push(pid);
-                    }
-                }
+            if info.contains(&format!("\"io.kubernetes.container.name\": \"{container}\"")) {
+                pids.push(*pid);
             }
         }
         pids

@@ -151,6 +151,19 @@ impl Env {
             .unwrap()
     }
 
+    /// Creates the lease container (before anything of the processor exists).
+    pub async fn ensure_leases(&self) {
+        self.account
+            .ensure_container(DB, LEASES, "/id")
+            .await
+            .expect("create the lease container");
+    }
+
+    /// Whether `count` distinct documents were delivered within `timeout`.
+    pub async fn delivered_within(&self, count: usize, timeout: Duration) -> bool {
+        eventually(timeout, || async { self.deliveries.distinct() >= count }).await
+    }
+
     /// A handler recording into `self.deliveries` as instance `name`.
     pub fn recorder(&self, name: &str) -> Arc<RecordingHandler> {
         Arc::new(RecordingHandler {
