@@ -65,6 +65,37 @@ async fn control(endpoint: &str, method: reqwest::Method, action: &str) -> serde
     serde_json::from_slice(&answer.bytes().await.expect("body")).expect("JSON")
 }
 
+/// The emulator's account (well-known key) and its `db/items`.
+async fn connect(endpoint: &str) -> (CosmosAccount, DocumentContainer) {
+    let account = CosmosAccount::connect(endpoint, &AccountAuth::emulator_key())
+        .await
+        .unwrap();
+    let items = account.documents(DB, ITEMS).await.unwrap();
+    (account, items)
+}
+
+/// Delivered document ids and the number of deliveries.
+type Received = (Arc<Mutex<BTreeSet<String>>>, Arc<Mutex<usize>>);
+
+/// An HTTP handler endpoint recording what it receives: its URL, the ids seen, the deliveries.
+async fn receiver() -> (String, Arc<Mutex<BTreeSet<String>>>, Arc<Mutex<usize>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    let (seen, deliveries): Received = Default::default();
+    let (sink, count) = (seen.clone(), deliveries.clone());
+    common::receive_batches(listener, move |_, batch| {
+        let ids: Vec<String> = batch["documents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d["id"].as_str().map(str::to_owned))
+            .collect();
+        *count.lock().unwrap() += ids.len();
+        sink.lock().unwrap().extend(ids);
+    });
+    (url, seen, deliveries)
+}
+
 async fn wait_delivered(seen: &Mutex<BTreeSet<String>>, count: usize, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
@@ -88,25 +119,8 @@ async fn metric_sum(port: u16, metric: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn workers_ride_out_throttling_errors_timeouts_and_an_outage_without_losing_anything() {
     let (mut emulator, endpoint) = start_emulator("db/items:/pk:4").await;
-    let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key())
-        .await
-        .unwrap();
-    let items = account.documents(DB, ITEMS).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let receiver = format!("http://{}/", listener.local_addr().unwrap());
-    let seen = Arc::new(Mutex::new(BTreeSet::new()));
-    let deliveries = Arc::new(Mutex::new(0usize));
-    let (sink, count) = (seen.clone(), deliveries.clone());
-    common::receive_batches(listener, move |_, batch| {
-        let ids: Vec<String> = batch["documents"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|d| d["id"].as_str().map(str::to_owned))
-            .collect();
-        *count.lock().unwrap() += ids.len();
-        sink.lock().unwrap().extend(ids);
-    });
+    let (account, items) = connect(&endpoint).await;
+    let (receiver, seen, deliveries) = receiver().await;
     write(&items, 0..300).await;
 
     // 10 % of every request fails while the workers start and documents keep coming.
@@ -197,4 +211,70 @@ async fn workers_ride_out_throttling_errors_timeouts_and_an_outage_without_losin
         owners.iter().all(|o| matches!(o.as_deref(), Some("f0" | "f1"))),
         "every lease owned by a live worker after the outage: {owners:?}"
     );
+}
+
+/// Regenerates the emulator's account key as `key`.
+async fn rotate_key(endpoint: &str, key: &str) {
+    let value: String = url::form_urlencoded::byte_serialize(key.as_bytes()).collect();
+    control(endpoint, reqwest::Method::POST, &format!("key?value={value}")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_rotated_while_running_is_reported_on_readyz_and_processing_resumes_when_the_key_works() {
+    let old_key = changefeed_operator::cosmos::EMULATOR_KEY;
+    let new_key = "cm90YXRlZC1rZXktZm9yLXRoZS13b3JrZXJzLXRlc3Q=";
+    let (mut emulator, endpoint) =
+        common::start_emulator_with(&["--port", "0", "--container", "db/items:/pk:2", "--key", old_key]).await;
+    let (_account, items) = connect(&endpoint).await;
+    let (receiver, seen, _) = receiver().await;
+    let port = common::free_port();
+    let mut worker = worker(&endpoint, &receiver, "k0", port);
+    write(&items, 0..20).await;
+    assert!(wait_delivered(&seen, 20, Duration::from_secs(30)).await);
+    let address = SocketAddr::from(([127, 0, 0, 1], port));
+
+    // The account key is regenerated; the worker still signs with the old one.
+    rotate_key(&endpoint, new_key).await;
+    let rotated = Instant::now();
+    let mut readiness = (0, String::new());
+    while rotated.elapsed() < Duration::from_secs(20) {
+        readiness = http_get(address, "/readyz").await;
+        if readiness.0 == 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let reported_after = rotated.elapsed();
+    // Writers with the new key go on (another process: one process keeps one key per account).
+    common::cfp_write_with(&endpoint, 20, 20, &["--key", new_key], &[]).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let alive = matches!(worker.try_wait(), Ok(None));
+
+    // Fixed: the key the worker has works again (on a cluster the operator rolls the workers onto
+    // the new key instead: the pod template carries a digest of the Secret).
+    rotate_key(&endpoint, old_key).await;
+    let fixed = Instant::now();
+    let resumed = wait_delivered(&seen, 40, Duration::from_secs(30)).await;
+    let resumed_after = fixed.elapsed();
+    let ready_again = http_get(address, "/readyz").await;
+    terminate(&mut worker).await;
+    terminate(&mut emulator).await;
+    let log = std::fs::read_to_string(std::env::temp_dir().join("cfp-faults-k0.log")).unwrap_or_default();
+    let refusals = log.lines().filter(|l| l.contains("status 401")).count();
+    println!(
+        "key rotated while running: /readyz {} after {reported_after:.1?}: {:?}; worker alive {alive}, {refusals} log lines about the refusal; key works again: 20 documents written meanwhile delivered {resumed} within {resumed_after:.1?}, /readyz {}",
+        readiness.0,
+        readiness.1.trim(),
+        ready_again.0
+    );
+    assert_eq!(readiness.0, 503, "readiness reports the refused key");
+    assert!(readiness.1.contains("refused this worker's key"), "{}", readiness.1);
+    assert!(
+        !readiness.1.contains(old_key) && !log.contains(old_key),
+        "the key is never shown"
+    );
+    assert!(alive, "the worker keeps running and backs off");
+    assert_eq!(refusals, 1, "one line for the refused key:\n{log}");
+    assert!(resumed, "processing resumes once the key works");
+    assert_eq!(ready_again.0, 200, "{}", ready_again.1);
 }

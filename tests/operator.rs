@@ -289,6 +289,28 @@ async fn invalid_resources_are_rejected_and_a_missing_secret_blocks_until_create
             .find(|c| c.type_ == "ConfigValid" && c.status == "True")
     })
     .await;
+    // A rotated key rolls the workers onto it: the pod template carries a digest of the values.
+    let digest_of = |deployment: &Deployment| {
+        deployment
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.metadata.as_ref())
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get("changefeed.io/secrets-digest").cloned())
+    };
+    let before = digest_of(&deployments.get("orders").await.unwrap());
+    assert!(before.is_some(), "the pod template carries the Secret digest");
+    apply_ok(
+        plane,
+        &ns,
+        &secret_yaml().replace(changefeed_operator::cosmos::EMULATOR_KEY, "cm90YXRlZC1rZXk="),
+    );
+    let after = wait("a new Secret digest after the key was rotated", || async {
+        let digest = digest_of(&deployments.get("orders").await.ok()?);
+        digest.filter(|d| Some(d) != before.as_ref())
+    })
+    .await;
+    println!("key rotated: pod template digest {before:?} -> {after:?} (the workers roll onto the new key)");
     // A working resource whose Secret goes away keeps its workers and reports the problem.
     let (ok, _, err) = plane.kubectl_run(&["delete", "secret", "cosmos", "-n", &ns], None);
     assert!(ok, "{err}");

@@ -755,7 +755,7 @@ async fn a_lease_deleted_while_processed_is_recreated_from_its_checkpoint() {
 async fn a_lease_store_marked_initialized_without_leases_is_bootstrapped_again() {
     let env = Env::new(3).await;
     env.ensure_leases().await;
-    env.store().await.mark_initialized().await.unwrap();
+    env.store().await.mark_initialized("db/items").await.unwrap();
     env.write(0..150).await;
     let a = env.start(env.options("a")).await;
     let delivered = env.delivered_within(150, Duration::from_secs(20)).await;
@@ -942,4 +942,69 @@ async fn a_lease_overlapping_another_is_reported_once_and_nothing_is_lost() {
     );
     assert!(env.deliveries.missing(ids(0..200)).is_empty());
     b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_monitored_container_deleted_while_running_is_reported_and_a_recreated_one_is_processed_from_its_start() {
+    let env = Env::new(4).await;
+    let mut options = env.options("a");
+    options.start_from = changefeed_operator::cosmos::StartFrom::Now;
+    let a = env.start(options.clone()).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            env.owners().await.get("a") == Some(&4)
+        })
+        .await
+    );
+    env.write(0..100).await;
+    assert!(env.delivered_within(100, Duration::from_secs(20)).await);
+    env.account.delete_container(common::DB, common::ITEMS).await.unwrap();
+    let deleted = Instant::now();
+    let reported = eventually(Duration::from_secs(15), || async {
+        a.monitor().read_problem().is_some_and(|p| p.contains("does not exist"))
+    })
+    .await;
+    let problem = a.monitor().read_problem();
+    let reported_after = deleted.elapsed();
+    let alive_while_missing = a.monitor().is_alive() && a.owned_leases().len() == 4;
+    // Created again, with another partition count: a new container and a new change feed, which
+    // a restarted worker (start from "now", the default) reads from its start.
+    let spec = changefeed_operator::emulator::ContainerSpec {
+        database: common::DB.into(),
+        container: common::ITEMS.into(),
+        partition_key: "/pk".into(),
+        partitions: 2,
+    };
+    env.emulator.create_container(&spec).await.unwrap();
+    let items = env.account.documents(common::DB, common::ITEMS).await.unwrap();
+    for n in 100..150 {
+        upsert_doc(&items, n).await;
+    }
+    let halted = tokio::time::timeout(Duration::from_secs(15), a.halted()).await;
+    a.stop().await;
+    for n in 150..200 {
+        upsert_doc(&items, n).await;
+    }
+    let restarted = env.start(options).await;
+    let resumed = env.delivered_within(200, Duration::from_secs(30)).await;
+    let missing = env.deliveries.missing(ids(0..200));
+    println!(
+        "monitored container deleted: reported {reported} after {reported_after:.1?} ({problem:?}), leases kept {alive_while_missing}; recreated with 2 partitions: halted {halted:?}; restarted: 100 documents of the new container delivered {resumed}, lost {}, duplicates {}, leases {}",
+        missing.len(),
+        env.deliveries.duplicates().len(),
+        env.leases().await.len(),
+    );
+    assert!(reported, "readiness names the missing monitored container: {problem:?}");
+    assert!(
+        alive_while_missing,
+        "a missing container keeps the processor and its leases"
+    );
+    assert!(
+        halted.as_ref().is_ok_and(|reason| reason.contains("created again")),
+        "{halted:?}"
+    );
+    assert!(resumed && missing.is_empty(), "missing {missing:?}");
+    assert!(env.deliveries.duplicates().is_empty());
+    assert!(restarted.monitor().read_problem().is_none());
+    restarted.stop().await;
 }

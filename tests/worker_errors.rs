@@ -131,3 +131,69 @@ async fn a_wrong_account_key_ends_the_worker_with_one_line_naming_the_key() {
     assert!(!stderr.contains(key), "the key is never printed");
     terminate(&mut emulator).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_monitored_container_created_again_ends_the_worker_with_one_line_and_a_restart_reads_it() {
+    use changefeed_operator::cosmos::{AccountAuth, CosmosAccount};
+    let (mut emulator, endpoint) = start_emulator("db/items:/pk:2").await;
+    let spawn = || {
+        common::cfp_worker(&endpoint)
+            .args(["--instance", "w", "--handler", "stdout"])
+            .args(common::FAST_LEASES)
+            .env("RUST_LOG", "error")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn cfp worker")
+    };
+    let first = spawn();
+    common::cfp_write(&endpoint, 0, 5).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key())
+        .await
+        .unwrap();
+    account.delete_container(common::DB, common::ITEMS).await.unwrap();
+    account
+        .ensure_container(common::DB, common::ITEMS, "/pk")
+        .await
+        .unwrap();
+    common::cfp_write(&endpoint, 100, 5).await;
+    let output = tokio::time::timeout(Duration::from_secs(30), first.wait_with_output())
+        .await
+        .expect("the worker exits by itself")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
+    let error_lines: Vec<&str> = stderr.lines().filter(|l| l.contains("created again")).collect();
+    // Started again (as Kubernetes would), the worker reads the new container from its start.
+    let mut second = spawn();
+    let stdout = second.stdout.take().unwrap();
+    let delivered = tokio::time::timeout(Duration::from_secs(30), async {
+        use tokio::io::AsyncBufReadExt;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let mut seen = std::collections::BTreeSet::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            for n in 100..105 {
+                if line.contains(&format!("\"doc-{n}\"")) {
+                    seen.insert(n);
+                }
+            }
+            if seen.len() == 5 {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .unwrap_or(false);
+    println!(
+        "monitored container created again: the worker exited {:?} with {:?}; restarted, it delivered the 5 documents of the new container: {delivered}",
+        output.status.code(),
+        error_lines
+    );
+    assert!(output.status.code().is_some_and(|c| c != 0));
+    assert_eq!(error_lines.len(), 1, "{stderr}");
+    assert!(delivered);
+    terminate(&mut second).await;
+    terminate(&mut emulator).await;
+}

@@ -35,6 +35,9 @@ pub enum WorkerCommandError {
     /// The handler or retry flags cannot work.
     #[error("{0}")]
     Handler(String),
+    /// The processor stopped by itself: it cannot go on with what it was started for.
+    #[error("the processor stopped: {0}")]
+    Halted(String),
     /// The dead-letter container cannot be used.
     #[error("dead-letter container {container}: {source}")]
     DeadLetters {
@@ -181,14 +184,18 @@ pub async fn run(args: &WorkerArgs) -> Result<(), WorkerCommandError> {
             return Ok(());
         }
     };
-    crate::signals::terminated().await;
+    let halted = tokio::select! {
+        _ = crate::signals::terminated() => None,
+        reason = handle.halted() => Some(reason),
+    };
     tracing::info!(instance = %settings.options.instance, "stopping: releasing leases");
     handle.stop().await;
     shutdown.cancel();
     for task in background {
         let _ = task.await;
     }
-    Ok(())
+    // Exiting lets Kubernetes start the worker again, on what exists now.
+    halted.map_or(Ok(()), |reason| Err(WorkerCommandError::Halted(reason)))
 }
 
 /// Connects to the accounts and opens the containers: the processor, not started yet.

@@ -63,19 +63,38 @@ pub struct ChangePage {
     pub retries: u32,
 }
 
+/// What the account holds under a monitored container's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Presence {
+    /// The container that was opened.
+    Present,
+    /// Nothing: the container (or its database) was deleted.
+    Missing,
+    /// Another container with this resource id: deleted and created again (a new change feed).
+    Recreated(String),
+}
+
 /// The container whose change feed is processed.
 #[derive(Clone)]
 pub struct MonitoredContainer {
     client: ContainerClient,
+    name: String,
     database_rid: String,
     rid: String,
     pk_paths: Vec<String>,
 }
 
 impl MonitoredContainer {
-    pub(crate) fn new(client: ContainerClient, database_rid: String, rid: String, pk_paths: Vec<String>) -> Self {
+    pub(crate) fn new(
+        client: ContainerClient,
+        name: String,
+        database_rid: String,
+        rid: String,
+        pk_paths: Vec<String>,
+    ) -> Self {
         Self {
             client,
+            name,
             database_rid,
             rid,
             pk_paths,
@@ -85,6 +104,33 @@ impl MonitoredContainer {
     /// The container's resource id (`_rid`).
     pub fn rid(&self) -> &str {
         &self.rid
+    }
+
+    /// `database/container`, for messages.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What the account holds under this container's name now: nothing (deleted), this
+    /// container, or another one created under the same name since it was opened.
+    pub async fn presence(&self) -> Result<Presence, CosmosError> {
+        match self.client.read(None).await {
+            Ok(response) => {
+                let props = response.into_model()?;
+                Ok(match props.system_properties.resource_id {
+                    Some(rid) if rid != self.rid => Presence::Recreated(rid),
+                    _ => Presence::Present,
+                })
+            }
+            Err(error) => {
+                let error = CosmosError::from(error);
+                if error.kind == ErrorKind::NotFound {
+                    Ok(Presence::Missing)
+                } else {
+                    Err(error)
+                }
+            }
+        }
     }
 
     /// The database's resource id (`_rid`).

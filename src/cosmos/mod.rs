@@ -16,6 +16,6 @@ pub use client::{CosmosAccount, EMULATOR_KEY};
 pub use continuation::{RangeContinuation, decode_sdk_token, encode_sdk_token};
 pub use documents::{Document, DocumentContainer};
 pub use error::{CosmosError, ErrorKind};
-pub use feed::{ChangePage, FeedReader, MonitoredContainer, StartFrom};
+pub use feed::{ChangePage, FeedReader, MonitoredContainer, Presence, StartFrom};
 pub use lsn::{continuation_lsn, session_token_lsn};
 pub use range::EpkRange;

@@ -8,6 +8,8 @@
 //! - `POST /_emulator/faults?rate=R&kinds=429,503,408,reset` — fails a share `R` of the Cosmos requests
 //!   as the service does; `POST /_emulator/outage?ms=N` fails every request for `N` ms;
 //!   `DELETE /_emulator/faults` stops; `GET /_emulator/faults` reports what was injected.
+//! - `POST /_emulator/key?value=K` — regenerates the account key as `K` (base64), as a key
+//!   rotation does: requests signed with the old key get 401 from then on (needs `--key`).
 
 mod auth;
 mod faults;
@@ -136,8 +138,8 @@ pub const MAX_REQUEST_BODY: usize = 4 * 1024 * 1024;
 pub struct Emulator {
     client: Arc<InMemoryEmulatorHttpClient>,
     gateway: Url,
-    /// Which requests over HTTP are authorized.
-    auth: RequiredAuth,
+    /// Which requests over HTTP are authorized (the key can be regenerated while serving).
+    auth: Arc<std::sync::RwLock<RequiredAuth>>,
     /// Faults injected into Cosmos requests.
     faults: Arc<FaultInjector>,
 }
@@ -156,7 +158,7 @@ impl Emulator {
         Ok(Self {
             client: Arc::new(client),
             gateway,
-            auth: RequiredAuth::Any,
+            auth: Arc::new(std::sync::RwLock::new(RequiredAuth::Any)),
             faults: Arc::new(FaultInjector::default()),
         })
     }
@@ -170,16 +172,37 @@ impl Emulator {
     /// Disables key auth, as on an account with `disableLocalAuth`: requests over HTTP must carry
     /// the Entra ID bearer token `token` (Cosmos DB's `type=aad` authorization); others get 401.
     /// In-process clients are not checked.
-    pub fn require_entra_token(mut self, token: &str) -> Self {
-        self.auth = RequiredAuth::EntraToken(Arc::from(token.trim()));
+    pub fn require_entra_token(self, token: &str) -> Self {
+        self.set_auth(RequiredAuth::EntraToken(Arc::from(token.trim())));
         self
     }
 
     /// Requires requests over HTTP to be signed with the account key `key`, as the service does
     /// (401 otherwise). In-process clients are not checked.
-    pub fn require_key(mut self, key: &str) -> Self {
-        self.auth = RequiredAuth::Key(Arc::new(azure_core::credentials::Secret::new(key.to_owned())));
+    pub fn require_key(self, key: &str) -> Self {
+        self.set_auth(RequiredAuth::Key(Arc::new(azure_core::credentials::Secret::new(
+            key.to_owned(),
+        ))));
         self
+    }
+
+    fn set_auth(&self, auth: RequiredAuth) {
+        *self.auth.write().unwrap_or_else(std::sync::PoisonError::into_inner) = auth;
+    }
+
+    /// Regenerates the account key as `key`: from now on only requests signed with it pass.
+    /// Fails when the account does not check keys (started without one).
+    pub fn regenerate_key(&self, key: &str) -> Result<(), String> {
+        use base64::Engine as _;
+        let mut auth = self.auth.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match *auth {
+            RequiredAuth::Key(_) if base64::engine::general_purpose::STANDARD.decode(key).is_ok() => {
+                *auth = RequiredAuth::Key(Arc::new(azure_core::credentials::Secret::new(key.to_owned())));
+                Ok(())
+            }
+            RequiredAuth::Key(_) => Err("the key must be base64".to_owned()),
+            _ => Err("this emulator checks no key: start it with --key to rotate keys".to_owned()),
+        }
     }
 
     /// The endpoint clients use.
@@ -339,7 +362,8 @@ impl Emulator {
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default()
         };
-        self.auth.refuse(&auth::SignedRequest {
+        let auth = self.auth.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        auth.refuse(&auth::SignedRequest {
             method: req.method().as_str(),
             path: req.uri().path(),
             authorization: header("authorization"),
@@ -443,6 +467,16 @@ impl Emulator {
             url::form_urlencoded::parse(query.as_bytes()).into_owned().collect();
         if let Some(response) = self.fault_control(&method, action, &params) {
             return response;
+        }
+        if (&method, action) == (&hyper::Method::POST, "key") {
+            let value = params.get("value").map(String::as_str).unwrap_or_default();
+            return match self.regenerate_key(value) {
+                Ok(()) => {
+                    tracing::info!("account key regenerated");
+                    crate::http::json(200, &serde_json::json!({"message": "key regenerated"}))
+                }
+                Err(message) => crate::http::json(409, &serde_json::json!({ "message": message })),
+            };
         }
         let (Some(database), Some(container)) = (params.get("database"), params.get("container")) else {
             return crate::http::json(

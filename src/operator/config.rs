@@ -2,6 +2,7 @@
 
 use k8s_openapi::api::core::v1::Secret;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::autoscale::Policy;
@@ -42,6 +43,30 @@ fn secret_references(cfp: &ChangeFeedProcessor) -> Vec<(String, &SecretKeyRef)> 
         }
     }
     references
+}
+
+/// A digest of the Secret values the workers read (account keys, handler headers), stamped on
+/// the pod template so that rotating a key rolls the workers onto it; `None` without any. Never
+/// the values themselves.
+pub fn secrets_digest(cfp: &ChangeFeedProcessor, found: &BTreeMap<String, Secret>) -> Option<String> {
+    use sha2::Digest;
+    let references = secret_references(cfp);
+    if references.is_empty() {
+        return None;
+    }
+    let mut hasher = sha2::Sha256::new();
+    for (field, reference) in references {
+        let value = found
+            .get(&reference.name)
+            .and_then(|s| s.data.as_ref())
+            .and_then(|d| d.get(&reference.key));
+        hasher.update(field.as_bytes());
+        hasher.update([0]);
+        hasher.update(value.map(|v| v.0.as_slice()).unwrap_or_default());
+        hasher.update([0]);
+    }
+    let digest = hasher.finalize();
+    Some(digest.iter().take(8).map(|b| format!("{b:02x}")).collect())
 }
 
 /// The Secret names a resource references (account keys, handler headers).
@@ -226,6 +251,40 @@ mod tests {
             )])),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_secrets_digest_follows_the_referenced_values_and_never_shows_them() {
+        let with = |value: &str| BTreeMap::from([("cosmos".to_owned(), secret("key", value))]);
+        let cfp = resource(serde_json::json!({}));
+        let first = secrets_digest(&cfp, &with("key-one")).unwrap();
+        let cases: Vec<(&str, Option<String>, bool)> = vec![
+            ("same value", secrets_digest(&cfp, &with("key-one")), true),
+            ("rotated key", secrets_digest(&cfp, &with("key-two")), false),
+            ("missing Secret", secrets_digest(&cfp, &BTreeMap::new()), false),
+            (
+                "no Secret referenced",
+                secrets_digest(
+                    &resource(serde_json::json!({
+                        "connection": {"endpoint": "https://a.documents.azure.com/", "auth": "WorkloadIdentity"}})),
+                    &with("key-one"),
+                ),
+                false,
+            ),
+        ];
+        for (name, digest, same) in cases {
+            assert_eq!(digest.as_deref() == Some(first.as_str()), same, "{name}: {digest:?}");
+        }
+        assert_eq!(first.len(), 16);
+        assert!(!first.contains("key-one"));
+        assert_eq!(
+            secrets_digest(
+                &resource(serde_json::json!({
+                    "connection": {"endpoint": "https://a.documents.azure.com/", "auth": "WorkloadIdentity"}})),
+                &BTreeMap::new()
+            ),
+            None
+        );
     }
 
     #[test]

@@ -22,7 +22,9 @@ use super::crd::{AuthKind, ChangeFeedProcessor, ChangeFeedProcessorStatus, Conne
 use super::estimation::{AccountRef, EstimateReport, EstimateTarget, Estimators, ResourceKey};
 use super::metrics::OperatorMetrics;
 use super::status::{DEGRADED, Observation, Rollout, SCALING, ScalingState, conditions};
-use super::workload::{FIELD_MANAGER, metrics_service, selector_string, worker_deployment, worker_disruption_budget};
+use super::workload::{
+    FIELD_MANAGER, metrics_service, selector_string, with_secrets_digest, worker_deployment, worker_disruption_budget,
+};
 use crate::cosmos::AccountAuth;
 
 /// The finalizer that deletes a processor's lease documents before the resource goes away.
@@ -153,7 +155,8 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
     let mut apply_failure = None;
     let deployment = match (&problem, desired) {
         (None, Some(desired)) => {
-            match apply_workload(&client, &namespace, cfp, &ctx.worker_image, desired).await {
+            let digest = config::secrets_digest(cfp, &found);
+            match apply_workload(&client, &namespace, cfp, &ctx.worker_image, desired, digest).await {
                 Ok(applied) => {
                     let event = plan.as_ref().and_then(|p| p.event.clone());
                     if before.is_none() {
@@ -327,7 +330,10 @@ async fn clean_up(
             .patch(
                 &name,
                 &params,
-                &Patch::Apply(&worker_deployment(cfp, &ctx.worker_image, 0)),
+                &Patch::Apply(&with_secrets_digest(
+                    worker_deployment(cfp, &ctx.worker_image, 0),
+                    config::secrets_digest(cfp, found),
+                )),
             )
             .await?;
         publish(
@@ -391,13 +397,13 @@ async fn apply_workload(
     cfp: &ChangeFeedProcessor,
     image: &str,
     replicas: i32,
+    secrets_digest: Option<String>,
 ) -> Result<Deployment, kube::Error> {
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let name = cfp.name_any();
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
-    let applied = deployments
-        .patch(&name, &params, &Patch::Apply(&worker_deployment(cfp, image, replicas)))
-        .await?;
+    let deployment = with_secrets_digest(worker_deployment(cfp, image, replicas), secrets_digest);
+    let applied = deployments.patch(&name, &params, &Patch::Apply(&deployment)).await?;
     let services: Api<Service> = Api::namespaced(client.clone(), namespace);
     let service = metrics_service(cfp);
     let service_name = service.metadata.name.clone().unwrap_or_default();

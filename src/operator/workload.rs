@@ -311,6 +311,27 @@ fn probe(path: &str, period: i32) -> Probe {
     }
 }
 
+/// Pod-template annotation: a digest of the Secret values the workers read (see
+/// [`super::config::secrets_digest`]); a rotated key changes it and rolls the workers.
+pub const SECRETS_DIGEST_ANNOTATION: &str = "changefeed.io/secrets-digest";
+
+/// Stamps the digest of the referenced Secret values on the worker pod template (nothing when
+/// the resource references no Secret).
+pub fn with_secrets_digest(mut deployment: Deployment, digest: Option<String>) -> Deployment {
+    if let Some(digest) = digest
+        && let Some(metadata) = deployment
+            .spec
+            .as_mut()
+            .map(|s| s.template.metadata.get_or_insert_with(Default::default))
+    {
+        metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(SECRETS_DIGEST_ANNOTATION.to_owned(), digest);
+    }
+    deployment
+}
+
 /// The worker Deployment with `replicas` pods running `image` unless the resource overrides it.
 pub fn worker_deployment(cfp: &ChangeFeedProcessor, image: &str, replicas: i32) -> Deployment {
     let spec = &cfp.spec;
@@ -836,6 +857,22 @@ mod tests {
             template.metadata.as_ref().unwrap().annotations.as_ref().unwrap()["a"],
             "b"
         );
+        // The Secret digest joins the user's annotations (and is absent without one).
+        let stamped = with_secrets_digest(deployment.clone(), Some("0123abcd".into()));
+        let annotations = stamped
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations
+            .clone()
+            .unwrap();
+        assert_eq!(annotations[SECRETS_DIGEST_ANNOTATION], "0123abcd");
+        assert_eq!(annotations["a"], "b");
+        assert_eq!(with_secrets_digest(deployment.clone(), None), deployment);
         assert!(pod.containers[0].resources.as_ref().unwrap().limits.is_some());
         assert_eq!(pod.containers[0].ports.as_ref().unwrap()[0].container_port, 9100);
         let service = metrics_service(&cfp);

@@ -61,6 +61,23 @@ async fn bootstrap_once(
             tokio::time::sleep(Duration::from_millis(250 + fastrand::u64(0..250))).await;
             continue;
         }
+        let mut start = start;
+        let mut recreated = false;
+        if start == StartFrom::Now
+            && !snapshot.initialized
+            && snapshot.leases.is_empty()
+            && store.earlier_incarnation(monitored.name()).await?
+        {
+            // Everything in a container created again under a name this processor already
+            // followed is new to it: "now" would skip what was written since it was created.
+            tracing::info!(
+                instance = me,
+                container = monitored.name(),
+                "the monitored container was created again since this processor last ran; reading the new one from its start"
+            );
+            start = StartFrom::Beginning;
+            recreated = true;
+        }
         if snapshot.initialized {
             tracing::warn!(
                 instance = me,
@@ -74,15 +91,15 @@ async fn bootstrap_once(
                 StartFrom::Now => Some(anchor_now(monitored, range).await?),
                 StartFrom::Beginning | StartFrom::Time(_) => None,
             };
-            if store
-                .create(&Lease::new(store.prefix(), range, continuation))
-                .await?
-                .is_some()
-            {
+            let mut lease = Lease::new(store.prefix(), range, continuation);
+            if recreated {
+                lease = lease.start_from_beginning();
+            }
+            if store.create(&lease).await?.is_some() {
                 created += 1;
             }
         }
-        store.mark_initialized().await?;
+        store.mark_initialized(monitored.name()).await?;
         store.unlock().await?;
         tracing::info!(
             instance = me,

@@ -37,6 +37,14 @@ impl ErrorLog {
     }
 }
 
+/// How a refused credential is logged (once for every lease and request kind).
+pub const REFUSED_CREDENTIAL: &str = "the account refused this worker's key or token (rotated? the operator rolls the workers onto a changed Secret; with Entra ID check the identity's data-plane role)";
+
+/// Whether an error message reports a 401 from the account.
+pub fn is_refused_credential(message: &str) -> bool {
+    message.contains("(status 401)")
+}
+
 /// The kind of an error message: what comes before its first `:`.
 pub fn kind_of(message: &str) -> &str {
     message.split(':').next().unwrap_or(message)

@@ -138,7 +138,7 @@ async fn estimate_lease(
         lease_token: lease.lease_token.clone(),
         feed_range: range.clone(),
         owner: lease.owner.clone().filter(|o| !o.is_empty()),
-        lag: range_lag(monitored, ranges, &range, continuation, start).await?,
+        lag: range_lag(monitored, ranges, &range, continuation, lease.start_from(start)).await?,
         checkpoint_age,
         started: continuation.is_some(),
         handler_failing: lease.properties.get(HANDLER_FAILING_PROPERTY).cloned(),

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use crate::cosmos::{CosmosError, DocumentContainer, EpkRange, ErrorKind};
+use crate::cosmos::{CosmosError, DocumentContainer, EpkRange, ErrorKind, StartFrom};
 
 /// The `Mode` the .NET SDK writes for latest-version leases.
 pub const INCREMENTAL_MODE: &str = "Incremental Feed";
@@ -76,7 +76,26 @@ pub const HANDOFF_TO_PROPERTY: &str = "handoffTo";
 /// Lease property: when the handoff was asked for (RFC 3339, the requester's clock).
 pub const HANDOFF_REQUESTED_PROPERTY: &str = "handoffRequestedAt";
 
+/// Lease property: where a lease without a continuation starts, when not where the processor's
+/// options say (`beginning`: the leases of a container created again, all of it new).
+pub const START_FROM_PROPERTY: &str = "startFrom";
+
 impl Lease {
+    /// Where reading starts while the lease has no continuation: its own `startFrom` property,
+    /// else `default` (the processor's start position).
+    pub fn start_from(&self, default: StartFrom) -> StartFrom {
+        match self.properties.get(START_FROM_PROPERTY).map(String::as_str) {
+            Some("beginning") => StartFrom::Beginning,
+            _ => default,
+        }
+    }
+
+    /// Makes the lease read its range from the beginning until it has a continuation.
+    pub fn start_from_beginning(mut self) -> Self {
+        self.properties.insert(START_FROM_PROPERTY.into(), "beginning".into());
+        self
+    }
+
     /// The pending handoff request: the requester and when it asked.
     pub fn handoff_request(&self) -> Option<(&str, OffsetDateTime)> {
         let to = self.properties.get(HANDOFF_TO_PROPERTY)?;
@@ -211,12 +230,24 @@ pub trait LeaseStore: Send + Sync {
     async fn try_lock(&self, owner: &str, stale_after: std::time::Duration) -> Result<bool, LeaseStoreError>;
     /// Removes the bootstrap lock.
     async fn unlock(&self) -> Result<(), LeaseStoreError>;
-    /// Writes the `.info` marker: the store is initialized.
-    async fn mark_initialized(&self) -> Result<(), LeaseStoreError>;
+    /// Writes the `.info` marker: the store is initialized, for the container named `monitored`
+    /// (`database/container`).
+    async fn mark_initialized(&self, monitored: &str) -> Result<(), LeaseStoreError>;
+    /// Whether this processor initialized leases for an earlier container of the same name
+    /// (`database/container`), since deleted and created again.
+    async fn earlier_incarnation(&self, monitored: &str) -> Result<bool, LeaseStoreError>;
     /// Records that `instance` is alive now, so that others count it before it owns any lease.
     async fn heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError>;
     /// Removes the heartbeat of `instance` (graceful shutdown).
     async fn remove_heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError>;
+}
+
+/// The part of a lease prefix shared by one processor's lease sets on every container of the
+/// account (`{processorName}{accountHost}_`): the prefix without its database and container rids.
+fn processor_family(prefix: &str) -> Option<&str> {
+    let mut cut = prefix.rsplitn(3, '_');
+    let (_, _, family) = (cut.next()?, cut.next()?, cut.next()?);
+    Some(&prefix[..family.len() + 1])
 }
 
 /// The lease-id prefix of the .NET v3 SDK: `{processorName}{accountHost}_{databaseRid}_{containerRid}`.
@@ -449,10 +480,24 @@ impl LeaseStore for CosmosLeaseStore {
         Ok(self.container.delete(&id, &id, None).await?)
     }
 
-    async fn mark_initialized(&self) -> Result<(), LeaseStoreError> {
-        self.create_marker(self.marker_id("info"), Value::Object(Default::default()))
+    async fn mark_initialized(&self, monitored: &str) -> Result<(), LeaseStoreError> {
+        self.create_marker(self.marker_id("info"), serde_json::json!({ "monitored": monitored }))
             .await?;
         Ok(())
+    }
+
+    async fn earlier_incarnation(&self, monitored: &str) -> Result<bool, LeaseStoreError> {
+        let Some(family) = processor_family(&self.prefix) else {
+            return Ok(false);
+        };
+        let ours = self.marker_id("info");
+        let markers = self.container.list_by_field("monitored", monitored).await?;
+        Ok(markers.iter().any(|doc| {
+            doc.body
+                .get("id")
+                .and_then(Value::as_str)
+                .is_some_and(|id| id != ours && id.starts_with(family) && id.ends_with(".info"))
+        }))
     }
 
     async fn heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError> {
@@ -475,6 +520,13 @@ impl LeaseStore for CosmosLeaseStore {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn the_processor_family_drops_the_rids() {
+        let prefix = lease_prefix("orders", "acct.documents.azure.com", "KmhJAA==", "KmhJAOkGgKQ=");
+        assert_eq!(processor_family(&prefix), Some("ordersacct.documents.azure.com_"));
+        assert_eq!(processor_family("no-underscores"), None);
+    }
 
     #[test]
     fn serializes_with_the_dotnet_field_names() {

@@ -17,6 +17,7 @@ pub mod evict;
 pub mod handler;
 pub mod http_handler;
 pub mod lease;
+pub mod monitored_watch;
 pub mod observer;
 pub mod options;
 pub mod owned;

@@ -109,13 +109,16 @@ async fn process(shared: Arc<Shared>, owned: Arc<OwnedLease>, deferred: &mut Def
             .reader(
                 &range,
                 checkpoint.as_deref(),
-                shared.options.start_from,
+                lease.start_from(shared.options.start_from),
                 shared.options.max_items,
             )
             .await;
         let mut reader = match opened {
             Ok(reader) => reader,
             Err(error) => {
+                if may_mean_container_gone(&error) {
+                    shared.check_monitored().await;
+                }
                 shared.emit_error(Some(owned.token()), format!("opening the change feed: {error}"));
                 if !pause(&cancel, shared.options.backoff(failures)).await {
                     return stop_reason(&owned);
@@ -145,6 +148,11 @@ async fn process(shared: Arc<Shared>, owned: Arc<OwnedLease>, deferred: &mut Def
                     {
                         return exit;
                     }
+                    if may_mean_container_gone(&error) {
+                        // Deleted (wait for it) or recreated (the processor stops): said once for
+                        // all leases, on /readyz.
+                        shared.check_monitored().await;
+                    }
                     if is_configuration_error(&error) {
                         shared.emit_error(Some(owned.token()), format!("reading the change feed: {error}"));
                     } else if failures + 1 >= PERSISTENT_FAILURES {
@@ -155,7 +163,9 @@ async fn process(shared: Arc<Shared>, owned: Arc<OwnedLease>, deferred: &mut Def
                     } else {
                         tracing::debug!(lease = owned.token(), %error, "change feed read failed; retrying from the last checkpoint");
                     }
-                    if failures + 1 >= PERSISTENT_FAILURES {
+                    if error.kind == ErrorKind::Unauthorized {
+                        shared.set_read_failing(owned.token(), Some(refused(&error)));
+                    } else if failures + 1 >= PERSISTENT_FAILURES || is_configuration_error(&error) {
                         shared.set_read_failing(owned.token(), Some(error.to_string()));
                     }
                     if !pause(&cancel, shared.options.backoff(failures)).await {
@@ -171,6 +181,7 @@ async fn process(shared: Arc<Shared>, owned: Arc<OwnedLease>, deferred: &mut Def
             }
             if failures > 0 {
                 shared.set_read_failing(owned.token(), None);
+                shared.monitored_works();
             }
             failures = 0;
             let empty = page.documents.is_empty();
@@ -233,6 +244,16 @@ async fn process(shared: Arc<Shared>, owned: Arc<OwnedLease>, deferred: &mut Def
             }
         }
     }
+}
+
+/// What to check when the account refuses the worker's credential (a rotated key, most often).
+fn refused(error: &CosmosError) -> String {
+    format!("{}: {error}", super::error_log::REFUSED_CREDENTIAL)
+}
+
+/// A 404, or the SDK's 400 for a range of a container that was created again.
+fn may_mean_container_gone(error: &CosmosError) -> bool {
+    matches!(error.kind, ErrorKind::NotFound | ErrorKind::BadRequest)
 }
 
 fn is_configuration_error(error: &CosmosError) -> bool {

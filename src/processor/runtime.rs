@@ -18,6 +18,7 @@ use super::estimator::{DEFAULT_CONCURRENCY, LeaseEstimate, estimate_leases};
 use super::events::{CloseReason, LeaseEvent};
 use super::handler::ChangeHandler;
 use super::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError};
+use super::monitored_watch::{MonitoredWatch, Verdict};
 use super::observer::{NoopObserver, ProcessorObserver};
 use super::options::{OnExhausted, ProcessorOptions};
 use super::owned::OwnedLease;
@@ -72,6 +73,10 @@ pub struct Shared {
     error_log: Mutex<super::error_log::ErrorLog>,
     /// Set when the coordinator stopped without being asked to (a panic).
     died: AtomicBool,
+    /// Whether the monitored container still exists (looked up when its feed answers 404).
+    monitored_watch: MonitoredWatch,
+    /// Cancelled when the processor cannot go on (its monitored container was recreated).
+    halt: CancellationToken,
 }
 
 impl Shared {
@@ -89,17 +94,29 @@ impl Shared {
     }
 
     pub(crate) fn emit_error(&self, lease: Option<&str>, message: String) {
+        // A refused credential (a rotated key) fails every request alike: one line for all.
+        let refused = super::error_log::is_refused_credential(&message);
+        let (log_lease, kind) = if refused {
+            (None, super::error_log::REFUSED_CREDENTIAL)
+        } else {
+            (lease, super::error_log::kind_of(&message))
+        };
         let log_now = self
             .error_log
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .record(lease, super::error_log::kind_of(&message), std::time::Instant::now());
+            .record(log_lease, kind, std::time::Instant::now());
+        let shown = if refused {
+            format!("{}: {message}", super::error_log::REFUSED_CREDENTIAL)
+        } else {
+            message.clone()
+        };
         match log_now {
             Some(0) => {
-                tracing::warn!(processor = %self.options.processor_name, instance = %self.options.instance, lease, "{message}")
+                tracing::warn!(processor = %self.options.processor_name, instance = %self.options.instance, lease = log_lease, "{shown}")
             }
             Some(repeated) => {
-                tracing::warn!(processor = %self.options.processor_name, instance = %self.options.instance, lease, repeated, "{message} (and {repeated} more like it in the last minute)")
+                tracing::warn!(processor = %self.options.processor_name, instance = %self.options.instance, lease = log_lease, repeated, "{shown} (and {repeated} more like it in the last minute)")
             }
             None => {
                 tracing::debug!(processor = %self.options.processor_name, instance = %self.options.instance, lease, "{message}")
@@ -131,6 +148,24 @@ impl Shared {
                 failing.remove(token);
             }
         }
+    }
+
+    /// Looks up the monitored container after its change feed answered 404 (at most once per
+    /// acquire interval for all leases); a recreated container stops the processor.
+    pub(crate) async fn check_monitored(&self) -> Verdict {
+        let verdict = self
+            .monitored_watch
+            .check(&self.monitored, self.options.acquire_interval)
+            .await;
+        if matches!(verdict, Verdict::Recreated(_)) {
+            self.halt.cancel();
+        }
+        verdict
+    }
+
+    /// A page was read: the monitored container exists.
+    pub(crate) fn monitored_works(&self) {
+        self.monitored_watch.clear();
     }
 
     fn owned_snapshot(&self) -> Vec<Arc<OwnedLease>> {
@@ -176,6 +211,8 @@ impl ChangeFeedProcessor {
                 store_problem: Mutex::new(None),
                 error_log: Mutex::new(super::error_log::ErrorLog::default()),
                 died: AtomicBool::new(false),
+                monitored_watch: MonitoredWatch::default(),
+                halt: CancellationToken::new(),
             }),
         }
     }
@@ -291,6 +328,13 @@ impl ProcessorHandle {
         }
     }
 
+    /// Resolves when the processor stopped by itself because it cannot go on (its monitored
+    /// container was deleted and created again), with the reason; pending until then.
+    pub async fn halted(&self) -> String {
+        self.shared.halt.cancelled().await;
+        self.shared.monitored_watch.problem().unwrap_or_default()
+    }
+
     /// Graceful stop: stops reading, lets an in-flight batch finish and checkpoint, releases every
     /// owned lease (keeping its continuation) and removes this instance's heartbeat.
     pub async fn stop(self) {
@@ -324,6 +368,9 @@ impl ProcessorMonitor {
     /// Why the processor is not fully working: the lease container is missing, or a lease's
     /// change feed keeps failing.
     pub fn read_problem(&self) -> Option<String> {
+        if let Some(problem) = self.shared.monitored_watch.problem() {
+            return Some(problem);
+        }
         let store = self
             .shared
             .store_problem
@@ -395,7 +442,7 @@ impl Coordinator {
         struct Watch(Arc<Shared>, CancellationToken);
         impl Drop for Watch {
             fn drop(&mut self) {
-                if !self.1.is_cancelled() {
+                if !self.1.is_cancelled() && !self.0.halt.is_cancelled() {
                     self.0.died.store(true, Ordering::SeqCst);
                     tracing::error!("the lease coordinator stopped unexpectedly");
                 }
@@ -418,6 +465,7 @@ impl Coordinator {
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
+                _ = self.shared.halt.cancelled() => break,
                 _ = tick.tick() => {
                     self.shared.cycles.fetch_add(1, Ordering::SeqCst);
                     self.acquire_cycle().await;
