@@ -155,3 +155,53 @@ async fn a_split_fans_a_parent_continuation_out_to_its_children() {
     );
     assert!(!child_ids.is_empty());
 }
+
+#[tokio::test]
+async fn the_change_feed_of_an_epk_sub_range_holds_exactly_the_documents_hashed_into_it() {
+    // One physical partition, read as four equal sub-ranges (one lease each with
+    // leasesPerPartition 4): every document in exactly one of them, and resuming a sub-range from
+    // its raw continuation yields only its own later changes.
+    let (_emulator, monitored, docs) = setup(1).await;
+    let ranges = monitored.feed_ranges(false).await.unwrap();
+    assert_eq!(ranges.len(), 1);
+    let parts = ranges[0].divide(4).unwrap();
+    write(&docs, 0..300).await;
+    let mut seen: Vec<(String, usize)> = Vec::new();
+    let mut ends = Vec::new();
+    for (index, part) in parts.iter().enumerate() {
+        let mut reader = monitored.reader(part, None, StartFrom::Beginning, 50).await.unwrap();
+        let (ids, end) = drain(&mut reader).await;
+        seen.extend(ids.into_iter().map(|id| (id, index)));
+        ends.push(end);
+    }
+    let mut ids: Vec<&String> = seen.iter().map(|(id, _)| id).collect();
+    ids.sort();
+    ids.dedup();
+    let per_part: Vec<usize> = (0..4).map(|i| seen.iter().filter(|(_, p)| *p == i).count()).collect();
+    println!("300 documents over 4 sub-ranges of one partition: {per_part:?}");
+    assert_eq!(seen.len(), 300, "each document exactly once");
+    assert_eq!(ids.len(), 300);
+    assert!(per_part.iter().all(|&n| n > 0), "{per_part:?}");
+    // A logical partition lies in one sub-range: its order is kept within one lease.
+    for pk in 0..97 {
+        let mut parts_of_pk: Vec<usize> = seen
+            .iter()
+            .filter(|(id, _)| id[1..].parse::<usize>().unwrap() % 97 == pk)
+            .map(|(_, part)| *part)
+            .collect();
+        parts_of_pk.dedup();
+        assert_eq!(parts_of_pk.len(), 1, "pk{pk} spread over sub-ranges {parts_of_pk:?}");
+    }
+    write(&docs, 300..400).await;
+    let mut later = 0;
+    for (part, end) in parts.iter().zip(&ends) {
+        let mut reader = monitored
+            .reader(part, Some(end), StartFrom::Beginning, 50)
+            .await
+            .unwrap();
+        let (ids, _) = drain(&mut reader).await;
+        assert!(ids.iter().all(|id| id[1..].parse::<usize>().unwrap() >= 300), "{ids:?}");
+        later += ids.len();
+    }
+    assert_eq!(later, 100);
+}

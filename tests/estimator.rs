@@ -94,9 +94,7 @@ async fn bootstrapped(
     drop(env.processor(env.options("x"), handler).await);
     let store = env.store().await;
     let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
-    bootstrap(store.as_ref(), &monitored, "x", StartFrom::Beginning)
-        .await
-        .unwrap();
+    bootstrap(store.as_ref(), &monitored, &env.options("x")).await.unwrap();
     (store, monitored)
 }
 

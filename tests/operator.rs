@@ -1050,6 +1050,14 @@ async fn the_fields_that_locate_the_checkpoints_are_immutable() {
             resource("orders", endpoint, "  leases:\n    container: other-leases\n"),
             "leases.container is immutable",
         ),
+        (
+            resource(
+                "orders",
+                endpoint,
+                "  leases:\n    container: cfp-leases\n    perPartition: 4\n",
+            ),
+            "leases.perPartition is immutable",
+        ),
     ];
     for (yaml, message) in &cases {
         let (ok, _, err) = apply(plane, &ns, yaml);
@@ -1311,6 +1319,16 @@ async fn the_api_server_refuses_bad_values_with_messages_that_say_what_to_do() {
             "renew slower than expiry",
             base("  leaseTimings: {renewInterval: 90s, expiration: 60s}\n"),
             "leaseTimings.renewInterval must be shorter than leaseTimings.expiration",
+        ),
+        (
+            "no leases per partition",
+            base("  leases: {perPartition: 0}\n"),
+            "should be greater than or equal to 1",
+        ),
+        (
+            "too many leases per partition",
+            base("  leases: {perPartition: 65}\n"),
+            "should be less than or equal to 64",
         ),
         (
             "autoscaling bounds upside down",

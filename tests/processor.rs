@@ -204,21 +204,15 @@ async fn scaling_one_to_four_reaches_fair_share_within_two_cycles() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_split_while_writing_replaces_the_parent_lease_and_loses_nothing() {
-    let env = Env::new(2).await;
-    let a = env.start(env.options("a")).await;
-    let b = env.start(env.options("b")).await;
-    let mut events = a.subscribe();
-    let mut events_b = b.subscribe();
-    // One lease each before documents flow, so that only the split can move work around.
-    assert!(eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 2, 2) }).await);
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    env.write(0..1000).await;
+/// Writes `docs` one by one while the first partition splits; the partitions after the split.
+async fn split_while_writing(
+    env: &Env,
+    docs: std::ops::Range<usize>,
+) -> Vec<changefeed_operator::emulator::PhysicalPartition> {
     let writes = tokio::spawn({
         let items = env.items.clone();
         async move {
-            for n in 1000..4000usize {
+            for n in docs {
                 upsert_doc(&items, n).await;
             }
         }
@@ -230,6 +224,21 @@ async fn a_split_while_writing_replaces_the_parent_lease_and_loses_nothing() {
         .await
         .unwrap();
     writes.await.unwrap();
+    partitions
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_while_writing_replaces_the_parent_lease_and_loses_nothing() {
+    let env = Env::new(2).await;
+    let a = env.start(env.options("a")).await;
+    let b = env.start(env.options("b")).await;
+    let mut events = a.subscribe();
+    let mut events_b = b.subscribe();
+    // One lease each before documents flow, so that only the split can move work around.
+    assert!(eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 2, 2) }).await);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    env.write(0..1000).await;
+    let partitions = split_while_writing(&env, 1000..4000).await;
     assert_eq!(partitions.len(), 3);
     let replaced = eventually(Duration::from_secs(20), || async {
         let leases = env.leases().await;
@@ -755,7 +764,7 @@ async fn a_lease_deleted_while_processed_is_recreated_from_its_checkpoint() {
 async fn a_lease_store_marked_initialized_without_leases_is_bootstrapped_again() {
     let env = Env::new(3).await;
     env.ensure_leases().await;
-    env.store().await.mark_initialized("db/items").await.unwrap();
+    env.store().await.mark_initialized("db/items", 1).await.unwrap();
     env.write(0..150).await;
     let a = env.start(env.options("a")).await;
     let delivered = env.delivered_within(150, Duration::from_secs(20)).await;
@@ -1007,4 +1016,59 @@ async fn a_monitored_container_deleted_while_running_is_reported_and_a_recreated
     assert!(env.deliveries.duplicates().is_empty());
     assert!(restarted.monitor().read_problem().is_none());
     restarted.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_leases_per_partition_let_six_instances_share_two_partitions_through_a_split() {
+    // Two physical partitions, three leases each: six instances all get work (the reference
+    // processors stop at two), nothing is lost through a split of a partition in the middle of a
+    // lease, and a different count on the same lease set is refused.
+    let env = Env::new(2).await;
+    let options = |name: &str| {
+        let mut options = env.options(name);
+        options.leases_per_partition = 3;
+        options
+    };
+    let names: Vec<String> = (0..6).map(|i| format!("w{i}")).collect();
+    let mut handles = Vec::new();
+    for name in &names {
+        handles.push(env.start(options(name)).await);
+    }
+    let shared = eventually(Duration::from_secs(20), || async { fair(&env.owners().await, 6, 6) }).await;
+    let owners = env.owners().await;
+    env.write(0..1000).await;
+    let partitions = split_while_writing(&env, 1000..2000).await;
+    let delivered = env.delivered_within(2000, Duration::from_secs(40)).await;
+    let missing = env.deliveries.missing(ids(0..2000));
+    let leases = env.leases().await;
+    let busy = names.iter().filter(|n| env.deliveries.delivered_by(n) > 0).count();
+    let mut refused = env.options("other");
+    refused.leases_per_partition = 2;
+    let started = env
+        .processor(refused, env.recorder("other"))
+        .await
+        .start()
+        .await
+        .err()
+        .map(|e| e.to_string());
+    println!(
+        "2 partitions x 3 leases: owners {owners:?} (fair {shared}); split to {} partitions while writing: {} leases, 2000 written, delivered {delivered}, lost {}, duplicates {}, instances that processed documents {busy}/6; 2 per partition on that lease set: {started:?}",
+        partitions.len(),
+        leases.len(),
+        missing.len(),
+        env.deliveries.duplicates().len()
+    );
+    assert!(shared, "six instances, one lease each: {owners:?}");
+    assert!(delivered && missing.is_empty(), "lost {missing:?}");
+    assert_eq!(busy, 6, "every instance processed documents");
+    assert_eq!(leases.len(), 7, "the lease across the split point was split");
+    assert!(
+        started
+            .as_deref()
+            .is_some_and(|e| e.contains("created with 3 lease(s) per partition, not 2")),
+        "{started:?}"
+    );
+    for handle in handles {
+        handle.stop().await;
+    }
 }

@@ -240,6 +240,11 @@ pub struct WorkerArgs {
     /// Maximum documents per batch.
     #[arg(long, env = "CFP_MAX_ITEMS", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_items: u32,
+    /// Leases per physical partition when the lease set is created (each an equal
+    /// effective-partition-key share), so that more workers than partitions share the work; a
+    /// lease set keeps the count it was created with.
+    #[arg(long, env = "CFP_LEASES_PER_PARTITION", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub leases_per_partition: u32,
     /// Checkpoint after this many handled batches (1: after every batch). More saves lease writes
     /// and costs redelivery of up to that many batches per lease after a crash; a released lease
     /// is always checkpointed.

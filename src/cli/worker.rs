@@ -61,6 +61,7 @@ pub fn settings(args: &WorkerArgs) -> WorkerSettings {
     options.acquire_interval = args.lease_acquire_interval;
     options.renew_interval = args.lease_renew_interval;
     options.expiration = args.lease_expiration;
+    options.leases_per_partition = args.leases_per_partition;
     options.checkpoint = crate::processor::CheckpointPolicy {
         every_batches: args.checkpoint_every_batches,
         interval: args.checkpoint_interval,

@@ -46,6 +46,44 @@ impl EpkRange {
     pub fn overlaps(&self, other: &EpkRange) -> bool {
         epk_lt(&self.min, &other.max) && epk_lt(&other.min, &self.max)
     }
+
+    /// `parts` adjacent sub-ranges that cover this range exactly and share its keys equally
+    /// (bounds read as 128-bit hash-v2 EPKs: 32 hex digits, shorter ones padded with zeros; keys
+    /// lie below `40…0`, so the last part runs from there to the range's end). `None` when the
+    /// range is too narrow to divide or a bound is not such an EPK.
+    pub fn divide(&self, parts: u32) -> Option<Vec<EpkRange>> {
+        if parts <= 1 {
+            return Some(vec![self.clone()]);
+        }
+        let (min, max) = (epk_value(&self.min)?, epk_value(&self.max)?.min(HASH_V2_END));
+        let step = max.checked_sub(min)? / u128::from(parts);
+        if step == 0 {
+            return None;
+        }
+        let mut bounds = vec![self.min.clone()];
+        bounds.extend((1..parts).map(|i| format!("{:032X}", min + step * u128::from(i))));
+        bounds.push(self.max.clone());
+        Some(
+            bounds
+                .windows(2)
+                .map(|w| EpkRange::new(w[0].clone(), w[1].clone()))
+                .collect(),
+        )
+    }
+}
+
+/// Where hash-v2 effective partition keys end: the service clears the top two bits of the
+/// 128-bit hash, so every key is below `40000000000000000000000000000000`.
+const HASH_V2_END: u128 = 0x40 << 120;
+
+/// The 128-bit value of an EPK of at most 32 hex digits (`""` is 0, `"FF"` is `0xFF` followed by
+/// zeros, so that the values order as the strings do).
+fn epk_value(epk: &str) -> Option<u128> {
+    if epk.len() > 32 || !epk.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let padded = format!("{epk:0<32}");
+    u128::from_str_radix(&padded, 16).ok()
 }
 
 impl std::fmt::Display for EpkRange {
@@ -72,6 +110,71 @@ mod tests {
         assert_eq!(EpkRange::full().lease_token(), "-FF");
         assert_eq!(EpkRange::new("", "3f").lease_token(), "-3F");
         assert_eq!(EpkRange::new("3F", "7F").lease_token(), "3F-7F");
+    }
+
+    #[test]
+    fn divide_covers_the_range_with_equal_parts() {
+        let cases: Vec<(EpkRange, u32, Option<Vec<&str>>)> = vec![
+            (EpkRange::full(), 1, Some(vec!["", "FF"])),
+            (
+                EpkRange::full(),
+                2,
+                Some(vec!["", "20000000000000000000000000000000", "FF"]),
+            ),
+            (
+                EpkRange::new("30000000000000000000000000000000", "FF"),
+                2,
+                Some(vec![
+                    "30000000000000000000000000000000",
+                    "38000000000000000000000000000000",
+                    "FF",
+                ]),
+            ),
+            (
+                EpkRange::new("", "3FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF"),
+                4,
+                Some(vec![
+                    "",
+                    "0FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF",
+                    "1FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFE",
+                    "2FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFD",
+                    "3FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF",
+                ]),
+            ),
+            (
+                EpkRange::new("3F", "7F"),
+                2,
+                Some(vec!["3F", "3F800000000000000000000000000000", "7F"]),
+            ),
+            // Above every key: nothing to share.
+            (EpkRange::new("40", "FF"), 2, None),
+            // Too narrow, or not a 128-bit EPK.
+            (
+                EpkRange::new("00000000000000000000000000000001", "00000000000000000000000000000002"),
+                2,
+                None,
+            ),
+            (EpkRange::new("", "ZZ"), 2, None),
+        ];
+        for (range, parts, expected) in cases {
+            let divided = range.divide(parts);
+            let bounds = divided.as_ref().map(|d| {
+                let mut b: Vec<String> = d.iter().map(|r| r.min.clone()).collect();
+                b.push(d.last().unwrap().max.clone());
+                b
+            });
+            assert_eq!(
+                bounds,
+                expected.map(|e| e.into_iter().map(str::to_owned).collect::<Vec<_>>()),
+                "{range} / {parts}"
+            );
+            for part in divided.iter().flatten() {
+                assert!(
+                    range.contains(part) && part.min < part.max || part.min.is_empty(),
+                    "{part}"
+                );
+            }
+        }
     }
 
     #[test]

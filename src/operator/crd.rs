@@ -223,6 +223,15 @@ pub struct LeaseSettings {
     /// A separate account for the lease container (default: the monitored account).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connection: Option<Connection>,
+    /// Leases per physical partition (default 1), each an equal effective-partition-key share of
+    /// it: up to this many times the partitions' count of workers share the work, and the
+    /// autoscaler's cap becomes the lease count (the .NET/Java processors and KEDA stop at one
+    /// worker per partition). A logical partition stays within one lease, so its order is kept.
+    /// Immutable: the leases are divided when first created.
+    #[serde(default = "default_per_partition")]
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("leases.perPartition is immutable: the leases were divided when created; create a new resource (processor name) to change it"))]
+    #[schemars(range(min = 1, max = 64))]
+    pub per_partition: u32,
     /// Delete this processor's lease documents when the resource is deleted. Off by default, so
     /// that re-creating the resource resumes from the checkpoints.
     #[serde(default)]
@@ -236,6 +245,10 @@ pub struct LeaseSettings {
     pub cleanup_timeout: String,
 }
 
+fn default_per_partition() -> u32 {
+    1
+}
+
 fn default_cleanup_timeout() -> String {
     "5m".into()
 }
@@ -246,6 +259,7 @@ impl Default for LeaseSettings {
             database: None,
             container: None,
             connection: None,
+            per_partition: default_per_partition(),
             delete_on_resource_deletion: false,
             cleanup_timeout: default_cleanup_timeout(),
         }

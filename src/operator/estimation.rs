@@ -56,6 +56,8 @@ pub struct EstimateTarget {
     pub processor: String,
     /// Where leases without a checkpoint start.
     pub start_from: StartFrom,
+    /// Leases per physical partition when the operator creates the lease set.
+    pub leases_per_partition: u32,
     /// Time between estimates.
     pub interval: Duration,
 }
@@ -75,8 +77,16 @@ impl EstimateTarget {
             lease_database: self.lease_database.clone(),
             lease_container: self.lease_container.clone(),
             create_leases: true,
-            options: ProcessorOptions::new(self.processor.clone(), OPERATOR_INSTANCE),
+            options: self.options(),
         }
+    }
+
+    /// The processor options the operator bootstraps leases with.
+    fn options(&self) -> ProcessorOptions {
+        let mut options = ProcessorOptions::new(self.processor.clone(), OPERATOR_INSTANCE);
+        options.start_from = self.start_from;
+        options.leases_per_partition = self.leases_per_partition;
+        options
     }
 }
 
@@ -172,14 +182,9 @@ pub async fn estimate_once(opened: &Opened, target: &EstimateTarget) -> Result<P
     let store_error = |e: &dyn std::fmt::Display| EstimateFailure::new("lease_store", format!("lease container: {e}"));
     let mut snapshot = opened.store.snapshot().await.map_err(|e| store_error(&e))?;
     if !snapshot.initialized {
-        bootstrap(
-            opened.store.as_ref(),
-            &opened.monitored,
-            OPERATOR_INSTANCE,
-            target.start_from,
-        )
-        .await
-        .map_err(|e| store_error(&e))?;
+        bootstrap(opened.store.as_ref(), &opened.monitored, &target.options())
+            .await
+            .map_err(|e| store_error(&e))?;
         snapshot = opened.store.snapshot().await.map_err(|e| store_error(&e))?;
     }
     let leases = estimate_leases(

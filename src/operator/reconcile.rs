@@ -691,6 +691,7 @@ fn estimate_target(cfp: &ChangeFeedProcessor, found: &BTreeMap<String, Secret>) 
         lease_container: spec.lease_container(),
         processor: cfp.processor_name(),
         start_from: spec.start_from.parse().unwrap_or(crate::cosmos::StartFrom::Beginning),
+        leases_per_partition: spec.leases.per_partition,
         interval: config::estimate_interval(cfp),
     })
 }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::lease::{Lease, LeaseStore};
+use super::options::ProcessorOptions;
 use super::runtime::ProcessorError;
 use crate::cosmos::{MonitoredContainer, StartFrom};
 
@@ -18,12 +19,12 @@ const TRANSIENT_ATTEMPTS: u32 = 8;
 pub async fn bootstrap(
     store: &dyn LeaseStore,
     monitored: &MonitoredContainer,
-    me: &str,
-    start: StartFrom,
+    options: &ProcessorOptions,
 ) -> Result<(), ProcessorError> {
+    let me = options.instance.as_str();
     let mut failures = 0;
     loop {
-        match bootstrap_once(store, monitored, me, start).await {
+        match bootstrap_once(store, monitored, options).await {
             Ok(()) => return Ok(()),
             Err(error) if error.is_transient() && failures < TRANSIENT_ATTEMPTS => {
                 failures += 1;
@@ -39,11 +40,19 @@ pub async fn bootstrap(
 async fn bootstrap_once(
     store: &dyn LeaseStore,
     monitored: &MonitoredContainer,
-    me: &str,
-    start: StartFrom,
+    options: &ProcessorOptions,
 ) -> Result<(), ProcessorError> {
+    let (me, per_partition) = (options.instance.as_str(), options.leases_per_partition);
     loop {
         let snapshot = store.snapshot().await?;
+        if snapshot.initialized {
+            let created_with = snapshot.leases_per_partition.unwrap_or(1);
+            if created_with != per_partition {
+                return Err(ProcessorError::Config(format!(
+                    "this processor's leases were created with {created_with} lease(s) per partition, not {per_partition}: keep --leases-per-partition {created_with}, or start over under a new processor name (or delete its lease documents)"
+                )));
+            }
+        }
         let ranges = monitored.feed_ranges(true).await?;
         let uncovered: Vec<&crate::cosmos::EpkRange> = ranges
             .iter()
@@ -61,7 +70,7 @@ async fn bootstrap_once(
             tokio::time::sleep(Duration::from_millis(250 + fastrand::u64(0..250))).await;
             continue;
         }
-        let mut start = start;
+        let mut start = options.start_from;
         let mut recreated = false;
         if start == StartFrom::Now
             && !snapshot.initialized
@@ -86,7 +95,17 @@ async fn bootstrap_once(
             );
         }
         let mut created = 0;
+        let mut pieces = Vec::new();
         for range in uncovered {
+            match range.divide(per_partition) {
+                Some(parts) => pieces.extend(parts),
+                None => {
+                    tracing::warn!(instance = me, %range, per_partition, "this feed range cannot be divided; one lease covers it");
+                    pieces.push(range.clone());
+                }
+            }
+        }
+        for range in &pieces {
             let continuation = match start {
                 StartFrom::Now => Some(anchor_now(monitored, range).await?),
                 StartFrom::Beginning | StartFrom::Time(_) => None,
@@ -99,7 +118,7 @@ async fn bootstrap_once(
                 created += 1;
             }
         }
-        store.mark_initialized(monitored.name()).await?;
+        store.mark_initialized(monitored.name(), per_partition).await?;
         store.unlock().await?;
         tracing::info!(
             instance = me,

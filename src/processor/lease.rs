@@ -207,6 +207,9 @@ pub struct LeaseSnapshot {
     pub instances: Vec<(String, OffsetDateTime)>,
     /// Whether the `.info` marker exists (bootstrap completed).
     pub initialized: bool,
+    /// How many leases per physical partition the bootstrap created (from `.info`; `None` when
+    /// it does not say, as for lease sets the .NET and Java processors write: one).
+    pub leases_per_partition: Option<u32>,
     /// Documents under the lease prefix that are not valid leases (id, what is wrong): skipped.
     pub invalid: Vec<(String, String)>,
 }
@@ -231,8 +234,8 @@ pub trait LeaseStore: Send + Sync {
     /// Removes the bootstrap lock.
     async fn unlock(&self) -> Result<(), LeaseStoreError>;
     /// Writes the `.info` marker: the store is initialized, for the container named `monitored`
-    /// (`database/container`).
-    async fn mark_initialized(&self, monitored: &str) -> Result<(), LeaseStoreError>;
+    /// (`database/container`), with `leases_per_partition` leases per physical partition.
+    async fn mark_initialized(&self, monitored: &str, leases_per_partition: u32) -> Result<(), LeaseStoreError>;
     /// Whether this processor initialized leases for an earlier container of the same name
     /// (`database/container`), since deleted and created again.
     async fn earlier_incarnation(&self, monitored: &str) -> Result<bool, LeaseStoreError>;
@@ -392,6 +395,11 @@ impl LeaseStore for CosmosLeaseStore {
                 }
             } else if id == info {
                 snapshot.initialized = true;
+                snapshot.leases_per_partition = doc
+                    .body
+                    .get("leasesPerPartition")
+                    .and_then(Value::as_u64)
+                    .and_then(|k| u32::try_from(k).ok());
             }
         }
         snapshot.leases.sort_by(|a, b| a.id.cmp(&b.id));
@@ -480,9 +488,12 @@ impl LeaseStore for CosmosLeaseStore {
         Ok(self.container.delete(&id, &id, None).await?)
     }
 
-    async fn mark_initialized(&self, monitored: &str) -> Result<(), LeaseStoreError> {
-        self.create_marker(self.marker_id("info"), serde_json::json!({ "monitored": monitored }))
-            .await?;
+    async fn mark_initialized(&self, monitored: &str, leases_per_partition: u32) -> Result<(), LeaseStoreError> {
+        self.create_marker(
+            self.marker_id("info"),
+            serde_json::json!({ "monitored": monitored, "leasesPerPartition": leases_per_partition }),
+        )
+        .await?;
         Ok(())
     }
 

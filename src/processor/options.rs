@@ -33,7 +33,14 @@ pub struct ProcessorOptions {
     pub retry: RetryPolicy,
     /// How often handled batches are checkpointed (default: after every batch).
     pub checkpoint: super::CheckpointPolicy,
+    /// Leases per physical partition created at bootstrap (each an equal EPK sub-range), so that
+    /// up to this many times the partitions' count of instances share the work. Fixed for a lease
+    /// set once created.
+    pub leases_per_partition: u32,
 }
+
+/// The most leases a physical partition can be divided into.
+pub const MAX_LEASES_PER_PARTITION: u32 = 64;
 
 /// What happens to a batch the handler still fails after [`RetryPolicy::max_attempts`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -100,6 +107,7 @@ impl ProcessorOptions {
             max_backoff: Duration::from_secs(30),
             retry: RetryPolicy::default(),
             checkpoint: super::CheckpointPolicy::default(),
+            leases_per_partition: 1,
         }
     }
 
@@ -127,6 +135,11 @@ impl ProcessorOptions {
         }
         if self.acquire_interval.is_zero() || self.renew_interval.is_zero() {
             return Err("lease intervals must be longer than zero".into());
+        }
+        if !(1..=MAX_LEASES_PER_PARTITION).contains(&self.leases_per_partition) {
+            return Err(format!(
+                "leases per partition must be between 1 and {MAX_LEASES_PER_PARTITION}"
+            ));
         }
         if self.retry.max_attempts == 0 {
             return Err("max attempts must be at least 1".into());

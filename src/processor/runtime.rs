@@ -254,13 +254,7 @@ impl ChangeFeedProcessor {
             ));
         }
         let options = &self.shared.options;
-        bootstrap(
-            self.shared.store.as_ref(),
-            &self.shared.monitored,
-            &options.instance,
-            options.start_from,
-        )
-        .await?;
+        bootstrap(self.shared.store.as_ref(), &self.shared.monitored, options).await?;
         let shutdown = CancellationToken::new();
         let leases = CancellationToken::new();
         let coordinator = Coordinator {
@@ -651,14 +645,8 @@ impl Coordinator {
                 tracing::warn!(lease = %lease.lease_token, %error, "writing a lease back failed");
             }
         }
-        let me = self.shared.options.instance.clone();
-        if let Err(error) = super::bootstrap::bootstrap(
-            self.shared.store.as_ref(),
-            &self.shared.monitored,
-            &me,
-            self.shared.options.start_from,
-        )
-        .await
+        if let Err(error) =
+            super::bootstrap::bootstrap(self.shared.store.as_ref(), &self.shared.monitored, &self.shared.options).await
         {
             self.shared
                 .emit_error(None, format!("creating the missing leases failed: {error}"));

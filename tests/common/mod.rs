@@ -70,6 +70,12 @@ impl Deliveries {
     pub fn clear(&self) {
         self.inner.lock().unwrap().clear();
     }
+
+    /// How many deliveries went to `instance`.
+    pub fn delivered_by(&self, instance: &str) -> usize {
+        let map = self.inner.lock().unwrap();
+        map.values().flatten().filter(|i| *i == instance).count()
+    }
 }
 
 /// Records each document id with the instance it was delivered to.
