@@ -18,6 +18,8 @@ use common::{CFP, DB, ITEMS, start_emulator, terminate};
 use tokio::process::{Child, Command};
 
 const MAX_ITEMS: usize = 50;
+/// Batches of one lease with the handler at once (read-ahead under chaos too).
+const IN_FLIGHT: usize = 2;
 const EXPIRATION: Duration = Duration::from_secs(3);
 const RENEW: Duration = Duration::from_secs(1);
 
@@ -59,6 +61,7 @@ fn worker(endpoint: &str, receiver: &str, instance: &str) -> Child {
         .args(["--processor", "chaos", "--instance", instance, "--handler", "http"])
         .args(["--handler-url", &format!("{receiver}{instance}")])
         .args(["--max-items", &MAX_ITEMS.to_string(), "--poll-interval", "100ms"])
+        .args(["--max-in-flight-batches", &IN_FLIGHT.to_string()])
         .args(common::FAST_LEASES)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
@@ -257,14 +260,14 @@ async fn four_workers_survive_kills_freezes_splits_and_renames_without_losing_a_
             }
         }
     }
-    let lease_moves_bound = crashes * 8 * MAX_ITEMS;
+    let lease_moves_bound = crashes * 8 * MAX_ITEMS * IN_FLIGHT;
     println!(
         "chaos {:.0}s, schedule: {}",
         started.elapsed().as_secs_f64(),
         log.join("; ")
     );
     println!(
-        "documents {} ({versions} versions written, {} POSTs), latest versions missing {}, duplicate deliveries {duplicates} (bound {lease_moves_bound}: {crashes} crashes/freezes × 8 leases × {MAX_ITEMS}), leases delivered by a previous owner after the new one: {late:?}",
+        "documents {} ({versions} versions written, {} POSTs), latest versions missing {}, duplicate deliveries {duplicates} (bound {lease_moves_bound}: {crashes} crashes/freezes × 8 leases × {IN_FLIGHT} batches in flight × {MAX_ITEMS}), leases delivered by a previous owner after the new one: {late:?}",
         written.len(),
         posts.len(),
         missing.len()

@@ -1321,6 +1321,11 @@ async fn the_api_server_refuses_bad_values_with_messages_that_say_what_to_do() {
             "leaseTimings.renewInterval must be shorter than leaseTimings.expiration",
         ),
         (
+            "no batch in flight",
+            base("  maxInFlightBatches: 0\n"),
+            "should be greater than or equal to 1",
+        ),
+        (
             "no leases per partition",
             base("  leases: {perPartition: 0}\n"),
             "should be greater than or equal to 1",

@@ -1040,6 +1040,8 @@ async fn three_leases_per_partition_let_six_instances_share_two_partitions_throu
     let partitions = split_while_writing(&env, 1000..2000).await;
     let delivered = env.delivered_within(2000, Duration::from_secs(40)).await;
     let missing = env.deliveries.missing(ids(0..2000));
+    // The lease across the split point is split when it next reads.
+    eventually(Duration::from_secs(10), || async { env.leases().await.len() == 7 }).await;
     let leases = env.leases().await;
     let busy = names.iter().filter(|n| env.deliveries.delivered_by(n) > 0).count();
     let mut refused = env.options("other");
@@ -1071,4 +1073,83 @@ async fn three_leases_per_partition_let_six_instances_share_two_partitions_throu
     for handle in handles {
         handle.stop().await;
     }
+}
+
+/// Records deliveries; the batch holding `doc-5` waits until `release` is notified.
+struct SlowDocumentHandler {
+    inner: Arc<common::RecordingHandler>,
+    slow_started: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait::async_trait]
+impl ChangeHandler for SlowDocumentHandler {
+    async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
+        if batch.documents.iter().any(|d| d["id"] == "doc-5") {
+            self.slow_started.notify_one();
+            self.release.notified().await;
+        }
+        self.inner.handle(batch).await
+    }
+}
+
+/// One lease of 100 documents in write order (10 per batch) whose first batch hangs: how many
+/// other documents were handled while it hung, and the checkpoint then.
+async fn slow_first_batch(
+    env: &Env,
+    in_flight: u32,
+) -> (usize, Option<String>, changefeed_operator::processor::ProcessorHandle) {
+    let mut options = env.options(&format!("slow{in_flight}"));
+    options.max_items = 10;
+    options.max_in_flight_batches = in_flight;
+    let (slow_started, release) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let handler = Arc::new(SlowDocumentHandler {
+        inner: env.recorder(&options.instance),
+        slow_started: slow_started.clone(),
+        release,
+    });
+    let handle = env.processor(options, handler).await.start().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), slow_started.notified())
+        .await
+        .expect("the slow batch reached the handler");
+    // Give the lease time to hand out what it may while the slow batch hangs.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let checkpoint = env.leases().await[0].continuation.clone();
+    (env.deliveries.distinct(), checkpoint, handle)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_batch_does_not_stall_its_lease_with_four_in_flight_and_a_crash_redelivers_from_it() {
+    // Baseline: one batch at a time, the lease waits for the slow batch.
+    let env = Env::new(1).await;
+    for n in 0..100 {
+        upsert_doc(&env.items, n).await;
+    }
+    let (alone, _, handle) = slow_first_batch(&env, 1).await;
+    handle.abort();
+    env.deliveries.clear();
+    let before = env.leases().await[0].continuation.clone();
+
+    // Four in flight: the three batches after the slow one are handled meanwhile, the checkpoint
+    // stays before the slow batch, and a crash then redelivers from it — nothing is skipped.
+    let (meanwhile, checkpoint, handle) = slow_first_batch(&env, 4).await;
+    let held = checkpoint == before;
+    handle.abort();
+    let after_crash = env.start(env.options("after")).await;
+    let all = env.delivered_within(100, Duration::from_secs(20)).await;
+    let missing = env.deliveries.missing(ids(0..100));
+    let redelivered = env.deliveries.duplicates().len();
+    println!(
+        "a batch hangs in the handler: {alone} other documents handled meanwhile with 1 batch in flight, {meanwhile} with 4; checkpoint held before the hung batch {held}; after a crash all 100 delivered {all}, lost {}, redelivered {redelivered} (at most the 3 batches handled ahead)",
+        missing.len()
+    );
+    assert_eq!(alone, 0, "one in flight: the lease waits");
+    assert_eq!(meanwhile, 30, "four in flight: the next three batches are handled");
+    assert!(held, "the checkpoint never passes an unfinished batch");
+    assert!(all && missing.is_empty(), "lost {missing:?}");
+    assert!(redelivered <= 30, "redelivered {redelivered}");
+    after_crash.stop().await;
 }

@@ -240,6 +240,11 @@ pub struct WorkerArgs {
     /// Maximum documents per batch.
     #[arg(long, env = "CFP_MAX_ITEMS", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_items: u32,
+    /// Batches of one lease handed to the handler at once: with more than 1 a slow batch does
+    /// not stall its lease (no order across those batches; the checkpoint moves only past
+    /// batches that all finished).
+    #[arg(long, env = "CFP_MAX_IN_FLIGHT_BATCHES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub max_in_flight_batches: u32,
     /// Leases per physical partition when the lease set is created (each an equal
     /// effective-partition-key share), so that more workers than partitions share the work; a
     /// lease set keeps the count it was created with.

@@ -62,6 +62,7 @@ pub fn settings(args: &WorkerArgs) -> WorkerSettings {
     options.renew_interval = args.lease_renew_interval;
     options.expiration = args.lease_expiration;
     options.leases_per_partition = args.leases_per_partition;
+    options.max_in_flight_batches = args.max_in_flight_batches;
     options.checkpoint = crate::processor::CheckpointPolicy {
         every_batches: args.checkpoint_every_batches,
         interval: args.checkpoint_interval,

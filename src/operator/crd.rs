@@ -115,6 +115,13 @@ pub struct ChangeFeedProcessorSpec {
     #[serde(default = "default_max_items")]
     #[schemars(range(min = 1, max = 10000))]
     pub max_items: i32,
+    /// Batches of one lease with the handler at once (default 1). With more, a slow batch does
+    /// not stall its lease: the next ones are read and handled meanwhile (no order across those
+    /// batches), and the checkpoint only moves past batches that all finished, so a crash
+    /// redelivers the unfinished ones and skips nothing. Memory grows with it (`maxItems` each).
+    #[serde(default = "default_max_in_flight_batches")]
+    #[schemars(range(min = 1, max = 64))]
+    pub max_in_flight_batches: u32,
     /// How often handled batches are checkpointed (default: after every batch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSpec>,
@@ -139,6 +146,9 @@ fn default_poll_interval() -> String {
 }
 fn default_max_items() -> i32 {
     100
+}
+fn default_max_in_flight_batches() -> u32 {
+    1
 }
 fn default_replicas() -> i32 {
     1

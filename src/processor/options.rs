@@ -33,11 +33,18 @@ pub struct ProcessorOptions {
     pub retry: RetryPolicy,
     /// How often handled batches are checkpointed (default: after every batch).
     pub checkpoint: super::CheckpointPolicy,
+    /// Batches of one lease with the handler at once (default 1). With more, a slow batch does
+    /// not stall its lease: later ones are read and handled meanwhile (no order across them),
+    /// and the checkpoint only moves past batches that all finished.
+    pub max_in_flight_batches: u32,
     /// Leases per physical partition created at bootstrap (each an equal EPK sub-range), so that
     /// up to this many times the partitions' count of instances share the work. Fixed for a lease
     /// set once created.
     pub leases_per_partition: u32,
 }
+
+/// The most batches of one lease with the handler at once.
+pub const MAX_IN_FLIGHT_BATCHES: u32 = 64;
 
 /// The most leases a physical partition can be divided into.
 pub const MAX_LEASES_PER_PARTITION: u32 = 64;
@@ -108,6 +115,7 @@ impl ProcessorOptions {
             retry: RetryPolicy::default(),
             checkpoint: super::CheckpointPolicy::default(),
             leases_per_partition: 1,
+            max_in_flight_batches: 1,
         }
     }
 
@@ -135,6 +143,11 @@ impl ProcessorOptions {
         }
         if self.acquire_interval.is_zero() || self.renew_interval.is_zero() {
             return Err("lease intervals must be longer than zero".into());
+        }
+        if !(1..=MAX_IN_FLIGHT_BATCHES).contains(&self.max_in_flight_batches) {
+            return Err(format!(
+                "max in-flight batches must be between 1 and {MAX_IN_FLIGHT_BATCHES}"
+            ));
         }
         if !(1..=MAX_LEASES_PER_PARTITION).contains(&self.leases_per_partition) {
             return Err(format!(

@@ -4,6 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::stream::FuturesOrdered;
+
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
@@ -127,123 +130,251 @@ async fn process(shared: Arc<Shared>, owned: Arc<OwnedLease>, deferred: &mut Def
                 continue;
             }
         };
-        // Read pages until the reader has to be rebuilt from the last checkpoint.
-        loop {
-            let started = std::time::Instant::now();
-            let page = tokio::select! {
-                _ = cancel.cancelled() => return stop_reason(&owned),
-                page = reader.next_page(shared.options.read_timeout) => page,
-            };
-            shared.observer().feed_read(
-                owned.token(),
-                started.elapsed(),
-                page.as_ref().map(|p| p.request_charge).unwrap_or_default(),
-            );
-            let page = match page {
-                Ok(page) => page,
-                Err(error) => {
-                    shared.observer().feed_read_failed(owned.token(), error.kind.as_str());
-                    if matches!(error.kind, ErrorKind::RangeGone | ErrorKind::SplitInProgress)
-                        && let Some(exit) = split_from_checkpoint(&shared, &owned, &range).await
-                    {
+        // Read pages until the reader has to be rebuilt from the last checkpoint. Up to
+        // `max_in_flight_batches` batches are with the handler at once; they are settled
+        // (checkpointed) in the order they were read, so a checkpoint never passes a batch that
+        // has not finished.
+        let max_in_flight = shared.options.max_in_flight_batches.max(1) as usize;
+        let mut window: FuturesOrdered<InFlight<'_>> = FuturesOrdered::new();
+        // After a page that shows a split: read no further until it is settled.
+        let mut hold_reads = false;
+        let mut idle_until: Option<tokio::time::Instant> = None;
+        let rebuild = loop {
+            let idle = idle_until.is_some_and(|t| tokio::time::Instant::now() < t);
+            let can_read = window.len() < max_in_flight && !hold_reads && !idle;
+            let read_timeout = shared.options.read_timeout;
+            tokio::select! {
+                biased;
+                Some((page, delivered)) = window.next(), if !window.is_empty() => {
+                    match settle(&shared, &owned, &range, page, delivered, deferred).await {
+                        Flow::Go => {
+                            rebuilds = 0;
+                            if window.is_empty() {
+                                hold_reads = false;
+                            }
+                        }
+                        Flow::Rebuild => break true,
+                        Flow::Return(exit) => return exit,
+                    }
+                }
+                _ = cancel.cancelled() => {
+                    // Graceful stop: the batches with the handler finish and are checkpointed.
+                    if let Err(exit) = drain(&shared, &owned, &range, &mut window, deferred).await {
                         return exit;
                     }
-                    if may_mean_container_gone(&error) {
-                        // Deleted (wait for it) or recreated (the processor stops): said once for
-                        // all leases, on /readyz.
-                        shared.check_monitored().await;
-                    }
-                    if is_configuration_error(&error) {
-                        shared.emit_error(Some(owned.token()), format!("reading the change feed: {error}"));
-                    } else if failures + 1 >= PERSISTENT_FAILURES {
-                        if failures + 1 == PERSISTENT_FAILURES || (failures + 1).is_multiple_of(PERSISTENT_FAILURES * 4)
-                        {
-                            tracing::warn!(lease = owned.token(), attempts = failures + 1, %error, "the change feed keeps failing; retrying from the last checkpoint");
-                        }
-                    } else {
-                        tracing::debug!(lease = owned.token(), %error, "change feed read failed; retrying from the last checkpoint");
-                    }
-                    if error.kind == ErrorKind::Unauthorized {
-                        shared.set_read_failing(owned.token(), Some(refused(&error)));
-                    } else if failures + 1 >= PERSISTENT_FAILURES || is_configuration_error(&error) {
-                        shared.set_read_failing(owned.token(), Some(error.to_string()));
-                    }
-                    if !pause(&cancel, shared.options.backoff(failures)).await {
-                        shared.set_read_failing(owned.token(), None);
-                        return stop_reason(&owned);
-                    }
-                    failures += 1;
-                    break;
-                }
-            };
-            if page.retries > 0 {
-                shared.observer().feed_read_retried(owned.token(), page.retries);
-            }
-            if failures > 0 {
-                shared.set_read_failing(owned.token(), None);
-                shared.monitored_works();
-            }
-            failures = 0;
-            let empty = page.documents.is_empty();
-            // After a freeze (SIGSTOP, a stalled VM) longer than the expiration the lease may be
-            // another instance's: make sure it is still ours before delivering anything.
-            if !empty && owned.may_have_expired(shared.options.expiration).await {
-                match owned.renew().await {
-                    Ok(_) => {}
-                    Err(UpdateError::Lost(owner)) => {
-                        tracing::info!(lease = owned.token(), new_owner = ?owner, "the lease expired while this instance was stalled; not delivering");
-                        return LeaseExit::closed(CloseReason::LeaseLost);
-                    }
-                    Err(UpdateError::Gone) => return LeaseExit::closed(CloseReason::LeaseGone),
-                    Err(UpdateError::Store(error)) => {
-                        tracing::debug!(lease = owned.token(), %error, "cannot confirm the lease after a stall; retrying");
-                        if !pause(&cancel, shared.options.backoff(0)).await {
-                            return stop_reason(&owned);
-                        }
-                        break;
-                    }
-                }
-            }
-            if !empty {
-                let delivery = Delivery {
-                    shared: &shared,
-                    owned: &owned,
-                    range: &range,
-                    batch_id: batch_id(owned.token(), position.as_deref()),
-                };
-                if !delivery.run(&page.documents).await {
-                    // Stopped while retrying a failing batch: nothing was checkpointed past it.
                     return stop_reason(&owned);
                 }
-            }
-            match advance(&shared, &owned, &range, &page, deferred).await {
-                Advance::Continue => {
-                    rebuilds = 0;
-                    if let [only] = page.continuations.as_slice() {
-                        position = Some(only.continuation.clone());
-                    }
+                _ = tokio::time::sleep_until(idle_until.unwrap_or_else(tokio::time::Instant::now)), if idle => {
+                    idle_until = None;
                 }
-                Advance::Rebuild => {
-                    // The reader must restart from the last checkpoint (a split that could not be
-                    // recorded yet, for example): redelivery follows, so never in a tight loop.
-                    rebuilds += 1;
-                    tracing::info!(
-                        lease = owned.token(),
-                        rebuilds,
-                        "rebuilding the change feed reader from the last checkpoint"
-                    );
-                    if !pause(&cancel, shared.options.backoff(rebuilds - 1)).await {
-                        return stop_reason(&owned);
+                page = timed_read(&shared, &owned, &mut reader, read_timeout), if can_read => {
+                    let page = match page {
+                        Ok(page) => page,
+                        Err(error) => {
+                            // Settle what was read before, then retry from the last checkpoint.
+                            if let Err(exit) = drain(&shared, &owned, &range, &mut window, deferred).await {
+                                return exit;
+                            }
+                            if let Some(exit) = read_failed(&shared, &owned, &range, &error, failures).await {
+                                return exit;
+                            }
+                            if !pause(&cancel, shared.options.backoff(failures)).await {
+                                shared.set_read_failing(owned.token(), None);
+                                return stop_reason(&owned);
+                            }
+                            failures += 1;
+                            break false;
+                        }
+                    };
+                    if page.retries > 0 {
+                        shared.observer().feed_read_retried(owned.token(), page.retries);
                     }
-                    break;
+                    if failures > 0 {
+                        shared.set_read_failing(owned.token(), None);
+                        shared.monitored_works();
+                    }
+                    failures = 0;
+                    let empty = page.documents.is_empty();
+                    // After a freeze (SIGSTOP, a stalled VM) longer than the expiration the lease
+                    // may be another instance's: make sure it is still ours before delivering.
+                    if !empty && owned.may_have_expired(shared.options.expiration).await {
+                        match owned.renew().await {
+                            Ok(_) => {}
+                            Err(UpdateError::Lost(owner)) => {
+                                tracing::info!(lease = owned.token(), new_owner = ?owner, "the lease expired while this instance was stalled; not delivering");
+                                return LeaseExit::closed(CloseReason::LeaseLost);
+                            }
+                            Err(UpdateError::Gone) => return LeaseExit::closed(CloseReason::LeaseGone),
+                            Err(UpdateError::Store(error)) => {
+                                tracing::debug!(lease = owned.token(), %error, "cannot confirm the lease after a stall; retrying");
+                                if let Err(exit) = drain(&shared, &owned, &range, &mut window, deferred).await {
+                                    return exit;
+                                }
+                                if !pause(&cancel, shared.options.backoff(0)).await {
+                                    return stop_reason(&owned);
+                                }
+                                break false;
+                            }
+                        }
+                    }
+                    let id = batch_id(owned.token(), position.as_deref());
+                    match page.continuations.as_slice() {
+                        [only] => position = Some(only.continuation.clone()),
+                        _ => hold_reads = true,
+                    }
+                    if empty {
+                        idle_until = Some(tokio::time::Instant::now() + shared.options.poll_interval);
+                    }
+                    window.push_back(deliver(&shared, &owned, &range, page, id));
                 }
-                Advance::Exit(exit) => return exit,
             }
-            if empty && !pause(&cancel, shared.options.poll_interval).await {
+        };
+        if rebuild {
+            // The reader must restart from the last checkpoint (a split that could not be
+            // recorded yet, for example): redelivery follows, so never in a tight loop.
+            rebuilds += 1;
+            tracing::info!(
+                lease = owned.token(),
+                rebuilds,
+                "rebuilding the change feed reader from the last checkpoint"
+            );
+            if !pause(&cancel, shared.options.backoff(rebuilds - 1)).await {
                 return stop_reason(&owned);
             }
         }
     }
+}
+
+/// A batch with the handler: resolves to the page and whether it may be checkpointed.
+type InFlight<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = (ChangePage, bool)> + Send + 'a>>;
+
+/// Hands a page's documents to the handler (an empty page is done at once).
+fn deliver<'a>(
+    shared: &'a Shared,
+    owned: &'a OwnedLease,
+    range: &'a EpkRange,
+    page: ChangePage,
+    batch_id: String,
+) -> InFlight<'a> {
+    Box::pin(async move {
+        if page.documents.is_empty() {
+            return (page, true);
+        }
+        let delivery = Delivery {
+            shared,
+            owned,
+            range,
+            batch_id,
+        };
+        let delivered = delivery.run(&page.documents).await;
+        (page, delivered)
+    })
+}
+
+/// Reads the next page, recording the read in the metrics.
+async fn timed_read(
+    shared: &Shared,
+    owned: &OwnedLease,
+    reader: &mut crate::cosmos::FeedReader,
+    timeout: std::time::Duration,
+) -> Result<ChangePage, CosmosError> {
+    let started = std::time::Instant::now();
+    let page = reader.next_page(timeout).await;
+    shared.observer().feed_read(
+        owned.token(),
+        started.elapsed(),
+        page.as_ref().map(|p| p.request_charge).unwrap_or_default(),
+    );
+    page
+}
+
+/// What the lease loop does after a batch is settled.
+enum Flow {
+    /// Go on reading.
+    Go,
+    /// Reopen the reader at the last checkpoint.
+    Rebuild,
+    /// Stop processing the lease.
+    Return(LeaseExit),
+}
+
+/// Checkpoints a finished batch (or splits the lease) — batches are settled in read order.
+async fn settle(
+    shared: &Shared,
+    owned: &OwnedLease,
+    range: &EpkRange,
+    page: ChangePage,
+    delivered: bool,
+    deferred: &mut Deferred,
+) -> Flow {
+    if !delivered {
+        // Stopped while retrying a failing batch: nothing is checkpointed past it.
+        return Flow::Return(stop_reason(owned));
+    }
+    match advance(shared, owned, range, &page, deferred).await {
+        Advance::Continue => Flow::Go,
+        Advance::Rebuild => Flow::Rebuild,
+        Advance::Exit(exit) => Flow::Return(exit),
+    }
+}
+
+/// Lets every batch with the handler finish and settles them in order; `Err` when the lease
+/// must stop (a batch stopped unfinished, the lease was lost or split).
+async fn drain(
+    shared: &Shared,
+    owned: &OwnedLease,
+    range: &EpkRange,
+    window: &mut FuturesOrdered<InFlight<'_>>,
+    deferred: &mut Deferred,
+) -> Result<(), LeaseExit> {
+    while let Some((page, delivered)) = window.next().await {
+        match settle(shared, owned, range, page, delivered, deferred).await {
+            Flow::Go => {}
+            // The reader is rebuilt anyway after a drain; later batches are delivered again.
+            Flow::Rebuild => {
+                window.clear();
+                return Ok(());
+            }
+            Flow::Return(exit) => return Err(exit),
+        }
+    }
+    Ok(())
+}
+
+/// Reports a failed read; `Some` when it ended the lease (a split recorded from the checkpoint).
+async fn read_failed(
+    shared: &Shared,
+    owned: &OwnedLease,
+    range: &EpkRange,
+    error: &CosmosError,
+    failures: u32,
+) -> Option<LeaseExit> {
+    shared.observer().feed_read_failed(owned.token(), error.kind.as_str());
+    if matches!(error.kind, ErrorKind::RangeGone | ErrorKind::SplitInProgress)
+        && let Some(exit) = split_from_checkpoint(shared, owned, range).await
+    {
+        return Some(exit);
+    }
+    if may_mean_container_gone(error) {
+        // Deleted (wait for it) or recreated (the processor stops): said once for all leases,
+        // on /readyz.
+        shared.check_monitored().await;
+    }
+    if is_configuration_error(error) {
+        shared.emit_error(Some(owned.token()), format!("reading the change feed: {error}"));
+    } else if failures + 1 >= PERSISTENT_FAILURES {
+        if failures + 1 == PERSISTENT_FAILURES || (failures + 1).is_multiple_of(PERSISTENT_FAILURES * 4) {
+            tracing::warn!(lease = owned.token(), attempts = failures + 1, %error, "the change feed keeps failing; retrying from the last checkpoint");
+        }
+    } else {
+        tracing::debug!(lease = owned.token(), %error, "change feed read failed; retrying from the last checkpoint");
+    }
+    if error.kind == ErrorKind::Unauthorized {
+        shared.set_read_failing(owned.token(), Some(refused(error)));
+    } else if failures + 1 >= PERSISTENT_FAILURES || is_configuration_error(error) {
+        shared.set_read_failing(owned.token(), Some(error.to_string()));
+    }
+    None
 }
 
 /// What to check when the account refuses the worker's credential (a rotated key, most often).
