@@ -1153,3 +1153,114 @@ async fn a_slow_batch_does_not_stall_its_lease_with_four_in_flight_and_a_crash_r
     assert!(redelivered <= 30, "redelivered {redelivered}");
     after_crash.stop().await;
 }
+
+/// Records deliveries and keeps every batch's checkpoint handle (it never checkpoints itself).
+#[derive(Default)]
+struct KeepHandles {
+    deliveries: common::Deliveries,
+    handles: std::sync::Mutex<Vec<(Vec<String>, changefeed_operator::processor::CheckpointHandle)>>,
+}
+
+#[async_trait::async_trait]
+impl changefeed_operator::processor::ManualCheckpointHandler for KeepHandles {
+    async fn handle(
+        &self,
+        batch: Batch<'_>,
+        checkpoint: changefeed_operator::processor::CheckpointHandle,
+    ) -> Result<(), HandlerError> {
+        let ids: Vec<String> = batch
+            .documents
+            .iter()
+            .filter_map(|d| d["id"].as_str().map(str::to_owned))
+            .collect();
+        self.deliveries.record("manual", ids.clone());
+        self.handles.lock().unwrap().push((ids, checkpoint));
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_checkpoints_write_what_the_handler_confirms_and_a_split_restarts_from_it() {
+    use changefeed_operator::processor::{ChangeFeedProcessor, CheckpointError};
+    let env = Env::new(1).await;
+    for n in 0..50 {
+        upsert_doc(&env.items, n).await;
+    }
+    let handler = Arc::new(KeepHandles::default());
+    let mut options = env.options("manual");
+    options.max_items = 10;
+    let settings = env.settings(options);
+    let (monitored, store) = changefeed_operator::worker::open(&env.account, &env.account, &settings)
+        .await
+        .unwrap();
+    let manual = changefeed_operator::processor::Handler::Manual(handler.clone());
+    let processor = ChangeFeedProcessor::with_handler(monitored, Arc::new(store), manual, settings.options)
+        .start()
+        .await
+        .unwrap();
+    let seen = |n: usize| {
+        let handler = handler.clone();
+        async move { eventually(Duration::from_secs(20), || async { handler.deliveries.distinct() >= n }).await }
+    };
+    assert!(seen(50).await);
+    let lease = || async { env.leases().await.into_iter().next().unwrap() };
+    let unwritten = lease().await.continuation.is_none();
+    let handle = |i: usize| handler.handles.lock().unwrap()[i].1.clone();
+    // The handler confirms its second batch: the lease moves there; an older handle then writes
+    // nothing (a checkpoint never goes backwards).
+    handle(1).checkpoint().await.unwrap();
+    let confirmed = lease().await.continuation.clone();
+    handle(0).checkpoint().await.unwrap();
+    let kept = lease().await.continuation == confirmed;
+
+    // A split while batches 3.. are handled but not confirmed: the children start from the
+    // confirmed position, not from where the reader was.
+    for n in 50..80 {
+        upsert_doc(&env.items, n).await;
+    }
+    assert!(seen(80).await);
+    let before_split = handler.handles.lock().unwrap().len();
+    env.emulator
+        .split(common::DB, common::ITEMS, None, Duration::from_millis(100))
+        .await
+        .unwrap();
+    let split = eventually(Duration::from_secs(20), || async { env.leases().await.len() == 2 }).await;
+    let redelivered = eventually(Duration::from_secs(20), || async {
+        ids(20..80).iter().all(|id| handler.deliveries.count(id) >= 2)
+    })
+    .await;
+    let once = ids(0..20).iter().all(|id| handler.deliveries.count(id) == 1);
+    let stale = handle(before_split - 1).checkpoint().await;
+
+    // A handle whose lease another instance took writes nothing (If-Match on the ETag).
+    let children = env.leases().await;
+    let latest = handler.handles.lock().unwrap().last().unwrap().1.clone();
+    let store = env.store().await;
+    let mut taken = store
+        .read(
+            &children
+                .iter()
+                .find(|l| l.lease_token == latest.lease_token())
+                .unwrap()
+                .id,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    taken.owner = Some("intruder".into());
+    let taken = store.replace(&taken).await.unwrap();
+    let after_take = latest.checkpoint().await;
+    let untouched = store.read(&taken.id).await.unwrap().unwrap().continuation == taken.continuation;
+    println!(
+        "manual checkpoints: nothing written before the handler confirmed {unwritten}; confirming batch 2 moved the lease, an older handle then kept it {kept}; split {split}: the children redelivered the 60 unconfirmed documents {redelivered}, the 20 confirmed ones once {once}; the split parent's handle: {stale:?}; a handle of a lease another instance took: {after_take:?}, lease untouched {untouched}"
+    );
+    assert!(unwritten && confirmed.is_some() && kept);
+    assert!(split && redelivered && once);
+    assert!(matches!(stale, Err(CheckpointError::LeaseLost(_))), "{stale:?}");
+    assert!(
+        matches!(after_take, Err(CheckpointError::LeaseLost(_))),
+        "{after_take:?}"
+    );
+    assert!(untouched);
+    processor.abort();
+}

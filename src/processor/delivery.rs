@@ -9,6 +9,7 @@
 //!   fails it is retried; the batch is never checkpointed before its poison is stored.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -16,6 +17,7 @@ use time::OffsetDateTime;
 
 use super::deadletter::DeadLetter;
 use super::handler::{Batch, HandlerError};
+use super::manual::{CheckpointHandle, Handler};
 use super::options::OnExhausted;
 use super::owned::OwnedLease;
 use super::runtime::Shared;
@@ -37,9 +39,12 @@ pub fn batch_id(lease: &str, position: Option<&str>) -> String {
 /// One batch on its way to the handler.
 pub(crate) struct Delivery<'a> {
     pub(crate) shared: &'a Shared,
-    pub(crate) owned: &'a OwnedLease,
+    pub(crate) owned: &'a Arc<OwnedLease>,
     pub(crate) range: &'a EpkRange,
     pub(crate) batch_id: String,
+    /// Where the lease is after this batch (for a manual checkpoint); `None` when the batch
+    /// ends in a split (its children will deliver it again).
+    pub(crate) checkpoint_to: Option<String>,
 }
 
 /// Sleeps unless the lease is stopped first; `false` when stopped.
@@ -61,7 +66,13 @@ impl Delivery<'_> {
             documents,
         };
         let started = std::time::Instant::now();
-        let result = self.shared.handler.handle(batch).await;
+        let result = match &self.shared.handler {
+            Handler::Automatic(handler) => handler.handle(batch).await,
+            Handler::Manual(handler) => {
+                let handle = CheckpointHandle::new(self.owned.clone(), self.checkpoint_to.clone());
+                handler.handle(batch, handle).await
+            }
+        };
         self.shared
             .observer()
             .handler_done(self.owned.token(), started.elapsed(), result.is_ok(), documents.len());

@@ -42,6 +42,8 @@ pub struct OwnedLease {
     gone: AtomicBool,
     /// The instance that asked for the lease; processing stops after the current batch.
     handoff_to: std::sync::Mutex<Option<String>>,
+    /// Set when this instance stopped processing the lease (whatever the reason).
+    closed: AtomicBool,
 }
 
 impl OwnedLease {
@@ -57,7 +59,19 @@ impl OwnedLease {
             lost: AtomicBool::new(false),
             gone: AtomicBool::new(false),
             handoff_to: std::sync::Mutex::new(None),
+            closed: AtomicBool::new(false),
         })
+    }
+
+    /// Marks the end of this instance's processing of the lease: manual checkpoint handles of
+    /// its batches write nothing from now on.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether processing of the lease here ended.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
     }
 
     /// The lease document id.

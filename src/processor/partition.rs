@@ -67,6 +67,7 @@ pub async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
     if matches!(exit.reason, CloseReason::Shutdown | CloseReason::HandedOver) {
         write_pending(&shared, &owned, &mut deferred).await;
     }
+    owned.close();
     exit
 }
 
@@ -251,7 +252,7 @@ type InFlight<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = (ChangePa
 /// Hands a page's documents to the handler (an empty page is done at once).
 fn deliver<'a>(
     shared: &'a Shared,
-    owned: &'a OwnedLease,
+    owned: &'a Arc<OwnedLease>,
     range: &'a EpkRange,
     page: ChangePage,
     batch_id: String,
@@ -260,11 +261,16 @@ fn deliver<'a>(
         if page.documents.is_empty() {
             return (page, true);
         }
+        let checkpoint_to = match page.continuations.as_slice() {
+            [only] if only.range == *range => Some(only.continuation.clone()),
+            _ => None,
+        };
         let delivery = Delivery {
             shared,
             owned,
             range,
             batch_id,
+            checkpoint_to,
         };
         let delivered = delivery.run(&page.documents).await;
         (page, delivered)
@@ -414,12 +420,29 @@ async fn advance(
         _ => None,
     };
     let Some(continuation) = single else {
-        // The SDK followed a split of the range inside one stream: each child's position is known.
-        return match split(shared, owned, range, &page.continuations).await {
+        // The SDK followed a split of the range inside one stream: each child's position is
+        // known — but a handler that checkpoints itself decides what is done, so its children
+        // start from the last checkpoint it wrote.
+        let parts: Vec<RangeContinuation> = if shared.handler.is_manual() {
+            page.continuations
+                .iter()
+                .map(|part| RangeContinuation {
+                    range: part.range.clone(),
+                    continuation: String::new(),
+                })
+                .collect()
+        } else {
+            page.continuations.clone()
+        };
+        return match split(shared, owned, range, &parts).await {
             Some(exit) => Advance::Exit(exit),
             None => Advance::Rebuild,
         };
     };
+    if shared.handler.is_manual() {
+        // The handler checkpoints through its handles.
+        return Advance::Continue;
+    }
     let unchanged = owned.current().await.continuation.as_deref() == Some(continuation.as_str());
     if page.documents.is_empty() && unchanged && !deferred.is_pending() {
         return Advance::Continue;

@@ -18,6 +18,7 @@ use super::estimator::{DEFAULT_CONCURRENCY, LeaseEstimate, estimate_leases};
 use super::events::{CloseReason, LeaseEvent};
 use super::handler::ChangeHandler;
 use super::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError};
+use super::manual::Handler;
 use super::monitored_watch::{MonitoredWatch, Verdict};
 use super::observer::{NoopObserver, ProcessorObserver};
 use super::options::{OnExhausted, ProcessorOptions};
@@ -57,7 +58,7 @@ impl ProcessorError {
 pub struct Shared {
     pub(crate) monitored: MonitoredContainer,
     pub(crate) store: Arc<dyn LeaseStore>,
-    pub(crate) handler: Arc<dyn ChangeHandler>,
+    pub(crate) handler: Handler,
     pub(crate) options: ProcessorOptions,
     observer: std::sync::RwLock<Arc<dyn ProcessorObserver>>,
     events: broadcast::Sender<LeaseEvent>,
@@ -194,6 +195,18 @@ impl ChangeFeedProcessor {
         handler: Arc<dyn ChangeHandler>,
         options: ProcessorOptions,
     ) -> Self {
+        Self::with_handler(monitored, store, Handler::Automatic(handler), options)
+    }
+
+    /// A processor delivering to `handler`: [`Handler::Manual`] for one that checkpoints itself
+    /// (each batch comes with a [`super::CheckpointHandle`], and nothing is checkpointed until
+    /// the handler uses one).
+    pub fn with_handler(
+        monitored: MonitoredContainer,
+        store: Arc<dyn LeaseStore>,
+        handler: Handler,
+        options: ProcessorOptions,
+    ) -> Self {
         let (events, _) = broadcast::channel(4096);
         Self {
             shared: Arc::new(Shared {
@@ -247,6 +260,11 @@ impl ChangeFeedProcessor {
     /// Bootstraps the lease store (once per processor) and starts processing.
     pub async fn start(self) -> Result<ProcessorHandle, ProcessorError> {
         self.shared.options.validate().map_err(ProcessorError::Config)?;
+        if self.shared.options.retry.on_exhausted == OnExhausted::DeadLetter && self.shared.handler.is_manual() {
+            return Err(ProcessorError::Config(
+                "dead-lettering needs automatic checkpoints: a manual checkpoint of part of a batch would skip the rest".into(),
+            ));
+        }
         if self.shared.options.retry.on_exhausted == OnExhausted::DeadLetter && self.shared.dead_letters.get().is_none()
         {
             return Err(ProcessorError::Config(

@@ -71,6 +71,11 @@ impl Deliveries {
         self.inner.lock().unwrap().clear();
     }
 
+    /// How often `id` was delivered.
+    pub fn count(&self, id: &str) -> usize {
+        self.inner.lock().unwrap().get(id).map_or(0, Vec::len)
+    }
+
     /// How many deliveries went to `instance`.
     pub fn delivered_by(&self, instance: &str) -> usize {
         let map = self.inner.lock().unwrap();
