@@ -1058,6 +1058,14 @@ async fn the_fields_that_locate_the_checkpoints_are_immutable() {
             ),
             "leases.perPartition is immutable",
         ),
+        (
+            resource(
+                "orders",
+                endpoint,
+                "  leases:\n    container: cfp-leases\n  mode: AllVersionsAndDeletes\n  startFrom: Now\n",
+            ),
+            "mode is immutable",
+        ),
     ];
     for (yaml, message) in &cases {
         let (ok, _, err) = apply(plane, &ns, yaml);
@@ -1320,6 +1328,12 @@ async fn the_api_server_refuses_bad_values_with_messages_that_say_what_to_do() {
             base("  leaseTimings: {renewInterval: 90s, expiration: 60s}\n"),
             "leaseTimings.renewInterval must be shorter than leaseTimings.expiration",
         ),
+        (
+            "all versions from the beginning",
+            base("  mode: AllVersionsAndDeletes\n"),
+            "mode AllVersionsAndDeletes starts only from now",
+        ),
+        ("unknown mode", base("  mode: Everything\n"), "Unsupported value"),
         (
             "no batch in flight",
             base("  maxInFlightBatches: 0\n"),

@@ -1264,3 +1264,67 @@ async fn manual_checkpoints_write_what_the_handler_confirms_and_a_split_restarts
     assert!(untouched);
     processor.abort();
 }
+
+/// Records every batch's documents with their change metadata.
+#[derive(Default)]
+struct ChangeRecorder {
+    seen: std::sync::Mutex<Vec<(serde_json::Value, Option<changefeed_operator::cosmos::Change>)>>,
+}
+
+#[async_trait::async_trait]
+impl ChangeHandler for ChangeRecorder {
+    async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
+        let mut seen = self.seen.lock().unwrap();
+        for (i, document) in batch.documents.iter().enumerate() {
+            seen.push((document.clone(), batch.changes.get(i).cloned()));
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_versions_and_deletes_delivers_changes_with_metadata_and_the_leases_keep_the_mode() {
+    use changefeed_operator::cosmos::{FeedMode, Operation, StartFrom};
+    let env = Env::new(2).await;
+    let mut options = env.options("avad");
+    options.mode = FeedMode::AllVersionsAndDeletes;
+    // The service (and the emulator) refuse this mode from the beginning: said before starting.
+    let from_beginning = options.validate().err();
+    options.start_from = StartFrom::Now;
+    let recorder = Arc::new(ChangeRecorder::default());
+    let handle = env.processor(options, recorder.clone()).await.start().await.unwrap();
+    env.write(0..40).await;
+    let all = eventually(Duration::from_secs(20), || async {
+        recorder.seen.lock().unwrap().len() >= 40
+    })
+    .await;
+    let seen = recorder.seen.lock().unwrap().clone();
+    let modes: Vec<Option<String>> = env.leases().await.into_iter().map(|l| l.mode).collect();
+    handle.stop().await;
+    // A latest-version worker on these leases stops with one clear error instead of mixing modes.
+    let latest = env
+        .processor(env.options("latest"), env.recorder("latest"))
+        .await
+        .start()
+        .await
+        .err()
+        .map(|e| e.to_string());
+    let first = seen.first().cloned();
+    println!(
+        "all versions and deletes: from the beginning refused ({from_beginning:?}); 40 creates delivered {all}, first {first:?}; lease modes {modes:?}; a latest-version worker on them: {latest:?}"
+    );
+    assert!(from_beginning.is_some_and(|e| e.contains("starts only from now")));
+    assert!(all);
+    assert!(
+        seen.iter().all(|(doc, change)| doc["id"].is_string()
+            && change
+                .as_ref()
+                .is_some_and(|c| c.operation_type == Operation::Create && c.timestamp.is_some())),
+        "{seen:?}"
+    );
+    assert!(
+        modes.iter().all(|m| m.as_deref() == Some("Full-Fidelity Feed")),
+        "{modes:?}"
+    );
+    assert!(latest.is_some_and(|e| e.contains("written in the all-versions-and-deletes mode, not latest-version")),);
+}

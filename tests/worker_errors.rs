@@ -6,6 +6,11 @@ use std::time::Duration;
 
 use common::{CFP, start_emulator, terminate};
 
+/// `--endpoint <endpoint> --database db --container items`.
+fn account_args(endpoint: &str) -> [&str; 6] {
+    ["--endpoint", endpoint, "--database", "db", "--container", "items"]
+}
+
 async fn worker(args: &[&str]) -> (Option<i32>, String) {
     let output = tokio::time::timeout(
         Duration::from_secs(60),
@@ -104,14 +109,7 @@ async fn a_wrong_account_key_ends_the_worker_with_one_line_naming_the_key() {
     let key = "c2lnbmF0dXJlcy1hcmUtY2hlY2tlZC1oZXJlLWNmcA==";
     let (mut emulator, endpoint) =
         common::start_emulator_with(&["--port", "0", "--container", "db/items:/pk:2", "--key", key]).await;
-    let account = [
-        "--endpoint",
-        endpoint.as_str(),
-        "--database",
-        "db",
-        "--container",
-        "items",
-    ];
+    let account = account_args(&endpoint);
     let write = tokio::process::Command::new(CFP)
         .arg("write")
         .args(account)
@@ -195,5 +193,75 @@ async fn a_monitored_container_created_again_ends_the_worker_with_one_line_and_a
     assert_eq!(error_lines.len(), 1, "{stderr}");
     assert!(delivered);
     terminate(&mut second).await;
+    terminate(&mut emulator).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_all_versions_mode_prints_each_change_with_its_operation_and_refuses_the_beginning() {
+    let (mut emulator, endpoint) = start_emulator("db/items:/pk:2").await;
+    let account = account_args(&endpoint);
+    let (code, stderr) = worker(
+        &[
+            &account[..],
+            &["--mode", "all-versions-and-deletes", "--start-from", "beginning"],
+        ]
+        .concat(),
+    )
+    .await;
+    assert!(code.is_some_and(|c| c != 0));
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("starts only from now"), "{stderr}");
+
+    let mut worker = common::cfp_worker(&endpoint)
+        .args([
+            "--instance",
+            "avad",
+            "--handler",
+            "stdout",
+            "--mode",
+            "all-versions-and-deletes",
+        ])
+        .args(["--start-from", "now"])
+        .args(common::FAST_LEASES)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = worker.stdout.take().unwrap();
+    // Written once the leases exist (the start is "now").
+    let leases = tokio::spawn({
+        let endpoint = endpoint.clone();
+        async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            common::cfp_write(&endpoint, 0, 5).await;
+        }
+    });
+    let lines = tokio::time::timeout(Duration::from_secs(30), async {
+        use tokio::io::AsyncBufReadExt;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let mut changes = Vec::new();
+        while changes.len() < 5 {
+            match lines.next_line().await {
+                Ok(Some(line)) => changes.push(serde_json::from_str::<serde_json::Value>(&line).unwrap()),
+                _ => break,
+            }
+        }
+        changes
+    })
+    .await
+    .unwrap_or_default();
+    leases.await.unwrap();
+    println!(
+        "--start-from beginning: {stderr}; first change line: {}",
+        lines.first().cloned().unwrap_or_default()
+    );
+    assert_eq!(lines.len(), 5);
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["operationType"] == "create" && l["document"]["id"].is_string() && l["timestamp"].is_u64()),
+        "{lines:?}"
+    );
+    terminate(&mut worker).await;
     terminate(&mut emulator).await;
 }

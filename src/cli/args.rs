@@ -240,6 +240,11 @@ pub struct WorkerArgs {
     /// Maximum documents per batch.
     #[arg(long, env = "CFP_MAX_ITEMS", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_items: u32,
+    /// Which changes are read: latest-version (creates and replaces, latest image) or
+    /// all-versions-and-deletes (every version and deletes, with the previous image and metadata;
+    /// starts only from now).
+    #[arg(long, env = "CFP_MODE", default_value = "latest-version")]
+    pub mode: crate::cosmos::FeedMode,
     /// Batches of one lease handed to the handler at once: with more than 1 a slow batch does
     /// not stall its lease (no order across those batches; the checkpoint moves only past
     /// batches that all finished).

@@ -63,6 +63,7 @@ pub fn settings(args: &WorkerArgs) -> WorkerSettings {
     options.expiration = args.lease_expiration;
     options.leases_per_partition = args.leases_per_partition;
     options.max_in_flight_batches = args.max_in_flight_batches;
+    options.mode = args.mode;
     options.checkpoint = crate::processor::CheckpointPolicy {
         every_batches: args.checkpoint_every_batches,
         interval: args.checkpoint_interval,

@@ -31,6 +31,9 @@ struct TokenState {
     op: String,
     rid: String,
     root: RootState,
+    /// The change feed mode: `true` for all versions and deletes (absent: latest version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cfm: Option<bool>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -49,8 +52,9 @@ struct RangedToken {
     server_continuation: String,
 }
 
-/// Builds the SDK token that resumes the change feed of container `rid` over the given sub-ranges.
-pub fn encode_sdk_token(rid: &str, parts: &[RangeContinuation]) -> String {
+/// Builds the SDK token that resumes the change feed of container `rid` over the given sub-ranges
+/// (in the all-versions-and-deletes mode when `all_versions`: the SDK refuses to switch modes).
+pub fn encode_sdk_token(rid: &str, parts: &[RangeContinuation], all_versions: bool) -> String {
     let state = TokenState {
         op: "ChangeFeed".to_owned(),
         rid: rid.to_owned(),
@@ -66,6 +70,7 @@ pub fn encode_sdk_token(rid: &str, parts: &[RangeContinuation]) -> String {
                 .collect(),
             start_from: None,
         },
+        cfm: all_versions.then_some(true),
     };
     // Serializing these plain structs cannot fail.
     let json = serde_json::to_vec(&state).unwrap_or_default();
@@ -104,7 +109,7 @@ mod tests {
             range: EpkRange::new("", "7F"),
             continuation: "\"42\"".into(),
         }];
-        let token = encode_sdk_token("rid==", &one);
+        let token = encode_sdk_token("rid==", &one, false);
         assert!(token.starts_with("c1."));
         assert_eq!(decode_sdk_token(&token), Some(one));
 
@@ -118,7 +123,7 @@ mod tests {
                 continuation: "b".into(),
             },
         ];
-        assert_eq!(decode_sdk_token(&encode_sdk_token("r", &two)), Some(two));
+        assert_eq!(decode_sdk_token(&encode_sdk_token("r", &two, true)), Some(two));
     }
 
     #[test]

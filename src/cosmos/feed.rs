@@ -7,11 +7,14 @@ use azure_data_cosmos::FeedScope;
 use azure_data_cosmos::clients::ContainerClient;
 use azure_data_cosmos::feed::{ChangeFeedPageIterator, ContinuationToken, FeedRange};
 use azure_data_cosmos::models::{ChangeFeedItem, EffectivePartitionKey};
-use azure_data_cosmos::options::{ChangeFeedOptions, ChangeFeedStartFrom, MaxItemCountHint, ReadFeedRangesOptions};
+use azure_data_cosmos::options::{
+    ChangeFeedMode, ChangeFeedOptions, ChangeFeedStartFrom, MaxItemCountHint, ReadFeedRangesOptions,
+};
 use futures::StreamExt;
 use serde_json::Value;
 use time::OffsetDateTime;
 
+use super::change::{Change, FeedMode};
 use super::continuation::{RangeContinuation, decode_sdk_token, encode_sdk_token};
 use super::error::{CosmosError, ErrorKind};
 use super::range::EpkRange;
@@ -49,6 +52,9 @@ impl std::str::FromStr for StartFrom {
 pub struct ChangePage {
     /// The changed documents, oldest first.
     pub documents: Vec<Value>,
+    /// In the all-versions-and-deletes mode, what happened to each document (same order);
+    /// empty in the latest-version mode.
+    pub changes: Vec<Change>,
     /// The position after this page, one entry per EPK sub-range the read now spans. More than
     /// one entry means the range was split by the service since the read started.
     pub continuations: Vec<RangeContinuation>,
@@ -168,8 +174,8 @@ impl MonitoredContainer {
             .ok_or_else(|| CosmosError::local(ErrorKind::Other, "no feed range for the partition key"))
     }
 
-    /// Opens a change feed reader over `range`, resuming from `continuation` (a raw server
-    /// continuation of exactly that range) or else starting at `start`.
+    /// Opens a latest-version change feed reader over `range`, resuming from `continuation` (a
+    /// raw server continuation of exactly that range) or else starting at `start`.
     pub async fn reader(
         &self,
         range: &EpkRange,
@@ -177,9 +183,27 @@ impl MonitoredContainer {
         start: StartFrom,
         max_items: u32,
     ) -> Result<FeedReader, CosmosError> {
+        self.reader_in(FeedMode::LatestVersion, range, continuation, start, max_items)
+            .await
+    }
+
+    /// Opens a change feed reader in `mode` (see [`MonitoredContainer::reader`]).
+    pub async fn reader_in(
+        &self,
+        mode: FeedMode,
+        range: &EpkRange,
+        continuation: Option<&str>,
+        start: StartFrom,
+        max_items: u32,
+    ) -> Result<FeedReader, CosmosError> {
         let feed_range = to_sdk_range(range)?;
         let max = NonZeroU32::new(max_items.max(1)).unwrap_or(NonZeroU32::MIN);
-        let mut options = ChangeFeedOptions::default().with_max_item_count(MaxItemCountHint::Limit(max));
+        let mut options = ChangeFeedOptions::default()
+            .with_max_item_count(MaxItemCountHint::Limit(max))
+            .with_mode(match mode {
+                FeedMode::LatestVersion => ChangeFeedMode::LatestVersion,
+                FeedMode::AllVersionsAndDeletes => ChangeFeedMode::AllVersionsAndDeletes,
+            });
         if let Some(raw) = continuation {
             let token = encode_sdk_token(
                 &self.rid,
@@ -187,6 +211,7 @@ impl MonitoredContainer {
                     range: range.clone(),
                     continuation: raw.to_owned(),
                 }],
+                mode == FeedMode::AllVersionsAndDeletes,
             );
             options = options.with_continuation_token(ContinuationToken::from_string(token));
         }
@@ -202,6 +227,7 @@ impl MonitoredContainer {
         Ok(FeedReader {
             pages: Box::pin(pages),
             range: range.clone(),
+            mode,
         })
     }
 }
@@ -210,6 +236,7 @@ impl MonitoredContainer {
 pub struct FeedReader {
     pages: std::pin::Pin<Box<ChangeFeedPageIterator<ChangeFeedItem<Value>>>>,
     range: EpkRange,
+    mode: FeedMode,
 }
 
 impl FeedReader {
@@ -241,12 +268,18 @@ impl FeedReader {
         // The continuation moves past every item of the page, so every item is delivered: one
         // without a current image (a delete in the all-versions mode) as its previous image, or
         // as what its metadata identifies.
-        let documents: Vec<Value> = page.into_items().into_iter().map(document_of).collect();
+        let items = page.into_items();
+        let changes: Vec<Change> = match self.mode {
+            FeedMode::LatestVersion => Vec::new(),
+            FeedMode::AllVersionsAndDeletes => items.iter().map(Change::of).collect(),
+        };
+        let documents: Vec<Value> = items.into_iter().map(document_of).collect();
         let token = self.pages.to_continuation_token()?;
         let continuations = decode_sdk_token(token.as_str())
             .ok_or_else(|| CosmosError::local(ErrorKind::Other, "unrecognized change feed continuation token"))?;
         Ok(ChangePage {
             documents,
+            changes,
             continuations,
             session_token,
             lsn,
@@ -262,10 +295,12 @@ fn document_of(item: ChangeFeedItem<Value>) -> Value {
     if let Some(current) = item.current() {
         return current.clone();
     }
-    tracing::warn!(
-        operation = ?item.operation_type(),
-        "a change arrived without a current image; delivering what identifies it"
-    );
+    if item.operation_type() != Some(azure_data_cosmos::models::ChangeFeedOperationType::Delete) {
+        tracing::warn!(
+            operation = ?item.operation_type(),
+            "a change arrived without a current image; delivering what identifies it"
+        );
+    }
     if let Some(previous) = item.previous() {
         return previous.clone();
     }

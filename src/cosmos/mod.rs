@@ -3,6 +3,7 @@
 //! composite tokens and the raw per-range continuations stored in lease documents.
 
 mod auth;
+mod change;
 mod client;
 mod continuation;
 mod documents;
@@ -12,6 +13,7 @@ mod lsn;
 mod range;
 
 pub use auth::AccountAuth;
+pub use change::{Change, FeedMode, Operation};
 pub use client::{CosmosAccount, EMULATOR_KEY};
 pub use continuation::{RangeContinuation, decode_sdk_token, encode_sdk_token};
 pub use documents::{Document, DocumentContainer};

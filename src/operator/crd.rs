@@ -74,6 +74,7 @@ const DURATION_MESSAGE: &str = "must be a duration such as 500ms, 2s, 1m30s or 1
 #[x_kube(validation = kube::core::Rule::new("!has(self.handler) || !has(self.handler.onExhausted) || self.handler.onExhausted != 'DeadLetter' || has(self.deadLetter)").message("handler.onExhausted DeadLetter needs deadLetter.container"))]
 #[x_kube(validation = kube::core::Rule::new("!((has(self.connection.auth) && self.connection.auth == 'WorkloadIdentity') || (has(self.leases) && has(self.leases.connection) && has(self.leases.connection.auth) && self.leases.connection.auth == 'WorkloadIdentity')) || (has(self.worker) && has(self.worker.serviceAccountName))").message("auth WorkloadIdentity needs worker.serviceAccountName: the service account whose federated identity may use the account"))]
 #[x_kube(validation = kube::core::Rule::new("has(self.processorName) == has(oldSelf.processorName) && (!has(self.processorName) || self.processorName == oldSelf.processorName)").message("processorName is immutable (it prefixes the lease ids): create a new resource to start a processor over"))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.mode) || self.mode != 'AllVersionsAndDeletes' || self.startFrom == 'Now'").message("mode AllVersionsAndDeletes starts only from now: set startFrom: Now"))]
 pub struct ChangeFeedProcessorSpec {
     /// How to reach the Cosmos DB account of the monitored container.
     pub connection: Connection,
@@ -97,6 +98,13 @@ pub struct ChangeFeedProcessorSpec {
     ).message("startFrom must be Beginning, Now, or an RFC 3339 time such as 2026-01-31T12:00:00Z"))]
     #[schemars(length(max = 64))]
     pub start_from: String,
+    /// Which changes the workers receive: `LatestVersion` (creates and replaces, the latest image
+    /// of each document) or `AllVersionsAndDeletes` (every version and deletes, each with its
+    /// operation type, LSN, time and previous image; needs `startFrom: Now` and a container with
+    /// a change feed retention policy). Recorded in the leases; immutable.
+    #[serde(default)]
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("mode is immutable: the leases record it; create a new resource (processor name) to change it"))]
+    pub mode: FeedModeKind,
     /// Where batches of changes go, and what happens when the handler fails one.
     #[serde(default)]
     pub handler: HandlerSpec,
@@ -174,6 +182,26 @@ pub struct Connection {
     /// appears in the resource.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_secret_ref: Option<SecretKeyRef>,
+}
+
+/// Which changes the change feed returns.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FeedModeKind {
+    /// Creates and replaces, the latest image of each document.
+    #[default]
+    LatestVersion,
+    /// Every version and deletes, with the previous image and metadata.
+    AllVersionsAndDeletes,
+}
+
+impl FeedModeKind {
+    /// The processor's mode.
+    pub fn mode(self) -> crate::cosmos::FeedMode {
+        match self {
+            FeedModeKind::LatestVersion => crate::cosmos::FeedMode::LatestVersion,
+            FeedModeKind::AllVersionsAndDeletes => crate::cosmos::FeedMode::AllVersionsAndDeletes,
+        }
+    }
 }
 
 /// How to authenticate to a Cosmos DB account.

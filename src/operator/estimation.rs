@@ -58,6 +58,8 @@ pub struct EstimateTarget {
     pub start_from: StartFrom,
     /// Leases per physical partition when the operator creates the lease set.
     pub leases_per_partition: u32,
+    /// The change feed mode the leases are created for.
+    pub mode: crate::cosmos::FeedMode,
     /// Time between estimates.
     pub interval: Duration,
 }
@@ -86,6 +88,7 @@ impl EstimateTarget {
         let mut options = ProcessorOptions::new(self.processor.clone(), OPERATOR_INSTANCE);
         options.start_from = self.start_from;
         options.leases_per_partition = self.leases_per_partition;
+        options.mode = self.mode;
         options
     }
 }

@@ -692,6 +692,7 @@ fn estimate_target(cfp: &ChangeFeedProcessor, found: &BTreeMap<String, Secret>) 
         processor: cfp.processor_name(),
         start_from: spec.start_from.parse().unwrap_or(crate::cosmos::StartFrom::Beginning),
         leases_per_partition: spec.leases.per_partition,
+        mode: spec.mode.mode(),
         interval: config::estimate_interval(cfp),
     })
 }

@@ -160,6 +160,7 @@ pub fn worker_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
         env("CFP_MAX_ITEMS", spec.max_items.to_string()),
         env("CFP_LEASES_PER_PARTITION", spec.leases.per_partition.to_string()),
         env("CFP_MAX_IN_FLIGHT_BATCHES", spec.max_in_flight_batches.to_string()),
+        env("CFP_MODE", spec.mode.mode().as_str()),
         env(
             "CFP_CHECKPOINT_EVERY_BATCHES",
             spec.checkpoint.as_ref().map_or(1, |c| c.every_batches).to_string(),
@@ -525,7 +526,7 @@ mod tests {
                 name: "overrides",
                 spec: serde_json::json!({
                     "processorName": "orders-v2", "startFrom": "Now", "maxItems": 7, "pollInterval": "250ms",
-                    "maxInFlightBatches": 8,
+                    "maxInFlightBatches": 8, "mode": "AllVersionsAndDeletes",
                     "leases": {"database": "meta", "container": "cfp-leases", "perPartition": 4,
                                "connection": {"endpoint": "https://other.documents.azure.com/", "keySecretRef": {"name": "other", "key": "primary"}}},
                     "leaseTimings": {"acquireInterval": "5s", "renewInterval": "4s", "expiration": "20s"},
@@ -536,6 +537,7 @@ mod tests {
                     ("CFP_CHECKPOINT_INTERVAL", Some("10s")),
                     ("CFP_LEASES_PER_PARTITION", Some("4")),
                     ("CFP_MAX_IN_FLIGHT_BATCHES", Some("8")),
+                    ("CFP_MODE", Some("all-versions-and-deletes")),
                     ("CFP_PROCESSOR", Some("orders-v2")),
                     ("CFP_START_FROM", Some("now")),
                     ("CFP_MAX_ITEMS", Some("7")),

@@ -45,6 +45,20 @@ async fn bootstrap_once(
     let (me, per_partition) = (options.instance.as_str(), options.leases_per_partition);
     loop {
         let snapshot = store.snapshot().await?;
+        let wanted = options.mode;
+        if let Some(other) = snapshot
+            .leases
+            .iter()
+            .map(|l| crate::cosmos::FeedMode::of_lease(l.mode.as_deref()))
+            .find(|m| *m != wanted)
+        {
+            return Err(ProcessorError::Config(format!(
+                "this processor's leases were written in the {} mode, not {}: keep --mode {}, or start over under a new processor name",
+                other.as_str(),
+                wanted.as_str(),
+                other.as_str()
+            )));
+        }
         if snapshot.initialized {
             let created_with = snapshot.leases_per_partition.unwrap_or(1);
             if created_with != per_partition {
@@ -73,6 +87,7 @@ async fn bootstrap_once(
         let mut start = options.start_from;
         let mut recreated = false;
         if start == StartFrom::Now
+            && wanted == crate::cosmos::FeedMode::LatestVersion
             && !snapshot.initialized
             && snapshot.leases.is_empty()
             && store.earlier_incarnation(monitored.name()).await?
@@ -107,10 +122,11 @@ async fn bootstrap_once(
         }
         for range in &pieces {
             let continuation = match start {
-                StartFrom::Now => Some(anchor_now(monitored, range).await?),
+                StartFrom::Now => Some(anchor_now(monitored, range, wanted).await?),
                 StartFrom::Beginning | StartFrom::Time(_) => None,
             };
             let mut lease = Lease::new(store.prefix(), range, continuation);
+            lease.mode = Some(wanted.lease_mode().to_owned());
             if recreated {
                 lease = lease.start_from_beginning();
             }
@@ -132,8 +148,12 @@ async fn bootstrap_once(
 
 /// The current position of a range, so that "now" means the moment the processor first started
 /// rather than whenever a lease is first read.
-async fn anchor_now(monitored: &MonitoredContainer, range: &crate::cosmos::EpkRange) -> Result<String, ProcessorError> {
-    let mut reader = monitored.reader(range, None, StartFrom::Now, 1).await?;
+async fn anchor_now(
+    monitored: &MonitoredContainer,
+    range: &crate::cosmos::EpkRange,
+    mode: crate::cosmos::FeedMode,
+) -> Result<String, ProcessorError> {
+    let mut reader = monitored.reader_in(mode, range, None, StartFrom::Now, 1).await?;
     let page = reader.next_page(Duration::from_secs(65)).await?;
     match page.continuations.as_slice() {
         [only] => Ok(only.continuation.clone()),

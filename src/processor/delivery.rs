@@ -21,7 +21,7 @@ use super::manual::{CheckpointHandle, Handler};
 use super::options::OnExhausted;
 use super::owned::OwnedLease;
 use super::runtime::Shared;
-use crate::cosmos::EpkRange;
+use crate::cosmos::{Change, EpkRange};
 
 /// The lease property that says a lease's handler is failing (set while halted, removed on recovery).
 pub const HANDLER_FAILING_PROPERTY: &str = "handlerFailing";
@@ -45,6 +45,8 @@ pub(crate) struct Delivery<'a> {
     /// Where the lease is after this batch (for a manual checkpoint); `None` when the batch
     /// ends in a split (its children will deliver it again).
     pub(crate) checkpoint_to: Option<String>,
+    /// What happened to each document (all-versions-and-deletes mode; else empty).
+    pub(crate) changes: &'a [Change],
 }
 
 /// Sleeps unless the lease is stopped first; `false` when stopped.
@@ -56,7 +58,14 @@ async fn pause(owned: &OwnedLease, delay: Duration) -> bool {
 }
 
 impl Delivery<'_> {
-    async fn attempt(&self, batch_id: &str, attempt: u32, documents: &[Value]) -> Result<(), HandlerError> {
+    /// Hands `documents` (from index `offset` of the batch) to the handler once.
+    async fn attempt(
+        &self,
+        batch_id: &str,
+        attempt: u32,
+        offset: usize,
+        documents: &[Value],
+    ) -> Result<(), HandlerError> {
         let batch = Batch {
             processor: &self.shared.options.processor_name,
             lease_token: self.owned.token(),
@@ -64,6 +73,7 @@ impl Delivery<'_> {
             batch_id,
             attempt,
             documents,
+            changes: self.changes.get(offset..offset + documents.len()).unwrap_or_default(),
         };
         let started = std::time::Instant::now();
         let result = match &self.shared.handler {
@@ -95,7 +105,7 @@ impl Delivery<'_> {
         let mut first_failure = None;
         let mut stuck = false;
         for attempt in 1.. {
-            let error = match self.attempt(&self.batch_id, attempt, documents).await {
+            let error = match self.attempt(&self.batch_id, attempt, 0, documents).await {
                 Ok(()) => {
                     if stuck {
                         self.set_stuck(None).await;
@@ -136,7 +146,7 @@ impl Delivery<'_> {
         while let Some((offset, part)) = parts.pop_front() {
             let id = format!("{}.{offset}+{}", self.batch_id, part.len());
             if part.len() > 1 {
-                if self.attempt(&id, 1, part).await.is_err() {
+                if self.attempt(&id, 1, offset, part).await.is_err() {
                     for half in halves(offset, part).into_iter().rev() {
                         parts.push_front(half);
                     }
@@ -145,7 +155,7 @@ impl Delivery<'_> {
             }
             let mut attempt = 1;
             loop {
-                match self.attempt(&id, attempt, part).await {
+                match self.attempt(&id, attempt, offset, part).await {
                     Ok(()) => break,
                     Err(error) if attempt >= policy.max_attempts => {
                         if !self.dead_letter(&part[0], &error, attempt, first).await {

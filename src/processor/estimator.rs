@@ -213,6 +213,7 @@ mod tests {
     fn page(docs: Vec<serde_json::Value>, continuation: &str, session: Option<&str>) -> ChangePage {
         ChangePage {
             documents: docs,
+            changes: Vec::new(),
             continuations: vec![RangeContinuation {
                 range: EpkRange::full(),
                 continuation: continuation.into(),

@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
-use crate::cosmos::EpkRange;
+use crate::cosmos::{Change, EpkRange};
 
 /// One batch of changes from one lease.
 #[derive(Debug, Clone, Copy)]
@@ -24,8 +24,12 @@ pub struct Batch<'a> {
     pub batch_id: &'a str,
     /// Which delivery attempt this is (1 for the first).
     pub attempt: u32,
-    /// The changed documents, in change order for the range.
+    /// The changed documents, in change order for the range (for a delete: the document before
+    /// it, or its id and partition key).
     pub documents: &'a [Value],
+    /// In the all-versions-and-deletes mode, what happened to each document (same order:
+    /// operation, LSN, time, previous image); empty in the latest-version mode.
+    pub changes: &'a [Change],
 }
 
 /// Why a handler could not handle a batch. The batch is retried (never checkpointed).
@@ -98,8 +102,12 @@ impl StdoutHandler {
 impl ChangeHandler for StdoutHandler {
     async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
         let mut text = String::new();
-        for doc in batch.documents {
-            text.push_str(&doc.to_string());
+        for (i, doc) in batch.documents.iter().enumerate() {
+            // All versions and deletes: the change, with the document under `document`.
+            match batch.changes.get(i) {
+                Some(change) => text.push_str(&super::http_handler::change_with_document(doc, change).to_string()),
+                None => text.push_str(&doc.to_string()),
+            }
             text.push('\n');
         }
         let mut guard = self.out.lock().await;

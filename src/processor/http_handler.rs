@@ -4,12 +4,17 @@
 //! honour `Retry-After`. One pooled keep-alive client (HTTP/1.1, and HTTP/2 over TLS by ALPN).
 //!
 //! The contract (also in the README):
-//! - JSON body: `{"processor", "lease", "feedRange": {"min", "max"}, "batch", "documents": [...]}`.
+//! - JSON body: `{"processor", "lease", "feedRange": {"min", "max"}, "batch", "documents": [...]}`,
+//!   and in the all-versions-and-deletes mode `"changes": [...]` (same order: `operationType`,
+//!   `lsn`, `timestamp`, `previous`, `timeToLiveExpired`).
 //! - CloudEvents (`application/cloudevents-batch+json`): one event per document with `id` =
 //!   document id + `@` + its `_etag` (stable across redelivery), `source` =
 //!   `cosmosdb://{account}/dbs/{database}/colls/{container}`, `type` = [`UPSERT_EVENT_TYPE`],
 //!   `subject` = the document id, `time` from `_ts`, `data` = the document, and the extensions
-//!   `cfpprocessor`, `cfplease`, `cfpbatch`.
+//!   `cfpprocessor`, `cfplease`, `cfpbatch`. In the all-versions-and-deletes mode `type` names the
+//!   operation (`io.changefeed.document.created`, `.replaced`, `.deleted`), `id` = document id +
+//!   `@` + the change's LSN, `data` = the change (`operationType`, `lsn`, `timestamp`,
+//!   `previous`, and `document`), with the extensions `cfpoperation` and `cfplsn`.
 //! - Headers: `X-Cfp-Processor`, `X-Cfp-Lease`, `X-Cfp-Batch`, `X-Cfp-Attempt`, plus the
 //!   configured ones (their values are never logged).
 
@@ -21,10 +26,15 @@ use serde_json::{Value, json};
 use time::OffsetDateTime;
 
 use super::handler::{Batch, ChangeHandler, HandlerError};
+use crate::cosmos::{Change, Operation};
 
 /// The CloudEvents `type` of a document created or replaced (the latest-version change feed does
 /// not tell the two apart).
 pub const UPSERT_EVENT_TYPE: &str = "io.changefeed.document.upserted";
+
+/// The CloudEvents `type` prefix of a change in the all-versions-and-deletes mode (`created`,
+/// `replaced`, `deleted` follow).
+pub const CHANGE_EVENT_TYPE_PREFIX: &str = "io.changefeed.document.";
 
 /// How batches are encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -128,9 +138,17 @@ impl HttpHandler {
                 batch
                     .documents
                     .iter()
-                    .map(|document| cloud_event(document, &self.config.source, batch))
+                    .enumerate()
+                    .map(|(i, document)| cloud_event(document, batch.changes.get(i), &self.config.source, batch))
                     .collect(),
             ),
+        };
+        let body = match body {
+            Value::Object(mut map) if !batch.changes.is_empty() => {
+                map.insert("changes".into(), json!(batch.changes));
+                Value::Object(map)
+            }
+            other => other,
         };
         let content_type = match self.config.format {
             HttpFormat::Json => "application/json",
@@ -140,37 +158,79 @@ impl HttpHandler {
     }
 }
 
-/// One document as a CloudEvent.
-pub fn cloud_event(document: &Value, source: &str, batch: &Batch<'_>) -> Value {
+/// One document as a CloudEvent (with its `change` in the all-versions-and-deletes mode).
+pub fn cloud_event(document: &Value, change: Option<&Change>, source: &str, batch: &Batch<'_>) -> Value {
     let id = document.get("id").and_then(Value::as_str).unwrap_or_default();
-    let version = document
-        .get("_etag")
-        .and_then(Value::as_str)
-        .map(|etag| etag.trim_matches('"').to_owned())
+    let version = change
+        .and_then(|c| c.lsn)
+        .map(|lsn| format!("lsn{lsn}"))
+        .or_else(|| {
+            document
+                .get("_etag")
+                .and_then(Value::as_str)
+                .map(|etag| etag.trim_matches('"').to_owned())
+        })
         .or_else(|| document.get("_lsn").map(|lsn| lsn.to_string()))
         .or_else(|| document.get("_ts").map(|ts| ts.to_string()))
         .unwrap_or_default();
+    let (kind, data) = match change {
+        Some(change) => (
+            format!("{CHANGE_EVENT_TYPE_PREFIX}{}", past_tense(change)),
+            change_with_document(document, change),
+        ),
+        None => (UPSERT_EVENT_TYPE.to_owned(), document.clone()),
+    };
     let mut event = json!({
         "specversion": "1.0",
         "id": format!("{id}@{version}"),
         "source": source,
-        "type": UPSERT_EVENT_TYPE,
+        "type": kind,
         "subject": id,
         "datacontenttype": "application/json",
         "cfpprocessor": batch.processor,
         "cfplease": batch.lease_token,
         "cfpbatch": batch.batch_id,
-        "data": document,
+        "data": data,
     });
-    let time = document
-        .get("_ts")
-        .and_then(Value::as_i64)
+    let seconds = change
+        .and_then(|c| c.timestamp)
+        .and_then(|t| i64::try_from(t).ok())
+        .or_else(|| document.get("_ts").and_then(Value::as_i64));
+    let time = seconds
         .and_then(|ts| OffsetDateTime::from_unix_timestamp(ts).ok())
         .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok());
-    if let (Some(time), Some(map)) = (time, event.as_object_mut()) {
-        map.insert("time".into(), Value::String(time));
+    if let Some(map) = event.as_object_mut() {
+        if let Some(time) = time {
+            map.insert("time".into(), Value::String(time));
+        }
+        if let Some(change) = change {
+            map.insert("cfpoperation".into(), Value::String(change.operation_name().into()));
+            if let Some(lsn) = change.lsn {
+                map.insert("cfplsn".into(), Value::String(lsn.to_string()));
+            }
+        }
     }
     event
+}
+
+/// `created`, `replaced`, `deleted` (or `changed`).
+fn past_tense(change: &Change) -> &'static str {
+    match change.operation_type {
+        Operation::Create => "created",
+        Operation::Replace => "replaced",
+        Operation::Delete => "deleted",
+        Operation::Unknown => "changed",
+    }
+}
+
+/// A change as one JSON object: its metadata and `document` (the current image, or for a delete
+/// what identifies the deleted document).
+pub fn change_with_document(document: &Value, change: &Change) -> Value {
+    let mut value = json!(change);
+    if let Some(map) = value.as_object_mut() {
+        map.insert("document".into(), document.clone());
+    }
+    value
 }
 
 /// The delay a `Retry-After` header asks for: seconds, or an HTTP date.
@@ -293,9 +353,10 @@ mod tests {
             batch_id: "b1",
             attempt: 1,
             documents: &[],
+            changes: &[],
         };
         let doc = json!({"id": "o-1", "_etag": "\"0a00\"", "_ts": 1_700_000_000, "total": 5});
-        let event = cloud_event(&doc, "cosmosdb://acct/dbs/shop/colls/orders", &batch);
+        let event = cloud_event(&doc, None, "cosmosdb://acct/dbs/shop/colls/orders", &batch);
         assert_eq!(event["id"], "o-1@0a00");
         assert_eq!(event["specversion"], "1.0");
         assert_eq!(event["type"], UPSERT_EVENT_TYPE);
@@ -307,7 +368,24 @@ mod tests {
             batch_id: "b1",
             ..batch
         };
-        assert_eq!(cloud_event(&doc, "s", &again)["id"], event["id"]);
+        assert_eq!(cloud_event(&doc, None, "s", &again)["id"], event["id"]);
+        // All versions and deletes: the event names the operation and carries the change.
+        let deleted = Change {
+            operation_type: Operation::Delete,
+            lsn: Some(42),
+            timestamp: Some(1_700_000_100),
+            previous: Some(doc.clone()),
+            time_to_live_expired: false,
+        };
+        let identity = json!({"id": "o-1", "_partitionKey": ["shop"]});
+        let event = cloud_event(&identity, Some(&deleted), "s", &batch);
+        assert_eq!(event["type"], "io.changefeed.document.deleted");
+        assert_eq!(event["id"], "o-1@lsn42");
+        assert_eq!(event["cfpoperation"], "delete");
+        assert_eq!(event["cfplsn"], "42");
+        assert_eq!(event["time"], "2023-11-14T22:15:00Z");
+        assert_eq!(event["data"]["previous"]["total"], 5);
+        assert_eq!(event["data"]["document"], identity);
     }
 
     #[test]
@@ -333,5 +411,46 @@ mod tests {
             ..config
         };
         assert!(HttpHandler::new(ftp).is_err());
+    }
+
+    #[test]
+    fn the_json_body_carries_changes_only_in_the_all_versions_mode() {
+        let config = HttpHandlerConfig {
+            url: "http://localhost:8080/changes".parse().unwrap(),
+            format: HttpFormat::Json,
+            timeout: Duration::from_secs(1),
+            headers: Vec::new(),
+            readiness_path: None,
+            source: "s".into(),
+        };
+        let handler = HttpHandler::new(config).unwrap();
+        let range = EpkRange::full();
+        let documents = [json!({"id": "a", "v": 2})];
+        let changes = [Change {
+            operation_type: Operation::Replace,
+            lsn: Some(8),
+            timestamp: Some(1_700_000_001),
+            previous: Some(json!({"id": "a", "v": 1})),
+            time_to_live_expired: false,
+        }];
+        let latest = Batch {
+            processor: "p",
+            lease_token: "-FF",
+            feed_range: &range,
+            batch_id: "b",
+            attempt: 1,
+            documents: &documents,
+            changes: &[],
+        };
+        let body = |batch: &Batch<'_>| serde_json::from_slice::<Value>(&handler.body(batch).0).unwrap();
+        assert!(body(&latest).get("changes").is_none());
+        let all = Batch {
+            changes: &changes,
+            ..latest
+        };
+        let json = body(&all);
+        assert_eq!(json["changes"][0]["operationType"], "replace");
+        assert_eq!(json["changes"][0]["previous"]["v"], 1);
+        assert_eq!(json["documents"][0]["v"], 2);
     }
 }

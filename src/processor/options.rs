@@ -33,6 +33,8 @@ pub struct ProcessorOptions {
     pub retry: RetryPolicy,
     /// How often handled batches are checkpointed (default: after every batch).
     pub checkpoint: super::CheckpointPolicy,
+    /// Which changes are read: the latest version (default), or all versions and deletes.
+    pub mode: crate::cosmos::FeedMode,
     /// Batches of one lease with the handler at once (default 1). With more, a slow batch does
     /// not stall its lease: later ones are read and handled meanwhile (no order across them),
     /// and the checkpoint only moves past batches that all finished.
@@ -116,6 +118,7 @@ impl ProcessorOptions {
             checkpoint: super::CheckpointPolicy::default(),
             leases_per_partition: 1,
             max_in_flight_batches: 1,
+            mode: crate::cosmos::FeedMode::LatestVersion,
         }
     }
 
@@ -143,6 +146,11 @@ impl ProcessorOptions {
         }
         if self.acquire_interval.is_zero() || self.renew_interval.is_zero() {
             return Err("lease intervals must be longer than zero".into());
+        }
+        if self.mode == crate::cosmos::FeedMode::AllVersionsAndDeletes && self.start_from != StartFrom::Now {
+            return Err(
+                "the all-versions-and-deletes mode starts only from now (or a checkpoint): use --start-from now".into(),
+            );
         }
         if !(1..=MAX_IN_FLIGHT_BATCHES).contains(&self.max_in_flight_batches) {
             return Err(format!(

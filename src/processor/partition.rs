@@ -110,7 +110,8 @@ async fn process(shared: Arc<Shared>, owned: Arc<OwnedLease>, deferred: &mut Def
         let mut position = checkpoint.clone();
         let opened = shared
             .monitored
-            .reader(
+            .reader_in(
+                shared.options.mode,
                 &range,
                 checkpoint.as_deref(),
                 lease.start_from(shared.options.start_from),
@@ -271,6 +272,7 @@ fn deliver<'a>(
             range,
             batch_id,
             checkpoint_to,
+            changes: &page.changes,
         };
         let delivered = delivery.run(&page.documents).await;
         (page, delivered)
@@ -547,6 +549,7 @@ async fn split(
     for (child_range, continuation) in pieces {
         let mut child = Lease::new(&prefix, &child_range, continuation);
         child.properties = parent.properties.clone();
+        child.mode = parent.mode.clone();
         child.clear_handoff();
         child.owner = Some(shared.options.instance.clone());
         child.timestamp = Some(OffsetDateTime::now_utc());
