@@ -240,6 +240,16 @@ pub struct WorkerArgs {
     /// Maximum documents per batch.
     #[arg(long, env = "CFP_MAX_ITEMS", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_items: u32,
+    /// Adopt the checkpoints of another processor when this one has no leases yet: dotnet (.NET
+    /// v3/v2), java-pk or java-epk (Java v4). Its lease documents are left as they are.
+    #[arg(long, env = "CFP_ADOPT", requires = "adopt_prefix")]
+    pub adopt: Option<crate::processor::ForeignLayout>,
+    /// The id prefix of the leases to adopt (the other processor's lease prefix).
+    #[arg(long, env = "CFP_ADOPT_PREFIX", requires = "adopt")]
+    pub adopt_prefix: Option<String>,
+    /// Adopt even while the other processor still renews its leases.
+    #[arg(long, env = "CFP_ADOPT_FORCE")]
+    pub adopt_force: bool,
     /// Which changes are read: latest-version (creates and replaces, latest image) or
     /// all-versions-and-deletes (every version and deletes, with the previous image and metadata;
     /// starts only from now).
@@ -381,6 +391,13 @@ pub struct EstimateArgs {
     /// checkpoint count the changes from there.
     #[arg(long, env = "CFP_START_FROM", default_value = "beginning")]
     pub start_from: crate::cosmos::StartFrom,
+    /// Estimate another processor's leases instead (read only): dotnet, java-pk or java-epk —
+    /// to compare the lag before switching with `cfp worker --adopt`.
+    #[arg(long, requires = "adopt_prefix")]
+    pub adopt: Option<crate::processor::ForeignLayout>,
+    /// The id prefix of that processor's leases.
+    #[arg(long, requires = "adopt")]
+    pub adopt_prefix: Option<String>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
     pub output: OutputFormat,

@@ -4,8 +4,9 @@ use std::fmt::Write as _;
 
 use super::args::{EstimateArgs, OutputFormat};
 use crate::cosmos::CosmosAccount;
+use crate::processor::bootstrap::foreign_leases;
 use crate::processor::{
-    LeaseStore, ProcessorEstimate, ProcessorOptions, estimate_leases, estimator::DEFAULT_CONCURRENCY,
+    AdoptOptions, LeaseStore, ProcessorEstimate, ProcessorOptions, estimate_leases, estimator::DEFAULT_CONCURRENCY,
 };
 use crate::worker::{WorkerError, open};
 
@@ -41,6 +42,23 @@ pub async fn estimate(args: &EstimateArgs) -> Result<ProcessorEstimate, Estimate
         .await
         .map_err(|e| EstimateError::Failed(format!("cannot connect to the lease account: {e}")))?;
     let (monitored, store) = open(&account, &lease_account, &settings).await?;
+    if let Some((layout, prefix)) = args.adopt.zip(args.adopt_prefix.clone()) {
+        let adopt = AdoptOptions {
+            layout,
+            prefix: prefix.clone(),
+            force: true,
+        };
+        let (leases, _) = foreign_leases(&store, &monitored, &adopt, &prefix)
+            .await
+            .map_err(|e| EstimateError::Failed(e.to_string()))?;
+        let estimated = estimate_leases(&monitored, &leases, args.start_from, DEFAULT_CONCURRENCY)
+            .await
+            .map_err(|e| EstimateError::Failed(format!("reading the change feed: {e}")))?;
+        return Ok(ProcessorEstimate::new(
+            format!("{} {prefix}", layout.as_str()),
+            estimated,
+        ));
+    }
     let snapshot = store
         .snapshot()
         .await

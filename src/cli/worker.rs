@@ -64,6 +64,14 @@ pub fn settings(args: &WorkerArgs) -> WorkerSettings {
     options.leases_per_partition = args.leases_per_partition;
     options.max_in_flight_batches = args.max_in_flight_batches;
     options.mode = args.mode;
+    options.adopt = args
+        .adopt
+        .zip(args.adopt_prefix.clone())
+        .map(|(layout, prefix)| crate::processor::AdoptOptions {
+            layout,
+            prefix,
+            force: args.adopt_force,
+        });
     options.checkpoint = crate::processor::CheckpointPolicy {
         every_batches: args.checkpoint_every_batches,
         interval: args.checkpoint_interval,

@@ -62,6 +62,8 @@ pub struct ChangePage {
     pub session_token: Option<String>,
     /// The `lsn` response header, when the service sent one.
     pub lsn: Option<u64>,
+    /// The partition key range id that served the page (when one did).
+    pub range_id: Option<String>,
     /// Request units charged for the read.
     pub request_charge: f64,
     /// Attempts beyond the first that the SDK made for this page (it retries throttling, 503s
@@ -159,6 +161,24 @@ impl MonitoredContainer {
             .map(|r| EpkRange::new(r.min_inclusive().to_hex(), r.max_exclusive().to_hex()))
             .collect();
         out.sort();
+        Ok(out)
+    }
+
+    /// The container's partition key ranges now, as `(id, range)`: each feed range's change feed
+    /// is read once from "now" (no documents), and the response names the range that served it.
+    pub async fn partition_key_ranges(&self) -> Result<Vec<(String, EpkRange)>, CosmosError> {
+        let mut out = Vec::new();
+        for range in self.feed_ranges(true).await? {
+            let mut reader = self.reader(&range, None, StartFrom::Now, 1).await?;
+            let page = reader.next_page(Duration::from_secs(65)).await?;
+            let id = page.range_id.ok_or_else(|| {
+                CosmosError::local(
+                    ErrorKind::Other,
+                    format!("the account did not say which partition key range serves {range}"),
+                )
+            })?;
+            out.push((id, range));
+        }
         Ok(out)
     }
 
@@ -262,6 +282,10 @@ impl FeedReader {
         };
         let headers = page.headers();
         let session_token = headers.session_token().map(|t| t.to_string());
+        let range_id = headers
+            .partition_key_range_id()
+            .map(str::to_owned)
+            .or_else(|| range_id_of_session_token(session_token.as_deref()?));
         let lsn = headers.lsn();
         let request_charge = headers.request_charge().map(|c| c.value()).unwrap_or_default();
         let retries = u32::try_from(page.diagnostics().request_count().saturating_sub(1)).unwrap_or(u32::MAX);
@@ -280,6 +304,7 @@ impl FeedReader {
         Ok(ChangePage {
             documents,
             changes,
+            range_id,
             continuations,
             session_token,
             lsn,
@@ -287,6 +312,12 @@ impl FeedReader {
             retries,
         })
     }
+}
+
+/// The range id a single-range session token (`<range id>:<version>#<lsn>`) starts with.
+fn range_id_of_session_token(token: &str) -> Option<String> {
+    let (id, _) = token.split_once(':')?;
+    (!token.contains(',') && !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit())).then(|| id.to_owned())
 }
 
 /// The document a change item stands for: its current image; else its previous image; else a

@@ -261,6 +261,12 @@ pub struct LeaseSettings {
     /// A separate account for the lease container (default: the monitored account).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connection: Option<Connection>,
+    /// Start from the checkpoints of the .NET or Java change feed processor whose leases are in
+    /// the lease container (on first start, when this processor has no leases yet): no
+    /// reprocessing, nothing lost between its last checkpoint and the switch. Its documents are
+    /// left as they are, so rolling back to it still works.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopt_from: Option<AdoptFrom>,
     /// Leases per physical partition (default 1), each an equal effective-partition-key share of
     /// it: up to this many times the partitions' count of workers share the work, and the
     /// autoscaler's cap becomes the lease count (the .NET/Java processors and KEDA stop at one
@@ -283,6 +289,44 @@ pub struct LeaseSettings {
     pub cleanup_timeout: String,
 }
 
+/// The processor whose checkpoints are adopted.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AdoptFrom {
+    /// Its lease layout: `Dotnet` (.NET v3 or v2), `JavaPk` (Java v4 partition-key-range
+    /// leases) or `JavaEpk` (Java v4 EPK leases).
+    pub layout: ForeignLayoutKind,
+    /// The id prefix of its lease documents (the lease prefix or processor name it ran with).
+    #[schemars(length(min = 1, max = 256))]
+    pub prefix: String,
+    /// Adopt even while it still renews its leases (by default the workers refuse until its
+    /// leases have expired, so that two processors never run at once).
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// A foreign lease layout.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForeignLayoutKind {
+    /// .NET v3 (EPK or partition key range leases) and .NET v2.
+    Dotnet,
+    /// Java v4 "pkversion" leases.
+    JavaPk,
+    /// Java v4 "epkversion" leases.
+    JavaEpk,
+}
+
+impl ForeignLayoutKind {
+    /// The processor's layout.
+    pub fn layout(self) -> crate::processor::ForeignLayout {
+        match self {
+            ForeignLayoutKind::Dotnet => crate::processor::ForeignLayout::Dotnet,
+            ForeignLayoutKind::JavaPk => crate::processor::ForeignLayout::JavaPk,
+            ForeignLayoutKind::JavaEpk => crate::processor::ForeignLayout::JavaEpk,
+        }
+    }
+}
+
 fn default_per_partition() -> u32 {
     1
 }
@@ -298,6 +342,7 @@ impl Default for LeaseSettings {
             container: None,
             connection: None,
             per_partition: default_per_partition(),
+            adopt_from: None,
             delete_on_resource_deletion: false,
             cleanup_timeout: default_cleanup_timeout(),
         }

@@ -60,6 +60,8 @@ pub struct EstimateTarget {
     pub leases_per_partition: u32,
     /// The change feed mode the leases are created for.
     pub mode: crate::cosmos::FeedMode,
+    /// Another processor's checkpoints the lease set starts from.
+    pub adopt: Option<crate::processor::AdoptOptions>,
     /// Time between estimates.
     pub interval: Duration,
 }
@@ -89,6 +91,7 @@ impl EstimateTarget {
         options.start_from = self.start_from;
         options.leases_per_partition = self.leases_per_partition;
         options.mode = self.mode;
+        options.adopt = self.adopt.clone();
         options
     }
 }

@@ -693,6 +693,11 @@ fn estimate_target(cfp: &ChangeFeedProcessor, found: &BTreeMap<String, Secret>) 
         start_from: spec.start_from.parse().unwrap_or(crate::cosmos::StartFrom::Beginning),
         leases_per_partition: spec.leases.per_partition,
         mode: spec.mode.mode(),
+        adopt: spec.leases.adopt_from.as_ref().map(|a| crate::processor::AdoptOptions {
+            layout: a.layout.layout(),
+            prefix: a.prefix.clone(),
+            force: a.force,
+        }),
         interval: config::estimate_interval(cfp),
     })
 }

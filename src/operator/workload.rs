@@ -177,6 +177,13 @@ pub fn worker_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
     if let Some(interval) = spec.checkpoint.as_ref().and_then(|c| c.interval.clone()) {
         vars.push(env("CFP_CHECKPOINT_INTERVAL", interval));
     }
+    if let Some(adopt) = &spec.leases.adopt_from {
+        vars.push(env("CFP_ADOPT", adopt.layout.layout().as_str()));
+        vars.push(env("CFP_ADOPT_PREFIX", adopt.prefix.clone()));
+        if adopt.force {
+            vars.push(env("CFP_ADOPT_FORCE", "true".to_owned()));
+        }
+    }
     vars.extend(handler_env(cfp));
     vars.extend(emulator_host_env(cfp));
     vars
@@ -528,6 +535,7 @@ mod tests {
                     "processorName": "orders-v2", "startFrom": "Now", "maxItems": 7, "pollInterval": "250ms",
                     "maxInFlightBatches": 8, "mode": "AllVersionsAndDeletes",
                     "leases": {"database": "meta", "container": "cfp-leases", "perPartition": 4,
+                               "adoptFrom": {"layout": "JavaPk", "prefix": "orders-java"},
                                "connection": {"endpoint": "https://other.documents.azure.com/", "keySecretRef": {"name": "other", "key": "primary"}}},
                     "leaseTimings": {"acquireInterval": "5s", "renewInterval": "4s", "expiration": "20s"},
                     "checkpoint": {"everyBatches": 20, "interval": "10s"},
@@ -538,6 +546,9 @@ mod tests {
                     ("CFP_LEASES_PER_PARTITION", Some("4")),
                     ("CFP_MAX_IN_FLIGHT_BATCHES", Some("8")),
                     ("CFP_MODE", Some("all-versions-and-deletes")),
+                    ("CFP_ADOPT", Some("java-pk")),
+                    ("CFP_ADOPT_PREFIX", Some("orders-java")),
+                    ("CFP_ADOPT_FORCE", None),
                     ("CFP_PROCESSOR", Some("orders-v2")),
                     ("CFP_START_FROM", Some("now")),
                     ("CFP_MAX_ITEMS", Some("7")),

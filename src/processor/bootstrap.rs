@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::adopt::AdoptOptions;
 use super::lease::{Lease, LeaseStore};
 use super::options::ProcessorOptions;
 use super::runtime::ProcessorError;
@@ -110,8 +111,27 @@ async fn bootstrap_once(
             );
         }
         let mut created = 0;
+        let mut adopted: Vec<crate::cosmos::EpkRange> = Vec::new();
+        if let Some(adopt) = options.adopt.as_ref()
+            && !snapshot.initialized
+            && snapshot.leases.is_empty()
+        {
+            let leases = match adopt_foreign(store, monitored, options, adopt).await {
+                Ok(leases) => leases,
+                Err(error) => {
+                    let _ = store.unlock().await;
+                    return Err(error);
+                }
+            };
+            for lease in leases {
+                adopted.extend(lease.range().cloned());
+                if store.create(&lease).await?.is_some() {
+                    created += 1;
+                }
+            }
+        }
         let mut pieces = Vec::new();
-        for range in uncovered {
+        for range in uncovered.into_iter().filter(|r| !adopted.iter().any(|a| a.overlaps(r))) {
             match range.divide(per_partition) {
                 Some(parts) => pieces.extend(parts),
                 None => {
@@ -144,6 +164,99 @@ async fn bootstrap_once(
         );
         return Ok(());
     }
+}
+
+/// Our leases for the checkpoints of the processor being adopted (its documents stay as they are).
+async fn adopt_foreign(
+    store: &dyn LeaseStore,
+    monitored: &MonitoredContainer,
+    options: &ProcessorOptions,
+    adopt: &AdoptOptions,
+) -> Result<Vec<Lease>, ProcessorError> {
+    let layout = adopt.layout.as_str();
+    let (leases, checkpoints) = foreign_leases(store, monitored, adopt, store.prefix()).await?;
+    let now = time::OffsetDateTime::now_utc();
+    if !adopt.force
+        && let Some(live) = super::adopt::live_owner(&checkpoints, now, options.expiration)
+    {
+        let age = live.timestamp.map(|t| (now - t).whole_seconds()).unwrap_or_default();
+        return Err(ProcessorError::Config(format!(
+            "the {layout} processor still runs: its lease {} is owned by {:?} and was renewed {age} s ago; stop it first (its leases then expire), or adopt anyway with --adopt-force",
+            live.id,
+            live.owner.as_deref().unwrap_or_default()
+        )));
+    }
+    tracing::info!(
+        instance = %options.instance,
+        layout,
+        foreign = checkpoints.len(),
+        leases = leases.len(),
+        "adopting the checkpoints of the {layout} processor; its lease documents are left as they are"
+    );
+    Ok(leases
+        .into_iter()
+        .map(|mut lease| {
+            lease.owner = None;
+            lease.mode = Some(options.mode.lease_mode().to_owned());
+            lease
+        })
+        .collect())
+}
+
+/// The leases (ids under `prefix`, not written) that carry the checkpoints of another processor's
+/// lease documents, with the checkpoints read from them; fails when there are none. A range not
+/// read by that processor yet (or not attributable after splits) starts from the beginning.
+pub async fn foreign_leases(
+    store: &dyn LeaseStore,
+    monitored: &MonitoredContainer,
+    adopt: &AdoptOptions,
+    prefix: &str,
+) -> Result<(Vec<Lease>, Vec<super::adopt::ForeignCheckpoint>), ProcessorError> {
+    let layout = adopt.layout.as_str();
+    let mut checkpoints = Vec::new();
+    for body in store.foreign_documents(&adopt.prefix).await? {
+        let id = body.get("id").and_then(serde_json::Value::as_str).unwrap_or_default();
+        if !super::adopt::is_lease_id(id, &adopt.prefix) {
+            continue;
+        }
+        match super::adopt::parse(adopt.layout, &body) {
+            Ok(found) => checkpoints.extend(found),
+            Err(reason) => tracing::warn!(document = id, %reason, "not a {layout} lease; skipped"),
+        }
+    }
+    if checkpoints.is_empty() {
+        return Err(ProcessorError::Config(format!(
+            "no {layout} leases with id prefix {:?} in the lease container: check --adopt-prefix (the other processor's lease prefix) and the lease container",
+            adopt.prefix
+        )));
+    }
+    let by_range_id = checkpoints
+        .iter()
+        .any(|c| matches!(c.scope, super::adopt::Scope::PkRange(_)));
+    let current = if by_range_id {
+        monitored.partition_key_ranges().await?
+    } else {
+        Vec::new()
+    };
+    let (planned, notes) = super::adopt::plan(&checkpoints, &current);
+    for note in notes {
+        tracing::warn!("{note}");
+    }
+    let leases = planned
+        .into_iter()
+        .map(|adopted| {
+            let mut lease = Lease::new(prefix, &adopted.range, adopted.continuation.clone());
+            lease.owner = checkpoints
+                .iter()
+                .find(|c| adopted.from.contains(&c.id))
+                .and_then(|c| c.owner.clone());
+            if adopted.continuation.is_none() {
+                lease = lease.start_from_beginning();
+            }
+            lease
+        })
+        .collect();
+    Ok((leases, checkpoints))
 }
 
 /// The current position of a range, so that "now" means the moment the processor first started

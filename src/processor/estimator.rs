@@ -214,6 +214,7 @@ mod tests {
         ChangePage {
             documents: docs,
             changes: Vec::new(),
+            range_id: None,
             continuations: vec![RangeContinuation {
                 range: EpkRange::full(),
                 continuation: continuation.into(),

@@ -236,6 +236,8 @@ pub trait LeaseStore: Send + Sync {
     /// Writes the `.info` marker: the store is initialized, for the container named `monitored`
     /// (`database/container`), with `leases_per_partition` leases per physical partition.
     async fn mark_initialized(&self, monitored: &str, leases_per_partition: u32) -> Result<(), LeaseStoreError>;
+    /// The documents (of other processors) whose id starts with `prefix`, read only.
+    async fn foreign_documents(&self, prefix: &str) -> Result<Vec<Value>, LeaseStoreError>;
     /// Whether this processor initialized leases for an earlier container of the same name
     /// (`database/container`), since deleted and created again.
     async fn earlier_incarnation(&self, monitored: &str) -> Result<bool, LeaseStoreError>;
@@ -495,6 +497,23 @@ impl LeaseStore for CosmosLeaseStore {
         )
         .await?;
         Ok(())
+    }
+
+    async fn foreign_documents(&self, prefix: &str) -> Result<Vec<Value>, LeaseStoreError> {
+        let ours = format!("{}.", self.prefix);
+        Ok(self
+            .container
+            .list_by_id_prefix(prefix)
+            .await?
+            .into_iter()
+            .map(|doc| doc.body)
+            .filter(|body| {
+                !body
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .is_some_and(|id| id.starts_with(&ours))
+            })
+            .collect())
     }
 
     async fn earlier_incarnation(&self, monitored: &str) -> Result<bool, LeaseStoreError> {

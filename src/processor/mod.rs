@@ -5,6 +5,7 @@
 //! policy), [`owned`] (renew/checkpoint/release of an owned lease), [`partition`] (the per-lease
 //! loop and splits), [`runtime`] (acquire cycle, renewer, shutdown), [`handler`], [`events`].
 
+pub mod adopt;
 pub mod balancer;
 pub mod bootstrap;
 pub mod checkpoint_policy;
@@ -25,6 +26,7 @@ pub mod owned;
 pub mod partition;
 pub mod runtime;
 
+pub use adopt::{AdoptOptions, ForeignLayout};
 pub use checkpoint_policy::CheckpointPolicy;
 pub use deadletter::{CosmosDeadLetters, DeadLetter, DeadLetterStore};
 pub use estimator::{LeaseEstimate, ProcessorEstimate, estimate_leases};

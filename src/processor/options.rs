@@ -33,6 +33,9 @@ pub struct ProcessorOptions {
     pub retry: RetryPolicy,
     /// How often handled batches are checkpointed (default: after every batch).
     pub checkpoint: super::CheckpointPolicy,
+    /// Checkpoints of another processor (.NET, Java) to start from when this processor has no
+    /// leases yet.
+    pub adopt: Option<super::AdoptOptions>,
     /// Which changes are read: the latest version (default), or all versions and deletes.
     pub mode: crate::cosmos::FeedMode,
     /// Batches of one lease with the handler at once (default 1). With more, a slow batch does
@@ -119,6 +122,7 @@ impl ProcessorOptions {
             leases_per_partition: 1,
             max_in_flight_batches: 1,
             mode: crate::cosmos::FeedMode::LatestVersion,
+            adopt: None,
         }
     }
 
@@ -151,6 +155,9 @@ impl ProcessorOptions {
             return Err(
                 "the all-versions-and-deletes mode starts only from now (or a checkpoint): use --start-from now".into(),
             );
+        }
+        if self.adopt.is_some() && self.mode != crate::cosmos::FeedMode::LatestVersion {
+            return Err("adopting another processor's leases works in the latest-version mode".into());
         }
         if !(1..=MAX_IN_FLIGHT_BATCHES).contains(&self.max_in_flight_batches) {
             return Err(format!(
