@@ -365,3 +365,47 @@ async fn cfp_estimate_reads_the_lag_of_each_foreign_layout_before_the_switch() {
         assert_eq!(leases, json!(2), "{layout}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dotnet_v2_lease_set_under_our_own_prefix_is_adopted_in_place() {
+    // A .NET v2 (or v3 version-0) processor of the same name wrote partition-key-range leases
+    // with exactly our lease-id prefix: no flag needed.
+    let env = Env::new(2).await;
+    env.write(0..100).await;
+    let at = positions(&env).await;
+    let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
+    let ours = changefeed_operator::processor::lease_prefix(
+        common::PROCESSOR,
+        env.account.host(),
+        monitored.database_rid(),
+        monitored.rid(),
+    );
+    let old = time::OffsetDateTime::now_utc() - time::Duration::minutes(10);
+    let docs: Vec<Value> = foreign_leases("dotnet-pk", "", &at, Some("v2-host"), old)
+        .into_iter()
+        .zip(&at)
+        .map(|(mut doc, (id, _, _))| {
+            doc["id"] = json!(format!("{ours}..{id}"));
+            doc
+        })
+        .collect();
+    env.ensure_leases().await;
+    write_foreign_to(&env.account, &ours, &docs).await;
+    env.write(100..150).await;
+    let mut options = env.options("ours");
+    options.start_from = StartFrom::Now;
+    let handle = env.start(options).await;
+    let complete = env.delivered_within(50, Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let lost = env.deliveries.missing(ids(100..150)).len();
+    let early = delivered_outside(&env, 100..150);
+    let still_there = etags(&env.account, &format!("{ours}..")).await.len();
+    println!(
+        ".NET v2 leases under our own prefix: 50 written after their checkpoints, delivered {}, lost {lost}, from before {early}, redelivered {}; documents under the prefix now {still_there} (2 old + 2 ours)",
+        50 - lost,
+        env.deliveries.duplicates().len()
+    );
+    handle.stop().await;
+    assert!(complete && lost == 0 && early == 0);
+    assert_eq!(still_there, 4);
+}

@@ -63,6 +63,13 @@ pub async fn estimate(args: &EstimateArgs) -> Result<ProcessorEstimate, Estimate
         .snapshot()
         .await
         .map_err(|e| EstimateError::Failed(e.to_string()))?;
+    if snapshot.leases.is_empty() && !snapshot.pk_range_leases.is_empty() {
+        return Err(EstimateError::Failed(format!(
+            "processor {:?} has only partition-key-range leases (.NET v2 / v3 version 0): estimate them with --adopt dotnet --adopt-prefix '{}..'",
+            args.leases.processor,
+            store.prefix()
+        )));
+    }
     if snapshot.leases.is_empty() {
         return Err(EstimateError::NoLeases {
             processor: args.leases.processor.clone(),

@@ -112,10 +112,19 @@ async fn bootstrap_once(
         }
         let mut created = 0;
         let mut adopted: Vec<crate::cosmos::EpkRange> = Vec::new();
-        if let Some(adopt) = options.adopt.as_ref()
-            && !snapshot.initialized
-            && snapshot.leases.is_empty()
-        {
+        // Partition-key-range leases under our own prefix (a .NET v2 / v3 version-0 processor of
+        // the same name) are adopted in place.
+        let in_place = (snapshot.leases.is_empty() && !snapshot.pk_range_leases.is_empty()).then(|| AdoptOptions {
+            layout: super::adopt::ForeignLayout::Dotnet,
+            prefix: format!("{}..", store.prefix()),
+            force: options.adopt.as_ref().is_some_and(|a| a.force),
+        });
+        let explicit = options
+            .adopt
+            .clone()
+            .filter(|_| !snapshot.initialized && snapshot.leases.is_empty());
+        if let Some(adopt) = in_place.or(explicit) {
+            let adopt = &adopt;
             let leases = match adopt_foreign(store, monitored, options, adopt).await {
                 Ok(leases) => leases,
                 Err(error) => {

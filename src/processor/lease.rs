@@ -210,6 +210,9 @@ pub struct LeaseSnapshot {
     /// How many leases per physical partition the bootstrap created (from `.info`; `None` when
     /// it does not say, as for lease sets the .NET and Java processors write: one).
     pub leases_per_partition: Option<u32>,
+    /// Partition-key-range leases (.NET v2, .NET v3 version 0) under the prefix: their
+    /// checkpoints are adopted at bootstrap, they are not processed themselves.
+    pub pk_range_leases: Vec<Lease>,
     /// Documents under the lease prefix that are not valid leases (id, what is wrong): skipped.
     pub invalid: Vec<(String, String)>,
 }
@@ -383,6 +386,9 @@ impl LeaseStore for CosmosLeaseStore {
             if id.starts_with(&lease_prefix) {
                 // One malformed document must not stop the whole processor: skip and report it.
                 match parse_lease(doc.body, doc.etag) {
+                    // A partition-key-range lease (.NET v2, v3 version 0) under our prefix: not
+                    // processed as such; the bootstrap adopts its checkpoint.
+                    Ok(lease) if lease.range().is_none() => snapshot.pk_range_leases.push(lease),
                     Ok(lease) => snapshot.leases.push(lease),
                     Err(error) => snapshot.invalid.push((id, error.to_string())),
                 }
@@ -500,6 +506,8 @@ impl LeaseStore for CosmosLeaseStore {
     }
 
     async fn foreign_documents(&self, prefix: &str) -> Result<Vec<Value>, LeaseStoreError> {
+        // Our EPK leases are not foreign; partition-key-range leases under our prefix (a .NET
+        // v2 processor of the same name) are.
         let ours = format!("{}.", self.prefix);
         Ok(self
             .container
@@ -508,10 +516,8 @@ impl LeaseStore for CosmosLeaseStore {
             .into_iter()
             .map(|doc| doc.body)
             .filter(|body| {
-                !body
-                    .get("id")
-                    .and_then(Value::as_str)
-                    .is_some_and(|id| id.starts_with(&ours))
+                let id = body.get("id").and_then(Value::as_str).unwrap_or_default();
+                !(id.starts_with(&ours) && body.get("FeedRange").is_some())
             })
             .collect())
     }

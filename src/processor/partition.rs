@@ -101,7 +101,7 @@ async fn process(shared: Arc<Shared>, owned: Arc<OwnedLease>, deferred: &mut Def
         let Some(range) = lease.range().cloned() else {
             shared.emit_error(
                 Some(owned.token()),
-                "version-0 leases (partition key range ids) are not supported; recreate the lease container".into(),
+                "a partition-key-range lease (.NET v2 / v3 version 0) is not processed itself: its checkpoint is adopted into an EPK lease at bootstrap".into(),
             );
             return LeaseExit::closed(CloseReason::Error);
         };
