@@ -5,6 +5,8 @@
 //! - [`emulator`]: the SDK's in-memory emulator served over loopback HTTP (`cfp emulator`).
 //! - [`demo`]: `cfp demo`, the whole system in one command on the emulator.
 
+#[cfg(feature = "emulator")]
+pub mod bench;
 pub mod cli;
 pub mod cosmos;
 #[cfg(feature = "emulator")]

@@ -20,7 +20,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging();
+    // The benchmark prints a table; the many processors it starts only log problems.
+    #[cfg(feature = "emulator")]
+    let quiet = matches!(cli.command, Command::Bench(_));
+    #[cfg(not(feature = "emulator"))]
+    let quiet = false;
+    init_logging(if quiet { "warn" } else { "info" });
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -43,6 +48,8 @@ fn main() -> ExitCode {
             .await
             .map(|_| ())
             .map_err(|e| format!("cfp demo: {e}")),
+            #[cfg(feature = "emulator")]
+            Command::Bench(args) => cli::bench::run(args).await.map_err(|e| format!("cfp bench: {e}")),
             Command::Write(args) => cli::write::run(args).await.map_err(|e| format!("cfp write: {e}")),
             Command::Estimate(args) => cli::estimate::run(args).await.map_err(|e| format!("cfp estimate: {e}")),
             Command::Operator(args) => cli::operator::run(args).await.map_err(|e| format!("cfp operator: {e}")),
@@ -66,9 +73,12 @@ fn main() -> ExitCode {
 
 /// Logs go to standard error (standard output carries data); `RUST_LOG` sets the level and
 /// `CFP_LOG_FORMAT=json` writes one JSON object per line (for log collectors).
-fn init_logging() {
+/// Logs to standard error at `level` (and warnings of the SDK) unless `RUST_LOG` says otherwise.
+fn init_logging(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,azure_data_cosmos=warn,azure_data_cosmos_driver=warn,azure_core=warn")
+        tracing_subscriber::EnvFilter::new(format!(
+            "{level},azure_data_cosmos=warn,azure_data_cosmos_driver=warn,azure_core=warn"
+        ))
     });
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()

@@ -25,6 +25,9 @@ pub enum Command {
     /// split, a new worker, a drain, and a verification table.
     #[cfg(feature = "emulator")]
     Demo(DemoArgs),
+    /// Measure the performance goals against their baselines in one run (table and JSON).
+    #[cfg(feature = "emulator")]
+    Bench(BenchArgs),
     /// Write generated documents into a container (for trying things out and load tests).
     Write(WriteArgs),
     /// Print the remaining work per lease of a processor (the estimator).
@@ -71,6 +74,21 @@ pub struct EmulatorArgs {
     /// (default partition key `/id`, 4 partitions). Repeatable.
     #[arg(long = "container", value_name = "SPEC")]
     pub containers: Vec<crate::emulator::ContainerSpec>,
+}
+
+/// `cfp bench`.
+#[cfg(feature = "emulator")]
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// A short run (small backlog, a few seconds per figure) instead of the full one.
+    #[arg(long)]
+    pub small: bool,
+    /// Backlog size (default: 100 000; 2 000 with --small).
+    #[arg(long)]
+    pub documents: Option<usize>,
+    /// Also write the figures as JSON to this file.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
 }
 
 /// `cfp demo`.
@@ -250,6 +268,10 @@ pub struct WorkerArgs {
     /// Adopt even while the other processor still renews its leases.
     #[arg(long, env = "CFP_ADOPT_FORCE")]
     pub adopt_force: bool,
+    /// How leases are balanced: fair (every instance at its fair share within one cycle) or
+    /// steal-one (the reference SDKs' strategy, one lease stolen per cycle; for comparisons).
+    #[arg(long, env = "CFP_BALANCING", default_value = "fair")]
+    pub balancing: crate::processor::balancer::Balancing,
     /// Which changes are read: latest-version (creates and replaces, latest image) or
     /// all-versions-and-deletes (every version and deletes, with the previous image and metadata;
     /// starts only from now).

@@ -2,6 +2,8 @@
 //! subcommand.
 
 pub mod args;
+#[cfg(feature = "emulator")]
+pub mod bench;
 pub mod config_file;
 pub mod deadletter;
 #[cfg(feature = "emulator")]

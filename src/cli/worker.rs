@@ -64,6 +64,7 @@ pub fn settings(args: &WorkerArgs) -> WorkerSettings {
     options.leases_per_partition = args.leases_per_partition;
     options.max_in_flight_batches = args.max_in_flight_batches;
     options.mode = args.mode;
+    options.balancing = args.balancing;
     options.adopt = args
         .adopt
         .zip(args.adopt_prefix.clone())

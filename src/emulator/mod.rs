@@ -163,6 +163,25 @@ impl Emulator {
         })
     }
 
+    /// An in-process account with one container (partition key `/pk`, `partitions` physical
+    /// partitions), and a client of it.
+    pub async fn in_process_with(
+        database: &str,
+        container: &str,
+        partitions: u32,
+    ) -> Result<(Self, CosmosAccount), EmulatorError> {
+        let emulator = Self::in_process();
+        let spec = ContainerSpec {
+            database: database.into(),
+            container: container.into(),
+            partition_key: "/pk".into(),
+            partitions,
+        };
+        emulator.create_container(&spec).await?;
+        let account = emulator.account().await?;
+        Ok((emulator, account))
+    }
+
     /// A new account for in-process use only (no HTTP server).
     pub fn in_process() -> Self {
         // The URL is fixed and valid; `new` can only fail on a bad URL.

@@ -96,6 +96,76 @@ pub fn leases_to_acquire(leases: &[LeaseState], me: &str, live_instances: &[Stri
     mine
 }
 
+/// How leases are balanced among instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Balancing {
+    /// Everyone converges on the fair share in one cycle ([`leases_to_acquire`]).
+    #[default]
+    Fair,
+    /// The reference SDKs' "equal partitions" strategy ([`leases_to_acquire_steal_one`]): free
+    /// leases up to the target, else one lease stolen per cycle. For comparisons.
+    StealOne,
+}
+
+impl std::str::FromStr for Balancing {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fair" => Ok(Balancing::Fair),
+            "steal-one" => Ok(Balancing::StealOne),
+            _ => Err(format!("expected fair or steal-one, got {s:?}")),
+        }
+    }
+}
+
+/// The reference SDKs' choice for `me` in one cycle: workers are the live owners plus `me`
+/// (instances that own nothing are not counted); the target is `ceil(leases / workers)`; free
+/// leases are taken up to the need, else one lease is stolen from the most loaded owner when it
+/// holds more than the target (the target − 1 when more than one is needed).
+pub fn leases_to_acquire_steal_one(leases: &[LeaseState], me: &str) -> Vec<String> {
+    let mut held: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    held.entry(me).or_default();
+    let mut free: Vec<&str> = Vec::new();
+    for lease in leases {
+        match &lease.live_owner {
+            Some(owner) => held.entry(owner.as_str()).or_default().push(&lease.id),
+            None => free.push(&lease.id),
+        }
+    }
+    let workers = held.len();
+    let target = if leases.len() <= workers {
+        1
+    } else {
+        leases.len().div_ceil(workers)
+    };
+    let mine = held.get(me).map_or(0, Vec::len);
+    let Some(need) = target.checked_sub(mine).filter(|n| *n > 0) else {
+        return Vec::new();
+    };
+    if !free.is_empty() {
+        free.sort_unstable();
+        return free.into_iter().take(need).map(str::to_owned).collect();
+    }
+    let threshold = if need > 1 { target - 1 } else { target };
+    let richest = held
+        .iter()
+        .filter(|(owner, _)| **owner != me)
+        .max_by(|a, b| a.1.len().cmp(&b.1.len()).then(b.0.cmp(a.0)));
+    match richest {
+        Some((_, ids)) if ids.len() > threshold => {
+            // Instances stealing in the same cycle pick different leases of the owner.
+            let mut ids = ids.clone();
+            ids.sort_unstable();
+            let spread = me
+                .bytes()
+                .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(usize::from(b)));
+            vec![ids[spread % ids.len()].to_owned()]
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// Ids of leases whose range is fully covered by narrower leases: the parent of a split whose
 /// children exist. They are never balanced or acquired; once free they are deleted.
 pub fn superseded(leases: &[(String, EpkRange)]) -> Vec<String> {
@@ -161,13 +231,22 @@ mod tests {
     /// Runs acquire cycles (everyone plans on the same snapshot, then all steals apply, a
     /// conflicting steal going to the first claimant) until nothing moves; returns (cycles, moves,
     /// final counts).
-    fn simulate(mut state: Vec<LeaseState>, names: &[&str]) -> (usize, usize, BTreeMap<String, usize>) {
+    fn simulate(state: Vec<LeaseState>, names: &[&str]) -> (usize, usize, BTreeMap<String, usize>) {
+        simulate_with(state, names, leases_to_acquire)
+    }
+
+    /// [`simulate`] with another policy.
+    fn simulate_with(
+        mut state: Vec<LeaseState>,
+        names: &[&str],
+        policy: impl Fn(&[LeaseState], &str, &[String]) -> Vec<String>,
+    ) -> (usize, usize, BTreeMap<String, usize>) {
         let live = instances(names);
         let mut moves = 0;
-        for cycle in 0..20 {
+        for cycle in 0..40 {
             let plans: Vec<(String, Vec<String>)> = names
                 .iter()
-                .map(|me| ((*me).to_owned(), leases_to_acquire(&state, me, &live)))
+                .map(|me| ((*me).to_owned(), policy(&state, me, &live)))
                 .collect();
             let mut changed = false;
             let mut claimed = BTreeSet::new();
@@ -326,6 +405,20 @@ mod tests {
         assert!(cycles <= 2, "cycles {cycles}");
         assert_eq!(moves, 24, "moves");
         assert!(counts.values().all(|c| *c == 8), "{counts:?}");
+    }
+
+    #[test]
+    fn the_reference_strategy_steals_one_lease_per_cycle() {
+        // 1 → 4 over 32 leases: the reference needs 8 cycles where ours needs 1.
+        let (cycles, moves, counts) = simulate_with(leases(&[("a", 32)], 0), &["a", "b", "c", "d"], |state, me, _| {
+            leases_to_acquire_steal_one(state, me)
+        });
+        assert_eq!(cycles, 8, "{counts:?}");
+        assert_eq!(moves, 24);
+        assert!(counts.values().all(|c| *c == 8), "{counts:?}");
+        // Free leases are taken up to the target at once.
+        let taken = leases_to_acquire_steal_one(&leases(&[("a", 4)], 4), "b");
+        assert_eq!(taken.len(), 4);
     }
 
     #[test]

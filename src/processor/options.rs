@@ -36,6 +36,8 @@ pub struct ProcessorOptions {
     /// Checkpoints of another processor (.NET, Java) to start from when this processor has no
     /// leases yet.
     pub adopt: Option<super::AdoptOptions>,
+    /// How leases are balanced among instances (default: fair share in one cycle).
+    pub balancing: super::balancer::Balancing,
     /// Which changes are read: the latest version (default), or all versions and deletes.
     pub mode: crate::cosmos::FeedMode,
     /// Batches of one lease with the handler at once (default 1). With more, a slow batch does
@@ -123,6 +125,7 @@ impl ProcessorOptions {
             max_in_flight_batches: 1,
             mode: crate::cosmos::FeedMode::LatestVersion,
             adopt: None,
+            balancing: super::balancer::Balancing::Fair,
         }
     }
 

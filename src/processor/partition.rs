@@ -141,6 +141,7 @@ async fn process(shared: Arc<Shared>, owned: Arc<OwnedLease>, deferred: &mut Def
         // After a page that shows a split: read no further until it is settled.
         let mut hold_reads = false;
         let mut idle_until: Option<tokio::time::Instant> = None;
+        let mut empty_streak: u32 = 0;
         let rebuild = loop {
             let idle = idle_until.is_some_and(|t| tokio::time::Instant::now() < t);
             let can_read = window.len() < max_in_flight && !hold_reads && !idle;
@@ -225,7 +226,11 @@ async fn process(shared: Arc<Shared>, owned: Arc<OwnedLease>, deferred: &mut Def
                         _ => hold_reads = true,
                     }
                     if empty {
-                        idle_until = Some(tokio::time::Instant::now() + shared.options.poll_interval);
+                        let wait = empty_poll_wait(shared.options.poll_interval, empty_streak);
+                        idle_until = Some(tokio::time::Instant::now() + wait);
+                        empty_streak = empty_streak.saturating_add(1);
+                    } else {
+                        empty_streak = 0;
                     }
                     window.push_back(deliver(&shared, &owned, &range, page, id));
                 }
@@ -245,6 +250,19 @@ async fn process(shared: Arc<Shared>, owned: Arc<OwnedLease>, deferred: &mut Def
             }
         }
     }
+}
+
+/// The first wait after a lease caught up with its feed.
+const FIRST_EMPTY_WAIT: Duration = Duration::from_millis(50);
+
+/// How long to wait after the `streak`-th empty page in a row (0 for the first): short right
+/// after changes flowed — so that a steady trickle is delivered within tens of milliseconds, not
+/// half a poll interval — and tripling up to `poll` while the feed stays quiet (six reads to get
+/// there), which keeps an idle lease's reads at one per `poll`.
+pub fn empty_poll_wait(poll: Duration, streak: u32) -> Duration {
+    FIRST_EMPTY_WAIT
+        .saturating_mul(3u32.saturating_pow(streak.min(20)))
+        .min(poll)
 }
 
 /// A batch with the handler: resolves to the page and whether it may be checkpointed.
@@ -585,4 +603,24 @@ async fn split(
         reason: CloseReason::Split,
         children,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_polls_wait_short_after_changes_and_reach_the_poll_interval_when_quiet() {
+        let poll = Duration::from_secs(5);
+        let cases = [(0, 50), (1, 150), (2, 450), (3, 1350), (4, 4050), (5, 5000), (40, 5000)];
+        for (streak, ms) in cases {
+            assert_eq!(
+                empty_poll_wait(poll, streak),
+                Duration::from_millis(ms),
+                "streak {streak}"
+            );
+        }
+        // A poll interval shorter than the first wait is kept.
+        assert_eq!(empty_poll_wait(Duration::from_millis(20), 0), Duration::from_millis(20));
+    }
 }

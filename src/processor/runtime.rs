@@ -11,7 +11,7 @@ use tokio::sync::broadcast;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::balancer::{LeaseState, leases_to_acquire, overlapping, superseded};
+use super::balancer::{Balancing, LeaseState, leases_to_acquire, leases_to_acquire_steal_one, overlapping, superseded};
 use super::bootstrap::bootstrap;
 use super::deadletter::DeadLetterStore;
 use super::estimator::{DEFAULT_CONCURRENCY, LeaseEstimate, estimate_leases};
@@ -25,6 +25,9 @@ use super::options::{OnExhausted, ProcessorOptions};
 use super::owned::OwnedLease;
 use super::partition::{self, LeaseExit};
 use crate::cosmos::{CosmosError, MonitoredContainer};
+
+/// Acquire cycles without a heartbeat after which an instance is no longer counted.
+const HEARTBEAT_CYCLES: u32 = 3;
 
 /// A heartbeat older than this many lease expirations belongs to an instance that died; it is removed.
 const STALE_HEARTBEAT_EXPIRATIONS: u32 = 5;
@@ -777,10 +780,13 @@ impl Coordinator {
                 },
             })
             .collect();
+        // Instances beat every cycle: one silent for three cycles is gone (a crashed instance must
+        // not be counted when its leases expire, or their takeover waits another cycle).
+        let heartbeat_ttl = expiration.min(self.shared.options.acquire_interval * HEARTBEAT_CYCLES);
         let live: Vec<String> = snapshot
             .instances
             .iter()
-            .filter(|(_, beat)| *beat + expiration > now)
+            .filter(|(_, beat)| *beat + heartbeat_ttl > now)
             .map(|(name, _)| name.clone())
             .collect();
         // Heartbeats of instances that died without stopping (pods replaced under new names).
@@ -801,7 +807,10 @@ impl Coordinator {
             })
             .map(|l| l.id.clone())
             .collect();
-        wanted.extend(leases_to_acquire(&states, &me, &live));
+        wanted.extend(match self.shared.options.balancing {
+            Balancing::Fair => leases_to_acquire(&states, &me, &live),
+            Balancing::StealOne => leases_to_acquire_steal_one(&states, &me),
+        });
         // All acquisitions of a cycle go out together: others see this cycle's result at once.
         let patience = self.shared.options.renew_interval;
         let attempts = wanted.iter().filter_map(|id| {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use changefeed_operator::cosmos::{CosmosAccount, DocumentContainer, ErrorKind, StartFrom};
-use changefeed_operator::emulator::{ContainerSpec, Emulator};
+use changefeed_operator::emulator::Emulator;
 use changefeed_operator::processor::{
     Batch, ChangeFeedProcessor, ChangeHandler, HandlerError, Lease, LeaseStore, ProcessorHandle, ProcessorOptions,
 };
@@ -113,15 +113,7 @@ pub struct Env {
 
 impl Env {
     pub async fn new(partitions: u32) -> Self {
-        let emulator = Emulator::in_process();
-        let spec = ContainerSpec {
-            database: DB.into(),
-            container: ITEMS.into(),
-            partition_key: "/pk".into(),
-            partitions,
-        };
-        emulator.create_container(&spec).await.unwrap();
-        let account = emulator.account().await.unwrap();
+        let (emulator, account) = Emulator::in_process_with(DB, ITEMS, partitions).await.unwrap();
         let items = account.documents(DB, ITEMS).await.unwrap();
         Self {
             emulator,

@@ -1,0 +1,386 @@
+//! One function per benchmark figure, each measured against its baseline in the same run.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::world::{DB, ITEMS, Received, World, now_micros, wait_until};
+use super::{BenchSettings, Figure};
+use crate::cosmos::StartFrom;
+use crate::processor::balancer::Balancing;
+use crate::processor::{LeaseEvent, ProcessorHandle};
+
+/// Longest any single wait of the benchmark may take.
+const PATIENCE: Duration = Duration::from_secs(300);
+
+/// Reads the whole backlog with the SDK directly (every feed range at once, pages of 1000):
+/// documents per second.
+async fn raw_read(world: &World, documents: usize) -> Result<f64, String> {
+    let monitored = world.account.monitored(DB, ITEMS).await.map_err(|e| e.to_string())?;
+    let ranges = monitored.feed_ranges(true).await.map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let counts = futures::future::join_all(ranges.iter().map(|range| {
+        let monitored = monitored.clone();
+        async move {
+            let mut reader = monitored.reader(range, None, StartFrom::Beginning, 1000).await?;
+            let mut count = 0;
+            loop {
+                let page = reader.next_page(Duration::from_secs(65)).await?;
+                if page.documents.is_empty() {
+                    return Ok::<usize, crate::cosmos::CosmosError>(count);
+                }
+                count += page.documents.len();
+            }
+        }
+    }))
+    .await;
+    let elapsed = started.elapsed();
+    let read: usize = counts
+        .into_iter()
+        .map(|c| c.map_err(|e| e.to_string()))
+        .sum::<Result<usize, String>>()?;
+    if read != documents {
+        return Err(format!("the raw read saw {read} documents, not {documents}"));
+    }
+    Ok(documents as f64 / elapsed.as_secs_f64())
+}
+
+/// One processor instance (no-op handler, pages of 1000) over the backlog: documents per second,
+/// and the time to the first delivery.
+async fn processor_read(world: &World, round: u32, documents: usize) -> Result<(f64, Duration), String> {
+    let mut options = World::options(&format!("throughput{round}"), "w0", 1.0);
+    options.max_items = 1000;
+    let received = Arc::new(Received::default());
+    let started = Instant::now();
+    let handle = world.start(options, received.clone()).await?;
+    let done = wait_until(PATIENCE, || async {
+        received.count.load(Ordering::SeqCst) >= documents
+    })
+    .await;
+    let elapsed = started.elapsed();
+    let first = received
+        .first
+        .lock()
+        .map(|f| f.map(|f| f.duration_since(started)))
+        .unwrap_or_default();
+    handle.stop().await;
+    done.ok_or("the processor did not deliver the backlog in time")?;
+    Ok((documents as f64 / elapsed.as_secs_f64(), first.unwrap_or(elapsed)))
+}
+
+/// Figure 1 (and the first-document latency): the processor's throughput ÷ the raw SDK read's,
+/// interleaved rounds on the same backlog; the median round counts.
+pub async fn throughput(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
+    let world = World::new(settings.partitions).await?;
+    world.write(0..settings.documents).await?;
+    let (mut raw, mut ours, mut first) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..settings.rounds {
+        raw.push(raw_read(&world, settings.documents).await?);
+        let (rate, first_delivery) = processor_read(&world, round, settings.documents).await?;
+        ours.push(rate);
+        first.push(first_delivery.as_secs_f64());
+    }
+    let (raw, ours, first) = (median(raw), median(ours), median(first));
+    Ok(vec![
+        Figure::ratio(
+            "throughput (documents/s, 1 worker)",
+            ours,
+            "raw SDK change feed read",
+            raw,
+            "≥ 0.9 ×",
+        ),
+        Figure::plain(
+            "first document after start on the backlog (s)",
+            first,
+            "Java v4 processor: 1.7–2.4 s (reference measurement)",
+            "< 0.5 s",
+        ),
+    ])
+}
+
+/// Starts `names` as instances of `processor` at once, each recording ids into `received`.
+async fn start_all(
+    world: &World,
+    processor: &str,
+    names: &[String],
+    scale: f64,
+    balancing: Balancing,
+    received: &Arc<Received>,
+) -> Result<Vec<(String, ProcessorHandle)>, String> {
+    let mut handles = Vec::new();
+    for name in names {
+        let mut options = World::options(processor, name, scale);
+        options.leases_per_partition = 4;
+        options.balancing = balancing;
+        options.poll_interval = Duration::from_millis(200);
+        handles.push((name.clone(), world.start(options, received.clone()).await?));
+    }
+    Ok(handles)
+}
+
+/// Whether `counts` has `instances` owners holding `leases` between them as evenly as possible.
+fn is_fair(counts: &HashMap<String, usize>, instances: usize, leases: usize) -> bool {
+    let owned: Vec<usize> = counts.iter().filter(|(o, _)| !o.is_empty()).map(|(_, n)| *n).collect();
+    owned.len() == instances
+        && owned.iter().sum::<usize>() == leases
+        && owned
+            .iter()
+            .all(|n| *n == leases / instances || *n == leases.div_ceil(instances))
+}
+
+/// Scale-out 1 → 4 over 32 leases: (seconds to fair share, acquire cycles, lease moves).
+async fn scale_out(
+    world: &World,
+    processor: &str,
+    scale: f64,
+    balancing: Balancing,
+) -> Result<(f64, u64, usize), String> {
+    let received = Arc::new(Received::default());
+    let first = start_all(world, processor, &["a".into()], scale, balancing, &received).await?;
+    wait_until(PATIENCE, || async {
+        world.owners(processor).await.is_ok_and(|c| c.get("a") == Some(&32))
+    })
+    .await
+    .ok_or("the first instance did not take the 32 leases")?;
+    let names: Vec<String> = ["b", "c", "d"].iter().map(|s| (*s).to_owned()).collect();
+    let started = Instant::now();
+    let joined = start_all(world, processor, &names, scale, balancing, &received).await?;
+    let mut events: Vec<_> = joined.iter().map(|(_, h)| h.subscribe()).collect();
+    // Fair when every instance processes its 8 (the store shows a handed-over lease a moment
+    // before its new owner takes it up).
+    let processing = || first.iter().chain(&joined).all(|(_, h)| h.owned_leases().len() == 8);
+    let fair = wait_until(PATIENCE, || async {
+        processing() && world.owners(processor).await.is_ok_and(|c| is_fair(&c, 4, 32))
+    })
+    .await;
+    let seconds = started.elapsed().as_secs_f64();
+    let cycles = joined.iter().map(|(_, h)| h.acquire_cycles()).max().unwrap_or_default();
+    let mut moves = 0;
+    for rx in &mut events {
+        while let Ok(event) = rx.try_recv() {
+            // Every lease a new instance acquires moved away from another instance.
+            if matches!(event, LeaseEvent::Acquired { .. }) {
+                moves += 1;
+            }
+        }
+    }
+    for (_, handle) in first.into_iter().chain(joined) {
+        handle.stop().await;
+    }
+    fair.ok_or("no fair share within the time limit")?;
+    Ok((seconds, cycles, moves))
+}
+
+/// Figure 2: rebalancing 1 → 4 instances over 32 leases, ours against the reference strategy.
+pub async fn rebalance(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
+    let world = World::new(8).await?;
+    let (fair_s, fair_cycles, fair_moves) = scale_out(&world, "fair", settings.timing_scale, Balancing::Fair).await?;
+    let (steal_s, steal_cycles, steal_moves) =
+        scale_out(&world, "stealone", settings.timing_scale, Balancing::StealOne).await?;
+    Ok(vec![
+        Figure::ratio(
+            "rebalance 1 → 4 over 32 leases: acquire cycles",
+            fair_cycles as f64,
+            "steal-one (the reference strategy)",
+            steal_cycles as f64,
+            "≤ 2 vs 8",
+        ),
+        Figure::ratio(
+            "rebalance 1 → 4 over 32 leases: seconds",
+            fair_s,
+            "steal-one",
+            steal_s,
+            "–",
+        ),
+        Figure::ratio(
+            "rebalance 1 → 4 over 32 leases: lease moves",
+            fair_moves as f64,
+            "steal-one",
+            steal_moves as f64,
+            "≤ 24 + 10 %",
+        ),
+    ])
+}
+
+/// Figures 3 and 4: 4 instances over 32 leases; one is killed (no release): seconds until its
+/// leases are processed again; then one stops gracefully while documents are written: seconds
+/// to hand over, and duplicates.
+pub async fn failover(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
+    let world = World::new(8).await?;
+    let received = Arc::new(Received {
+        record_ids: true,
+        ..Received::default()
+    });
+    let names: Vec<String> = ["a", "b", "c", "d"].iter().map(|s| (*s).to_owned()).collect();
+    let scale = settings.timing_scale;
+    let mut handles = start_all(&world, "failover", &names, scale, Balancing::Fair, &received).await?;
+    wait_until(PATIENCE, || async {
+        world.owners("failover").await.is_ok_and(|c| is_fair(&c, 4, 32))
+    })
+    .await
+    .ok_or("no fair share before the crash")?;
+    let expiration = World::options("x", "x", scale).expiration.as_secs_f64();
+    let (_, crashed) = handles.remove(0);
+    crashed.abort();
+    let taken = wait_until(PATIENCE, || async {
+        world
+            .owners("failover")
+            .await
+            .is_ok_and(|c| !c.contains_key("a") && is_fair(&c, 3, 32))
+    })
+    .await
+    .ok_or("the crashed instance's leases were not taken over")?;
+    let crash_s = taken.as_secs_f64();
+    // Graceful scale-in under writes: nothing delivered twice.
+    let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let writer = {
+        let writing = writing.clone();
+        let world = &world;
+        async move {
+            let mut n = 0;
+            while writing.load(Ordering::SeqCst) {
+                world.write_one(n, None).await?;
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Ok::<usize, String>(n)
+        }
+    };
+    let scale_in = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (_, leaving) = handles.remove(0);
+        let started = Instant::now();
+        leaving.stop().await;
+        let handed = wait_until(PATIENCE, || async {
+            world
+                .owners("failover")
+                .await
+                .is_ok_and(|c| !c.contains_key("b") && is_fair(&c, 2, 32))
+        })
+        .await;
+        let seconds = started.elapsed().as_secs_f64();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        writing.store(false, Ordering::SeqCst);
+        handed
+            .map(|_| seconds)
+            .ok_or("the stopped instance's leases were not taken over")
+    };
+    let (written, handed) = tokio::join!(writer, scale_in);
+    let written = written?;
+    let handed = handed?;
+    wait_until(PATIENCE, || async {
+        received.ids.lock().map(|ids| ids.len() >= written).unwrap_or(false)
+    })
+    .await
+    .ok_or("documents written during the scale-in were not all delivered")?;
+    let duplicates = received.duplicates();
+    for (_, handle) in handles {
+        handle.stop().await;
+    }
+    let acquire = World::options("x", "x", scale).acquire_interval.as_secs_f64();
+    Ok(vec![
+        Figure::ratio(
+            "crash failover (kill one of 4): seconds until its leases run again",
+            crash_s,
+            "lease expiration + one acquire (reference)",
+            expiration + acquire,
+            "≤ expiration + 1 acquire",
+        ),
+        Figure::ratio(
+            "graceful scale-in (stop one of 4): seconds to hand over",
+            handed,
+            "one acquire cycle",
+            acquire,
+            "≤ 1 acquire cycle",
+        ),
+        Figure::plain(
+            "graceful scale-in: documents delivered twice",
+            duplicates as f64,
+            &format!("{written} written during it"),
+            "0",
+        ),
+    ])
+}
+
+/// Figure 5: write → handler delay under a steady write rate, with the default poll interval.
+pub async fn latency(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
+    let world = World::new(settings.partitions).await?;
+    let received = Arc::new(Received::default());
+    let options = World::options("latency", "w0", 1.0);
+    let poll = options.poll_interval;
+    let handle = world.start(options, received.clone()).await?;
+    wait_until(PATIENCE, || async {
+        handle.owned_leases().len() == settings.partitions as usize
+    })
+    .await
+    .ok_or("the worker did not take its leases")?;
+    let interval = Duration::from_secs_f64(1.0 / f64::from(settings.rate.max(1)));
+    let mut tick = tokio::time::interval(interval);
+    let total = (settings.latency_seconds * u64::from(settings.rate)) as usize;
+    for n in 0..total {
+        tick.tick().await;
+        world.write_one(n, Some(now_micros())).await?;
+    }
+    wait_until(PATIENCE, || async { received.count.load(Ordering::SeqCst) >= total })
+        .await
+        .ok_or("not every document arrived")?;
+    handle.stop().await;
+    let mut delays = received.delays.lock().map(|d| d.clone()).unwrap_or_default();
+    delays.sort_unstable();
+    let at = |q: f64| {
+        delays
+            .get(((delays.len() as f64 - 1.0) * q) as usize)
+            .copied()
+            .unwrap_or_default() as f64
+            / 1000.0
+    };
+    Ok(vec![
+        Figure::ratio(
+            &format!("write → handler p50 (ms) at {} writes/s", settings.rate),
+            at(0.5),
+            "the reference: half the poll interval",
+            poll.as_secs_f64() * 500.0,
+            "< 100 ms",
+        ),
+        Figure::plain(
+            &format!("write → handler p99 (ms) at {} writes/s", settings.rate),
+            at(0.99),
+            "–",
+            "–",
+        ),
+    ])
+}
+
+/// Figure 7: requests to the lease container per lease per minute while idle (1 instance, 8
+/// leases, default timings), against the reference schedule (a renewal per lease every 17 s and a
+/// full listing per instance every 13 s).
+pub async fn lease_cost(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
+    let world = World::new(8).await?;
+    let received = Arc::new(Received::default());
+    let options = World::options("idle", "w0", settings.timing_scale);
+    let (handle, requests) = world.start_counted(options, received).await?;
+    wait_until(PATIENCE, || async { handle.owned_leases().len() == 8 })
+        .await
+        .ok_or("the worker did not take its leases")?;
+    let before = requests.total();
+    tokio::time::sleep(Duration::from_secs(settings.idle_seconds)).await;
+    let made = requests.total() - before;
+    handle.stop().await;
+    // Timings scaled by `timing_scale` run that much faster: the rate at the default timings is
+    // the measured one times the scale.
+    let minutes = settings.idle_seconds as f64 / 60.0;
+    let reference = 60.0 / 17.0 + 60.0 / 13.0 / 8.0;
+    Ok(vec![Figure::ratio(
+        "idle lease-container requests per lease per minute (default timings)",
+        made as f64 / 8.0 / minutes * settings.timing_scale,
+        "reference schedule (renew 17 s, list 13 s)",
+        reference,
+        "≤ reference",
+    )])
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or_default()
+}

@@ -1,0 +1,181 @@
+//! `cfp bench`: the performance goals (DESIGN.md "Goals with numbers") measured side by side
+//! with their baselines in one run, on the SDK's in-memory emulator (in-process, and `cfp
+//! emulator` on loopback for the worker-process figures). Prints a table and writes JSON.
+//! Ratios, not absolute times, are what compare across machines.
+
+mod counting_store;
+mod figures;
+mod resources;
+mod world;
+
+pub use counting_store::{CountingStore, StoreRequests};
+
+use serde::Serialize;
+
+/// What to run, and how big.
+#[derive(Debug, Clone)]
+pub struct BenchSettings {
+    /// Backlog size for the throughput and CPU figures.
+    pub documents: usize,
+    /// Physical partitions of the throughput and latency containers.
+    pub partitions: u32,
+    /// Interleaved rounds of the throughput comparison (the median counts).
+    pub rounds: u32,
+    /// Steady writes per second for the latency figure.
+    pub rate: u32,
+    /// How long the latency figure writes.
+    pub latency_seconds: u64,
+    /// How long the idle lease-cost figure watches.
+    pub idle_seconds: u64,
+    /// Lease timings as a share of the defaults (0.1: ten times faster) for rebalance and
+    /// failover, so that a run is short; those figures are also given in acquire intervals.
+    pub timing_scale: f64,
+}
+
+impl BenchSettings {
+    /// The full run the README's table comes from.
+    pub fn full() -> Self {
+        Self {
+            documents: 100_000,
+            partitions: 8,
+            rounds: 3,
+            rate: 500,
+            latency_seconds: 30,
+            idle_seconds: 60,
+            timing_scale: 0.1,
+        }
+    }
+
+    /// A run of a few seconds per figure (the test that keeps the benchmark from rotting).
+    pub fn small() -> Self {
+        Self {
+            documents: 2_000,
+            partitions: 4,
+            rounds: 1,
+            rate: 100,
+            latency_seconds: 2,
+            idle_seconds: 5,
+            timing_scale: 0.1,
+        }
+    }
+}
+
+/// One measured figure, with what it is compared with.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Figure {
+    /// What was measured (and its unit).
+    pub name: String,
+    /// Our value.
+    pub value: f64,
+    /// What it is compared with.
+    pub baseline: String,
+    /// The baseline's value, when measured or computed in this run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline_value: Option<f64>,
+    /// `value / baseline_value`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio: Option<f64>,
+    /// The goal (DESIGN.md).
+    pub goal: String,
+}
+
+impl Figure {
+    /// A figure compared with a baseline measured (or computed) in the same run.
+    pub fn ratio(name: &str, value: f64, baseline: &str, baseline_value: f64, goal: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            value,
+            baseline: baseline.to_owned(),
+            baseline_value: Some(baseline_value),
+            ratio: (baseline_value != 0.0).then(|| value / baseline_value),
+            goal: goal.to_owned(),
+        }
+    }
+
+    /// A figure with a baseline that is only described.
+    pub fn plain(name: &str, value: f64, baseline: &str, goal: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            value,
+            baseline: baseline.to_owned(),
+            baseline_value: None,
+            ratio: None,
+            goal: goal.to_owned(),
+        }
+    }
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BenchReport {
+    /// The figures, in the order of DESIGN.md.
+    pub figures: Vec<Figure>,
+    /// Figures that could not be measured, with why.
+    pub failed: Vec<String>,
+    /// The machine: CPU count and kernel.
+    pub machine: String,
+}
+
+/// Runs every figure; a figure that fails is reported, the others still run.
+pub async fn run(settings: &BenchSettings, progress: impl Fn(&str)) -> BenchReport {
+    let mut figures = Vec::new();
+    let mut failed = Vec::new();
+    macro_rules! measure {
+        ($name:expr, $call:expr) => {{
+            progress($name);
+            match $call.await {
+                Ok(found) => figures.extend(found),
+                Err(error) => failed.push(format!("{}: {error}", $name)),
+            }
+        }};
+    }
+    measure!("throughput", figures::throughput(settings));
+    measure!("rebalance", figures::rebalance(settings));
+    measure!("failover", figures::failover(settings));
+    measure!("latency", figures::latency(settings));
+    measure!("resources", resources::worker_process(settings));
+    measure!("lease-store cost", figures::lease_cost(settings));
+    BenchReport {
+        figures,
+        failed,
+        machine: machine(),
+    }
+}
+
+/// CPU count and kernel release.
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cpus} CPUs, Linux {}", kernel.trim())
+}
+
+/// The report as a Markdown table.
+pub fn table(report: &BenchReport) -> String {
+    let mut out =
+        String::from("| figure | ours | compared with | baseline | ratio | goal |\n|---|---|---|---|---|---|\n");
+    let number = |v: f64| {
+        if v.abs() >= 100.0 {
+            format!("{v:.0}")
+        } else {
+            format!("{v:.2}")
+        }
+    };
+    for figure in &report.figures {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            figure.name,
+            number(figure.value),
+            figure.baseline,
+            figure.baseline_value.map(number).unwrap_or_else(|| "–".into()),
+            figure.ratio.map(|r| format!("{r:.2}")).unwrap_or_else(|| "–".into()),
+            figure.goal
+        ));
+    }
+    for failure in &report.failed {
+        out.push_str(&format!("\nnot measured: {failure}\n"));
+    }
+    out.push_str(&format!("\nmachine: {}\n", report.machine));
+    out
+}

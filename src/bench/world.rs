@@ -1,0 +1,226 @@
+//! The in-process world the benchmarks run in: the SDK's in-memory emulator, a monitored
+//! container with a backlog, and processors with a counting handler.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use serde_json::json;
+
+use super::counting_store::CountingStore;
+use crate::cosmos::{CosmosAccount, DocumentContainer, StartFrom};
+use crate::emulator::Emulator;
+use crate::processor::{
+    Batch, ChangeFeedProcessor, ChangeHandler, HandlerError, LeaseStore, ProcessorHandle, ProcessorOptions,
+};
+use crate::worker::{WorkerSettings, open};
+
+/// The database of the benchmark containers.
+pub const DB: &str = "bench";
+/// The monitored container.
+pub const ITEMS: &str = "items";
+/// The lease container.
+pub const LEASES: &str = "leases";
+
+/// An emulator with a monitored container of `partitions` physical partitions.
+pub struct World {
+    /// Keeps the in-memory account alive.
+    _emulator: Emulator,
+    /// The account.
+    pub account: CosmosAccount,
+    /// The monitored container, for writes.
+    pub items: DocumentContainer,
+}
+
+/// Documents handled, by id, and when the first arrived.
+#[derive(Default)]
+pub struct Received {
+    /// Deliveries so far.
+    pub count: AtomicUsize,
+    /// Deliveries per document id (with `record_ids`).
+    pub ids: Mutex<HashMap<String, u32>>,
+    /// When the first batch arrived.
+    pub first: Mutex<Option<Instant>>,
+    /// Write-to-handler delays in microseconds (documents carrying `writtenAtMicros`).
+    pub delays: Mutex<Vec<u64>>,
+    /// Whether to keep every id (duplicates) — off for throughput runs.
+    pub record_ids: bool,
+}
+
+impl Received {
+    /// Deliveries of ids delivered more than once.
+    pub fn duplicates(&self) -> usize {
+        let ids = self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        ids.values().map(|n| n.saturating_sub(1) as usize).sum()
+    }
+}
+
+/// A handler that only counts (and records ids or delays when asked).
+pub struct CountingHandler(pub Arc<Received>);
+
+#[async_trait]
+impl ChangeHandler for CountingHandler {
+    async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
+        let received = &self.0;
+        {
+            let mut first = received.first.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            first.get_or_insert_with(Instant::now);
+        }
+        let now = now_micros();
+        let delays: Vec<u64> = batch
+            .documents
+            .iter()
+            .filter_map(|d| d.get("writtenAtMicros").and_then(serde_json::Value::as_u64))
+            .map(|at| now.saturating_sub(at))
+            .collect();
+        if !delays.is_empty() {
+            received
+                .delays
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .extend(delays);
+        }
+        if received.record_ids {
+            let mut ids = received.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for id in batch
+                .documents
+                .iter()
+                .filter_map(|d| d.get("id").and_then(serde_json::Value::as_str))
+            {
+                *ids.entry(id.to_owned()).or_default() += 1;
+            }
+        }
+        received.count.fetch_add(batch.documents.len(), Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// Microseconds since the epoch.
+pub fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or_default()
+}
+
+impl World {
+    /// A fresh account with a monitored container of `partitions` physical partitions.
+    pub async fn new(partitions: u32) -> Result<Self, String> {
+        let (emulator, account) = Emulator::in_process_with(DB, ITEMS, partitions)
+            .await
+            .map_err(|e| e.to_string())?;
+        let items = account.documents(DB, ITEMS).await.map_err(|e| e.to_string())?;
+        Ok(Self {
+            _emulator: emulator,
+            account,
+            items,
+        })
+    }
+
+    /// Writes documents `range` (64 at a time), spread over 997 logical partitions.
+    pub async fn write(&self, range: std::ops::Range<usize>) -> Result<(), String> {
+        let results: Vec<Result<(), String>> = futures::stream::iter(range)
+            .map(|n| self.write_one(n, None))
+            .buffer_unordered(64)
+            .collect()
+            .await;
+        results.into_iter().collect()
+    }
+
+    /// Writes document `n`, stamped with its write time when `stamped`.
+    pub async fn write_one(&self, n: usize, stamped: Option<u64>) -> Result<(), String> {
+        let pk = format!("pk-{}", n % 997);
+        let mut doc = json!({"id": format!("doc-{n}"), "pk": pk, "n": n});
+        if let Some(at) = stamped {
+            doc["writtenAtMicros"] = json!(at);
+        }
+        self.items
+            .upsert(&pk, &doc)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Processor options with the default timings scaled by `scale` (1.0: the defaults).
+    pub fn options(processor: &str, instance: &str, scale: f64) -> ProcessorOptions {
+        let mut options = ProcessorOptions::new(processor, instance);
+        options.start_from = StartFrom::Beginning;
+        options.acquire_interval = options.acquire_interval.mul_f64(scale);
+        options.renew_interval = options.renew_interval.mul_f64(scale);
+        options.expiration = options.expiration.mul_f64(scale);
+        options.min_backoff = Duration::from_millis(50);
+        options.max_backoff = Duration::from_secs(2);
+        options
+    }
+
+    /// Opens the processor's containers; its lease store, counted.
+    pub async fn store(
+        &self,
+        options: &ProcessorOptions,
+    ) -> Result<(CountingStore, crate::cosmos::MonitoredContainer), String> {
+        let settings = WorkerSettings {
+            database: DB.into(),
+            container: ITEMS.into(),
+            lease_database: DB.into(),
+            lease_container: LEASES.into(),
+            create_leases: true,
+            options: options.clone(),
+        };
+        let (monitored, store) = open(&self.account, &self.account, &settings)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((CountingStore::new(Arc::new(store)), monitored))
+    }
+
+    /// Starts a processor delivering to a counting handler.
+    pub async fn start(&self, options: ProcessorOptions, received: Arc<Received>) -> Result<ProcessorHandle, String> {
+        self.start_counted(options, received).await.map(|(handle, _)| handle)
+    }
+
+    /// Like [`World::start`], also returning the counted lease store.
+    pub async fn start_counted(
+        &self,
+        options: ProcessorOptions,
+        received: Arc<Received>,
+    ) -> Result<(ProcessorHandle, Arc<super::counting_store::StoreRequests>), String> {
+        let (store, monitored) = self.store(&options).await?;
+        let requests = store.requests.clone();
+        let store: Arc<dyn LeaseStore> = Arc::new(store);
+        let handle = ChangeFeedProcessor::new(monitored, store, Arc::new(CountingHandler(received)), options)
+            .start()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((handle, requests))
+    }
+
+    /// Lease count per owner of `processor` now (unowned under "").
+    pub async fn owners(&self, processor: &str) -> Result<HashMap<String, usize>, String> {
+        let options = ProcessorOptions::new(processor, "observer");
+        let (store, _) = self.store(&options).await?;
+        let snapshot = store.snapshot().await.map_err(|e| e.to_string())?;
+        let mut counts = HashMap::new();
+        for lease in snapshot.leases {
+            *counts.entry(lease.owner.unwrap_or_default()).or_default() += 1;
+        }
+        Ok(counts)
+    }
+}
+
+/// Polls `check` every 20 ms until it holds or `timeout` passes; how long it took.
+pub async fn wait_until<F, Fut>(timeout: Duration, mut check: F) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    while started.elapsed() < timeout {
+        if check().await {
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}

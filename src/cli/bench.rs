@@ -1,0 +1,27 @@
+//! `cfp bench`: runs the benchmark, prints the table, writes the JSON.
+
+use super::args::BenchArgs;
+use crate::bench::{BenchSettings, run as run_bench, table};
+
+/// Runs the figures; fails when one could not be measured (after printing the others).
+pub async fn run(args: &BenchArgs) -> Result<(), String> {
+    let mut settings = if args.small {
+        BenchSettings::small()
+    } else {
+        BenchSettings::full()
+    };
+    if let Some(documents) = args.documents {
+        settings.documents = documents.max(1);
+    }
+    let report = run_bench(&settings, |figure| eprintln!("measuring {figure}…")).await;
+    print!("{}", table(&report));
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        std::fs::write(path, json).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    if report.failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{} figure(s) could not be measured", report.failed.len()))
+    }
+}

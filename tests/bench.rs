@@ -1,0 +1,54 @@
+//! `cfp bench --small`: every figure is measured and reported with its baseline (a short run, so
+//! that the benchmark cannot rot; no timing is asserted — the figures are for people).
+
+mod common;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
+    let json = std::env::temp_dir().join(format!("cfp-bench-{}.json", std::process::id()));
+    let output = tokio::time::timeout(
+        std::time::Duration::from_secs(600),
+        tokio::process::Command::new(common::CFP)
+            .args(["bench", "--small", "--json"])
+            .arg(&json)
+            .env("RUST_LOG", "error")
+            .output(),
+    )
+    .await
+    .expect("cfp bench --small finishes")
+    .expect("run cfp bench");
+    let table = String::from_utf8_lossy(&output.stdout);
+    println!("{table}");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let names: Vec<&str> = report["figures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["name"].as_str())
+        .collect();
+    for wanted in [
+        "throughput",
+        "first document",
+        "acquire cycles",
+        "lease moves",
+        "crash failover",
+        "graceful scale-in",
+        "delivered twice",
+        "p50",
+        "p99",
+        "idle RSS",
+        "CPU seconds",
+        "lease-container requests",
+    ] {
+        assert!(
+            names.iter().any(|n| n.contains(wanted)),
+            "no {wanted:?} figure in {names:?}"
+        );
+    }
+    assert!(report["failed"].as_array().unwrap().is_empty());
+    for figure in report["figures"].as_array().unwrap() {
+        assert!(figure["value"].as_f64().is_some_and(f64::is_finite), "{figure}");
+    }
+}
