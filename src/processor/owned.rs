@@ -184,7 +184,13 @@ impl OwnedLease {
         written.is_none_or(|at| OffsetDateTime::now_utc() - at >= expiration)
     }
 
-    /// Extends the lease (writes a new timestamp).
+    /// Whether this instance wrote the lease (renewal or checkpoint) within `window`.
+    pub async fn written_within(&self, window: std::time::Duration) -> bool {
+        let written = self.lease.lock().await.timestamp;
+        written.is_some_and(|t| OffsetDateTime::now_utc() - t < window)
+    }
+
+    /// Writes the lease as it is (a new timestamp: still owned).
     pub async fn renew(&self) -> Result<Lease, UpdateError> {
         self.update(|_| {}).await
     }

@@ -81,6 +81,8 @@ pub struct Shared {
     monitored_watch: MonitoredWatch,
     /// Cancelled when the processor cannot go on (its monitored container was recreated).
     halt: CancellationToken,
+    /// Set by [`ProcessorHandle::abort`]: the coordinator's end is a simulated crash, not a death.
+    aborted: AtomicBool,
 }
 
 impl Shared {
@@ -229,6 +231,7 @@ impl ChangeFeedProcessor {
                 died: AtomicBool::new(false),
                 monitored_watch: MonitoredWatch::default(),
                 halt: CancellationToken::new(),
+                aborted: AtomicBool::new(false),
             }),
         }
     }
@@ -361,6 +364,7 @@ impl ProcessorHandle {
 
     /// Stops at once without releasing anything, as a crash would (for tests and chaos).
     pub fn abort(self) {
+        self.shared.aborted.store(true, Ordering::SeqCst);
         self.task.abort();
         self.renewer.abort();
         self.leases.cancel();
@@ -457,7 +461,7 @@ impl Coordinator {
         struct Watch(Arc<Shared>, CancellationToken);
         impl Drop for Watch {
             fn drop(&mut self) {
-                if !self.1.is_cancelled() && !self.0.halt.is_cancelled() {
+                if !self.1.is_cancelled() && !self.0.halt.is_cancelled() && !self.0.aborted.load(Ordering::SeqCst) {
                     self.0.died.store(true, Ordering::SeqCst);
                     tracing::error!("the lease coordinator stopped unexpectedly");
                 }
@@ -721,7 +725,11 @@ impl Coordinator {
 
     async fn acquire_cycle(&mut self) {
         let me = self.shared.options.instance.clone();
-        if let Err(error) = self.shared.store.heartbeat(&me).await {
+        // An instance that owns leases is counted through them; only one that owns none needs a
+        // heartbeat for the others to count it (a write per cycle saved on a busy instance).
+        if self.shared.owned_count() == 0
+            && let Err(error) = self.shared.store.heartbeat(&me).await
+        {
             self.shared.emit_error(None, format!("heartbeat failed: {error}"));
         }
         let snapshot = match self.shared.store.snapshot().await {
@@ -912,7 +920,8 @@ async fn renew_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
             _ = tick.tick() => {}
         }
         for owned in shared.owned_snapshot() {
-            if owned.cancelled().is_cancelled() {
+            // A lease written within half a renew interval (a checkpoint) is fresh already.
+            if owned.cancelled().is_cancelled() || owned.written_within(shared.options.renew_interval / 2).await {
                 continue;
             }
             match owned.renew().await {
