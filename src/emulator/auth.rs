@@ -27,6 +27,9 @@ pub struct SignedRequest<'a> {
     pub method: &'a str,
     /// The request path, such as `/dbs/db/colls/items/docs`.
     pub path: &'a str,
+    /// For a path addressed by resource id, the lower-cased id the signature covers instead of
+    /// the path (`/dbs/<rid>/colls/<rid>/pkranges` → the container's id).
+    pub signed_rid: Option<&'a str>,
     /// The `Authorization` header (percent-encoded, as sent).
     pub authorization: &'a str,
     /// The `x-ms-date` header.
@@ -87,13 +90,16 @@ fn kind_and_signature(authorization: &str) -> (Option<String>, Option<String>) {
 /// whole path). `None` when the key cannot sign (not base64): such a key refuses everything.
 fn expected_signature(key: &Secret, request: &SignedRequest<'_>) -> Option<String> {
     let segments: Vec<&str> = request.path.split('/').filter(|s| !s.is_empty()).collect();
-    let (resource_type, link) = if segments.len() % 2 == 1 {
+    let (resource_type, mut link) = if segments.len() % 2 == 1 {
         (segments[segments.len() - 1], segments[..segments.len() - 1].join("/"))
     } else if segments.is_empty() {
         ("", String::new())
     } else {
         (segments[segments.len() - 2], segments.join("/"))
     };
+    if let Some(rid) = request.signed_rid {
+        link = rid.to_owned();
+    }
     let payload = format!(
         "{}\n{}\n{}\n{}\n\n",
         request.method.to_ascii_lowercase(),
@@ -137,6 +143,7 @@ mod tests {
             let request = SignedRequest {
                 method,
                 path,
+                signed_rid: None,
                 authorization: &good,
                 date,
             };
@@ -148,6 +155,7 @@ mod tests {
             let request = SignedRequest {
                 method,
                 path,
+                signed_rid: None,
                 authorization: &other,
                 date,
             };
@@ -159,6 +167,7 @@ mod tests {
         let anything = SignedRequest {
             method: "GET",
             path: "/",
+            signed_rid: None,
             authorization: "",
             date,
         };

@@ -11,6 +11,7 @@
 //! - `POST /_emulator/key?value=K` — regenerates the account key as `K` (base64), as a key
 //!   rotation does: requests signed with the old key get 401 from then on (needs `--key`).
 
+mod addressing;
 mod auth;
 mod faults;
 
@@ -142,6 +143,8 @@ pub struct Emulator {
     auth: Arc<std::sync::RwLock<RequiredAuth>>,
     /// Faults injected into Cosmos requests.
     faults: Arc<FaultInjector>,
+    /// Names of the databases and containers by resource id, for requests addressed by id.
+    ids: Arc<addressing::ResourceIds>,
 }
 
 impl Emulator {
@@ -160,6 +163,7 @@ impl Emulator {
             gateway,
             auth: Arc::new(std::sync::RwLock::new(RequiredAuth::Any)),
             faults: Arc::new(FaultInjector::default()),
+            ids: Arc::default(),
         })
     }
 
@@ -361,20 +365,29 @@ impl Emulator {
         if let Some(fault) = self.faults.next() {
             return fault.response();
         }
-        if let Some(refusal) = self.refuse_unauthorized(&req) {
+        let resolved = self.resolve(&path).await;
+        if let Some(refusal) = self.refuse_unauthorized(&req, &resolved) {
+            tracing::debug!(method = %req.method(), path, status = 401, "request refused");
             return refusal;
         }
-        match self.forward(req).await {
+        let method = req.method().clone();
+        let response = match self.forward(req, &resolved).await {
             Ok(response) => response,
             Err(error) => crate::http::json(
                 503,
                 &serde_json::json!({"code": "ServiceUnavailable", "message": error.to_string()}),
             ),
-        }
+        };
+        tracing::debug!(%method, path, status = response.status().as_u16(), "request");
+        response
     }
 
     /// The 401 the service answers for a request its authorization does not cover.
-    fn refuse_unauthorized(&self, req: &hyper::Request<Incoming>) -> Option<hyper::Response<Full<Bytes>>> {
+    fn refuse_unauthorized(
+        &self,
+        req: &hyper::Request<Incoming>,
+        resolved: &addressing::ResolvedPath,
+    ) -> Option<hyper::Response<Full<Bytes>>> {
         let header = |name: &str| {
             req.headers()
                 .get(name)
@@ -385,13 +398,41 @@ impl Emulator {
         auth.refuse(&auth::SignedRequest {
             method: req.method().as_str(),
             path: req.uri().path(),
+            signed_rid: resolved.signed_rid.as_deref(),
             authorization: header("authorization"),
             date: header("x-ms-date"),
         })
     }
 
+    /// Resolves a request path addressed by resource id to names, listing the databases or
+    /// containers first when an id is not known yet.
+    async fn resolve(&self, path: &str) -> addressing::ResolvedPath {
+        // At most two listings: the databases, then the containers of one.
+        for _ in 0..2 {
+            let Some(missing) = self.ids.missing(path) else { break };
+            let learned = match missing {
+                None => self.get("dbs").await.map(|(_, body)| {
+                    self.ids.learn_databases(addressing::rid_pairs(&body, "Databases"));
+                }),
+                Some(database) => self.get(&format!("dbs/{database}/colls")).await.map(|(_, body)| {
+                    self.ids
+                        .learn_containers(&database, addressing::rid_pairs(&body, "DocumentCollections"));
+                }),
+            };
+            if let Err(error) = learned {
+                tracing::debug!(%error, path, "cannot list resources to resolve an id");
+                break;
+            }
+        }
+        self.ids.resolve(path)
+    }
+
     /// Passes a Cosmos REST request to the in-memory store.
-    async fn forward(&self, req: hyper::Request<Incoming>) -> Result<hyper::Response<Full<Bytes>>, CosmosError> {
+    async fn forward(
+        &self,
+        req: hyper::Request<Incoming>,
+        resolved: &addressing::ResolvedPath,
+    ) -> Result<hyper::Response<Full<Bytes>>, CosmosError> {
         let (parts, body) = req.into_parts();
         // Cosmos DB refuses requests over a few MiB; never buffer an unbounded body.
         let body = match http_body_util::Limited::new(body, MAX_REQUEST_BODY).collect().await {
@@ -413,14 +454,8 @@ impl Emulator {
             }
         };
         let mut url = self.gateway.clone();
-        // The Python SDK sends a trailing slash on resource paths; the store does not expect one.
-        let path = parts.uri.path();
-        let trimmed = if path.len() > 1 {
-            path.trim_end_matches('/')
-        } else {
-            path
-        };
-        url.set_path(trimmed);
+        // Names, without the trailing slash the Python SDK sends (the store expects none).
+        url.set_path(&format!("/{}", resolved.path));
         url.set_query(parts.uri.query());
         let method: Method =
             parts.method.as_str().parse().map_err(|_| {
@@ -428,6 +463,11 @@ impl Emulator {
             })?;
         let mut request = Request::new(url, method);
         for (name, value) in &parts.headers {
+            // The Java SDK sends an empty continuation on a query's first page; the service
+            // treats it as none.
+            if name.as_str() == "x-ms-continuation" && value.is_empty() {
+                continue;
+            }
             if let Ok(value) = value.to_str() {
                 request.insert_header(name.as_str().to_owned(), value.to_owned());
             }
@@ -442,6 +482,9 @@ impl Emulator {
         let mut builder = hyper::Response::builder().status(u16::from(status));
         for (name, value) in headers.iter() {
             builder = builder.header(name.as_str(), value.as_str());
+        }
+        if let Some(owner) = &resolved.owner {
+            builder = builder.header("x-ms-alt-content-path", owner.as_str());
         }
         builder
             .body(Full::new(body))
