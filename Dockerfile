@@ -3,10 +3,11 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock rustfmt.toml ./
 COPY src ./src
-RUN cargo build --release --locked --bin cfp
+# The dist profile: release with whole-program LTO (a smaller binary, less resident memory).
+RUN cargo build --profile dist --locked --bin cfp
 
 FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=build /src/target/release/cfp /usr/local/bin/cfp
+COPY --from=build /src/target/dist/cfp /usr/local/bin/cfp
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/cfp"]
 CMD ["worker"]

@@ -9,7 +9,7 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
     let output = tokio::time::timeout(
         std::time::Duration::from_secs(600),
         tokio::process::Command::new(common::CFP)
-            .args(["bench", "--small", "--json"])
+            .args(["bench", "--small", "--java-peer", &common::java_peer_jar(), "--json"])
             .arg(&json)
             .env("RUST_LOG", "error")
             .output(),
@@ -41,6 +41,9 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
         "idle RSS",
         "CPU seconds",
         "lease-container requests",
+        "vs the Java v4 processor",
+        "first document after process start",
+        "over 32 leases vs Java v4",
     ] {
         assert!(
             names.iter().any(|n| n.contains(wanted)),
@@ -48,6 +51,7 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
         );
     }
     assert!(report["failed"].as_array().unwrap().is_empty());
+    assert!(report["skipped"].as_array().unwrap().is_empty());
     for figure in report["figures"].as_array().unwrap() {
         assert!(figure["value"].as_f64().is_some_and(f64::is_finite), "{figure}");
     }

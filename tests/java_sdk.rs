@@ -225,21 +225,6 @@ async fn an_empty_continuation_on_a_first_query_page_is_no_continuation_and_resp
     terminate(&mut emulator).await;
 }
 
-/// Builds the Java peer (bench/java-peer/build.sh) and returns the jar.
-fn java_peer_jar() -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/java-peer/build.sh");
-    let output = std::process::Command::new("bash")
-        .arg(script)
-        .output()
-        .expect("bash runs bench/java-peer/build.sh");
-    assert!(
-        output.status.success(),
-        "building the Java peer failed (a JDK 17+ and Maven are needed, see .ci/run): {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).trim().to_owned()
-}
-
 /// A running Java v4 change feed processor instance.
 struct JavaProcessor {
     child: tokio::process::Child,
@@ -320,7 +305,7 @@ async fn java_lag(endpoint: &str) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_java_change_feed_processor_runs_on_cfp_emulator_and_cfp_worker_adopts_its_leases() {
-    let jar = java_peer_jar();
+    let jar = common::java_peer_jar();
     let (mut emulator, endpoint) = emulator().await;
     common::cfp_write(&endpoint, 0, 200).await;
     let mut java = JavaProcessor::start(&jar, &endpoint, "java", 200).await;

@@ -380,7 +380,8 @@ pub async fn lease_cost(settings: &BenchSettings) -> Result<Vec<Figure>, String>
     )])
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
+/// The middle value (the upper one of an even count).
+pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or_default()
 }

@@ -5,6 +5,8 @@
 
 mod counting_store;
 mod figures;
+mod java;
+mod processes;
 mod resources;
 mod world;
 
@@ -30,6 +32,9 @@ pub struct BenchSettings {
     /// Lease timings as a share of the defaults (0.1: ten times faster) for rebalance and
     /// failover, so that a run is short; those figures are also given in acquire intervals.
     pub timing_scale: f64,
+    /// The Java v4 processor peer's jar (`bench/java-peer/build.sh`); without it the comparison
+    /// with Java is skipped.
+    pub java_peer: Option<std::path::PathBuf>,
 }
 
 impl BenchSettings {
@@ -43,6 +48,7 @@ impl BenchSettings {
             latency_seconds: 30,
             idle_seconds: 60,
             timing_scale: 0.1,
+            java_peer: None,
         }
     }
 
@@ -56,6 +62,7 @@ impl BenchSettings {
             latency_seconds: 2,
             idle_seconds: 5,
             timing_scale: 0.1,
+            java_peer: None,
         }
     }
 }
@@ -114,6 +121,8 @@ pub struct BenchReport {
     pub figures: Vec<Figure>,
     /// Figures that could not be measured, with why.
     pub failed: Vec<String>,
+    /// Comparisons not run, with why (the Java peer without its jar).
+    pub skipped: Vec<String>,
     /// The machine: CPU count and kernel.
     pub machine: String,
 }
@@ -137,9 +146,18 @@ pub async fn run(settings: &BenchSettings, progress: impl Fn(&str)) -> BenchRepo
     measure!("latency", figures::latency(settings));
     measure!("resources", resources::worker_process(settings));
     measure!("lease-store cost", figures::lease_cost(settings));
+    let mut skipped = Vec::new();
+    match &settings.java_peer {
+        Some(jar) => measure!("java v4 peer", java::against_java(settings, jar)),
+        None => skipped.push(
+            "the Java v4 processor comparison: no peer jar (bench/java-peer/build.sh builds it; --java-peer)"
+                .to_owned(),
+        ),
+    }
     BenchReport {
         figures,
         failed,
+        skipped,
         machine: machine(),
     }
 }
@@ -175,6 +193,9 @@ pub fn table(report: &BenchReport) -> String {
     }
     for failure in &report.failed {
         out.push_str(&format!("\nnot measured: {failure}\n"));
+    }
+    for skipped in &report.skipped {
+        out.push_str(&format!("\nnot run: {skipped}\n"));
     }
     out.push_str(&format!("\nmachine: {}\n", report.machine));
     out

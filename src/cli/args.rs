@@ -89,6 +89,11 @@ pub struct BenchArgs {
     /// Also write the figures as JSON to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// The Java v4 change feed processor peer to compare with (default:
+    /// `bench/java-peer/target/java-peer-0.1.0.jar` when it exists; `bench/java-peer/build.sh`
+    /// builds it). Needs `java` (17+).
+    #[arg(long, env = "CFP_BENCH_JAVA_PEER")]
+    pub java_peer: Option<std::path::PathBuf>,
 }
 
 /// `cfp demo`.

@@ -457,3 +457,18 @@ pub async fn cfp_estimate(endpoint: &str, flags: &[&str]) -> std::process::Outpu
         .await
         .expect("run cfp estimate")
 }
+
+/// Builds the Java peer (bench/java-peer/build.sh) and returns the jar.
+pub fn java_peer_jar() -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/java-peer/build.sh");
+    let output = std::process::Command::new("bash")
+        .arg(script)
+        .output()
+        .expect("bash runs bench/java-peer/build.sh");
+    assert!(
+        output.status.success(),
+        "building the Java peer failed (a JDK 17+ and Maven are needed, see .ci/run): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the cfp container image as an OCI archive without a Docker engine, with umoci (installed
-# from Debian when missing). The image holds the release binary, exactly the shared libraries it
+# from Debian when missing). The image holds the binary of the dist profile (release + LTO), exactly the shared libraries it
 # links, CA certificates and a non-root user (65532) — nothing else.
 #
-#   tools/image/build.sh                         # cargo build --release, then target/image/cfp-<version>.oci.tar
+#   tools/image/build.sh                         # cargo build --profile dist, then target/image/cfp-<version>.oci.tar
 #   tools/image/build.sh --binary PATH --out F   # package an existing binary into F
 #   tools/image/build.sh --tools-only            # only make sure umoci is installed
 #
@@ -35,8 +35,8 @@ if $tools_only; then exit 0; fi
 
 if [[ -z "$binary" ]]; then
   target="${CARGO_TARGET_DIR:-$root/target}"
-  (cd "$root" && cargo build --release --locked --bin cfp)
-  binary="$target/release/cfp"
+  (cd "$root" && cargo build --profile dist --locked --bin cfp)
+  binary="$target/dist/cfp"
 fi
 out="${out:-$root/target/image/cfp-$version.oci.tar}"
 mkdir -p "$(dirname "$out")"

@@ -1,0 +1,267 @@
+//! The processor users would pick instead — the Java v4 change feed processor
+//! (`bench/java-peer`) — beside `cfp worker`, both as processes against one `cfp emulator` on
+//! loopback: the same backlog, handlers that only count, the same lease timings, interleaved
+//! rounds. Throughput, first document after process start, and rebalancing 1 → 4 over 32 leases
+//! (Java steals one lease per acquire cycle).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{ChildStdout, Command};
+
+use super::processes::{Owned, emulator, metric, worker, write_loopback_backlog};
+use super::{BenchSettings, Figure};
+use crate::cosmos::{AccountAuth, CosmosAccount, EMULATOR_KEY};
+
+/// Longest any single wait may take.
+const PATIENCE: Duration = Duration::from_secs(300);
+
+/// The reference timings (renew 17 s, acquire 13 s, expiration 60 s) scaled by `scale`, in ms.
+fn timings_ms(scale: f64) -> (u64, u64, u64) {
+    let ms = |s: f64| (s * 1000.0 * scale).round() as u64;
+    (ms(17.0), ms(13.0), ms(60.0))
+}
+
+/// One running Java processor instance and its event lines.
+struct JavaInstance {
+    child: Owned,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl JavaInstance {
+    /// Starts the peer on `bench/<feed>` with leases under `prefix`, as host `host`.
+    fn start(
+        jar: &Path,
+        endpoint: &str,
+        feed: &str,
+        prefix: &str,
+        host: &str,
+        extra: &[String],
+    ) -> Result<Self, String> {
+        let mut child = Command::new("java")
+            .arg("-DCOSMOS.HTTP_CONNECTION_WITHOUT_TLS_ALLOWED=true")
+            .arg("-Dorg.slf4j.simpleLogger.defaultLogLevel=error")
+            .arg("-jar")
+            .arg(jar)
+            .args(["--endpoint", endpoint, "--key", EMULATOR_KEY, "--database", "bench"])
+            .args(["--feed", feed, "--leases", "leases", "--prefix", prefix, "--host", host])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("starting java (a JDK 17+ is needed): {e}"))?;
+        let stdout = child.stdout.take().ok_or("no java stdout")?;
+        Ok(Self {
+            child: Owned(child),
+            lines: BufReader::new(stdout).lines(),
+        })
+    }
+
+    /// Waits for the event `name`: its JSON and when it arrived.
+    async fn event(&mut self, name: &str) -> Result<(Value, Instant), String> {
+        tokio::time::timeout(PATIENCE, async {
+            while let Ok(Some(line)) = self.lines.next_line().await {
+                if let Ok(event) = serde_json::from_str::<Value>(&line)
+                    && event["event"] == name
+                {
+                    return Ok((event, Instant::now()));
+                }
+            }
+            Err(format!("the Java processor exited before {name}"))
+        })
+        .await
+        .map_err(|_| format!("no {name} from the Java processor in time"))?
+    }
+
+    /// Asks it to stop (its leases are released) and waits a bounded time.
+    async fn stop(mut self) {
+        if let Some(mut stdin) = self.child.0.stdin.take() {
+            let _ = stdin.write_all(b"stop\n").await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.event("stopped")).await;
+    }
+}
+
+/// Owners of the leases whose ids start with `prefix`, by owner ("" for none).
+async fn owners(account: &CosmosAccount, prefix: &str) -> Result<HashMap<String, usize>, String> {
+    let leases = account.documents("bench", "leases").await.map_err(|e| e.to_string())?;
+    let docs = leases.list_by_id_prefix(prefix).await.map_err(|e| e.to_string())?;
+    let mut counts = HashMap::new();
+    for doc in docs {
+        let id = doc.body["id"].as_str().unwrap_or_default();
+        if crate::processor::adopt::is_lease_id(id, prefix) && doc.body.get("LeaseToken").is_some() {
+            let owner = doc.body["Owner"].as_str().unwrap_or_default().to_owned();
+            *counts.entry(owner).or_default() += 1;
+        }
+    }
+    Ok(counts)
+}
+
+/// Whether `counts` shows `instances` owners with an even share of `leases`.
+fn fair(counts: &HashMap<String, usize>, instances: usize, leases: usize) -> bool {
+    let owned: Vec<usize> = counts.iter().filter(|(o, _)| !o.is_empty()).map(|(_, n)| *n).collect();
+    owned.len() == instances
+        && owned
+            .iter()
+            .all(|n| *n == leases / instances || *n == leases.div_ceil(instances))
+}
+
+/// Polls `check` every 50 ms; when it first held.
+async fn poll_until<F, Fut>(mut check: F) -> Result<Instant, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + PATIENCE;
+    while Instant::now() < deadline {
+        if check().await {
+            return Ok(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err("timed out".into())
+}
+
+/// One `cfp worker` round over the backlog: (documents/s from first document to the last,
+/// seconds from process start to the first document).
+async fn ours_round(endpoint: &str, round: u32, documents: usize) -> Result<(f64, f64), String> {
+    let spawned = Instant::now();
+    let (_worker, port) = worker(endpoint, "items", &format!("cfp-tp{round}-"), "w0", &[])?;
+    let first = poll_until(|| async { metric(port, "cfp_documents_processed_total").await > 0.0 }).await?;
+    let last = poll_until(|| async { metric(port, "cfp_documents_processed_total").await >= documents as f64 }).await?;
+    let rate = documents as f64 / last.duration_since(first).as_secs_f64().max(0.001);
+    Ok((rate, first.duration_since(spawned).as_secs_f64()))
+}
+
+/// One Java round over the backlog: (documents/s from first document to the last, seconds from
+/// process start to the first document, seconds from `start()` to the first document).
+async fn java_round(jar: &Path, endpoint: &str, round: u32, documents: usize) -> Result<(f64, f64, f64), String> {
+    let spawned = Instant::now();
+    let extra = [
+        "--expect".to_owned(),
+        documents.to_string(),
+        "--max-items".into(),
+        "1000".into(),
+    ];
+    let mut java = JavaInstance::start(jar, endpoint, "items", &format!("java-tp{round}-"), "h0", &extra)?;
+    let (first, first_at) = java.event("first").await?;
+    let (_, last_at) = java.event("drained").await?;
+    java.stop().await;
+    let rate = documents as f64 / last_at.duration_since(first_at).as_secs_f64().max(0.001);
+    let own = first["ms"].as_f64().unwrap_or_default() / 1000.0;
+    Ok((rate, first_at.duration_since(spawned).as_secs_f64(), own))
+}
+
+/// Scale-out 1 → 4 over the 32 leases of `bench/wide` with `start(instance)`: seconds from the
+/// moment all four run to an even share.
+async fn scale_out<S, Fut>(account: &CosmosAccount, prefix: &str, mut start: S) -> Result<f64, String>
+where
+    S: FnMut(&'static str) -> Fut,
+    Fut: std::future::Future<Output = Result<Box<dyn std::any::Any + Send>, String>>,
+{
+    let first = start("a").await?;
+    poll_until(|| async { owners(account, prefix).await.is_ok_and(|c| c.get("a") == Some(&32)) })
+        .await
+        .map_err(|_| format!("{prefix}: the first instance did not take the 32 leases"))?;
+    let mut joined = Vec::new();
+    for name in ["b", "c", "d"] {
+        joined.push(start(name).await?);
+    }
+    let running = Instant::now();
+    let even = poll_until(|| async { owners(account, prefix).await.is_ok_and(|c| fair(&c, 4, 32)) })
+        .await
+        .map_err(|_| format!("{prefix}: no even share in time"))?;
+    drop((first, joined));
+    Ok(even.duration_since(running).as_secs_f64())
+}
+
+/// The comparison with the Java v4 processor (the jar `bench/java-peer/build.sh` builds).
+pub async fn against_java(settings: &BenchSettings, jar: &Path) -> Result<Vec<Figure>, String> {
+    let (_emulator, endpoint) = emulator(&["bench/items:/pk:8", "bench/wide:/pk:32", "bench/leases:/id:1"]).await?;
+    let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key())
+        .await
+        .map_err(|e| e.to_string())?;
+    let documents = write_loopback_backlog(&endpoint, settings.documents).await?;
+    let (mut ours, mut java, mut ours_first, mut java_first, mut java_own_first) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 0..settings.rounds {
+        let (rate, first) = ours_round(&endpoint, round, documents).await?;
+        ours.push(rate);
+        ours_first.push(first);
+        let (rate, first, own) = java_round(jar, &endpoint, round, documents).await?;
+        java.push(rate);
+        java_first.push(first);
+        java_own_first.push(own);
+    }
+
+    let (renew, acquire, expiration) = timings_ms(settings.timing_scale);
+    let ours_flags: Vec<String> = vec![
+        "--lease-renew-interval".into(),
+        format!("{renew}ms"),
+        "--lease-acquire-interval".into(),
+        format!("{acquire}ms"),
+        "--lease-expiration".into(),
+        format!("{expiration}ms"),
+    ];
+    let ours_s = scale_out(&account, "cfp-wide-", |name| {
+        let (endpoint, flags) = (endpoint.clone(), ours_flags.clone());
+        async move {
+            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+            let (child, _) = worker(&endpoint, "wide", "cfp-wide-", name, &flags)?;
+            Ok(Box::new(child) as Box<dyn std::any::Any + Send>)
+        }
+    })
+    .await?;
+    let java_flags: Vec<String> = vec![
+        "--renew-ms".into(),
+        renew.to_string(),
+        "--acquire-ms".into(),
+        acquire.to_string(),
+        "--expiration-ms".into(),
+        expiration.to_string(),
+    ];
+    let java_s = scale_out(&account, "java-wide-", |name| {
+        let (endpoint, flags) = (endpoint.clone(), java_flags.clone());
+        async move {
+            let mut java = JavaInstance::start(jar, &endpoint, "wide", "java-wide-", name, &flags)?;
+            // Counted from the moment its processor runs (the JVM's start is not a cycle).
+            java.event("started").await?;
+            Ok(Box::new(java.child) as Box<dyn std::any::Any + Send>)
+        }
+    })
+    .await?;
+    let acquire_s = acquire as f64 / 1000.0;
+    let median = super::figures::median;
+    Ok(vec![
+        Figure::ratio(
+            "throughput vs the Java v4 processor (documents/s, 1 process each, loopback)",
+            median(ours),
+            "Java v4 change feed processor, same backlog and emulator",
+            median(java),
+            "≥ 1 ×",
+        ),
+        Figure::ratio(
+            "first document after process start (s, loopback)",
+            median(ours_first),
+            &format!(
+                "Java v4 processor (JVM start included; {:.2} s from its start() call)",
+                median(java_own_first)
+            ),
+            median(java_first),
+            "< 0.5 s",
+        ),
+        Figure::ratio(
+            "rebalance 1 → 4 over 32 leases vs Java v4: acquire cycles (seconds ÷ acquire interval)",
+            (ours_s / acquire_s).ceil(),
+            "Java v4 processor (steals one lease per cycle)",
+            (java_s / acquire_s).ceil(),
+            "≤ 2 vs 8",
+        ),
+    ])
+}
