@@ -30,6 +30,7 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
         .collect();
     for wanted in [
         "throughput",
+        "handler taking",
         "first document",
         "acquire cycles",
         "lease moves",

@@ -1154,6 +1154,77 @@ async fn a_slow_batch_does_not_stall_its_lease_with_four_in_flight_and_a_crash_r
     after_crash.stop().await;
 }
 
+/// Counts the change feed reads of a processor.
+#[derive(Default)]
+struct ReadCounter(std::sync::atomic::AtomicUsize);
+
+impl changefeed_operator::processor::ProcessorObserver for ReadCounter {
+    fn feed_read(&self, _lease: &str, _elapsed: Duration, _request_charge: f64) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_page_is_read_while_the_handler_runs_and_waits_until_the_batch_before_it_settles() {
+    let env = Env::new(1).await;
+    for n in 0..30 {
+        upsert_doc(&env.items, n).await;
+    }
+    let mut options = env.options("ahead");
+    options.max_items = 10;
+    let (slow_started, release) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let handler = Arc::new(SlowDocumentHandler {
+        inner: env.recorder("ahead"),
+        slow_started: slow_started.clone(),
+        release: release.clone(),
+    });
+    let reads = Arc::new(ReadCounter::default());
+    let handle = env
+        .processor(options, handler)
+        .await
+        .with_observer(reads.clone())
+        .start()
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), slow_started.notified())
+        .await
+        .expect("the first batch (doc-5 among doc-0..9) reached the handler");
+    let reads_at_start = reads.0.load(std::sync::atomic::Ordering::SeqCst);
+    // The next page is read while the first batch is with the handler...
+    let read_ahead = eventually(Duration::from_secs(10), || async {
+        reads.0.load(std::sync::atomic::Ordering::SeqCst) > reads_at_start
+    })
+    .await;
+    // ...but neither handed to the handler nor read past while the batch hangs.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let reads_while_hung = reads.0.load(std::sync::atomic::Ordering::SeqCst) - reads_at_start;
+    let delivered_while_hung = env.deliveries.distinct();
+    let checkpoint_while_hung = env.leases().await[0].continuation.clone();
+    release.notify_one();
+    let all = env.delivered_within(30, Duration::from_secs(10)).await;
+    let missing = env.deliveries.missing(ids(0..30));
+    println!(
+        "a batch hangs: {reads_while_hung} page(s) read ahead meanwhile, {delivered_while_hung} documents delivered meanwhile, checkpoint {checkpoint_while_hung:?}; after it returns all 30 delivered {all}, duplicates {}",
+        env.deliveries.duplicates().len()
+    );
+    assert!(read_ahead, "the next page was read while the handler ran");
+    assert_eq!(reads_while_hung, 1, "one page ahead, no more");
+    assert_eq!(
+        delivered_while_hung, 0,
+        "the page read ahead waits for the batch before it"
+    );
+    assert!(
+        checkpoint_while_hung.is_none(),
+        "no checkpoint before the first batch returns"
+    );
+    assert!(all && missing.is_empty(), "lost {missing:?}");
+    assert!(env.deliveries.duplicates().is_empty(), "delivered once each");
+    handle.stop().await;
+}
+
 /// Records deliveries and keeps every batch's checkpoint handle (it never checkpoints itself).
 #[derive(Default)]
 struct KeepHandles {

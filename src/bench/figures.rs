@@ -99,6 +99,47 @@ pub async fn throughput(settings: &BenchSettings) -> Result<Vec<Figure>, String>
     ])
 }
 
+/// A handler that does work: one lease, pages of 100, the handler taking `HANDLER_TIME` a batch.
+/// The next page is read while the handler runs, so the lease should move at the handler's own
+/// limit (page size ÷ handler time) rather than at page size ÷ (handler time + read time).
+pub async fn busy_handler(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
+    const HANDLER_TIME: Duration = Duration::from_millis(20);
+    const PAGE: u32 = 100;
+    let world = World::new(1).await?;
+    let documents = (settings.documents / 20).max(500);
+    world.write(0..documents).await?;
+    let mut options = World::options("busy", "w0", 1.0);
+    options.max_items = PAGE;
+    let received = Arc::new(Received {
+        handler_time: HANDLER_TIME,
+        ..Received::default()
+    });
+    let handle = world.start(options, received.clone()).await?;
+    wait_until(PATIENCE, || async { received.count.load(Ordering::SeqCst) > 0 })
+        .await
+        .ok_or("the processor delivered nothing")?;
+    let started = Instant::now();
+    let first_batch = received.count.load(Ordering::SeqCst);
+    let done = wait_until(PATIENCE, || async {
+        received.count.load(Ordering::SeqCst) >= documents
+    })
+    .await;
+    let elapsed = started.elapsed();
+    handle.stop().await;
+    done.ok_or("the processor did not deliver the backlog in time")?;
+    let rate = (documents - first_batch) as f64 / elapsed.as_secs_f64().max(0.001);
+    Ok(vec![Figure::ratio(
+        &format!(
+            "throughput with a handler taking {} ms a batch (documents/s, 1 lease, pages of {PAGE})",
+            HANDLER_TIME.as_millis()
+        ),
+        rate,
+        "the handler's own limit (page size ÷ handler time)",
+        f64::from(PAGE) / HANDLER_TIME.as_secs_f64(),
+        "→ 1 ×",
+    )])
+}
+
 /// Starts `names` as instances of `processor` at once, each recording ids into `received`.
 async fn start_all(
     world: &World,

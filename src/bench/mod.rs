@@ -35,6 +35,8 @@ pub struct BenchSettings {
     /// The Java v4 processor peer's jar (`bench/java-peer/build.sh`); without it the comparison
     /// with Java is skipped.
     pub java_peer: Option<std::path::PathBuf>,
+    /// Measure only the figures whose group name contains this (for example `latency`).
+    pub only: Option<String>,
 }
 
 impl BenchSettings {
@@ -49,6 +51,7 @@ impl BenchSettings {
             idle_seconds: 60,
             timing_scale: 0.1,
             java_peer: None,
+            only: None,
         }
     }
 
@@ -63,6 +66,7 @@ impl BenchSettings {
             idle_seconds: 5,
             timing_scale: 0.1,
             java_peer: None,
+            only: None,
         }
     }
 }
@@ -131,16 +135,20 @@ pub struct BenchReport {
 pub async fn run(settings: &BenchSettings, progress: impl Fn(&str)) -> BenchReport {
     let mut figures = Vec::new();
     let mut failed = Vec::new();
+    let wanted = |name: &str| settings.only.as_deref().is_none_or(|only| name.contains(only));
     macro_rules! measure {
         ($name:expr, $call:expr) => {{
-            progress($name);
-            match $call.await {
-                Ok(found) => figures.extend(found),
-                Err(error) => failed.push(format!("{}: {error}", $name)),
+            if wanted($name) {
+                progress($name);
+                match $call.await {
+                    Ok(found) => figures.extend(found),
+                    Err(error) => failed.push(format!("{}: {error}", $name)),
+                }
             }
         }};
     }
     measure!("throughput", figures::throughput(settings));
+    measure!("busy handler", figures::busy_handler(settings));
     measure!("rebalance", figures::rebalance(settings));
     measure!("failover", figures::failover(settings));
     measure!("latency", figures::latency(settings));
@@ -149,6 +157,7 @@ pub async fn run(settings: &BenchSettings, progress: impl Fn(&str)) -> BenchRepo
     let mut skipped = Vec::new();
     match &settings.java_peer {
         Some(jar) => measure!("java v4 peer", java::against_java(settings, jar)),
+        None if !wanted("java v4 peer") => {}
         None => skipped.push(
             "the Java v4 processor comparison: no peer jar (bench/java-peer/build.sh builds it; --java-peer)"
                 .to_owned(),

@@ -48,6 +48,8 @@ pub struct Received {
     pub delays: Mutex<Vec<u64>>,
     /// Whether to keep every id (duplicates) — off for throughput runs.
     pub record_ids: bool,
+    /// How long the handler takes per batch (a handler that does work).
+    pub handler_time: Duration,
 }
 
 impl Received {
@@ -92,6 +94,9 @@ impl ChangeHandler for CountingHandler {
             {
                 *ids.entry(id.to_owned()).or_default() += 1;
             }
+        }
+        if !received.handler_time.is_zero() {
+            tokio::time::sleep(received.handler_time).await;
         }
         received.count.fetch_add(batch.documents.len(), Ordering::SeqCst);
         Ok(())

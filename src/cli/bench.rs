@@ -16,6 +16,7 @@ pub async fn run(args: &BenchArgs) -> Result<(), String> {
     if let Some(documents) = args.documents {
         settings.documents = documents.max(1);
     }
+    settings.only = args.only.clone();
     settings.java_peer = match &args.java_peer {
         Some(jar) if !jar.is_file() => return Err(format!("--java-peer {}: no such file", jar.display())),
         Some(jar) => Some(jar.clone()),

@@ -135,16 +135,19 @@ async fn process(shared: Arc<Shared>, owned: Arc<OwnedLease>, deferred: &mut Def
         // Read pages until the reader has to be rebuilt from the last checkpoint. Up to
         // `max_in_flight_batches` batches are with the handler at once; they are settled
         // (checkpointed) in the order they were read, so a checkpoint never passes a batch that
-        // has not finished.
+        // has not finished. While the window is full, the next page is read ahead and waits
+        // here (never with the handler) until a batch settles, so that the handler's time and
+        // the read's overlap.
         let max_in_flight = shared.options.max_in_flight_batches.max(1) as usize;
         let mut window: FuturesOrdered<InFlight<'_>> = FuturesOrdered::new();
+        let mut read_ahead: Option<(ChangePage, String)> = None;
         // After a page that shows a split: read no further until it is settled.
         let mut hold_reads = false;
         let mut idle_until: Option<tokio::time::Instant> = None;
         let mut empty_streak: u32 = 0;
         let rebuild = loop {
             let idle = idle_until.is_some_and(|t| tokio::time::Instant::now() < t);
-            let can_read = window.len() < max_in_flight && !hold_reads && !idle;
+            let can_read = read_ahead.is_none() && !hold_reads && !idle;
             let read_timeout = shared.options.read_timeout;
             tokio::select! {
                 biased;
@@ -152,6 +155,9 @@ async fn process(shared: Arc<Shared>, owned: Arc<OwnedLease>, deferred: &mut Def
                     match settle(&shared, &owned, &range, page, delivered, deferred).await {
                         Flow::Go => {
                             rebuilds = 0;
+                            if let Some((page, id)) = read_ahead.take() {
+                                window.push_back(deliver(&shared, &owned, &range, page, id));
+                            }
                             if window.is_empty() {
                                 hold_reads = false;
                             }
@@ -232,7 +238,11 @@ async fn process(shared: Arc<Shared>, owned: Arc<OwnedLease>, deferred: &mut Def
                     } else {
                         empty_streak = 0;
                     }
-                    window.push_back(deliver(&shared, &owned, &range, page, id));
+                    if window.len() < max_in_flight {
+                        window.push_back(deliver(&shared, &owned, &range, page, id));
+                    } else {
+                        read_ahead = Some((page, id));
+                    }
                 }
             }
         };
