@@ -90,7 +90,9 @@ impl Operator {
     ) -> Self {
         let port = free_port();
         let log = std::fs::File::create(Self::log_path(ns, identity)).expect("log");
-        let child = Command::new(CFP)
+        // `CFP_OPERATOR_BIN` runs another build of the operator (to measure the shipped binary).
+        let bin = std::env::var("CFP_OPERATOR_BIN").unwrap_or_else(|_| CFP.to_owned());
+        let child = Command::new(bin)
             .args([
                 "operator",
                 "--namespace",
