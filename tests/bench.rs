@@ -40,6 +40,7 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
         "p50",
         "p99",
         "idle RSS",
+        "4 worker processes",
         "CPU seconds",
         "lease-container requests",
         "vs the Java v4 processor",

@@ -13,7 +13,8 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{ChildStdout, Command};
 
-use super::processes::{Owned, emulator, metric, worker, write_loopback_backlog};
+use super::loopback::{poll_until, workers_round};
+use super::processes::{Owned, emulator, worker, write_loopback_backlog};
 use super::{BenchSettings, Figure};
 use crate::cosmos::{AccountAuth, CosmosAccount, EMULATOR_KEY};
 
@@ -112,33 +113,6 @@ fn fair(counts: &HashMap<String, usize>, instances: usize, leases: usize) -> boo
             .all(|n| *n == leases / instances || *n == leases.div_ceil(instances))
 }
 
-/// Polls `check` every 50 ms; when it first held.
-async fn poll_until<F, Fut>(mut check: F) -> Result<Instant, String>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + PATIENCE;
-    while Instant::now() < deadline {
-        if check().await {
-            return Ok(Instant::now());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Err("timed out".into())
-}
-
-/// One `cfp worker` round over the backlog: (documents/s from first document to the last,
-/// seconds from process start to the first document).
-async fn ours_round(endpoint: &str, round: u32, documents: usize) -> Result<(f64, f64), String> {
-    let spawned = Instant::now();
-    let (_worker, port) = worker(endpoint, "items", &format!("cfp-tp{round}-"), "w0", &[])?;
-    let first = poll_until(|| async { metric(port, "cfp_documents_processed_total").await > 0.0 }).await?;
-    let last = poll_until(|| async { metric(port, "cfp_documents_processed_total").await >= documents as f64 }).await?;
-    let rate = documents as f64 / last.duration_since(first).as_secs_f64().max(0.001);
-    Ok((rate, first.duration_since(spawned).as_secs_f64()))
-}
-
 /// One Java round over the backlog: (documents/s from first document to the last, seconds from
 /// process start to the first document, seconds from `start()` to the first document).
 async fn java_round(jar: &Path, endpoint: &str, round: u32, documents: usize) -> Result<(f64, f64, f64), String> {
@@ -191,7 +165,7 @@ pub async fn against_java(settings: &BenchSettings, jar: &Path) -> Result<Vec<Fi
     let (mut ours, mut java, mut ours_first, mut java_first, mut java_own_first) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 0..settings.rounds {
-        let (rate, first) = ours_round(&endpoint, round, documents).await?;
+        let (rate, first) = workers_round(&endpoint, &format!("cfp-tp{round}-"), 1, documents).await?;
         ours.push(rate);
         ours_first.push(first);
         let (rate, first, own) = java_round(jar, &endpoint, round, documents).await?;

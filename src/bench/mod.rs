@@ -6,6 +6,7 @@
 mod counting_store;
 mod figures;
 mod java;
+mod loopback;
 mod processes;
 mod resources;
 mod world;
@@ -153,6 +154,7 @@ pub async fn run(settings: &BenchSettings, progress: impl Fn(&str)) -> BenchRepo
     measure!("failover", figures::failover(settings));
     measure!("latency", figures::latency(settings));
     measure!("resources", resources::worker_process(settings));
+    measure!("worker processes", loopback::scale(settings));
     measure!("lease-store cost", figures::lease_cost(settings));
     let mut skipped = Vec::new();
     match &settings.java_peer {

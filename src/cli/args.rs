@@ -95,7 +95,7 @@ pub struct BenchArgs {
     #[arg(long, env = "CFP_BENCH_JAVA_PEER")]
     pub java_peer: Option<std::path::PathBuf>,
     /// Measure only the figure groups whose name contains this: throughput, busy handler,
-    /// rebalance, failover, latency, resources, lease-store cost, java v4 peer.
+    /// rebalance, failover, latency, resources, worker processes, lease-store cost, java v4 peer.
     #[arg(long)]
     pub only: Option<String>,
 }

@@ -1,0 +1,74 @@
+//! `cfp worker` processes against `cfp emulator` on loopback: the throughput of one process and
+//! of four sharing the backlog (each owning a quarter of the leases), interleaved rounds.
+
+use std::time::Instant;
+
+use super::processes::{emulator, metric, worker, write_loopback_backlog};
+use super::{BenchSettings, Figure};
+
+/// Polls `check` every 25 ms (for at most five minutes); when it first held.
+pub async fn poll_until<F, Fut>(mut check: F) -> Result<Instant, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + std::time::Duration::from_secs(300);
+    while Instant::now() < deadline {
+        if check().await {
+            return Ok(Instant::now());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    Err("timed out".into())
+}
+
+/// `instances` worker processes of a new processor over the backlog of `bench/items`:
+/// (documents/s from the first document to the last, seconds from start to the first document).
+pub async fn workers_round(
+    endpoint: &str,
+    processor: &str,
+    instances: usize,
+    documents: usize,
+) -> Result<(f64, f64), String> {
+    let spawned = Instant::now();
+    let mut workers = Vec::new();
+    for n in 0..instances {
+        workers.push(worker(endpoint, "items", processor, &format!("w{n}"), &[])?);
+    }
+    let ports: Vec<u16> = workers.iter().map(|(_, port)| *port).collect();
+    let processed = || async {
+        let mut total = 0.0;
+        for port in &ports {
+            total += metric(*port, "cfp_documents_processed_total").await;
+        }
+        total
+    };
+    let first = poll_until(|| async { processed().await > 0.0 }).await?;
+    let last = poll_until(|| async { processed().await >= documents as f64 }).await?;
+    drop(workers);
+    let rate = documents as f64 / last.duration_since(first).as_secs_f64().max(0.001);
+    Ok((rate, first.duration_since(spawned).as_secs_f64()))
+}
+
+/// Throughput of 4 worker processes against 1 over the same loopback backlog (8 partitions).
+pub async fn scale(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
+    let (_emulator, endpoint) = emulator(&["bench/items:/pk:8"]).await?;
+    let documents = write_loopback_backlog(&endpoint, settings.documents).await?;
+    let (mut one, mut four) = (Vec::new(), Vec::new());
+    for round in 0..settings.rounds {
+        one.push(workers_round(&endpoint, &format!("one{round}-"), 1, documents).await?.0);
+        four.push(
+            workers_round(&endpoint, &format!("four{round}-"), 4, documents)
+                .await?
+                .0,
+        );
+    }
+    let median = super::figures::median;
+    Ok(vec![Figure::ratio(
+        "throughput with 4 worker processes (documents/s, loopback, 8 partitions)",
+        median(four),
+        "1 worker process, same backlog",
+        median(one),
+        "–",
+    )])
+}
