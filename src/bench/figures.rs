@@ -12,7 +12,7 @@ use crate::processor::balancer::Balancing;
 use crate::processor::{LeaseEvent, ProcessorHandle};
 
 /// Longest any single wait of the benchmark may take.
-const PATIENCE: Duration = Duration::from_secs(300);
+pub const PATIENCE: Duration = Duration::from_secs(300);
 
 /// Reads the whole backlog with the SDK directly (a task per feed range, as the processor runs a
 /// task per lease; pages of 1000): documents per second.
@@ -161,7 +161,7 @@ async fn start_all(
 }
 
 /// Whether `counts` has `instances` owners holding `leases` between them as evenly as possible.
-fn is_fair(counts: &HashMap<String, usize>, instances: usize, leases: usize) -> bool {
+pub fn is_fair(counts: &HashMap<String, usize>, instances: usize, leases: usize) -> bool {
     let owned: Vec<usize> = counts.iter().filter(|(o, _)| !o.is_empty()).map(|(_, n)| *n).collect();
     owned.len() == instances
         && owned.iter().sum::<usize>() == leases

@@ -13,13 +13,11 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{ChildStdout, Command};
 
-use super::loopback::{poll_until, workers_round};
+use super::figures::{PATIENCE, is_fair};
+use super::loopback::{reached, workers_round};
 use super::processes::{Owned, emulator, worker, write_loopback_backlog};
 use super::{BenchSettings, Figure};
 use crate::cosmos::{AccountAuth, CosmosAccount, EMULATOR_KEY};
-
-/// Longest any single wait may take.
-const PATIENCE: Duration = Duration::from_secs(300);
 
 /// The reference timings (renew 17 s, acquire 13 s, expiration 60 s) scaled by `scale`, in ms.
 fn timings_ms(scale: f64) -> (u64, u64, u64) {
@@ -104,15 +102,6 @@ async fn owners(account: &CosmosAccount, prefix: &str) -> Result<HashMap<String,
     Ok(counts)
 }
 
-/// Whether `counts` shows `instances` owners with an even share of `leases`.
-fn fair(counts: &HashMap<String, usize>, instances: usize, leases: usize) -> bool {
-    let owned: Vec<usize> = counts.iter().filter(|(o, _)| !o.is_empty()).map(|(_, n)| *n).collect();
-    owned.len() == instances
-        && owned
-            .iter()
-            .all(|n| *n == leases / instances || *n == leases.div_ceil(instances))
-}
-
 /// One Java round over the backlog: (documents/s from first document to the last, seconds from
 /// process start to the first document, seconds from `start()` to the first document).
 async fn java_round(jar: &Path, endpoint: &str, round: u32, documents: usize) -> Result<(f64, f64, f64), String> {
@@ -140,17 +129,20 @@ where
     Fut: std::future::Future<Output = Result<Box<dyn std::any::Any + Send>, String>>,
 {
     let first = start("a").await?;
-    poll_until(|| async { owners(account, prefix).await.is_ok_and(|c| c.get("a") == Some(&32)) })
-        .await
-        .map_err(|_| format!("{prefix}: the first instance did not take the 32 leases"))?;
+    reached(
+        &format!("{prefix}: the first instance taking the 32 leases"),
+        || async { owners(account, prefix).await.is_ok_and(|c| c.get("a") == Some(&32)) },
+    )
+    .await?;
     let mut joined = Vec::new();
     for name in ["b", "c", "d"] {
         joined.push(start(name).await?);
     }
     let running = Instant::now();
-    let even = poll_until(|| async { owners(account, prefix).await.is_ok_and(|c| fair(&c, 4, 32)) })
-        .await
-        .map_err(|_| format!("{prefix}: no even share in time"))?;
+    let even = reached(&format!("{prefix}: an even share"), || async {
+        owners(account, prefix).await.is_ok_and(|c| is_fair(&c, 4, 32))
+    })
+    .await?;
     drop((first, joined));
     Ok(even.duration_since(running).as_secs_f64())
 }

@@ -3,23 +3,21 @@
 
 use std::time::Instant;
 
+use super::figures::PATIENCE;
 use super::processes::{emulator, metric, worker, write_loopback_backlog};
+use super::world::wait_until;
 use super::{BenchSettings, Figure};
 
-/// Polls `check` every 25 ms (for at most five minutes); when it first held.
-pub async fn poll_until<F, Fut>(mut check: F) -> Result<Instant, String>
+/// Waits (at most [`PATIENCE`]) until `check` holds; when it did.
+pub async fn reached<F, Fut>(what: &str, check: F) -> Result<Instant, String>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = Instant::now() + std::time::Duration::from_secs(300);
-    while Instant::now() < deadline {
-        if check().await {
-            return Ok(Instant::now());
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
-    Err("timed out".into())
+    wait_until(PATIENCE, check)
+        .await
+        .map(|_| Instant::now())
+        .ok_or_else(|| format!("{what}: timed out"))
 }
 
 /// `instances` worker processes of a new processor over the backlog of `bench/items`:
@@ -43,8 +41,8 @@ pub async fn workers_round(
         }
         total
     };
-    let first = poll_until(|| async { processed().await > 0.0 }).await?;
-    let last = poll_until(|| async { processed().await >= documents as f64 }).await?;
+    let first = reached("the first document", || async { processed().await > 0.0 }).await?;
+    let last = reached("the whole backlog", || async { processed().await >= documents as f64 }).await?;
     drop(workers);
     let rate = documents as f64 / last.duration_since(first).as_secs_f64().max(0.001);
     Ok((rate, first.duration_since(spawned).as_secs_f64()))
