@@ -2,15 +2,19 @@
 //! that the benchmark cannot rot; no timing is asserted — the figures are for people).
 
 mod common;
+mod control_plane;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
     let json = std::env::temp_dir().join(format!("cfp-bench-{}.json", std::process::id()));
+    let k8s_bin = control_plane::binaries().expect("etcd and kube-apiserver (tools/k8s/build.sh)");
     let output = tokio::time::timeout(
         std::time::Duration::from_secs(600),
         tokio::process::Command::new(common::CFP)
             .args(["bench", "--small", "--java-peer", &common::java_peer_jar(), "--json"])
             .arg(&json)
+            .arg("--k8s-bin")
+            .arg(&k8s_bin)
             .env("RUST_LOG", "error")
             .output(),
     )
@@ -42,6 +46,7 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
         "idle RSS",
         "4 worker processes",
         "CPU seconds",
+        "operator RSS watching 10 resources",
         "lease-container requests",
         "vs the Java v4 processor",
         "first document after process start",

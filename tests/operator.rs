@@ -795,46 +795,6 @@ async fn unrelated_secrets_do_not_grow_the_operator() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_operator_watching_ten_resources_reconciles_them_all_and_reports_its_memory() {
-    let plane = plane().await;
-    let ns = namespace(plane, "ten");
-    let (mut emulator, endpoint) = start_emulator("db/items:/pk:2").await;
-    let mut operator = Operator::start(plane, &ns, "op");
-    apply_ok(plane, &ns, &secret_yaml());
-    let extra = "  autoscaling:\n    estimateInterval: 2s\n";
-    let manifests: Vec<String> = (0..10)
-        .map(|n| resource(&format!("orders-{n}"), &endpoint, extra))
-        .collect();
-    apply_ok(plane, &ns, &manifests.join("---\n"));
-    let client = plane.client().await;
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
-    wait("ten Deployments and ten estimated statuses", || async {
-        let rendered = deployments.list(&Default::default()).await.ok()?.items.len();
-        let estimated = cfps
-            .list(&Default::default())
-            .await
-            .ok()?
-            .items
-            .iter()
-            .filter(|c| c.status.as_ref().is_some_and(|s| s.last_estimate_time.is_some()))
-            .count();
-        (rendered == 10 && estimated == 10).then_some(())
-    })
-    .await;
-    // Several estimate rounds of all ten after the first.
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    let rss = rss_kib(operator.child.id().expect("operator pid"));
-    println!(
-        "operator RSS watching 10 ChangeFeedProcessors (10 Deployments, estimates every 2 s): {:.1} MiB (goal 40 MiB; this build: {})",
-        rss as f64 / 1024.0,
-        std::env::var("CFP_OPERATOR_BIN").unwrap_or_else(|_| "the test build".into())
-    );
-    terminate(&mut operator.child).await;
-    terminate(&mut emulator).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_leader_is_replaced_and_never_reconciles_after_it_resumes() {
     let plane = plane().await;
     let ns = namespace(plane, "frozen");

@@ -210,7 +210,7 @@ pub async fn against_java(settings: &BenchSettings, jar: &Path) -> Result<Vec<Fi
             median(ours),
             "Java v4 change feed processor, same backlog and emulator",
             median(java),
-            "≥ 1 ×",
+            "≥ 2 ×",
         ),
         Figure::ratio(
             "first document after process start (s, loopback)",

@@ -3,14 +3,17 @@
 //! emulator` on loopback for the worker-process figures). Prints a table and writes JSON.
 //! Ratios, not absolute times, are what compare across machines.
 
+pub mod control_plane;
 mod counting_store;
 mod figures;
 mod java;
 mod loopback;
+mod operator;
 mod processes;
 mod resources;
 mod world;
 
+pub use control_plane::has_binaries as has_control_plane_binaries;
 pub use counting_store::{CountingStore, StoreRequests};
 
 use serde::Serialize;
@@ -36,6 +39,9 @@ pub struct BenchSettings {
     /// The Java v4 processor peer's jar (`bench/java-peer/build.sh`); without it the comparison
     /// with Java is skipped.
     pub java_peer: Option<std::path::PathBuf>,
+    /// Where etcd and kube-apiserver are (`tools/k8s/build.sh`); without them the operator's
+    /// memory is not measured.
+    pub k8s_bin: Option<std::path::PathBuf>,
     /// Measure only the figures whose group name contains this (for example `latency`).
     pub only: Option<String>,
 }
@@ -52,6 +58,7 @@ impl BenchSettings {
             idle_seconds: 60,
             timing_scale: 0.1,
             java_peer: None,
+            k8s_bin: None,
             only: None,
         }
     }
@@ -67,6 +74,7 @@ impl BenchSettings {
             idle_seconds: 5,
             timing_scale: 0.1,
             java_peer: None,
+            k8s_bin: None,
             only: None,
         }
     }
@@ -155,8 +163,15 @@ pub async fn run(settings: &BenchSettings, progress: impl Fn(&str)) -> BenchRepo
     measure!("latency", figures::latency(settings));
     measure!("resources", resources::worker_process(settings));
     measure!("worker processes", loopback::scale(settings));
-    measure!("lease-store cost", figures::lease_cost(settings));
     let mut skipped = Vec::new();
+    match &settings.k8s_bin {
+        Some(bin) => measure!("operator", operator::operator_memory(bin)),
+        None if !wanted("operator") => {}
+        None => skipped.push(
+            "the operator's memory: no etcd and kube-apiserver (tools/k8s/build.sh builds them; --k8s-bin)".to_owned(),
+        ),
+    }
+    measure!("lease-store cost", figures::lease_cost(settings));
     match &settings.java_peer {
         Some(jar) => measure!("java v4 peer", java::against_java(settings, jar)),
         None if !wanted("java v4 peer") => {}

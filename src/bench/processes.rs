@@ -40,6 +40,8 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks / 100.0)
 }
 
+/// A command running this very `cfp` binary (so a `dist` build measures itself), killed when
+/// dropped, logging warnings only.
 pub fn cfp() -> Result<Command, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the cfp binary: {e}"))?;
     let mut command = Command::new(exe);

@@ -50,6 +50,10 @@ pub struct Received {
     pub record_ids: bool,
     /// How long the handler takes per batch (a handler that does work).
     pub handler_time: Duration,
+    /// When the first batch was done, and its size.
+    pub first_done: std::sync::OnceLock<(Instant, usize)>,
+    /// When the latest batch was done.
+    pub last_done: Mutex<Option<Instant>>,
 }
 
 impl Received {
@@ -98,6 +102,12 @@ impl ChangeHandler for CountingHandler {
         if !received.handler_time.is_zero() {
             tokio::time::sleep(received.handler_time).await;
         }
+        let done = Instant::now();
+        received.first_done.get_or_init(|| (done, batch.documents.len()));
+        *received
+            .last_done
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(done);
         received.count.fetch_add(batch.documents.len(), Ordering::SeqCst);
         Ok(())
     }

@@ -94,8 +94,13 @@ pub struct BenchArgs {
     /// builds it). Needs `java` (17+).
     #[arg(long, env = "CFP_BENCH_JAVA_PEER")]
     pub java_peer: Option<std::path::PathBuf>,
+    /// The directory with `etcd` and `kube-apiserver` for the operator's memory figure (default:
+    /// what `tools/k8s/build.sh --print` names, when run from the checkout and built).
+    #[arg(long, env = "CFP_K8S_BIN")]
+    pub k8s_bin: Option<std::path::PathBuf>,
     /// Measure only the figure groups whose name contains this: throughput, busy handler,
-    /// rebalance, failover, latency, resources, worker processes, lease-store cost, java v4 peer.
+    /// rebalance, failover, latency, resources, worker processes, operator, lease-store cost,
+    /// java v4 peer.
     #[arg(long)]
     pub only: Option<String>,
 }

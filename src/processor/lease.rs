@@ -147,17 +147,19 @@ impl Lease {
 
     /// Whether the lease is free to take: no owner, or not renewed within `expiration`.
     pub fn is_expired(&self, now: OffsetDateTime, expiration: std::time::Duration) -> bool {
+        self.renewed_at().is_none_or(|last| last + expiration < now)
+    }
+
+    /// When the owner last renewed the lease (its timestamp, else the server's `_ts`); `None`
+    /// for a lease without an owner or without either time (free to take).
+    pub fn renewed_at(&self) -> Option<OffsetDateTime> {
         if self.owner.as_deref().is_none_or(str::is_empty) {
-            return true;
+            return None;
         }
-        let last = self.timestamp.or_else(|| {
+        self.timestamp.or_else(|| {
             self.server_ts
                 .and_then(|ts| OffsetDateTime::from_unix_timestamp(ts).ok())
-        });
-        match last {
-            Some(last) => last + expiration < now,
-            None => true,
-        }
+        })
     }
 }
 

@@ -11,7 +11,10 @@ use tokio::sync::broadcast;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::balancer::{Balancing, LeaseState, leases_to_acquire, leases_to_acquire_steal_one, overlapping, superseded};
+use super::balancer::{
+    Balancing, LeaseState, TakeoverTimings, leases_to_acquire, leases_to_acquire_steal_one, next_takeover, overlapping,
+    superseded,
+};
 use super::bootstrap::bootstrap;
 use super::deadletter::DeadLetterStore;
 use super::estimator::{DEFAULT_CONCURRENCY, LeaseEstimate, estimate_leases};
@@ -28,6 +31,17 @@ use crate::cosmos::{CosmosError, MonitoredContainer};
 
 /// Acquire cycles without a heartbeat after which an instance is no longer counted.
 const HEARTBEAT_CYCLES: u32 = 3;
+
+/// How long after an unrenewed lease's expiry the extra acquire cycle runs.
+const TAKEOVER_MARGIN: Duration = Duration::from_millis(20);
+
+/// Sleeps until `at` (forever without one; the caller only polls it with one).
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
 
 /// A heartbeat older than this many lease expirations belongs to an instance that died; it is removed.
 const STALE_HEARTBEAT_EXPIRATIONS: u32 = 5;
@@ -288,6 +302,7 @@ impl ChangeFeedProcessor {
             reported_invalid: std::collections::HashSet::new(),
             awaiting: Vec::new(),
             orphans: Vec::new(),
+            takeover_at: None,
         };
         let task = tokio::spawn(coordinator.run(shutdown.clone()));
         let renewer = tokio::spawn(renew_loop(self.shared.clone(), shutdown.clone()));
@@ -453,6 +468,9 @@ struct Coordinator {
     /// Leases this instance owned when the lease container disappeared, with their checkpoints:
     /// written back when it exists again.
     orphans: Vec<Lease>,
+    /// When another instance's unrenewed lease expires before the next cycle: an extra acquire
+    /// cycle then.
+    takeover_at: Option<tokio::time::Instant>,
 }
 
 impl Coordinator {
@@ -487,6 +505,10 @@ impl Coordinator {
                 _ = self.shared.halt.cancelled() => break,
                 _ = tick.tick() => {
                     self.shared.cycles.fetch_add(1, Ordering::SeqCst);
+                    self.acquire_cycle().await;
+                }
+                _ = sleep_until(self.takeover_at), if self.takeover_at.is_some() => {
+                    self.takeover_at = None;
                     self.acquire_cycle().await;
                 }
                 _ = handoff_poll.tick(), if !self.awaiting.is_empty() => self.adopt_handed_over().await,
@@ -788,6 +810,26 @@ impl Coordinator {
                 },
             })
             .collect();
+        // A lease its owner stopped renewing is taken as it expires, not up to a cycle later (the
+        // margin covers the clocks' rounding; the reference strategy keeps its cycle).
+        self.takeover_at = match self.shared.options.balancing {
+            Balancing::Fair => next_takeover(
+                snapshot
+                    .leases
+                    .iter()
+                    .filter(|l| !obsolete.contains(&l.id))
+                    .filter_map(|l| Some((l.owner.as_deref()?, l.renewed_at()?))),
+                &me,
+                now,
+                TakeoverTimings {
+                    expiration,
+                    overdue_after: self.shared.options.renew_interval * 2,
+                    next_cycle: self.shared.options.acquire_interval,
+                },
+            )
+            .map(|wait| tokio::time::Instant::now() + wait + TAKEOVER_MARGIN),
+            Balancing::StealOne => None,
+        };
         // Instances beat every cycle: one silent for three cycles is gone (a crashed instance must
         // not be counted when its leases expire, or their takeover waits another cycle).
         let heartbeat_ttl = expiration.min(self.shared.options.acquire_interval * HEARTBEAT_CYCLES);

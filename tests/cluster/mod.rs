@@ -18,7 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::control_plane::{ControlPlane, binaries, free_port, kubeconfig, pki, spawn, start_etcd};
+use crate::control_plane::{
+    ControlPlane, apiserver_args_with, binaries, free_port, kubeconfig, pki, spawn, start_etcd,
+};
 
 /// The bridge the pods attach to.
 pub const BRIDGE: &str = "cfp-e2e0";
@@ -126,39 +128,20 @@ impl Cluster {
             Ok(path.display().to_string())
         };
         let files = pki.write_to(&dir)?;
-        let (ca, server_cert, server_key) = (files.ca, files.server_cert, files.server_key);
-        let (client_cert, client_key) = (files.client_cert, files.client_key);
-        let (sa_key, sa_pub) = (files.service_account_key, files.service_account_public_key);
+        let (ca, sa_key) = (files.ca.clone(), files.service_account_key.clone());
         let log = |name: &str| dir.join(format!("{name}.log"));
         let mut children = Vec::new();
 
         let (etcd, etcd_url) = start_etcd(&bin, &dir)?;
         children.push(etcd);
         let api_port = free_port();
-        let mut apiserver = spawn(
-            &bin.join("kube-apiserver"),
-            &[
-                format!("--etcd-servers={etcd_url}"),
-                format!("--secure-port={api_port}"),
-                format!("--bind-address={HOST_IP}"),
-                format!("--advertise-address={HOST_IP}"),
-                format!("--cert-dir={}", dir.join("certs").display()),
-                format!("--tls-cert-file={server_cert}"),
-                format!("--tls-private-key-file={server_key}"),
-                format!("--client-ca-file={ca}"),
-                format!("--service-cluster-ip-range={SERVICE_SUBNET}"),
-                "--authorization-mode=RBAC".into(),
-                "--allow-privileged=true".into(),
-                format!("--service-account-key-file={sa_pub}"),
-                format!("--service-account-signing-key-file={sa_key}"),
-                "--service-account-issuer=https://kubernetes.default.svc".into(),
-                format!("--kubelet-client-certificate={client_cert}"),
-                format!("--kubelet-client-key={client_key}"),
-                "--kubelet-preferred-address-types=InternalIP".into(),
-                "--v=0".into(),
-            ],
-            &log("kube-apiserver"),
-        )?;
+        let mut args = apiserver_args_with(&files, &etcd_url, HOST_IP, api_port, &dir, SERVICE_SUBNET);
+        args.extend([
+            format!("--kubelet-client-certificate={}", files.client_cert),
+            format!("--kubelet-client-key={}", files.client_key),
+            "--kubelet-preferred-address-types=InternalIP".into(),
+        ]);
+        let mut apiserver = spawn(&bin.join("kube-apiserver"), &args, &log("kube-apiserver"))?;
         let server = format!("https://{HOST_IP}:{api_port}");
         let kubeconfig_path = PathBuf::from(write("kubeconfig", &kubeconfig(&server, &pki))?);
         let plane = ControlPlane {

@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use changefeed_operator::bench::control_plane::{ApiServer, apiserver_args, etcd_args};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
 };
@@ -140,23 +141,8 @@ pub fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child, String> {
 
 /// Starts etcd on free loopback ports with its data in `dir`; returns it and its client URL.
 pub fn start_etcd(bin: &Path, dir: &Path) -> Result<(Child, String), String> {
-    let (client_port, peer_port) = (free_port(), free_port());
-    let etcd_url = format!("http://127.0.0.1:{client_port}");
-    let peer_url = format!("http://127.0.0.1:{peer_port}");
-    let etcd = spawn(
-        &bin.join("etcd"),
-        &[
-            format!("--data-dir={}", dir.join("etcd").display()),
-            format!("--listen-client-urls={etcd_url}"),
-            format!("--advertise-client-urls={etcd_url}"),
-            format!("--listen-peer-urls={peer_url}"),
-            format!("--initial-advertise-peer-urls={peer_url}"),
-            format!("--initial-cluster=default={peer_url}"),
-            "--unsafe-no-fsync=true".into(),
-            "--log-level=warn".into(),
-        ],
-        &dir.join("etcd.log"),
-    )?;
+    let (args, etcd_url) = etcd_args(dir, free_port(), free_port());
+    let etcd = spawn(&bin.join("etcd"), &args, &dir.join("etcd.log"))?;
     Ok((etcd, etcd_url))
 }
 
@@ -265,6 +251,34 @@ pub fn pki(names: &[&str]) -> Result<Pki, rcgen::Error> {
     })
 }
 
+/// kube-apiserver's command line on `address:port` serving with the certificates of `files`,
+/// trusting its CA for clients, privileged pods allowed, its own files under `dir`.
+pub fn apiserver_args_with(
+    files: &PkiFiles,
+    etcd_url: &str,
+    address: &str,
+    port: u16,
+    dir: &Path,
+    service_cluster_ip_range: &str,
+) -> Vec<String> {
+    let mut args = apiserver_args(&ApiServer {
+        etcd_url,
+        address,
+        port,
+        cert_dir: &dir.join("certs"),
+        service_cluster_ip_range,
+        service_account_key: &files.service_account_key,
+        service_account_public_key: &files.service_account_public_key,
+    });
+    args.extend([
+        format!("--tls-cert-file={}", files.server_cert),
+        format!("--tls-private-key-file={}", files.server_key),
+        format!("--client-ca-file={}", files.ca),
+        "--allow-privileged=true".into(),
+    ]);
+    args
+}
+
 /// An admin kubeconfig for `server` (certificates embedded).
 pub fn kubeconfig(server: &str, pki: &Pki) -> String {
     format!(
@@ -289,33 +303,11 @@ fn start() -> Result<(ControlPlane, Vec<Child>), String> {
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let pki = pki(&["localhost", "127.0.0.1"]).map_err(|e| e.to_string())?;
     let files = pki.write_to(&dir)?;
-    let (ca, server_cert, server_key) = (files.ca, files.server_cert, files.server_key);
-    let (sa_key, sa_pub) = (files.service_account_key, files.service_account_public_key);
-
     let (etcd, etcd_url) = start_etcd(&bin, &dir)?;
     let api_port = free_port();
-    let mut apiserver = spawn(
-        &bin.join("kube-apiserver"),
-        &[
-            format!("--etcd-servers={etcd_url}"),
-            format!("--secure-port={api_port}"),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
-            format!("--cert-dir={}", dir.join("certs").display()),
-            format!("--tls-cert-file={server_cert}"),
-            format!("--tls-private-key-file={server_key}"),
-            format!("--client-ca-file={ca}"),
-            "--service-cluster-ip-range=10.0.0.0/24".into(),
-            "--authorization-mode=RBAC".into(),
-            "--allow-privileged=true".into(),
-            "--disable-admission-plugins=ServiceAccount".into(),
-            format!("--service-account-key-file={sa_pub}"),
-            format!("--service-account-signing-key-file={sa_key}"),
-            "--service-account-issuer=https://kubernetes.default.svc".into(),
-            "--v=0".into(),
-        ],
-        &dir.join("kube-apiserver.log"),
-    )?;
+    let mut args = apiserver_args_with(&files, &etcd_url, "127.0.0.1", api_port, &dir, "10.0.0.0/24");
+    args.push("--disable-admission-plugins=ServiceAccount".into());
+    let mut apiserver = spawn(&bin.join("kube-apiserver"), &args, &dir.join("kube-apiserver.log"))?;
     let server = format!("https://127.0.0.1:{api_port}");
     let kubeconfig = kubeconfig(&server, &pki);
     let kubeconfig_path = dir.join("kubeconfig");
