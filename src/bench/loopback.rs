@@ -51,7 +51,7 @@ pub async fn workers_round(
 /// Throughput of 4 worker processes against 1 over the same loopback backlog (8 partitions).
 pub async fn scale(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
     let (_emulator, endpoint) = emulator(&["bench/items:/pk:8"]).await?;
-    let documents = write_loopback_backlog(&endpoint, settings.documents).await?;
+    let documents = write_loopback_backlog(&endpoint, settings.loopback_documents()).await?;
     let (mut one, mut four) = (Vec::new(), Vec::new());
     for round in 0..settings.rounds {
         one.push(workers_round(&endpoint, &format!("one{round}-"), 1, documents).await?.0);

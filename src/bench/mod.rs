@@ -47,6 +47,13 @@ pub struct BenchSettings {
 }
 
 impl BenchSettings {
+    /// The backlog of the worker-process figures over loopback (RSS, CPU, four processes against
+    /// one): `cfp emulator` takes writes far slower than the in-process one (about 6 000/s), so a
+    /// fifth of [`documents`](Self::documents), at least 2 000 — enough for per-100 000 figures.
+    pub fn loopback_documents(&self) -> usize {
+        (self.documents / 5).max(2_000.min(self.documents))
+    }
+
     /// The full run the README's table comes from.
     pub fn full() -> Self {
         Self {

@@ -146,11 +146,8 @@ pub fn worker(
     Ok((Owned(child), port))
 }
 
-/// Writes the backlog of the loopback figures into `bench/items` at `endpoint`: the loopback
-/// emulator takes writes far slower than the in-process one, so a fifth of `documents` (at least
-/// 2 000) — enough for per-100 000 figures. How many were written.
+/// Writes a backlog of `documents` into `bench/items` at `endpoint`; how many were written.
 pub async fn write_loopback_backlog(endpoint: &str, documents: usize) -> Result<usize, String> {
-    let documents = (documents / 5).max(2_000.min(documents));
     let status = cfp_on("write", endpoint, "items")?
         .args(["--count", &documents.to_string()])
         .stdout(Stdio::null())

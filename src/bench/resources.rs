@@ -18,7 +18,7 @@ pub async fn worker_process(settings: &BenchSettings) -> Result<Vec<Figure>, Str
     tokio::time::sleep(Duration::from_secs(3)).await;
     let idle_rss = rss_mib(pid).ok_or("cannot read the worker's memory")?;
     drop(idle);
-    let documents = write_loopback_backlog(&endpoint, settings.documents).await?;
+    let documents = write_loopback_backlog(&endpoint, settings.loopback_documents()).await?;
     let (busy, port) = worker(&endpoint, "items", "backlog", "w0", &[])?;
     let pid = busy.0.id().ok_or("the worker exited")?;
     wait_for_metric(
