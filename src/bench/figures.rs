@@ -7,17 +7,17 @@ use std::time::{Duration, Instant};
 
 use super::world::{DB, ITEMS, Received, World, now_micros, wait_until};
 use super::{BenchSettings, Figure};
-use crate::cosmos::StartFrom;
+use crate::cosmos::{CosmosAccount, StartFrom};
 use crate::processor::balancer::Balancing;
 use crate::processor::{LeaseEvent, ProcessorHandle};
 
 /// Longest any single wait of the benchmark may take.
 pub const PATIENCE: Duration = Duration::from_secs(300);
 
-/// Reads the whole backlog with the SDK directly (a task per feed range, as the processor runs a
-/// task per lease; pages of 1000): documents per second.
-async fn raw_read(world: &World, documents: usize) -> Result<f64, String> {
-    let monitored = world.account.monitored(DB, ITEMS).await.map_err(|e| e.to_string())?;
+/// Reads the whole backlog of `bench/items` with the SDK directly (a task per feed range, as the
+/// processor runs a task per lease; pages of 1000): documents per second.
+pub async fn raw_read(account: &CosmosAccount, documents: usize) -> Result<f64, String> {
+    let monitored = account.monitored(DB, ITEMS).await.map_err(|e| e.to_string())?;
     let ranges = monitored.feed_ranges(true).await.map_err(|e| e.to_string())?;
     let started = Instant::now();
     let counts = futures::future::join_all(ranges.into_iter().map(|range| {
@@ -76,7 +76,7 @@ pub async fn throughput(settings: &BenchSettings) -> Result<Vec<Figure>, String>
     world.write(0..settings.documents).await?;
     let (mut raw, mut ours, mut first) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..settings.rounds {
-        raw.push(raw_read(&world, settings.documents).await?);
+        raw.push(raw_read(&world.account, settings.documents).await?);
         let (rate, first_delivery) = processor_read(&world, round, settings.documents).await?;
         ours.push(rate);
         first.push(first_delivery.as_secs_f64());

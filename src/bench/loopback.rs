@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use super::figures::PATIENCE;
-use super::processes::{emulator, metric, worker, write_loopback_backlog};
+use super::processes::{cpu_seconds, emulator, metric, worker, write_loopback_backlog};
 use super::world::wait_until;
 use super::{BenchSettings, Figure};
 
@@ -20,14 +20,23 @@ where
         .ok_or_else(|| format!("{what}: timed out"))
 }
 
-/// `instances` worker processes of a new processor over the backlog of `bench/items`:
-/// (documents/s from the first document to the last, seconds from start to the first document).
+/// What one round of processes draining the backlog measured.
+pub struct Round {
+    /// Documents/s from the first document to the last.
+    pub rate: f64,
+    /// Seconds from process start to the first document.
+    pub first: f64,
+    /// CPU seconds the processes spent from their start until the backlog was drained.
+    pub cpu: f64,
+}
+
+/// `instances` worker processes of a new processor over the backlog of `bench/items`.
 pub async fn workers_round(
     endpoint: &str,
     processor: &str,
     instances: usize,
     documents: usize,
-) -> Result<(f64, f64), String> {
+) -> Result<Round, String> {
     let spawned = Instant::now();
     let mut workers = Vec::new();
     for n in 0..instances {
@@ -43,9 +52,13 @@ pub async fn workers_round(
     };
     let first = reached("the first document", || async { processed().await > 0.0 }).await?;
     let last = reached("the whole backlog", || async { processed().await >= documents as f64 }).await?;
+    let cpu = workers.iter().filter_map(|(child, _)| cpu_seconds(child.0.id()?)).sum();
     drop(workers);
-    let rate = documents as f64 / last.duration_since(first).as_secs_f64().max(0.001);
-    Ok((rate, first.duration_since(spawned).as_secs_f64()))
+    Ok(Round {
+        rate: documents as f64 / last.duration_since(first).as_secs_f64().max(0.001),
+        first: first.duration_since(spawned).as_secs_f64(),
+        cpu,
+    })
 }
 
 /// Throughput of 4 worker processes against 1 over the same loopback backlog (8 partitions).
@@ -54,11 +67,15 @@ pub async fn scale(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
     let documents = write_loopback_backlog(&endpoint, settings.loopback_documents()).await?;
     let (mut one, mut four) = (Vec::new(), Vec::new());
     for round in 0..settings.rounds {
-        one.push(workers_round(&endpoint, &format!("one{round}-"), 1, documents).await?.0);
+        one.push(
+            workers_round(&endpoint, &format!("one{round}-"), 1, documents)
+                .await?
+                .rate,
+        );
         four.push(
             workers_round(&endpoint, &format!("four{round}-"), 4, documents)
                 .await?
-                .0,
+                .rate,
         );
     }
     let median = super::figures::median;
