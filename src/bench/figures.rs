@@ -14,36 +14,54 @@ use crate::processor::{LeaseEvent, ProcessorHandle};
 /// Longest any single wait of the benchmark may take.
 pub const PATIENCE: Duration = Duration::from_secs(300);
 
+/// A raw SDK read of the whole backlog: documents/s to its last document, counted from the start
+/// of the read and from its first page (as the loopback figures count processes, which start
+/// first).
+pub struct RawRead {
+    /// From the start of the read to its last page.
+    pub from_start: f64,
+    /// From its first page to its last.
+    pub from_first_page: f64,
+}
+
 /// Reads the whole backlog of `bench/items` with the SDK directly (a task per feed range, as the
-/// processor runs a task per lease; pages of 1000): documents per second.
-pub async fn raw_read(account: &CosmosAccount, documents: usize) -> Result<f64, String> {
+/// processor runs a task per lease; pages of 1000).
+pub async fn raw_read(account: &CosmosAccount, documents: usize) -> Result<RawRead, String> {
     let monitored = account.monitored(DB, ITEMS).await.map_err(|e| e.to_string())?;
     let ranges = monitored.feed_ranges(true).await.map_err(|e| e.to_string())?;
+    let first_page = Arc::new(std::sync::OnceLock::new());
     let started = Instant::now();
     let counts = futures::future::join_all(ranges.into_iter().map(|range| {
-        let monitored = monitored.clone();
+        let (monitored, first_page) = (monitored.clone(), first_page.clone());
         tokio::spawn(async move {
             let mut reader = monitored.reader(&range, None, StartFrom::Beginning, 1000).await?;
-            let mut count = 0;
+            let (mut count, mut last) = (0, None);
             loop {
                 let page = reader.next_page(Duration::from_secs(65)).await?;
                 if page.documents.is_empty() {
-                    return Ok::<usize, crate::cosmos::CosmosError>(count);
+                    return Ok::<_, crate::cosmos::CosmosError>((count, last));
                 }
-                count += page.documents.len();
+                let now = Instant::now();
+                first_page.get_or_init(|| now);
+                (count, last) = (count + page.documents.len(), Some(now));
             }
         })
     }))
     .await;
-    let elapsed = started.elapsed();
-    let read: usize = counts
-        .into_iter()
-        .map(|c| c.map_err(|e| e.to_string()).and_then(|c| c.map_err(|e| e.to_string())))
-        .sum::<Result<usize, String>>()?;
+    let (mut read, mut done) = (0, started);
+    for result in counts {
+        let (count, last) = result.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+        read += count;
+        done = done.max(last.unwrap_or(started));
+    }
     if read != documents {
         return Err(format!("the raw read saw {read} documents, not {documents}"));
     }
-    Ok(documents as f64 / elapsed.as_secs_f64())
+    let rate = |from: Instant| documents as f64 / done.duration_since(from).as_secs_f64().max(0.001);
+    Ok(RawRead {
+        from_start: rate(started),
+        from_first_page: rate(first_page.get().copied().unwrap_or(started)),
+    })
 }
 
 /// One processor instance (no-op handler, pages of 1000) over the backlog: documents per second,
@@ -76,7 +94,7 @@ pub async fn throughput(settings: &BenchSettings) -> Result<Vec<Figure>, String>
     world.write(0..settings.documents).await?;
     let (mut raw, mut ours, mut first) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..settings.rounds {
-        raw.push(raw_read(&world.account, settings.documents).await?);
+        raw.push(raw_read(&world.account, settings.documents).await?.from_start);
         let (rate, first_delivery) = processor_read(&world, round, settings.documents).await?;
         ours.push(rate);
         first.push(first_delivery.as_secs_f64());
