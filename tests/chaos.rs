@@ -348,3 +348,17 @@ async fn four_workers_survive_kills_freezes_splits_and_renames_without_losing_a_
         "seed {seed}: an old owner kept delivering a lease another instance processed: {late:?}"
     );
 }
+
+#[test]
+fn lease_acquired_log_lines_give_the_lease_and_its_previous_owner() {
+    let line = "2026-11-24T09:35:53.632142Z  INFO changefeed_operator::processor::runtime: lease acquired processor=chaos instance=w0 lease=20000000000000000000000000000000-30000000000000000000000000000000 previous_owner=Some(\"w1-r3\")";
+    assert_eq!(
+        log_field(line, "lease"),
+        Some("20000000000000000000000000000000-30000000000000000000000000000000")
+    );
+    assert_eq!(log_field(line, "previous_owner"), Some("w1-r3"));
+    assert_eq!(
+        log_field("lease acquired lease=-08 previous_owner=None", "previous_owner"),
+        Some("None")
+    );
+}
