@@ -39,6 +39,7 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
         "acquire cycles",
         "lease moves",
         "crash failover",
+        "crash failover in lease expirations",
         "graceful scale-in",
         "delivered twice",
         "p50",

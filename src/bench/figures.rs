@@ -367,6 +367,13 @@ pub async fn failover(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
             "≤ expiration + 1 acquire",
         ),
         Figure::ratio(
+            "crash failover in lease expirations (the same time ÷ the lease expiration)",
+            crash_s / expiration,
+            "lease expiration + one acquire (reference), in lease expirations",
+            (expiration + acquire) / expiration,
+            "≤ 1 + 1 acquire",
+        ),
+        Figure::ratio(
             "graceful scale-in (stop one of 4): seconds to hand over",
             handed,
             "one acquire cycle",
