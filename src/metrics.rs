@@ -26,6 +26,7 @@ pub struct WorkerMetrics {
     checkpoint_duration: HistogramVec,
     read_duration: HistogramVec,
     request_charge: CounterVec,
+    lease_request_charge: CounterVec,
     read_errors: IntCounterVec,
     read_retries: IntCounterVec,
     estimated_lag: IntGaugeVec,
@@ -36,6 +37,12 @@ pub struct WorkerMetrics {
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
     let metric = IntCounterVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+fn request_units(registry: &Registry, name: &str, help: &str) -> Result<CounterVec, prometheus::Error> {
+    let metric = CounterVec::new(Opts::new(name, help), &["processor"])?;
     registry.register(Box::new(metric.clone()))?;
     Ok(metric)
 }
@@ -64,14 +71,16 @@ impl WorkerMetrics {
     pub fn new(processor: &str) -> Result<Arc<Self>, prometheus::Error> {
         let registry = Registry::new();
         let p = &["processor"];
-        let request_charge = CounterVec::new(
-            Opts::new(
-                "cfp_feed_request_charge_total",
-                "Request units charged for change feed reads.",
-            ),
-            p,
+        let request_charge = request_units(
+            &registry,
+            "cfp_feed_request_charge_total",
+            "Request units charged for change feed reads.",
         )?;
-        registry.register(Box::new(request_charge.clone()))?;
+        let lease_request_charge = request_units(
+            &registry,
+            "cfp_lease_request_charge_total",
+            "Request units charged for lease-container requests (renewals, checkpoints, listings, acquisitions).",
+        )?;
         let metrics = Self {
             documents: counter(
                 &registry,
@@ -123,6 +132,7 @@ impl WorkerMetrics {
                 LATENCY_BUCKETS.to_vec(),
             )?,
             request_charge,
+            lease_request_charge,
             read_errors: counter(
                 &registry,
                 "cfp_feed_read_errors_total",
@@ -174,6 +184,7 @@ impl WorkerMetrics {
         metrics.dead_lettered.with_label_values(&[processor]);
         metrics.leases_owned.with_label_values(&[processor]);
         metrics.request_charge.with_label_values(&[processor]);
+        metrics.lease_request_charge.with_label_values(&[processor]);
         Ok(Arc::new(metrics))
     }
 
@@ -182,6 +193,15 @@ impl WorkerMetrics {
         let mut buffer = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buffer);
         String::from_utf8(buffer).unwrap_or_default()
+    }
+
+    /// Brings the lease-container charge counter up to `total`, the store's charge so far.
+    pub fn set_lease_request_charge(&self, total: f64) {
+        let counter = self.lease_request_charge.with_label_values(&[&self.processor]);
+        let added = total - counter.get();
+        if added > 0.0 {
+            counter.inc_by(added);
+        }
     }
 
     /// Replaces the per-lease lag gauges with `estimates`.
@@ -293,7 +313,10 @@ pub async fn serve(
         let monitor = monitor.clone();
         async move {
             match req.uri().path() {
-                "/metrics" => crate::http::response(200, "text/plain; version=0.0.4", metrics.render()),
+                "/metrics" => {
+                    metrics.set_lease_request_charge(monitor.lease_request_charge());
+                    crate::http::response(200, "text/plain; version=0.0.4", metrics.render())
+                }
                 "/healthz" if monitor.is_alive() => crate::http::response(200, "text/plain", "ok\n"),
                 "/healthz" => crate::http::response(503, "text/plain", "the lease coordinator stopped\n"),
                 "/readyz" if !monitor.is_ready() => crate::http::response(503, "text/plain", "not ready\n"),

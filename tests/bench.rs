@@ -49,6 +49,7 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
         "CPU seconds",
         "operator RSS watching 10 resources",
         "lease-container requests",
+        "lease-container request units",
         "vs the Java v4 processor",
         "first document after process start",
         "CPU seconds of the process from its start",

@@ -200,10 +200,19 @@ async fn a_running_worker_serves_its_metrics_and_health() {
         "cfp_checkpoint_duration_seconds_bucket",
         "cfp_feed_read_duration_seconds_bucket",
         "cfp_feed_request_charge_total",
+        "cfp_lease_request_charge_total",
         "cfp_estimated_lag",
     ] {
         assert!(body.contains(name), "{name} missing from /metrics:\n{body}");
     }
+    // Leases were created, acquired, renewed and checkpointed: the lease container charged for it.
+    let lease_charge: f64 = body
+        .lines()
+        .find(|l| l.starts_with("cfp_lease_request_charge_total{"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_default();
+    assert!(lease_charge > 0.0, "no lease request charge in /metrics:\n{body}");
     let processed = body
         .lines()
         .find(|l| l.starts_with("cfp_documents_processed_total{"))

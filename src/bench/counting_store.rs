@@ -59,6 +59,10 @@ impl LeaseStore for CountingStore {
         self.inner.prefix()
     }
 
+    fn request_charge(&self) -> f64 {
+        self.inner.request_charge()
+    }
+
     async fn snapshot(&self) -> Result<LeaseSnapshot, LeaseStoreError> {
         self.count(&self.requests.listings);
         self.inner.snapshot().await

@@ -200,15 +200,14 @@ impl World {
         &self,
         options: ProcessorOptions,
         received: Arc<Received>,
-    ) -> Result<(ProcessorHandle, Arc<super::counting_store::StoreRequests>), String> {
+    ) -> Result<(ProcessorHandle, Arc<CountingStore>), String> {
         let (store, monitored) = self.store(&options).await?;
-        let requests = store.requests.clone();
-        let store: Arc<dyn LeaseStore> = Arc::new(store);
-        let handle = ChangeFeedProcessor::new(monitored, store, Arc::new(CountingHandler(received)), options)
+        let store = Arc::new(store);
+        let handle = ChangeFeedProcessor::new(monitored, store.clone(), Arc::new(CountingHandler(received)), options)
             .start()
             .await
             .map_err(|e| e.to_string())?;
-        Ok((handle, requests))
+        Ok((handle, store))
     }
 
     /// Lease count per owner of `processor` now (unowned under "").

@@ -1,6 +1,10 @@
 //! Document CRUD with optimistic concurrency (If-Match) on one container.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use azure_data_cosmos::clients::ContainerClient;
+use azure_data_cosmos::models::ResponseHeaders;
 use azure_data_cosmos::options::{ItemWriteOptions, Precondition};
 use azure_data_cosmos::{FeedScope, Query};
 use futures::StreamExt;
@@ -17,16 +21,66 @@ pub struct Document {
     pub etag: String,
 }
 
+/// Request units charged so far, shared by the clones of one [`DocumentContainer`].
+#[derive(Debug, Default)]
+struct ChargeMeter {
+    /// Thousandths of a request unit (charges are fractional).
+    milli_units: AtomicU64,
+}
+
+impl ChargeMeter {
+    fn add(&self, units: Option<f64>) {
+        let milli = (units.unwrap_or_default() * 1000.0).round();
+        if milli.is_finite() && milli > 0.0 {
+            self.milli_units.fetch_add(milli as u64, Ordering::Relaxed);
+        }
+    }
+
+    fn total(&self) -> f64 {
+        self.milli_units.load(Ordering::Relaxed) as f64 / 1000.0
+    }
+}
+
 /// A container used as a document store (the lease container, the dead-letter container, ...).
 #[derive(Clone)]
 pub struct DocumentContainer {
     client: ContainerClient,
     pk_paths: Vec<String>,
+    charged: Arc<ChargeMeter>,
 }
 
 impl DocumentContainer {
     pub(crate) fn new(client: ContainerClient, pk_paths: Vec<String>) -> Self {
-        Self { client, pk_paths }
+        Self {
+            client,
+            pk_paths,
+            charged: Arc::new(ChargeMeter::default()),
+        }
+    }
+
+    /// Request units charged for every request made through this container (and its clones)
+    /// so far, failed ones included.
+    pub fn request_charge(&self) -> f64 {
+        self.charged.total()
+    }
+
+    /// Counts the charge of a request's outcome and passes the outcome on.
+    fn charge<T>(
+        &self,
+        outcome: Result<T, azure_data_cosmos::CosmosError>,
+        headers: impl Fn(&T) -> &ResponseHeaders,
+    ) -> Result<T, azure_data_cosmos::CosmosError> {
+        match &outcome {
+            Ok(response) => self.charged.add(headers(response).request_charge().map(|c| c.value())),
+            // A failed request (a 412, a 404) is charged too.
+            Err(error) => self.charged.add(
+                error
+                    .response()
+                    .and_then(|r| r.headers().request_charge)
+                    .map(|c| c.value()),
+            ),
+        }
+        outcome
     }
 
     /// The container's partition key paths (for example `["/id"]`).
@@ -37,10 +91,10 @@ impl DocumentContainer {
     /// Creates a document; `Conflict` when the id exists in that partition.
     pub async fn create(&self, partition_key: &str, body: &Value) -> Result<Document, CosmosError> {
         let id = id_of(body)?;
-        let response = self
-            .client
-            .create_item(partition_key.to_owned(), &id, body, None)
-            .await?;
+        let response = self.charge(
+            self.client.create_item(partition_key.to_owned(), &id, body, None).await,
+            |r| r.headers(),
+        )?;
         Ok(Document {
             body: body.clone(),
             etag: etag_of(response.headers())?,
@@ -50,10 +104,10 @@ impl DocumentContainer {
     /// Creates or overwrites a document without a precondition.
     pub async fn upsert(&self, partition_key: &str, body: &Value) -> Result<Document, CosmosError> {
         let id = id_of(body)?;
-        let response = self
-            .client
-            .upsert_item(partition_key.to_owned(), &id, body, None)
-            .await?;
+        let response = self.charge(
+            self.client.upsert_item(partition_key.to_owned(), &id, body, None).await,
+            |r| r.headers(),
+        )?;
         Ok(Document {
             body: body.clone(),
             etag: etag_of(response.headers())?,
@@ -65,10 +119,12 @@ impl DocumentContainer {
     pub async fn replace(&self, partition_key: &str, body: &Value, if_match: &str) -> Result<Document, CosmosError> {
         let id = id_of(body)?;
         let options = ItemWriteOptions::default().with_precondition(Precondition::if_match(if_match.to_owned()));
-        let response = self
-            .client
-            .replace_item(partition_key.to_owned(), &id, body, Some(options))
-            .await?;
+        let response = self.charge(
+            self.client
+                .replace_item(partition_key.to_owned(), &id, body, Some(options))
+                .await,
+            |r| r.headers(),
+        )?;
         Ok(Document {
             body: body.clone(),
             etag: etag_of(response.headers())?,
@@ -77,7 +133,10 @@ impl DocumentContainer {
 
     /// Reads a document; `Ok(None)` when it does not exist.
     pub async fn read(&self, partition_key: &str, id: &str) -> Result<Option<Document>, CosmosError> {
-        match self.client.read_item(partition_key.to_owned(), id, None).await {
+        let outcome = self.charge(self.client.read_item(partition_key.to_owned(), id, None).await, |r| {
+            r.headers()
+        });
+        match outcome {
             Ok(response) => {
                 let body: Value = response.into_model()?;
                 let etag = body
@@ -103,7 +162,11 @@ impl DocumentContainer {
     pub async fn delete(&self, partition_key: &str, id: &str, if_match: Option<&str>) -> Result<(), CosmosError> {
         let options =
             if_match.map(|etag| ItemWriteOptions::default().with_precondition(Precondition::if_match(etag.to_owned())));
-        match self.client.delete_item(partition_key.to_owned(), id, options).await {
+        let outcome = self.charge(
+            self.client.delete_item(partition_key.to_owned(), id, options).await,
+            |r| r.headers(),
+        );
+        match outcome {
             Ok(_) => Ok(()),
             Err(e) => {
                 let e = CosmosError::from(e);
@@ -127,15 +190,19 @@ impl DocumentContainer {
     }
 
     async fn list(&self, query: Query) -> Result<Vec<Document>, CosmosError> {
-        let mut items = self
+        // Page by page: each page's headers carry its charge.
+        let mut pages = self
             .client
             .query_items::<Value>(query, FeedScope::full_container(), None)
-            .await?;
+            .await?
+            .into_pages();
         let mut out = Vec::new();
-        while let Some(item) = items.next().await {
-            let body = item?;
-            let etag = body.get("_etag").and_then(Value::as_str).unwrap_or_default().to_owned();
-            out.push(Document { body, etag });
+        while let Some(page) = pages.next().await {
+            let page = self.charge(page, |p| p.headers())?;
+            out.extend(page.into_items().into_iter().map(|body| {
+                let etag = body.get("_etag").and_then(Value::as_str).unwrap_or_default().to_owned();
+                Document { body, etag }
+            }));
         }
         Ok(out)
     }

@@ -250,6 +250,11 @@ pub trait LeaseStore: Send + Sync {
     async fn heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError>;
     /// Removes the heartbeat of `instance` (graceful shutdown).
     async fn remove_heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError>;
+    /// Request units charged for this store's requests so far (0 when the store is not billed
+    /// in request units).
+    fn request_charge(&self) -> f64 {
+        0.0
+    }
 }
 
 /// The part of a lease prefix shared by one processor's lease sets on every container of the
@@ -370,6 +375,10 @@ fn now() -> OffsetDateTime {
 impl LeaseStore for CosmosLeaseStore {
     fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    fn request_charge(&self) -> f64 {
+        self.container.request_charge()
     }
 
     async fn snapshot(&self) -> Result<LeaseSnapshot, LeaseStoreError> {

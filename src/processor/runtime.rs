@@ -394,6 +394,11 @@ pub struct ProcessorMonitor {
 }
 
 impl ProcessorMonitor {
+    /// Request units charged for the lease container's requests so far.
+    pub fn lease_request_charge(&self) -> f64 {
+        self.shared.store.request_charge()
+    }
+
     /// Whether the processor is bootstrapped and its lease loop is running.
     pub fn is_ready(&self) -> bool {
         self.shared.ready.load(Ordering::SeqCst)
