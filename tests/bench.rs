@@ -38,6 +38,7 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
         "first document",
         "acquire cycles",
         "lease moves",
+        "rebalance 1 → 4 from idle",
         "crash failover",
         "crash failover in lease expirations",
         "graceful scale-in",

@@ -272,6 +272,79 @@ async fn scaling_one_to_four_reaches_fair_share_within_two_cycles() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_alone_with_every_lease_lists_less_often_yet_newcomers_get_their_share_within_two_cycles() {
+    let env = Env::new(32).await;
+    // The default timings scaled down 10 times: acquire 13 s, renew 17 s, expiration 60 s.
+    let scaled = |name: &str| {
+        let mut options = env.options(name);
+        options.acquire_interval = Duration::from_millis(1300);
+        options.renew_interval = Duration::from_millis(1700);
+        options.expiration = Duration::from_secs(6);
+        options
+    };
+    let a = env.start(scaled("a")).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            env.owners().await.get("a") == Some(&32)
+        })
+        .await,
+        "a did not take every lease: {:?}",
+        env.owners().await
+    );
+    // Alone and owning everything: the waits double (1.3, 2.6, 5.2 s) up to the expiration (6 s),
+    // where listing every acquire interval would make 9 listings in 12 s.
+    let before = a.acquire_cycles();
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let quiet = a.acquire_cycles() - before;
+    println!("alone with 32 leases: {quiet} listings in 12 s (9 at the acquire interval)");
+    assert!(quiet <= 5, "{quiet} listings in 12 s: no idle back-off");
+    // Three pods start: they ask a for their shares, which a's renewals meet at once.
+    let mut processors = Vec::new();
+    for name in ["b", "c", "d"] {
+        let handler = Arc::new(common::RecordingHandler {
+            instance: name.into(),
+            deliveries: env.deliveries.clone(),
+        });
+        processors.push(env.processor(scaled(name), handler).await);
+    }
+    let mut events: Vec<_> = processors.iter().map(|p| p.subscribe()).collect();
+    let started = Instant::now();
+    let new: Vec<_> = futures::future::join_all(processors.into_iter().map(|p| p.start()))
+        .await
+        .into_iter()
+        .map(|started| started.expect("start"))
+        .collect();
+    let reached = eventually(Duration::from_secs(20), || async { fair(&env.owners().await, 4, 32) }).await;
+    assert!(reached, "no fair share: {:?}", env.owners().await);
+    let mut cycles = 0;
+    for rx in &mut events {
+        while let Ok(event) = rx.try_recv() {
+            if let LeaseEvent::Acquired { cycle, .. } = event {
+                cycles = cycles.max(cycle);
+            }
+        }
+    }
+    println!(
+        "1 -> 4 from idle: fair share {:.2} s after the new instances started, in {cycles} of their acquire cycles",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(cycles <= 2, "took {cycles} cycles");
+    // No longer alone: a lists every acquire interval again (a crashed peer's leases are taken
+    // as they expire).
+    let before = a.acquire_cycles();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let listings = a.acquire_cycles() - before;
+    assert!(
+        listings >= 2,
+        "{listings} listings in 4 s beside three instances: still backed off"
+    );
+    a.stop().await;
+    for handle in new {
+        handle.stop().await;
+    }
+}
+
 /// Writes `docs` one by one while the first partition splits; the partitions after the split.
 async fn split_while_writing(
     env: &Env,

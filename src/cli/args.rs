@@ -312,7 +312,8 @@ pub struct WorkerArgs {
     /// Wait after a read that returned no changes.
     #[arg(long, env = "CFP_POLL_INTERVAL", default_value = "5s", value_parser = duration)]
     pub poll_interval: Duration,
-    /// How often leases are balanced among instances.
+    /// How often leases are listed and balanced among instances (an instance alone with every
+    /// lease backs off up to the lease expiration while nothing changes).
     #[arg(long, env = "CFP_LEASE_ACQUIRE_INTERVAL", default_value = "13s", value_parser = duration)]
     pub lease_acquire_interval: Duration,
     /// How often owned leases are renewed.

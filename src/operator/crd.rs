@@ -538,7 +538,8 @@ fn default_every_batches() -> i32 {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("duration(self.renewInterval) < duration(self.expiration)").message("leaseTimings.renewInterval must be shorter than leaseTimings.expiration"))]
 pub struct LeaseTimings {
-    /// How often leases are balanced among the workers.
+    /// How often leases are balanced among the workers (a worker that is alone and owns every
+    /// lease lists them less often while nothing changes, up to the expiration).
     #[serde(default = "default_acquire")]
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
     #[schemars(length(max = 32))]

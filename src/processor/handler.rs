@@ -101,18 +101,22 @@ impl StdoutHandler {
 #[async_trait]
 impl ChangeHandler for StdoutHandler {
     async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
-        let mut text = String::new();
+        // Serialized straight into one buffer: no string per document.
+        let mut text = Vec::with_capacity(batch.documents.len() * 256);
         for (i, doc) in batch.documents.iter().enumerate() {
             // All versions and deletes: the change, with the document under `document`.
-            match batch.changes.get(i) {
-                Some(change) => text.push_str(&super::http_handler::change_with_document(doc, change).to_string()),
-                None => text.push_str(&doc.to_string()),
-            }
-            text.push('\n');
+            let written = match batch.changes.get(i) {
+                Some(change) => {
+                    serde_json::to_writer(&mut text, &super::http_handler::change_with_document(doc, change))
+                }
+                None => serde_json::to_writer(&mut text, doc),
+            };
+            written.map_err(|e| HandlerError::new(format!("serializing a document: {e}")))?;
+            text.push(b'\n');
         }
         let mut guard = self.out.lock().await;
         let out = guard.get_or_insert_with(tokio::io::stdout);
-        out.write_all(text.as_bytes())
+        out.write_all(&text)
             .await
             .map_err(|e| HandlerError::new(format!("writing to stdout: {e}")))?;
         out.flush()

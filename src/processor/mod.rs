@@ -2,7 +2,7 @@
 //! each batch handed to a [`ChangeHandler`] and checkpointed after it succeeded.
 //!
 //! One module per job: [`lease`] (documents and store), [`bootstrap`], [`balancer`] (pure
-//! policy), [`owned`] (renew/checkpoint/release of an owned lease), [`partition`] (the per-lease
+//! policy), [`listing_schedule`] (the idle back-off of the listing, pure), [`owned`] (renew/checkpoint/release of an owned lease), [`partition`] (the per-lease
 //! loop and splits), [`runtime`] (acquire cycle, renewer, shutdown), [`handler`], [`events`].
 
 pub mod adopt;
@@ -18,6 +18,7 @@ pub mod evict;
 pub mod handler;
 pub mod http_handler;
 pub mod lease;
+pub mod listing_schedule;
 pub mod manual;
 pub mod monitored_watch;
 pub mod observer;

@@ -17,7 +17,8 @@ pub struct ProcessorOptions {
     pub max_items: u32,
     /// Wait after a read that returned nothing.
     pub poll_interval: Duration,
-    /// How often leases are listed and balanced.
+    /// How often leases are listed and balanced (backed off up to `expiration` while this
+    /// instance is alone with every lease and nothing changes: [`super::listing_schedule`]).
     pub acquire_interval: Duration,
     /// How often owned leases are renewed.
     pub renew_interval: Duration,

@@ -21,6 +21,7 @@ use super::estimator::{DEFAULT_CONCURRENCY, LeaseEstimate, estimate_leases};
 use super::events::{CloseReason, LeaseEvent};
 use super::handler::ChangeHandler;
 use super::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError};
+use super::listing_schedule::{ListingSchedule, ListingView, is_quiet};
 use super::manual::Handler;
 use super::monitored_watch::{MonitoredWatch, Verdict};
 use super::observer::{NoopObserver, ProcessorObserver};
@@ -303,6 +304,9 @@ impl ChangeFeedProcessor {
             awaiting: Vec::new(),
             orphans: Vec::new(),
             takeover_at: None,
+            listing_interval: options.acquire_interval,
+            next_listing: tokio::time::Instant::now(),
+            listed_ids: Vec::new(),
         };
         let task = tokio::spawn(coordinator.run(shutdown.clone()));
         let renewer = tokio::spawn(renew_loop(self.shared.clone(), shutdown.clone()));
@@ -476,6 +480,13 @@ struct Coordinator {
     /// When another instance's unrenewed lease expires before the next cycle: an extra acquire
     /// cycle then.
     takeover_at: Option<tokio::time::Instant>,
+    /// The wait from one regular acquire cycle to the next: the acquire interval, longer while
+    /// listings are quiet ([`ListingSchedule`]).
+    listing_interval: Duration,
+    /// When the next regular acquire cycle runs.
+    next_listing: tokio::time::Instant,
+    /// The lease ids the previous listing showed, sorted.
+    listed_ids: Vec<String>,
 }
 
 impl Coordinator {
@@ -496,8 +507,7 @@ impl Coordinator {
             _ = shutdown.cancelled() => {}
             _ = tokio::time::sleep(delay) => {}
         }
-        let mut tick = tokio::time::interval(self.shared.options.acquire_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.next_listing = tokio::time::Instant::now();
         // Handed-over leases are looked for several times per cycle (point reads of the few
         // leases asked for), so that a handoff completes within the cycle that asked for it.
         let poll = (self.shared.options.acquire_interval / 8).clamp(Duration::from_millis(50), Duration::from_secs(2));
@@ -508,9 +518,11 @@ impl Coordinator {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = self.shared.halt.cancelled() => break,
-                _ = tick.tick() => {
+                _ = tokio::time::sleep_until(self.next_listing) => {
+                    let started = tokio::time::Instant::now();
                     self.shared.cycles.fetch_add(1, Ordering::SeqCst);
                     self.acquire_cycle().await;
+                    self.next_listing = started + self.listing_interval;
                 }
                 _ = sleep_until(self.takeover_at), if self.takeover_at.is_some() => {
                     self.takeover_at = None;
@@ -623,6 +635,7 @@ impl Coordinator {
             lease: owned.token().to_owned(),
             reason: exit.reason,
         });
+        self.listing_changed();
         let me = self.shared.options.instance.clone();
         for child in exit.children {
             if child.owner.as_deref() == Some(me.as_str()) && !self.leases.is_cancelled() {
@@ -635,6 +648,14 @@ impl Coordinator {
             }
         }
         self.shared.observer().leases_owned(self.shared.owned_count());
+    }
+
+    /// Something changed that a listing may show more of: the next one comes within the acquire
+    /// interval again.
+    fn listing_changed(&mut self) {
+        let base = self.shared.options.acquire_interval;
+        self.listing_interval = base;
+        self.next_listing = self.next_listing.min(tokio::time::Instant::now() + base);
     }
 
     /// Puts back a lease document deleted while this instance processed it, with its last
@@ -752,6 +773,8 @@ impl Coordinator {
 
     async fn acquire_cycle(&mut self) {
         let me = self.shared.options.instance.clone();
+        // Back to the acquire interval unless this listing turns out quiet.
+        let previous_interval = std::mem::replace(&mut self.listing_interval, self.shared.options.acquire_interval);
         // An instance that owns leases is counted through them; only one that owns none needs a
         // heartbeat for the others to count it (a write per cycle saved on a busy instance).
         if self.shared.owned_count() == 0
@@ -829,6 +852,7 @@ impl Coordinator {
                 TakeoverTimings {
                     expiration,
                     overdue_after: self.shared.options.renew_interval * 2,
+                    // Only a quiet listing waits longer, and a quiet one shows no other owners.
                     next_cycle: self.shared.options.acquire_interval,
                 },
             )
@@ -866,6 +890,21 @@ impl Coordinator {
             Balancing::Fair => leases_to_acquire(&states, &me, &live),
             Balancing::StealOne => leases_to_acquire_steal_one(&states, &me),
         });
+        let mut ids: Vec<String> = snapshot.leases.iter().map(|l| l.id.clone()).collect();
+        ids.sort_unstable();
+        let view = ListingView {
+            leases: &states,
+            live: &live,
+            handoff_asked: snapshot.leases.iter().any(|l| l.handoff_request().is_some()),
+            same_leases: ids == self.listed_ids,
+        };
+        let quiet = wanted.is_empty() && self.awaiting.is_empty() && is_quiet(&view, &me);
+        self.listed_ids = ids;
+        self.listing_interval =
+            ListingSchedule::new(self.shared.options.acquire_interval, expiration).next(previous_interval, quiet);
+        if self.listing_interval != previous_interval {
+            tracing::debug!(processor = %self.shared.options.processor_name, instance = %me, interval = ?self.listing_interval, "next lease listing");
+        }
         // All acquisitions of a cycle go out together: others see this cycle's result at once.
         let patience = self.shared.options.renew_interval;
         let attempts = wanted.iter().filter_map(|id| {
