@@ -283,15 +283,7 @@ async fn an_instance_alone_with_every_lease_lists_less_often_yet_newcomers_get_t
         options.expiration = Duration::from_secs(6);
         options
     };
-    let a = env.start(scaled("a")).await;
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            env.owners().await.get("a") == Some(&32)
-        })
-        .await,
-        "a did not take every lease: {:?}",
-        env.owners().await
-    );
+    let a = env.start_owning_all_with(scaled("a"), 32).await;
     // Alone and owning everything: the waits double (1.3, 2.6, 5.2 s) up to the expiration (6 s),
     // where listing every acquire interval would make 9 listings in 12 s.
     let before = a.acquire_cycles();

@@ -177,7 +177,14 @@ impl Env {
 
     /// Starts `name` alone and waits (at most 10 s) until it owns all `leases`.
     pub async fn start_owning_all(&self, name: &str, leases: usize) -> ProcessorHandle {
-        let handle = self.start(self.options(name)).await;
+        self.start_owning_all_with(self.options(name), leases).await
+    }
+
+    /// Like [`Env::start_owning_all`], with these options.
+    pub async fn start_owning_all_with(&self, options: ProcessorOptions, leases: usize) -> ProcessorHandle {
+        let name = options.instance.clone();
+        let name = name.as_str();
+        let handle = self.start(options).await;
         let owns_all = eventually(Duration::from_secs(10), || async {
             self.owners().await.get(name) == Some(&leases)
         })
