@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::cosmos::{CosmosAccount, CosmosError, ErrorKind, MonitoredContainer};
+use crate::cosmos::{CosmosAccount, CosmosError, ErrorKind, MonitoredContainer, ProvisionError};
 use crate::processor::{
     ChangeFeedProcessor, ChangeHandler, CosmosLeaseStore, LeaseStoreError, ProcessorOptions, lease_prefix,
 };
@@ -19,7 +19,8 @@ pub struct WorkerSettings {
     pub lease_database: String,
     /// The lease container.
     pub lease_container: String,
-    /// Create the lease container (partition key `/id`) when it is missing.
+    /// Create the lease container (partition key `/id`) when it is missing (an existing one is
+    /// used as it is).
     pub create_leases: bool,
     /// Processor options (name, instance, timings).
     pub options: ProcessorOptions,
@@ -31,12 +32,43 @@ pub enum WorkerError {
     /// The monitored container does not exist.
     #[error("the monitored container {0} does not exist")]
     MonitoredMissing(String),
-    /// The lease container does not exist and may not be created.
-    #[error("the lease container {0} does not exist (create it, or drop --no-create-leases)")]
-    LeasesMissing(String),
-    /// The account rejected the key.
-    #[error("the account rejected the key ({0}); check --key / CFP_KEY")]
+    /// The lease container does not exist and may not be created here.
+    #[error(
+        "the lease container {name} does not exist; create it: {how_to_create} (or let the worker create it: leave out --no-create-leases, or set leases.createIfNotExists: true)"
+    )]
+    LeasesMissing {
+        /// `database/container`.
+        name: String,
+        /// The Azure CLI commands that create it.
+        how_to_create: String,
+    },
+    /// The lease container does not exist and the account refused to create it.
+    #[error(
+        "the lease container {name} does not exist and this identity may not create containers ({source}); create it: {how_to_create}"
+    )]
+    CreationRefused {
+        /// `database/container`.
+        name: String,
+        /// The Azure CLI commands that create it.
+        how_to_create: String,
+        /// The account's answer.
+        source: CosmosError,
+    },
+    /// The account refused the credential.
+    #[error(
+        "the account refused the credential ({0}); check --key / CFP_KEY, or with --auth workload-identity the identity's data-plane role"
+    )]
     Unauthorized(String),
+    /// The credential may not read or write a container.
+    #[error(
+        "this identity may not use the container {name} ({source}); give it a Cosmos DB data-plane role that reads and writes documents (for example Cosmos DB Built-in Data Contributor)"
+    )]
+    Forbidden {
+        /// `database/container`.
+        name: String,
+        /// The account's answer.
+        source: CosmosError,
+    },
     /// The lease container cannot hold leases.
     #[error("{0}")]
     LeaseContainer(String),
@@ -53,10 +85,35 @@ pub enum WorkerError {
     },
 }
 
-fn classify(error: CosmosError, context: &str, missing: impl FnOnce() -> WorkerError) -> WorkerError {
+impl WorkerError {
+    /// Whether the containers are missing or may not be used as configured: fixed by creating
+    /// them or granting rights, not by waiting.
+    pub fn is_setup_problem(&self) -> bool {
+        !matches!(self, WorkerError::Cosmos { .. })
+    }
+
+    /// A short reason for conditions and Events (`LeaseContainerMissing`, ...).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            WorkerError::MonitoredMissing(_) => "MonitoredContainerMissing",
+            WorkerError::LeasesMissing { .. } => "LeaseContainerMissing",
+            WorkerError::CreationRefused { .. } => "ContainerCreationRefused",
+            WorkerError::Unauthorized(_) => "CredentialRefused",
+            WorkerError::Forbidden { .. } => "AccessForbidden",
+            WorkerError::LeaseContainer(_) | WorkerError::Options(_) => "LeaseContainerInvalid",
+            WorkerError::Cosmos { .. } => "CosmosError",
+        }
+    }
+}
+
+fn classify(error: CosmosError, name: &str, context: &str, missing: impl FnOnce() -> WorkerError) -> WorkerError {
     match error.kind {
         ErrorKind::NotFound => missing(),
         ErrorKind::Unauthorized => WorkerError::Unauthorized(error.message),
+        ErrorKind::Forbidden => WorkerError::Forbidden {
+            name: name.to_owned(),
+            source: error,
+        },
         _ => WorkerError::Cosmos {
             context: context.to_owned(),
             source: error,
@@ -64,8 +121,8 @@ fn classify(error: CosmosError, context: &str, missing: impl FnOnce() -> WorkerE
     }
 }
 
-/// Opens the monitored container and the processor's lease store, creating the lease container
-/// when the settings allow it.
+/// Opens the monitored container and the processor's lease store; the lease container is read
+/// first and created only when it is missing and the settings allow it.
 pub async fn open(
     account: &CosmosAccount,
     lease_account: &CosmosAccount,
@@ -77,27 +134,35 @@ pub async fn open(
         .monitored(&settings.database, &settings.container)
         .await
         .map_err(|e| {
-            classify(e, "opening the monitored container", || {
+            classify(e, &monitored_name, "opening the monitored container", || {
                 WorkerError::MonitoredMissing(monitored_name.clone())
             })
         })?;
-    if settings.create_leases {
-        lease_account
-            .ensure_container(&settings.lease_database, &settings.lease_container, "/id")
-            .await
-            .map_err(|e| {
-                classify(e, "creating the lease container", || {
-                    WorkerError::LeasesMissing(lease_name.clone())
-                })
-            })?;
-    }
     let leases = lease_account
-        .documents(&settings.lease_database, &settings.lease_container)
+        .open_or_create(
+            &settings.lease_database,
+            &settings.lease_container,
+            "/id",
+            settings.create_leases,
+        )
         .await
-        .map_err(|e| {
-            classify(e, "opening the lease container", || {
-                WorkerError::LeasesMissing(lease_name.clone())
-            })
+        .map_err(|e| match e {
+            ProvisionError::Missing { name, how_to_create } => WorkerError::LeasesMissing { name, how_to_create },
+            ProvisionError::CreationRefused {
+                name,
+                how_to_create,
+                source,
+            } => WorkerError::CreationRefused {
+                name,
+                how_to_create,
+                source,
+            },
+            ProvisionError::Cosmos(e) => {
+                classify(e, &lease_name, "opening the lease container", || WorkerError::Cosmos {
+                    context: format!("opening the lease container {lease_name}"),
+                    source: CosmosError::local(ErrorKind::NotFound, "not found"),
+                })
+            }
         })?;
     let prefix = lease_prefix(
         &settings.options.processor_name,

@@ -55,6 +55,30 @@ async fn workload_identity_tokens_write_process_and_estimate_where_keys_are_refu
     let (code, _, stderr) = cfp(&[&["write", "--count", "60"][..], &account, &auth].concat(), &env).await;
     assert_eq!(code, Some(0), "write with workload identity: {stderr}");
 
+    // Entra ID identities may not create containers (403/5301, as the service answers): a
+    // missing lease container is reported with the command that creates it, not as a key.
+    let worker_args = [
+        &["worker", "--handler", "stdout", "--processor", "entra"][..],
+        &account,
+        &auth,
+    ]
+    .concat();
+    let (code, _, missing) = cfp(&worker_args, &env).await;
+    let missing = missing
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_default()
+        .to_owned();
+    assert_ne!(code, Some(0), "no lease container: {missing}");
+    assert!(
+        missing.contains("this identity may not create containers")
+            && missing.contains("403/5301")
+            && missing.contains("az cosmosdb sql container create")
+            && !missing.contains("refused the key"),
+        "{missing}"
+    );
+    common::create_container_as_admin(&endpoint, DB, "leases").await;
+
     // A worker with a token processes every document.
     let mut worker = tokio::process::Command::new(CFP)
         .args(
@@ -115,7 +139,7 @@ async fn workload_identity_tokens_write_process_and_estimate_where_keys_are_refu
 
     let seen = tokens.seen();
     println!(
-        "token endpoint: {} tokens issued, refused {:?}; worker delivered {} distinct of 60; estimate {}; wrong token: exit {code:?}, {}",
+        "no lease container: {missing}\ntoken endpoint: {} tokens issued, refused {:?}; worker delivered {} distinct of 60; estimate {}; wrong token: exit {code:?}, {}",
         seen.issued,
         seen.refused,
         ids.len(),

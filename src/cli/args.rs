@@ -66,6 +66,12 @@ pub struct EmulatorArgs {
         conflicts_with = "key"
     )]
     pub entra_token_file: Option<std::path::PathBuf>,
+    /// Refuse creating, replacing and deleting databases and containers with a key (403), as an
+    /// account with `disableKeyBasedMetadataWriteAccess` does. Microsoft Entra ID tokens
+    /// (`--entra-token-file`) are always refused them, as by the service; `--container` still
+    /// creates containers at start.
+    #[arg(long, env = "CFP_EMULATOR_DENY_METADATA_WRITES")]
+    pub deny_metadata_writes: bool,
     /// Require requests signed with this account key, as the service does (401 otherwise). By
     /// default any signature is accepted, as in the SDK's emulator.
     #[arg(long, env = "CFP_EMULATOR_KEY", hide_env_values = true)]
@@ -236,7 +242,8 @@ pub struct RetryArgs {
     /// Database of the dead-letter container (default: the lease database).
     #[arg(long, env = "CFP_DEAD_LETTER_DATABASE")]
     pub dead_letter_database: Option<String>,
-    /// The dead-letter container (created with partition key `/id` when missing).
+    /// The dead-letter container (created with partition key `/id` when missing, unless
+    /// --no-create-leases).
     #[arg(long, env = "CFP_DEAD_LETTER_CONTAINER")]
     pub dead_letter_container: Option<String>,
 }
@@ -256,7 +263,10 @@ pub struct WorkerArgs {
     pub connection: ConnectionArgs,
     #[command(flatten)]
     pub leases: LeaseArgs,
-    /// Do not create the lease container when it is missing.
+    /// Do not create the lease and dead-letter containers when they are missing (an existing
+    /// container is always used as it is). Accounts that refuse metadata writes (Microsoft
+    /// Entra ID identities, keys with `disableKeyBasedMetadataWriteAccess`) need them created
+    /// beforehand.
     #[arg(long, env = "CFP_NO_CREATE_LEASES")]
     pub no_create_leases: bool,
     /// This instance's name, unique within the processor (default: the host name).

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use super::args::{DeadLetterArgs, DeadLetterCommand, DeadLetterReplayArgs, OutputFormat};
-use crate::cosmos::{CosmosAccount, EpkRange, ErrorKind};
+use crate::cosmos::{CosmosAccount, EpkRange, ProvisionError};
 use crate::processor::{Batch, CosmosDeadLetters, DeadLetter};
 
 /// Why `cfp deadletter` failed.
@@ -31,11 +31,12 @@ async fn open(args: &DeadLetterArgs) -> Result<(CosmosAccount, CosmosDeadLetters
         .await
         .map_err(|e| DeadLetterError::Open(format!("cannot connect to {}: {e}", args.endpoint)))?;
     let name = format!("{}/{}", args.dead_letter_database, args.dead_letter_container);
+    // Read only: a missing container is reported with the command that creates it, never created.
     let container = account
-        .documents(&args.dead_letter_database, &args.dead_letter_container)
+        .open_or_create(&args.dead_letter_database, &args.dead_letter_container, "/id", false)
         .await
-        .map_err(|e| match e.kind {
-            ErrorKind::NotFound => DeadLetterError::Open(format!("the dead-letter container {name} does not exist")),
+        .map_err(|e| match e {
+            ProvisionError::Missing { .. } => DeadLetterError::Open(format!("dead-letter container: {e}")),
             _ => DeadLetterError::Open(format!("opening the dead-letter container {name}: {e}")),
         })?;
     Ok((account, CosmosDeadLetters::new(container)))

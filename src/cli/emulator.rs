@@ -27,12 +27,18 @@ pub async fn run(args: &EmulatorArgs) -> Result<(), EmulatorError> {
     if let Some(key) = &args.key {
         emulator = emulator.require_key(key);
     }
+    if args.deny_metadata_writes {
+        emulator = emulator.deny_metadata_writes();
+    }
     if args.entra_token_file.is_some() {
-        println!("  auth:     Entra ID token only (key auth disabled)");
+        println!("  auth:     Entra ID token only (key auth disabled; no database or container writes)");
     } else if args.key.is_some() {
         println!("  key:      the one given with --key (signatures checked)");
     } else {
         println!("  key:      {}", crate::cosmos::EMULATOR_KEY);
+    }
+    if args.deny_metadata_writes {
+        println!("  metadata: database and container writes refused (disableKeyBasedMetadataWriteAccess)");
     }
     for spec in &args.containers {
         println!(

@@ -44,7 +44,7 @@ pub enum WorkerCommandError {
         /// `database/container`.
         container: String,
         /// The error.
-        source: crate::cosmos::CosmosError,
+        source: crate::cosmos::ProvisionError,
     },
 }
 
@@ -94,7 +94,8 @@ pub fn event_source(account: &CosmosAccount, database: &str, container: &str) ->
     format!("cosmosdb://{}/dbs/{database}/colls/{container}", account.host())
 }
 
-/// Opens (creating when missing) the dead-letter container the flags name, if any.
+/// Opens the dead-letter container the flags name, if any; a missing one is created when the
+/// worker may create containers (not with --no-create-leases).
 async fn dead_letters(
     args: &WorkerArgs,
     settings: &WorkerSettings,
@@ -114,14 +115,13 @@ async fn dead_letters(
         .clone()
         .unwrap_or_else(|| settings.lease_database.clone());
     let name = format!("{database}/{container}");
-    let opened = async {
-        account.ensure_container(&database, container, "/id").await?;
-        account.documents(&database, container).await
-    };
-    let documents = opened.await.map_err(|source| WorkerCommandError::DeadLetters {
-        container: name,
-        source,
-    })?;
+    let documents = account
+        .open_or_create(&database, container, "/id", settings.create_leases)
+        .await
+        .map_err(|source| WorkerCommandError::DeadLetters {
+            container: name,
+            source,
+        })?;
     Ok(Some(Arc::new(CosmosDeadLetters::new(documents))))
 }
 
@@ -129,9 +129,11 @@ impl WorkerCommandError {
     /// Whether starting again later can succeed (throttling, 503, timeouts, resets).
     pub fn is_transient(&self) -> bool {
         match self {
-            WorkerCommandError::Connect { source, .. } | WorkerCommandError::DeadLetters { source, .. } => {
-                source.kind.is_retryable()
-            }
+            WorkerCommandError::Connect { source, .. } => source.kind.is_retryable(),
+            WorkerCommandError::DeadLetters {
+                source: crate::cosmos::ProvisionError::Cosmos(source),
+                ..
+            } => source.kind.is_retryable(),
             WorkerCommandError::Setup(WorkerError::Cosmos { source, .. }) => source.kind.is_retryable(),
             WorkerCommandError::Start(error) => error.is_transient(),
             _ => false,

@@ -9,6 +9,7 @@ use super::auth::AccountAuth;
 use super::documents::DocumentContainer;
 use super::error::{CosmosError, ErrorKind};
 use super::feed::MonitoredContainer;
+use super::provision::ProvisionError;
 
 /// The well-known key of the Cosmos DB emulators (the in-memory emulator does not check keys).
 pub const EMULATOR_KEY: &str =
@@ -148,9 +149,39 @@ impl CosmosAccount {
         Ok(())
     }
 
-    /// Creates the database and container (with the given partition key path) when missing.
+    /// Creates the database and container (with the given partition key path) when missing;
+    /// reads first, so an existing container is used as it is.
     pub async fn ensure_container(&self, database: &str, container: &str, pk_path: &str) -> Result<(), CosmosError> {
-        if let Err(e) = self.client.create_database(database, None).await {
+        match self.open_or_create(database, container, pk_path, true).await {
+            Ok(_) => Ok(()),
+            Err(ProvisionError::Cosmos(error) | ProvisionError::CreationRefused { source: error, .. }) => Err(error),
+            Err(missing @ ProvisionError::Missing { .. }) => {
+                Err(CosmosError::local(ErrorKind::NotFound, missing.to_string()))
+            }
+        }
+    }
+
+    /// Whether `database` exists.
+    pub(super) async fn database_exists(&self, database: &str) -> Result<bool, CosmosError> {
+        match self.client.database_client(database).read(None).await {
+            Ok(_) => Ok(true),
+            Err(error) => match CosmosError::from(error) {
+                error if error.kind == ErrorKind::NotFound => Ok(false),
+                error => Err(error),
+            },
+        }
+    }
+
+    /// Creates `container` (and `database` when `database_missing`); one created meanwhile by
+    /// someone else counts as created.
+    pub(super) async fn create_missing(
+        &self,
+        database: &str,
+        database_missing: bool,
+        container: &str,
+        pk_path: &str,
+    ) -> Result<(), CosmosError> {
+        if database_missing && let Err(e) = self.client.create_database(database, None).await {
             ignore_conflict(e.into())?;
         }
         let props = ContainerProperties::new(container.to_owned(), pk_path.to_owned().into());

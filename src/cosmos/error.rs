@@ -17,8 +17,11 @@ pub enum ErrorKind {
     SplitInProgress,
     /// 429, 503, 408 and other retryable conditions.
     Transient,
-    /// 401/403: the key is wrong or lacks permission.
+    /// 401: the account refused the credential (a wrong or rotated key, a token it does not accept).
     Unauthorized,
+    /// 403: the credential is accepted but may not do this (data-plane RBAC without the action,
+    /// metadata writes disabled for keys, a firewall).
+    Forbidden,
     /// 400: the request is malformed (for example a wrong partition key).
     BadRequest,
     /// Anything else.
@@ -36,6 +39,7 @@ impl ErrorKind {
             ErrorKind::SplitInProgress => "split_in_progress",
             ErrorKind::Transient => "transient",
             ErrorKind::Unauthorized => "unauthorized",
+            ErrorKind::Forbidden => "forbidden",
             ErrorKind::BadRequest => "bad_request",
             ErrorKind::Other => "other",
         }
@@ -92,7 +96,8 @@ impl CosmosError {
             (412, _) => ErrorKind::PreconditionFailed,
             (410, Some(1002)) | (410, Some(1007)) => ErrorKind::RangeGone,
             (500, Some(20206)) => ErrorKind::SplitInProgress,
-            (401, _) | (403, _) => ErrorKind::Unauthorized,
+            (401, _) => ErrorKind::Unauthorized,
+            (403, _) => ErrorKind::Forbidden,
             (400, _) => ErrorKind::BadRequest,
             (408, _) | (410, _) | (429, _) | (449, _) | (500..=599, _) | (0, _) => ErrorKind::Transient,
             _ => ErrorKind::Other,
@@ -147,7 +152,8 @@ mod tests {
             (503, None, ErrorKind::Transient),
             (408, None, ErrorKind::Transient),
             (401, None, ErrorKind::Unauthorized),
-            (403, Some(5300), ErrorKind::Unauthorized),
+            (403, Some(5301), ErrorKind::Forbidden),
+            (403, None, ErrorKind::Forbidden),
             (400, None, ErrorKind::BadRequest),
         ];
         for (status, sub, want) in table {

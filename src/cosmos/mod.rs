@@ -10,6 +10,7 @@ mod documents;
 mod error;
 mod feed;
 mod lsn;
+mod provision;
 mod range;
 
 pub use auth::AccountAuth;
@@ -20,4 +21,5 @@ pub use documents::{Document, DocumentContainer};
 pub use error::{CosmosError, ErrorKind};
 pub use feed::{ChangePage, FeedReader, MonitoredContainer, Presence, StartFrom};
 pub use lsn::{continuation_lsn, session_token_lsn};
+pub use provision::{ProvisionError, create_commands};
 pub use range::EpkRange;

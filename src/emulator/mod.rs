@@ -10,10 +10,14 @@
 //!   `DELETE /_emulator/faults` stops; `GET /_emulator/faults` reports what was injected.
 //! - `POST /_emulator/key?value=K` — regenerates the account key as `K` (base64), as a key
 //!   rotation does: requests signed with the old key get 401 from then on (needs `--key`).
+//! - `POST /_emulator/containers?database=D&container=C[&partitionKey=/id][&partitions=N]` —
+//!   creates a container (and its database) as the management plane does (`az cosmosdb sql
+//!   container create`), also where the data plane refuses metadata writes.
 
 mod addressing;
 mod auth;
 mod faults;
+mod metadata;
 
 pub use auth::RequiredAuth;
 pub use faults::{Fault, FaultInjector};
@@ -145,6 +149,9 @@ pub struct Emulator {
     faults: Arc<FaultInjector>,
     /// Names of the databases and containers by resource id, for requests addressed by id.
     ids: Arc<addressing::ResourceIds>,
+    /// Refuse database and container writes signed with a key, as an account with
+    /// `disableKeyBasedMetadataWriteAccess` does (Entra ID tokens are always refused them).
+    deny_key_metadata_writes: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Emulator {
@@ -164,6 +171,7 @@ impl Emulator {
             auth: Arc::new(std::sync::RwLock::new(RequiredAuth::Any)),
             faults: Arc::new(FaultInjector::default()),
             ids: Arc::default(),
+            deny_key_metadata_writes: Arc::default(),
         })
     }
 
@@ -207,6 +215,32 @@ impl Emulator {
             key.to_owned(),
         ))));
         self
+    }
+
+    /// Refuses database and container writes over HTTP (403), as an account with
+    /// `disableKeyBasedMetadataWriteAccess` does for keys; Microsoft Entra ID tokens are always
+    /// refused them, as by the service. `--container` and the control API still create.
+    pub fn deny_metadata_writes(self) -> Self {
+        self.deny_key_metadata_writes
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self
+    }
+
+    /// The 403 the service answers for a database or container write this account refuses.
+    fn refuse_metadata_write(
+        &self,
+        method: &str,
+        resolved: &addressing::ResolvedPath,
+    ) -> Option<hyper::Response<Full<Bytes>>> {
+        let write = metadata::metadata_write(method, &resolved.path)?;
+        let auth = self.auth.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if matches!(*auth, RequiredAuth::EntraToken(_)) {
+            Some(metadata::refused_to_token(write, &resolved.path))
+        } else if self.deny_key_metadata_writes.load(std::sync::atomic::Ordering::Relaxed) {
+            Some(metadata::refused_to_key(method, write))
+        } else {
+            None
+        }
     }
 
     fn set_auth(&self, auth: RequiredAuth) {
@@ -368,6 +402,10 @@ impl Emulator {
         let resolved = self.resolve(&path).await;
         if let Some(refusal) = self.refuse_unauthorized(&req, &resolved) {
             tracing::debug!(method = %req.method(), path, status = 401, "request refused");
+            return refusal;
+        }
+        if let Some(refusal) = self.refuse_metadata_write(req.method().as_str(), &resolved) {
+            tracing::debug!(method = %req.method(), path, status = 403, "metadata write refused");
             return refusal;
         }
         let method = req.method().clone();
@@ -548,6 +586,17 @@ impl Emulator {
         };
         let result = match (method, action) {
             (hyper::Method::GET, "ranges") => self.partitions(database, container).await,
+            (hyper::Method::POST, "containers") => {
+                let partition_key = params.get("partitionKey").map_or("/id", String::as_str);
+                let partitions = params.get("partitions").map_or("1", String::as_str);
+                match format!("{database}/{container}:{partition_key}:{partitions}").parse::<ContainerSpec>() {
+                    Ok(spec) => match self.create_container(&spec).await {
+                        Ok(()) => self.partitions(database, container).await,
+                        Err(error) => Err(error),
+                    },
+                    Err(error) => Err(error),
+                }
+            }
             (hyper::Method::POST, "split") => {
                 let lock_ms = params.get("lockMs").and_then(|v| v.parse().ok()).unwrap_or(100);
                 let partition = params.get("partition").map(String::as_str);
@@ -562,6 +611,9 @@ impl Emulator {
                 404,
                 &serde_json::json!({"message": format!("container {name} does not exist")}),
             ),
+            Err(error @ EmulatorError::InvalidSpec { .. }) => {
+                crate::http::json(400, &serde_json::json!({"message": error.to_string()}))
+            }
             Err(error) => crate::http::json(409, &serde_json::json!({"message": error.to_string()})),
         }
     }

@@ -7,7 +7,10 @@
 //! - Scale up at once, at most to double or +4 (whichever is more) per estimate, like the HPA; a
 //!   new Deployment starts at the full recommendation.
 //! - Scale down only to the highest recommendation seen within the stabilization window.
-//! - A failed estimate never scales: the current replicas are held.
+//! - A failed estimate never scales down: the current replicas are held. After
+//!   `fallback.after_failures` failed estimates in a row, at least `fallback.replicas` run (as
+//!   KEDA's `fallback`), so a processor scaled to zero cannot stay stopped while its backlog is
+//!   invisible.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -23,6 +26,17 @@ pub struct Policy {
     pub target_lag_per_replica: u64,
     /// Scale down only to the highest recommendation seen in this window.
     pub scale_down_stabilization: Duration,
+    /// Workers to run while estimates keep failing.
+    pub fallback: Option<Fallback>,
+}
+
+/// What runs while the estimate keeps failing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fallback {
+    /// At least this many workers run...
+    pub replicas: i32,
+    /// ...once this many estimates in a row failed.
+    pub after_failures: u32,
 }
 
 /// What the last estimate saw.
@@ -81,6 +95,8 @@ pub struct Decision {
 pub struct ScaleHistory {
     recommendations: VecDeque<(Instant, i32)>,
     seeded: bool,
+    /// Estimates failed in a row.
+    failures: u32,
 }
 
 impl ScaleHistory {
@@ -105,17 +121,12 @@ impl ScaleHistory {
         }
         let (total_lag, leases) = match observed {
             Observed::Failed(error) => {
-                let replicas = current.unwrap_or(policy.min_replicas.max(1).min(policy.max_replicas));
-                return Decision {
-                    replicas,
-                    recommendation: None,
-                    reason: ScalingReason::EstimateFailed,
-                    message: format!("the estimate failed, so {replicas} replica(s) are held: {error}"),
-                    event: None,
-                };
+                self.failures = self.failures.saturating_add(1);
+                return failed(policy, current, self.failures, error);
             }
             Observed::Estimate { total_lag, leases } => (*total_lag, *leases),
         };
+        self.failures = 0;
         let target = policy.target_lag_per_replica.max(1);
         let raw = i32::try_from(total_lag.div_ceil(target)).unwrap_or(i32::MAX);
         let lease_cap = i32::try_from(leases).unwrap_or(i32::MAX);
@@ -193,6 +204,38 @@ impl ScaleHistory {
     }
 }
 
+/// The decision on the `failures`-th failed estimate in a row: hold the replicas, or run the
+/// fallback once enough estimates failed (never fewer than run now).
+fn failed(policy: &Policy, current: Option<i32>, failures: u32, error: &str) -> Decision {
+    let held = current.unwrap_or(policy.min_replicas.max(1).min(policy.max_replicas));
+    let fallback = policy.fallback.filter(|f| failures >= f.after_failures.max(1));
+    let Some(fallback) = fallback.filter(|f| f.replicas > held) else {
+        return Decision {
+            replicas: held,
+            recommendation: None,
+            reason: ScalingReason::EstimateFailed,
+            message: format!("the estimate failed, so {held} replica(s) are held: {error}"),
+            event: None,
+        };
+    };
+    let replicas = fallback.replicas.min(policy.max_replicas);
+    let from = current.unwrap_or(0);
+    Decision {
+        replicas,
+        recommendation: None,
+        reason: ScalingReason::EstimateFailed,
+        message: format!(
+            "{failures} estimates failed in a row, so the fallback of {replicas} replica(s) runs until one works: {error}"
+        ),
+        event: (replicas > from).then(|| {
+            (
+                "ScaledUp",
+                format!("{from} → {replicas}: autoscaling.fallbackReplicas after {failures} failed estimates"),
+            )
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,6 +248,7 @@ mod tests {
             max_replicas: max,
             target_lag_per_replica: target,
             scale_down_stabilization: WINDOW,
+            fallback: None,
         }
     }
 
@@ -264,6 +308,44 @@ mod tests {
             assert_eq!(decision.replicas, 6);
             assert_eq!(decision.event, None);
             assert!(decision.message.contains("timeout"));
+        }
+    }
+
+    #[test]
+    fn failing_estimates_run_the_fallback_until_one_works() {
+        let p = Policy {
+            fallback: Some(Fallback {
+                replicas: 2,
+                after_failures: 3,
+            }),
+            scale_down_stabilization: Duration::from_secs(10),
+            ..policy(0, 4, 100)
+        };
+        let mut history = ScaleHistory::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let failed = Observed::Failed("timeout".into());
+        let mut current = history.decide(&p, Some(0), &estimate(0, 4), at(0)).replicas;
+        let mut timeline = Vec::new();
+        for s in 1..=5 {
+            let decision = history.decide(&p, Some(current), &failed, at(s));
+            timeline.push((decision.replicas, decision.event.map(|e| e.0)));
+            current = decision.replicas;
+        }
+        assert_eq!(
+            timeline,
+            vec![(0, None), (0, None), (2, Some("ScaledUp")), (2, None), (2, None)],
+            "held at 0 twice, then the fallback"
+        );
+        // An estimate that works decides again: no lag, so back to zero.
+        let works = history.decide(&p, Some(current), &estimate(0, 4), at(6));
+        assert_eq!((works.replicas, works.reason), (0, ScalingReason::Active));
+        // The count starts over: one failure holds again.
+        assert_eq!(history.decide(&p, Some(0), &failed, at(7)).replicas, 0);
+        // More workers than the fallback keep running.
+        let mut busy = ScaleHistory::default();
+        for s in 0..5 {
+            assert_eq!(busy.decide(&p, Some(4), &failed, at(s)).replicas, 4);
         }
     }
 
@@ -366,6 +448,7 @@ mod tests {
             extra in 0i32..20,
             target in 1u64..2000,
             steps in proptest::collection::vec((proptest::option::of((0u64..1_000_000, 1usize..64)), 0u64..120), 1..30),
+            fallback in proptest::option::of((1i32..6, 1u32..4)),
         ) {
             let policy = Policy {
                 min_replicas: min,
@@ -373,6 +456,7 @@ mod tests {
                 max_replicas: min.max(1) + extra,
                 target_lag_per_replica: target,
                 scale_down_stabilization: Duration::from_secs(60),
+                fallback: fallback.map(|(replicas, after_failures)| Fallback { replicas, after_failures }),
             };
             let mut history = ScaleHistory::default();
             let start = Instant::now();
@@ -394,7 +478,10 @@ mod tests {
                 match &observed {
                     Observed::Failed(_) => {
                         if let Some(held) = current {
-                            proptest::prop_assert_eq!(replicas, held, "a failed estimate changed the replicas");
+                            proptest::prop_assert!(replicas >= held, "a failed estimate scaled down");
+                            if policy.fallback.is_none() {
+                                proptest::prop_assert_eq!(replicas, held, "a failed estimate changed the replicas");
+                            }
                         }
                     }
                     Observed::Estimate { leases, .. } => {

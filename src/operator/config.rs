@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Secret;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::autoscale::Policy;
+use super::autoscale::{Fallback, Policy};
 use super::crd::{AuthKind, ChangeFeedProcessor, OnExhaustedKind, SecretKeyRef};
 
 /// A configuration that cannot work, with a reason (CamelCase, for conditions and Events) and a
@@ -216,6 +216,10 @@ pub fn scaling_policy(cfp: &ChangeFeedProcessor) -> Option<Policy> {
         target_lag_per_replica: u64::try_from(scaling.target_lag_per_replica).unwrap_or(1).max(1),
         scale_down_stabilization: humantime::parse_duration(&scaling.scale_down_stabilization)
             .unwrap_or(DEFAULT_STABILIZATION),
+        fallback: scaling.fallback_replicas.map(|replicas| Fallback {
+            replicas: replicas.max(1),
+            after_failures: scaling.fallback_after_failures.max(1),
+        }),
     })
 }
 
@@ -406,9 +410,18 @@ mod tests {
                 max_replicas: 4,
                 target_lag_per_replica: 500,
                 scale_down_stabilization: Duration::from_secs(60),
+                fallback: None,
             })
         );
         assert_eq!(estimate_interval(&on), Duration::from_secs(2));
+        let fallback = resource(serde_json::json!({"autoscaling": {"enabled": true, "fallbackReplicas": 2}}));
+        assert_eq!(
+            scaling_policy(&fallback).and_then(|p| p.fallback),
+            Some(Fallback {
+                replicas: 2,
+                after_failures: 3
+            })
+        );
     }
 
     #[test]

@@ -75,6 +75,9 @@ const DURATION_MESSAGE: &str = "must be a duration such as 500ms, 2s, 1m30s or 1
 #[x_kube(validation = kube::core::Rule::new("!((has(self.connection.auth) && self.connection.auth == 'WorkloadIdentity') || (has(self.leases) && has(self.leases.connection) && has(self.leases.connection.auth) && self.leases.connection.auth == 'WorkloadIdentity')) || (has(self.worker) && has(self.worker.serviceAccountName))").message("auth WorkloadIdentity needs worker.serviceAccountName: the service account whose federated identity may use the account"))]
 #[x_kube(validation = kube::core::Rule::new("has(self.processorName) == has(oldSelf.processorName) && (!has(self.processorName) || self.processorName == oldSelf.processorName)").message("processorName is immutable (it prefixes the lease ids): create a new resource to start a processor over"))]
 #[x_kube(validation = kube::core::Rule::new("!has(self.mode) || self.mode != 'AllVersionsAndDeletes' || self.startFrom == 'Now'").message("mode AllVersionsAndDeletes starts only from now: set startFrom: Now"))]
+#[x_kube(validation = kube::core::Rule::new("(has(self.leases) && has(self.leases.database) ? self.leases.database : self.monitored.database) == (has(oldSelf.leases) && has(oldSelf.leases.database) ? oldSelf.leases.database : oldSelf.monitored.database)").message("leases.database is immutable, also when added or removed (the checkpoints live there): create a new resource to move them"))]
+#[x_kube(validation = kube::core::Rule::new("(has(self.leases) && has(self.leases.container) ? self.leases.container : 'leases') == (has(oldSelf.leases) && has(oldSelf.leases.container) ? oldSelf.leases.container : 'leases')").message("leases.container is immutable, also when added or removed (the checkpoints live there): create a new resource to move them"))]
+#[x_kube(validation = kube::core::Rule::new("(has(self.leases) && has(self.leases.connection) ? self.leases.connection.endpoint : self.connection.endpoint) == (has(oldSelf.leases) && has(oldSelf.leases.connection) ? oldSelf.leases.connection.endpoint : oldSelf.connection.endpoint)").message("the lease account is immutable: adding, removing or changing leases.connection (or connection.endpoint without it) moves the checkpoints to another account; create a new resource instead"))]
 pub struct ChangeFeedProcessorSpec {
     /// How to reach the Cosmos DB account of the monitored container.
     pub connection: Connection,
@@ -247,18 +250,26 @@ pub struct ContainerRef {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct LeaseSettings {
-    /// The lease database (default: the monitored database). Immutable.
+    /// The lease database (default: the monitored database). Immutable, also when added or
+    /// removed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("leases.database is immutable: the checkpoints live there; create a new resource to move them"))]
     #[schemars(length(max = 256))]
     pub database: Option<String>,
-    /// The lease container (default `leases`); created with partition key `/id` when missing.
-    /// Immutable.
+    /// The lease container (default `leases`), partition key `/id`; created when missing if
+    /// `createIfNotExists` allows it. Immutable, also when added or removed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("leases.container is immutable: the checkpoints live there; create a new resource to move them"))]
     #[schemars(length(max = 256))]
     pub container: Option<String>,
-    /// A separate account for the lease container (default: the monitored account).
+    /// Create the lease container (and the dead-letter container) with partition key `/id`
+    /// when it is missing. Default: `true` with `auth: Key`, `false` with `WorkloadIdentity`,
+    /// because Microsoft Entra ID identities may not create databases or containers; set `false`
+    /// for keys of accounts with `disableKeyBasedMetadataWriteAccess` too. An existing container
+    /// is always used as it is; a missing one that may not be created is reported with the
+    /// command that creates it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_if_not_exists: Option<bool>,
+    /// A separate account for the lease container (default: the monitored account). Its
+    /// endpoint is immutable, also when added or removed: the checkpoints live there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connection: Option<Connection>,
     /// Start from the checkpoints of the .NET or Java change feed processor whose leases are in
@@ -340,6 +351,7 @@ impl Default for LeaseSettings {
         Self {
             database: None,
             container: None,
+            create_if_not_exists: None,
             connection: None,
             per_partition: default_per_partition(),
             adopt_from: None,
@@ -605,6 +617,17 @@ pub struct Autoscaling {
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
     #[schemars(length(max = 32))]
     pub scale_down_stabilization: String,
+    /// Worker pods to run while the estimate keeps failing (as KEDA's `fallback`): after
+    /// `fallbackAfterFailures` failed estimates in a row at least this many run, until an
+    /// estimate works again; then the estimate decides. Without it a failing estimate holds the
+    /// current replicas — with `minReplicas: 0` possibly none, while `Ready` says why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub fallback_replicas: Option<i32>,
+    /// Failed estimates in a row before `fallbackReplicas` run.
+    #[serde(default = "default_fallback_after_failures")]
+    #[schemars(range(min = 1, max = 100))]
+    pub fallback_after_failures: u32,
     /// How often the operator estimates the remaining work (also while autoscaling is off, for
     /// the status and metrics).
     #[serde(default = "default_estimate_interval")]
@@ -621,9 +644,15 @@ impl Default for Autoscaling {
             max_replicas: default_max_replicas(),
             target_lag_per_replica: default_target_lag(),
             scale_down_stabilization: default_stabilization(),
+            fallback_replicas: None,
+            fallback_after_failures: default_fallback_after_failures(),
             estimate_interval: default_estimate_interval(),
         }
     }
+}
+
+fn default_fallback_after_failures() -> u32 {
+    3
 }
 
 fn default_estimate_interval() -> String {
@@ -702,6 +731,12 @@ pub struct WorkerTemplate {
     /// Priority class of the worker pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
+    /// How long a stopping worker pod may take (default: the HTTP handler's `timeout` plus 30 s
+    /// to checkpoint and release its leases; 30 s with the stdout handler): a stop never cuts
+    /// off a batch the handler is still working on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub termination_grace_period_seconds: Option<i64>,
     /// Port of the worker's /metrics, /healthz and /readyz.
     #[serde(default = "default_metrics_port")]
     #[schemars(range(min = 1, max = 65535))]
@@ -732,6 +767,7 @@ impl Default for WorkerTemplate {
             affinity: None,
             topology_spread_constraints: Vec::new(),
             priority_class_name: None,
+            termination_grace_period_seconds: None,
             metrics_port: default_metrics_port(),
         }
     }
@@ -800,6 +836,19 @@ impl ChangeFeedProcessorSpec {
     /// The lease container: `leases.container` or `leases`.
     pub fn lease_container(&self) -> String {
         self.leases.container.clone().unwrap_or_else(|| "leases".into())
+    }
+
+    /// The connection of the lease container: `leases.connection` or the monitored account's.
+    pub fn lease_connection(&self) -> &Connection {
+        self.leases.connection.as_ref().unwrap_or(&self.connection)
+    }
+
+    /// Whether a missing lease (or dead-letter) container is created: `leases.createIfNotExists`,
+    /// by default only with key auth (Microsoft Entra ID identities may not create containers).
+    pub fn create_leases(&self) -> bool {
+        self.leases
+            .create_if_not_exists
+            .unwrap_or(self.lease_connection().auth == AuthKind::Key)
     }
 }
 

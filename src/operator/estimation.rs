@@ -20,7 +20,7 @@ use crate::cosmos::{AccountAuth, CosmosAccount, MonitoredContainer, StartFrom};
 use crate::processor::bootstrap::bootstrap;
 use crate::processor::estimator::DEFAULT_CONCURRENCY;
 use crate::processor::{CosmosLeaseStore, LeaseStore, ProcessorEstimate, ProcessorOptions, estimate_leases};
-use crate::worker::{WorkerSettings, open};
+use crate::worker::{WorkerError, WorkerSettings, open};
 
 /// The instance name the operator uses when it bootstraps a processor's leases.
 pub const OPERATOR_INSTANCE: &str = "changefeed-operator";
@@ -62,6 +62,8 @@ pub struct EstimateTarget {
     pub mode: crate::cosmos::FeedMode,
     /// Another processor's checkpoints the lease set starts from.
     pub adopt: Option<crate::processor::AdoptOptions>,
+    /// Whether a missing lease container is created (`leases.createIfNotExists`).
+    pub create_leases: bool,
     /// Time between estimates.
     pub interval: Duration,
 }
@@ -72,15 +74,15 @@ impl EstimateTarget {
         (self.interval * 2).clamp(Duration::from_secs(5), Duration::from_secs(60))
     }
 
-    /// Worker settings that open this processor's containers (creating the lease container when missing,
-    /// as a worker would).
+    /// Worker settings that open this processor's containers (creating the lease container when
+    /// missing and allowed, as a worker would).
     pub fn settings(&self) -> WorkerSettings {
         WorkerSettings {
             database: self.database.clone(),
             container: self.container.clone(),
             lease_database: self.lease_database.clone(),
             lease_container: self.lease_container.clone(),
-            create_leases: true,
+            create_leases: self.create_leases,
             options: self.options(),
         }
     }
@@ -117,6 +119,9 @@ pub struct EstimateFailure {
     pub reason: &'static str,
     /// What went wrong, in words.
     pub message: String,
+    /// For a problem that waiting does not fix (a container missing or that may not be
+    /// created, a credential refused): the condition reason, such as `LeaseContainerMissing`.
+    pub setup: Option<&'static str>,
 }
 
 impl EstimateFailure {
@@ -124,6 +129,15 @@ impl EstimateFailure {
         Self {
             reason,
             message: message.into(),
+            setup: None,
+        }
+    }
+
+    /// The failure to open a processor's containers.
+    fn opening(error: &WorkerError) -> Self {
+        Self {
+            setup: error.is_setup_problem().then(|| error.reason()),
+            ..Self::new("lease_store", error.to_string())
         }
     }
 }
@@ -166,7 +180,7 @@ impl Accounts {
         };
         let (monitored, store) = open(&account, &lease_account, &target.settings())
             .await
-            .map_err(|e| EstimateFailure::new("lease_store", e.to_string()))?;
+            .map_err(|e| EstimateFailure::opening(&e))?;
         Ok(Opened {
             monitored,
             store: Arc::new(store),

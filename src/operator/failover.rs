@@ -147,10 +147,13 @@ async fn free_leases(ctx: Arc<Context>, worker: WorkerPod, why: &'static str) {
         let event = Event {
             type_: EventType::Normal,
             reason: "LeasesFreed".into(),
-            note: Some(format!(
-                "worker pod {pod} was {why}: freed its {} lease(s) for the other workers ({})",
-                freed.len(),
-                freed.join(", ")
+            note: Some(super::status::bounded(
+                format!(
+                    "worker pod {pod} was {why}: freed its {} lease(s) for the other workers ({})",
+                    freed.len(),
+                    freed.join(", ")
+                ),
+                super::status::MAX_EVENT_NOTE,
             )),
             action: "Failover".into(),
             secondary: None,

@@ -21,7 +21,10 @@ use super::config::{self, ConfigProblem};
 use super::crd::{AuthKind, ChangeFeedProcessor, ChangeFeedProcessorStatus, Connection};
 use super::estimation::{AccountRef, EstimateReport, EstimateTarget, Estimators, ResourceKey};
 use super::metrics::OperatorMetrics;
-use super::status::{DEGRADED, Observation, Rollout, SCALING, ScalingState, conditions};
+use super::status::{
+    DEGRADED, EstimateProblem, MAX_EVENT_NOTE, Observation, Rollout, SCALING, ScalingState, bounded, conditions,
+    ready_problem_event,
+};
 use super::workload::{
     FIELD_MANAGER, metrics_service, selector_string, with_secrets_digest, worker_deployment, worker_disruption_budget,
 };
@@ -193,11 +196,13 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
     };
     let scaling = plan.map(|p| p.scaling);
     let previous_scaling = previous.conditions.iter().find(|c| c.type_ == SCALING);
+    let mut estimate_failed_published = false;
     if let Some(state) = &scaling
         && state.reason == ScalingReason::EstimateFailed.as_str()
         && previous_scaling.is_none_or(|c| c.reason != state.reason)
     {
         publish(ctx, cfp, EventType::Warning, "EstimateFailed", state.message.clone()).await;
+        estimate_failed_published = true;
     }
 
     let now = Time(k8s_openapi::jiff::Timestamp::now());
@@ -219,6 +224,13 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
         ready: deployment_status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0),
         scaling,
         rollout,
+        estimate_failure: report
+            .as_ref()
+            .and_then(|r| r.outcome.as_ref().err())
+            .map(|failure| EstimateProblem {
+                setup: failure.setup,
+                message: failure.message.clone(),
+            }),
         failing_leases: report.as_ref().and_then(|r| r.outcome.as_ref().ok()).map(|estimate| {
             estimate
                 .leases
@@ -257,6 +269,11 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
         status.estimated_lag = Some(i64::try_from(estimate.total_lag).unwrap_or(i64::MAX));
         status.last_estimate_time = Some(time.clone());
         status.instances = instances(estimate);
+    }
+    if let Some((reason, note)) = ready_problem_event(&previous.conditions, &status.conditions)
+        && !(reason == "EstimateFailed" && estimate_failed_published)
+    {
+        publish(ctx, cfp, EventType::Warning, &reason, note).await;
     }
     if failing_now
         && !failing_before
@@ -310,10 +327,14 @@ async fn clean_up(
         .map(|t| k8s_openapi::jiff::Timestamp::now().duration_since(t.0))
         .and_then(|d| Duration::try_from(d).ok())
         .unwrap_or_default();
-    let give_up = |what: String| async move {
+    let give_up = |what: String, at_once: bool| async move {
+        let when = if at_once {
+            "at once".to_owned()
+        } else {
+            format!("after {} (leases.cleanupTimeout)", humantime::format_duration(timeout))
+        };
         let note = format!(
-            "gave up after {} (leases.cleanupTimeout): {what}; the lease documents of processor {:?} may be left in the lease container",
-            humantime::format_duration(timeout),
+            "gave up {when}: {what}; the lease documents of processor {:?} may be left in the lease container",
             cfp.processor_name()
         );
         publish(ctx, cfp, EventType::Warning, "LeaseCleanupAbandoned", note).await;
@@ -353,11 +374,15 @@ async fn clean_up(
         .len();
     if running > 0 {
         if since >= timeout {
-            return give_up(format!("{running} worker pod(s) still exist")).await;
+            return give_up(format!("{running} worker pod(s) still exist"), false).await;
         }
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
-    // 2. Delete the leases.
+    // 2. Delete the leases. A credential whose Secret is gone cannot come back while the resource
+    //    is deleted (a namespace deletion removes Secrets first): no waiting for it.
+    if let Err(message) = estimate_target(cfp, found) {
+        return give_up(format!("{message} to reach the leases and it is gone"), true).await;
+    }
     match delete_leases(ctx, cfp, found).await {
         Ok(count) => {
             publish(
@@ -371,7 +396,7 @@ async fn clean_up(
             set_finalizer(cfps, cfp, false).await?;
             Ok(Action::await_change())
         }
-        Err(message) if since >= timeout => give_up(format!("deleting the leases failed: {message}")).await,
+        Err(message) if since >= timeout => give_up(format!("deleting the leases failed: {message}"), false).await,
         Err(message) => {
             publish(
                 ctx,
@@ -698,6 +723,7 @@ fn estimate_target(cfp: &ChangeFeedProcessor, found: &BTreeMap<String, Secret>) 
             prefix: a.prefix.clone(),
             force: a.force,
         }),
+        create_leases: spec.create_leases(),
         interval: config::estimate_interval(cfp),
     })
 }
@@ -706,7 +732,7 @@ async fn publish(ctx: &Context, cfp: &ChangeFeedProcessor, kind: EventType, reas
     let event = Event {
         type_: kind,
         reason: reason.into(),
-        note: Some(note),
+        note: Some(bounded(note, MAX_EVENT_NOTE)),
         action: "Reconcile".into(),
         secondary: None,
     };
@@ -773,7 +799,9 @@ async fn delete_leases(
     match crate::worker::open(&account, &lease_account, &settings).await {
         Ok((_, store)) => store.delete_all().await.map_err(|e| e.to_string()),
         // Nothing to clean up when the containers are gone.
-        Err(crate::worker::WorkerError::LeasesMissing(_) | crate::worker::WorkerError::MonitoredMissing(_)) => Ok(0),
+        Err(crate::worker::WorkerError::LeasesMissing { .. } | crate::worker::WorkerError::MonitoredMissing(_)) => {
+            Ok(0)
+        }
         Err(error) => Err(error.to_string()),
     }
 }

@@ -62,6 +62,43 @@ pub struct Observation {
     pub failing_leases: Option<Vec<(String, String)>>,
     /// The rollout of the workers.
     pub rollout: Rollout,
+    /// The newest estimate failed: why, when it is a problem waiting does not fix (a lease
+    /// container missing or that may not be created), and what happened.
+    pub estimate_failure: Option<EstimateProblem>,
+}
+
+/// A failed estimate, as the status reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EstimateProblem {
+    /// The condition reason of a problem that waiting does not fix (`LeaseContainerMissing`,
+    /// `ContainerCreationRefused`, ...); `None` for a failure that may pass (timeouts, outages).
+    pub setup: Option<&'static str>,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// The most bytes of a condition message (the API server allows 32 KiB; a person reads less).
+pub const MAX_CONDITION_MESSAGE: usize = 2048;
+/// The most bytes of an Event note (the API server refuses longer ones).
+pub const MAX_EVENT_NOTE: usize = 1024;
+
+/// `message` cut to at most `max_bytes` bytes on a character boundary, ending in `…` when cut.
+/// Every message the operator writes goes through it: messages embed handler bodies, URLs and
+/// account errors, any of which can hold multi-byte characters.
+pub fn bounded(mut message: String, max_bytes: usize) -> String {
+    const ELLIPSIS: char = '…';
+    if message.len() <= max_bytes {
+        return message;
+    }
+    let mut end = max_bytes.saturating_sub(ELLIPSIS.len_utf8());
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    message.truncate(end);
+    if ELLIPSIS.len_utf8() <= max_bytes {
+        message.push(ELLIPSIS);
+    }
+    message
 }
 
 /// The `Degraded` condition for the halted leases.
@@ -92,7 +129,7 @@ fn degraded(failing: &[(String, String)], generation: Option<i64>, now: &Time) -
                 generation,
                 now,
             );
-            degraded.message.truncate(1000);
+            degraded.message = bounded(degraded.message, 1000);
             degraded
         }
     }
@@ -103,11 +140,32 @@ fn condition(kind: &str, ok: bool, reason: &str, message: String, generation: Op
         type_: kind.into(),
         status: if ok { "True" } else { "False" }.into(),
         reason: reason.into(),
-        message,
+        message: bounded(message, MAX_CONDITION_MESSAGE),
         observed_generation: generation,
         last_transition_time: now.clone(),
     }
 }
+
+/// The Warning Event (reason, note) for a `Ready` condition that newly fails because of the
+/// estimate: a lease container missing or that may not be created, or estimates failing while
+/// scaled to zero. `None` when the reason did not change or is another one.
+pub fn ready_problem_event(previous: &[Condition], current: &[Condition]) -> Option<(String, String)> {
+    let ready = current.iter().find(|c| c.type_ == READY && c.status == "False")?;
+    let from_estimate = ready.reason == "EstimateFailed" || SETUP_REASONS.contains(&ready.reason.as_str());
+    let before = previous.iter().find(|c| c.type_ == READY);
+    (from_estimate && before.is_none_or(|b| b.reason != ready.reason))
+        .then(|| (ready.reason.clone(), ready.message.clone()))
+}
+
+/// The `Ready` reasons of problems with the containers or credentials that waiting does not fix.
+pub const SETUP_REASONS: [&str; 6] = [
+    "MonitoredContainerMissing",
+    "LeaseContainerMissing",
+    "ContainerCreationRefused",
+    "CredentialRefused",
+    "AccessForbidden",
+    "LeaseContainerInvalid",
+];
 
 /// The conditions for `observation`; a condition whose status did not change keeps its
 /// `lastTransitionTime` from `previous`.
@@ -135,6 +193,16 @@ pub fn conditions(
             &now,
         ),
     };
+    // With autoscaling (built in, or an HPA or KEDA reading the estimate's metrics) a failed
+    // estimate at 0 replicas means nothing would ever start a worker.
+    let autoscaled = observation
+        .scaling
+        .as_ref()
+        .is_some_and(|s| s.reason != "ScalingDisabled");
+    let setup = observation
+        .estimate_failure
+        .as_ref()
+        .and_then(|f| Some((f.setup?, f.message.clone())));
     let ready = match (&observation.problem, observation.deployed) {
         (Some(problem), false) => condition(
             READY,
@@ -162,6 +230,25 @@ pub fn conditions(
             format!(
                 "the API server refused the workers' objects: {}",
                 observation.rollout.apply_failure.clone().unwrap_or_default()
+            ),
+            generation,
+            &now,
+        ),
+        (None, _) if setup.is_some() => {
+            let (reason, message) = setup.unwrap_or_default();
+            condition(READY, false, reason, message, generation, &now)
+        }
+        (None, _) if observation.desired == 0 && observation.estimate_failure.is_some() && autoscaled => condition(
+            READY,
+            false,
+            "EstimateFailed",
+            format!(
+                "0 worker pods run and the remaining work cannot be estimated, so nothing would start them: {}",
+                observation
+                    .estimate_failure
+                    .as_ref()
+                    .map(|f| f.message.as_str())
+                    .unwrap_or_default()
             ),
             generation,
             &now,
@@ -321,6 +408,7 @@ mod tests {
                 updated: desired,
                 ..Rollout::default()
             },
+            estimate_failure: None,
         }
     }
 
@@ -356,6 +444,152 @@ mod tests {
                 (READY, ready.0, ready.1)
             );
             assert!(got.iter().all(|c| c.observed_generation == Some(3)));
+        }
+    }
+
+    fn failed(setup: Option<&'static str>) -> Option<EstimateProblem> {
+        Some(EstimateProblem {
+            setup,
+            message: "the lease container db/leases does not exist; create it: az ...".into(),
+        })
+    }
+
+    fn autoscaled(mut observation: Observation) -> Observation {
+        observation.scaling = Some(ScalingState {
+            active: true,
+            reason: "ScalingActive".into(),
+            message: "0 replica(s) recommended".into(),
+        });
+        observation
+    }
+
+    #[test]
+    fn ready_reports_estimate_problems_that_stop_the_processor() {
+        let with = |mut observation: Observation, failure| {
+            observation.estimate_failure = failure;
+            observation
+        };
+        let cases = [
+            (
+                "a missing lease container at any scale",
+                with(observe(None, true, 2, 2), failed(Some("LeaseContainerMissing"))),
+                ("False", "LeaseContainerMissing"),
+            ),
+            (
+                "creation refused before any worker",
+                with(observe(None, false, 1, 0), failed(Some("ContainerCreationRefused"))),
+                ("False", "ContainerCreationRefused"),
+            ),
+            (
+                "a passing failure while workers run",
+                with(autoscaled(observe(None, true, 2, 2)), failed(None)),
+                ("True", "WorkersReady"),
+            ),
+            (
+                "a failing estimate at zero with autoscaling",
+                with(autoscaled(observe(None, true, 0, 0)), failed(None)),
+                ("False", "EstimateFailed"),
+            ),
+            (
+                "zero set by hand, autoscaling off",
+                with(observe(None, true, 0, 0), failed(None)),
+                ("True", "ScaledToZero"),
+            ),
+            (
+                "a config problem comes first",
+                with(
+                    observe(Some("SecretNotFound"), true, 1, 1),
+                    failed(Some("LeaseContainerMissing")),
+                ),
+                ("False", "SecretNotFound"),
+            ),
+        ];
+        for (name, observation, want) in cases {
+            let got = conditions(&observation, &[], Some(1), time(100));
+            let ready = got.iter().find(|c| c.type_ == READY).unwrap();
+            assert_eq!((ready.status.as_str(), ready.reason.as_str()), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_fresh_estimate_problem_on_ready_gets_one_event() {
+        let mut zero = autoscaled(observe(None, true, 0, 0));
+        let healthy = conditions(&zero, &[], Some(1), time(100));
+        assert_eq!(ready_problem_event(&[], &healthy), None);
+        zero.estimate_failure = failed(None);
+        let failing = conditions(&zero, &healthy, Some(1), time(200));
+        let (reason, note) = ready_problem_event(&healthy, &failing).expect("an Event");
+        assert_eq!(reason, "EstimateFailed");
+        assert!(note.contains("nothing would start them"), "{note}");
+        let again = conditions(&zero, &failing, Some(1), time(300));
+        assert_eq!(ready_problem_event(&failing, &again), None, "once per change");
+        zero.estimate_failure = failed(Some("LeaseContainerMissing"));
+        let missing = conditions(&zero, &again, Some(1), time(400));
+        assert_eq!(
+            ready_problem_event(&again, &missing).map(|e| e.0),
+            Some("LeaseContainerMissing".to_owned())
+        );
+    }
+
+    #[test]
+    fn bounded_cuts_on_a_character_boundary() {
+        let table = [
+            ("short", 10, "short"),
+            ("ééééé", 10, "ééééé"),
+            ("éééééé", 10, "ééé…"),
+            ("abcdefghijk", 10, "abcdefg…"),
+            ("日本語のテキスト", 9, "日本…"),
+            ("日本語のテキスト", 8, "日…"),
+            ("abc", 2, ""),
+            ("", 0, ""),
+        ];
+        for (input, max, want) in table {
+            let got = bounded(input.to_owned(), max);
+            assert_eq!(got, want, "{input:?} at {max}");
+            assert!(got.len() <= max);
+        }
+    }
+
+    proptest::proptest! {
+        /// Messages embed handler bodies, URLs and account errors: whatever they hold, every
+        /// condition and Event renders without panicking and within the API server's limits.
+        #[test]
+        fn every_condition_and_event_renders_from_any_unicode(
+            body in "\\PC{0,1500}",
+            url in "\\PC{0,300}",
+            reason in "\\PC{0,40}",
+            lease in "\\PC{0,64}",
+            leases in 0usize..5,
+            desired in 0i32..4,
+            ready in 0i32..4,
+            deployed in proptest::bool::ANY,
+            setup in proptest::bool::ANY,
+            rollout_problem in 0u8..6,
+        ) {
+            let note = format!("HTTP 500 from {url}: {body}");
+            let mut observation = observe(None, deployed, desired, ready);
+            observation.failing_leases = Some(vec![(lease.clone(), note.clone()); leases]);
+            observation.estimate_failure = Some(EstimateProblem {
+                setup: setup.then_some("LeaseContainerMissing"),
+                message: note.clone(),
+            });
+            observation.scaling = Some(ScalingState { active: false, reason: reason.clone(), message: note.clone() });
+            match rollout_problem {
+                0 => observation.problem = Some(ConfigProblem { reason: "InvalidConfiguration", message: note.clone() }),
+                1 => observation.rollout.apply_failure = Some(note.clone()),
+                2 => observation.rollout.replica_failure = Some(note.clone()),
+                3 => observation.rollout.pod_problem = Some((lease.clone(), url.clone(), "CrashLoopBackOff".into(), body.clone())),
+                4 => observation.rollout.stalled = Some(note.clone()),
+                _ => {}
+            }
+            let got = conditions(&observation, &[], Some(1), time(100));
+            for condition in &got {
+                proptest::prop_assert!(condition.message.len() <= MAX_CONDITION_MESSAGE);
+            }
+            if let Some((_, event)) = ready_problem_event(&[], &got) {
+                proptest::prop_assert!(bounded(event, MAX_EVENT_NOTE).len() <= MAX_EVENT_NOTE);
+            }
+            proptest::prop_assert!(bounded(note, MAX_EVENT_NOTE).len() <= MAX_EVENT_NOTE);
         }
     }
 

@@ -174,6 +174,9 @@ pub fn worker_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
         env("CFP_LEASE_EXPIRATION", spec.lease_timings.expiration.clone()),
         env("CFP_METRICS_PORT", spec.worker.metrics_port.to_string()),
     ]);
+    if !spec.create_leases() {
+        vars.push(env("CFP_NO_CREATE_LEASES", "true".to_owned()));
+    }
     if let Some(interval) = spec.checkpoint.as_ref().and_then(|c| c.interval.clone()) {
         vars.push(env("CFP_CHECKPOINT_INTERVAL", interval));
     }
@@ -286,7 +289,8 @@ fn container_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
 }
 
 /// A PodDisruptionBudget letting one worker pod at a time be evicted (node drains, upgrades):
-/// never blocks a drain, never takes several workers down together.
+/// never blocks a drain (unhealthy pods are always evictable), never takes several healthy
+/// workers down together.
 pub fn worker_disruption_budget(cfp: &ChangeFeedProcessor) -> PodDisruptionBudget {
     PodDisruptionBudget {
         metadata: ObjectMeta {
@@ -302,10 +306,32 @@ pub fn worker_disruption_budget(cfp: &ChangeFeedProcessor) -> PodDisruptionBudge
                 match_labels: Some(selector_labels(cfp)),
                 match_expressions: None,
             }),
+            // A crash-looping or never-ready worker (its handler down) is evicted anyway: the
+            // budget never blocks a node drain.
+            unhealthy_pod_eviction_policy: Some("AlwaysAllow".into()),
             ..Default::default()
         }),
         status: None,
     }
+}
+
+/// Time to checkpoint and release the leases after the last batch settled.
+const RELEASE_SECONDS: i64 = 30;
+
+/// How long a stopping worker may take: `worker.terminationGracePeriodSeconds`, else the HTTP
+/// handler's timeout (a batch in flight finishes or times out) plus the time to release leases.
+pub fn termination_grace_period(cfp: &ChangeFeedProcessor) -> i64 {
+    let spec = &cfp.spec;
+    if let Some(seconds) = spec.worker.termination_grace_period_seconds {
+        return seconds;
+    }
+    let handler = match (&spec.handler.kind, &spec.handler.http) {
+        (HandlerKind::Http, Some(http)) => humantime::parse_duration(&http.timeout)
+            .map(|t| i64::try_from(t.as_secs().saturating_add(u64::from(t.subsec_nanos() > 0))).unwrap_or(i64::MAX))
+            .unwrap_or(60),
+        _ => 0,
+    };
+    handler.saturating_add(RELEASE_SECONDS)
 }
 
 fn probe(path: &str, period: i32) -> Probe {
@@ -416,7 +442,7 @@ pub fn worker_deployment(cfp: &ChangeFeedProcessor, image: &str, replicas: i32) 
                     topology_spread_constraints: Some(spec.worker.topology_spread_constraints.clone())
                         .filter(|t| !t.is_empty()),
                     priority_class_name: spec.worker.priority_class_name.clone(),
-                    termination_grace_period_seconds: Some(60),
+                    termination_grace_period_seconds: Some(termination_grace_period(cfp)),
                     security_context: Some(PodSecurityContext {
                         run_as_non_root: Some(true),
                         run_as_user: Some(65532),
@@ -498,6 +524,44 @@ mod tests {
     }
 
     #[test]
+    fn the_grace_period_follows_the_handler_timeout() {
+        let cases = [
+            ("stdout", serde_json::json!({}), 30),
+            (
+                "http default timeout",
+                serde_json::json!({"handler": {"type": "Http", "http": {"url": "http://localhost:8080/"}}}),
+                90,
+            ),
+            (
+                "http 2m30s",
+                serde_json::json!({"handler": {"type": "Http", "http": {"url": "http://localhost:8080/", "timeout": "2m30s"}}}),
+                180,
+            ),
+            (
+                "http 1500ms rounds up",
+                serde_json::json!({"handler": {"type": "Http", "http": {"url": "http://localhost:8080/", "timeout": "1500ms"}}}),
+                32,
+            ),
+            (
+                "overridden",
+                serde_json::json!({"worker": {"terminationGracePeriodSeconds": 600}}),
+                600,
+            ),
+        ];
+        for (name, spec, want) in cases {
+            let deployment = worker_deployment(&resource(spec), "cfp:1", 1);
+            let pod = deployment.spec.unwrap().template.spec.unwrap();
+            assert_eq!(pod.termination_grace_period_seconds, Some(want), "{name}");
+        }
+        let budget = worker_disruption_budget(&resource(serde_json::json!({})));
+        assert_eq!(
+            budget.spec.unwrap().unhealthy_pod_eviction_policy.as_deref(),
+            Some("AlwaysAllow"),
+            "a crash-looping fleet never blocks a drain"
+        );
+    }
+
+    #[test]
     fn worker_env_table() {
         struct Case {
             name: &'static str,
@@ -527,7 +591,31 @@ mod tests {
                     ("CFP_METRICS_PORT", Some("9090")),
                     ("CFP_LEASE_ENDPOINT", None),
                     ("AZURE_COSMOS_EMULATOR_HOST", None),
+                    ("CFP_NO_CREATE_LEASES", None),
                 ],
+            },
+            Case {
+                name: "workload identity: the lease container is not created by default",
+                spec: serde_json::json!({"connection": {"endpoint": "https://acct.documents.azure.com:443/", "auth": "WorkloadIdentity"},
+                                         "worker": {"serviceAccountName": "orders"}}),
+                want: &[("CFP_NO_CREATE_LEASES", Some("true"))],
+            },
+            Case {
+                name: "workload identity allowed to create",
+                spec: serde_json::json!({"connection": {"endpoint": "https://acct.documents.azure.com:443/", "auth": "WorkloadIdentity"},
+                                         "leases": {"createIfNotExists": true}, "worker": {"serviceAccountName": "orders"}}),
+                want: &[("CFP_NO_CREATE_LEASES", None)],
+            },
+            Case {
+                name: "key without metadata writes",
+                spec: serde_json::json!({"leases": {"createIfNotExists": false}}),
+                want: &[("CFP_NO_CREATE_LEASES", Some("true"))],
+            },
+            Case {
+                name: "key on the monitored account, workload identity on the lease account",
+                spec: serde_json::json!({"leases": {"connection": {"endpoint": "https://other.documents.azure.com/", "auth": "WorkloadIdentity"}},
+                                         "worker": {"serviceAccountName": "orders"}}),
+                want: &[("CFP_NO_CREATE_LEASES", Some("true"))],
             },
             Case {
                 name: "overrides",

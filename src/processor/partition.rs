@@ -426,7 +426,7 @@ fn may_mean_container_gone(error: &CosmosError) -> bool {
 fn is_configuration_error(error: &CosmosError) -> bool {
     matches!(
         error.kind,
-        ErrorKind::Unauthorized | ErrorKind::BadRequest | ErrorKind::NotFound
+        ErrorKind::Unauthorized | ErrorKind::Forbidden | ErrorKind::BadRequest | ErrorKind::NotFound
     )
 }
 

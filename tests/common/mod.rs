@@ -322,6 +322,23 @@ pub async fn start_emulator_with(args: &[&str]) -> (tokio::process::Child, Strin
     (child, endpoint)
 }
 
+/// Creates `database/container` (partition key `/id`) on the `cfp emulator` at `endpoint` through
+/// its management plane, as `az cosmosdb sql container create` does where the data plane may not.
+pub async fn create_container_as_admin(endpoint: &str, database: &str, container: &str) {
+    let response = reqwest::Client::new()
+        .post(format!(
+            "{endpoint}_emulator/containers?database={database}&container={container}&partitionKey=/id"
+        ))
+        .send()
+        .await
+        .expect("the emulator's management plane answers");
+    assert!(
+        response.status().is_success(),
+        "creating {database}/{container}: {}",
+        response.status()
+    );
+}
+
 /// `cfp worker` of `db/items` at `endpoint` (logs at warn level), for more flags and spawning.
 pub fn cfp_worker(endpoint: &str) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(CFP);
