@@ -534,7 +534,32 @@ async fn an_external_autoscaler_on_the_scale_subresource_wins() {
     let hpa = "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata:\n  name: orders-keda\nspec:\n  scaleTargetRef:\n    apiVersion: changefeed.io/v1alpha1\n    kind: ChangeFeedProcessor\n    name: orders\n  minReplicas: 1\n  maxReplicas: 4\n  metrics:\n  - type: External\n    external:\n      metric:\n        name: cfp_processor_estimated_lag\n      target:\n        type: AverageValue\n        averageValue: \"1000\"\n";
     let (ok, _, err) = apply(setup.plane, &setup.ns, hpa);
     assert!(ok, "{err}");
-    // What the HPA controller does through /scale.
+    // Until the HPA has decided, spec.replicas (1, never set) is stale: the 6 workers keep running.
+    let undecided = wait("Scaling=False/ExternalAutoscaler, not decided yet", || async {
+        setup
+            .scaling()
+            .await
+            .filter(|c| c.reason == "ExternalAutoscaler" && c.message.contains("has not decided yet"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(setup.replicas().await, Some(6), "dropped to the stale spec.replicas");
+    // What the HPA controller does: record its decision in its status, and scale through /scale.
+    let (ok, _, err) = setup.plane.kubectl_run(
+        &[
+            "patch",
+            "hpa",
+            "orders-keda",
+            "-n",
+            &setup.ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"observedGeneration":1,"currentReplicas":6,"desiredReplicas":2,"lastScaleTime":"2026-01-01T00:00:00Z"}}"#,
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
     let (ok, _, err) = setup
         .plane
         .kubectl_run(&["scale", "cfp/orders", "-n", &setup.ns, "--replicas=2"], None);
@@ -554,8 +579,8 @@ async fn an_external_autoscaler_on_the_scale_subresource_wins() {
     assert!(ok, "{err}");
     setup.wait_replicas(6, Duration::from_secs(30)).await;
     println!(
-        "external autoscaler: with HPA orders-keda the Deployment follows /scale (2), Scaling=False/ExternalAutoscaler: {}; without it the built-in autoscaler returns to 6",
-        condition.message
+        "external autoscaler: a new HPA that has not decided keeps the 6 running ({}); once it decided the Deployment follows /scale (2), Scaling=False/ExternalAutoscaler: {}; without it the built-in autoscaler returns to 6",
+        undecided.message, condition.message
     );
     setup.stop().await;
 }

@@ -157,10 +157,11 @@ impl ScaleHistory {
                 recommendation.min(step)
             }
             Some(current) => {
+                // A lowered maxReplicas applies at once: no recommendation above it is kept.
                 let highest = self
                     .recommendations
                     .iter()
-                    .map(|(_, r)| *r)
+                    .map(|(_, r)| (*r).min(upper))
                     .max()
                     .unwrap_or(recommendation);
                 if highest > recommendation && highest >= current {
@@ -169,7 +170,7 @@ impl ScaleHistory {
                         humantime::format_duration(policy.scale_down_stabilization)
                     );
                 }
-                current.min(highest.max(recommendation))
+                current.min(highest.max(recommendation)).min(upper)
             }
         };
         // A new Deployment counts as scaled up from zero.
@@ -347,6 +348,30 @@ mod tests {
         for s in 0..5 {
             assert_eq!(busy.decide(&p, Some(4), &failed, at(s)).replicas, 4);
         }
+    }
+
+    #[test]
+    fn a_lowered_max_replicas_applies_at_once() {
+        let mut history = ScaleHistory::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(
+            history
+                .decide(&policy(1, 10, 100), None, &estimate(1000, 16), at(0))
+                .replicas,
+            10
+        );
+        let lowered = history.decide(&policy(1, 4, 100), Some(10), &estimate(1000, 16), at(15));
+        assert_eq!(
+            (lowered.replicas, lowered.reason),
+            (4, ScalingReason::Limited),
+            "{}",
+            lowered.message
+        );
+        assert_eq!(lowered.event.map(|e| e.0), Some("ScaledDown"));
+        // Also when the lag drained: the window holds nothing above the new maximum.
+        let idle = history.decide(&policy(1, 2, 100), Some(4), &estimate(0, 16), at(30));
+        assert_eq!(idle.replicas, 2);
     }
 
     #[test]

@@ -598,18 +598,46 @@ async fn plan_replicas(
             event: None,
         };
     };
-    if let Some(hpa) = external_autoscaler(&ctx.client, &key.0, &key.1).await {
-        return ReplicaPlan {
-            replicas: Some(spec_replicas),
-            scaling: scaling_state(
-                false,
-                "ExternalAutoscaler",
-                format!(
-                    "HorizontalPodAutoscaler {hpa:?} targets this resource and sets spec.replicas ({spec_replicas}) through /scale; the built-in autoscaler only estimates (delete the HPA or set autoscaling.enabled to false)"
+    match external_autoscaler(&ctx.client, &key.0, &key.1).await {
+        Ok(None) => {}
+        Ok(Some(hpa)) => {
+            // Until the HPA has decided once, spec.replicas is stale: the workers keep what runs.
+            let replicas = if hpa.acted {
+                Some(spec_replicas)
+            } else {
+                current.or(Some(spec_replicas))
+            };
+            let name = hpa.name;
+            return ReplicaPlan {
+                replicas,
+                scaling: scaling_state(
+                    false,
+                    "ExternalAutoscaler",
+                    if hpa.acted {
+                        format!(
+                            "HorizontalPodAutoscaler {name:?} targets this resource and sets spec.replicas ({spec_replicas}) through /scale; the built-in autoscaler only estimates (delete the HPA or set autoscaling.enabled to false)"
+                        )
+                    } else {
+                        format!(
+                            "HorizontalPodAutoscaler {name:?} targets this resource but has not decided yet: the current replicas are kept until it does"
+                        )
+                    },
                 ),
-            ),
-            event: None,
-        };
+                event: None,
+            };
+        }
+        Err(error) => {
+            // An HPA may exist: overriding it would make the two fight; hold what runs.
+            return ReplicaPlan {
+                replicas: current,
+                scaling: scaling_state(
+                    false,
+                    "ExternalAutoscalerUnknown",
+                    format!("listing HorizontalPodAutoscalers failed, so the replicas are held: {error}"),
+                ),
+                event: None,
+            };
+        }
     }
     let Ok(mut states) = ctx.scaling.lock() else {
         return ReplicaPlan {
@@ -666,31 +694,45 @@ async fn plan_replicas(
     }
 }
 
-/// The name of a HorizontalPodAutoscaler (KEDA's ScaledObject creates one) that targets the
-/// resource's `/scale`, if any.
-async fn external_autoscaler(client: &Client, namespace: &str, name: &str) -> Option<String> {
+/// A HorizontalPodAutoscaler (KEDA's ScaledObject creates one) that targets a resource's `/scale`.
+struct ExternalAutoscaler {
+    name: String,
+    /// Whether it has decided the replicas yet (it has a status with its desired replicas).
+    acted: bool,
+}
+
+/// The HorizontalPodAutoscaler that targets the resource's `/scale`, if any; an error when they
+/// cannot be listed.
+async fn external_autoscaler(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<ExternalAutoscaler>, kube::Error> {
     let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), namespace);
-    match hpas.list(&ListParams::default()).await {
-        Ok(list) => list
-            .items
-            .into_iter()
-            .find(|hpa| {
-                hpa.spec.as_ref().is_some_and(|spec| {
-                    let target = &spec.scale_target_ref;
-                    target.kind == "ChangeFeedProcessor"
-                        && target.name == name
-                        && target
-                            .api_version
-                            .as_deref()
-                            .is_none_or(|v| v.starts_with("changefeed.io/"))
-                })
+    let list = hpas.list(&ListParams::default()).await.inspect_err(|error| {
+        tracing::warn!(namespace, %error, "listing HorizontalPodAutoscalers failed; holding the replicas");
+    })?;
+    Ok(list
+        .items
+        .into_iter()
+        .find(|hpa| {
+            hpa.spec.as_ref().is_some_and(|spec| {
+                let target = &spec.scale_target_ref;
+                target.kind == "ChangeFeedProcessor"
+                    && target.name == name
+                    && target
+                        .api_version
+                        .as_deref()
+                        .is_none_or(|v| v.starts_with("changefeed.io/"))
             })
-            .map(|hpa| hpa.name_any()),
-        Err(error) => {
-            tracing::warn!(namespace, %error, "listing HorizontalPodAutoscalers failed; assuming none targets the processor");
-            None
-        }
-    }
+        })
+        .map(|hpa| ExternalAutoscaler {
+            acted: hpa
+                .status
+                .as_ref()
+                .is_some_and(|s| s.last_scale_time.is_some() || s.observed_generation.is_some()),
+            name: hpa.name_any(),
+        }))
 }
 
 /// What the operator estimates for `cfp`, with the keys from its Secrets.
