@@ -12,7 +12,13 @@ pub async fn run(args: &WriteArgs) -> Result<(), CosmosError> {
         .documents(&args.connection.database, &args.connection.container)
         .await?;
     let pk_field = match container.partition_key_paths() {
-        [path] if !path[1..].contains('/') => path[1..].to_owned(),
+        [path]
+            if path
+                .strip_prefix('/')
+                .is_some_and(|p| !p.is_empty() && !p.contains('/')) =>
+        {
+            path.trim_start_matches('/').to_owned()
+        }
         other => {
             return Err(CosmosError::local(
                 ErrorKind::BadRequest,
