@@ -584,3 +584,118 @@ async fn an_external_autoscaler_on_the_scale_subresource_wins() {
     );
     setup.stop().await;
 }
+
+/// Asks the `cfp emulator` at `endpoint` for a control action (`POST outage?ms=N`, `DELETE faults`).
+async fn emulator_control(endpoint: &str, method: reqwest::Method, action: &str) {
+    let response = reqwest::Client::new()
+        .request(method, format!("{endpoint}_emulator/{action}"))
+        .send()
+        .await
+        .expect("the emulator's control API answers");
+    assert!(response.status().is_success(), "{action}: {}", response.status());
+}
+
+/// The `Ready` condition of `orders`, when its reason is `reason`.
+async fn ready_with(setup: &Setup, reason: &str) -> Option<Condition> {
+    let status = setup.status().await?;
+    status
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready" && c.reason == reason)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_to_zero_cannot_get_stuck_and_the_pause_annotations_hold_the_workload() {
+    let extra = format!(
+        "{}    activationLag: 20\n    fallbackReplicas: 1\n    fallbackAfterFailures: 2\n",
+        autoscaling(0, 4, 10, "2s", "1s")
+    );
+    let setup = setup("zero-stuck", 0, 2, 0, &extra).await;
+    setup.wait_replicas(0, Duration::from_secs(30)).await;
+    wait("Ready=True/ScaledToZero", || ready_with(&setup, "ScaledToZero")).await;
+
+    // Estimates fail at zero: Ready says so at once, and after 2 failures the fallback runs.
+    emulator_control(&setup.endpoint, reqwest::Method::POST, "outage?ms=600000").await;
+    let stuck = wait("Ready=False/EstimateFailed", || ready_with(&setup, "EstimateFailed")).await;
+    setup.wait_replicas(1, Duration::from_secs(60)).await;
+    let fallback = setup.scaling().await.map(|c| c.message).unwrap_or_default();
+    emulator_control(&setup.endpoint, reqwest::Method::DELETE, "faults").await;
+    setup.wait_replicas(0, Duration::from_secs(60)).await;
+    wait("Ready=True/ScaledToZero again", || ready_with(&setup, "ScaledToZero")).await;
+    let ready_events = setup.events("EstimateFailed").await.len();
+
+    // A lag at the activation threshold wakes nobody; above it the workers start.
+    cfp_write(&setup.endpoint, 0, 15).await;
+    wait("the activation threshold in the Scaling message", || async {
+        setup
+            .scaling()
+            .await
+            .filter(|c| c.message.contains("activationLag (20)"))
+    })
+    .await;
+    assert_eq!(
+        setup.replicas().await,
+        Some(0),
+        "15 changes are below the activation lag"
+    );
+    cfp_write(&setup.endpoint, 100, 10).await;
+    setup.wait_replicas(2, Duration::from_secs(30)).await;
+
+    // Paused at 0 replicas: held there although the lag asks for 2 (3 capped at the 2 leases).
+    let annotate = |value: &str| {
+        let (ok, _, err) = setup.plane.kubectl_run(
+            &["annotate", "--overwrite", "cfp", "orders", "-n", &setup.ns, value],
+            None,
+        );
+        assert!(ok, "{value}: {err}");
+    };
+    annotate("changefeed.io/paused-replicas=0");
+    setup.wait_replicas(0, Duration::from_secs(30)).await;
+    let paused = wait("Scaling=False/Paused", || async {
+        setup.scaling().await.filter(|c| c.reason == "Paused")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(setup.replicas().await, Some(0), "held while paused");
+    annotate("changefeed.io/paused-replicas-");
+    setup.wait_replicas(2, Duration::from_secs(30)).await;
+
+    // Paused as it is: a spec change is not applied until the annotation goes.
+    annotate("changefeed.io/paused=true");
+    wait("Scaling=False/Paused again", || async {
+        setup.scaling().await.filter(|c| c.reason == "Paused")
+    })
+    .await;
+    let changed = resource("orders", &setup.endpoint, &format!("{extra}  pollInterval: 1500ms\n"));
+    assert!(apply(setup.plane, &setup.ns, &changed).0);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let poll = |deployment: Option<Deployment>| {
+        deployment
+            .map(|d| operator_support::worker_env(&d))
+            .and_then(|env| env.get("CFP_POLL_INTERVAL").and_then(|v| v.value.clone()))
+    };
+    let while_paused = poll(setup.deployments.get_opt("orders").await.ok().flatten());
+    annotate("changefeed.io/paused-");
+    let resumed = wait("the spec change applied after the pause", || async {
+        poll(setup.deployments.get_opt("orders").await.ok().flatten()).filter(|p| p == "1500ms")
+    })
+    .await;
+    // Repeated Events of the same note are one Event with a series count.
+    let occurrences = |events: Vec<k8s_openapi::api::events::v1::Event>| -> i32 {
+        events.iter().map(|e| e.series.as_ref().map_or(1, |s| s.count)).sum()
+    };
+    let paused_events = occurrences(setup.events("Paused").await);
+    let resumed_events = occurrences(setup.events("Resumed").await);
+    println!(
+        "scale to zero: failing estimates at 0 → Ready=False/EstimateFailed ({}); fallback → 1 replica ({fallback}); estimates back → 0; EstimateFailed Events {ready_events}; 15 changes under activationLag 20 stay at 0, 25 → 2 (the lease count); paused-replicas=0 → 0 ({}); paused=true kept pollInterval {while_paused:?} until removed, then {resumed}; Paused/Resumed Events {paused_events}/{resumed_events}",
+        stuck.message, paused.message
+    );
+    assert!(fallback.contains("fallback of 1 replica"), "{fallback}");
+    assert!(ready_events >= 1);
+    assert_eq!(while_paused.as_deref(), Some("5s"), "a paused workload is not changed");
+    assert!(
+        paused_events >= 2 && resumed_events >= 2,
+        "{paused_events}/{resumed_events}"
+    );
+    setup.stop().await;
+}

@@ -644,7 +644,12 @@ async fn an_http_handler_in_a_sidecar_is_rendered_and_bad_handlers_are_rejected(
     let env = worker_env(&deployment);
     let value = |name: &str| env.get(name).and_then(|e| e.value.clone());
     let pod = deployment.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
-    let names: Vec<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
+    let names: Vec<&str> = pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+        .map(|c| c.name.as_str())
+        .collect();
     let header = env["CFP_HANDLER_HEADER_Authorization"]
         .value_from
         .as_ref()
@@ -1247,8 +1252,8 @@ async fn the_rendered_worker_pod_passes_the_restricted_pod_security_standard() {
     apply_ok(plane, &ns, &resource("orders", FAKE_ENDPOINT, sidecar));
     let deployment = wait("the Deployment with the sidecar", || async {
         let d = deployments.get("orders").await.ok()?;
-        let containers = d.spec.as_ref()?.template.spec.as_ref()?.containers.len();
-        (containers == 2).then_some(d)
+        let sidecars = d.spec.as_ref()?.template.spec.as_ref()?.init_containers.as_ref()?.len();
+        (sidecars == 1).then_some(d)
     })
     .await;
     let pod = serde_json::json!({

@@ -172,6 +172,29 @@ impl CosmosAccount {
         }
     }
 
+    /// Whether `database/container` exists, from the database's list of containers (not through
+    /// the SDK's container cache); `false` also when the database does not exist.
+    pub(super) async fn container_exists(&self, database: &str, container: &str) -> Result<bool, CosmosError> {
+        use futures::StreamExt as _;
+        let listed = self
+            .client
+            .database_client(database)
+            .query_containers("SELECT * FROM root r", None)
+            .await;
+        let mut containers = match listed {
+            Ok(containers) => containers,
+            Err(error) => return not_found_is_false(error.into()),
+        };
+        while let Some(next) = containers.next().await {
+            match next {
+                Ok(properties) if properties.id == container => return Ok(true),
+                Ok(_) => {}
+                Err(error) => return not_found_is_false(error.into()),
+            }
+        }
+        Ok(false)
+    }
+
     /// Creates `container` (and `database` when `database_missing`); one created meanwhile by
     /// someone else counts as created.
     pub(super) async fn create_missing(
@@ -220,6 +243,14 @@ fn refused_credential(mut error: CosmosError, auth: &AccountAuth) -> CosmosError
         error.message = format!("{hint} ({})", error.message);
     }
     error
+}
+
+fn not_found_is_false(error: CosmosError) -> Result<bool, CosmosError> {
+    if error.kind == ErrorKind::NotFound {
+        Ok(false)
+    } else {
+        Err(error)
+    }
 }
 
 fn ignore_conflict(err: CosmosError) -> Result<(), CosmosError> {

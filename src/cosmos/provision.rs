@@ -60,7 +60,12 @@ impl CosmosAccount {
         match self.documents(database, container).await {
             Ok(documents) => return Ok(documents),
             Err(error) if error.kind == ErrorKind::NotFound => {}
-            Err(error) => return Err(error.into()),
+            // The SDK's container cache can outlive the container (an account that came back
+            // empty answers 503/20305 from a stale resource id): ask the database which exist.
+            Err(error) => match self.container_exists(database, container).await {
+                Ok(false) => {}
+                _ => return Err(error.into()),
+            },
         }
         let database_missing = !self.database_exists(database).await?;
         let how_to_create = create_commands(self.host(), database, container, partition_key_path, database_missing);

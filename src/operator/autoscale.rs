@@ -7,6 +7,8 @@
 //! - Scale up at once, at most to double or +4 (whichever is more) per estimate, like the HPA; a
 //!   new Deployment starts at the full recommendation.
 //! - Scale down only to the highest recommendation seen within the stabilization window.
+//! - From zero workers, scale up only when the lag is above `activation_lag` (as KEDA's
+//!   activation threshold).
 //! - A failed estimate never scales down: the current replicas are held. After
 //!   `fallback.after_failures` failed estimates in a row, at least `fallback.replicas` run (as
 //!   KEDA's `fallback`), so a processor scaled to zero cannot stay stopped while its backlog is
@@ -28,6 +30,8 @@ pub struct Policy {
     pub scale_down_stabilization: Duration,
     /// Workers to run while estimates keep failing.
     pub fallback: Option<Fallback>,
+    /// From zero workers, scale up only when the estimated lag is above this (0: any lag).
+    pub activation_lag: u64,
 }
 
 /// What runs while the estimate keeps failing.
@@ -129,11 +133,21 @@ impl ScaleHistory {
         self.failures = 0;
         let target = policy.target_lag_per_replica.max(1);
         let raw = i32::try_from(total_lag.div_ceil(target)).unwrap_or(i32::MAX);
+        // From zero (or before any worker), a lag at or below the activation threshold wakes nobody.
+        let asleep = current.is_none_or(|c| c == 0) && policy.min_replicas == 0 && total_lag <= policy.activation_lag;
+        let raw = if asleep { 0 } else { raw };
         let lease_cap = i32::try_from(leases).unwrap_or(i32::MAX);
         let upper = policy.max_replicas.min(lease_cap).max(policy.min_replicas);
         let recommendation = raw.clamp(policy.min_replicas, upper);
         self.recommendations.push_back((now, recommendation));
-        let why = format!("estimated lag {total_lag}, target {target} per replica");
+        let why = if asleep && total_lag > 0 {
+            format!(
+                "estimated lag {total_lag} is not above autoscaling.activationLag ({}), so nothing wakes from 0",
+                policy.activation_lag
+            )
+        } else {
+            format!("estimated lag {total_lag}, target {target} per replica")
+        };
         let (mut reason, mut message) = (
             ScalingReason::Active,
             format!("{recommendation} replica(s) recommended: {why}"),
@@ -250,6 +264,7 @@ mod tests {
             target_lag_per_replica: target,
             scale_down_stabilization: WINDOW,
             fallback: None,
+            activation_lag: 0,
         }
     }
 
@@ -348,6 +363,36 @@ mod tests {
         for s in 0..5 {
             assert_eq!(busy.decide(&p, Some(4), &failed, at(s)).replicas, 4);
         }
+    }
+
+    #[test]
+    fn only_a_lag_above_the_activation_threshold_wakes_workers_from_zero() {
+        let p = Policy {
+            activation_lag: 50,
+            ..policy(0, 10, 100)
+        };
+        let t0 = Instant::now();
+        #[rustfmt::skip]
+        let cases = [
+            ("asleep, lag at the threshold", Some(0), 50, 0),
+            ("asleep, lag above it", Some(0), 51, 1),
+            ("a new Deployment below it", None, 10, 0),
+            ("running workers are not affected", Some(2), 10, 2),
+        ];
+        for (name, current, lag, want) in cases {
+            let decision = ScaleHistory::default().decide(&p, current, &estimate(lag, 8), t0);
+            assert_eq!(decision.replicas, want, "{name}: {}", decision.message);
+        }
+        let held = ScaleHistory::default().decide(&p, Some(0), &estimate(50, 8), t0);
+        assert!(held.message.contains("activationLag (50)"), "{}", held.message);
+        // With minReplicas above 0 the threshold means nothing.
+        let floor = Policy { min_replicas: 1, ..p };
+        assert_eq!(
+            ScaleHistory::default()
+                .decide(&floor, None, &estimate(10, 8), t0)
+                .replicas,
+            1
+        );
     }
 
     #[test]
@@ -482,6 +527,7 @@ mod tests {
                 target_lag_per_replica: target,
                 scale_down_stabilization: Duration::from_secs(60),
                 fallback: fallback.map(|(replicas, after_failures)| Fallback { replicas, after_failures }),
+                activation_lag: 0,
             };
             let mut history = ScaleHistory::default();
             let start = Instant::now();

@@ -220,6 +220,7 @@ pub fn scaling_policy(cfp: &ChangeFeedProcessor) -> Option<Policy> {
             replicas: replicas.max(1),
             after_failures: scaling.fallback_after_failures.max(1),
         }),
+        activation_lag: u64::try_from(scaling.activation_lag).unwrap_or(0),
     })
 }
 
@@ -411,6 +412,7 @@ mod tests {
                 target_lag_per_replica: 500,
                 scale_down_stabilization: Duration::from_secs(60),
                 fallback: None,
+                activation_lag: 0,
             })
         );
         assert_eq!(estimate_interval(&on), Duration::from_secs(2));

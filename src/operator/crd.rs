@@ -617,6 +617,12 @@ pub struct Autoscaling {
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
     #[schemars(length(max = 32))]
     pub scale_down_stabilization: String,
+    /// With `minReplicas: 0`: wake the workers from zero only when the estimated lag is above
+    /// this (as KEDA's activation threshold), so a trickle of changes can wait for a batch.
+    /// Running workers are not affected.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub activation_lag: i64,
     /// Worker pods to run while the estimate keeps failing (as KEDA's `fallback`): after
     /// `fallbackAfterFailures` failed estimates in a row at least this many run, until an
     /// estimate works again; then the estimate decides. Without it a failing estimate holds the
@@ -644,6 +650,7 @@ impl Default for Autoscaling {
             max_replicas: default_max_replicas(),
             target_lag_per_replica: default_target_lag(),
             scale_down_stabilization: default_stabilization(),
+            activation_lag: 0,
             fallback_replicas: None,
             fallback_after_failures: default_fallback_after_failures(),
             estimate_interval: default_estimate_interval(),
@@ -686,8 +693,11 @@ pub struct WorkerTemplate {
     /// so that workers are not BestEffort).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
-    /// Extra containers in each worker pod, for example the user's handler service. Those without
-    /// a securityContext get the worker's restricted one.
+    /// Extra containers in each worker pod, for example the user's handler service. They run as
+    /// native sidecars (init containers with `restartPolicy: Always`, Kubernetes 1.29+): started
+    /// and ready before the worker, stopped only after it exited, so a batch in flight during a
+    /// stop still reaches its handler. Those without a securityContext get the worker's
+    /// restricted one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sidecars: Vec<Container>,
     /// Node labels the worker pods must run on.

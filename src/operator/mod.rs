@@ -3,7 +3,8 @@
 //! [`crd`] (types), [`workload`] (pure rendering of the Deployment and Service), [`config`] (pure
 //! configuration check), [`status`] (pure conditions), [`autoscale`] (pure scaling policy),
 //! [`estimation`] (remaining-work estimates per resource), [`failover`] (freeing the leases of
-//! gone worker pods), [`reconcile`], [`leader`], [`metrics`], [`run`] (the `cfp operator` loop).
+//! gone worker pods), [`pause`] (pure: the pause annotations), [`reconcile`], [`leader`], [`metrics`],
+//! [`run`] (the `cfp operator` loop).
 
 pub mod autoscale;
 pub mod config;
@@ -12,6 +13,7 @@ pub mod estimation;
 pub mod failover;
 pub mod leader;
 pub mod metrics;
+pub mod pause;
 pub mod reconcile;
 pub mod run;
 pub mod status;

@@ -133,7 +133,15 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
         set_finalizer(&cfps, cfp, wants_finalizer).await?;
     }
 
-    let problem = config::check(cfp, |name| found.get(name).cloned()).err();
+    let pause = super::pause::pause_of(cfp.annotations());
+    let problem = config::check(cfp, |name| found.get(name).cloned()).err().or_else(|| {
+        let message = pause.as_ref().err()?.clone();
+        Some(ConfigProblem {
+            reason: "InvalidAnnotation",
+            message,
+        })
+    });
+    let paused = pause.ok().flatten();
     let existing = deployments.get_opt(&name).await?;
     let before = existing.as_ref().and_then(|d| d.spec.as_ref()).and_then(|s| s.replicas);
     let previous = cfp.status.clone().unwrap_or_default();
@@ -150,7 +158,11 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
                 Err(message) => tracing::warn!(namespace, processor = name, %message, "cannot estimate"),
             }
             report = ctx.estimators.report(&key);
-            Some(plan_replicas(ctx, cfp, &key, before, report.as_ref()).await)
+            match paused {
+                // Nothing is applied while paused: the plan names no replicas.
+                Some(pause) => Some(paused_plan(pause, before)),
+                None => Some(plan_replicas(ctx, cfp, &key, before, report.as_ref()).await),
+            }
         }
     };
     let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -194,8 +206,32 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
             existing
         }
     };
+    let mut deployment = deployment;
+    if let (Some(super::pause::Pause { replicas: Some(held) }), Some(current)) = (paused, before)
+        && held != current
+    {
+        deployment = Some(hold_replicas(&deployments, &name, held).await?);
+        publish(
+            ctx,
+            cfp,
+            EventType::Normal,
+            "Scaled",
+            format!("scaled workers from {current} to {held} (paused at {held} replicas)"),
+        )
+        .await;
+    }
     let scaling = plan.map(|p| p.scaling);
     let previous_scaling = previous.conditions.iter().find(|c| c.type_ == SCALING);
+    match (&scaling, previous_scaling) {
+        (Some(now), before) if now.reason == "Paused" && before.is_none_or(|c| c.reason != "Paused") => {
+            publish(ctx, cfp, EventType::Normal, "Paused", now.message.clone()).await;
+        }
+        (Some(now), Some(before)) if now.reason != "Paused" && before.reason == "Paused" => {
+            let note = "resumed: the operator scales and applies the workload again".to_owned();
+            publish(ctx, cfp, EventType::Normal, "Resumed", note).await;
+        }
+        _ => {}
+    }
     let mut estimate_failed_published = false;
     if let Some(state) = &scaling
         && state.reason == ScalingReason::EstimateFailed.as_str()
@@ -573,6 +609,36 @@ fn scaling_state(active: bool, reason: &str, message: String) -> ScalingState {
         reason: reason.into(),
         message,
     }
+}
+
+/// The plan of a paused workload: no replicas to apply; the `Scaling` condition says why.
+fn paused_plan(pause: super::pause::Pause, current: Option<i32>) -> ReplicaPlan {
+    use super::pause::{PAUSED_ANNOTATION, PAUSED_REPLICAS_ANNOTATION};
+    let message = match (pause.replicas, current) {
+        (Some(held), _) => format!(
+            "paused by the {PAUSED_REPLICAS_ANNOTATION} annotation: held at {held} replica(s), no scaling and no changes applied to the workload until it is removed"
+        ),
+        (None, Some(current)) => format!(
+            "paused by the {PAUSED_ANNOTATION} annotation: the workload stays as it is ({current} replica(s)), no scaling and no changes applied until it is removed"
+        ),
+        (None, None) => {
+            format!("paused by the {PAUSED_ANNOTATION} annotation: no workload is created until it is removed")
+        }
+    };
+    ReplicaPlan {
+        replicas: None,
+        scaling: scaling_state(false, "Paused", message),
+        event: None,
+    }
+}
+
+/// Sets the worker Deployment's replicas through its `/scale` subresource (nothing else of it).
+async fn hold_replicas(deployments: &Api<Deployment>, name: &str, replicas: i32) -> Result<Deployment, kube::Error> {
+    let patch = serde_json::json!({"spec": {"replicas": replicas}});
+    deployments
+        .patch_scale(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    deployments.get(name).await
 }
 
 /// The replicas from `spec.replicas` (autoscaling off, or an external autoscaler), or from the

@@ -315,6 +315,15 @@ pub fn worker_disruption_budget(cfp: &ChangeFeedProcessor) -> PodDisruptionBudge
     }
 }
 
+/// A handler sidecar as a native sidecar (an init container that keeps running): it starts, and
+/// is ready, before the worker, and is stopped only after the worker has exited, so a batch in
+/// flight at a stop still reaches it. Without its own security context it gets the worker's.
+fn native_sidecar(mut sidecar: Container) -> Container {
+    sidecar.security_context.get_or_insert_with(restricted);
+    sidecar.restart_policy = Some("Always".into());
+    sidecar
+}
+
 /// Time to checkpoint and release the leases after the last batch settled.
 const RELEASE_SECONDS: i64 = 30;
 
@@ -392,11 +401,8 @@ pub fn worker_deployment(cfp: &ChangeFeedProcessor, image: &str, replicas: i32) 
         volume_mounts: Some(spec.worker.volume_mounts.clone()).filter(|m| !m.is_empty()),
         ..Default::default()
     };
-    let mut containers = vec![worker];
-    containers.extend(spec.worker.sidecars.iter().cloned().map(|mut sidecar| {
-        sidecar.security_context.get_or_insert_with(restricted);
-        sidecar
-    }));
+    let containers = vec![worker];
+    let sidecars: Vec<Container> = spec.worker.sidecars.iter().cloned().map(native_sidecar).collect();
     let mut pod_labels = spec.worker.labels.clone();
     pod_labels.extend(labels(cfp));
     pod_labels.extend(selector_labels(cfp));
@@ -432,6 +438,7 @@ pub fn worker_deployment(cfp: &ChangeFeedProcessor, image: &str, replicas: i32) 
                 }),
                 spec: Some(PodSpec {
                     containers,
+                    init_containers: Some(sidecars).filter(|s| !s.is_empty()),
                     automount_service_account_token: Some(false),
                     service_account_name: spec.worker.service_account_name.clone(),
                     node_selector: Some(spec.worker.node_selector.clone()).filter(|n| !n.is_empty()),
@@ -861,14 +868,20 @@ mod tests {
             (requests["cpu"].0.as_str(), requests["memory"].0.as_str()),
             ("100m", "64Mi")
         );
-        let handler = pod.containers[1].security_context.as_ref().unwrap();
+        let handler = pod.init_containers.as_ref().unwrap()[0]
+            .security_context
+            .as_ref()
+            .unwrap();
         assert_eq!(
             handler.run_as_non_root,
             Some(true),
             "sidecars are restricted by default"
         );
         assert_eq!(handler.allow_privilege_escalation, Some(false));
-        let own = pod.containers[2].security_context.as_ref().unwrap();
+        let own = pod.init_containers.as_ref().unwrap()[1]
+            .security_context
+            .as_ref()
+            .unwrap();
         assert_eq!(
             (own.run_as_user, own.run_as_non_root),
             (Some(1000), None),
@@ -954,9 +967,15 @@ mod tests {
         let deployment = worker_deployment(&cfp, "img:1", 1);
         let template = &deployment.spec.as_ref().unwrap().template;
         let pod = template.spec.as_ref().unwrap();
-        assert_eq!(pod.containers.len(), 2);
+        assert_eq!(pod.containers.len(), 1);
         assert_eq!(pod.containers[0].image.as_deref(), Some("mine:2"));
-        assert_eq!(pod.containers[1].name, "handler");
+        let sidecars = pod.init_containers.as_ref().unwrap();
+        assert_eq!(sidecars[0].name, "handler");
+        assert_eq!(
+            sidecars[0].restart_policy.as_deref(),
+            Some("Always"),
+            "a native sidecar: up before the worker, stopped after it"
+        );
         assert_eq!(pod.node_selector.as_ref().unwrap()["pool"], "cfp");
         assert_eq!(pod.tolerations.as_ref().unwrap()[0].key.as_deref(), Some("dedicated"));
         assert_eq!(
@@ -1022,8 +1041,11 @@ mod tests {
                 proptest::prop_assert_eq!(pod_labels.get(&key), Some(&value), "selector label {} overridden", key);
             }
             let pod = template.spec.unwrap();
-            proptest::prop_assert_eq!(pod.containers.len(), 1 + sidecars);
-            for container in &pod.containers {
+            proptest::prop_assert_eq!(pod.containers.len(), 1);
+            let native = pod.init_containers.clone().unwrap_or_default();
+            proptest::prop_assert_eq!(native.len(), sidecars);
+            proptest::prop_assert!(native.iter().all(|c| c.restart_policy.as_deref() == Some("Always")));
+            for container in pod.containers.iter().chain(&native) {
                 let security = container.security_context.clone().unwrap_or_default();
                 proptest::prop_assert_eq!(security.run_as_non_root, Some(true));
                 proptest::prop_assert_eq!(security.read_only_root_filesystem, Some(true));
