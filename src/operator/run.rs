@@ -22,7 +22,7 @@ use super::crd::ChangeFeedProcessor;
 use super::estimation::{Accounts, Estimators};
 use super::failover::watch_worker_pods;
 use super::leader::{Election, LeaderElector};
-use super::metrics::OperatorMetrics;
+use super::metrics::{FORGET_DELETED_PERIOD, OperatorMetrics, forget_deleted};
 use super::reconcile::{Context, error_policy, reconcile};
 
 /// How the operator runs.
@@ -218,12 +218,22 @@ async fn run_controller(
         recorder: Recorder::new(client.clone(), reporter),
         worker_image: settings.worker_image.clone(),
         metrics: metrics.clone(),
-        estimators: Estimators::new(accounts, metrics, trigger, store.clone()),
+        estimators: Estimators::new(accounts, metrics.clone(), trigger, store.clone()),
         leading,
         scaling: Mutex::new(HashMap::new()),
     });
     let pods_stop = CancellationToken::new();
     let pod_watch = tokio::spawn(watch_worker_pods(context.clone(), namespace.clone(), pods_stop.clone()));
+    // A resource deleted without a finalizer is never reconciled again: its series (a misconfigured
+    // one's cfp_processor_ready too) are removed here, and all of them when this term ends.
+    let series_stop = CancellationToken::new();
+    let series = tokio::spawn(forget_deleted(
+        metrics.clone(),
+        store.clone(),
+        namespace.clone(),
+        FORGET_DELETED_PERIOD,
+        series_stop.clone(),
+    ));
     controller
         .reconcile_on(estimated)
         .owns(deployments, owned.clone())
@@ -260,6 +270,8 @@ async fn run_controller(
         .await;
     pods_stop.cancel();
     let _ = pod_watch.await;
+    series_stop.cancel();
+    let _ = series.await;
     // Give in-flight API calls of the stopped controller a moment before another leader starts.
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
