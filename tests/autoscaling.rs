@@ -613,6 +613,8 @@ async fn scale_to_zero_cannot_get_stuck_and_the_pause_annotations_hold_the_workl
     let setup = setup("zero-stuck", 0, 2, 0, &extra).await;
     setup.wait_replicas(0, Duration::from_secs(30)).await;
     wait("Ready=True/ScaledToZero", || ready_with(&setup, "ScaledToZero")).await;
+    let healthz = common::http_get(setup.operator.metrics, "/healthz").await.0;
+    assert_eq!(healthz, 200, "the operator's controller loop is alive");
 
     // Estimates fail at zero: Ready says so at once, and after 2 failures the fallback runs.
     emulator_control(&setup.endpoint, reqwest::Method::POST, "outage?ms=600000").await;

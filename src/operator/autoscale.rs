@@ -17,8 +17,10 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use super::behavior::{Behavior, Changes, down_limit, longest_period, up_limit};
+
 /// Autoscaling settings in plain values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     /// Fewest workers (0 allows scale to zero).
     pub min_replicas: i32,
@@ -32,6 +34,8 @@ pub struct Policy {
     pub fallback: Option<Fallback>,
     /// From zero workers, scale up only when the estimated lag is above this (0: any lag).
     pub activation_lag: u64,
+    /// How fast scaling may go (the HPA's `behavior`).
+    pub behavior: Behavior,
 }
 
 /// What runs while the estimate keeps failing.
@@ -99,8 +103,12 @@ pub struct Decision {
 pub struct ScaleHistory {
     recommendations: VecDeque<(Instant, i32)>,
     seeded: bool,
+    /// The replicas running when the history started: a recommendation for scaling down only.
+    seed: Option<(Instant, i32)>,
     /// Estimates failed in a row.
     failures: u32,
+    /// Replica changes decided recently, for the rate policies.
+    changes: Changes,
 }
 
 impl ScaleHistory {
@@ -112,17 +120,14 @@ impl ScaleHistory {
         // window of estimates was seen.
         if !self.seeded {
             self.seeded = true;
-            if let Some(current) = current {
-                self.recommendations.push_back((now, current));
-            }
+            self.seed = current.map(|current| (now, current));
         }
-        while let Some((at, _)) = self.recommendations.front() {
-            if now.saturating_duration_since(*at) > policy.scale_down_stabilization {
-                self.recommendations.pop_front();
-            } else {
-                break;
-            }
-        }
+        let keep = policy.scale_down_stabilization.max(policy.behavior.up_window);
+        self.recommendations
+            .retain(|(at, _)| now.saturating_duration_since(*at) <= keep);
+        let period = longest_period(&policy.behavior);
+        self.changes
+            .retain(|(at, _)| now.saturating_duration_since(*at) < period);
         let (total_lag, leases) = match observed {
             Observed::Failed(error) => {
                 self.failures = self.failures.saturating_add(1);
@@ -163,30 +168,19 @@ impl ScaleHistory {
         }
         let replicas = match current {
             None => recommendation,
-            Some(current) if recommendation > current => {
-                let step = current.saturating_mul(2).max(current.saturating_add(4));
-                if recommendation > step {
-                    message = format!("{message}; scaling up step by step (at most {step} now)");
-                }
-                recommendation.min(step)
-            }
             Some(current) => {
-                // A lowered maxReplicas applies at once: no recommendation above it is kept.
-                let highest = self
-                    .recommendations
-                    .iter()
-                    .map(|(_, r)| (*r).min(upper))
-                    .max()
-                    .unwrap_or(recommendation);
-                if highest > recommendation && highest >= current {
-                    message = format!(
-                        "{message}; held at {current} until the scale-down stabilization window ({}) has passed",
-                        humantime::format_duration(policy.scale_down_stabilization)
-                    );
+                let (replicas, note) = self.stabilized(policy, current, recommendation, upper, now);
+                if let Some(note) = note {
+                    message = format!("{message}; {note}");
                 }
-                current.min(highest.max(recommendation)).min(upper)
+                replicas
             }
         };
+        if let Some(current) = current
+            && replicas != current
+        {
+            self.changes.push_back((now, replicas - current));
+        }
         // A new Deployment counts as scaled up from zero.
         let from = current.unwrap_or(0);
         let event = if replicas > from {
@@ -215,6 +209,62 @@ impl ScaleHistory {
             reason,
             message,
             event,
+        }
+    }
+}
+
+impl ScaleHistory {
+    /// The replicas to run from `current` toward `recommendation`: scale up only to the lowest
+    /// recommendation of the up window, down only to the highest of the down window (a lowered
+    /// maxReplicas, `upper`, applies at once), each within its rate policies; with a note for
+    /// the message when something held it.
+    fn stabilized(
+        &self,
+        policy: &Policy,
+        current: i32,
+        recommendation: i32,
+        upper: i32,
+        now: Instant,
+    ) -> (i32, Option<String>) {
+        let within = |window: Duration| {
+            self.recommendations
+                .iter()
+                .filter(move |(at, _)| now.saturating_duration_since(*at) <= window)
+                .map(|(_, r)| (*r).min(upper))
+        };
+        let up_to = within(policy.behavior.up_window).min().unwrap_or(recommendation);
+        let seed = self
+            .seed
+            .filter(|(at, _)| now.saturating_duration_since(*at) <= policy.scale_down_stabilization)
+            .map(|(_, r)| r.min(upper));
+        let down_to = within(policy.scale_down_stabilization)
+            .chain(seed)
+            .max()
+            .unwrap_or(recommendation);
+        if up_to > current {
+            let limit = up_limit(&policy.behavior.up, current, &self.changes, now);
+            let note = (up_to > limit).then(|| format!("scaling up step by step (at most {limit} now)"));
+            (up_to.min(limit), note)
+        } else if down_to < current {
+            let limit = down_limit(&policy.behavior.down, current, &self.changes, now);
+            let note = (down_to < limit).then(|| format!("scaling down step by step (at least {limit} now)"));
+            (down_to.max(limit), note)
+        } else {
+            let held = recommendation != current;
+            let note = held.then(|| {
+                if recommendation < current {
+                    format!(
+                        "held at {current} until the scale-down stabilization window ({}) has passed",
+                        humantime::format_duration(policy.scale_down_stabilization)
+                    )
+                } else {
+                    format!(
+                        "held at {current} until the scale-up stabilization window ({}) has passed",
+                        humantime::format_duration(policy.behavior.up_window)
+                    )
+                }
+            });
+            (current, note)
         }
     }
 }
@@ -265,6 +315,7 @@ mod tests {
             scale_down_stabilization: WINDOW,
             fallback: None,
             activation_lag: 0,
+            behavior: Behavior::default(),
         }
     }
 
@@ -393,6 +444,54 @@ mod tests {
                 .replicas,
             1
         );
+    }
+
+    #[test]
+    fn behavior_policies_pace_scaling_as_the_hpa_does() {
+        use crate::operator::behavior::{RateKind, RatePolicy, Rules, Select};
+        let minute = Duration::from_secs(60);
+        let p = Policy {
+            scale_down_stabilization: Duration::ZERO,
+            behavior: Behavior {
+                up_window: Duration::from_secs(30),
+                up: Rules {
+                    select: Select::Max,
+                    policies: vec![RatePolicy {
+                        kind: RateKind::Pods,
+                        value: 2,
+                        period: minute,
+                    }],
+                },
+                down: Rules {
+                    select: Select::Max,
+                    policies: vec![RatePolicy {
+                        kind: RateKind::Pods,
+                        value: 1,
+                        period: minute,
+                    }],
+                },
+            },
+            ..policy(1, 20, 100)
+        };
+        let mut history = ScaleHistory::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut current = history.decide(&p, None, &estimate(300, 32), at(0)).replicas;
+        assert_eq!(current, 3, "a new Deployment starts at the recommendation");
+        // Lag jumps: the up window holds 3 for 30 s, then 2 pods per minute.
+        let mut timeline = Vec::new();
+        for s in (15..=180).step_by(15) {
+            current = history.decide(&p, Some(current), &estimate(1000, 32), at(s)).replicas;
+            timeline.push(current);
+        }
+        assert_eq!(timeline, vec![3, 3, 5, 5, 5, 5, 7, 7, 7, 7, 9, 9]);
+        // Lag gone: one pod a minute down.
+        let mut down = Vec::new();
+        for s in (195..=390).step_by(15) {
+            current = history.decide(&p, Some(current), &estimate(0, 32), at(s)).replicas;
+            down.push(current);
+        }
+        assert_eq!(down, vec![8, 8, 8, 8, 7, 7, 7, 7, 6, 6, 6, 6, 5, 5]);
     }
 
     #[test]
@@ -528,6 +627,7 @@ mod tests {
                 scale_down_stabilization: Duration::from_secs(60),
                 fallback: fallback.map(|(replicas, after_failures)| Fallback { replicas, after_failures }),
                 activation_lag: 0,
+                behavior: Behavior::default(),
             };
             let mut history = ScaleHistory::default();
             let start = Instant::now();

@@ -640,6 +640,76 @@ pub struct Autoscaling {
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
     #[schemars(length(max = 32))]
     pub estimate_interval: String,
+    /// How fast the workers scale up and down, with the HorizontalPodAutoscaler's `behavior`
+    /// fields (defaults: up by 100 % or 4 pods per 15 s, whichever is more; down to the highest
+    /// recommendation of `scaleDownStabilization`, any amount at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub behavior: Option<ScalingBehavior>,
+}
+
+/// How fast the workers scale, per direction (the HorizontalPodAutoscaler's `behavior`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalingBehavior {
+    /// Scaling up (default: 100 % or 4 pods per 15 s, whichever is more; no stabilization).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_up: Option<ScalingRules>,
+    /// Scaling down (default: any amount per 15 s, after `scaleDownStabilization`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_down: Option<ScalingRules>,
+}
+
+/// The rules of one scaling direction.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalingRules {
+    /// Recommendations of this many seconds count: scale up only to their lowest, down only to
+    /// their highest (default: 0 for up; `autoscaling.scaleDownStabilization` for down).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub stabilization_window_seconds: Option<i32>,
+    /// Which policy applies: `Max` (default, the one allowing the most change), `Min` (the
+    /// least) or `Disabled` (no scaling in this direction).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub select_policy: Option<SelectPolicyKind>,
+    /// Rate policies (default: this direction's default).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<ScalingPolicy>,
+}
+
+/// Which scaling policy applies.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SelectPolicyKind {
+    /// The policy allowing the most change.
+    Max,
+    /// The policy allowing the least change.
+    Min,
+    /// No scaling in this direction.
+    Disabled,
+}
+
+/// At most `value` pods or percent of change per `periodSeconds`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalingPolicy {
+    /// `Pods` or `Percent` (of the replicas at the start of the period).
+    #[serde(rename = "type")]
+    pub kind: ScalingPolicyKind,
+    /// How many pods, or what percent.
+    #[schemars(range(min = 1))]
+    pub value: i32,
+    /// The period the change is counted over, in seconds.
+    #[schemars(range(min = 1, max = 1800))]
+    pub period_seconds: i32,
+}
+
+/// What a scaling policy counts.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScalingPolicyKind {
+    /// Pods.
+    Pods,
+    /// Percent of the replicas at the start of the period.
+    Percent,
 }
 
 impl Default for Autoscaling {
@@ -654,6 +724,7 @@ impl Default for Autoscaling {
             fallback_replicas: None,
             fallback_after_failures: default_fallback_after_failures(),
             estimate_interval: default_estimate_interval(),
+            behavior: None,
         }
     }
 }

@@ -1,17 +1,20 @@
 //! The Kubernetes operator: the `ChangeFeedProcessor` resource, its reconciler, leader election.
 //!
 //! [`crd`] (types), [`workload`] (pure rendering of the Deployment and Service), [`config`] (pure
-//! configuration check), [`status`] (pure conditions), [`autoscale`] (pure scaling policy),
+//! configuration check), [`status`] (pure conditions), [`autoscale`] (pure scaling policy) and
+//! [`behavior`] (its rate policies),
 //! [`estimation`] (remaining-work estimates per resource), [`failover`] (freeing the leases of
-//! gone worker pods), [`pause`] (pure: the pause annotations), [`reconcile`], [`leader`], [`metrics`],
-//! [`run`] (the `cfp operator` loop).
+//! gone worker pods), [`pause`] (pure: the pause annotations), [`reconcile`], [`leader`],
+//! [`liveness`] (`/healthz`), [`metrics`], [`run`] (the `cfp operator` loop).
 
 pub mod autoscale;
+pub mod behavior;
 pub mod config;
 pub mod crd;
 pub mod estimation;
 pub mod failover;
 pub mod leader;
+pub mod liveness;
 pub mod metrics;
 pub mod pause;
 pub mod reconcile;

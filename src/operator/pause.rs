@@ -53,9 +53,15 @@ pub fn pause_of(annotations: &BTreeMap<String, String>) -> Result<Option<Pause>,
 mod tests {
     use super::*;
 
+    /// Annotations, and what they mean (or part of the error).
+    type Case = (
+        &'static [(&'static str, &'static str)],
+        Result<Option<Pause>, &'static str>,
+    );
+
     #[test]
     fn annotations_table() {
-        let cases: [(&[(&str, &str)], Result<Option<Pause>, &str>); 8] = [
+        let cases: [Case; 8] = [
             (&[], Ok(None)),
             (&[(PAUSED_ANNOTATION, "true")], Ok(Some(Pause { replicas: None }))),
             (&[(PAUSED_ANNOTATION, "True")], Ok(Some(Pause { replicas: None }))),

@@ -22,6 +22,7 @@ use super::crd::ChangeFeedProcessor;
 use super::estimation::{Accounts, Estimators};
 use super::failover::watch_worker_pods;
 use super::leader::{Election, LeaderElector};
+use super::liveness::Liveness;
 use super::metrics::{FORGET_DELETED_PERIOD, OperatorMetrics, forget_deleted};
 use super::reconcile::{Context, error_policy, reconcile};
 
@@ -73,6 +74,8 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
         Ok(_) => {}
     }
     let metrics = OperatorMetrics::new().map_err(|e| OperatorError::Metrics(e.to_string()))?;
+    // /healthz fails when the main loop below ends or stops running.
+    let liveness = Arc::new(Liveness::default());
     // One Cosmos client per account, kept across leadership terms.
     let accounts = Accounts::default();
     let mut background = Vec::new();
@@ -85,15 +88,20 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
             .map_err(|e| OperatorError::Metrics(e.to_string()))?;
         tracing::info!(%address, "serving /metrics and /healthz");
         let metrics = metrics.clone();
+        let liveness = liveness.clone();
         background.push(tokio::spawn(crate::http::serve(
             listener,
             shutdown.clone(),
             move |req| {
                 let metrics = metrics.clone();
+                let health = liveness.check();
                 async move {
-                    match req.uri().path() {
-                        "/metrics" => crate::http::response(200, "text/plain; version=0.0.4", metrics.render()),
-                        "/healthz" | "/readyz" => crate::http::response(200, "text/plain", "ok\n"),
+                    match (req.uri().path(), health) {
+                        ("/metrics", _) => crate::http::response(200, "text/plain; version=0.0.4", metrics.render()),
+                        ("/healthz" | "/readyz", Ok(())) => crate::http::response(200, "text/plain", "ok\n"),
+                        ("/healthz" | "/readyz", Err(why)) => {
+                            crate::http::response(503, "text/plain", format!("{why}\n"))
+                        }
                         _ => crate::http::response(404, "text/plain", "not found\n"),
                     }
                 }
@@ -114,59 +122,83 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
         }
         None => Arc::new(|| true),
     };
-    loop {
-        if let Some(elector) = &elector {
-            tracing::info!("waiting to become the leader");
-            if !elector.acquire(&shutdown).await {
+    let main_loop = async {
+        loop {
+            if !lead_one_term(&settings, &client, &accounts, &metrics, &elector, &leading, &shutdown).await {
                 break;
             }
         }
-        tracing::info!("leading: reconciling");
-        metrics.set_leader(true);
-        let lost = CancellationToken::new();
-        let holder = elector.as_ref().map(|elector| {
-            let (stop, lost) = (shutdown.clone(), lost.clone());
-            async move { elector.hold(&stop, &lost).await }
-        });
-        // One controller per watched namespace (or one for all), sharing clients and metrics.
-        let scopes: Vec<Option<String>> = if settings.namespaces.is_empty() {
-            vec![None]
-        } else {
-            settings.namespaces.iter().cloned().map(Some).collect()
-        };
-        let controller = futures::future::join_all(scopes.into_iter().map(|scope| {
-            let shared = Shared {
-                client: client.clone(),
-                accounts: accounts.clone(),
-                metrics: metrics.clone(),
-                leading: leading.clone(),
-            };
-            run_controller(shared, &settings, scope, shutdown.clone(), lost.clone())
-        }));
-        match holder {
-            Some(holder) => {
-                tokio::join!(controller, async {
-                    holder.await;
-                    lost.cancel();
-                });
-            }
-            None => {
-                controller.await;
-            }
-        }
-        metrics.set_leader(false);
-        if shutdown.is_cancelled() {
-            if let Some(elector) = &elector {
-                elector.release().await;
-            }
-            break;
-        }
-        tracing::warn!("lost the leadership; stopped reconciling");
+    };
+    tokio::select! {
+        _ = main_loop => {}
+        _ = liveness.beat_forever() => {}
     }
+    liveness.end();
     for task in background {
         let _ = task.await;
     }
     Ok(())
+}
+
+/// One leadership term: wait to lead (with election), reconcile until the term ends. `false`
+/// when the operator is shutting down.
+async fn lead_one_term(
+    settings: &OperatorSettings,
+    client: &Client,
+    accounts: &Accounts,
+    metrics: &Arc<OperatorMetrics>,
+    elector: &Option<Arc<LeaderElector>>,
+    leading: &Arc<dyn Fn() -> bool + Send + Sync>,
+    shutdown: &CancellationToken,
+) -> bool {
+    if let Some(elector) = elector {
+        tracing::info!("waiting to become the leader");
+        if !elector.acquire(shutdown).await {
+            return false;
+        }
+    }
+    tracing::info!("leading: reconciling");
+    metrics.set_leader(true);
+    let lost = CancellationToken::new();
+    let holder = elector.as_ref().map(|elector| {
+        let (stop, lost) = (shutdown.clone(), lost.clone());
+        async move { elector.hold(&stop, &lost).await }
+    });
+    // One controller per watched namespace (or one for all), sharing clients and metrics.
+    let scopes: Vec<Option<String>> = if settings.namespaces.is_empty() {
+        vec![None]
+    } else {
+        settings.namespaces.iter().cloned().map(Some).collect()
+    };
+    let controller = futures::future::join_all(scopes.into_iter().map(|scope| {
+        let shared = Shared {
+            client: client.clone(),
+            accounts: accounts.clone(),
+            metrics: metrics.clone(),
+            leading: leading.clone(),
+        };
+        run_controller(shared, settings, scope, shutdown.clone(), lost.clone())
+    }));
+    match holder {
+        Some(holder) => {
+            tokio::join!(controller, async {
+                holder.await;
+                lost.cancel();
+            });
+        }
+        None => {
+            controller.await;
+        }
+    }
+    metrics.set_leader(false);
+    if shutdown.is_cancelled() {
+        if let Some(elector) = elector {
+            elector.release().await;
+        }
+        return false;
+    }
+    tracing::warn!("lost the leadership; stopped reconciling");
+    true
 }
 
 /// What the controllers of a leadership term share.
