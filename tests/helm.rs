@@ -83,7 +83,7 @@ fn the_chart_lints_and_renders_with_default_and_other_values() {
         "--set",
         "serviceMonitor.enabled=true,prometheusRule.enabled=true,grafanaDashboard.enabled=true",
         "--set",
-        "emulator.enabled=true,leaderElection.enabled=false,logFormat=text,image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        "emulator.enabled=true,leaderElection.enabled=false,replicaCount=1,logFormat=text,image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
         "--set",
         "workloadIdentity.clientId=0b5d6c3a-0000-4000-8000-00000000beef,podLabels.team=payments",
     ];
@@ -100,6 +100,7 @@ fn the_chart_lints_and_renders_with_default_and_other_values() {
             "ClusterRoleBinding",
             "CustomResourceDefinition",
             "Deployment",
+            "PodDisruptionBudget",
             "Role",
             "RoleBinding",
             "Service",
@@ -109,6 +110,20 @@ fn the_chart_lints_and_renders_with_default_and_other_values() {
     let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
     let pod = &deployment["spec"]["template"]["spec"];
     assert_eq!(deployment["spec"]["replicas"], 2);
+    // Two replicas: spread over nodes, and evicted one at a time without ever blocking a drain.
+    let spread = &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(spread["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname", "{pod}");
+    assert_eq!(
+        spread["podAffinityTerm"]["labelSelector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    let budget = docs.iter().find(|d| d["kind"] == "PodDisruptionBudget").unwrap();
+    assert_eq!(budget["spec"]["maxUnavailable"], 1);
+    assert_eq!(budget["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
+    assert_eq!(
+        budget["spec"]["selector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
     assert_eq!(pod["containers"][0]["image"], "ghcr.io/changefeed-operator/cfp:0.1.0");
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
     let args: Vec<&str> = pod["containers"][0]["args"]
@@ -184,6 +199,14 @@ fn the_chart_lints_and_renders_with_default_and_other_values() {
     let (ok, _, err) = helm(&["template", "cfp", CHART, "--set", "logFormat=xml"]);
     assert!(
         !ok && err.contains("/logFormat") && err.contains("'text', 'json'"),
+        "{err}"
+    );
+    // Replicas without an election would all reconcile.
+    let (ok, _, err) = helm(&["template", "cfp", CHART, "--set", "leaderElection.enabled=false"]);
+    assert!(!ok && err.contains("/replicaCount") && err.contains("want 1"), "{err}");
+    let (ok, hard, err) = helm(&["template", "cfp", CHART, "--set", "podAntiAffinity=hard"]);
+    assert!(
+        ok && hard.contains("requiredDuringSchedulingIgnoredDuringExecution"),
         "{err}"
     );
     let (ok, _, err) = helm(&["template", "cfp", CHART, "--set", "replicas=3"]);
