@@ -585,16 +585,6 @@ async fn an_external_autoscaler_on_the_scale_subresource_wins() {
     setup.stop().await;
 }
 
-/// Asks the `cfp emulator` at `endpoint` for a control action (`POST outage?ms=N`, `DELETE faults`).
-async fn emulator_control(endpoint: &str, method: reqwest::Method, action: &str) {
-    let response = reqwest::Client::new()
-        .request(method, format!("{endpoint}_emulator/{action}"))
-        .send()
-        .await
-        .expect("the emulator's control API answers");
-    assert!(response.status().is_success(), "{action}: {}", response.status());
-}
-
 /// The `Ready` condition of `orders`, when its reason is `reason`.
 async fn ready_with(setup: &Setup, reason: &str) -> Option<Condition> {
     let status = setup.status().await?;
@@ -617,11 +607,11 @@ async fn scale_to_zero_cannot_get_stuck_and_the_pause_annotations_hold_the_workl
     assert_eq!(healthz, 200, "the operator's controller loop is alive");
 
     // Estimates fail at zero: Ready says so at once, and after 2 failures the fallback runs.
-    emulator_control(&setup.endpoint, reqwest::Method::POST, "outage?ms=600000").await;
+    common::emulator_control(&setup.endpoint, reqwest::Method::POST, "outage?ms=600000").await;
     let stuck = wait("Ready=False/EstimateFailed", || ready_with(&setup, "EstimateFailed")).await;
     setup.wait_replicas(1, Duration::from_secs(60)).await;
     let fallback = setup.scaling().await.map(|c| c.message).unwrap_or_default();
-    emulator_control(&setup.endpoint, reqwest::Method::DELETE, "faults").await;
+    common::emulator_control(&setup.endpoint, reqwest::Method::DELETE, "faults").await;
     setup.wait_replicas(0, Duration::from_secs(60)).await;
     wait("Ready=True/ScaledToZero again", || ready_with(&setup, "ScaledToZero")).await;
     let ready_events = setup.events("EstimateFailed").await.len();

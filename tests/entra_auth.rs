@@ -15,24 +15,9 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use common::{CFP, DB, ITEMS, terminate};
 use entra_support::{ACCESS_TOKEN, FEDERATED_TOKEN, TokenEndpoint};
 
-/// `cfp <args>` with `env`, bounded; (exit code, stdout, stderr).
+/// `cfp <args>` with `env`, bounded, logging at debug; (exit code, stdout, stderr).
 async fn cfp(args: &[&str], env: &[(&str, String)]) -> (Option<i32>, String, String) {
-    let output = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new(CFP)
-            .args(args)
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .env("RUST_LOG", "debug")
-            .output(),
-    )
-    .await
-    .expect("cfp exits by itself")
-    .expect("run cfp");
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    common::cfp_output(args, env, "debug").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -55,16 +55,6 @@ async fn write(items: &DocumentContainer, range: std::ops::Range<usize>) {
     }
 }
 
-async fn control(endpoint: &str, method: reqwest::Method, action: &str) -> serde_json::Value {
-    let answer = reqwest::Client::new()
-        .request(method, format!("{endpoint}_emulator/{action}"))
-        .send()
-        .await
-        .expect("emulator control");
-    assert!(answer.status().is_success(), "{action}: {}", answer.status());
-    serde_json::from_slice(&answer.bytes().await.expect("body")).expect("JSON")
-}
-
 /// The emulator's account (well-known key) and its `db/items`.
 async fn connect(endpoint: &str) -> (CosmosAccount, DocumentContainer) {
     let account = CosmosAccount::connect(endpoint, &AccountAuth::emulator_key())
@@ -124,7 +114,7 @@ async fn workers_ride_out_throttling_errors_timeouts_and_an_outage_without_losin
     write(&items, 0..300).await;
 
     // 10 % of every request fails while the workers start and documents keep coming.
-    control(
+    common::emulator_control(
         &endpoint,
         reqwest::Method::POST,
         "faults?rate=0.1&kinds=429,503,408,reset",
@@ -147,11 +137,11 @@ async fn workers_ride_out_throttling_errors_timeouts_and_an_outage_without_losin
     // The estimator (the operator's code path) answers through the same faults.
     let estimate = common::cfp_estimate(&endpoint, &["--processor", "faults", "-o", "json"]).await;
     let estimated: serde_json::Value = serde_json::from_slice(&estimate.stdout).unwrap_or_default();
-    let injected = control(&endpoint, reqwest::Method::GET, "faults").await;
+    let injected = common::emulator_control(&endpoint, reqwest::Method::GET, "faults").await;
 
     // Everything fails for twice the lease expiration; then documents written afterwards arrive.
-    control(&endpoint, reqwest::Method::DELETE, "faults").await;
-    control(&endpoint, reqwest::Method::POST, "outage?ms=6000").await;
+    common::emulator_control(&endpoint, reqwest::Method::DELETE, "faults").await;
+    common::emulator_control(&endpoint, reqwest::Method::POST, "outage?ms=6000").await;
     tokio::time::sleep(Duration::from_millis(6000)).await;
     let recovered_from = Instant::now();
     write(&items, 1000..1300).await;
@@ -166,7 +156,7 @@ async fn workers_ride_out_throttling_errors_timeouts_and_an_outage_without_losin
         .into_iter()
         .map(|l| l.owner)
         .collect();
-    let outage = control(&endpoint, reqwest::Method::GET, "faults").await;
+    let outage = common::emulator_control(&endpoint, reqwest::Method::GET, "faults").await;
     let alive = workers
         .iter_mut()
         .map(|w| w.try_wait())
@@ -216,7 +206,7 @@ async fn workers_ride_out_throttling_errors_timeouts_and_an_outage_without_losin
 /// Regenerates the emulator's account key as `key`.
 async fn rotate_key(endpoint: &str, key: &str) {
     let value: String = url::form_urlencoded::byte_serialize(key.as_bytes()).collect();
-    control(endpoint, reqwest::Method::POST, &format!("key?value={value}")).await;
+    common::emulator_control(endpoint, reqwest::Method::POST, &format!("key?value={value}")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,28 +25,12 @@ fn plane() -> &'static ControlPlane {
 /// Runs helm with `args` against the control plane: (success, stdout, stderr).
 fn helm(args: &[&str]) -> (bool, String, String) {
     let plane = plane();
-    let output = Command::new(plane.bin.join("helm"))
-        .args(args)
-        .env("KUBECONFIG", &plane.kubeconfig)
-        .env("HELM_CACHE_HOME", std::env::temp_dir().join("cfp-helm-cache"))
-        .env("HELM_CONFIG_HOME", std::env::temp_dir().join("cfp-helm-config"))
-        .env("HELM_DATA_HOME", std::env::temp_dir().join("cfp-helm-data"))
-        .output()
-        .expect("run helm");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    control_plane::helm(&plane.bin, Some(&plane.kubeconfig), args)
 }
 
 /// The YAML documents of `text` as JSON values (empty documents skipped).
 fn documents(text: &str) -> Vec<Value> {
-    use serde::Deserialize;
-    serde_yaml::Deserializer::from_str(text)
-        .filter_map(|doc| Value::deserialize(doc).ok())
-        .filter(|v| !v.is_null())
-        .collect()
+    control_plane::yaml_documents(text)
 }
 
 fn kinds(docs: &[Value]) -> Vec<String> {
@@ -112,7 +96,10 @@ fn the_chart_lints_and_renders_with_default_and_other_values() {
     assert_eq!(deployment["spec"]["replicas"], 2);
     // Two replicas: spread over nodes, and evicted one at a time without ever blocking a drain.
     let spread = &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
-    assert_eq!(spread["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname", "{pod}");
+    assert_eq!(
+        spread["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname",
+        "{pod}"
+    );
     assert_eq!(
         spread["podAffinityTerm"]["labelSelector"]["matchLabels"],
         deployment["spec"]["selector"]["matchLabels"]

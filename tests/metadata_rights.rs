@@ -14,23 +14,10 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use common::{CFP, create_container_as_admin, start_emulator_with, terminate};
 
-/// `cfp <args>`, bounded; (exit code, stdout, stderr).
+/// `cfp <args>`, bounded, quiet; (exit code, stdout, stderr trimmed).
 async fn cfp<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (Option<i32>, String, String) {
-    let output = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new(CFP)
-            .args(args)
-            .env("RUST_LOG", "off")
-            .output(),
-    )
-    .await
-    .expect("cfp exits by itself")
-    .expect("run cfp");
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-    )
+    let (code, stdout, stderr) = common::cfp_output(args, &[], "off").await;
+    (code, stdout, stderr.trim().to_owned())
 }
 
 /// Asserts `cfp` failed with one `error:` line holding every one of `want` and no key hint.

@@ -43,27 +43,12 @@ fn k8s_bin() -> &'static Path {
 
 /// `helm args...`: (success, stdout, stderr).
 fn helm(args: &[&str]) -> (bool, String, String) {
-    let output = Command::new(k8s_bin().join("helm"))
-        .args(args)
-        .env("HELM_CACHE_HOME", std::env::temp_dir().join("cfp-helm-cache"))
-        .env("HELM_CONFIG_HOME", std::env::temp_dir().join("cfp-helm-config"))
-        .env("HELM_DATA_HOME", std::env::temp_dir().join("cfp-helm-data"))
-        .output()
-        .expect("run helm");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    control_plane::helm(k8s_bin(), None, args)
 }
 
 /// The YAML documents of `text` as JSON values (empty documents skipped).
 fn documents(text: &str) -> Vec<Value> {
-    use serde::Deserialize;
-    serde_yaml::Deserializer::from_str(text)
-        .filter_map(|doc| Value::deserialize(doc).ok())
-        .filter(|v| !v.is_null())
-        .collect()
+    control_plane::yaml_documents(text)
 }
 
 /// `helm template` of the chart in [`RELEASE_NAMESPACE`] with `--set` of each of `sets`.

@@ -12,21 +12,8 @@ fn account_args(endpoint: &str) -> [&str; 6] {
 }
 
 async fn worker(args: &[&str]) -> (Option<i32>, String) {
-    let output = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new(CFP)
-            .arg("worker")
-            .args(args)
-            .env("RUST_LOG", "off")
-            .output(),
-    )
-    .await
-    .expect("the worker exits by itself")
-    .expect("run cfp worker");
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-    )
+    let (code, _, stderr) = common::cfp_output(&[&["worker"][..], args].concat(), &[], "off").await;
+    (code, stderr.trim().to_owned())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

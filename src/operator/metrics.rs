@@ -43,6 +43,7 @@ struct ProcessorSeries {
     leases_unowned: IntGaugeVec,
     desired_replicas: IntGaugeVec,
     ready: IntGaugeVec,
+    paused: IntGaugeVec,
     estimate_failing: IntGaugeVec,
     estimate_errors: IntCounterVec,
     estimate_duration: HistogramVec,
@@ -91,6 +92,7 @@ impl ProcessorSeries {
             &self.leases_unowned,
             &self.desired_replicas,
             &self.ready,
+            &self.paused,
             &self.estimate_failing,
         ] {
             let _ = gauge.remove_label_values(&labels);
@@ -147,6 +149,11 @@ impl ProcessorSeries {
                 registry,
                 "cfp_processor_ready",
                 "1 while the processor's Ready condition is True.",
+            )?,
+            paused: gauge(
+                registry,
+                "cfp_processor_paused",
+                "1 while the processor's workload is paused by its changefeed.io/paused(-replicas) annotation.",
             )?,
             estimate_failing: gauge(
                 registry,
@@ -273,6 +280,16 @@ impl OperatorMetrics {
     pub fn ready(&self, namespace: &str, name: &str, ready: bool) {
         self.write(namespace, name, |series| {
             series.ready.with_label_values(&[namespace, name]).set(i64::from(ready));
+        });
+    }
+
+    /// Records whether the processor's workload is paused.
+    pub fn paused(&self, namespace: &str, name: &str, paused: bool) {
+        self.write(namespace, name, |series| {
+            series
+                .paused
+                .with_label_values(&[namespace, name])
+                .set(i64::from(paused));
         });
     }
 

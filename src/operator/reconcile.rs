@@ -250,9 +250,11 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
         .and_then(|d| d.spec.as_ref())
         .and_then(|s| s.replicas);
     let deployment_status = deployment.and_then(|d| d.status);
-    if let Some(replicas) = desired {
+    // While paused, the workers asked for are the ones held.
+    if let Some(replicas) = desired.or_else(|| paused.and(applied_replicas)) {
         ctx.metrics.desired_replicas(&namespace, &name, replicas);
     }
+    ctx.metrics.paused(&namespace, &name, paused.is_some());
     let observation = Observation {
         problem: problem.clone(),
         deployed,

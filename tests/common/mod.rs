@@ -322,21 +322,48 @@ pub async fn start_emulator_with(args: &[&str]) -> (tokio::process::Child, Strin
     (child, endpoint)
 }
 
+/// Asks the `cfp emulator` at `endpoint` for a control action (`GET faults`, `POST outage?ms=N`,
+/// ...); asserts it succeeded and returns its JSON answer.
+pub async fn emulator_control(endpoint: &str, method: reqwest::Method, action: &str) -> serde_json::Value {
+    let answer = reqwest::Client::new()
+        .request(method, format!("{endpoint}_emulator/{action}"))
+        .send()
+        .await
+        .expect("the emulator's control API answers");
+    assert!(answer.status().is_success(), "{action}: {}", answer.status());
+    serde_json::from_slice(&answer.bytes().await.expect("body")).expect("JSON")
+}
+
 /// Creates `database/container` (partition key `/id`) on the `cfp emulator` at `endpoint` through
 /// its management plane, as `az cosmosdb sql container create` does where the data plane may not.
 pub async fn create_container_as_admin(endpoint: &str, database: &str, container: &str) {
-    let response = reqwest::Client::new()
-        .post(format!(
-            "{endpoint}_emulator/containers?database={database}&container={container}&partitionKey=/id"
-        ))
-        .send()
-        .await
-        .expect("the emulator's management plane answers");
-    assert!(
-        response.status().is_success(),
-        "creating {database}/{container}: {}",
-        response.status()
-    );
+    let action = format!("containers?database={database}&container={container}&partitionKey=/id");
+    emulator_control(endpoint, reqwest::Method::POST, &action).await;
+}
+
+/// Runs `cfp <args>` with `env` and `RUST_LOG=<log>` to its end (at most 60 s): (exit code,
+/// stdout, stderr).
+pub async fn cfp_output<S: AsRef<std::ffi::OsStr>>(
+    args: &[S],
+    env: &[(&str, String)],
+    log: &str,
+) -> (Option<i32>, String, String) {
+    let output = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(CFP)
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .env("RUST_LOG", log)
+            .output(),
+    )
+    .await
+    .expect("cfp exits by itself")
+    .expect("run cfp");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
 }
 
 /// `cfp worker` of `db/items` at `endpoint` (logs at warn level), for more flags and spawning.

@@ -116,6 +116,35 @@ fn start_on_keeper_thread() -> Result<ControlPlane, String> {
     rx.recv().map_err(|e| e.to_string())?.map(|(plane, _)| plane)
 }
 
+/// Runs the `helm` of `bin` with `args` (against `kubeconfig` when given; its caches in the temp
+/// directory): (success, stdout, stderr).
+pub fn helm(bin: &Path, kubeconfig: Option<&Path>, args: &[&str]) -> (bool, String, String) {
+    let mut command = Command::new(bin.join("helm"));
+    command
+        .args(args)
+        .env("HELM_CACHE_HOME", std::env::temp_dir().join("cfp-helm-cache"))
+        .env("HELM_CONFIG_HOME", std::env::temp_dir().join("cfp-helm-config"))
+        .env("HELM_DATA_HOME", std::env::temp_dir().join("cfp-helm-data"));
+    if let Some(kubeconfig) = kubeconfig {
+        command.env("KUBECONFIG", kubeconfig);
+    }
+    let output = command.output().expect("run helm");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// The YAML documents of `text` as JSON values (empty documents skipped).
+pub fn yaml_documents(text: &str) -> Vec<serde_json::Value> {
+    use serde::Deserialize;
+    serde_yaml::Deserializer::from_str(text)
+        .filter_map(|doc| serde_json::Value::deserialize(doc).ok())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
