@@ -2,16 +2,17 @@
 //!
 //! [`crd`] (types), [`workload`] (pure rendering of the Deployment and Service), [`config`] (pure
 //! configuration check), [`status`] (pure conditions), [`autoscale`] (pure scaling policy) and
-//! [`behavior`] (its rate policies),
-//! [`estimation`] (remaining-work estimates per resource), [`failover`] (freeing the leases of
-//! gone worker pods), [`pause`] (pure: the pause annotations), [`reconcile`], [`leader`],
-//! [`liveness`] (`/healthz`), [`metrics`], [`run`] (the `cfp operator` loop).
+//! [`behavior`] (its rate policies), [`external`] (pure: an HPA or KEDA on `/scale`), [`pause`]
+//! (pure: the pause annotations), [`estimation`] (remaining-work estimates per resource),
+//! [`failover`] (freeing the leases of gone worker pods), [`reconcile`], [`leader`], [`liveness`]
+//! (`/healthz`), [`metrics`], [`run`] (the `cfp operator` loop).
 
 pub mod autoscale;
 pub mod behavior;
 pub mod config;
 pub mod crd;
 pub mod estimation;
+pub mod external;
 pub mod failover;
 pub mod leader;
 pub mod liveness;

@@ -20,6 +20,7 @@ use super::autoscale::{Decision, Observed, ScaleHistory, ScalingReason};
 use super::config::{self, ConfigProblem};
 use super::crd::{AuthKind, ChangeFeedProcessor, ChangeFeedProcessorStatus, Connection};
 use super::estimation::{AccountRef, EstimateReport, EstimateTarget, Estimators, ResourceKey};
+use super::external::{ExternalAutoscaler, external_plan};
 use super::metrics::OperatorMetrics;
 use super::status::{
     DEGRADED, EstimateProblem, MAX_EVENT_NOTE, Observation, Rollout, SCALING, ScalingState, bounded, conditions,
@@ -666,46 +667,15 @@ async fn plan_replicas(
             event: None,
         };
     };
-    match external_autoscaler(&ctx.client, &key.0, &key.1).await {
-        Ok(None) => {}
-        Ok(Some(hpa)) => {
-            // Until the HPA has decided once, spec.replicas is stale: the workers keep what runs.
-            let replicas = if hpa.acted {
-                Some(spec_replicas)
-            } else {
-                current.or(Some(spec_replicas))
-            };
-            let name = hpa.name;
-            return ReplicaPlan {
-                replicas,
-                scaling: scaling_state(
-                    false,
-                    "ExternalAutoscaler",
-                    if hpa.acted {
-                        format!(
-                            "HorizontalPodAutoscaler {name:?} targets this resource and sets spec.replicas ({spec_replicas}) through /scale; the built-in autoscaler only estimates (delete the HPA or set autoscaling.enabled to false)"
-                        )
-                    } else {
-                        format!(
-                            "HorizontalPodAutoscaler {name:?} targets this resource but has not decided yet: the current replicas are kept until it does"
-                        )
-                    },
-                ),
-                event: None,
-            };
-        }
-        Err(error) => {
-            // An HPA may exist: overriding it would make the two fight; hold what runs.
-            return ReplicaPlan {
-                replicas: current,
-                scaling: scaling_state(
-                    false,
-                    "ExternalAutoscalerUnknown",
-                    format!("listing HorizontalPodAutoscalers failed, so the replicas are held: {error}"),
-                ),
-                event: None,
-            };
-        }
+    let found = external_autoscaler(&ctx.client, &key.0, &key.1)
+        .await
+        .map_err(|e| e.to_string());
+    if let Some((replicas, reason, message)) = external_plan(found, current, spec_replicas) {
+        return ReplicaPlan {
+            replicas,
+            scaling: scaling_state(false, reason, message),
+            event: None,
+        };
     }
     let Ok(mut states) = ctx.scaling.lock() else {
         return ReplicaPlan {
@@ -760,13 +730,6 @@ async fn plan_replicas(
             event: None,
         },
     }
-}
-
-/// A HorizontalPodAutoscaler (KEDA's ScaledObject creates one) that targets a resource's `/scale`.
-struct ExternalAutoscaler {
-    name: String,
-    /// Whether it has decided the replicas yet (it has a status with its desired replicas).
-    acted: bool,
 }
 
 /// The HorizontalPodAutoscaler that targets the resource's `/scale`, if any; an error when they
