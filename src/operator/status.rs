@@ -512,6 +512,41 @@ mod tests {
     }
 
     #[test]
+    fn every_setup_problem_of_a_worker_is_a_ready_reason() {
+        use crate::cosmos::{CosmosError, ErrorKind};
+        use crate::worker::WorkerError;
+        let error = || CosmosError::local(ErrorKind::Forbidden, "403");
+        let problems = [
+            WorkerError::MonitoredMissing("db/items".into()),
+            WorkerError::LeasesMissing {
+                name: "db/leases".into(),
+                how_to_create: "az ...".into(),
+            },
+            WorkerError::CreationRefused {
+                name: "db/leases".into(),
+                how_to_create: "az ...".into(),
+                source: error(),
+            },
+            WorkerError::Unauthorized("401".into()),
+            WorkerError::Forbidden {
+                name: "db/leases".into(),
+                source: error(),
+            },
+            WorkerError::LeaseContainer("partitioned on /pk".into()),
+            WorkerError::Options("renew >= expiration".into()),
+        ];
+        for problem in &problems {
+            assert!(problem.is_setup_problem(), "{problem}");
+            assert!(SETUP_REASONS.contains(&problem.reason()), "{}", problem.reason());
+        }
+        let passing = WorkerError::Cosmos {
+            context: "opening".into(),
+            source: CosmosError::local(ErrorKind::Transient, "503"),
+        };
+        assert!(!passing.is_setup_problem());
+    }
+
+    #[test]
     fn a_fresh_estimate_problem_on_ready_gets_one_event() {
         let mut zero = autoscaled(observe(None, true, 0, 0));
         let healthy = conditions(&zero, &[], Some(1), time(100));
