@@ -1538,3 +1538,59 @@ async fn all_versions_and_deletes_delivers_changes_with_metadata_and_the_leases_
     );
     assert!(latest.is_some_and(|e| e.contains("written in the all-versions-and-deletes mode, not latest-version")),);
 }
+
+/// A graceful stop while a batch takes longer than the lease expiration: the stopping instance
+/// keeps renewing until its release is written, so the other instance never takes the lease
+/// early and nothing is delivered twice — one batch in flight and two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_renews_its_leases_until_a_batch_slower_than_the_expiration_is_done() {
+    let mut report = Vec::new();
+    for in_flight in [1, 2] {
+        let env = Env::new(1).await;
+        for n in 0..20 {
+            upsert_doc(&env.items, n).await;
+        }
+        let mut options = env.options(&format!("a{in_flight}"));
+        options.max_items = 10;
+        options.max_in_flight_batches = in_flight;
+        let expiration = options.expiration;
+        let (slow_started, release) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(tokio::sync::Notify::new()),
+        );
+        let handler = Arc::new(SlowDocumentHandler {
+            inner: env.recorder(&options.instance),
+            slow_started: slow_started.clone(),
+            release: release.clone(),
+        });
+        let a = env.processor(options, handler).await.start().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), slow_started.notified())
+            .await
+            .expect("the slow batch reached the handler");
+        let b = env.start(env.options(&format!("b{in_flight}"))).await;
+        let stopping = tokio::spawn(a.stop());
+        // The handler holds the batch for 1.5 lease expirations after the stop began.
+        tokio::time::sleep(expiration * 3 / 2).await;
+        release.notify_one();
+        tokio::time::timeout(Duration::from_secs(20), stopping)
+            .await
+            .expect("the stop completes")
+            .unwrap();
+        for n in 20..30 {
+            upsert_doc(&env.items, n).await;
+        }
+        let all = env.delivered_within(30, Duration::from_secs(20)).await;
+        let duplicates = env.deliveries.duplicates();
+        report.push(format!(
+            "{in_flight} in flight: all 30 delivered {all}, duplicates {}",
+            duplicates.len()
+        ));
+        b.stop().await;
+        assert!(all, "missing {:?}", env.deliveries.missing(ids(0..30)));
+        assert!(
+            duplicates.is_empty(),
+            "{in_flight} in flight: delivered twice {duplicates:?}"
+        );
+    }
+    println!("graceful stop with a batch 1.5 expirations long: {}", report.join("; "));
+}

@@ -184,6 +184,11 @@ impl OwnedLease {
         written.is_none_or(|at| OffsetDateTime::now_utc() - at >= expiration)
     }
 
+    /// Whether our copy of the lease still names this instance as its owner (not released).
+    pub async fn is_held(&self) -> bool {
+        self.lease.lock().await.owner.as_deref() == Some(self.me.as_str())
+    }
+
     /// Whether this instance wrote the lease (renewal or checkpoint) within `window`.
     pub async fn written_within(&self, window: std::time::Duration) -> bool {
         let written = self.lease.lock().await.timestamp;

@@ -308,8 +308,12 @@ impl ChangeFeedProcessor {
             next_listing: tokio::time::Instant::now(),
             listed_ids: Vec::new(),
         };
-        let task = tokio::spawn(coordinator.run(shutdown.clone()));
-        let renewer = tokio::spawn(renew_loop(self.shared.clone(), shutdown.clone()));
+        // The renewer outlives the shutdown request: it keeps every lease still owned alive until
+        // the coordinator has released them all (a batch in flight may take longer than the
+        // lease expiration), and stops when the coordinator's task ends.
+        let renewing = CancellationToken::new();
+        let task = tokio::spawn(coordinator.run(shutdown.clone(), renewing.clone()));
+        let renewer = tokio::spawn(renew_loop(self.shared.clone(), renewing));
         tracing::info!(processor = %options.processor_name, instance = %options.instance, "processor started");
         Ok(ProcessorHandle {
             shared: self.shared,
@@ -490,7 +494,9 @@ struct Coordinator {
 }
 
 impl Coordinator {
-    async fn run(mut self, shutdown: CancellationToken) {
+    async fn run(mut self, shutdown: CancellationToken, renewing: CancellationToken) {
+        // However this task ends (released everything, or unwinding), renewing stops with it.
+        let _renewing = renewing.drop_guard();
         // Marks the processor dead if this task ends (or unwinds) without a shutdown request.
         struct Watch(Arc<Shared>, CancellationToken);
         impl Drop for Watch {
@@ -996,18 +1002,23 @@ enum AcquireStep {
     AskHandoff,
 }
 
-async fn renew_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
+/// Renews every owned lease each renew interval until `stop`. A lease whose processing is
+/// stopping (shutdown, handoff) is still renewed until it is released: only a lost one is not.
+async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(shared.options.renew_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tokio::select! {
-            _ = shutdown.cancelled() => return,
+            _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
         for owned in shared.owned_snapshot() {
             // A lease written within half a renew interval (a checkpoint) is fresh already.
-            if owned.cancelled().is_cancelled() || owned.written_within(shared.options.renew_interval / 2).await {
+            if owned.is_lost()
+                || !owned.is_held().await
+                || owned.written_within(shared.options.renew_interval / 2).await
+            {
                 continue;
             }
             match owned.renew().await {
