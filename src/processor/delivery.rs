@@ -89,10 +89,7 @@ impl Delivery<'_> {
         if let Err(error) = &result {
             self.shared.emit_error(
                 Some(self.owned.token()),
-                format!(
-                    "handler failed batch {batch_id} (attempt {attempt}, {} documents): {error}",
-                    documents.len()
-                ),
+                handler_failure(batch_id, attempt, documents.len(), error),
             );
         }
         result
@@ -265,9 +262,27 @@ fn halves(offset: usize, part: &[Value]) -> Vec<(usize, &[Value])> {
     vec![(offset, &part[..middle]), (offset + middle, &part[middle..])]
 }
 
+/// How a failed handler attempt is reported: a fixed kind first (`handler failed`), so that the
+/// error log keeps one entry per lease however many batches and attempts fail.
+fn handler_failure(batch_id: impl std::fmt::Display, attempt: u32, documents: usize, error: &HandlerError) -> String {
+    format!("handler failed: batch {batch_id} (attempt {attempt}, {documents} documents): {error}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_failed_attempt_is_one_kind_of_error() {
+        let kinds: std::collections::BTreeSet<String> = (0..50u32)
+            .map(|n| {
+                let error = HandlerError::new(format!("HTTP 500 number {n}"));
+                let message = handler_failure(batch_id("-FF", Some(&format!("\"{n}\""))), n % 5 + 1, 10, &error);
+                super::super::error_log::kind_of(&message).to_owned()
+            })
+            .collect();
+        assert_eq!(kinds.into_iter().collect::<Vec<_>>(), ["handler failed"]);
+    }
 
     #[test]
     fn batch_ids_are_stable_and_distinct() {

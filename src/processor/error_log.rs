@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 /// How long a kind of error stays quiet in the log after it was logged.
 pub const QUIET_FOR: Duration = Duration::from_secs(60);
 
+/// Entries kept before the quiet ones are dropped (leases come and go over a long run).
+const MAX_ENTRIES: usize = 1024;
+
 /// Errors seen, by (lease, kind): repeats since last logged, and when that was.
 #[derive(Debug, Default)]
 pub struct ErrorLog {
@@ -30,10 +33,25 @@ impl ErrorLog {
                 Some(skipped)
             }
             None => {
+                if self.seen.len() >= MAX_ENTRIES {
+                    // What has been quiet for a whole period would be logged anew anyway.
+                    self.seen
+                        .retain(|_, (_, last)| now.saturating_duration_since(*last) < QUIET_FOR);
+                }
                 self.seen.insert(key, (0, now));
                 Some(0)
             }
         }
+    }
+
+    /// How many (lease, kind) entries are kept.
+    pub fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    /// Whether no error was recorded (or all were dropped).
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
     }
 }
 
@@ -74,5 +92,33 @@ mod tests {
             "two were not logged"
         );
         assert_eq!(kind_of("renew failed: 503 unavailable"), "renew failed");
+    }
+
+    #[test]
+    fn a_long_run_of_failures_keeps_the_log_bounded() {
+        let mut log = ErrorLog::default();
+        let t0 = Instant::now();
+        // A flaky handler over days: every batch and attempt fails once, on a few leases.
+        for n in 0..20_000u64 {
+            let message = format!(
+                "handler failed: batch {n} (attempt {}, 10 documents): HTTP 500",
+                n % 5 + 1
+            );
+            log.record(
+                Some(["a", "b", "c"][n as usize % 3]),
+                kind_of(&message),
+                t0 + Duration::from_secs(n),
+            );
+        }
+        assert_eq!(log.len(), 3, "one entry per lease and kind");
+        // Leases come and go (splits, rebalancing): entries quiet for a period are dropped.
+        for n in 0..5_000u64 {
+            log.record(
+                Some(&format!("lease-{n}")),
+                "renew failed",
+                t0 + Duration::from_secs(30_000 + n * 61),
+            );
+        }
+        assert!(log.len() <= MAX_ENTRIES, "{} entries", log.len());
     }
 }

@@ -591,7 +591,7 @@ async fn split(
             Err(error) => {
                 shared.emit_error(
                     Some(owned.token()),
-                    format!("creating child lease {}: {error}", child.lease_token),
+                    format!("creating a child lease failed: {}: {error}", child.lease_token),
                 );
                 return None;
             }
