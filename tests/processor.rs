@@ -1594,3 +1594,65 @@ async fn a_graceful_stop_renews_its_leases_until_a_batch_slower_than_the_expirat
     }
     println!("graceful stop with a batch 1.5 expirations long: {}", report.join("; "));
 }
+
+/// Two manual checkpoints of the same lease at once (the handler confirms batches from several
+/// tasks): the older one never lands last, so the lease never moves backwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_manual_checkpoints_never_move_a_lease_backwards() {
+    use changefeed_operator::processor::ChangeFeedProcessor;
+    let env = Env::new(1).await;
+    for n in 0..400 {
+        upsert_doc(&env.items, n).await;
+    }
+    let handler = Arc::new(KeepHandles::default());
+    let mut options = env.options("manual-race");
+    options.max_items = 10;
+    let settings = env.settings(options);
+    let (monitored, store) = changefeed_operator::worker::open(&env.account, &env.account, &settings)
+        .await
+        .unwrap();
+    // A lease container answering in 100 ms, as a loaded one does: the renewer holds the lease
+    // often, and handles arriving meanwhile are under way at once.
+    let slow = changefeed_operator::bench::CountingStore::new(Arc::new(store)).with_latency(Duration::from_millis(100));
+    let manual = changefeed_operator::processor::Handler::Manual(handler.clone());
+    let processor = ChangeFeedProcessor::with_handler(monitored, Arc::new(slow), manual, settings.options)
+        .start()
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            handler.deliveries.distinct() >= 400
+        })
+        .await
+    );
+    let handle = |i: usize| handler.handles.lock().unwrap()[i].1.clone();
+    let continuation = || async { env.leases().await.into_iter().next().unwrap().continuation };
+    let mut backwards = Vec::new();
+    for pair in 0..20 {
+        let (older, newer) = (handle(2 * pair), handle(2 * pair + 1));
+        // The newer handle first: an older one that read the lease before it wrote must not win.
+        let racing = (
+            {
+                let newer = newer.clone();
+                tokio::spawn(async move { newer.checkpoint().await })
+            },
+            tokio::spawn(async move { older.checkpoint().await }),
+        );
+        racing.0.await.unwrap().unwrap();
+        racing.1.await.unwrap().unwrap();
+        let after_race = continuation().await;
+        // Where the newer handle alone leaves the lease: it writes nothing if the lease is there.
+        newer.checkpoint().await.unwrap();
+        if continuation().await != after_race {
+            backwards.push(pair);
+        }
+        // Let a renewal come around: the next race may meet it.
+        tokio::time::sleep(Duration::from_millis(170)).await;
+    }
+    println!("concurrent manual checkpoints: 20 races of two handles, the lease went backwards in {backwards:?}");
+    assert!(
+        backwards.is_empty(),
+        "the older checkpoint landed last in pairs {backwards:?}"
+    );
+    processor.stop().await;
+}

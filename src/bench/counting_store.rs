@@ -1,4 +1,5 @@
-//! A lease store that counts the requests it passes on (for the lease-store cost figure).
+//! A lease store that counts the requests it passes on (for the lease-store cost figure), and can
+//! answer slowly (each request waits a fixed latency first), as a loaded lease container does.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +38,8 @@ pub struct CountingStore {
     inner: Arc<dyn LeaseStore>,
     /// What was counted.
     pub requests: Arc<StoreRequests>,
+    /// How long each request waits before it is passed on.
+    latency: std::time::Duration,
 }
 
 impl CountingStore {
@@ -45,11 +48,21 @@ impl CountingStore {
         Self {
             inner,
             requests: Arc::new(StoreRequests::default()),
+            latency: std::time::Duration::ZERO,
         }
     }
 
-    fn count(&self, counter: &AtomicU64) {
+    /// Every request waits `latency` before it reaches the inner store.
+    pub fn with_latency(mut self, latency: std::time::Duration) -> Self {
+        self.latency = latency;
+        self
+    }
+
+    async fn count(&self, counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::SeqCst);
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
     }
 }
 
@@ -64,62 +77,62 @@ impl LeaseStore for CountingStore {
     }
 
     async fn snapshot(&self) -> Result<LeaseSnapshot, LeaseStoreError> {
-        self.count(&self.requests.listings);
+        self.count(&self.requests.listings).await;
         self.inner.snapshot().await
     }
 
     async fn read(&self, id: &str) -> Result<Option<Lease>, LeaseStoreError> {
-        self.count(&self.requests.reads);
+        self.count(&self.requests.reads).await;
         self.inner.read(id).await
     }
 
     async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseStoreError> {
-        self.count(&self.requests.other);
+        self.count(&self.requests.other).await;
         self.inner.create(lease).await
     }
 
     async fn replace(&self, lease: &Lease) -> Result<Lease, LeaseStoreError> {
-        self.count(&self.requests.replaces);
+        self.count(&self.requests.replaces).await;
         self.inner.replace(lease).await
     }
 
     async fn delete(&self, lease: &Lease) -> Result<(), LeaseStoreError> {
-        self.count(&self.requests.other);
+        self.count(&self.requests.other).await;
         self.inner.delete(lease).await
     }
 
     async fn try_lock(&self, owner: &str, stale_after: std::time::Duration) -> Result<bool, LeaseStoreError> {
-        self.count(&self.requests.other);
+        self.count(&self.requests.other).await;
         self.inner.try_lock(owner, stale_after).await
     }
 
     async fn unlock(&self) -> Result<(), LeaseStoreError> {
-        self.count(&self.requests.other);
+        self.count(&self.requests.other).await;
         self.inner.unlock().await
     }
 
     async fn mark_initialized(&self, monitored: &str, leases_per_partition: u32) -> Result<(), LeaseStoreError> {
-        self.count(&self.requests.other);
+        self.count(&self.requests.other).await;
         self.inner.mark_initialized(monitored, leases_per_partition).await
     }
 
     async fn foreign_documents(&self, prefix: &str) -> Result<Vec<Value>, LeaseStoreError> {
-        self.count(&self.requests.listings);
+        self.count(&self.requests.listings).await;
         self.inner.foreign_documents(prefix).await
     }
 
     async fn earlier_incarnation(&self, monitored: &str) -> Result<bool, LeaseStoreError> {
-        self.count(&self.requests.listings);
+        self.count(&self.requests.listings).await;
         self.inner.earlier_incarnation(monitored).await
     }
 
     async fn heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError> {
-        self.count(&self.requests.other);
+        self.count(&self.requests.other).await;
         self.inner.heartbeat(instance).await
     }
 
     async fn remove_heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError> {
-        self.count(&self.requests.other);
+        self.count(&self.requests.other).await;
         self.inner.remove_heartbeat(instance).await
     }
 }

@@ -68,11 +68,9 @@ impl CheckpointHandle {
         if self.owned.is_closed() || self.owned.is_lost() {
             return Err(lost());
         }
-        let current = self.owned.current().await;
-        if !is_ahead(continuation, current.continuation.as_deref()) {
-            return Ok(());
-        }
-        match self.owned.checkpoint(continuation).await {
+        // Judged and written under the lease's lock: a concurrent older handle never wins.
+        let forward = |current: Option<&str>| is_ahead(continuation, current);
+        match self.owned.checkpoint_forward(continuation, forward).await {
             Ok(_) => Ok(()),
             Err(UpdateError::Lost(_) | UpdateError::Gone) => Err(lost()),
             Err(UpdateError::Store(source)) => Err(CheckpointError::Store {

@@ -139,16 +139,33 @@ impl OwnedLease {
     /// Applies `change` and writes the lease with If-Match. On a 412 it re-reads: while the lease is
     /// still ours the change is applied to the fresh copy and retried; otherwise nothing is written.
     pub async fn update(&self, change: impl Fn(&mut Lease)) -> Result<Lease, UpdateError> {
+        let written = self
+            .update_if(|lease| {
+                change(lease);
+                true
+            })
+            .await?;
+        match written {
+            Some(lease) => Ok(lease),
+            None => Ok(self.current().await),
+        }
+    }
+
+    /// Like [`OwnedLease::update`], where `change` may decide (on each copy it is applied to,
+    /// under the lease's lock) that there is nothing to write: `Ok(None)` then.
+    pub async fn update_if(&self, change: impl Fn(&mut Lease) -> bool) -> Result<Option<Lease>, UpdateError> {
         let mut guard = self.lease.lock().await;
         let mut last_error = None;
         for _ in 0..MAX_CONFLICT_RETRIES {
             let mut next = guard.clone();
-            change(&mut next);
+            if !change(&mut next) {
+                return Ok(None);
+            }
             next.timestamp = Some(OffsetDateTime::now_utc());
             match self.store.replace(&next).await {
                 Ok(written) => {
                     *guard = written.clone();
-                    return Ok(written);
+                    return Ok(Some(written));
                 }
                 Err(LeaseStoreError::Changed(_)) => match self.store.read(&self.id).await? {
                     Some(current) if current.owner.as_deref() == Some(self.me.as_str()) => {
@@ -202,11 +219,27 @@ impl OwnedLease {
 
     /// Records the continuation after a handled batch.
     pub async fn checkpoint(&self, continuation: &str) -> Result<Lease, UpdateError> {
-        self.update(|lease| {
-            lease.continuation = Some(continuation.to_owned());
-            lease.checkpoint_time = Some(OffsetDateTime::now_utc());
-        })
-        .await
+        self.update(|lease| record_checkpoint(lease, continuation)).await
+    }
+
+    /// Records `continuation` only while `forward(lease's continuation)` says it moves the lease
+    /// forward, judged under the lease's lock: concurrent checkpoints never write an older
+    /// position last. `Ok(false)` when nothing was written.
+    pub async fn checkpoint_forward(
+        &self,
+        continuation: &str,
+        forward: impl Fn(Option<&str>) -> bool,
+    ) -> Result<bool, UpdateError> {
+        let written = self
+            .update_if(|lease| {
+                let ahead = forward(lease.continuation.as_deref());
+                if ahead {
+                    record_checkpoint(lease, continuation);
+                }
+                ahead
+            })
+            .await?;
+        Ok(written.is_some())
     }
 
     /// Gives the lease up, keeping its continuation: to the instance that asked for it, else to
@@ -236,4 +269,10 @@ impl OwnedLease {
         }
         Err(UpdateError::Store(LeaseStoreError::Changed(self.id.clone())))
     }
+}
+
+/// Writes `continuation` into `lease` as its checkpoint, stamped now.
+fn record_checkpoint(lease: &mut Lease, continuation: &str) {
+    lease.continuation = Some(continuation.to_owned());
+    lease.checkpoint_time = Some(OffsetDateTime::now_utc());
 }
