@@ -9,7 +9,8 @@
 //!
 //! Needs root and the Debian packages of `tools/k8s/node-packages.sh`. Images come from OCI
 //! archives (the pause image of `tools/k8s/pause-image.sh`, the `cfp` image of
-//! `tools/image/build.sh`) imported into containerd; no registry is reached. [`Cluster::stop`]
+//! `tools/image/build.sh`, the handler sidecar image of `tools/k8s/handler-image.sh`) imported into
+//! containerd; no registry is reached. [`Cluster::stop`]
 //! (also on drop) kills everything and removes what the cluster left (mounts, cgroups, the bridge,
 //! iptables rules); a start first removes what a killed earlier run left.
 #![allow(dead_code)]
@@ -39,6 +40,10 @@ const CGROUP_ROOT: &str = "cfp-e2e";
 /// The cfp image as the cluster knows it.
 pub const CFP_IMAGE: &str = "cfp.local/cfp:0.1.0";
 const PAUSE_IMAGE: &str = "cfp.local/pause:3.10";
+/// A naive HTTP handler for sidecars (`tools/k8s/handler.c`): on `PORT` (8080) it records each
+/// POSTed body as a file in `RECORD_DIR` (`/records`), answers 200 only `DELAY_MS` (1500) later,
+/// and exits at once on SIGTERM.
+pub const HANDLER_IMAGE: &str = "cfp.local/handler:1";
 
 /// A running cluster.
 pub struct Cluster {
@@ -97,6 +102,10 @@ impl Cluster {
         let bin = binaries()?;
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let pause = run("bash", &[&root.join("tools/k8s/pause-image.sh").display().to_string()])?;
+        let handler = run(
+            "bash",
+            &[&root.join("tools/k8s/handler-image.sh").display().to_string()],
+        )?;
         let dir = dir();
         std::fs::create_dir_all(dir.join("cni/net.d")).map_err(|e| e.to_string())?;
         let cfp_image = dir.join("cfp.oci.tar");
@@ -198,6 +207,7 @@ impl Cluster {
         for (archive, name) in [
             (pause.trim(), "cfp.local/pause"),
             (cfp_image.to_str().unwrap_or_default(), "cfp.local/cfp"),
+            (handler.trim(), "cfp.local/handler"),
         ] {
             run(
                 "ctr",
