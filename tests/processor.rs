@@ -819,7 +819,7 @@ async fn rebalancing_under_load_hands_leases_over_without_redelivering_anything(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_owner_that_ignores_a_handoff_request_loses_the_lease_after_a_renew_interval() {
+async fn an_owner_that_ignores_a_handoff_request_loses_the_lease_after_an_expiration() {
     let env = Env::new(2).await;
     let a = env.start_owning_all("a", 2).await;
     a.abort();
@@ -856,7 +856,7 @@ async fn an_owner_that_ignores_a_handoff_request_loses_the_lease_after_a_renew_i
     let after = started.elapsed();
     renewing.abort();
     println!(
-        "an owner ignoring handoff requests: b took its share after {after:.2?} (renew interval 300 ms, acquire 500 ms)"
+        "an owner ignoring handoff requests: b took its share after {after:.2?} (expiration 2 s, acquire 500 ms)"
     );
     assert!(took, "{:?}", env.owners().await);
     b.stop().await;
@@ -1655,4 +1655,60 @@ async fn concurrent_manual_checkpoints_never_move_a_lease_backwards() {
         "the older checkpoint landed last in pairs {backwards:?}"
     );
     processor.stop().await;
+}
+
+/// Rebalancing while every batch takes four renew intervals (under the lease expiration):
+/// the owner hands a lease over after its batch instead of losing it to the requester, so a
+/// newcomer delivers nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_waits_for_a_batch_slower_than_the_renew_interval() {
+    /// Takes its duration per batch.
+    struct Sluggish(Duration, Arc<common::RecordingHandler>);
+    #[async_trait::async_trait]
+    impl ChangeHandler for Sluggish {
+        async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
+            tokio::time::sleep(self.0).await;
+            self.1.handle(batch).await
+        }
+    }
+    let env = Env::new(2).await;
+    let mut options = env.options("a");
+    options.max_items = 5;
+    // Longer than the renew interval and an acquire interval together, shorter than the expiration.
+    let slow = options.renew_interval * 4;
+    let a = env
+        .processor(options, Arc::new(Sluggish(slow, env.recorder("a"))))
+        .await
+        .start()
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            env.owners().await.get("a") == Some(&2)
+        })
+        .await
+    );
+    env.write(0..60).await;
+    // Batches are in flight on both leases when the newcomer asks for one.
+    tokio::time::sleep(slow).await;
+    let mut options = env.options("b");
+    options.max_items = 5;
+    let b = env
+        .processor(options, Arc::new(Sluggish(slow, env.recorder("b"))))
+        .await
+        .start()
+        .await
+        .unwrap();
+    let moved = eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 2, 2) }).await;
+    let all = env.delivered_within(60, Duration::from_secs(60)).await;
+    let duplicates = env.deliveries.duplicates();
+    println!(
+        "handoff with batches of {slow:?} (renew interval {:?}): a lease moved {moved}, all 60 delivered {all}, duplicates {}",
+        slow / 4,
+        duplicates.len()
+    );
+    a.stop().await;
+    b.stop().await;
+    assert!(moved && all);
+    assert!(duplicates.is_empty(), "delivered twice: {duplicates:?}");
 }

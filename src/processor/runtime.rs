@@ -912,7 +912,10 @@ impl Coordinator {
             tracing::debug!(processor = %self.shared.options.processor_name, instance = %me, interval = ?self.listing_interval, "next lease listing");
         }
         // All acquisitions of a cycle go out together: others see this cycle's result at once.
-        let patience = self.shared.options.renew_interval;
+        // A live owner hands a lease over after the batch it is in; only one that has not done so
+        // within a lease expiration (an older version that ignores requests, or a handler stuck
+        // longer than that) loses it outright — a slow batch is not taken from under it.
+        let patience = self.shared.options.expiration;
         let attempts = wanted.iter().filter_map(|id| {
             let lease = snapshot.leases.iter().find(|l| &l.id == id)?;
             if self.shared.is_owned(id) {
@@ -927,8 +930,7 @@ impl Coordinator {
             let mut next = lease.clone();
             let step = match (&previous_owner, lease.handoff_request()) {
                 // A live owner is asked to hand the lease over after its current batch (nothing
-                // delivered twice); only one that has not done so within a renew interval (an
-                // older version, or stuck in a batch) loses it outright.
+                // delivered twice); only one that has not done so within `patience` loses it.
                 (Some(_), Some((to, at))) if to == me.as_str() && now - at < patience => return None,
                 (Some(_), Some((to, at))) if to != me.as_str() && now - at < expiration => return None,
                 (Some(_), Some((to, _))) if to == me.as_str() => AcquireStep::Take,
