@@ -855,9 +855,7 @@ async fn an_owner_that_ignores_a_handoff_request_loses_the_lease_after_an_expira
     .await;
     let after = started.elapsed();
     renewing.abort();
-    println!(
-        "an owner ignoring handoff requests: b took its share after {after:.2?} (expiration 2 s, acquire 500 ms)"
-    );
+    println!("an owner ignoring handoff requests: b took its share after {after:.2?} (expiration 2 s, acquire 500 ms)");
     assert!(took, "{:?}", env.owners().await);
     b.stop().await;
 }
