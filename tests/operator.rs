@@ -1097,6 +1097,14 @@ async fn the_fields_that_locate_the_checkpoints_are_immutable() {
         ),
         (resource("payments", endpoint, ""), "leases.database is immutable"),
         (
+            resource(
+                "payments",
+                endpoint,
+                "  leases:\n    database: meta\n    container: added\n",
+            ),
+            "leases.container is immutable",
+        ),
+        (
             resource("payments", endpoint, "  leases:\n    database: other\n"),
             "leases.database is immutable",
         ),
