@@ -166,23 +166,6 @@ async fn spec_replicas(deployments: &Api<Deployment>, name: &str) -> Option<i32>
     deployments.get_opt(name).await.ok()??.spec?.replicas
 }
 
-/// The lease store of `processor` over the monitored container `db/<container>`.
-async fn lease_store_of(
-    account: &CosmosAccount,
-    processor: &str,
-    container: &str,
-) -> Option<changefeed_operator::processor::CosmosLeaseStore> {
-    let monitored = account.monitored(common::DB, container).await.ok()?;
-    let docs = account.documents(common::DB, common::LEASES).await.ok()?;
-    let prefix = changefeed_operator::processor::lease_prefix(
-        processor,
-        account.host(),
-        monitored.database_rid(),
-        monitored.rid(),
-    );
-    changefeed_operator::processor::CosmosLeaseStore::new(docs, prefix).ok()
-}
-
 /// One POST a handler sidecar recorded (`tools/k8s/handler.c`): one file per POST, its body on
 /// one line, named `<pod>-<handler start>-<n>.json`, and an empty `….answered` once the handler
 /// answered 200.
@@ -718,7 +701,7 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
         Some(&relay_resource(&endpoint, &records)),
     );
     let relay_store = wait_for("the relay's lease store", Duration::from_secs(60), || {
-        lease_store_of(&account, RELAY, RELAY)
+        common::lease_store_of(&account, RELAY, RELAY)
     })
     .await;
     let first = wait_for(

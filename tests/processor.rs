@@ -730,27 +730,35 @@ async fn a_lease_whose_reads_keep_failing_is_reported_and_the_others_flow() {
     a.stop().await;
 }
 
-/// A [`common::RecordingHandler`] that takes its time (a batch in flight most of the time, as a
-/// real handler's would be).
-struct SlowHandler(common::RecordingHandler);
+/// A [`common::RecordingHandler`] that takes its time per batch (a batch in flight most of the
+/// time, as a real handler's would be).
+struct SlowHandler(Duration, common::RecordingHandler);
+
+impl SlowHandler {
+    /// Records for instance `name` of `env`, taking `took` per batch.
+    fn of(env: &Env, name: &str, took: Duration) -> Arc<Self> {
+        Arc::new(Self(
+            took,
+            common::RecordingHandler {
+                instance: name.into(),
+                deliveries: env.deliveries.clone(),
+            },
+        ))
+    }
+}
 
 #[async_trait::async_trait]
 impl ChangeHandler for SlowHandler {
     async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
-        tokio::time::sleep(Duration::from_millis(30)).await;
-        self.0.handle(batch).await
+        tokio::time::sleep(self.0).await;
+        self.1.handle(batch).await
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rebalancing_under_load_hands_leases_over_without_redelivering_anything() {
     let env = Env::new(8).await;
-    let slow = |name: &str| {
-        Arc::new(SlowHandler(common::RecordingHandler {
-            instance: name.into(),
-            deliveries: env.deliveries.clone(),
-        }))
-    };
+    let slow = |name: &str| SlowHandler::of(&env, name, Duration::from_millis(30));
     let a_processor = env.processor(env.options("a"), slow("a")).await;
     let mut a_events = a_processor.subscribe();
     let a = a_processor.start().await.unwrap();
@@ -1387,25 +1395,41 @@ impl changefeed_operator::processor::ManualCheckpointHandler for KeepHandles {
     }
 }
 
+/// Starts instance `name` (10 documents a batch) delivering to `handler`, which checkpoints
+/// itself, over the lease store `store` makes of the real one (a slower one, say).
+async fn start_manual(
+    env: &Env,
+    handler: Arc<KeepHandles>,
+    name: &str,
+    store: impl FnOnce(Arc<dyn LeaseStore>) -> Arc<dyn LeaseStore>,
+) -> changefeed_operator::processor::ProcessorHandle {
+    let mut options = env.options(name);
+    options.max_items = 10;
+    let settings = env.settings(options);
+    let (monitored, leases) = changefeed_operator::worker::open(&env.account, &env.account, &settings)
+        .await
+        .unwrap();
+    let manual = changefeed_operator::processor::Handler::Manual(handler);
+    changefeed_operator::processor::ChangeFeedProcessor::with_handler(
+        monitored,
+        store(Arc::new(leases)),
+        manual,
+        settings.options,
+    )
+    .start()
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manual_checkpoints_write_what_the_handler_confirms_and_a_split_restarts_from_it() {
-    use changefeed_operator::processor::{ChangeFeedProcessor, CheckpointError};
+    use changefeed_operator::processor::CheckpointError;
     let env = Env::new(1).await;
     for n in 0..50 {
         upsert_doc(&env.items, n).await;
     }
     let handler = Arc::new(KeepHandles::default());
-    let mut options = env.options("manual");
-    options.max_items = 10;
-    let settings = env.settings(options);
-    let (monitored, store) = changefeed_operator::worker::open(&env.account, &env.account, &settings)
-        .await
-        .unwrap();
-    let manual = changefeed_operator::processor::Handler::Manual(handler.clone());
-    let processor = ChangeFeedProcessor::with_handler(monitored, Arc::new(store), manual, settings.options)
-        .start()
-        .await
-        .unwrap();
+    let processor = start_manual(&env, handler.clone(), "manual", |store| store).await;
     let seen = |n: usize| {
         let handler = handler.clone();
         async move { eventually(Duration::from_secs(20), || async { handler.deliveries.distinct() >= n }).await }
@@ -1597,26 +1621,17 @@ async fn a_graceful_stop_renews_its_leases_until_a_batch_slower_than_the_expirat
 /// tasks): the older one never lands last, so the lease never moves backwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_manual_checkpoints_never_move_a_lease_backwards() {
-    use changefeed_operator::processor::ChangeFeedProcessor;
     let env = Env::new(1).await;
     for n in 0..400 {
         upsert_doc(&env.items, n).await;
     }
     let handler = Arc::new(KeepHandles::default());
-    let mut options = env.options("manual-race");
-    options.max_items = 10;
-    let settings = env.settings(options);
-    let (monitored, store) = changefeed_operator::worker::open(&env.account, &env.account, &settings)
-        .await
-        .unwrap();
     // A lease container answering in 100 ms, as a loaded one does: the renewer holds the lease
     // often, and handles arriving meanwhile are under way at once.
-    let slow = changefeed_operator::bench::CountingStore::new(Arc::new(store)).with_latency(Duration::from_millis(100));
-    let manual = changefeed_operator::processor::Handler::Manual(handler.clone());
-    let processor = ChangeFeedProcessor::with_handler(monitored, Arc::new(slow), manual, settings.options)
-        .start()
-        .await
-        .unwrap();
+    let slow = |store| -> Arc<dyn LeaseStore> {
+        Arc::new(changefeed_operator::bench::CountingStore::new(store).with_latency(Duration::from_millis(100)))
+    };
+    let processor = start_manual(&env, handler.clone(), "manual-race", slow).await;
     assert!(
         eventually(Duration::from_secs(30), || async {
             handler.deliveries.distinct() >= 400
@@ -1660,22 +1675,13 @@ async fn concurrent_manual_checkpoints_never_move_a_lease_backwards() {
 /// newcomer delivers nothing twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_waits_for_a_batch_slower_than_the_renew_interval() {
-    /// Takes its duration per batch.
-    struct Sluggish(Duration, Arc<common::RecordingHandler>);
-    #[async_trait::async_trait]
-    impl ChangeHandler for Sluggish {
-        async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
-            tokio::time::sleep(self.0).await;
-            self.1.handle(batch).await
-        }
-    }
     let env = Env::new(2).await;
     let mut options = env.options("a");
     options.max_items = 5;
     // Longer than the renew interval and an acquire interval together, shorter than the expiration.
     let slow = options.renew_interval * 4;
     let a = env
-        .processor(options, Arc::new(Sluggish(slow, env.recorder("a"))))
+        .processor(options, SlowHandler::of(&env, "a", slow))
         .await
         .start()
         .await
@@ -1692,7 +1698,7 @@ async fn a_handoff_waits_for_a_batch_slower_than_the_renew_interval() {
     let mut options = env.options("b");
     options.max_items = 5;
     let b = env
-        .processor(options, Arc::new(Sluggish(slow, env.recorder("b"))))
+        .processor(options, SlowHandler::of(&env, "b", slow))
         .await
         .start()
         .await

@@ -400,7 +400,16 @@ pub async fn lease_store(
     account: &CosmosAccount,
     processor: &str,
 ) -> Option<changefeed_operator::processor::CosmosLeaseStore> {
-    let monitored = account.monitored(DB, ITEMS).await.ok()?;
+    lease_store_of(account, processor, ITEMS).await
+}
+
+/// The lease store of processor `processor` for `db/<container>` in `db/leases` of `account`.
+pub async fn lease_store_of(
+    account: &CosmosAccount,
+    processor: &str,
+    container: &str,
+) -> Option<changefeed_operator::processor::CosmosLeaseStore> {
+    let monitored = account.monitored(DB, container).await.ok()?;
     let docs = account.documents(DB, LEASES).await.ok()?;
     let prefix = changefeed_operator::processor::lease_prefix(
         processor,
