@@ -157,12 +157,19 @@ pub async fn open(
                 how_to_create,
                 source,
             },
-            ProvisionError::Cosmos(e) => {
-                classify(e, &lease_name, "opening the lease container", || WorkerError::Cosmos {
-                    context: format!("opening the lease container {lease_name}"),
-                    source: CosmosError::local(ErrorKind::NotFound, "not found"),
-                })
-            }
+            // A 404 here: the container went away between reading and opening it.
+            ProvisionError::Cosmos(e) => classify(e, &lease_name, "opening the lease container", || {
+                WorkerError::LeasesMissing {
+                    name: lease_name.clone(),
+                    how_to_create: crate::cosmos::create_commands(
+                        lease_account.host(),
+                        &settings.lease_database,
+                        &settings.lease_container,
+                        "/id",
+                        false,
+                    ),
+                }
+            }),
         })?;
     let prefix = lease_prefix(
         &settings.options.processor_name,
