@@ -610,7 +610,12 @@ async fn scale_to_zero_cannot_get_stuck_and_the_pause_annotations_hold_the_workl
     common::emulator_control(&setup.endpoint, reqwest::Method::POST, "outage?ms=600000").await;
     let stuck = wait("Ready=False/EstimateFailed", || ready_with(&setup, "EstimateFailed")).await;
     setup.wait_replicas(1, Duration::from_secs(60)).await;
-    let fallback = setup.scaling().await.map(|c| c.message).unwrap_or_default();
+    // The Deployment is applied before the status: wait for the condition of that decision.
+    let fallback = wait("Scaling names the fallback", || async {
+        let message = setup.scaling().await?.message;
+        message.contains("fallback of 1 replica").then_some(message)
+    })
+    .await;
     common::emulator_control(&setup.endpoint, reqwest::Method::DELETE, "faults").await;
     setup.wait_replicas(0, Duration::from_secs(60)).await;
     wait("Ready=True/ScaledToZero again", || ready_with(&setup, "ScaledToZero")).await;
@@ -676,8 +681,13 @@ async fn scale_to_zero_cannot_get_stuck_and_the_pause_annotations_hold_the_workl
     let occurrences = |events: Vec<k8s_openapi::api::events::v1::Event>| -> i32 {
         events.iter().map(|e| e.series.as_ref().map_or(1, |s| s.count)).sum()
     };
-    let paused_events = occurrences(setup.events("Paused").await);
-    let resumed_events = occurrences(setup.events("Resumed").await);
+    // Published after the workload is applied: waited for, not read once.
+    let (paused_events, resumed_events) = wait("two Paused and two Resumed Events", || async {
+        let paused = occurrences(setup.events("Paused").await);
+        let resumed = occurrences(setup.events("Resumed").await);
+        (paused >= 2 && resumed >= 2).then_some((paused, resumed))
+    })
+    .await;
     println!(
         "scale to zero: failing estimates at 0 → Ready=False/EstimateFailed ({}); fallback → 1 replica ({fallback}); estimates back → 0; EstimateFailed Events {ready_events}; 15 changes under activationLag 20 stay at 0, 25 → 2 (the lease count); paused-replicas=0 → 0 ({}); paused=true kept pollInterval {while_paused:?} until removed, then {resumed}; Paused/Resumed Events {paused_events}/{resumed_events}",
         stuck.message, paused.message
