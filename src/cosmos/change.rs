@@ -95,6 +95,16 @@ pub struct Change {
 }
 
 impl Change {
+    /// The change as one JSON object: its metadata and `document` (the current image, or for a
+    /// delete what identifies the deleted document) — as the stdout and HTTP handlers deliver it.
+    pub fn with_document(&self, document: &Value) -> Value {
+        let mut value = serde_json::json!(self);
+        if let Some(map) = value.as_object_mut() {
+            map.insert("document".into(), document.clone());
+        }
+        value
+    }
+
     /// The metadata of a change feed item.
     pub fn of(item: &ChangeFeedItem<Value>) -> Self {
         let metadata = item.metadata();

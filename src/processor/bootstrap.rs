@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use super::adopt::AdoptOptions;
-use super::lease::{Lease, LeaseStore};
+use super::error::ProcessorError;
+use super::lease::{Lease, LeaseSnapshot, LeaseStore};
 use super::options::ProcessorOptions;
-use super::runtime::ProcessorError;
-use crate::cosmos::{MonitoredContainer, StartFrom};
+use crate::cosmos::{EpkRange, FeedMode, MonitoredContainer, StartFrom};
 
 /// A lock older than this is taken to belong to an instance that died while bootstrapping.
 const LOCK_STALE_AFTER: Duration = Duration::from_secs(30);
@@ -43,136 +43,172 @@ async fn bootstrap_once(
     monitored: &MonitoredContainer,
     options: &ProcessorOptions,
 ) -> Result<(), ProcessorError> {
-    let (me, per_partition) = (options.instance.as_str(), options.leases_per_partition);
     loop {
         let snapshot = store.snapshot().await?;
-        let wanted = options.mode;
-        if let Some(other) = snapshot
-            .leases
-            .iter()
-            .map(|l| crate::cosmos::FeedMode::of_lease(l.mode.as_deref()))
-            .find(|m| *m != wanted)
-        {
-            return Err(ProcessorError::Config(format!(
-                "this processor's leases were written in the {} mode, not {}: keep --mode {}, or start over under a new processor name",
-                other.as_str(),
-                wanted.as_str(),
-                other.as_str()
-            )));
-        }
-        if snapshot.initialized {
-            let created_with = snapshot.leases_per_partition.unwrap_or(1);
-            if created_with != per_partition {
-                return Err(ProcessorError::Config(format!(
-                    "this processor's leases were created with {created_with} lease(s) per partition, not {per_partition}: keep --leases-per-partition {created_with}, or start over under a new processor name (or delete its lease documents)"
-                )));
-            }
-        }
+        check_compatible(&snapshot, options)?;
         let ranges = monitored.feed_ranges(true).await?;
-        let uncovered: Vec<&crate::cosmos::EpkRange> = ranges
-            .iter()
-            .filter(|range| {
-                !snapshot
-                    .leases
-                    .iter()
-                    .any(|l| l.range().is_some_and(|r| r.overlaps(range)))
-            })
-            .collect();
+        let uncovered = uncovered(&ranges, &snapshot);
         if snapshot.initialized && uncovered.is_empty() {
             return Ok(());
         }
-        if !store.try_lock(me, LOCK_STALE_AFTER).await? {
+        if !store.try_lock(&options.instance, LOCK_STALE_AFTER).await? {
             tokio::time::sleep(Duration::from_millis(250 + fastrand::u64(0..250))).await;
             continue;
         }
-        let mut start = options.start_from;
-        let mut recreated = false;
-        if start == StartFrom::Now
-            && wanted == crate::cosmos::FeedMode::LatestVersion
-            && !snapshot.initialized
-            && snapshot.leases.is_empty()
-            && store.earlier_incarnation(monitored.name()).await?
-        {
-            // Everything in a container created again under a name this processor already
-            // followed is new to it: "now" would skip what was written since it was created.
-            tracing::info!(
-                instance = me,
-                container = monitored.name(),
-                "the monitored container was created again since this processor last ran; reading the new one from its start"
-            );
-            start = StartFrom::Beginning;
-            recreated = true;
-        }
-        if snapshot.initialized {
-            tracing::warn!(
-                instance = me,
-                ranges = uncovered.len(),
-                "the lease store is initialized but feed ranges have no lease (lease documents deleted?); creating them from the start position"
-            );
-        }
-        let mut created = 0;
-        let mut adopted: Vec<crate::cosmos::EpkRange> = Vec::new();
-        // Partition-key-range leases under our own prefix (a .NET v2 / v3 version-0 processor of
-        // the same name) are adopted in place.
-        let in_place = (snapshot.leases.is_empty() && !snapshot.pk_range_leases.is_empty()).then(|| AdoptOptions {
-            layout: super::adopt::ForeignLayout::Dotnet,
-            prefix: format!("{}..", store.prefix()),
-            force: options.adopt.as_ref().is_some_and(|a| a.force),
-        });
-        let explicit = options
-            .adopt
-            .clone()
-            .filter(|_| !snapshot.initialized && snapshot.leases.is_empty());
-        if let Some(adopt) = in_place.or(explicit) {
-            let adopt = &adopt;
-            let leases = match adopt_foreign(store, monitored, options, adopt).await {
-                Ok(leases) => leases,
-                Err(error) => {
-                    let _ = store.unlock().await;
-                    return Err(error);
-                }
-            };
-            for lease in leases {
-                adopted.extend(lease.range().cloned());
-                if store.create(&lease).await?.is_some() {
-                    created += 1;
-                }
-            }
-        }
-        let mut pieces = Vec::new();
-        for range in uncovered.into_iter().filter(|r| !adopted.iter().any(|a| a.overlaps(r))) {
-            match range.divide(per_partition) {
-                Some(parts) => pieces.extend(parts),
-                None => {
-                    tracing::warn!(instance = me, %range, per_partition, "this feed range cannot be divided; one lease covers it");
-                    pieces.push(range.clone());
-                }
-            }
-        }
-        for range in &pieces {
-            let continuation = match start {
-                StartFrom::Now => Some(anchor_now(monitored, range, wanted).await?),
-                StartFrom::Beginning | StartFrom::Time(_) => None,
-            };
-            let mut lease = Lease::new(store.prefix(), range, continuation);
-            lease.mode = Some(wanted.lease_mode().to_owned());
-            if recreated {
-                lease = lease.start_from_beginning();
-            }
-            if store.create(&lease).await?.is_some() {
-                created += 1;
-            }
-        }
-        store.mark_initialized(monitored.name(), per_partition).await?;
+        let created = initialize(store, monitored, options, &snapshot, &uncovered).await?;
+        store
+            .mark_initialized(monitored.name(), options.leases_per_partition)
+            .await?;
         store.unlock().await?;
-        tracing::info!(
-            instance = me,
-            leases = created,
-            ranges = ranges.len(),
-            "lease store initialized"
-        );
+        tracing::info!(leases = created, ranges = ranges.len(), "lease store initialized");
         return Ok(());
     }
+}
+
+/// Refuses options that do not match the leases this processor wrote before (another change
+/// feed mode, another number of leases per partition).
+fn check_compatible(snapshot: &LeaseSnapshot, options: &ProcessorOptions) -> Result<(), ProcessorError> {
+    let wanted = options.mode;
+    if let Some(other) = snapshot
+        .leases
+        .iter()
+        .map(|l| FeedMode::of_lease(l.mode.as_deref()))
+        .find(|m| *m != wanted)
+    {
+        return Err(ProcessorError::Config(format!(
+            "this processor's leases were written in the {} mode, not {}: keep --mode {}, or start over under a new processor name",
+            other.as_str(),
+            wanted.as_str(),
+            other.as_str()
+        )));
+    }
+    let per_partition = options.leases_per_partition;
+    let created_with = snapshot.leases_per_partition.unwrap_or(1);
+    if snapshot.initialized && created_with != per_partition {
+        return Err(ProcessorError::Config(format!(
+            "this processor's leases were created with {created_with} lease(s) per partition, not {per_partition}: keep --leases-per-partition {created_with}, or start over under a new processor name (or delete its lease documents)"
+        )));
+    }
+    Ok(())
+}
+
+/// The feed ranges no lease covers.
+fn uncovered<'a>(ranges: &'a [EpkRange], snapshot: &LeaseSnapshot) -> Vec<&'a EpkRange> {
+    ranges
+        .iter()
+        .filter(|range| {
+            !snapshot
+                .leases
+                .iter()
+                .any(|l| l.range().is_some_and(|r| r.overlaps(range)))
+        })
+        .collect()
+}
+
+/// Creates the leases of the `uncovered` ranges (adopting foreign checkpoints first, when
+/// asked or found under our prefix), holding the bootstrap lock; returns how many were created.
+async fn initialize(
+    store: &dyn LeaseStore,
+    monitored: &MonitoredContainer,
+    options: &ProcessorOptions,
+    snapshot: &LeaseSnapshot,
+    uncovered: &[&EpkRange],
+) -> Result<usize, ProcessorError> {
+    let recreated = is_recreated(store, monitored, options, snapshot).await?;
+    if snapshot.initialized {
+        tracing::warn!(
+            ranges = uncovered.len(),
+            "the lease store is initialized but feed ranges have no lease (lease documents deleted?); creating them from the start position"
+        );
+    }
+    let (mut created, adopted) = adopt_existing(store, monitored, options, snapshot).await?;
+    let per_partition = options.leases_per_partition;
+    let mut pieces = Vec::new();
+    for range in uncovered.iter().filter(|r| !adopted.iter().any(|a| a.overlaps(r))) {
+        match range.divide(per_partition) {
+            Some(parts) => pieces.extend(parts),
+            None => {
+                tracing::warn!(%range, per_partition, "this feed range cannot be divided; one lease covers it");
+                pieces.push((*range).clone());
+            }
+        }
+    }
+    for range in &pieces {
+        let continuation = match options.start_from {
+            StartFrom::Now if !recreated => Some(anchor_now(monitored, range, options.mode).await?),
+            StartFrom::Now | StartFrom::Beginning | StartFrom::Time(_) => None,
+        };
+        let mut lease = Lease::new(store.prefix(), range, continuation);
+        lease.mode = Some(options.mode.lease_mode().to_owned());
+        if recreated {
+            lease = lease.start_from_beginning();
+        }
+        if store.create(&lease).await?.is_some() {
+            created += 1;
+        }
+    }
+    Ok(created)
+}
+
+/// Whether the monitored container was created again under a name this processor followed
+/// before: everything in it is new to the processor, so "now" would skip what was written since
+/// it was created — its leases start from the beginning.
+async fn is_recreated(
+    store: &dyn LeaseStore,
+    monitored: &MonitoredContainer,
+    options: &ProcessorOptions,
+    snapshot: &LeaseSnapshot,
+) -> Result<bool, ProcessorError> {
+    let recreated = options.start_from == StartFrom::Now
+        && options.mode == FeedMode::LatestVersion
+        && !snapshot.initialized
+        && snapshot.leases.is_empty()
+        && store.earlier_incarnation(monitored.name()).await?;
+    if recreated {
+        tracing::info!(
+            container = monitored.name(),
+            "the monitored container was created again since this processor last ran; reading the new one from its start"
+        );
+    }
+    Ok(recreated)
+}
+
+/// Adopts foreign checkpoints when asked to (or partition-key-range leases found under our own
+/// prefix: a .NET v2 / v3 version-0 processor of the same name); returns the leases created and
+/// the ranges they cover. The bootstrap lock is given back when the adoption fails.
+async fn adopt_existing(
+    store: &dyn LeaseStore,
+    monitored: &MonitoredContainer,
+    options: &ProcessorOptions,
+    snapshot: &LeaseSnapshot,
+) -> Result<(usize, Vec<EpkRange>), ProcessorError> {
+    let in_place = (snapshot.leases.is_empty() && !snapshot.pk_range_leases.is_empty()).then(|| AdoptOptions {
+        layout: super::adopt::ForeignLayout::Dotnet,
+        prefix: format!("{}..", store.prefix()),
+        force: options.adopt.as_ref().is_some_and(|a| a.force),
+    });
+    let explicit = options
+        .adopt
+        .clone()
+        .filter(|_| !snapshot.initialized && snapshot.leases.is_empty());
+    let Some(adopt) = in_place.or(explicit) else {
+        return Ok((0, Vec::new()));
+    };
+    let leases = match adopt_foreign(store, monitored, options, &adopt).await {
+        Ok(leases) => leases,
+        Err(error) => {
+            let _ = store.unlock().await;
+            return Err(error);
+        }
+    };
+    let (mut created, mut adopted) = (0, Vec::new());
+    for lease in leases {
+        adopted.extend(lease.range().cloned());
+        if store.create(&lease).await?.is_some() {
+            created += 1;
+        }
+    }
+    Ok((created, adopted))
 }
 
 /// Our leases for the checkpoints of the processor being adopted (its documents stay as they are).
@@ -196,7 +232,6 @@ async fn adopt_foreign(
         )));
     }
     tracing::info!(
-        instance = %options.instance,
         layout,
         foreign = checkpoints.len(),
         leases = leases.len(),

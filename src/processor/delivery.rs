@@ -16,15 +16,14 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use super::deadletter::DeadLetter;
+use super::error::LeaseError;
 use super::handler::{Batch, HandlerError};
+use super::lease::HANDLER_FAILING_PROPERTY;
 use super::manual::{CheckpointHandle, Handler};
 use super::options::OnExhausted;
 use super::owned::OwnedLease;
-use super::runtime::Shared;
+use super::shared::Shared;
 use crate::cosmos::{Change, EpkRange};
-
-/// The lease property that says a lease's handler is failing (set while halted, removed on recovery).
-pub const HANDLER_FAILING_PROPERTY: &str = "handlerFailing";
 
 /// A stable id for the batch read from `position` of lease `lease` (FNV-1a, hex).
 pub fn batch_id(lease: &str, position: Option<&str>) -> String {
@@ -58,6 +57,11 @@ async fn pause(owned: &OwnedLease, delay: Duration) -> bool {
 }
 
 impl Delivery<'_> {
+    /// Reports a failed step of this batch's lease.
+    fn report(&self, error: LeaseError) {
+        self.shared.telemetry.error(Some(self.owned.token()), error);
+    }
+
     /// Hands `documents` (from index `offset` of the batch) to the handler once.
     async fn attempt(
         &self,
@@ -83,14 +87,19 @@ impl Delivery<'_> {
                 handler.handle(batch, handle).await
             }
         };
-        self.shared
-            .observer()
-            .handler_done(self.owned.token(), started.elapsed(), result.is_ok(), documents.len());
+        self.shared.telemetry.observer().handler_done(
+            self.owned.token(),
+            started.elapsed(),
+            result.is_ok(),
+            documents.len(),
+        );
         if let Err(error) = &result {
-            self.shared.emit_error(
-                Some(self.owned.token()),
-                handler_failure(batch_id, attempt, documents.len(), error),
-            );
+            self.report(LeaseError::Handler {
+                batch_id: batch_id.to_owned(),
+                attempt,
+                documents: documents.len(),
+                error: error.clone(),
+            });
         }
         result
     }
@@ -176,10 +185,7 @@ impl Delivery<'_> {
     async fn dead_letter(&self, document: &Value, error: &HandlerError, attempts: u32, first: OffsetDateTime) -> bool {
         let Some(store) = self.shared.dead_letters.get() else {
             // Options validation requires a store for DeadLetter; never drop a document without one.
-            self.shared.emit_error(
-                Some(self.owned.token()),
-                "no dead-letter container is configured".into(),
-            );
+            self.report(LeaseError::NoDeadLetterStore);
             return false;
         };
         let letter = DeadLetter::new(
@@ -196,22 +202,17 @@ impl Delivery<'_> {
                 Ok(()) => {
                     let document_id = letter.document.get("id").and_then(Value::as_str).unwrap_or_default();
                     tracing::warn!(
-                        processor = %self.shared.options.processor_name,
-                        lease = self.owned.token(),
                         document = document_id,
                         dead_letter = %letter.id,
                         attempts,
                         error = %error,
                         "document dead-lettered"
                     );
-                    self.shared.observer().dead_lettered(self.owned.token(), 1);
+                    self.shared.telemetry.observer().dead_lettered(self.owned.token(), 1);
                     return true;
                 }
                 Err(store_error) => {
-                    self.shared.emit_error(
-                        Some(self.owned.token()),
-                        format!("writing a dead letter failed (the batch is not checkpointed): {store_error}"),
-                    );
+                    self.report(LeaseError::DeadLetter(store_error));
                     if !pause(self.owned, self.shared.options.retry.backoff(failures + 1)).await {
                         return false;
                     }
@@ -224,7 +225,7 @@ impl Delivery<'_> {
     /// Reports the lease stuck (with the handler's error) or recovered: metric and lease property.
     async fn set_stuck(&self, error: Option<&HandlerError>) {
         let token = self.owned.token();
-        self.shared.observer().lease_stuck(token, error.is_some());
+        self.shared.telemetry.observer().lease_stuck(token, error.is_some());
         let note = error.map(|e| {
             let since = OffsetDateTime::now_utc()
                 .format(&time::format_description::well_known::Rfc3339)
@@ -233,10 +234,10 @@ impl Delivery<'_> {
         });
         match &note {
             Some(note) => {
-                tracing::warn!(processor = %self.shared.options.processor_name, lease = token, "handler keeps failing; the lease halts ({note})")
+                tracing::warn!("handler keeps failing; the lease halts ({note})")
             }
             None => {
-                tracing::info!(processor = %self.shared.options.processor_name, lease = token, "handler recovered; the lease goes on")
+                tracing::info!("handler recovered; the lease goes on")
             }
         }
         let update = self
@@ -262,12 +263,6 @@ fn halves(offset: usize, part: &[Value]) -> Vec<(usize, &[Value])> {
     vec![(offset, &part[..middle]), (offset + middle, &part[middle..])]
 }
 
-/// How a failed handler attempt is reported: a fixed kind first (`handler failed`), so that the
-/// error log keeps one entry per lease however many batches and attempts fail.
-fn handler_failure(batch_id: impl std::fmt::Display, attempt: u32, documents: usize, error: &HandlerError) -> String {
-    format!("handler failed: batch {batch_id} (attempt {attempt}, {documents} documents): {error}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -276,9 +271,13 @@ mod tests {
     fn every_failed_attempt_is_one_kind_of_error() {
         let kinds: std::collections::BTreeSet<String> = (0..50u32)
             .map(|n| {
-                let error = HandlerError::new(format!("HTTP 500 number {n}"));
-                let message = handler_failure(batch_id("-FF", Some(&format!("\"{n}\""))), n % 5 + 1, 10, &error);
-                super::super::error_log::kind_of(&message).to_owned()
+                let error = LeaseError::Handler {
+                    batch_id: batch_id("-FF", Some(&format!("\"{n}\""))),
+                    attempt: n % 5 + 1,
+                    documents: 10,
+                    error: HandlerError::new(format!("HTTP 500 number {n}")),
+                };
+                error.kind().to_owned()
             })
             .collect();
         assert_eq!(kinds.into_iter().collect::<Vec<_>>(), ["handler failed"]);

@@ -15,8 +15,7 @@ use futures::StreamExt;
 use serde::Serialize;
 use time::OffsetDateTime;
 
-use super::delivery::HANDLER_FAILING_PROPERTY;
-use super::lease::Lease;
+use super::lease::{HANDLER_FAILING_PROPERTY, Lease};
 use crate::cosmos::{
     ChangePage, CosmosError, EpkRange, MonitoredContainer, StartFrom, continuation_lsn, session_token_lsn,
 };

@@ -106,9 +106,7 @@ impl ChangeHandler for StdoutHandler {
         for (i, doc) in batch.documents.iter().enumerate() {
             // All versions and deletes: the change, with the document under `document`.
             let written = match batch.changes.get(i) {
-                Some(change) => {
-                    serde_json::to_writer(&mut text, &super::http_handler::change_with_document(doc, change))
-                }
+                Some(change) => serde_json::to_writer(&mut text, &change.with_document(doc)),
                 None => serde_json::to_writer(&mut text, doc),
             };
             written.map_err(|e| HandlerError::new(format!("serializing a document: {e}")))?;

@@ -176,7 +176,7 @@ pub fn cloud_event(document: &Value, change: Option<&Change>, source: &str, batc
     let (kind, data) = match change {
         Some(change) => (
             format!("{CHANGE_EVENT_TYPE_PREFIX}{}", past_tense(change)),
-            change_with_document(document, change),
+            change.with_document(document),
         ),
         None => (UPSERT_EVENT_TYPE.to_owned(), document.clone()),
     };
@@ -221,16 +221,6 @@ fn past_tense(change: &Change) -> &'static str {
         Operation::Delete => "deleted",
         Operation::Unknown => "changed",
     }
-}
-
-/// A change as one JSON object: its metadata and `document` (the current image, or for a delete
-/// what identifies the deleted document).
-pub fn change_with_document(document: &Value, change: &Change) -> Value {
-    let mut value = json!(change);
-    if let Some(map) = value.as_object_mut() {
-        map.insert("document".into(), document.clone());
-    }
-    value
 }
 
 /// The delay a `Retry-After` header asks for: seconds, or an HTTP date.

@@ -80,6 +80,10 @@ pub const HANDOFF_REQUESTED_PROPERTY: &str = "handoffRequestedAt";
 /// options say (`beginning`: the leases of a container created again, all of it new).
 pub const START_FROM_PROPERTY: &str = "startFrom";
 
+/// Lease property: the lease's handler keeps failing (since when, and its error); set while the
+/// lease halts on a batch, removed when it goes on.
+pub const HANDLER_FAILING_PROPERTY: &str = "handlerFailing";
+
 impl Lease {
     /// Where reading starts while the lease has no continuation: its own `startFrom` property,
     /// else `default` (the processor's start position).

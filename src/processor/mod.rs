@@ -1,35 +1,54 @@
 //! The change feed processor: feed ranges divided among instances through lease documents,
 //! each batch handed to a [`ChangeHandler`] and checkpointed after it succeeded.
 //!
-//! One module per job: [`lease`] (documents and store), [`bootstrap`], [`balancer`] (pure
-//! policy), [`listing_schedule`] (the idle back-off of the listing, pure), [`owned`] (renew/checkpoint/release of an owned lease), [`partition`] (the per-lease
-//! loop and splits), [`runtime`] (acquire cycle, renewer, shutdown), [`handler`], [`events`].
+//! One module per job:
+//! - leases: [`lease`] (documents and store), [`owned`] (renew/checkpoint/release of an owned
+//!   lease), [`bootstrap`] and [`adopt`] (creating leases, adopting .NET/Java ones), [`evict`];
+//! - deciding (pure, table and property tested): [`balancer`], [`cycle_plan`] (one acquire
+//!   cycle), [`listing_schedule`], [`checkpoint_policy`];
+//! - doing: [`coordinator`] (performs the cycle plans, starts and settles lease tasks),
+//!   [`renewer`], [`lease_reader`] (the per-lease loop), [`split`], [`delivery`] (retries, dead
+//!   letters), [`store_recovery`] (deleted leases, a deleted lease container);
+//! - state and reports: [`shared`] (what the tasks share), [`health`], [`telemetry`],
+//!   [`error`], [`error_log`], [`events`], [`observer`], [`monitored_watch`];
+//! - the public face: [`runtime`] (start, stop, monitor), [`options`], [`handler`],
+//!   [`http_handler`], [`manual`], [`deadletter`], [`estimator`].
 
 pub mod adopt;
 pub mod balancer;
 pub mod bootstrap;
 pub mod checkpoint_policy;
+pub(crate) mod coordinator;
+pub mod cycle_plan;
 pub mod deadletter;
 pub mod delivery;
+pub mod error;
 pub mod error_log;
 pub mod estimator;
 pub mod events;
 pub mod evict;
 pub mod handler;
+pub(crate) mod health;
 pub mod http_handler;
 pub mod lease;
+pub mod lease_reader;
 pub mod listing_schedule;
 pub mod manual;
 pub mod monitored_watch;
 pub mod observer;
 pub mod options;
 pub mod owned;
-pub mod partition;
+pub(crate) mod renewer;
 pub mod runtime;
+pub(crate) mod shared;
+pub mod split;
+pub(crate) mod store_recovery;
+pub(crate) mod telemetry;
 
 pub use adopt::{AdoptOptions, ForeignLayout};
 pub use checkpoint_policy::CheckpointPolicy;
 pub use deadletter::{CosmosDeadLetters, DeadLetter, DeadLetterStore};
+pub use error::{LeaseError, ProcessorError};
 pub use estimator::{LeaseEstimate, ProcessorEstimate, estimate_leases};
 pub use events::{CloseReason, LeaseEvent};
 pub use evict::evict_instance;
@@ -39,4 +58,4 @@ pub use lease::{CosmosLeaseStore, Lease, LeaseStore, LeaseStoreError, lease_pref
 pub use manual::{CheckpointError, CheckpointHandle, Handler, ManualCheckpointHandler};
 pub use observer::{NoopObserver, ProcessorObserver};
 pub use options::{OnExhausted, ProcessorOptions, RetryPolicy};
-pub use runtime::{ChangeFeedProcessor, ProcessorError, ProcessorHandle, ProcessorMonitor};
+pub use runtime::{ChangeFeedProcessor, ProcessorHandle, ProcessorMonitor};

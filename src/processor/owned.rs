@@ -114,7 +114,14 @@ impl OwnedLease {
     /// Stops processing after the current batch when `lease` (our copy, as the store has it) carries
     /// another instance's handoff request; the release then hands the lease to it.
     pub fn notice_handoff(&self, lease: &Lease) {
-        let Some((to, _)) = lease.handoff_request() else { return };
+        if let Some((to, _)) = lease.handoff_request() {
+            self.hand_over_to(to);
+        }
+    }
+
+    /// Stops processing after the current batch; the release then hands the lease to `to`
+    /// (another instance that asked for it; this instance's own name is ignored).
+    pub fn hand_over_to(&self, to: &str) {
         if to == self.me {
             return;
         }

@@ -1,0 +1,304 @@
+//! The acquire cycle's decisions as a pure function: from one listing of the lease container and
+//! what this instance knows of itself, [`plan_cycle`] says which split parents to delete, which
+//! heartbeats are stale, which owned leases are lost or asked for, which leases to take or ask
+//! their owners for, when to look again for an expiring lease, and when to list next. The
+//! coordinator performs the plan's writes; nothing here sleeps or does I/O.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use time::OffsetDateTime;
+
+use super::balancer::{
+    Balancing, LeaseState, TakeoverTimings, leases_to_acquire, leases_to_acquire_steal_one, next_takeover, overlapping,
+    superseded,
+};
+use super::lease::{Lease, LeaseSnapshot};
+use super::listing_schedule::{ListingSchedule, ListingView, is_quiet};
+use super::options::ProcessorOptions;
+use crate::cosmos::EpkRange;
+
+/// Acquire cycles without a heartbeat after which an instance is no longer counted.
+const HEARTBEAT_CYCLES: u32 = 3;
+
+/// A heartbeat older than this many lease expirations belongs to an instance that died; it is removed.
+const STALE_HEARTBEAT_EXPIRATIONS: u32 = 5;
+
+/// The options the plan depends on.
+#[derive(Debug, Clone, Copy)]
+pub struct CycleOptions {
+    /// How long a lease lives without a renewal.
+    pub expiration: Duration,
+    /// How often owners renew.
+    pub renew_interval: Duration,
+    /// The regular wait between acquire cycles.
+    pub acquire_interval: Duration,
+    /// The balancing strategy.
+    pub balancing: Balancing,
+}
+
+impl From<&ProcessorOptions> for CycleOptions {
+    fn from(options: &ProcessorOptions) -> Self {
+        Self {
+            expiration: options.expiration,
+            renew_interval: options.renew_interval,
+            acquire_interval: options.acquire_interval,
+            balancing: options.balancing,
+        }
+    }
+}
+
+/// What this instance knows of itself when a listing comes in.
+#[derive(Debug, Clone, Default)]
+pub struct Observations {
+    /// The ids of the leases processed here now.
+    pub owned: HashSet<String>,
+    /// Whether a handoff this instance asked for is still awaited.
+    pub awaiting_handoff: bool,
+    /// The lease ids the previous listing showed, sorted.
+    pub listed_ids: Vec<String>,
+    /// The wait before this listing (the acquire interval, longer while listings were quiet).
+    pub listing_interval: Duration,
+}
+
+/// What an acquire cycle does with a lease it wants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireStep {
+    /// Write this instance as the owner (a free or expired lease, or an owner that ignored a
+    /// handoff request).
+    Take,
+    /// Ask the live owner to hand it over.
+    AskHandoff,
+}
+
+/// One write of the cycle: the lease as it is to be written (If-Match its listed ETag).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Acquisition {
+    /// The new version of the lease.
+    pub write: Lease,
+    /// The live owner it is taken from or asked of (never this instance).
+    pub previous_owner: Option<String>,
+    /// Taken or asked for.
+    pub step: AcquireStep,
+}
+
+/// Everything one acquire cycle decided.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CyclePlan {
+    /// Documents under the prefix that are not valid leases (id, what is wrong).
+    pub invalid: Vec<(String, String)>,
+    /// Leases whose range overlaps another lease's (edited by hand?).
+    pub overlapping: Vec<String>,
+    /// Owned leases the listing shows with another owner or not at all: processing stops.
+    pub lost: Vec<String>,
+    /// Owned leases another instance asked for: (lease id, the instance to hand it to).
+    pub hand_over: Vec<(String, String)>,
+    /// Split parents whose children exist and that nobody renews: deleted.
+    pub delete: Vec<Lease>,
+    /// Instances whose heartbeat is long stale (died without stopping): heartbeats removed.
+    pub remove_heartbeats: Vec<String>,
+    /// Leases to take or ask for, written together.
+    pub acquire: Vec<Acquisition>,
+    /// When another instance's overdue lease expires before the next cycle: an extra cycle then.
+    pub takeover_in: Option<Duration>,
+    /// The wait until the next regular listing.
+    pub next_interval: Duration,
+    /// The lease ids of this listing, sorted (for the next plan's [`Observations::listed_ids`]).
+    pub listed_ids: Vec<String>,
+}
+
+/// Decides one acquire cycle of instance `me` from `snapshot`, listed at `now`.
+pub fn plan_cycle(
+    snapshot: &LeaseSnapshot,
+    observations: &Observations,
+    me: &str,
+    now: OffsetDateTime,
+    options: CycleOptions,
+) -> CyclePlan {
+    let expiration = options.expiration;
+    let ranges: Vec<(String, EpkRange)> = snapshot
+        .leases
+        .iter()
+        .filter_map(|l| Some((l.id.clone(), l.range()?.clone())))
+        .collect();
+    // A split parent whose children exist is obsolete: never balanced, deleted once free.
+    let obsolete = superseded(&ranges);
+    let balanced: Vec<&Lease> = snapshot.leases.iter().filter(|l| !obsolete.contains(&l.id)).collect();
+    let states: Vec<LeaseState> = balanced
+        .iter()
+        .map(|l| LeaseState {
+            id: l.id.clone(),
+            live_owner: if l.is_expired(now, expiration) {
+                None
+            } else {
+                l.owner.clone()
+            },
+        })
+        .collect();
+    let live = live_instances(snapshot, now, options);
+    let wanted = wanted(&balanced, &states, &live, observations, me, options.balancing);
+    let mut listed_ids: Vec<String> = snapshot.leases.iter().map(|l| l.id.clone()).collect();
+    listed_ids.sort_unstable();
+    let view = ListingView {
+        leases: &states,
+        live: &live,
+        handoff_asked: snapshot.leases.iter().any(|l| l.handoff_request().is_some()),
+        same_leases: listed_ids == observations.listed_ids,
+    };
+    let quiet = wanted.is_empty() && !observations.awaiting_handoff && is_quiet(&view, me);
+    let (lost, hand_over) = owned_fates(snapshot, observations, me);
+    CyclePlan {
+        invalid: snapshot.invalid.clone(),
+        overlapping: overlapping(&ranges, &obsolete),
+        lost,
+        hand_over,
+        delete: snapshot
+            .leases
+            .iter()
+            .filter(|l| obsolete.contains(&l.id) && l.is_expired(now, expiration))
+            .cloned()
+            .collect(),
+        remove_heartbeats: snapshot
+            .instances
+            .iter()
+            .filter(|(_, beat)| *beat + expiration * STALE_HEARTBEAT_EXPIRATIONS < now)
+            .map(|(name, _)| name.clone())
+            .collect(),
+        acquire: wanted
+            .iter()
+            .filter_map(|id| balanced.iter().find(|l| &l.id == id))
+            .filter(|l| !observations.owned.contains(&l.id))
+            .filter_map(|lease| acquisition(lease, me, now, expiration))
+            .collect(),
+        takeover_in: takeover_in(&balanced, me, now, options),
+        next_interval: ListingSchedule::new(options.acquire_interval, expiration)
+            .next(observations.listing_interval, quiet),
+        listed_ids,
+    }
+}
+
+/// Instances beat every cycle: one silent for three cycles is gone (a crashed instance must not
+/// be counted when its leases expire, or their takeover waits another cycle).
+fn live_instances(snapshot: &LeaseSnapshot, now: OffsetDateTime, options: CycleOptions) -> Vec<String> {
+    let heartbeat_ttl = options.expiration.min(options.acquire_interval * HEARTBEAT_CYCLES);
+    snapshot
+        .instances
+        .iter()
+        .filter(|(_, beat)| *beat + heartbeat_ttl > now)
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// The leases `me` wants: first those the store says are its own but that no task processes (a
+/// restart under the same name), then what the balancing strategy picks.
+fn wanted(
+    balanced: &[&Lease],
+    states: &[LeaseState],
+    live: &[String],
+    observations: &Observations,
+    me: &str,
+    balancing: Balancing,
+) -> Vec<String> {
+    let mut wanted: Vec<String> = balanced
+        .iter()
+        .filter(|l| l.owner.as_deref() == Some(me) && !observations.owned.contains(&l.id))
+        .map(|l| l.id.clone())
+        .collect();
+    let picked = match balancing {
+        Balancing::Fair => leases_to_acquire(states, me, live),
+        Balancing::StealOne => leases_to_acquire_steal_one(states, me),
+    };
+    // Each lease is written once a cycle (a second write would only meet a 412).
+    for id in picked {
+        if !wanted.contains(&id) {
+            wanted.push(id);
+        }
+    }
+    wanted
+}
+
+/// Owned leases the listing shows as another's (or not at all), and those shown as this
+/// instance's with another instance's handoff request.
+fn owned_fates(
+    snapshot: &LeaseSnapshot,
+    observations: &Observations,
+    me: &str,
+) -> (Vec<String>, Vec<(String, String)>) {
+    let mut lost = Vec::new();
+    let mut hand_over = Vec::new();
+    for id in &observations.owned {
+        let mine = snapshot
+            .leases
+            .iter()
+            .find(|l| &l.id == id && l.owner.as_deref() == Some(me));
+        match mine.map(Lease::handoff_request) {
+            None => lost.push(id.clone()),
+            Some(Some((to, _))) if to != me => hand_over.push((id.clone(), to.to_owned())),
+            Some(_) => {}
+        }
+    }
+    lost.sort_unstable();
+    hand_over.sort_unstable();
+    (lost, hand_over)
+}
+
+/// How `me` gets `lease`: taken when it is free, expired, or its owner ignored this instance's
+/// request for a lease expiration; asked of a live owner otherwise (it hands it over after the
+/// batch it is in, so nothing is delivered twice); nothing while a request is pending.
+fn acquisition(lease: &Lease, me: &str, now: OffsetDateTime, expiration: Duration) -> Option<Acquisition> {
+    let previous_owner = if lease.is_expired(now, expiration) {
+        None
+    } else {
+        lease.owner.clone()
+    }
+    .filter(|o| o != me);
+    // A slow batch is not taken from under a live owner: only one that has not handed over within
+    // a lease expiration (an older version that ignores requests, a handler stuck that long) loses it.
+    let patience = expiration;
+    let mut write = lease.clone();
+    let step = match (&previous_owner, lease.handoff_request()) {
+        (Some(_), Some((to, at))) if to == me && now - at < patience => return None,
+        (Some(_), Some((to, at))) if to != me && now - at < expiration => return None,
+        (Some(_), Some((to, _))) if to == me => AcquireStep::Take,
+        (Some(_), _) => {
+            write.request_handoff(me, now);
+            AcquireStep::AskHandoff
+        }
+        (None, _) => AcquireStep::Take,
+    };
+    if step == AcquireStep::Take {
+        write.owner = Some(me.to_owned());
+        write.clear_handoff();
+        write.timestamp = Some(now);
+    }
+    Some(Acquisition {
+        write,
+        previous_owner,
+        step,
+    })
+}
+
+/// A lease its owner stopped renewing is taken as it expires, not up to a cycle later (fair
+/// balancing only: the reference strategy keeps its cycle).
+fn takeover_in(balanced: &[&Lease], me: &str, now: OffsetDateTime, options: CycleOptions) -> Option<Duration> {
+    match options.balancing {
+        Balancing::Fair => next_takeover(
+            balanced
+                .iter()
+                .filter_map(|l| Some((l.owner.as_deref()?, l.renewed_at()?))),
+            me,
+            now,
+            TakeoverTimings {
+                expiration: options.expiration,
+                overdue_after: options.renew_interval * 2,
+                // Only a quiet listing waits longer, and a quiet one shows no other owners.
+                next_cycle: options.acquire_interval,
+            },
+        ),
+        Balancing::StealOne => None,
+    }
+}
+
+#[cfg(test)]
+#[path = "cycle_plan_tests.rs"]
+mod tests;

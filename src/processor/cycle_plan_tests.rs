@@ -1,0 +1,335 @@
+//! Table and property tests of [`plan_cycle`]: no sleeps, no store.
+
+use super::*;
+use proptest::prelude::*;
+use time::macros::datetime;
+
+const NOW: OffsetDateTime = datetime!(2026-11-25 12:00:00 UTC);
+const SECOND: Duration = Duration::from_secs(1);
+
+fn options() -> CycleOptions {
+    CycleOptions {
+        expiration: Duration::from_secs(60),
+        renew_interval: Duration::from_secs(17),
+        acquire_interval: Duration::from_secs(13),
+        balancing: Balancing::Fair,
+    }
+}
+
+/// The `i`-th of `n` equal ranges of the hash space.
+fn range(i: u32, n: u32) -> EpkRange {
+    let bound = |k: u32| {
+        if k == 0 {
+            String::new()
+        } else if k == n {
+            "FF".to_owned()
+        } else {
+            format!("{:02X}", k * 256 / n)
+        }
+    };
+    EpkRange::new(bound(i), bound(i + 1))
+}
+
+/// A lease of range `i` of `n`, owned by `owner` and renewed `age` ago.
+fn lease(i: u32, n: u32, owner: Option<&str>, age: Duration) -> Lease {
+    let mut lease = Lease::new("p", &range(i, n), None);
+    lease.owner = owner.map(str::to_owned);
+    lease.timestamp = owner.map(|_| NOW - age);
+    lease.etag = format!("etag-{i}");
+    lease
+}
+
+fn snapshot(leases: Vec<Lease>, instances: &[(&str, Duration)]) -> LeaseSnapshot {
+    LeaseSnapshot {
+        leases,
+        instances: instances.iter().map(|(n, age)| ((*n).to_owned(), NOW - *age)).collect(),
+        initialized: true,
+        ..LeaseSnapshot::default()
+    }
+}
+
+fn observations(owned: &[&Lease]) -> Observations {
+    Observations {
+        owned: owned.iter().map(|l| l.id.clone()).collect(),
+        listing_interval: options().acquire_interval,
+        ..Observations::default()
+    }
+}
+
+fn steps(plan: &CyclePlan) -> Vec<(String, AcquireStep, Option<String>)> {
+    plan.acquire
+        .iter()
+        .map(|a| (a.write.lease_token.clone(), a.step, a.previous_owner.clone()))
+        .collect()
+}
+
+#[test]
+fn free_and_expired_leases_are_taken_stamped_now_without_a_previous_owner() {
+    let free = lease(0, 2, None, Duration::ZERO);
+    let expired = lease(1, 2, Some("gone"), 61 * SECOND);
+    let plan = plan_cycle(
+        &snapshot(vec![free.clone(), expired.clone()], &[("me", SECOND)]),
+        &observations(&[]),
+        "me",
+        NOW,
+        options(),
+    );
+    assert_eq!(
+        steps(&plan),
+        vec![
+            (free.lease_token.clone(), AcquireStep::Take, None),
+            (expired.lease_token.clone(), AcquireStep::Take, None)
+        ]
+    );
+    for acquisition in &plan.acquire {
+        assert_eq!(acquisition.write.owner.as_deref(), Some("me"));
+        assert_eq!(acquisition.write.timestamp, Some(NOW));
+        assert!(acquisition.write.handoff_request().is_none());
+        assert!(
+            acquisition.write.etag.starts_with("etag-"),
+            "written If-Match the listed version"
+        );
+    }
+}
+
+#[test]
+fn a_live_owner_is_asked_and_loses_the_lease_only_after_ignoring_the_request_for_an_expiration() {
+    let options = options();
+    // Two leases of "other" and none of "me": fair balancing wants one of them, whichever it
+    // is; both are in the state of the case.
+    let with_request = |i: u32, asked: Option<(&str, Duration)>| {
+        let mut l = lease(i, 2, Some("other"), SECOND);
+        if let Some((by, ago)) = asked {
+            l.request_handoff(by, NOW - ago);
+        }
+        l
+    };
+    let cases = [
+        (None, Some(AcquireStep::AskHandoff)),
+        (Some(("me", 30 * SECOND)), None),
+        (Some(("me", 61 * SECOND)), Some(AcquireStep::Take)),
+        (Some(("third", 30 * SECOND)), None),
+        (Some(("third", 61 * SECOND)), Some(AcquireStep::AskHandoff)),
+    ];
+    for (asked, expected) in cases {
+        let leases = vec![with_request(0, asked), with_request(1, asked)];
+        let plan = plan_cycle(
+            &snapshot(leases, &[("me", SECOND), ("other", SECOND)]),
+            &observations(&[]),
+            "me",
+            NOW,
+            options,
+        );
+        assert!(plan.acquire.len() <= 1, "{asked:?}: {:?}", steps(&plan));
+        let got = plan.acquire.first();
+        assert_eq!(got.map(|a| a.step), expected, "{asked:?}");
+        if let Some(a) = got {
+            assert_eq!(a.previous_owner.as_deref(), Some("other"));
+            match a.step {
+                AcquireStep::AskHandoff => {
+                    assert_eq!(a.write.owner.as_deref(), Some("other"), "asking leaves the owner");
+                    assert_eq!(a.write.handoff_request(), Some(("me", NOW)));
+                }
+                AcquireStep::Take => assert_eq!(a.write.owner.as_deref(), Some("me")),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_lease_the_store_says_is_ours_but_no_task_processes_is_taken_up_again_first() {
+    let restarted = lease(0, 2, Some("me"), SECOND);
+    let processed = lease(1, 2, Some("me"), SECOND);
+    let plan = plan_cycle(
+        &snapshot(vec![restarted.clone(), processed.clone()], &[("me", SECOND)]),
+        &observations(&[&processed]),
+        "me",
+        NOW,
+        options(),
+    );
+    assert_eq!(steps(&plan), vec![(restarted.lease_token, AcquireStep::Take, None)]);
+    assert!(plan.lost.is_empty());
+}
+
+#[test]
+fn owned_leases_shown_as_another_s_are_lost_and_requested_ones_handed_over() {
+    let taken = lease(0, 3, Some("other"), SECOND);
+    let mut asked = lease(1, 3, Some("me"), SECOND);
+    asked.request_handoff("other", NOW);
+    let deleted = lease(2, 3, Some("me"), SECOND);
+    let plan = plan_cycle(
+        &snapshot(vec![taken.clone(), asked.clone()], &[]),
+        &observations(&[&taken, &asked, &deleted]),
+        "me",
+        NOW,
+        options(),
+    );
+    let mut lost = vec![taken.id.clone(), deleted.id.clone()];
+    lost.sort();
+    assert_eq!(plan.lost, lost);
+    assert_eq!(plan.hand_over, vec![(asked.id.clone(), "other".to_owned())]);
+}
+
+#[test]
+fn a_split_parent_is_never_acquired_and_deleted_once_nobody_renews_it() {
+    let children = [lease(0, 2, None, Duration::ZERO), lease(1, 2, None, Duration::ZERO)];
+    let mut parent = Lease::new("p", &EpkRange::new("", "FF"), None);
+    for (owner, age, deleted) in [
+        (Some("old"), SECOND, false),
+        (Some("old"), 61 * SECOND, true),
+        (None, SECOND, true),
+    ] {
+        parent.owner = owner.map(str::to_owned);
+        parent.timestamp = owner.map(|_| NOW - age);
+        let mut leases = children.to_vec();
+        leases.push(parent.clone());
+        let plan = plan_cycle(&snapshot(leases, &[]), &observations(&[]), "me", NOW, options());
+        assert!(plan.acquire.iter().all(|a| a.write.id != parent.id));
+        assert_eq!(
+            plan.delete.iter().any(|l| l.id == parent.id),
+            deleted,
+            "{owner:?} {age:?}"
+        );
+        assert!(plan.overlapping.is_empty());
+    }
+}
+
+#[test]
+fn heartbeats_older_than_five_expirations_are_removed() {
+    let plan = plan_cycle(
+        &snapshot(
+            Vec::new(),
+            &[("fresh", SECOND), ("old", 299 * SECOND), ("dead", 301 * SECOND)],
+        ),
+        &observations(&[]),
+        "me",
+        NOW,
+        options(),
+    );
+    assert_eq!(plan.remove_heartbeats, vec!["dead".to_owned()]);
+}
+
+#[test]
+fn an_overdue_lease_of_another_is_looked_at_again_as_it_expires() {
+    // Renewed 50 s ago (overdue after 2 × 17 s): expires in 10 s, before the next cycle in 13 s.
+    let overdue = lease(0, 2, Some("other"), 50 * SECOND);
+    let healthy = lease(1, 2, Some("other"), SECOND);
+    let listing = snapshot(vec![overdue, healthy], &[("me", SECOND), ("other", SECOND)]);
+    let plan = plan_cycle(&listing, &observations(&[]), "me", NOW, options());
+    assert_eq!(plan.takeover_in, Some(10 * SECOND));
+    let steal_one = CycleOptions {
+        balancing: Balancing::StealOne,
+        ..options()
+    };
+    assert_eq!(
+        plan_cycle(&listing, &observations(&[]), "me", NOW, steal_one).takeover_in,
+        None
+    );
+}
+
+#[test]
+fn quiet_listings_wait_longer_and_any_change_brings_the_acquire_interval_back() {
+    let mine = lease(0, 1, Some("me"), SECOND);
+    let listing = snapshot(vec![mine.clone()], &[("me", SECOND)]);
+    let mut seen = observations(&[&mine]);
+    let first = plan_cycle(&listing, &seen, "me", NOW, options());
+    assert_eq!(
+        first.next_interval,
+        options().acquire_interval,
+        "a first listing is never quiet"
+    );
+    seen.listed_ids = first.listed_ids.clone();
+    let quiet = plan_cycle(&listing, &seen, "me", NOW, options());
+    assert!(quiet.next_interval > options().acquire_interval);
+    seen.listing_interval = quiet.next_interval;
+    seen.awaiting_handoff = true;
+    assert_eq!(
+        plan_cycle(&listing, &seen, "me", NOW, options()).next_interval,
+        options().acquire_interval
+    );
+}
+
+#[test]
+fn invalid_and_overlapping_documents_are_reported() {
+    let a = lease(0, 2, None, Duration::ZERO);
+    let mut b = Lease::new("p", &EpkRange::new("40", "C0"), None);
+    b.etag = "e".into();
+    let mut listing = snapshot(vec![a.clone(), b.clone(), lease(1, 2, None, Duration::ZERO)], &[]);
+    listing.invalid = vec![("p..junk".into(), "no owner field".into())];
+    let plan = plan_cycle(&listing, &observations(&[]), "me", NOW, options());
+    assert_eq!(plan.invalid, listing.invalid);
+    assert!(plan.overlapping.contains(&b.id));
+}
+
+/// Any listing: leases of 1–8 ranges with random owners, ages and handoff requests.
+fn any_listing() -> impl Strategy<Value = (LeaseSnapshot, Vec<usize>)> {
+    let owner = prop_oneof![Just(None), Just(Some("me")), Just(Some("a")), Just(Some("b"))];
+    let one = (owner, 0u64..200, proptest::option::of((0usize..3, 0u64..200)));
+    (1u32..9)
+        .prop_flat_map(move |n| {
+            (
+                Just(n),
+                proptest::collection::vec(one.clone(), n as usize),
+                proptest::collection::vec(0usize..(n as usize), 0..4),
+            )
+        })
+        .prop_map(|(n, specs, owned)| {
+            let leases = specs
+                .into_iter()
+                .enumerate()
+                .map(|(i, (owner, age, asked))| {
+                    let mut l = lease(i as u32, n, owner, Duration::from_secs(age));
+                    if let Some((who, ago)) = asked {
+                        l.request_handoff(["me", "a", "b"][who], NOW - Duration::from_secs(ago));
+                    }
+                    l
+                })
+                .collect();
+            let beats = [("me", SECOND), ("a", 5 * SECOND), ("b", 400 * SECOND)];
+            (snapshot(leases, &beats), owned)
+        })
+}
+
+proptest! {
+    #[test]
+    fn a_plan_never_takes_what_it_processes_never_asks_itself_and_writes_each_lease_once(
+        (listing, owned) in any_listing(),
+        fair in any::<bool>(),
+    ) {
+        let owned: Vec<&Lease> = owned.iter().map(|i| &listing.leases[*i]).collect();
+        let options = CycleOptions {
+            balancing: if fair { Balancing::Fair } else { Balancing::StealOne },
+            ..options()
+        };
+        let seen = observations(&owned);
+        let plan = plan_cycle(&listing, &seen, "me", NOW, options);
+        let mut written = HashSet::new();
+        for a in &plan.acquire {
+            prop_assert!(!seen.owned.contains(&a.write.id));
+            prop_assert!(written.insert(a.write.id.clone()), "written twice");
+            prop_assert_ne!(a.previous_owner.as_deref(), Some("me"));
+            let listed = listing.leases.iter().find(|l| l.id == a.write.id).unwrap();
+            prop_assert_eq!(&a.write.etag, &listed.etag);
+            match a.step {
+                AcquireStep::Take => {
+                    prop_assert_eq!(a.write.owner.as_deref(), Some("me"));
+                    prop_assert!(a.write.handoff_request().is_none());
+                }
+                AcquireStep::AskHandoff => {
+                    prop_assert!(!listed.is_expired(NOW, options.expiration));
+                    prop_assert_eq!(&a.write.owner, &listed.owner);
+                    prop_assert_eq!(a.write.handoff_request(), Some(("me", NOW)));
+                }
+            }
+        }
+        for id in plan.lost.iter().chain(plan.hand_over.iter().map(|(id, _)| id)) {
+            prop_assert!(seen.owned.contains(id));
+        }
+        for (_, to) in &plan.hand_over {
+            prop_assert_ne!(to.as_str(), "me");
+        }
+        prop_assert!(plan.delete.iter().all(|l| l.is_expired(NOW, options.expiration)));
+        prop_assert_eq!(plan.remove_heartbeats.clone(), vec!["b".to_owned()]);
+        prop_assert!(plan.next_interval >= options.acquire_interval);
+    }
+}
