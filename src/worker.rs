@@ -72,9 +72,9 @@ pub enum WorkerError {
     /// The lease container cannot hold leases.
     #[error("{0}")]
     LeaseContainer(String),
-    /// The options do not make sense.
-    #[error("{0}")]
-    Options(String),
+    /// The options do not work together (said with the worker's flags).
+    #[error("{}", .0.describe(crate::processor::OptionField::flag))]
+    Options(crate::processor::OptionsError),
     /// Cosmos failed in another way.
     #[error("{context}: {source}")]
     Cosmos {

@@ -4,6 +4,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::processor::options::defaults::{self, text};
+use crate::processor::options::{MAX_IN_FLIGHT_BATCHES, MAX_LEASES_PER_PARTITION};
+
 /// Azure Cosmos DB change feed processing, run as a scaled set of workers.
 #[derive(Debug, Parser)]
 #[command(name = "cfp", version, about)]
@@ -141,36 +144,14 @@ pub struct ConnectionArgs {
     /// How to authenticate: the account key (--key), or a Microsoft Entra ID token from the
     /// pod's workload identity (`AZURE_CLIENT_ID`, `AZURE_TENANT_ID`, `AZURE_FEDERATED_TOKEN_FILE`)
     /// or the host's managed identity (user-assigned when `AZURE_CLIENT_ID` is set).
-    #[arg(long, env = "CFP_AUTH", value_enum, default_value_t = AuthMode::Key)]
-    pub auth: AuthMode,
+    #[arg(long, env = "CFP_AUTH", value_enum, default_value_t)]
+    pub auth: crate::cosmos::AuthMethod,
     /// Database of the monitored container.
     #[arg(long, env = "CFP_DATABASE")]
     pub database: String,
     /// The monitored container.
     #[arg(long, env = "CFP_CONTAINER")]
     pub container: String,
-}
-
-/// How a command authenticates to an account.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum AuthMode {
-    /// The account key.
-    Key,
-    /// Microsoft Entra ID through Kubernetes workload identity.
-    WorkloadIdentity,
-    /// Microsoft Entra ID through the host's managed identity.
-    ManagedIdentity,
-}
-
-impl AuthMode {
-    /// The credential of this mode, with `key` used only by [`AuthMode::Key`].
-    pub fn with_key(self, key: &str) -> crate::cosmos::AccountAuth {
-        match self {
-            AuthMode::Key => crate::cosmos::AccountAuth::Key(key.to_owned()),
-            AuthMode::WorkloadIdentity => crate::cosmos::AccountAuth::WorkloadIdentity,
-            AuthMode::ManagedIdentity => crate::cosmos::AccountAuth::ManagedIdentity,
-        }
-    }
 }
 
 /// The built-in handlers.
@@ -180,24 +161,6 @@ pub enum HandlerKind {
     Stdout,
     /// POST every batch to --handler-url.
     Http,
-}
-
-/// Body formats of the HTTP handler.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum HandlerFormat {
-    /// `{"processor", "lease", "feedRange", "batch", "documents"}`.
-    Json,
-    /// A CloudEvents 1.0 JSON batch, one event per document.
-    Cloudevents,
-}
-
-/// What happens to a batch the handler still fails after --max-attempts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OnExhaustedArg {
-    /// Keep retrying at --max-backoff; the lease is reported stuck. Nothing is ever skipped.
-    Halt,
-    /// Move the failing documents to the dead-letter container and go on.
-    DeadLetter,
 }
 
 /// Where batches go (`cfp worker`, `cfp deadletter replay`).
@@ -210,10 +173,10 @@ pub struct HandlerArgs {
     #[arg(long, env = "CFP_HANDLER_URL")]
     pub handler_url: Option<String>,
     /// The HTTP body format.
-    #[arg(long, env = "CFP_HANDLER_FORMAT", value_enum, default_value = "json")]
-    pub handler_format: HandlerFormat,
+    #[arg(long, env = "CFP_HANDLER_FORMAT", value_enum, default_value_t)]
+    pub handler_format: crate::processor::HttpFormat,
     /// An HTTP request taking longer fails (and is retried).
-    #[arg(long, env = "CFP_HANDLER_TIMEOUT", default_value = "60s", value_parser = duration)]
+    #[arg(long, env = "CFP_HANDLER_TIMEOUT", default_value = text(defaults::HANDLER_TIMEOUT), value_parser = duration)]
     pub handler_timeout: Duration,
     /// An extra HTTP header `NAME=VALUE` (repeatable). Also every environment variable
     /// `CFP_HANDLER_HEADER_<NAME>`; values are never logged.
@@ -228,17 +191,17 @@ pub struct HandlerArgs {
 #[derive(Debug, Args, Clone)]
 pub struct RetryArgs {
     /// Attempts of a failing batch before --on-exhausted applies.
-    #[arg(long, env = "CFP_MAX_ATTEMPTS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "CFP_MAX_ATTEMPTS", default_value_t = defaults::MAX_ATTEMPTS, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_attempts: u32,
     /// Wait before the first retry; doubles up to --max-backoff.
-    #[arg(long, env = "CFP_INITIAL_BACKOFF", default_value = "1s", value_parser = duration)]
+    #[arg(long, env = "CFP_INITIAL_BACKOFF", default_value = text(defaults::INITIAL_BACKOFF), value_parser = duration)]
     pub initial_backoff: Duration,
     /// Longest wait between attempts.
-    #[arg(long, env = "CFP_MAX_BACKOFF", default_value = "30s", value_parser = duration)]
+    #[arg(long, env = "CFP_MAX_BACKOFF", default_value = text(defaults::MAX_BACKOFF), value_parser = duration)]
     pub max_backoff: Duration,
     /// What happens after --max-attempts failures.
-    #[arg(long, env = "CFP_ON_EXHAUSTED", value_enum, default_value = "halt")]
-    pub on_exhausted: OnExhaustedArg,
+    #[arg(long, env = "CFP_ON_EXHAUSTED", value_enum, default_value_t)]
+    pub on_exhausted: crate::processor::OnExhausted,
     /// Database of the dead-letter container (default: the lease database).
     #[arg(long, env = "CFP_DEAD_LETTER_DATABASE")]
     pub dead_letter_database: Option<String>,
@@ -280,7 +243,7 @@ pub struct WorkerArgs {
     #[command(flatten)]
     pub retry: RetryArgs,
     /// Maximum documents per batch.
-    #[arg(long, env = "CFP_MAX_ITEMS", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "CFP_MAX_ITEMS", default_value_t = defaults::MAX_ITEMS, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_items: u32,
     /// Adopt the checkpoints of another processor when this one has no leases yet: dotnet (.NET
     /// v3/v2), java-pk or java-epk (Java v4). Its lease documents are left as they are.
@@ -304,33 +267,33 @@ pub struct WorkerArgs {
     /// Batches of one lease handed to the handler at once: with more than 1 a slow batch does
     /// not stall its lease (no order across those batches; the checkpoint moves only past
     /// batches that all finished).
-    #[arg(long, env = "CFP_MAX_IN_FLIGHT_BATCHES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    #[arg(long, env = "CFP_MAX_IN_FLIGHT_BATCHES", default_value_t = defaults::MAX_IN_FLIGHT_BATCHES, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_IN_FLIGHT_BATCHES)))]
     pub max_in_flight_batches: u32,
     /// Leases per physical partition when the lease set is created (each an equal
     /// effective-partition-key share), so that more workers than partitions share the work; a
     /// lease set keeps the count it was created with.
-    #[arg(long, env = "CFP_LEASES_PER_PARTITION", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    #[arg(long, env = "CFP_LEASES_PER_PARTITION", default_value_t = defaults::LEASES_PER_PARTITION, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LEASES_PER_PARTITION)))]
     pub leases_per_partition: u32,
     /// Checkpoint after this many handled batches (1: after every batch). More saves lease writes
     /// and costs redelivery of up to that many batches per lease after a crash; a released lease
     /// is always checkpointed.
-    #[arg(long, env = "CFP_CHECKPOINT_EVERY_BATCHES", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "CFP_CHECKPOINT_EVERY_BATCHES", default_value_t = defaults::CHECKPOINT_EVERY_BATCHES, value_parser = clap::value_parser!(u32).range(1..))]
     pub checkpoint_every_batches: u32,
     /// Checkpoint at the latest this long after the last checkpoint while batches are pending.
     #[arg(long, env = "CFP_CHECKPOINT_INTERVAL", value_parser = duration)]
     pub checkpoint_interval: Option<Duration>,
     /// Wait after a read that returned no changes.
-    #[arg(long, env = "CFP_POLL_INTERVAL", default_value = "5s", value_parser = duration)]
+    #[arg(long, env = "CFP_POLL_INTERVAL", default_value = text(defaults::POLL_INTERVAL), value_parser = duration)]
     pub poll_interval: Duration,
     /// How often leases are listed and balanced among instances (an instance alone with every
     /// lease backs off up to the lease expiration while nothing changes).
-    #[arg(long, env = "CFP_LEASE_ACQUIRE_INTERVAL", default_value = "13s", value_parser = duration)]
+    #[arg(long, env = "CFP_LEASE_ACQUIRE_INTERVAL", default_value = text(defaults::ACQUIRE_INTERVAL), value_parser = duration)]
     pub lease_acquire_interval: Duration,
     /// How often owned leases are renewed.
-    #[arg(long, env = "CFP_LEASE_RENEW_INTERVAL", default_value = "17s", value_parser = duration)]
+    #[arg(long, env = "CFP_LEASE_RENEW_INTERVAL", default_value = text(defaults::RENEW_INTERVAL), value_parser = duration)]
     pub lease_renew_interval: Duration,
     /// A lease not renewed for this long is taken over by others.
-    #[arg(long, env = "CFP_LEASE_EXPIRATION", default_value = "60s", value_parser = duration)]
+    #[arg(long, env = "CFP_LEASE_EXPIRATION", default_value = text(defaults::EXPIRATION), value_parser = duration)]
     pub lease_expiration: Duration,
     /// Port for /metrics, /healthz and /readyz (off when not given).
     #[arg(long, env = "CFP_METRICS_PORT")]
@@ -379,7 +342,7 @@ pub struct LeaseArgs {
     pub lease_key: Option<String>,
     /// How to authenticate to the lease account (default: --auth).
     #[arg(long, env = "CFP_LEASE_AUTH", value_enum)]
-    pub lease_auth: Option<AuthMode>,
+    pub lease_auth: Option<crate::cosmos::AuthMethod>,
     /// Processor (deployment unit) name; lease ids are prefixed with it.
     #[arg(long, env = "CFP_PROCESSOR", default_value = "changefeed")]
     pub processor: String,
@@ -514,8 +477,8 @@ pub struct DeadLetterArgs {
     /// How to authenticate: the account key (--key), or a Microsoft Entra ID token from the
     /// pod's workload identity (`AZURE_CLIENT_ID`, `AZURE_TENANT_ID`, `AZURE_FEDERATED_TOKEN_FILE`)
     /// or the host's managed identity (user-assigned when `AZURE_CLIENT_ID` is set).
-    #[arg(long, env = "CFP_AUTH", value_enum, default_value_t = AuthMode::Key)]
-    pub auth: AuthMode,
+    #[arg(long, env = "CFP_AUTH", value_enum, default_value_t)]
+    pub auth: crate::cosmos::AuthMethod,
     /// Database of the dead-letter container.
     #[arg(long, env = "CFP_DEAD_LETTER_DATABASE")]
     pub dead_letter_database: String,

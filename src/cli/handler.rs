@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use super::args::{HandlerArgs, HandlerFormat, HandlerKind};
-use crate::processor::{ChangeHandler, HttpFormat, HttpHandler, HttpHandlerConfig, StdoutHandler};
+use super::args::{HandlerArgs, HandlerKind};
+use crate::processor::{ChangeHandler, HttpHandler, HttpHandlerConfig, StdoutHandler};
 
 /// Environment variables `CFP_HANDLER_HEADER_<NAME>` add header `<NAME>` (for values from Secrets).
 pub const HEADER_ENV_PREFIX: &str = "CFP_HANDLER_HEADER_";
@@ -21,10 +21,7 @@ pub fn build(args: &HandlerArgs, source: String) -> Result<Arc<dyn ChangeHandler
             let url: url::Url = url.parse().map_err(|e| format!("--handler-url {url:?}: {e}"))?;
             let config = HttpHandlerConfig {
                 url,
-                format: match args.handler_format {
-                    HandlerFormat::Json => HttpFormat::Json,
-                    HandlerFormat::Cloudevents => HttpFormat::CloudEvents,
-                },
+                format: args.handler_format,
                 timeout: args.handler_timeout,
                 headers: headers(&args.handler_headers, std::env::vars())?,
                 readiness_path: args.handler_readiness_path.clone(),

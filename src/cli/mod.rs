@@ -15,3 +15,7 @@ pub mod worker;
 pub mod write;
 
 pub use args::{Cli, Command};
+
+#[cfg(test)]
+#[path = "env_contract_tests.rs"]
+mod env_contract_tests;

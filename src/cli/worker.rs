@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::args::{OnExhaustedArg, WorkerArgs};
+use super::args::WorkerArgs;
 use crate::cosmos::CosmosAccount;
 use crate::metrics::WorkerMetrics;
 use crate::processor::{CosmosDeadLetters, OnExhausted, ProcessorOptions, RetryPolicy};
@@ -81,10 +81,7 @@ pub fn settings(args: &WorkerArgs) -> WorkerSettings {
         max_attempts: args.retry.max_attempts,
         initial_backoff: args.retry.initial_backoff,
         max_backoff: args.retry.max_backoff,
-        on_exhausted: match args.retry.on_exhausted {
-            OnExhaustedArg::Halt => OnExhausted::Halt,
-            OnExhaustedArg::DeadLetter => OnExhausted::DeadLetter,
-        },
+        on_exhausted: args.retry.on_exhausted,
     };
     args.connection.settings(&args.leases, !args.no_create_leases, options)
 }
@@ -102,7 +99,7 @@ async fn dead_letters(
     account: &CosmosAccount,
 ) -> Result<Option<Arc<CosmosDeadLetters>>, WorkerCommandError> {
     let Some(container) = &args.retry.dead_letter_container else {
-        if args.retry.on_exhausted == OnExhaustedArg::DeadLetter {
+        if args.retry.on_exhausted == OnExhausted::DeadLetter {
             return Err(WorkerCommandError::Handler(
                 "--on-exhausted dead-letter needs --dead-letter-container (CFP_DEAD_LETTER_CONTAINER)".into(),
             ));

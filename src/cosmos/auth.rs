@@ -11,6 +11,45 @@ use azure_identity::{
 
 use super::error::{CosmosError, ErrorKind};
 
+/// How a connection authenticates (`--auth key | workload-identity | managed-identity`,
+/// `connection.auth: Key | WorkloadIdentity` in a ChangeFeedProcessor).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+pub enum AuthMethod {
+    /// The account key (from a Secret in a ChangeFeedProcessor).
+    #[default]
+    Key,
+    /// Microsoft Entra ID through Kubernetes workload identity (for accounts with key auth
+    /// disabled).
+    WorkloadIdentity,
+    /// Microsoft Entra ID through the host's managed identity (user-assigned when
+    /// `AZURE_CLIENT_ID` is set); not offered by a ChangeFeedProcessor, whose pods use workload
+    /// identity.
+    #[schemars(skip)]
+    ManagedIdentity,
+}
+
+impl AuthMethod {
+    /// The credential of this method, with `key` used only by [`AuthMethod::Key`].
+    pub fn with_key(self, key: &str) -> AccountAuth {
+        match self {
+            AuthMethod::Key => AccountAuth::Key(key.to_owned()),
+            AuthMethod::WorkloadIdentity => AccountAuth::WorkloadIdentity,
+            AuthMethod::ManagedIdentity => AccountAuth::ManagedIdentity,
+        }
+    }
+}
+
 /// The credential of an account connection. The key never appears in `Debug` output or logs.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub enum AccountAuth {

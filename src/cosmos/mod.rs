@@ -13,7 +13,7 @@ mod lsn;
 mod provision;
 mod range;
 
-pub use auth::AccountAuth;
+pub use auth::{AccountAuth, AuthMethod};
 pub use change::{Change, FeedMode, Operation};
 pub use client::{CosmosAccount, EMULATOR_KEY};
 pub use continuation::{RangeContinuation, decode_sdk_token, encode_sdk_token};

@@ -7,8 +7,11 @@ use std::time::Duration;
 
 use super::autoscale::{Fallback, Policy};
 use super::behavior::{Behavior, RateKind, RatePolicy, Rules, Select};
-use super::crd::{AuthKind, ChangeFeedProcessor, OnExhaustedKind, SecretKeyRef};
+use super::crd::{ChangeFeedProcessor, SecretKeyRef};
 use super::crd::{ScalingBehavior, ScalingPolicy, ScalingPolicyKind, ScalingRules, SelectPolicyKind};
+use super::spec_options::duration;
+use crate::cosmos::AuthMethod;
+use crate::processor::{OptionField, ProcessorOptions};
 
 /// A configuration that cannot work, with a reason (CamelCase, for conditions and Events) and a
 /// message that says what to do.
@@ -118,46 +121,20 @@ pub fn check(cfp: &ChangeFeedProcessor, lookup: impl Fn(&str) -> Option<Secret>)
         reason: "InvalidConfiguration",
         message,
     };
-    let duration = |field: &str, value: &str| {
-        humantime::parse_duration(value).map_err(|e| invalid(format!("{field} {value:?} is not a duration: {e}")))
-    };
-    duration("pollInterval", &cfp.spec.poll_interval)?;
-    let timings = &cfp.spec.lease_timings;
-    let acquire = duration("leaseTimings.acquireInterval", &timings.acquire_interval)?;
-    let renew = duration("leaseTimings.renewInterval", &timings.renew_interval)?;
-    let expiration = duration("leaseTimings.expiration", &timings.expiration)?;
-    if acquire.is_zero() || renew.is_zero() {
-        return Err(invalid("lease intervals must be longer than zero".into()));
-    }
-    if renew >= expiration {
-        return Err(invalid(format!(
-            "leaseTimings.renewInterval ({}) must be shorter than leaseTimings.expiration ({})",
-            timings.renew_interval, timings.expiration
-        )));
-    }
+    // The workers' options, checked by the rules the worker itself runs.
+    let options = ProcessorOptions::try_from(cfp)?;
+    options
+        .validate()
+        .map_err(|e| invalid(e.describe(OptionField::field)))?;
     duration("leases.cleanupTimeout", &cfp.spec.leases.cleanup_timeout)?;
-    if let Some(interval) = cfp.spec.checkpoint.as_ref().and_then(|c| c.interval.as_deref()) {
-        duration("checkpoint.interval", interval)?;
-    }
     let handler = &cfp.spec.handler;
     if let Some(http) = &handler.http {
         duration("handler.http.timeout", &http.timeout)?;
     }
-    let initial = duration("handler.retry.initialBackoff", &handler.retry.initial_backoff)?;
-    let max = duration("handler.retry.maxBackoff", &handler.retry.max_backoff)?;
-    if initial > max {
-        return Err(invalid(format!(
-            "handler.retry.initialBackoff ({}) must not be longer than handler.retry.maxBackoff ({})",
-            handler.retry.initial_backoff, handler.retry.max_backoff
-        )));
-    }
-    if handler.on_exhausted == OnExhaustedKind::DeadLetter && cfp.spec.dead_letter.is_none() {
+    if options.dead_letters() && cfp.spec.dead_letter.is_none() {
         return Err(invalid(
             "handler.onExhausted DeadLetter needs deadLetter.container".into(),
         ));
-    }
-    if let Err(e) = cfp.spec.start_from.parse::<crate::cosmos::StartFrom>() {
-        return Err(invalid(format!("startFrom: {e}")));
     }
     if let Some(scaling) = &cfp.spec.autoscaling {
         if scaling.min_replicas > scaling.max_replicas {
@@ -184,11 +161,14 @@ fn check_auth(cfp: &ChangeFeedProcessor) -> Result<(), ConfigProblem> {
     for (field, connection) in connections {
         let Some(connection) = connection else { continue };
         let message = match (connection.auth, &connection.key_secret_ref) {
-            (AuthKind::Key, None) => format!("{field}.keySecretRef is needed with auth Key"),
-            (AuthKind::WorkloadIdentity, Some(_)) => {
+            (AuthMethod::Key, None) => format!("{field}.keySecretRef is needed with auth Key"),
+            (AuthMethod::WorkloadIdentity | AuthMethod::ManagedIdentity, Some(_)) => {
                 format!("{field}.keySecretRef must be left out with auth WorkloadIdentity")
             }
-            (AuthKind::WorkloadIdentity, None) if cfp.spec.worker.service_account_name.is_none() => format!(
+            (AuthMethod::ManagedIdentity, None) => {
+                format!("{field}.auth ManagedIdentity is not offered to pods: use WorkloadIdentity")
+            }
+            (AuthMethod::WorkloadIdentity, None) if cfp.spec.worker.service_account_name.is_none() => format!(
                 "{field}.auth WorkloadIdentity needs worker.serviceAccountName: the service account whose federated identity may use the account"
             ),
             _ => continue,

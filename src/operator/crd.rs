@@ -11,6 +11,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+use crate::cosmos::AuthMethod;
+use crate::processor::options::defaults;
+use crate::processor::{HttpFormat, OnExhausted};
+
 /// Go-style durations the worker accepts (`500ms`, `2s`, `1m`, `1h`).
 const DURATION_RULE: &str = "self.matches('^([0-9]+(ms|s|m|h))+$')";
 const DURATION_MESSAGE: &str = "must be a duration such as 500ms, 2s, 1m30s or 1h";
@@ -153,13 +157,13 @@ fn default_start_from() -> String {
     "Beginning".into()
 }
 fn default_poll_interval() -> String {
-    "5s".into()
+    defaults::text(defaults::POLL_INTERVAL)
 }
 fn default_max_items() -> i32 {
-    100
+    defaults::MAX_ITEMS as i32
 }
 fn default_max_in_flight_batches() -> u32 {
-    1
+    defaults::MAX_IN_FLIGHT_BATCHES
 }
 fn default_replicas() -> i32 {
     1
@@ -180,7 +184,7 @@ pub struct Connection {
     /// federated identity needs a Cosmos DB data-plane role on the account; the operator uses
     /// its own workload identity to estimate and to manage leases).
     #[serde(default)]
-    pub auth: AuthKind,
+    pub auth: AuthMethod,
     /// The Secret key that holds the account key (with `auth: Key`). The key itself never
     /// appears in the resource.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -205,17 +209,6 @@ impl FeedModeKind {
             FeedModeKind::AllVersionsAndDeletes => crate::cosmos::FeedMode::AllVersionsAndDeletes,
         }
     }
-}
-
-/// How to authenticate to a Cosmos DB account.
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum AuthKind {
-    /// The account key, from a Secret.
-    #[default]
-    Key,
-    /// Microsoft Entra ID through Kubernetes workload identity (for accounts with key auth
-    /// disabled).
-    WorkloadIdentity,
 }
 
 /// A key of a Secret in the resource's namespace.
@@ -339,7 +332,7 @@ impl ForeignLayoutKind {
 }
 
 fn default_per_partition() -> u32 {
-    1
+    defaults::LEASES_PER_PARTITION
 }
 
 fn default_cleanup_timeout() -> String {
@@ -381,7 +374,7 @@ pub struct HandlerSpec {
     /// `retry.maxBackoff` and reports the lease (condition `Degraded`, reason `HandlerFailing`),
     /// skipping nothing; `DeadLetter` moves the failing documents to `deadLetter` and goes on.
     #[serde(default)]
-    pub on_exhausted: OnExhaustedKind,
+    pub on_exhausted: OnExhausted,
 }
 
 /// Handler types.
@@ -406,7 +399,7 @@ pub struct HttpHandlerSpec {
     /// The body: `Json` (`{"processor", "lease", "feedRange", "batch", "documents"}`) or
     /// `CloudEvents` (a CloudEvents 1.0 JSON batch, one event per document).
     #[serde(default)]
-    pub format: HttpFormatKind,
+    pub format: HttpFormat,
     /// A request taking longer fails (and is retried).
     #[serde(default = "default_handler_timeout")]
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
@@ -425,17 +418,7 @@ pub struct HttpHandlerSpec {
 }
 
 fn default_handler_timeout() -> String {
-    "60s".into()
-}
-
-/// HTTP body formats.
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum HttpFormatKind {
-    /// `{"processor", "lease", "feedRange", "batch", "documents"}` as `application/json`.
-    #[default]
-    Json,
-    /// A CloudEvents 1.0 JSON batch (`application/cloudevents-batch+json`).
-    CloudEvents,
+    defaults::text(defaults::HANDLER_TIMEOUT)
 }
 
 /// One request header: a literal value or a Secret key.
@@ -493,23 +476,13 @@ impl Default for RetrySpec {
 }
 
 fn default_max_attempts() -> i32 {
-    5
+    defaults::MAX_ATTEMPTS as i32
 }
 fn default_initial_backoff() -> String {
-    "1s".into()
+    defaults::text(defaults::INITIAL_BACKOFF)
 }
 fn default_max_backoff() -> String {
-    "30s".into()
-}
-
-/// What happens to a batch still failing after its attempts.
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum OnExhaustedKind {
-    /// Keep retrying and report the lease; nothing is ever skipped.
-    #[default]
-    Halt,
-    /// Move the failing documents to the dead-letter container and go on.
-    DeadLetter,
+    defaults::text(defaults::MAX_BACKOFF)
 }
 
 /// The dead-letter container (in the lease account).
@@ -542,7 +515,7 @@ pub struct CheckpointSpec {
 }
 
 fn default_every_batches() -> i32 {
-    1
+    defaults::CHECKPOINT_EVERY_BATCHES as i32
 }
 
 /// Lease timings.
@@ -579,13 +552,13 @@ impl Default for LeaseTimings {
 }
 
 fn default_acquire() -> String {
-    "13s".into()
+    defaults::text(defaults::ACQUIRE_INTERVAL)
 }
 fn default_renew() -> String {
-    "17s".into()
+    defaults::text(defaults::RENEW_INTERVAL)
 }
 fn default_expiration() -> String {
-    "60s".into()
+    defaults::text(defaults::EXPIRATION)
 }
 
 /// Built-in autoscaling from the remaining-work estimate.
@@ -929,7 +902,7 @@ impl ChangeFeedProcessorSpec {
     pub fn create_leases(&self) -> bool {
         self.leases
             .create_if_not_exists
-            .unwrap_or(self.lease_connection().auth == AuthKind::Key)
+            .unwrap_or(self.lease_connection().auth == AuthMethod::Key)
     }
 }
 

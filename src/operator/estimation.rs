@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::crd::ChangeFeedProcessor;
 use super::metrics::{EstimateFigures, OperatorMetrics};
-use crate::cosmos::{AccountAuth, CosmosAccount, MonitoredContainer, StartFrom};
+use crate::cosmos::{AccountAuth, CosmosAccount, MonitoredContainer};
 use crate::processor::bootstrap::bootstrap;
 use crate::processor::estimator::DEFAULT_CONCURRENCY;
 use crate::processor::{CosmosLeaseStore, LeaseStore, ProcessorEstimate, ProcessorOptions, estimate_leases};
@@ -52,16 +52,9 @@ pub struct EstimateTarget {
     pub lease_database: String,
     /// The lease container.
     pub lease_container: String,
-    /// The processor name (lease id prefix).
-    pub processor: String,
-    /// Where leases without a checkpoint start.
-    pub start_from: StartFrom,
-    /// Leases per physical partition when the operator creates the lease set.
-    pub leases_per_partition: u32,
-    /// The change feed mode the leases are created for.
-    pub mode: crate::cosmos::FeedMode,
-    /// Another processor's checkpoints the lease set starts from.
-    pub adopt: Option<crate::processor::AdoptOptions>,
+    /// The workers' processor options (from the spec), under the operator's instance name: the
+    /// lease set is created with them (start position, leases per partition, mode, adoption).
+    pub options: ProcessorOptions,
     /// Whether a missing lease container is created (`leases.createIfNotExists`).
     pub create_leases: bool,
     /// Time between estimates.
@@ -83,18 +76,8 @@ impl EstimateTarget {
             lease_database: self.lease_database.clone(),
             lease_container: self.lease_container.clone(),
             create_leases: self.create_leases,
-            options: self.options(),
+            options: self.options.clone(),
         }
-    }
-
-    /// The processor options the operator bootstraps leases with.
-    fn options(&self) -> ProcessorOptions {
-        let mut options = ProcessorOptions::new(self.processor.clone(), OPERATOR_INSTANCE);
-        options.start_from = self.start_from;
-        options.leases_per_partition = self.leases_per_partition;
-        options.mode = self.mode;
-        options.adopt = self.adopt.clone();
-        options
     }
 }
 
@@ -202,7 +185,7 @@ pub async fn estimate_once(opened: &Opened, target: &EstimateTarget) -> Result<P
     let store_error = |e: &dyn std::fmt::Display| EstimateFailure::new("lease_store", format!("lease container: {e}"));
     let mut snapshot = opened.store.snapshot().await.map_err(|e| store_error(&e))?;
     if !snapshot.initialized {
-        bootstrap(opened.store.as_ref(), &opened.monitored, &target.options())
+        bootstrap(opened.store.as_ref(), &opened.monitored, &target.options)
             .await
             .map_err(|e| store_error(&e))?;
         snapshot = opened.store.snapshot().await.map_err(|e| store_error(&e))?;
@@ -210,12 +193,12 @@ pub async fn estimate_once(opened: &Opened, target: &EstimateTarget) -> Result<P
     let leases = estimate_leases(
         &opened.monitored,
         &snapshot.leases,
-        target.start_from,
+        target.options.start_from,
         DEFAULT_CONCURRENCY,
     )
     .await
     .map_err(|e| EstimateFailure::new("change_feed", format!("reading the change feed: {e}")))?;
-    Ok(ProcessorEstimate::new(target.processor.clone(), leases))
+    Ok(ProcessorEstimate::new(target.options.processor_name.clone(), leases))
 }
 
 /// The figures exported for an estimate.

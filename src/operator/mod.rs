@@ -1,7 +1,7 @@
 //! The Kubernetes operator: the `ChangeFeedProcessor` resource, its reconciler, leader election.
 //!
-//! [`crd`] (types), [`workload`] (pure rendering of the Deployment and Service), [`config`] (pure
-//! configuration check), [`status`] (pure conditions), [`autoscale`] (pure scaling policy) and
+//! [`crd`] (types), [`spec_options`] (the spec as the workers' processor options), [`workload`]
+//! (pure rendering of the Deployment and Service), [`config`] (pure configuration check), [`status`] (pure conditions), [`autoscale`] (pure scaling policy) and
 //! [`behavior`] (its rate policies), [`external`] (pure: an HPA or KEDA on `/scale`), [`pause`]
 //! (pure: the pause annotations), [`estimation`] (remaining-work estimates per resource),
 //! [`failover`] (freeing the leases of gone worker pods), [`reconcile`], [`leader`], [`liveness`]
@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod pause;
 pub mod reconcile;
 pub mod run;
+pub mod spec_options;
 pub mod status;
 pub mod workload;
 

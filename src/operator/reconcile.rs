@@ -18,7 +18,7 @@ use kube::{Client, Resource, ResourceExt};
 
 use super::autoscale::{Decision, Observed, ScaleHistory, ScalingReason};
 use super::config::{self, ConfigProblem};
-use super::crd::{AuthKind, ChangeFeedProcessor, ChangeFeedProcessorStatus, Connection};
+use super::crd::{ChangeFeedProcessor, ChangeFeedProcessorStatus, Connection};
 use super::estimation::{AccountRef, EstimateReport, EstimateTarget, Estimators, ResourceKey};
 use super::external::{ExternalAutoscaler, external_plan};
 use super::metrics::OperatorMetrics;
@@ -30,6 +30,7 @@ use super::workload::{
     FIELD_MANAGER, metrics_service, selector_string, with_secrets_digest, worker_deployment, worker_disruption_budget,
 };
 use crate::cosmos::AccountAuth;
+use crate::cosmos::AuthMethod;
 
 /// The finalizer that deletes a processor's lease documents before the resource goes away.
 pub const LEASE_FINALIZER: &str = "changefeed.io/lease-cleanup";
@@ -780,6 +781,8 @@ fn estimate_target(cfp: &ChangeFeedProcessor, found: &BTreeMap<String, Secret>) 
         }),
         None => None,
     };
+    let mut options = crate::processor::ProcessorOptions::try_from(cfp).map_err(|problem| problem.message)?;
+    options.instance = super::estimation::OPERATOR_INSTANCE.to_owned();
     Ok(EstimateTarget {
         account,
         lease_account,
@@ -787,15 +790,7 @@ fn estimate_target(cfp: &ChangeFeedProcessor, found: &BTreeMap<String, Secret>) 
         container: spec.monitored.container.clone(),
         lease_database: spec.lease_database(),
         lease_container: spec.lease_container(),
-        processor: cfp.processor_name(),
-        start_from: spec.start_from.parse().unwrap_or(crate::cosmos::StartFrom::Beginning),
-        leases_per_partition: spec.leases.per_partition,
-        mode: spec.mode.mode(),
-        adopt: spec.leases.adopt_from.as_ref().map(|a| crate::processor::AdoptOptions {
-            layout: a.layout.layout(),
-            prefix: a.prefix.clone(),
-            force: a.force,
-        }),
+        options,
         create_leases: spec.create_leases(),
         interval: config::estimate_interval(cfp),
     })
@@ -840,9 +835,10 @@ async fn set_finalizer(
 /// its own workload identity.
 fn account_auth(found: &BTreeMap<String, Secret>, connection: &Connection) -> Result<AccountAuth, String> {
     let reference = match (connection.auth, &connection.key_secret_ref) {
-        (AuthKind::WorkloadIdentity, _) => return Ok(AccountAuth::WorkloadIdentity),
-        (AuthKind::Key, Some(reference)) => reference,
-        (AuthKind::Key, None) => return Err("connection.keySecretRef is needed with auth Key".to_owned()),
+        (AuthMethod::WorkloadIdentity, _) => return Ok(AccountAuth::WorkloadIdentity),
+        (AuthMethod::ManagedIdentity, _) => return Ok(AccountAuth::ManagedIdentity),
+        (AuthMethod::Key, Some(reference)) => reference,
+        (AuthMethod::Key, None) => return Err("connection.keySecretRef is needed with auth Key".to_owned()),
     };
     found
         .get(&reference.name)

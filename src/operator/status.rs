@@ -533,7 +533,9 @@ mod tests {
                 source: error(),
             },
             WorkerError::LeaseContainer("partitioned on /pk".into()),
-            WorkerError::Options("renew >= expiration".into()),
+            WorkerError::Options(crate::processor::OptionsError::Zero(
+                crate::processor::OptionField::RenewInterval,
+            )),
         ];
         for problem in &problems {
             assert!(problem.is_setup_problem(), "{problem}");

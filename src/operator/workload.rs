@@ -14,9 +14,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
-use super::crd::{
-    AuthKind, ChangeFeedProcessor, Connection, HandlerKind, HttpFormatKind, OnExhaustedKind, SecretKeyRef,
-};
+use super::crd::{ChangeFeedProcessor, Connection, HandlerKind, SecretKeyRef};
+use crate::cosmos::AuthMethod;
 
 /// The label naming the processor resource a worker pod belongs to.
 pub const PROCESSOR_LABEL: &str = "changefeed.io/processor";
@@ -77,12 +76,8 @@ fn env(name: &str, value: impl Into<String>) -> EnvVar {
 /// The credential variables of one connection: `CFP_<prefix>AUTH`, and `CFP_<prefix>KEY` from
 /// the Secret with auth `Key`.
 fn auth_env(prefix: &str, connection: &Connection) -> Vec<EnvVar> {
-    let mode = match connection.auth {
-        AuthKind::Key => "key",
-        AuthKind::WorkloadIdentity => "workload-identity",
-    };
-    let mut vars = vec![env(&format!("CFP_{prefix}AUTH"), mode)];
-    if let (AuthKind::Key, Some(reference)) = (connection.auth, &connection.key_secret_ref) {
+    let mut vars = vec![env(&format!("CFP_{prefix}AUTH"), flag_value(connection.auth))];
+    if let (AuthMethod::Key, Some(reference)) = (connection.auth, &connection.key_secret_ref) {
         vars.push(secret_key_env(&format!("CFP_{prefix}KEY"), reference));
     }
     vars
@@ -92,7 +87,7 @@ fn auth_env(prefix: &str, connection: &Connection) -> Vec<EnvVar> {
 fn uses_workload_identity(cfp: &ChangeFeedProcessor) -> bool {
     std::iter::once(&cfp.spec.connection)
         .chain(cfp.spec.leases.connection.as_ref())
-        .any(|c| c.auth == AuthKind::WorkloadIdentity)
+        .any(|c| c.auth == AuthMethod::WorkloadIdentity)
 }
 
 /// The label that makes the Azure workload identity webhook inject the federated token.
@@ -201,6 +196,14 @@ fn emulator_host_env(cfp: &ChangeFeedProcessor) -> Option<EnvVar> {
         .then(|| env("AZURE_COSMOS_EMULATOR_HOST", host))
 }
 
+/// How the worker's command line spells `value` (the enums are the worker's own).
+fn flag_value(value: impl clap::ValueEnum) -> String {
+    value
+        .to_possible_value()
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_default()
+}
+
 /// The handler, retry and dead-letter settings as `CFP_*` variables; header values from Secrets
 /// come through `secretKeyRef` as `CFP_HANDLER_HEADER_<NAME>`, never in the pod spec itself.
 fn handler_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
@@ -209,13 +212,7 @@ fn handler_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
     let mut vars = Vec::new();
     if let (HandlerKind::Http, Some(http)) = (handler.kind, &handler.http) {
         vars.push(env("CFP_HANDLER_URL", http.url.clone()));
-        vars.push(env(
-            "CFP_HANDLER_FORMAT",
-            match http.format {
-                HttpFormatKind::Json => "json",
-                HttpFormatKind::CloudEvents => "cloudevents",
-            },
-        ));
+        vars.push(env("CFP_HANDLER_FORMAT", flag_value(http.format)));
         vars.push(env("CFP_HANDLER_TIMEOUT", http.timeout.clone()));
         if let Some(path) = &http.readiness_path {
             vars.push(env("CFP_HANDLER_READINESS_PATH", path.clone()));
@@ -233,13 +230,7 @@ fn handler_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
         env("CFP_MAX_ATTEMPTS", handler.retry.max_attempts.to_string()),
         env("CFP_INITIAL_BACKOFF", handler.retry.initial_backoff.clone()),
         env("CFP_MAX_BACKOFF", handler.retry.max_backoff.clone()),
-        env(
-            "CFP_ON_EXHAUSTED",
-            match handler.on_exhausted {
-                OnExhaustedKind::Halt => "halt",
-                OnExhaustedKind::DeadLetter => "dead-letter",
-            },
-        ),
+        env("CFP_ON_EXHAUSTED", flag_value(handler.on_exhausted)),
     ]);
     if let Some(dead_letter) = &spec.dead_letter {
         if let Some(database) = &dead_letter.database {

@@ -16,7 +16,7 @@ pub struct CheckpointPolicy {
 impl Default for CheckpointPolicy {
     fn default() -> Self {
         Self {
-            every_batches: 1,
+            every_batches: super::options::defaults::CHECKPOINT_EVERY_BATCHES,
             interval: None,
         }
     }

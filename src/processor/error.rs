@@ -5,6 +5,7 @@
 use super::handler::HandlerError;
 use super::lease::LeaseStoreError;
 use super::owned::UpdateError;
+use super::validation::OptionsError;
 use crate::cosmos::{CosmosError, ErrorKind};
 
 /// Errors that stop a processor from starting or running.
@@ -13,6 +14,9 @@ pub enum ProcessorError {
     /// The configuration cannot work.
     #[error("{0}")]
     Config(String),
+    /// The options cannot work together.
+    #[error(transparent)]
+    Options(#[from] OptionsError),
     /// The lease store failed.
     #[error("lease store: {0}")]
     Store(#[from] LeaseStoreError),
@@ -25,7 +29,7 @@ impl ProcessorError {
     /// Whether trying again later can succeed (throttling, 503, timeouts).
     pub fn is_transient(&self) -> bool {
         match self {
-            ProcessorError::Config(_) => false,
+            ProcessorError::Config(_) | ProcessorError::Options(_) => false,
             ProcessorError::Store(error) => error.is_transient(),
             ProcessorError::Cosmos(error) => error.kind.is_retryable(),
         }
@@ -142,7 +146,7 @@ impl LeaseError {
             LeaseError::CreateMissing(e) => match e.as_ref() {
                 ProcessorError::Store(e) => store(e),
                 ProcessorError::Cosmos(e) => Some(e),
-                ProcessorError::Config(_) => None,
+                ProcessorError::Config(_) | ProcessorError::Options(_) => None,
             },
             LeaseError::OpenFeed(e) | LeaseError::ReadFeed(e) | LeaseError::DeadLetter(e) => Some(e),
             LeaseError::DeleteSplitParent(UpdateError::Store(e)) => store(e),

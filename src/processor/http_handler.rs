@@ -36,13 +36,26 @@ pub const UPSERT_EVENT_TYPE: &str = "io.changefeed.document.upserted";
 /// `replaced`, `deleted` follow).
 pub const CHANGE_EVENT_TYPE_PREFIX: &str = "io.changefeed.document.";
 
-/// How batches are encoded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How batches are encoded (`--handler-format json | cloudevents`, `handler.http.format: Json |
+/// CloudEvents`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
 pub enum HttpFormat {
     /// `{"processor", "lease", "feedRange", "batch", "documents"}` as `application/json`.
     #[default]
     Json,
-    /// A CloudEvents 1.0 JSON batch, one event per document.
+    /// A CloudEvents 1.0 JSON batch (`application/cloudevents-batch+json`), one event per document.
+    #[value(name = "cloudevents")]
     CloudEvents,
 }
 

@@ -11,7 +11,7 @@
 //!   letters), [`store_recovery`] (deleted leases, a deleted lease container);
 //! - state and reports: [`shared`] (what the tasks share), [`health`], [`telemetry`],
 //!   [`error`], [`error_log`], [`events`], [`observer`], [`monitored_watch`];
-//! - the public face: [`runtime`] (start, stop, monitor), [`options`], [`handler`],
+//! - the public face: [`runtime`] (start, stop, monitor), [`options`] and [`validation`], [`handler`],
 //!   [`http_handler`], [`manual`], [`deadletter`], [`estimator`].
 
 pub mod adopt;
@@ -44,6 +44,7 @@ pub(crate) mod shared;
 pub mod split;
 pub(crate) mod store_recovery;
 pub(crate) mod telemetry;
+pub mod validation;
 
 pub use adopt::{AdoptOptions, ForeignLayout};
 pub use checkpoint_policy::CheckpointPolicy;
@@ -59,3 +60,4 @@ pub use manual::{CheckpointError, CheckpointHandle, Handler, ManualCheckpointHan
 pub use observer::{NoopObserver, ProcessorObserver};
 pub use options::{OnExhausted, ProcessorOptions, RetryPolicy};
 pub use runtime::{ChangeFeedProcessor, ProcessorHandle, ProcessorMonitor};
+pub use validation::{OptionField, OptionsError};

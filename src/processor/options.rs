@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::cosmos::StartFrom;
 
 /// How the processor runs. Defaults are the .NET/Java reference defaults.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ProcessorOptions {
     /// The deployment-unit name; lease ids are prefixed with it.
     pub processor_name: String,
@@ -51,19 +51,77 @@ pub struct ProcessorOptions {
     pub leases_per_partition: u32,
 }
 
+/// The defaults of a processor's options, in one place: [`ProcessorOptions::new`], the worker's
+/// flags and the ChangeFeedProcessor's fields all take them from here (the reference SDKs'
+/// defaults where they have one).
+pub mod defaults {
+    use std::time::Duration;
+
+    /// Maximum documents per page.
+    pub const MAX_ITEMS: u32 = 100;
+    /// Wait after a read that returned nothing.
+    pub const POLL_INTERVAL: Duration = Duration::from_secs(5);
+    /// How often leases are listed and balanced.
+    pub const ACQUIRE_INTERVAL: Duration = Duration::from_secs(13);
+    /// How often owned leases are renewed.
+    pub const RENEW_INTERVAL: Duration = Duration::from_secs(17);
+    /// A lease not renewed for this long is free to take.
+    pub const EXPIRATION: Duration = Duration::from_secs(60);
+    /// A change feed read taking longer is abandoned and retried.
+    pub const READ_TIMEOUT: Duration = Duration::from_secs(65);
+    /// First delay before retrying a failed request.
+    pub const MIN_BACKOFF: Duration = Duration::from_millis(500);
+    /// Attempts of a failing batch before the retry policy's `on_exhausted` applies.
+    pub const MAX_ATTEMPTS: u32 = 5;
+    /// Wait before the first retry of a failing batch.
+    pub const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
+    /// Longest wait between attempts (of a batch, or of a request).
+    pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+    /// Batches of one lease with the handler at once.
+    pub const MAX_IN_FLIGHT_BATCHES: u32 = 1;
+    /// Leases per physical partition created at bootstrap.
+    pub const LEASES_PER_PARTITION: u32 = 1;
+    /// Handled batches per checkpoint.
+    pub const CHECKPOINT_EVERY_BATCHES: u32 = 1;
+    /// An HTTP handler request taking longer fails (and is retried).
+    pub const HANDLER_TIMEOUT: Duration = Duration::from_secs(60);
+
+    /// How a duration is written in flags and resources: whole seconds (`13s`), else milliseconds
+    /// (`500ms`).
+    pub fn text(duration: Duration) -> String {
+        if duration.subsec_nanos() == 0 {
+            format!("{}s", duration.as_secs())
+        } else {
+            format!("{}ms", duration.as_millis())
+        }
+    }
+}
+
 /// The most batches of one lease with the handler at once.
 pub const MAX_IN_FLIGHT_BATCHES: u32 = 64;
 
 /// The most leases a physical partition can be divided into.
 pub const MAX_LEASES_PER_PARTITION: u32 = 64;
 
-/// What happens to a batch the handler still fails after [`RetryPolicy::max_attempts`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// What happens to a batch the handler still fails after its attempts (`--on-exhausted halt |
+/// dead-letter`, `handler.onExhausted: Halt | DeadLetter`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
 pub enum OnExhausted {
     /// Keep retrying at the longest backoff and report the lease as stuck; nothing is ever skipped.
     #[default]
     Halt,
-    /// Find the failing documents by bisecting the batch, move each to the dead-letter container,
+    /// Move the failing documents (found by bisecting the batch) to the dead-letter container,
     /// deliver the rest, then checkpoint and go on.
     DeadLetter,
 }
@@ -84,9 +142,9 @@ pub struct RetryPolicy {
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
-            max_attempts: 5,
-            initial_backoff: Duration::from_secs(1),
-            max_backoff: Duration::from_secs(30),
+            max_attempts: defaults::MAX_ATTEMPTS,
+            initial_backoff: defaults::INITIAL_BACKOFF,
+            max_backoff: defaults::MAX_BACKOFF,
             on_exhausted: OnExhausted::Halt,
         }
     }
@@ -112,18 +170,18 @@ impl ProcessorOptions {
             processor_name: processor_name.into(),
             instance: instance.into(),
             start_from: StartFrom::Beginning,
-            max_items: 100,
-            poll_interval: Duration::from_secs(5),
-            acquire_interval: Duration::from_secs(13),
-            renew_interval: Duration::from_secs(17),
-            expiration: Duration::from_secs(60),
-            read_timeout: Duration::from_secs(65),
-            min_backoff: Duration::from_millis(500),
-            max_backoff: Duration::from_secs(30),
+            max_items: defaults::MAX_ITEMS,
+            poll_interval: defaults::POLL_INTERVAL,
+            acquire_interval: defaults::ACQUIRE_INTERVAL,
+            renew_interval: defaults::RENEW_INTERVAL,
+            expiration: defaults::EXPIRATION,
+            read_timeout: defaults::READ_TIMEOUT,
+            min_backoff: defaults::MIN_BACKOFF,
+            max_backoff: defaults::MAX_BACKOFF,
             retry: RetryPolicy::default(),
             checkpoint: super::CheckpointPolicy::default(),
-            leases_per_partition: 1,
-            max_in_flight_batches: 1,
+            leases_per_partition: defaults::LEASES_PER_PARTITION,
+            max_in_flight_batches: defaults::MAX_IN_FLIGHT_BATCHES,
             mode: crate::cosmos::FeedMode::LatestVersion,
             adopt: None,
             balancing: super::balancer::Balancing::Fair,
@@ -133,56 +191,6 @@ impl ProcessorOptions {
     /// The delay before retry number `attempt` (0-based): exponential with ±20 % jitter.
     pub fn backoff(&self, attempt: u32) -> Duration {
         exponential_backoff(self.min_backoff, self.max_backoff, attempt)
-    }
-
-    /// Checks the timings make sense together.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.processor_name.is_empty() {
-            return Err("the processor name must not be empty".into());
-        }
-        if self.instance.is_empty() {
-            return Err("the instance name must not be empty".into());
-        }
-        if self.max_items == 0 {
-            return Err("max items must be at least 1".into());
-        }
-        if self.renew_interval >= self.expiration {
-            return Err(format!(
-                "the lease renew interval ({:?}) must be shorter than the lease expiration ({:?})",
-                self.renew_interval, self.expiration
-            ));
-        }
-        if self.acquire_interval.is_zero() || self.renew_interval.is_zero() {
-            return Err("lease intervals must be longer than zero".into());
-        }
-        if self.mode == crate::cosmos::FeedMode::AllVersionsAndDeletes && self.start_from != StartFrom::Now {
-            return Err(
-                "the all-versions-and-deletes mode starts only from now (or a checkpoint): use --start-from now".into(),
-            );
-        }
-        if self.adopt.is_some() && self.mode != crate::cosmos::FeedMode::LatestVersion {
-            return Err("adopting another processor's leases works in the latest-version mode".into());
-        }
-        if !(1..=MAX_IN_FLIGHT_BATCHES).contains(&self.max_in_flight_batches) {
-            return Err(format!(
-                "max in-flight batches must be between 1 and {MAX_IN_FLIGHT_BATCHES}"
-            ));
-        }
-        if !(1..=MAX_LEASES_PER_PARTITION).contains(&self.leases_per_partition) {
-            return Err(format!(
-                "leases per partition must be between 1 and {MAX_LEASES_PER_PARTITION}"
-            ));
-        }
-        if self.retry.max_attempts == 0 {
-            return Err("max attempts must be at least 1".into());
-        }
-        if self.retry.initial_backoff > self.retry.max_backoff {
-            return Err(format!(
-                "the initial backoff ({:?}) must not be longer than the max backoff ({:?})",
-                self.retry.initial_backoff, self.retry.max_backoff
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -210,13 +218,5 @@ mod tests {
         assert!(around(retry.backoff(1), 100));
         assert!(around(retry.backoff(3), 400));
         assert!(around(retry.backoff(30), 1000));
-    }
-
-    #[test]
-    fn validation_rejects_renew_slower_than_expiry() {
-        let mut options = ProcessorOptions::new("p", "i");
-        assert!(options.validate().is_ok());
-        options.renew_interval = Duration::from_secs(90);
-        assert!(options.validate().unwrap_err().contains("renew interval"));
     }
 }

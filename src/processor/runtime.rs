@@ -81,7 +81,7 @@ impl ChangeFeedProcessor {
 
     /// Bootstraps the lease store (once per processor) and starts processing.
     pub async fn start(self) -> Result<ProcessorHandle, ProcessorError> {
-        self.shared.options.validate().map_err(ProcessorError::Config)?;
+        self.shared.options.validate()?;
         if self.shared.options.retry.on_exhausted == OnExhausted::DeadLetter && self.shared.handler.is_manual() {
             return Err(ProcessorError::Config(
                 "dead-lettering needs automatic checkpoints: a manual checkpoint of part of a batch would skip the rest".into(),
