@@ -5,6 +5,7 @@
 //! it fail.
 
 pub mod fleet;
+mod script;
 pub mod view;
 
 use std::collections::BTreeMap;
@@ -12,7 +13,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use time::OffsetDateTime;
@@ -20,10 +21,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cosmos::{CosmosError, DocumentContainer, MonitoredContainer, StartFrom};
 use crate::emulator::{ContainerSpec, EmulatorError, bind};
-use crate::processor::{CosmosLeaseStore, LeaseStore, ProcessorOptions, estimate_leases};
-use crate::worker::{WorkerError, WorkerSettings, open};
-use fleet::{Deliveries, LEASE_EXPIRATION, Worker};
-use view::{Frame, View, WorkerLine};
+use crate::processor::{CosmosLeaseStore, LeaseStore, estimate_leases};
+use crate::worker::WorkerError;
+use fleet::LEASE_EXPIRATION;
 
 const DATABASE: &str = "demo";
 const CONTAINER: &str = "items";
@@ -93,6 +93,21 @@ pub struct Verification {
 }
 
 impl Verification {
+    /// Nothing measured yet, on a container of `partitions` partitions.
+    fn empty(partitions: usize) -> Self {
+        Self {
+            written: 0,
+            delivered: 0,
+            lost: 0,
+            duplicates: 0,
+            failover: None,
+            rebalance: None,
+            partitions: (partitions, partitions),
+            leases: (0, 0),
+            drain: None,
+        }
+    }
+
     /// The table printed at the end.
     pub fn table(&self) -> String {
         let seconds = |d: Option<Duration>| d.map_or_else(|| "-".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()));
@@ -159,211 +174,21 @@ pub async fn run(settings: DemoSettings) -> Result<Verification, DemoError> {
         let (emulator, stop) = (emulator.clone(), stop.clone());
         async move { emulator.serve(listener, stop).await }
     });
-    let endpoint = emulator.endpoint();
-    let account = emulator.account().await?;
-    let items = account.documents(DATABASE, CONTAINER).await?;
-    let lease_settings = WorkerSettings {
-        database: DATABASE.into(),
-        container: CONTAINER.into(),
-        lease_database: DATABASE.into(),
-        lease_container: "leases".into(),
-        create_leases: true,
-        options: ProcessorOptions::new("demo", "cfp-demo"),
-    };
-    let (monitored, store) = open(&account, &account, &lease_settings).await?;
-    let logs = std::env::temp_dir().join(format!("cfp-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&logs).map_err(DemoError::Spawn)?;
-
-    let mut view = View::new();
-    let started = Instant::now();
-    view.event(
-        Duration::ZERO,
-        &format!(
-            "emulator at {endpoint}: {DATABASE}/{CONTAINER} with {} partitions; {} workers; writing {}/s for {} s",
-            settings.partitions,
-            settings.workers,
-            settings.rate,
-            settings.duration.as_secs()
-        ),
-    );
-    let deliveries = Deliveries::default();
-    let mut workers = Vec::new();
-    let spawn = |name: &str, deliveries: &Deliveries| -> Result<Worker, DemoError> {
-        let log = std::fs::File::create(logs.join(format!("{name}.log"))).map_err(DemoError::Spawn)?;
-        Worker::start(name, &endpoint, DATABASE, CONTAINER, log, deliveries).map_err(DemoError::Spawn)
-    };
-    for n in 1..=settings.workers {
-        workers.push(spawn(&format!("worker-{n}"), &deliveries)?);
-    }
-    let writer = Writer::start(items, settings.rate);
-
-    let schedule = Schedule::new(settings.duration);
-    let mut done = Done::default();
-    let mut verification = Verification {
-        written: 0,
-        delivered: 0,
-        lost: 0,
-        duplicates: 0,
-        failover: None,
-        rebalance: None,
-        partitions: (settings.partitions as usize, settings.partitions as usize),
-        leases: (0, 0),
-        drain: None,
-    };
-    let mut killed: Option<(String, Instant)> = None;
-    let mut added: Option<(String, Instant)> = None;
-    let mut writing_stopped: Option<Instant> = None;
-    let mut last = (Instant::now(), 0u64, 0usize);
-    let mut lag = None;
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
-    loop {
-        tick.tick().await;
-        let elapsed = started.elapsed();
-        let owners = owners(&store).await;
-        let lease_count = owners.values().sum::<usize>();
-        if verification.leases.0 == 0 && lease_count > 0 {
-            verification.leases = (lease_count, lease_count);
-        }
-        if elapsed >= schedule.kill && !done.kill && workers.iter().filter(|w| w.alive()).count() > 1 {
-            done.kill = true;
-            if let Some(victim) = workers.iter_mut().filter(|w| w.alive()).nth(1) {
-                victim.kill().await;
-                view.event(
-                    elapsed,
-                    &format!(
-                        "kill -9 {}: its leases free themselves after the lease expiration",
-                        victim.name
-                    ),
-                );
-                killed = Some((victim.name.clone(), Instant::now()));
-            }
-        }
-        if let Some((name, at)) = &killed
-            && verification.failover.is_none()
-            && !owners.contains_key(name)
-        {
-            verification.failover = Some(at.elapsed());
-            view.event(
-                elapsed,
-                &format!(
-                    "failover: the other workers took all of {name}'s leases in {:.1?}",
-                    at.elapsed()
-                ),
-            );
-        }
-        if elapsed >= schedule.split && !done.split {
-            done.split = true;
-            view.event(
-                elapsed,
-                "splitting partition 0 (reads of it fail for 200 ms, as on the service)",
-            );
-            match emulator
-                .split(DATABASE, CONTAINER, None, Duration::from_millis(200))
-                .await
-            {
-                Ok(after) => {
-                    verification.partitions.1 = after.len();
-                    view.event(started.elapsed(), &format!("split done: {} partitions", after.len()));
-                }
-                Err(error) => view.event(started.elapsed(), &format!("split failed: {error}")),
-            }
-        }
-        if done.split && lease_count > verification.leases.1 {
-            verification.leases.1 = lease_count;
-            view.event(
-                elapsed,
-                &format!("the split lease was replaced by its children: {lease_count} leases"),
-            );
-        }
-        if elapsed >= schedule.add && !done.add {
-            done.add = true;
-            let name = format!("worker-{}", workers.len() + 1);
-            workers.push(spawn(&name, &deliveries)?);
-            view.event(elapsed, &format!("added {name}"));
-            added = Some((name, Instant::now()));
-        }
-        if let Some((name, at)) = &added
-            && verification.rebalance.is_none()
-        {
-            let alive = workers.iter().filter(|w| w.alive()).count().max(1);
-            if owners.get(name).copied().unwrap_or(0) >= lease_count / alive && lease_count > 0 {
-                verification.rebalance = Some(at.elapsed());
-                view.event(
-                    elapsed,
-                    &format!("rebalanced: {name} owns its share after {:.1?}", at.elapsed()),
-                );
-            }
-        }
-        if elapsed >= settings.duration && writing_stopped.is_none() {
-            writer.stop.store(true, Ordering::SeqCst);
-            writing_stopped = Some(Instant::now());
-            view.event(elapsed, "stopping the writer; draining");
-        }
-        lag = estimate(&monitored, &store).await.or(lag);
-        let (delivered, total) = deliveries.totals();
-        let written = writer.count();
-        let since = last.0.elapsed().as_secs_f64().max(0.001);
-        view.show(&Frame {
-            elapsed,
-            written,
-            delivered,
-            lag,
-            writes_per_second: written.saturating_sub(last.1) as f64 / since,
-            deliveries_per_second: total.saturating_sub(last.2) as f64 / since,
-            leases: lease_count,
-            workers: workers
-                .iter()
-                .map(|w| WorkerLine {
-                    name: w.name.clone(),
-                    leases: owners.get(&w.name).copied().unwrap_or(0),
-                    handled: w.handled(),
-                    state: if w.killed {
-                        "killed -9"
-                    } else if w.stopped {
-                        "stopped"
-                    } else {
-                        "running"
-                    },
-                })
-                .collect(),
-        });
-        last = (Instant::now(), written, total);
-        if let Some(at) = writing_stopped {
-            let all = writer.written().iter().all(|id| deliveries.contains(id));
-            if all && writer.idle() {
-                verification.drain = Some(at.elapsed());
-                view.event(
-                    started.elapsed(),
-                    &format!(
-                        "drained: all {} documents delivered {:.1?} after writing stopped",
-                        writer.count(),
-                        at.elapsed()
-                    ),
-                );
-                break;
-            }
-            if at.elapsed() > Duration::from_secs(60) {
-                view.event(started.elapsed(), "drain did not finish within 60 s");
+    let result = async {
+        let mut demo = script::Demo::start(settings, emulator).await?;
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tick.tick().await;
+            if demo.step().await? {
                 break;
             }
         }
+        Ok::<_, DemoError>(demo.finish().await)
     }
-    for worker in &mut workers {
-        worker.stop().await;
-    }
+    .await;
     stop.cancel();
     let _ = server.await;
-    view.finish();
-
-    let written = writer.written();
-    let (delivered, total) = deliveries.totals();
-    verification.written = written.len();
-    verification.delivered = delivered;
-    verification.lost = written.iter().filter(|id| !deliveries.contains(id)).count();
-    verification.duplicates = total.saturating_sub(delivered);
-    println!();
-    print!("{}", verification.table());
-    println!("worker logs: {}", logs.display());
+    let verification = result?;
     if verification.lost > 0 {
         return Err(DemoError::Lost {
             lost: verification.lost,
