@@ -19,7 +19,7 @@ use serde_json::Value;
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/changefeed-operator");
 
 fn plane() -> &'static ControlPlane {
-    ControlPlane::shared()
+    ControlPlane::for_helm()
 }
 
 /// Runs helm with `args` against the control plane: (success, stdout, stderr).

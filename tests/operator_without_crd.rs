@@ -1,5 +1,5 @@
-//! `cfp operator` on a cluster without the CRD ends with one clear line (its own control plane,
-//! where no test installs the CRD).
+//! `cfp operator` on a cluster without the CRD ends with one clear line (a control plane of its
+//! own, where no test installs the CRD).
 
 mod common;
 mod control_plane;
@@ -10,7 +10,7 @@ use control_plane::ControlPlane;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_says_when_the_crd_is_missing() {
-    let plane = tokio::task::spawn_blocking(ControlPlane::shared)
+    let plane = tokio::task::spawn_blocking(ControlPlane::own)
         .await
         .expect("control plane");
     let output = tokio::time::timeout(
