@@ -14,7 +14,7 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
             .args(["bench", "--small", "--java-peer", &common::java_peer_jar(), "--json"])
             .arg(&json)
             .arg("--k8s-bin")
-            .arg(&k8s_bin)
+            .arg(k8s_bin)
             .env("RUST_LOG", "error")
             .output(),
     )

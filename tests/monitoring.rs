@@ -20,7 +20,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use changefeed_operator::operator::ChangeFeedProcessor;
@@ -37,8 +37,7 @@ const RELEASE_NAMESPACE: &str = "ops";
 
 /// The directory of helm and the control-plane binaries (`tools/k8s/build.sh`, cached).
 fn k8s_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| control_plane::binaries().expect("tools/k8s/build.sh"))
+    control_plane::binaries().expect("tools/k8s/build.sh")
 }
 
 /// `helm args...`: (success, stdout, stderr).

@@ -141,7 +141,7 @@ impl Cluster {
         let log = |name: &str| dir.join(format!("{name}.log"));
         let mut children = Vec::new();
 
-        let (etcd, etcd_url) = start_etcd(&bin, &dir)?;
+        let (etcd, etcd_url) = start_etcd(bin, &dir)?;
         children.push(etcd);
         let api_port = free_port();
         let mut args = apiserver_args_with(&files, &etcd_url, HOST_IP, api_port, &dir, SERVICE_SUBNET);
@@ -155,7 +155,7 @@ impl Cluster {
         let kubeconfig_path = PathBuf::from(write("kubeconfig", &kubeconfig(&server, &pki))?);
         let plane = ControlPlane {
             kubeconfig: kubeconfig_path.clone(),
-            bin: bin.clone(),
+            bin: bin.to_path_buf(),
             server,
             startup: Duration::ZERO,
         };

@@ -224,8 +224,13 @@ pub fn start_etcd(bin: &Path, dir: &Path) -> Result<(Child, String), String> {
     Ok((etcd, etcd_url))
 }
 
-/// Builds (or finds) the binaries with the project's script.
-pub fn binaries() -> Result<PathBuf, String> {
+/// The directory of the binaries, built (or found) by the project's script once per test binary.
+pub fn binaries() -> Result<&'static Path, String> {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BIN.get_or_init(build_binaries).as_deref().map_err(Clone::clone)
+}
+
+fn build_binaries() -> Result<PathBuf, String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/k8s/build.sh");
     let output = Command::new("bash")
         .arg(&script)
@@ -377,7 +382,7 @@ pub fn b64(text: &str) -> String {
 fn start() -> Result<(ControlPlane, Vec<Child>, PathBuf), String> {
     static STARTED: AtomicUsize = AtomicUsize::new(0);
     let started = Instant::now();
-    let bin = binaries()?;
+    let bin = binaries()?.to_path_buf();
     let dir = std::env::temp_dir().join(format!(
         "cfp-control-plane-{}-{}",
         std::process::id(),
