@@ -6,6 +6,7 @@ mod control_plane;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
+    let _heavy = common::heavy().await;
     let json = std::env::temp_dir().join(format!("cfp-bench-{}.json", std::process::id()));
     let k8s_bin = control_plane::binaries().expect("etcd and kube-apiserver (tools/k8s/build.sh)");
     let output = tokio::time::timeout(

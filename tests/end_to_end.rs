@@ -26,6 +26,21 @@ use k8s_openapi::api::coordination::v1::Lease as KubeLease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
+/// The SDK client of this test reaches the emulator at the bridge address over plain HTTP, which
+/// the SDK allows only for the host named by `AZURE_COSMOS_EMULATOR_HOST` (and loopback). The
+/// variable is set before `main`, while the test binary has a single thread: set by this test, it
+/// would race the other tests' threads reading the environment. It adds the bridge address to the
+/// emulator hosts of this process and of the processes the tests start, and changes nothing else.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static EMULATOR_HOST: extern "C" fn() = {
+    extern "C" fn set() {
+        // SAFETY: before `main`, no other thread exists to read the environment.
+        unsafe { std::env::set_var("AZURE_COSMOS_EMULATOR_HOST", HOST_IP) };
+    }
+    set
+};
+
 const NS: &str = "shop";
 const PARTITIONS: usize = 8;
 /// The monitored container of the processor whose handler is a sidecar (step 4c).
@@ -340,6 +355,7 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
         eprintln!("SKIPPED the end-to-end cluster test: {reason}");
         return;
     }
+    let _heavy = common::heavy().await;
     // Started on this (the test's) thread: the processes die with it.
     let mut cluster = Cluster::start(Path::new(CFP)).unwrap_or_else(|e| panic!("cluster: {e}"));
     let client = cluster.plane.client().await;
@@ -414,8 +430,6 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
         &format!("db/{RELAY}:/pk:{RELAY_PARTITIONS}"),
     ])
     .await;
-    // SAFETY: set before any thread of this test reads the environment for the SDK.
-    unsafe { std::env::set_var("AZURE_COSMOS_EMULATOR_HOST", HOST_IP) };
     let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key())
         .await
         .expect("account");

@@ -539,3 +539,11 @@ pub fn java_peer_jar() -> String {
         Err(stderr) => panic!("building the Java peer failed (a JDK 17+ and Maven are needed, see .ci/run): {stderr}"),
     }
 }
+
+/// Held by each test that loads the whole machine for minutes (the end-to-end cluster, the
+/// benchmark) while it runs, so that no two of them overlap: as separate test binaries they never
+/// did, and together on 2 cores they starve each other (and the benchmark's figures mean nothing).
+pub async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
+    static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    HEAVY.lock().await
+}
