@@ -1,8 +1,8 @@
 //! `cfp bench --small`: every figure is measured and reported with its baseline (a short run, so
 //! that the benchmark cannot rot; no timing is asserted — the figures are for people).
 
-mod common;
-mod control_plane;
+use crate::common;
+use crate::control_plane;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_small_benchmark_reports_every_figure_with_its_baseline() {

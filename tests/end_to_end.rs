@@ -6,10 +6,6 @@
 //! delivered twice), and a crash-looping worker reported in the status. One cluster, steps in order
 //! (the crash loop's minute of back-off runs beside the sidecar step).
 
-mod cluster;
-mod common;
-mod control_plane;
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -19,12 +15,13 @@ use std::time::{Duration, Instant};
 use changefeed_operator::cosmos::{AccountAuth, CosmosAccount};
 use changefeed_operator::operator::{ChangeFeedProcessor, ChangeFeedProcessorStatus};
 use changefeed_operator::processor::LeaseStore;
-use cluster::{CFP_IMAGE, Cluster, HANDLER_IMAGE, HOST_IP};
-use common::{CFP, lease_store, terminate, upsert_doc};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease as KubeLease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
+
+use crate::cluster::{self, CFP_IMAGE, Cluster, HANDLER_IMAGE, HOST_IP};
+use crate::common::{self, CFP, lease_store, terminate, upsert_doc};
 
 /// The SDK client of this test reaches the emulator at the bridge address over plain HTTP, which
 /// the SDK allows only for the host named by `AZURE_COSMOS_EMULATOR_HOST` (and loopback). The

@@ -11,10 +11,6 @@
 //!
 //! The Prometheus tools come from PATH; a missing one fails the test with how to install it.
 
-mod common;
-mod control_plane;
-mod operator_support;
-
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -26,9 +22,13 @@ use std::time::{Duration, Instant};
 use changefeed_operator::operator::ChangeFeedProcessor;
 use changefeed_operator::operator::metrics::{EstimateFigures, OperatorMetrics};
 use changefeed_operator::operator::workload::worker_deployment;
-use common::{free_port, terminate};
-use operator_support::{FAKE_ENDPOINT, Operator, apply_ok, metrics_body, namespace, plane, resource, wait, wait_up_to};
 use serde_json::Value;
+
+use crate::common::{free_port, terminate};
+use crate::control_plane;
+use crate::operator_support::{
+    FAKE_ENDPOINT, Operator, apply_ok, metrics_body, namespace, plane, resource, wait, wait_up_to,
+};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/changefeed-operator");

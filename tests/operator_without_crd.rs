@@ -1,12 +1,10 @@
 //! `cfp operator` on a cluster without the CRD ends with one clear line (a control plane of its
 //! own, where no test installs the CRD).
 
-mod common;
-mod control_plane;
-
 use std::time::Duration;
 
-use control_plane::ControlPlane;
+use crate::common;
+use crate::control_plane::ControlPlane;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_says_when_the_crd_is_missing() {

@@ -13,15 +13,13 @@
 //! containerd; no registry is reached. [`Cluster::stop`]
 //! (also on drop) kills everything and removes what the cluster left (mounts, cgroups, the bridge,
 //! iptables rules); a start first removes what a killed earlier run left.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::control_plane::{
-    ControlPlane, apiserver_args_with, binaries, free_port, kubeconfig, pki, spawn, start_etcd,
-};
+use crate::common::free_port;
+use crate::control_plane::{ControlPlane, apiserver_args_with, binaries, kubeconfig, pki, spawn, start_etcd};
 
 /// The bridge the pods attach to.
 pub const BRIDGE: &str = "cfp-e2e0";

@@ -1,6 +1,5 @@
 //! Test harness: an in-process SDK emulator with a monitored and a lease container, processor
 //! instances with short lease timings, a handler that records deliveries, and bounded waits.
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;

@@ -4,9 +4,7 @@
 //! and `cfp operator`. One control plane serves the namespaced tests (each isolates itself in a
 //! namespace of its own); tests whose cluster-wide objects the others must not meet have one of
 //! their own. The processes die with the test binary (parent-death signal).
-#![allow(dead_code)]
 
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -19,6 +17,8 @@ use changefeed_operator::bench::control_plane::{ApiServer, apiserver_args, etcd_
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
 };
+
+use crate::common::free_port;
 
 /// A running control plane.
 pub struct ControlPlane {
@@ -192,13 +192,6 @@ pub fn yaml_documents(text: &str) -> Vec<serde_json::Value> {
         .filter_map(|doc| serde_json::Value::deserialize(doc).ok())
         .filter(|v| !v.is_null())
         .collect()
-}
-
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(0)
 }
 
 /// Starts `bin` with `args`, output to `log`, killed when the spawning thread ends.
