@@ -3,10 +3,6 @@
 //! kubelet runs: where workers must process, the Deployment's pod template runs as local
 //! `cfp worker` processes, and Pod objects stand for their pods.
 
-mod common;
-mod control_plane;
-mod operator_support;
-
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -14,17 +10,18 @@ use changefeed_operator::cosmos::{AccountAuth, CosmosAccount, continuation_lsn};
 use changefeed_operator::operator::ChangeFeedProcessor;
 use changefeed_operator::operator::crd::ChangeFeedProcessorStatus;
 use changefeed_operator::processor::LeaseStore;
-use common::{CFP, cfp_write, lease_store, start_emulator_on, terminate};
-use control_plane::ControlPlane;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use operator_support::{
-    LocalWorker, Operator, apply, free_port, metrics_body, namespace, plane, replicas, resource, secret_yaml, wait,
-    wait_up_to,
-};
 use tokio::process::Child;
+
+use crate::common::{self, CFP, cfp_write, lease_store, start_emulator_on, terminate};
+use crate::control_plane::ControlPlane;
+use crate::operator_support::{
+    self, LocalWorker, Operator, apply, free_port, metrics_body, namespace, plane, replicas, resource, secret_yaml,
+    wait, wait_up_to,
+};
 
 /// Lease timings for local workers: fast balancing, quick expiry.
 const FAST_WORKERS: &str = "  pollInterval: 100ms\n  leaseTimings:\n    acquireInterval: 500ms\n    renewInterval: 500ms\n    expiration: 3s\n";

@@ -1,11 +1,12 @@
 //! `cfp bench --small`: every figure is measured and reported with its baseline (a short run, so
 //! that the benchmark cannot rot; no timing is asserted — the figures are for people).
 
-mod common;
-mod control_plane;
+use crate::common;
+use crate::control_plane;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
+    let _heavy = common::heavy().await;
     let json = std::env::temp_dir().join(format!("cfp-bench-{}.json", std::process::id()));
     let k8s_bin = control_plane::binaries().expect("etcd and kube-apiserver (tools/k8s/build.sh)");
     let output = tokio::time::timeout(
@@ -14,7 +15,7 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
             .args(["bench", "--small", "--java-peer", &common::java_peer_jar(), "--json"])
             .arg(&json)
             .arg("--k8s-bin")
-            .arg(&k8s_bin)
+            .arg(k8s_bin)
             .env("RUST_LOG", "error")
             .output(),
     )

@@ -6,16 +6,15 @@
 //! delivers at most the one batch it had in flight once another instance delivers that lease.
 //! `CFP_CHAOS_SEED=<n>` replays a schedule.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use changefeed_operator::cosmos::{AccountAuth, CosmosAccount, DocumentContainer};
-use common::{CFP, DB, ITEMS, start_emulator, terminate};
 use tokio::process::{Child, Command};
+
+use crate::common::{self, CFP, DB, ITEMS, start_emulator, terminate};
 
 const MAX_ITEMS: usize = 50;
 /// Batches of one lease with the handler at once (read-ahead under chaos too).

@@ -1,9 +1,7 @@
 //! `cfp demo` run as a newcomer would, but not on a terminal: plain progress lines, then the
 //! verification table, which must say nothing was lost.
 
-mod common;
-
-use common::CFP;
+use crate::common::CFP;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_loses_nothing_through_a_crash_a_split_and_a_new_worker() {

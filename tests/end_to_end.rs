@@ -6,10 +6,6 @@
 //! delivered twice), and a crash-looping worker reported in the status. One cluster, steps in order
 //! (the crash loop's minute of back-off runs beside the sidecar step).
 
-mod cluster;
-mod common;
-mod control_plane;
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -19,12 +15,28 @@ use std::time::{Duration, Instant};
 use changefeed_operator::cosmos::{AccountAuth, CosmosAccount};
 use changefeed_operator::operator::{ChangeFeedProcessor, ChangeFeedProcessorStatus};
 use changefeed_operator::processor::LeaseStore;
-use cluster::{CFP_IMAGE, Cluster, HANDLER_IMAGE, HOST_IP};
-use common::{CFP, lease_store, terminate, upsert_doc};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease as KubeLease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
+
+use crate::cluster::{self, CFP_IMAGE, Cluster, HANDLER_IMAGE, HOST_IP};
+use crate::common::{self, CFP, lease_store, terminate, upsert_doc};
+
+/// The SDK client of this test reaches the emulator at the bridge address over plain HTTP, which
+/// the SDK allows only for the host named by `AZURE_COSMOS_EMULATOR_HOST` (and loopback). The
+/// variable is set before `main`, while the test binary has a single thread: set by this test, it
+/// would race the other tests' threads reading the environment. It adds the bridge address to the
+/// emulator hosts of this process and of the processes the tests start, and changes nothing else.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static EMULATOR_HOST: extern "C" fn() = {
+    extern "C" fn set() {
+        // SAFETY: before `main`, no other thread exists to read the environment.
+        unsafe { std::env::set_var("AZURE_COSMOS_EMULATOR_HOST", HOST_IP) };
+    }
+    set
+};
 
 const NS: &str = "shop";
 const PARTITIONS: usize = 8;
@@ -340,6 +352,7 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
         eprintln!("SKIPPED the end-to-end cluster test: {reason}");
         return;
     }
+    let _heavy = common::heavy().await;
     // Started on this (the test's) thread: the processes die with it.
     let mut cluster = Cluster::start(Path::new(CFP)).unwrap_or_else(|e| panic!("cluster: {e}"));
     let client = cluster.plane.client().await;
@@ -414,8 +427,6 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
         &format!("db/{RELAY}:/pk:{RELAY_PARTITIONS}"),
     ])
     .await;
-    // SAFETY: set before any thread of this test reads the environment for the SDK.
-    unsafe { std::env::set_var("AZURE_COSMOS_EMULATOR_HOST", HOST_IP) };
     let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key())
         .await
         .expect("account");

@@ -3,17 +3,14 @@
 //! endpoint this test runs issues, and only for the federated service account token that
 //! workload identity puts in `AZURE_FEDERATED_TOKEN_FILE`.
 
-mod common;
-mod entra_support;
-
 use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use common::{CFP, DB, ITEMS, terminate};
-use entra_support::{ACCESS_TOKEN, FEDERATED_TOKEN, TokenEndpoint};
+use crate::common::{self, CFP, DB, ITEMS, terminate};
+use crate::entra_support::{ACCESS_TOKEN, FEDERATED_TOKEN, TokenEndpoint};
 
 /// `cfp <args>` with `env`, bounded, logging at debug; (exit code, stdout, stderr).
 async fn cfp(args: &[&str], env: &[(&str, String)]) -> (Option<i32>, String, String) {

@@ -1,7 +1,5 @@
 //! The remaining-work estimator, `cfp estimate`, and the worker's metrics endpoints.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,11 +8,13 @@ use changefeed_operator::cosmos::{CosmosAccount, StartFrom};
 use changefeed_operator::metrics::WorkerMetrics;
 use changefeed_operator::processor::bootstrap::bootstrap;
 use changefeed_operator::processor::{LeaseEstimate, LeaseStore, estimate_leases};
-use common::{
-    CFP, DB, Env, ITEMS, RecordingHandler, cfp_write, eventually, http_get, lease_store, start_emulator, terminate,
-};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+
+use crate::common::{
+    self, CFP, DB, Env, ITEMS, RecordingHandler, cfp_write, eventually, http_get, lease_store, start_emulator,
+    terminate,
+};
 
 async fn estimate(env: &Env) -> Vec<LeaseEstimate> {
     let monitored = env.account.monitored(DB, ITEMS).await.unwrap();

@@ -4,8 +4,6 @@
 //! processes keep going: nothing is lost, no lease is left behind, the read errors show in the
 //! workers' metrics, and after the outage every lease is processed again.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -14,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use changefeed_operator::cosmos::{AccountAuth, CosmosAccount, DocumentContainer};
 use changefeed_operator::processor::LeaseStore;
-use common::{CFP, DB, ITEMS, http_get, lease_store, start_emulator, terminate};
 use tokio::process::{Child, Command};
+
+use crate::common::{self, CFP, DB, ITEMS, http_get, lease_store, start_emulator, terminate};
 
 fn worker(endpoint: &str, receiver: &str, instance: &str, metrics: u16) -> Child {
     Command::new(CFP)

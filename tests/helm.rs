@@ -3,23 +3,21 @@
 //! Pod Security admission, least-privilege RBAC checked with `kubectl auth can-i` and by running
 //! the operator as the chart's ServiceAccount, upgrade and uninstall.
 
-mod common;
-mod control_plane;
-
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{CFP, eventually, terminate};
-use control_plane::ControlPlane;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::Api;
 use serde_json::Value;
 
+use crate::common::{CFP, eventually, terminate};
+use crate::control_plane::{self, ControlPlane};
+
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/changefeed-operator");
 
 fn plane() -> &'static ControlPlane {
-    ControlPlane::shared()
+    ControlPlane::for_helm()
 }
 
 /// Runs helm with `args` against the control plane: (success, stdout, stderr).

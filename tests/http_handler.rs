@@ -3,8 +3,6 @@
 //! `cfp worker` / `cfp deadletter` command lines. The user's endpoint is a real HTTP server in the
 //! test; Cosmos is the SDK's emulator (in-process, or `cfp emulator` for the command lines).
 
-mod common;
-
 use std::collections::{BTreeMap, HashSet};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -16,10 +14,13 @@ use changefeed_operator::processor::{
     CosmosDeadLetters, HttpFormat, HttpHandler, HttpHandlerConfig, OnExhausted, ProcessorHandle, RetryPolicy,
     estimate_leases,
 };
-use common::{CFP, DB, Env, ITEMS, cfp_worker, cfp_write, eventually, http_get, start_emulator, terminate};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
+
+use crate::common::{
+    CFP, DB, Env, ITEMS, cfp_worker, cfp_write, eventually, free_port, http_get, start_emulator, terminate,
+};
 
 /// One request the endpoint received, and what it answered.
 #[derive(Debug, Clone)]
@@ -482,13 +483,6 @@ async fn cloud_events_validate_with_the_cloudevents_sdk_and_keep_their_ids_on_re
     );
     assert_eq!(validated, ids(second));
     handle.stop().await;
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(0)
 }
 
 async fn cfp(args: &[&str]) -> std::process::Output {

@@ -3,12 +3,11 @@
 //! dropped, an oversized body is refused with 413, malformed JSON gets a 4xx — and the server
 //! keeps answering everyone else.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{http_get, start_emulator, terminate};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::common::{http_get, start_emulator, terminate};
 
 fn address(endpoint: &str) -> std::net::SocketAddr {
     let url = url::Url::parse(endpoint).unwrap();

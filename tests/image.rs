@@ -2,13 +2,12 @@
 //! archive whose config runs `cfp` as a non-root numeric user with OCI labels, and whose single
 //! layer is self-contained — `cfp` runs in a chroot of it.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
-use common::CFP;
 use serde_json::Value;
+
+use crate::common::CFP;
 
 fn blob(layout: &Path, digest: &str) -> Vec<u8> {
     let hex = digest.strip_prefix("sha256:").expect("sha256 digest");

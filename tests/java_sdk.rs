@@ -3,15 +3,14 @@
 //! processor itself (bench/java-peer, built with Maven) drains a backlog through it — after which
 //! `cfp worker --adopt java-epk` takes over the Java processor's real leases at their checkpoints.
 
-mod common;
-
 use std::process::Stdio;
 use std::time::Duration;
 
 use changefeed_operator::cosmos::EMULATOR_KEY;
-use common::{DB, ITEMS, LEASES, start_emulator_with, terminate};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use crate::common::{self, DB, ITEMS, LEASES, start_emulator_with, terminate};
 
 /// `cfp emulator` checking signatures with the well-known key, with `db/items` (8 partitions)
 /// and `db/leases`.

@@ -4,15 +4,13 @@
 //! container is used as it is, and a missing one is reported in one line with the command that
 //! creates it, never as a wrong key.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use common::{CFP, create_container_as_admin, start_emulator_with, terminate};
+use crate::common::{self, CFP, create_container_as_admin, start_emulator_with, terminate};
 
 /// `cfp <args>`, bounded, quiet; (exit code, stdout, stderr trimmed).
 async fn cfp<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (Option<i32>, String, String) {

@@ -4,15 +4,14 @@
 //! since the checkpoint, a still-running foreign processor, and KEDA's scaler algorithm over our
 //! own lease documents.
 
-mod common;
-
 use std::time::Duration;
 
 use base64::Engine;
 use changefeed_operator::cosmos::{AccountAuth, CosmosAccount, EpkRange, StartFrom};
 use changefeed_operator::processor::{AdoptOptions, ForeignLayout, ProcessorHandle};
-use common::{DB, Env, ITEMS, LEASES, ids, upsert_doc};
 use serde_json::{Value, json};
+
+use crate::common::{self, DB, Env, ITEMS, LEASES, ids, upsert_doc};
 
 /// Every partition's current position: (partition key range id, range, raw continuation).
 async fn positions(env: &Env) -> Vec<(String, EpkRange, String)> {

@@ -11,24 +11,24 @@
 //!
 //! The Prometheus tools come from PATH; a missing one fails the test with how to install it.
 
-mod common;
-mod control_plane;
-mod operator_support;
-
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use changefeed_operator::operator::ChangeFeedProcessor;
 use changefeed_operator::operator::metrics::{EstimateFigures, OperatorMetrics};
 use changefeed_operator::operator::workload::worker_deployment;
-use common::{free_port, terminate};
-use operator_support::{FAKE_ENDPOINT, Operator, apply_ok, metrics_body, namespace, plane, resource, wait, wait_up_to};
 use serde_json::Value;
+
+use crate::common::{free_port, terminate};
+use crate::control_plane;
+use crate::operator_support::{
+    FAKE_ENDPOINT, Operator, apply_ok, metrics_body, namespace, plane, resource, wait, wait_up_to,
+};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/changefeed-operator");
@@ -37,8 +37,7 @@ const RELEASE_NAMESPACE: &str = "ops";
 
 /// The directory of helm and the control-plane binaries (`tools/k8s/build.sh`, cached).
 fn k8s_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| control_plane::binaries().expect("tools/k8s/build.sh"))
+    control_plane::binaries().expect("tools/k8s/build.sh")
 }
 
 /// `helm args...`: (success, stdout, stderr).

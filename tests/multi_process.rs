@@ -9,8 +9,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
-mod common;
-use common::{CFP, cfp_write, start_emulator, terminate};
+use crate::common::{CFP, cfp_write, start_emulator, terminate};
 
 fn worker(endpoint: &str, instance: &str) -> Child {
     Command::new(CFP)

@@ -1,25 +1,21 @@
 //! The operator against a real kube-apiserver + etcd (no kubelet: tests check the objects the
 //! operator writes), with real `kubectl`, `cfp operator` processes and `cfp emulator`.
 
-mod common;
-mod control_plane;
-mod entra_support;
-mod operator_support;
-
 use std::process::Stdio;
 use std::time::Duration;
 
 use changefeed_operator::operator::ChangeFeedProcessor;
 use changefeed_operator::operator::workload::worker_deployment;
-use common::{CFP, cfp_write, eventually, http_get, lease_store, start_emulator, terminate};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::{Api, DeleteParams, ListParams};
-use operator_support::{
-    Deployed, FAKE_ENDPOINT, LocalWorker, Operator, TIMEOUT, apply, apply_ok, deployed, namespace, plane, replicas,
-    resource, secret_yaml, wait, wait_event, wait_up_to, worker_env,
-};
 use tokio::process::Command;
+
+use crate::common::{self, CFP, cfp_write, eventually, http_get, lease_store, start_emulator, terminate};
+use crate::operator_support::{
+    self, Deployed, FAKE_ENDPOINT, LocalWorker, Operator, TIMEOUT, apply, apply_ok, deployed, namespace, plane,
+    replicas, resource, secret_yaml, wait, wait_event, wait_up_to, worker_env,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn applying_a_resource_creates_the_rendered_workload_and_status() {
@@ -1277,7 +1273,7 @@ async fn the_rendered_worker_pod_passes_the_restricted_pod_security_standard() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workload_identity_resources_run_without_keys_and_the_operator_estimates_with_its_own_identity() {
-    use entra_support::TokenEndpoint;
+    use crate::entra_support::TokenEndpoint;
     let plane = plane().await;
     let ns = namespace(plane, "entra");
     let client = plane.client().await;

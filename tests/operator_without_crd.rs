@@ -1,16 +1,14 @@
-//! `cfp operator` on a cluster without the CRD ends with one clear line (its own control plane,
-//! where no test installs the CRD).
-
-mod common;
-mod control_plane;
+//! `cfp operator` on a cluster without the CRD ends with one clear line (a control plane of its
+//! own, where no test installs the CRD).
 
 use std::time::Duration;
 
-use control_plane::ControlPlane;
+use crate::common;
+use crate::control_plane::ControlPlane;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_says_when_the_crd_is_missing() {
-    let plane = tokio::task::spawn_blocking(ControlPlane::shared)
+    let plane = tokio::task::spawn_blocking(ControlPlane::own)
         .await
         .expect("control plane");
     let output = tokio::time::timeout(

@@ -1,13 +1,12 @@
 //! The change feed processor against the SDK's in-memory emulator: balancing, failover,
 //! graceful handoff, splits, lost leases and restarts.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use changefeed_operator::processor::{Batch, ChangeHandler, CloseReason, HandlerError, LeaseEvent, LeaseStore};
-use common::{Env, eventually, fair, ids, upsert_doc};
+
+use crate::common::{self, Env, eventually, fair, ids, upsert_doc};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_instances_share_eight_partitions_and_lose_nothing() {

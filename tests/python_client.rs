@@ -1,12 +1,11 @@
 //! A client nobody here wrote — the Python `azure-cosmos` SDK — against `cfp emulator`; the
 //! documents it writes come out of our change feed reader.
 
-mod common;
-
 use std::time::Duration;
 
 use changefeed_operator::cosmos::{CosmosAccount, EMULATOR_KEY, StartFrom};
-use common::{start_emulator, terminate};
+
+use crate::common::{start_emulator, terminate};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_sdk_writes_through_cfp_emulator_and_the_change_feed_sees_it() {

@@ -1,10 +1,8 @@
 //! Configuration errors end `cfp worker` with one clear line and a non-zero exit.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{CFP, start_emulator, terminate};
+use crate::common::{self, CFP, start_emulator, terminate};
 
 /// `--endpoint <endpoint> --database db --container items`.
 fn account_args(endpoint: &str) -> [&str; 6] {

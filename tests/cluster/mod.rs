@@ -13,15 +13,13 @@
 //! containerd; no registry is reached. [`Cluster::stop`]
 //! (also on drop) kills everything and removes what the cluster left (mounts, cgroups, the bridge,
 //! iptables rules); a start first removes what a killed earlier run left.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::control_plane::{
-    ControlPlane, apiserver_args_with, binaries, free_port, kubeconfig, pki, spawn, start_etcd,
-};
+use crate::common::free_port;
+use crate::control_plane::{ControlPlane, apiserver_args_with, binaries, kubeconfig, pki, spawn, start_etcd};
 
 /// The bridge the pods attach to.
 pub const BRIDGE: &str = "cfp-e2e0";
@@ -141,7 +139,7 @@ impl Cluster {
         let log = |name: &str| dir.join(format!("{name}.log"));
         let mut children = Vec::new();
 
-        let (etcd, etcd_url) = start_etcd(&bin, &dir)?;
+        let (etcd, etcd_url) = start_etcd(bin, &dir)?;
         children.push(etcd);
         let api_port = free_port();
         let mut args = apiserver_args_with(&files, &etcd_url, HOST_IP, api_port, &dir, SERVICE_SUBNET);
@@ -155,7 +153,7 @@ impl Cluster {
         let kubeconfig_path = PathBuf::from(write("kubeconfig", &kubeconfig(&server, &pki))?);
         let plane = ControlPlane {
             kubeconfig: kubeconfig_path.clone(),
-            bin: bin.clone(),
+            bin: bin.to_path_buf(),
             server,
             startup: Duration::ZERO,
         };

@@ -1,6 +1,5 @@
 //! Test harness: an in-process SDK emulator with a monitored and a lease container, processor
 //! instances with short lease timings, a handler that records deliveries, and bounded waits.
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -518,17 +517,32 @@ pub async fn cfp_estimate(endpoint: &str, flags: &[&str]) -> std::process::Outpu
         .expect("run cfp estimate")
 }
 
-/// Builds the Java peer (bench/java-peer/build.sh) and returns the jar.
+/// Builds the Java peer (bench/java-peer/build.sh) once per test binary (two Maven builds must not
+/// share its target directory) and returns the jar.
 pub fn java_peer_jar() -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/java-peer/build.sh");
-    let output = std::process::Command::new("bash")
-        .arg(script)
-        .output()
-        .expect("bash runs bench/java-peer/build.sh");
-    assert!(
-        output.status.success(),
-        "building the Java peer failed (a JDK 17+ and Maven are needed, see .ci/run): {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    static JAR: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
+    let built = JAR.get_or_init(|| {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/java-peer/build.sh");
+        let output = std::process::Command::new("bash")
+            .arg(script)
+            .output()
+            .expect("bash runs bench/java-peer/build.sh");
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).into_owned())
+        }
+    });
+    match built {
+        Ok(jar) => jar.clone(),
+        Err(stderr) => panic!("building the Java peer failed (a JDK 17+ and Maven are needed, see .ci/run): {stderr}"),
+    }
+}
+
+/// Held by each test that loads the whole machine for minutes (the end-to-end cluster, the
+/// benchmark) while it runs, so that no two of them overlap: as separate test binaries they never
+/// did, and together on 2 cores they starve each other (and the benchmark's figures mean nothing).
+pub async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
+    static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    HEAVY.lock().await
 }

@@ -1,21 +1,24 @@
 //! A real Kubernetes control plane for tests: etcd and kube-apiserver (built by
 //! `tools/k8s/build.sh` from pinned Go modules, cached) on free loopback ports, with a generated
 //! CA, serving certificate and `system:masters` client certificate, and a kubeconfig for `kubectl`
-//! and `cfp operator`. One control plane serves every test of a test binary; tests isolate
-//! themselves by namespace. The processes die with the test binary (parent-death signal).
-#![allow(dead_code)]
+//! and `cfp operator`. One control plane serves the namespaced tests (each isolates itself in a
+//! namespace of its own); tests whose cluster-wide objects the others must not meet have one of
+//! their own. The processes die with the test binary (parent-death signal).
 
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use changefeed_operator::bench::control_plane::{ApiServer, apiserver_args, etcd_args};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
 };
+
+use crate::common::free_port;
 
 /// A running control plane.
 pub struct ControlPlane {
@@ -29,15 +32,49 @@ pub struct ControlPlane {
     pub startup: Duration,
 }
 
-static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+/// A started control plane with its processes, which stop when it is dropped.
+pub struct OwnedPlane {
+    plane: ControlPlane,
+    /// Dropping it ends the keeper thread of the processes, which stops them.
+    _stop: mpsc::Sender<()>,
+}
+
+impl std::ops::Deref for OwnedPlane {
+    type Target = ControlPlane;
+
+    fn deref(&self) -> &ControlPlane {
+        &self.plane
+    }
+}
+
+static NAMESPACED: OnceLock<Result<OwnedPlane, String>> = OnceLock::new();
+static HELM: OnceLock<Result<OwnedPlane, String>> = OnceLock::new();
+
+/// The control plane in `cell`, started on first use; it lives as long as the test binary.
+fn started_once(cell: &'static OnceLock<Result<OwnedPlane, String>>) -> &'static ControlPlane {
+    match cell.get_or_init(start_on_keeper_thread) {
+        Ok(plane) => plane,
+        Err(error) => panic!("cannot start the test control plane: {error}"),
+    }
+}
 
 impl ControlPlane {
-    /// The control plane of this test binary, started on first use.
+    /// The control plane of the namespaced tests (each in a namespace of its own), started on
+    /// first use.
     pub fn shared() -> &'static ControlPlane {
-        match SHARED.get_or_init(start_on_keeper_thread) {
-            Ok(plane) => plane,
-            Err(error) => panic!("cannot start the test control plane: {error}"),
-        }
+        started_once(&NAMESPACED)
+    }
+
+    /// The control plane of the Helm tests, started on first use: their cluster-wide releases (a
+    /// CRD owned by Helm, ClusterRoles, an operator of all namespaces) must not meet the
+    /// namespaced tests' resources.
+    pub fn for_helm() -> &'static ControlPlane {
+        started_once(&HELM)
+    }
+
+    /// A control plane of the caller's own, stopped when it is dropped.
+    pub fn own() -> OwnedPlane {
+        start_on_keeper_thread().unwrap_or_else(|error| panic!("cannot start the test control plane: {error}"))
     }
 
     /// A client for the control plane.
@@ -102,18 +139,30 @@ impl ControlPlane {
     }
 }
 
-/// Starts the processes from a thread that lives as long as the test binary, so that the
-/// parent-death signal (which follows the spawning thread) fires only when the binary exits.
-fn start_on_keeper_thread() -> Result<ControlPlane, String> {
-    let (tx, rx) = std::sync::mpsc::channel();
+/// Starts the processes from a thread that lives until the plane is dropped (or the test binary
+/// exits), so that the parent-death signal (which follows the spawning thread) fires no earlier.
+fn start_on_keeper_thread() -> Result<OwnedPlane, String> {
+    let (started_tx, started_rx) = mpsc::channel();
+    let (stop_tx, stop_rx) = mpsc::channel::<()>();
     std::thread::spawn(move || {
-        let result = start();
-        let _ = tx.send(result.map(|(plane, children)| (plane, children.len())));
-        loop {
-            std::thread::park();
+        let (plane, mut children, dir) = match start() {
+            Ok(started) => started,
+            Err(error) => {
+                let _ = started_tx.send(Err(error));
+                return;
+            }
+        };
+        let _ = started_tx.send(Ok(plane));
+        // Nothing is ever sent: this returns when the plane is dropped.
+        let _ = stop_rx.recv();
+        for child in &mut children {
+            let _ = child.kill();
+            let _ = child.wait();
         }
+        let _ = std::fs::remove_dir_all(dir);
     });
-    rx.recv().map_err(|e| e.to_string())?.map(|(plane, _)| plane)
+    let plane = started_rx.recv().map_err(|e| e.to_string())??;
+    Ok(OwnedPlane { plane, _stop: stop_tx })
 }
 
 /// Runs the `helm` of `bin` with `args` (against `kubeconfig` when given; its caches in the temp
@@ -145,13 +194,6 @@ pub fn yaml_documents(text: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(0)
-}
-
 /// Starts `bin` with `args`, output to `log`, killed when the spawning thread ends.
 pub fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child, String> {
     let log = std::fs::File::create(log).map_err(|e| e.to_string())?;
@@ -175,8 +217,13 @@ pub fn start_etcd(bin: &Path, dir: &Path) -> Result<(Child, String), String> {
     Ok((etcd, etcd_url))
 }
 
-/// Builds (or finds) the binaries with the project's script.
-pub fn binaries() -> Result<PathBuf, String> {
+/// The directory of the binaries, built (or found) by the project's script once per test binary.
+pub fn binaries() -> Result<&'static Path, String> {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BIN.get_or_init(build_binaries).as_deref().map_err(Clone::clone)
+}
+
+fn build_binaries() -> Result<PathBuf, String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/k8s/build.sh");
     let output = Command::new("bash")
         .arg(&script)
@@ -324,10 +371,16 @@ pub fn b64(text: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(text)
 }
 
-fn start() -> Result<(ControlPlane, Vec<Child>), String> {
+/// Starts etcd and kube-apiserver: the plane, its processes and its directory.
+fn start() -> Result<(ControlPlane, Vec<Child>, PathBuf), String> {
+    static STARTED: AtomicUsize = AtomicUsize::new(0);
     let started = Instant::now();
-    let bin = binaries()?;
-    let dir = std::env::temp_dir().join(format!("cfp-control-plane-{}", std::process::id()));
+    let bin = binaries()?.to_path_buf();
+    let dir = std::env::temp_dir().join(format!(
+        "cfp-control-plane-{}-{}",
+        std::process::id(),
+        STARTED.fetch_add(1, Ordering::Relaxed)
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let pki = pki(&["localhost", "127.0.0.1"]).map_err(|e| e.to_string())?;
@@ -353,5 +406,5 @@ fn start() -> Result<(ControlPlane, Vec<Child>), String> {
         ..plane
     };
     eprintln!("control plane ready at {} in {:.1?}", plane.server, plane.startup);
-    Ok((plane, vec![etcd, apiserver]))
+    Ok((plane, vec![etcd, apiserver], dir))
 }

@@ -1,6 +1,5 @@
 //! An HTTPS Microsoft Entra ID token endpoint for the workload-identity tests, and the tokens it
 //! deals in.
-#![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

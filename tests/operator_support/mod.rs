@@ -1,7 +1,6 @@
 //! What the operator tests share: the control plane with the CRD installed, a namespace per test,
 //! `cfp operator` processes, resource YAML, bounded waits, and a stand-in for a kubelet that runs
 //! a Deployment's pod template as a local `cfp worker` process.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -342,11 +341,6 @@ impl LocalWorker {
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .filter_map(|d| d["id"].as_str().map(str::to_owned))
             .collect()
-    }
-
-    /// Deliveries so far (with duplicates).
-    pub fn deliveries(&self) -> usize {
-        self.lines.lock().expect("lines").len()
     }
 
     /// The value of the first series of its /metrics that starts with `prefix`.

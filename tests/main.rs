@@ -1,0 +1,42 @@
+//! The integration tests: one test binary (`cargo test --test integration`) with a module per
+//! subject, so that the Azure SDK and kube are linked once rather than once per subject. A test's
+//! name is `<module>::<test>`; `cargo test --test integration <module>::` runs one module.
+//!
+//! The tests share this process and run beside each other (libtest's threads), so what is
+//! process-wide lives in the harness modules, started once: the control plane of the namespaced
+//! tests (the Helm tests and the one that needs the CRD absent have their own), the built
+//! Kubernetes tools and Java peer. Tests that load the whole machine for minutes hold
+//! [`common::heavy`], so that no two of them run at once.
+
+// The harness.
+mod cluster;
+mod common;
+mod control_plane;
+mod entra_support;
+mod operator_support;
+
+// The tests.
+mod autoscaling;
+mod bench;
+mod chaos;
+mod cosmos_feed;
+mod crd;
+mod demo;
+mod end_to_end;
+mod entra_auth;
+mod estimator;
+mod faults;
+mod helm;
+mod http_handler;
+mod http_surfaces;
+mod image;
+mod java_sdk;
+mod metadata_rights;
+mod migration;
+mod monitoring;
+mod multi_process;
+mod operator;
+mod operator_without_crd;
+mod processor;
+mod python_client;
+mod worker_errors;
