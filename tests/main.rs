@@ -39,4 +39,5 @@ mod operator;
 mod operator_without_crd;
 mod processor;
 mod python_client;
+mod structure;
 mod worker_errors;

@@ -14,9 +14,9 @@ use tracing::Instrument;
 
 use super::cycle_plan::{AcquireStep, Acquisition, CycleOptions, CyclePlan, Observations, plan_cycle};
 use super::error::LeaseError;
-use super::events::{CloseReason, LeaseEvent};
+use super::events::{CloseReason, LeaseEvent, LeaseExit};
 use super::lease::{Lease, LeaseSnapshot, LeaseStoreError};
-use super::lease_reader::{self, LeaseExit};
+use super::lease_reader;
 use super::owned::OwnedLease;
 use super::shared::Shared;
 use super::store_recovery::StoreRecovery;

@@ -2,6 +2,8 @@
 
 use serde::Serialize;
 
+use super::lease::Lease;
+
 /// Why this instance stopped processing a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -80,4 +82,23 @@ pub enum LeaseEvent {
         /// What failed.
         message: String,
     },
+}
+
+/// How the processing of one lease ended.
+#[derive(Debug)]
+pub struct LeaseExit {
+    /// Why it ended.
+    pub reason: CloseReason,
+    /// Child leases (owned by this instance) that replace the lease after a split.
+    pub children: Vec<Lease>,
+}
+
+impl LeaseExit {
+    /// An end without children.
+    pub(crate) fn closed(reason: CloseReason) -> Self {
+        Self {
+            reason,
+            children: Vec::new(),
+        }
+    }
 }

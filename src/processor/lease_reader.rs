@@ -13,8 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::checkpoint_policy::Deferred;
 use super::delivery::{Delivery, batch_id};
 use super::error::LeaseError;
-use super::events::{CloseReason, LeaseEvent};
-use super::lease::Lease;
+use super::events::{CloseReason, LeaseEvent, LeaseExit};
 use super::owned::{OwnedLease, UpdateError};
 use super::shared::Shared;
 use super::split::{split, split_from_checkpoint};
@@ -25,25 +24,6 @@ const PERSISTENT_FAILURES: u32 = 5;
 
 /// The first wait after a lease caught up with its feed.
 const FIRST_EMPTY_WAIT: Duration = Duration::from_millis(50);
-
-/// How the processing of one lease ended.
-#[derive(Debug)]
-pub struct LeaseExit {
-    /// Why it ended.
-    pub reason: CloseReason,
-    /// Child leases (owned by this instance) that replace the lease after a split.
-    pub children: Vec<Lease>,
-}
-
-impl LeaseExit {
-    /// An end without children.
-    pub(crate) fn closed(reason: CloseReason) -> Self {
-        Self {
-            reason,
-            children: Vec::new(),
-        }
-    }
-}
 
 /// Processes one owned lease until it is lost, split, or the processor stops; a lease given up
 /// (shutdown, handoff) has its last handled position written first.

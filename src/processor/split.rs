@@ -5,9 +5,8 @@
 use time::OffsetDateTime;
 
 use super::error::LeaseError;
-use super::events::{CloseReason, LeaseEvent};
+use super::events::{CloseReason, LeaseEvent, LeaseExit};
 use super::lease::Lease;
-use super::lease_reader::LeaseExit;
 use super::owned::{OwnedLease, UpdateError};
 use super::shared::Shared;
 use crate::cosmos::{EpkRange, RangeContinuation};
