@@ -320,7 +320,6 @@ pub async fn failover(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
     })
     .await
     .ok_or("no fair share before the crash")?;
-    let expiration = World::options("x", "x", scale).expiration.as_secs_f64();
     let (_, crashed) = handles.remove(0);
     crashed.abort();
     let taken = wait_until(PATIENCE, || async {
@@ -331,12 +330,35 @@ pub async fn failover(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
     })
     .await
     .ok_or("the crashed instance's leases were not taken over")?;
-    let crash_s = taken.as_secs_f64();
-    // Graceful scale-in under writes: nothing delivered twice.
+    let (_, leaving) = handles.remove(0);
+    let (handed, written) = graceful_scale_in(&world, leaving).await?;
+    wait_until(PATIENCE, || async {
+        received.ids.lock().map(|ids| ids.len() >= written).unwrap_or(false)
+    })
+    .await
+    .ok_or("documents written during the scale-in were not all delivered")?;
+    let duplicates = received.duplicates();
+    for (_, handle) in handles {
+        handle.stop().await;
+    }
+    let options = World::options("x", "x", scale);
+    let (expiration, acquire) = (options.expiration.as_secs_f64(), options.acquire_interval.as_secs_f64());
+    Ok(failover_figures(
+        taken.as_secs_f64(),
+        handed,
+        duplicates,
+        written,
+        expiration,
+        acquire,
+    ))
+}
+
+/// Stops instance `leaving` ("b", one of 3) while documents are written: the seconds until the
+/// other two own its leases, and how many documents were written meanwhile.
+async fn graceful_scale_in(world: &World, leaving: ProcessorHandle) -> Result<(f64, usize), String> {
     let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let writer = {
         let writing = writing.clone();
-        let world = &world;
         async move {
             let mut n = 0;
             while writing.load(Ordering::SeqCst) {
@@ -349,7 +371,6 @@ pub async fn failover(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
     };
     let scale_in = async {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let (_, leaving) = handles.remove(0);
         let started = Instant::now();
         leaving.stop().await;
         let handed = wait_until(PATIENCE, || async {
@@ -367,19 +388,19 @@ pub async fn failover(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
             .ok_or("the stopped instance's leases were not taken over")
     };
     let (written, handed) = tokio::join!(writer, scale_in);
-    let written = written?;
-    let handed = handed?;
-    wait_until(PATIENCE, || async {
-        received.ids.lock().map(|ids| ids.len() >= written).unwrap_or(false)
-    })
-    .await
-    .ok_or("documents written during the scale-in were not all delivered")?;
-    let duplicates = received.duplicates();
-    for (_, handle) in handles {
-        handle.stop().await;
-    }
-    let acquire = World::options("x", "x", scale).acquire_interval.as_secs_f64();
-    Ok(vec![
+    Ok((handed?, written?))
+}
+
+/// The failover figures from what was measured (seconds) and the lease timings (seconds).
+fn failover_figures(
+    crash_s: f64,
+    handed: f64,
+    duplicates: usize,
+    written: usize,
+    expiration: f64,
+    acquire: f64,
+) -> Vec<Figure> {
+    vec![
         Figure::ratio(
             "crash failover (kill one of 4): seconds until its leases run again",
             crash_s,
@@ -407,7 +428,7 @@ pub async fn failover(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
             &format!("{written} written during it"),
             "0",
         ),
-    ])
+    ]
 }
 
 /// Figure 5: write → handler delay under a steady write rate, with the default poll interval.

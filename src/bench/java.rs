@@ -171,41 +171,7 @@ pub async fn against_java(settings: &BenchSettings, jar: &Path) -> Result<Vec<Fi
     }
 
     let (renew, acquire, expiration) = timings_ms(settings.timing_scale);
-    let ours_flags: Vec<String> = vec![
-        "--lease-renew-interval".into(),
-        format!("{renew}ms"),
-        "--lease-acquire-interval".into(),
-        format!("{acquire}ms"),
-        "--lease-expiration".into(),
-        format!("{expiration}ms"),
-    ];
-    let ours_s = scale_out(&account, "cfp-wide-", |name| {
-        let (endpoint, flags) = (endpoint.clone(), ours_flags.clone());
-        async move {
-            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-            let (child, _) = worker(&endpoint, "wide", "cfp-wide-", name, &flags)?;
-            Ok(Box::new(child) as Box<dyn std::any::Any + Send>)
-        }
-    })
-    .await?;
-    let java_flags: Vec<String> = vec![
-        "--renew-ms".into(),
-        renew.to_string(),
-        "--acquire-ms".into(),
-        acquire.to_string(),
-        "--expiration-ms".into(),
-        expiration.to_string(),
-    ];
-    let java_s = scale_out(&account, "java-wide-", |name| {
-        let (endpoint, flags) = (endpoint.clone(), java_flags.clone());
-        async move {
-            let mut java = JavaInstance::start(jar, &endpoint, "wide", "java-wide-", name, &flags)?;
-            // Counted from the moment its processor runs (the JVM's start is not a cycle).
-            java.event("started").await?;
-            Ok(Box::new(java.child) as Box<dyn std::any::Any + Send>)
-        }
-    })
-    .await?;
+    let (ours_s, java_s) = rebalance_rounds(&account, &endpoint, jar, (renew, acquire, expiration)).await?;
     let acquire_s = acquire as f64 / 1000.0;
     let median = super::figures::median;
     let of = |rounds: &[Round], field: fn(&Round) -> f64| median(rounds.iter().map(field).collect());
@@ -249,4 +215,50 @@ pub async fn against_java(settings: &BenchSettings, jar: &Path) -> Result<Vec<Fi
             "≤ 2 vs 8",
         ),
     ])
+}
+
+/// Seconds a scale-out from 1 to 4 processes over 32 leases takes: ours, then the Java peer's,
+/// both with lease timings (renew, acquire, expiration) in milliseconds.
+async fn rebalance_rounds(
+    account: &CosmosAccount,
+    endpoint: &str,
+    jar: &Path,
+    (renew, acquire, expiration): (u64, u64, u64),
+) -> Result<(f64, f64), String> {
+    let ours_flags: Vec<String> = vec![
+        "--lease-renew-interval".into(),
+        format!("{renew}ms"),
+        "--lease-acquire-interval".into(),
+        format!("{acquire}ms"),
+        "--lease-expiration".into(),
+        format!("{expiration}ms"),
+    ];
+    let ours_s = scale_out(account, "cfp-wide-", |name| {
+        let (endpoint, flags) = (endpoint.to_owned(), ours_flags.clone());
+        async move {
+            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+            let (child, _) = worker(&endpoint, "wide", "cfp-wide-", name, &flags)?;
+            Ok(Box::new(child) as Box<dyn std::any::Any + Send>)
+        }
+    })
+    .await?;
+    let java_flags: Vec<String> = vec![
+        "--renew-ms".into(),
+        renew.to_string(),
+        "--acquire-ms".into(),
+        acquire.to_string(),
+        "--expiration-ms".into(),
+        expiration.to_string(),
+    ];
+    let java_s = scale_out(account, "java-wide-", |name| {
+        let (endpoint, flags) = (endpoint.to_owned(), java_flags.clone());
+        async move {
+            let mut java = JavaInstance::start(jar, &endpoint, "wide", "java-wide-", name, &flags)?;
+            // Counted from the moment its processor runs (the JVM's start is not a cycle).
+            java.event("started").await?;
+            Ok(Box::new(java.child) as Box<dyn std::any::Any + Send>)
+        }
+    })
+    .await?;
+    Ok((ours_s, java_s))
 }
