@@ -14,8 +14,8 @@ pub enum DeadLetterError {
     #[error("{0}")]
     Open(String),
     /// The handler flags cannot work.
-    #[error("{0}")]
-    Handler(String),
+    #[error(transparent)]
+    Handler(#[from] super::handler::HandlerSetupError),
     /// Some dead letters were not accepted by the handler.
     #[error("{failed} of {total} dead letters were not accepted by the handler and stay in the container")]
     NotReplayed {

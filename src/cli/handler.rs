@@ -8,17 +8,35 @@ use crate::processor::{ChangeHandler, HttpHandler, HttpHandlerConfig, StdoutHand
 /// Environment variables `CFP_HANDLER_HEADER_<NAME>` add header `<NAME>` (for values from Secrets).
 pub const HEADER_ENV_PREFIX: &str = "CFP_HANDLER_HEADER_";
 
+/// Why the handler flags cannot work.
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerSetupError {
+    /// `--handler http` without a URL.
+    #[error("--handler http needs --handler-url (CFP_HANDLER_URL)")]
+    MissingUrl,
+    /// The URL does not parse.
+    #[error("--handler-url {0:?}: {1}")]
+    Url(String, url::ParseError),
+    /// A `--handler-header` is not `NAME=VALUE` (only the part before a `:` is shown: the rest
+    /// may be a secret).
+    #[error("--handler-header expects NAME=VALUE, got a value without '=' for {0:?}")]
+    Header(String),
+    /// The HTTP handler refused its configuration.
+    #[error(transparent)]
+    Http(#[from] crate::processor::HttpHandlerError),
+    /// Dead-lettering without a dead-letter container.
+    #[error("--on-exhausted dead-letter needs --dead-letter-container (CFP_DEAD_LETTER_CONTAINER)")]
+    NoDeadLetterContainer,
+}
+
 /// The handler `args` describe. `source` names the monitored container for CloudEvents
 /// (`cosmosdb://{account}/dbs/{database}/colls/{container}`).
-pub fn build(args: &HandlerArgs, source: String) -> Result<Arc<dyn ChangeHandler>, String> {
+pub fn build(args: &HandlerArgs, source: String) -> Result<Arc<dyn ChangeHandler>, HandlerSetupError> {
     match args.handler {
         HandlerKind::Stdout => Ok(Arc::new(StdoutHandler::new())),
         HandlerKind::Http => {
-            let url = args
-                .handler_url
-                .as_deref()
-                .ok_or("--handler http needs --handler-url (CFP_HANDLER_URL)")?;
-            let url: url::Url = url.parse().map_err(|e| format!("--handler-url {url:?}: {e}"))?;
+            let url = args.handler_url.as_deref().ok_or(HandlerSetupError::MissingUrl)?;
+            let url: url::Url = url.parse().map_err(|e| HandlerSetupError::Url(url.to_owned(), e))?;
             let config = HttpHandlerConfig {
                 url,
                 format: args.handler_format,
@@ -36,15 +54,12 @@ pub fn build(args: &HandlerArgs, source: String) -> Result<Arc<dyn ChangeHandler
 pub fn headers(
     flags: &[String],
     env: impl IntoIterator<Item = (String, String)>,
-) -> Result<Vec<(String, String)>, String> {
+) -> Result<Vec<(String, String)>, HandlerSetupError> {
     let mut headers = Vec::new();
     for flag in flags {
-        let (name, value) = flag.split_once('=').ok_or_else(|| {
-            format!(
-                "--handler-header expects NAME=VALUE, got a value without '=' for {:?}",
-                flag.split(':').next().unwrap_or_default()
-            )
-        })?;
+        let (name, value) = flag
+            .split_once('=')
+            .ok_or_else(|| HandlerSetupError::Header(flag.split(':').next().unwrap_or_default().to_owned()))?;
         headers.push((name.trim().to_owned(), value.to_owned()));
     }
     for (variable, value) in env {
@@ -75,6 +90,6 @@ mod tests {
             ]
         );
         let error = headers(&["Authorization: secret".to_owned()], Vec::new()).unwrap_err();
-        assert!(!error.contains("secret"), "{error}");
+        assert!(!error.to_string().contains("secret"), "{error}");
     }
 }

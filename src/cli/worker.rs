@@ -33,8 +33,8 @@ pub enum WorkerCommandError {
     #[error("cannot serve metrics: {0}")]
     Metrics(std::io::Error),
     /// The handler or retry flags cannot work.
-    #[error("{0}")]
-    Handler(String),
+    #[error(transparent)]
+    Handler(#[from] super::handler::HandlerSetupError),
     /// The processor stopped by itself: it cannot go on with what it was started for.
     #[error("the processor stopped: {0}")]
     Halted(String),
@@ -100,9 +100,7 @@ async fn dead_letters(
 ) -> Result<Option<Arc<CosmosDeadLetters>>, WorkerCommandError> {
     let Some(container) = &args.retry.dead_letter_container else {
         if args.retry.on_exhausted == OnExhausted::DeadLetter {
-            return Err(WorkerCommandError::Handler(
-                "--on-exhausted dead-letter needs --dead-letter-container (CFP_DEAD_LETTER_CONTAINER)".into(),
-            ));
+            return Err(super::handler::HandlerSetupError::NoDeadLetterContainer.into());
         }
         return Ok(None);
     };

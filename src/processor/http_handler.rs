@@ -59,6 +59,26 @@ pub enum HttpFormat {
     CloudEvents,
 }
 
+/// Why an HTTP handler cannot be built from its configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpHandlerError {
+    /// The URL is not an http(s) URL with a host.
+    #[error("handler URL {0} must be an http:// or https:// URL with a host")]
+    Url(String),
+    /// A header name is not valid in HTTP.
+    #[error("{0:?} is not a valid header name")]
+    HeaderName(String),
+    /// A header value is not valid in HTTP (the value itself is never shown).
+    #[error("the value of header {0} is not valid in HTTP")]
+    HeaderValue(String),
+    /// The readiness path does not make a URL with the handler's.
+    #[error("handler readiness path {0:?}: {1}")]
+    ReadinessPath(String, url::ParseError),
+    /// The HTTP client could not be built.
+    #[error("building the HTTP client: {0}")]
+    Client(reqwest::Error),
+}
+
 /// Where and how the HTTP handler delivers.
 #[derive(Clone)]
 pub struct HttpHandlerConfig {
@@ -99,19 +119,15 @@ pub struct HttpHandler {
 
 impl HttpHandler {
     /// A handler for `config`; fails on an unusable URL or header.
-    pub fn new(config: HttpHandlerConfig) -> Result<Self, String> {
+    pub fn new(config: HttpHandlerConfig) -> Result<Self, HttpHandlerError> {
         if !matches!(config.url.scheme(), "http" | "https") || config.url.host_str().is_none() {
-            return Err(format!(
-                "handler URL {} must be an http:// or https:// URL with a host",
-                config.url
-            ));
+            return Err(HttpHandlerError::Url(config.url.to_string()));
         }
         let mut headers = HeaderMap::new();
         for (name, value) in &config.headers {
             let header =
-                HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("{name:?} is not a valid header name"))?;
-            let mut value =
-                HeaderValue::from_str(value).map_err(|_| format!("the value of header {name} is not valid in HTTP"))?;
+                HeaderName::from_bytes(name.as_bytes()).map_err(|_| HttpHandlerError::HeaderName(name.clone()))?;
+            let mut value = HeaderValue::from_str(value).map_err(|_| HttpHandlerError::HeaderValue(name.clone()))?;
             value.set_sensitive(true);
             headers.insert(header, value);
         }
@@ -120,7 +136,7 @@ impl HttpHandler {
                 config
                     .url
                     .join(path)
-                    .map_err(|e| format!("handler readiness path {path:?}: {e}"))?,
+                    .map_err(|e| HttpHandlerError::ReadinessPath(path.clone(), e))?,
             ),
             None => None,
         };
@@ -130,7 +146,7 @@ impl HttpHandler {
             .connect_timeout(config.timeout.min(Duration::from_secs(10)))
             .pool_idle_timeout(Duration::from_secs(90))
             .build()
-            .map_err(|e| format!("building the HTTP client: {e}"))?;
+            .map_err(HttpHandlerError::Client)?;
         Ok(Self {
             client,
             config,
@@ -408,7 +424,11 @@ mod tests {
             headers: vec![("Bad Name".into(), "x".into())],
             ..config.clone()
         };
-        assert!(HttpHandler::new(bad).err().unwrap().contains("not a valid header name"));
+        assert!(
+            HttpHandler::new(bad)
+                .err()
+                .is_some_and(|e| e.to_string().contains("not a valid header name"))
+        );
         let ftp = HttpHandlerConfig {
             url: "ftp://host/x".parse().unwrap(),
             ..config

@@ -54,7 +54,7 @@ pub use estimator::{LeaseEstimate, ProcessorEstimate, estimate_leases};
 pub use events::{CloseReason, LeaseEvent};
 pub use evict::evict_instance;
 pub use handler::{Batch, ChangeHandler, HandlerError, StdoutHandler};
-pub use http_handler::{HttpFormat, HttpHandler, HttpHandlerConfig};
+pub use http_handler::{HttpFormat, HttpHandler, HttpHandlerConfig, HttpHandlerError};
 pub use lease::{CosmosLeaseStore, Lease, LeaseStore, LeaseStoreError, lease_prefix};
 pub use manual::{CheckpointError, CheckpointHandle, Handler, ManualCheckpointHandler};
 pub use observer::{NoopObserver, ProcessorObserver};
