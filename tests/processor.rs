@@ -729,6 +729,56 @@ async fn a_lease_whose_reads_keep_failing_is_reported_and_the_others_flow() {
     a.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_lease_taken_by_another_instance_is_no_longer_reported_here() {
+    let env = Env::new(2).await;
+    let first = env.start(env.options("first")).await;
+    assert!(eventually(Duration::from_secs(10), || async { first.owned_leases().len() == 2 }).await);
+    first.stop().await;
+    let store = env.store().await;
+    let mut broken = env.leases().await.remove(0);
+    broken.continuation = Some("{\"kind\":\"not_a_cursor\"}".into());
+    store.replace(&broken).await.unwrap();
+    let a = env.start(env.options("a")).await;
+    let reported = eventually(Duration::from_secs(20), || async {
+        a.monitor()
+            .read_problem()
+            .is_some_and(|p| p.contains(&broken.lease_token))
+    })
+    .await;
+    assert!(reported, "the failing lease is reported first");
+    // Another instance takes the failing lease (an operator moving it, a handoff): `a` stops
+    // processing it, and its /readyz no longer names it.
+    let b = env.start(env.options("b")).await;
+    let taken = eventually(Duration::from_secs(10), || async {
+        let Ok(Some(mut lease)) = store.read(&broken.id).await else {
+            return false;
+        };
+        lease.owner = Some("b".into());
+        lease.timestamp = Some(time::OffsetDateTime::now_utc());
+        lease.clear_handoff();
+        store.replace(&lease).await.is_ok()
+    })
+    .await;
+    let gone_here = eventually(Duration::from_secs(10), || async {
+        !a.owned_leases().contains(&broken.lease_token)
+    })
+    .await;
+    let cleared = eventually(Duration::from_secs(10), || async {
+        a.monitor().read_problem().is_none()
+    })
+    .await;
+    println!(
+        "a failing lease taken by b: taken {taken}, no longer processed by a {gone_here}, a's readiness problem then {:?}, b's {:?}",
+        a.monitor().read_problem(),
+        b.monitor().read_problem()
+    );
+    assert!(taken && gone_here);
+    assert!(cleared, "a lease this instance no longer processes is not its problem");
+    a.stop().await;
+    b.stop().await;
+}
+
 /// A [`common::RecordingHandler`] that takes its time per batch (a batch in flight most of the
 /// time, as a real handler's would be).
 struct SlowHandler(Duration, common::RecordingHandler);
