@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use tokio::process::Command;
 
+use super::BenchError;
 use super::processes::{Owned, free_port};
 
 /// How long etcd and the API server may take to answer.
@@ -45,12 +46,12 @@ pub fn has_binaries(dir: &Path) -> bool {
 
 impl ControlPlane {
     /// Starts etcd and kube-apiserver from `bin`; returns once the API server is ready.
-    pub async fn start(bin: &Path) -> Result<Self, String> {
+    pub async fn start(bin: &Path) -> Result<Self, BenchError> {
         let dir = std::env::temp_dir().join(format!("cfp-bench-control-plane-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("certs")).map_err(|e| format!("{}: {e}", dir.display()))?;
         let guard = RemovedOnDrop(dir.clone());
-        let write = |name: &str, text: &str| -> Result<String, String> {
+        let write = |name: &str, text: &str| -> Result<String, BenchError> {
             let path = dir.join(name);
             std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
             Ok(path.display().to_string())
@@ -95,11 +96,11 @@ impl ControlPlane {
         let server = format!("https://127.0.0.1:{api_port}");
         let deadline = Instant::now() + STARTUP;
         let ca = loop {
-            if let Some(status) = apiserver.0.try_wait().map_err(|e| e.to_string())? {
-                return Err(format!("kube-apiserver exited ({status}): {}", log_tail()));
+            if let Some(status) = apiserver.0.try_wait()? {
+                return Err(format!("kube-apiserver exited ({status}): {}", log_tail()).into());
             }
             if Instant::now() > deadline {
-                return Err(format!("kube-apiserver not ready in {STARTUP:?}: {}", log_tail()));
+                return Err(format!("kube-apiserver not ready in {STARTUP:?}: {}", log_tail()).into());
             }
             if let Ok(ca) = std::fs::read_to_string(&certificate)
                 && is_ready(&server, &ca, &token).await
@@ -204,9 +205,9 @@ async fn is_ready(server: &str, ca: &str, token: &str) -> bool {
 
 /// Starts `bin` with `args`, its output into `log`; killed with the benchmark (also when the
 /// benchmark itself is killed: parent-death signal).
-fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Owned, String> {
+fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Owned, BenchError> {
     let out = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
-    let err = out.try_clone().map_err(|e| e.to_string())?;
+    let err = out.try_clone()?;
     let mut command = Command::new(bin);
     command
         .args(args)
@@ -224,5 +225,5 @@ fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Owned, String> {
     command
         .spawn()
         .map(Owned)
-        .map_err(|e| format!("starting {}: {e}", bin.display()))
+        .map_err(|e| BenchError::from(format!("starting {}: {e}", bin.display())))
 }

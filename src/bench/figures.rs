@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::BenchError;
 use super::world::{DB, ITEMS, Received, World, now_micros, wait_until};
 use super::{BenchSettings, CountingStore, Figure};
 use crate::cosmos::{CosmosAccount, StartFrom};
@@ -26,9 +27,9 @@ pub struct RawRead {
 
 /// Reads the whole backlog of `bench/items` with the SDK directly (a task per feed range, as the
 /// processor runs a task per lease; pages of 1000).
-pub async fn raw_read(account: &CosmosAccount, documents: usize) -> Result<RawRead, String> {
-    let monitored = account.monitored(DB, ITEMS).await.map_err(|e| e.to_string())?;
-    let ranges = monitored.feed_ranges(true).await.map_err(|e| e.to_string())?;
+pub async fn raw_read(account: &CosmosAccount, documents: usize) -> Result<RawRead, BenchError> {
+    let monitored = account.monitored(DB, ITEMS).await?;
+    let ranges = monitored.feed_ranges(true).await?;
     let first_page = Arc::new(std::sync::OnceLock::new());
     let started = Instant::now();
     let counts = futures::future::join_all(ranges.into_iter().map(|range| {
@@ -50,12 +51,12 @@ pub async fn raw_read(account: &CosmosAccount, documents: usize) -> Result<RawRe
     .await;
     let (mut read, mut done) = (0, started);
     for result in counts {
-        let (count, last) = result.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+        let (count, last) = result??;
         read += count;
         done = done.max(last.unwrap_or(started));
     }
     if read != documents {
-        return Err(format!("the raw read saw {read} documents, not {documents}"));
+        return Err(format!("the raw read saw {read} documents, not {documents}").into());
     }
     let rate = |from: Instant| documents as f64 / done.duration_since(from).as_secs_f64().max(0.001);
     Ok(RawRead {
@@ -66,7 +67,7 @@ pub async fn raw_read(account: &CosmosAccount, documents: usize) -> Result<RawRe
 
 /// One processor instance (no-op handler, pages of 1000) over the backlog: documents per second,
 /// and the time to the first delivery.
-async fn processor_read(world: &World, round: u32, documents: usize) -> Result<(f64, Duration), String> {
+async fn processor_read(world: &World, round: u32, documents: usize) -> Result<(f64, Duration), BenchError> {
     let mut options = World::options(&format!("throughput{round}"), "w0", 1.0);
     options.max_items = 1000;
     let received = Arc::new(Received::default());
@@ -89,7 +90,7 @@ async fn processor_read(world: &World, round: u32, documents: usize) -> Result<(
 
 /// Figure 1 (and the first-document latency): the processor's throughput ÷ the raw SDK read's,
 /// interleaved rounds on the same backlog; the median round counts.
-pub async fn throughput(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
+pub async fn throughput(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError> {
     let world = World::new(settings.partitions).await?;
     world.write(0..settings.documents).await?;
     let (mut raw, mut ours, mut first) = (Vec::new(), Vec::new(), Vec::new());
@@ -120,7 +121,7 @@ pub async fn throughput(settings: &BenchSettings) -> Result<Vec<Figure>, String>
 /// A handler that does work: one lease, pages of 100, the handler taking `HANDLER_TIME` a batch.
 /// The next page is read while the handler runs, so the lease should move at the handler's own
 /// limit (page size ÷ handler time) rather than at page size ÷ (handler time + read time).
-pub async fn busy_handler(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
+pub async fn busy_handler(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError> {
     const HANDLER_TIME: Duration = Duration::from_millis(100);
     const PAGE: u32 = 100;
     let world = World::new(1).await?;
@@ -153,7 +154,7 @@ async fn one_lease_rate(
     page: u32,
     handler_time: Duration,
     documents: usize,
-) -> Result<f64, String> {
+) -> Result<f64, BenchError> {
     let mut options = World::options(processor, "w0", 1.0);
     options.max_items = page;
     let received = Arc::new(Received {
@@ -186,7 +187,7 @@ async fn start_all(
     scale: f64,
     balancing: Balancing,
     received: &Arc<Received>,
-) -> Result<Vec<(String, ProcessorHandle)>, String> {
+) -> Result<Vec<(String, ProcessorHandle)>, BenchError> {
     let mut handles = Vec::new();
     for name in names {
         let mut options = World::options(processor, name, scale);
@@ -215,7 +216,7 @@ async fn scale_out(
     scale: f64,
     balancing: Balancing,
     idle: Duration,
-) -> Result<(f64, u64, usize), String> {
+) -> Result<(f64, u64, usize), BenchError> {
     let received = Arc::new(Received::default());
     let first = start_all(world, processor, &["a".into()], scale, balancing, &received).await?;
     wait_until(PATIENCE, || async {
@@ -255,7 +256,7 @@ async fn scale_out(
 }
 
 /// Figure 2: rebalancing 1 → 4 instances over 32 leases, ours against the reference strategy.
-pub async fn rebalance(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
+pub async fn rebalance(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError> {
     let world = World::new(8).await?;
     let scale = settings.timing_scale;
     let (fair_s, fair_cycles, fair_moves) = scale_out(&world, "fair", scale, Balancing::Fair, Duration::ZERO).await?;
@@ -306,7 +307,7 @@ pub async fn rebalance(settings: &BenchSettings) -> Result<Vec<Figure>, String> 
 /// Figures 3 and 4: 4 instances over 32 leases; one is killed (no release): seconds until its
 /// leases are processed again; then one stops gracefully while documents are written: seconds
 /// to hand over, and duplicates.
-pub async fn failover(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
+pub async fn failover(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError> {
     let world = World::new(8).await?;
     let received = Arc::new(Received {
         record_ids: true,
@@ -355,7 +356,7 @@ pub async fn failover(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
 
 /// Stops instance `leaving` ("b", one of 3) while documents are written: the seconds until the
 /// other two own its leases, and how many documents were written meanwhile.
-async fn graceful_scale_in(world: &World, leaving: ProcessorHandle) -> Result<(f64, usize), String> {
+async fn graceful_scale_in(world: &World, leaving: ProcessorHandle) -> Result<(f64, usize), BenchError> {
     let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let writer = {
         let writing = writing.clone();
@@ -366,7 +367,7 @@ async fn graceful_scale_in(world: &World, leaving: ProcessorHandle) -> Result<(f
                 n += 1;
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            Ok::<usize, String>(n)
+            Ok::<usize, BenchError>(n)
         }
     };
     let scale_in = async {
@@ -432,7 +433,7 @@ fn failover_figures(
 }
 
 /// Figure 5: write → handler delay under a steady write rate, with the default poll interval.
-pub async fn latency(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
+pub async fn latency(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError> {
     let world = World::new(settings.partitions).await?;
     let received = Arc::new(Received::default());
     let options = World::options("latency", "w0", 1.0);
@@ -484,7 +485,7 @@ pub async fn latency(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
 /// (1 instance, 8 leases, default timings), against the reference schedule (a renewal per lease
 /// every 17 s and a full listing per instance every 13 s) priced at the charges of a renewal and
 /// a listing measured on the same store in the same run.
-pub async fn lease_cost(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
+pub async fn lease_cost(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError> {
     const LEASES: usize = 8;
     let world = World::new(LEASES as u32).await?;
     let received = Arc::new(Received::default());
@@ -523,15 +524,15 @@ pub async fn lease_cost(settings: &BenchSettings) -> Result<Vec<Figure>, String>
 
 /// The request units of one renewal-shaped write (a lease written back with an owner and a new
 /// timestamp) and of one listing, made on `store` after its worker stopped.
-async fn reference_charges(store: &CountingStore) -> Result<(f64, f64), String> {
+async fn reference_charges(store: &CountingStore) -> Result<(f64, f64), BenchError> {
     let before = store.request_charge();
-    let snapshot = store.snapshot().await.map_err(|e| e.to_string())?;
+    let snapshot = store.snapshot().await?;
     let listing = store.request_charge() - before;
     let mut lease = snapshot.leases.into_iter().next().ok_or("the store has no lease")?;
     lease.owner = Some("w0".into());
     lease.timestamp = Some(time::OffsetDateTime::now_utc());
     let before = store.request_charge();
-    store.replace(&lease).await.map_err(|e| e.to_string())?;
+    store.replace(&lease).await?;
     Ok((store.request_charge() - before, listing))
 }
 

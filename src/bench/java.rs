@@ -13,6 +13,7 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{ChildStdout, Command};
 
+use super::BenchError;
 use super::figures::{PATIENCE, is_fair, raw_read};
 use super::loopback::{Round, reached, workers_round};
 use super::processes::{Owned, cpu_seconds, emulator, worker, write_loopback_backlog};
@@ -40,7 +41,7 @@ impl JavaInstance {
         prefix: &str,
         host: &str,
         extra: &[String],
-    ) -> Result<Self, String> {
+    ) -> Result<Self, BenchError> {
         let mut child = Command::new("java")
             .arg("-DCOSMOS.HTTP_CONNECTION_WITHOUT_TLS_ALLOWED=true")
             .arg("-Dorg.slf4j.simpleLogger.defaultLogLevel=error")
@@ -63,7 +64,7 @@ impl JavaInstance {
     }
 
     /// Waits for the event `name`: its JSON and when it arrived.
-    async fn event(&mut self, name: &str) -> Result<(Value, Instant), String> {
+    async fn event(&mut self, name: &str) -> Result<(Value, Instant), BenchError> {
         tokio::time::timeout(PATIENCE, async {
             while let Ok(Some(line)) = self.lines.next_line().await {
                 if let Ok(event) = serde_json::from_str::<Value>(&line)
@@ -72,10 +73,10 @@ impl JavaInstance {
                     return Ok((event, Instant::now()));
                 }
             }
-            Err(format!("the Java processor exited before {name}"))
+            Err(BenchError::from(format!("the Java processor exited before {name}")))
         })
         .await
-        .map_err(|_| format!("no {name} from the Java processor in time"))?
+        .map_err(|_| BenchError::from(format!("no {name} from the Java processor in time")))?
     }
 
     /// Asks it to stop (its leases are released) and waits a bounded time.
@@ -88,9 +89,9 @@ impl JavaInstance {
 }
 
 /// Owners of the leases whose ids start with `prefix`, by owner ("" for none).
-async fn owners(account: &CosmosAccount, prefix: &str) -> Result<HashMap<String, usize>, String> {
-    let leases = account.documents("bench", "leases").await.map_err(|e| e.to_string())?;
-    let docs = leases.list_by_id_prefix(prefix).await.map_err(|e| e.to_string())?;
+async fn owners(account: &CosmosAccount, prefix: &str) -> Result<HashMap<String, usize>, BenchError> {
+    let leases = account.documents("bench", "leases").await?;
+    let docs = leases.list_by_id_prefix(prefix).await?;
     let mut counts = HashMap::new();
     for doc in docs {
         let id = doc.body["id"].as_str().unwrap_or_default();
@@ -103,7 +104,7 @@ async fn owners(account: &CosmosAccount, prefix: &str) -> Result<HashMap<String,
 }
 
 /// One Java round over the backlog, and the seconds from its `start()` call to the first document.
-async fn java_round(jar: &Path, endpoint: &str, round: u32, documents: usize) -> Result<(Round, f64), String> {
+async fn java_round(jar: &Path, endpoint: &str, round: u32, documents: usize) -> Result<(Round, f64), BenchError> {
     let spawned = Instant::now();
     let extra = [
         "--expect".to_owned(),
@@ -126,10 +127,10 @@ async fn java_round(jar: &Path, endpoint: &str, round: u32, documents: usize) ->
 
 /// Scale-out 1 → 4 over the 32 leases of `bench/wide` with `start(instance)`: seconds from the
 /// moment all four run to an even share.
-async fn scale_out<S, Fut>(account: &CosmosAccount, prefix: &str, mut start: S) -> Result<f64, String>
+async fn scale_out<S, Fut>(account: &CosmosAccount, prefix: &str, mut start: S) -> Result<f64, BenchError>
 where
     S: FnMut(&'static str) -> Fut,
-    Fut: std::future::Future<Output = Result<Box<dyn std::any::Any + Send>, String>>,
+    Fut: std::future::Future<Output = Result<Box<dyn std::any::Any + Send>, BenchError>>,
 {
     let first = start("a").await?;
     reached(
@@ -151,11 +152,9 @@ where
 }
 
 /// The comparison with the Java v4 processor (the jar `bench/java-peer/build.sh` builds).
-pub async fn against_java(settings: &BenchSettings, jar: &Path) -> Result<Vec<Figure>, String> {
+pub async fn against_java(settings: &BenchSettings, jar: &Path) -> Result<Vec<Figure>, BenchError> {
     let (_emulator, endpoint) = emulator(&["bench/items:/pk:8", "bench/wide:/pk:32", "bench/leases:/id:1"]).await?;
-    let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key())
-        .await
-        .map_err(|e| e.to_string())?;
+    let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key()).await?;
     // The loopback backlog (20 000 in the full run), not the whole 100 000: measured with 100 000,
     // both processors drained at about 16 000 documents/s (1.04-1.07x) — `cfp emulator`'s pages
     // cost more as the container grows and it set the pace for both, hiding the processors.
@@ -224,7 +223,7 @@ async fn rebalance_rounds(
     endpoint: &str,
     jar: &Path,
     (renew, acquire, expiration): (u64, u64, u64),
-) -> Result<(f64, f64), String> {
+) -> Result<(f64, f64), BenchError> {
     let ours_flags: Vec<String> = vec![
         "--lease-renew-interval".into(),
         format!("{renew}ms"),

@@ -3,13 +3,14 @@
 
 use std::time::Instant;
 
+use super::BenchError;
 use super::figures::PATIENCE;
 use super::processes::{cpu_seconds, emulator, metric, worker, write_loopback_backlog};
 use super::world::wait_until;
 use super::{BenchSettings, Figure};
 
 /// Waits (at most [`PATIENCE`]) until `check` holds; when it did.
-pub async fn reached<F, Fut>(what: &str, check: F) -> Result<Instant, String>
+pub async fn reached<F, Fut>(what: &str, check: F) -> Result<Instant, BenchError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -17,7 +18,7 @@ where
     wait_until(PATIENCE, check)
         .await
         .map(|_| Instant::now())
-        .ok_or_else(|| format!("{what}: timed out"))
+        .ok_or_else(|| BenchError::from(format!("{what}: timed out")))
 }
 
 /// What one round of processes draining the backlog measured.
@@ -36,7 +37,7 @@ pub async fn workers_round(
     processor: &str,
     instances: usize,
     documents: usize,
-) -> Result<Round, String> {
+) -> Result<Round, BenchError> {
     let spawned = Instant::now();
     let mut workers = Vec::new();
     for n in 0..instances {
@@ -62,7 +63,7 @@ pub async fn workers_round(
 }
 
 /// Throughput of 4 worker processes against 1 over the same loopback backlog (8 partitions).
-pub async fn scale(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
+pub async fn scale(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError> {
     let (_emulator, endpoint) = emulator(&["bench/items:/pk:8"]).await?;
     let documents = write_loopback_backlog(&endpoint, settings.loopback_documents()).await?;
     let (mut one, mut four) = (Vec::new(), Vec::new());

@@ -147,6 +147,50 @@ pub struct BenchReport {
     pub machine: String,
 }
 
+/// Why a figure could not be measured (the others still are).
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A Cosmos request failed.
+    #[error(transparent)]
+    Cosmos(#[from] crate::cosmos::CosmosError),
+    /// A process, file or socket failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The containers could not be opened as a worker opens them.
+    #[error(transparent)]
+    Open(#[from] crate::worker::WorkerError),
+    /// The in-process emulator could not start.
+    #[error(transparent)]
+    Emulator(#[from] crate::emulator::EmulatorError),
+    /// A measuring task failed.
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
+    /// A document or resource is not the JSON expected.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// The lease store failed.
+    #[error(transparent)]
+    LeaseStore(#[from] crate::processor::LeaseStoreError),
+    /// A processor could not start.
+    #[error(transparent)]
+    Processor(#[from] crate::processor::ProcessorError),
+    /// What was measured did not come about (a wait ran out, a peer misbehaved): what.
+    #[error("{0}")]
+    NotReached(String),
+}
+
+impl From<String> for BenchError {
+    fn from(what: String) -> Self {
+        BenchError::NotReached(what)
+    }
+}
+
+impl From<&str> for BenchError {
+    fn from(what: &str) -> Self {
+        BenchError::NotReached(what.to_owned())
+    }
+}
+
 /// Runs every figure; a figure that fails is reported, the others still run.
 pub async fn run(settings: &BenchSettings, progress: impl Fn(&str)) -> BenchReport {
     let mut figures = Vec::new();

@@ -12,6 +12,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, PostParams};
 use kube::{Client, CustomResourceExt};
 
+use super::BenchError;
 use super::Figure;
 use super::control_plane::ControlPlane;
 use super::figures::PATIENCE;
@@ -27,7 +28,7 @@ const NAMESPACE: &str = "default";
 
 /// The operator's RSS watching none and then [`RESOURCES`] resources, with the control plane
 /// from `k8s_bin` (`tools/k8s/build.sh`).
-pub async fn operator_memory(k8s_bin: &Path) -> Result<Vec<Figure>, String> {
+pub async fn operator_memory(k8s_bin: &Path) -> Result<Vec<Figure>, BenchError> {
     let (_emulator, endpoint) = emulator(&["bench/items:/pk:2"]).await?;
     let plane = ControlPlane::start(k8s_bin).await?;
     let client = plane.client.clone();
@@ -65,7 +66,7 @@ pub async fn operator_memory(k8s_bin: &Path) -> Result<Vec<Figure>, String> {
 }
 
 /// The CRD (established) and the Secret with the emulator's key.
-async fn install(client: &Client) -> Result<(), String> {
+async fn install(client: &Client) -> Result<(), BenchError> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd = ChangeFeedProcessor::crd();
     let name = crd.metadata.name.clone().unwrap_or_default();
@@ -89,8 +90,7 @@ async fn install(client: &Client) -> Result<(), String> {
         "kind": "Secret",
         "metadata": { "name": "cosmos" },
         "stringData": { "key": EMULATOR_KEY },
-    }))
-    .map_err(|e| e.to_string())?;
+    }))?;
     Api::<Secret>::namespaced(client.clone(), NAMESPACE)
         .create(&PostParams::default(), &secret)
         .await
@@ -99,7 +99,7 @@ async fn install(client: &Client) -> Result<(), String> {
 }
 
 /// A resource processing `bench/items` at `endpoint`, estimating every 2 s.
-fn processor(name: &str, endpoint: &str) -> Result<ChangeFeedProcessor, String> {
+fn processor(name: &str, endpoint: &str) -> Result<ChangeFeedProcessor, BenchError> {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "changefeed.io/v1alpha1",
         "kind": "ChangeFeedProcessor",
@@ -110,11 +110,11 @@ fn processor(name: &str, endpoint: &str) -> Result<ChangeFeedProcessor, String> 
             "autoscaling": { "estimateInterval": "2s" },
         },
     }))
-    .map_err(|e| format!("the benchmark's ChangeFeedProcessor: {e}"))
+    .map_err(|e| BenchError::from(format!("the benchmark's ChangeFeedProcessor: {e}")))
 }
 
 /// `cfp operator` for [`NAMESPACE`] against the control plane; the process and its metrics port.
-fn start_operator(plane: &ControlPlane) -> Result<(Owned, u16), String> {
+fn start_operator(plane: &ControlPlane) -> Result<(Owned, u16), BenchError> {
     let port = free_port()?;
     let child = cfp()?
         .args(["operator", "--namespace", NAMESPACE, "--identity", "bench"])

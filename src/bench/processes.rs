@@ -1,6 +1,7 @@
 //! The processes some figures run: `cfp emulator` on loopback, `cfp worker`s, and what the
 //! kernel says of them (resident memory, CPU time).
 
+use super::BenchError;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -42,7 +43,7 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
 
 /// A command running this very `cfp` binary (so a `dist` build measures itself), killed when
 /// dropped, logging warnings only.
-pub fn cfp() -> Result<Command, String> {
+pub fn cfp() -> Result<Command, BenchError> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the cfp binary: {e}"))?;
     let mut command = Command::new(exe);
     command.kill_on_drop(true).env("RUST_LOG", "warn");
@@ -50,7 +51,7 @@ pub fn cfp() -> Result<Command, String> {
 }
 
 /// Starts `cfp emulator` with `containers` (specs such as `bench/items:/pk:8`); its endpoint.
-pub async fn emulator(containers: &[&str]) -> Result<(Owned, String), String> {
+pub async fn emulator(containers: &[&str]) -> Result<(Owned, String), BenchError> {
     let mut command = cfp()?;
     command.args(["emulator", "--port", "0"]);
     for spec in containers {
@@ -104,7 +105,7 @@ pub async fn wait_for_metric(port: u16, name: &str, at_least: f64, timeout: Dura
 }
 
 /// `cfp <command>` on the benchmark's `bench/<container>` at `endpoint`.
-pub fn cfp_on(command: &str, endpoint: &str, container: &str) -> Result<Command, String> {
+pub fn cfp_on(command: &str, endpoint: &str, container: &str) -> Result<Command, BenchError> {
     let mut cfp = cfp()?;
     cfp.args([
         command,
@@ -119,9 +120,9 @@ pub fn cfp_on(command: &str, endpoint: &str, container: &str) -> Result<Command,
 }
 
 /// A free loopback port.
-pub fn free_port() -> Result<u16, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
+pub fn free_port() -> Result<u16, BenchError> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
 }
 
 /// Starts `cfp worker` of `bench/<container>` as instance `instance` of processor `processor` (stdout
@@ -133,7 +134,7 @@ pub fn worker(
     processor: &str,
     instance: &str,
     flags: &[&str],
-) -> Result<(Owned, u16), String> {
+) -> Result<(Owned, u16), BenchError> {
     let port = free_port()?;
     let child = cfp_on("worker", endpoint, container)?
         .args(["--processor", processor, "--instance", instance, "--handler", "stdout"])
@@ -147,7 +148,7 @@ pub fn worker(
 }
 
 /// Writes a backlog of `documents` into `bench/items` at `endpoint`; how many were written.
-pub async fn write_loopback_backlog(endpoint: &str, documents: usize) -> Result<usize, String> {
+pub async fn write_loopback_backlog(endpoint: &str, documents: usize) -> Result<usize, BenchError> {
     let status = cfp_on("write", endpoint, "items")?
         .args(["--count", &documents.to_string()])
         .stdout(Stdio::null())

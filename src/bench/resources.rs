@@ -3,12 +3,13 @@
 
 use std::time::Duration;
 
+use super::BenchError;
 use super::processes::{cpu_seconds, emulator, rss_mib, wait_for_metric, worker, write_loopback_backlog};
 use super::{BenchSettings, Figure};
 
 /// Idle RSS of a worker owning 8 leases, and the CPU seconds a worker spends per 100 000
 /// documents of a backlog delivered to a handler that discards them (stdout to /dev/null).
-pub async fn worker_process(settings: &BenchSettings) -> Result<Vec<Figure>, String> {
+pub async fn worker_process(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError> {
     let (_emulator, endpoint) = emulator(&["bench/items:/pk:8"]).await?;
     let (idle, port) = worker(&endpoint, "items", "idle", "w0", &[])?;
     let pid = idle.0.id().ok_or("the worker exited")?;

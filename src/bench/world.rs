@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use serde_json::json;
 
+use super::BenchError;
 use super::counting_store::CountingStore;
 use crate::cosmos::{CosmosAccount, DocumentContainer, StartFrom};
 use crate::emulator::Emulator;
@@ -123,11 +124,9 @@ pub fn now_micros() -> u64 {
 
 impl World {
     /// A fresh account with a monitored container of `partitions` physical partitions.
-    pub async fn new(partitions: u32) -> Result<Self, String> {
-        let (emulator, account) = Emulator::in_process_with(DB, ITEMS, partitions)
-            .await
-            .map_err(|e| e.to_string())?;
-        let items = account.documents(DB, ITEMS).await.map_err(|e| e.to_string())?;
+    pub async fn new(partitions: u32) -> Result<Self, BenchError> {
+        let (emulator, account) = Emulator::in_process_with(DB, ITEMS, partitions).await?;
+        let items = account.documents(DB, ITEMS).await?;
         Ok(Self {
             _emulator: emulator,
             account,
@@ -136,8 +135,8 @@ impl World {
     }
 
     /// Writes documents `range` (64 at a time), spread over 997 logical partitions.
-    pub async fn write(&self, range: std::ops::Range<usize>) -> Result<(), String> {
-        let results: Vec<Result<(), String>> = futures::stream::iter(range)
+    pub async fn write(&self, range: std::ops::Range<usize>) -> Result<(), BenchError> {
+        let results: Vec<Result<(), BenchError>> = futures::stream::iter(range)
             .map(|n| self.write_one(n, None))
             .buffer_unordered(64)
             .collect()
@@ -146,17 +145,13 @@ impl World {
     }
 
     /// Writes document `n`, stamped with its write time when `stamped`.
-    pub async fn write_one(&self, n: usize, stamped: Option<u64>) -> Result<(), String> {
+    pub async fn write_one(&self, n: usize, stamped: Option<u64>) -> Result<(), BenchError> {
         let pk = format!("pk-{}", n % 997);
         let mut doc = json!({"id": format!("doc-{n}"), "pk": pk, "n": n});
         if let Some(at) = stamped {
             doc["writtenAtMicros"] = json!(at);
         }
-        self.items
-            .upsert(&pk, &doc)
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        self.items.upsert(&pk, &doc).await.map(|_| ()).map_err(BenchError::from)
     }
 
     /// Processor options with the default timings scaled by `scale` (1.0: the defaults).
@@ -175,7 +170,7 @@ impl World {
     pub async fn store(
         &self,
         options: &ProcessorOptions,
-    ) -> Result<(CountingStore, crate::cosmos::MonitoredContainer), String> {
+    ) -> Result<(CountingStore, crate::cosmos::MonitoredContainer), BenchError> {
         let settings = WorkerSettings {
             database: DB.into(),
             container: ITEMS.into(),
@@ -184,14 +179,16 @@ impl World {
             create_leases: true,
             options: options.clone(),
         };
-        let (monitored, store) = open(&self.account, &self.account, &settings)
-            .await
-            .map_err(|e| e.to_string())?;
+        let (monitored, store) = open(&self.account, &self.account, &settings).await?;
         Ok((CountingStore::new(Arc::new(store)), monitored))
     }
 
     /// Starts a processor delivering to a counting handler.
-    pub async fn start(&self, options: ProcessorOptions, received: Arc<Received>) -> Result<ProcessorHandle, String> {
+    pub async fn start(
+        &self,
+        options: ProcessorOptions,
+        received: Arc<Received>,
+    ) -> Result<ProcessorHandle, BenchError> {
         self.start_counted(options, received).await.map(|(handle, _)| handle)
     }
 
@@ -200,21 +197,20 @@ impl World {
         &self,
         options: ProcessorOptions,
         received: Arc<Received>,
-    ) -> Result<(ProcessorHandle, Arc<CountingStore>), String> {
+    ) -> Result<(ProcessorHandle, Arc<CountingStore>), BenchError> {
         let (store, monitored) = self.store(&options).await?;
         let store = Arc::new(store);
         let handle = ChangeFeedProcessor::new(monitored, store.clone(), Arc::new(CountingHandler(received)), options)
             .start()
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         Ok((handle, store))
     }
 
     /// Lease count per owner of `processor` now (unowned under "").
-    pub async fn owners(&self, processor: &str) -> Result<HashMap<String, usize>, String> {
+    pub async fn owners(&self, processor: &str) -> Result<HashMap<String, usize>, BenchError> {
         let options = ProcessorOptions::new(processor, "observer");
         let (store, _) = self.store(&options).await?;
-        let snapshot = store.snapshot().await.map_err(|e| e.to_string())?;
+        let snapshot = store.snapshot().await?;
         let mut counts = HashMap::new();
         for lease in snapshot.leases {
             *counts.entry(lease.owner.unwrap_or_default()).or_default() += 1;

@@ -9,8 +9,25 @@ const DEFAULT_JAVA_PEER: &str = "bench/java-peer/target/java-peer-0.1.0.jar";
 /// The script that builds (and with `--print` names the directory of) etcd and kube-apiserver.
 const K8S_BUILD_SCRIPT: &str = "tools/k8s/build.sh";
 
+/// Why `cfp bench` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchCommandError {
+    /// `--java-peer` names no file.
+    #[error("--java-peer {0}: no such file")]
+    NoJavaPeer(std::path::PathBuf),
+    /// `--k8s-bin` has no etcd and kube-apiserver.
+    #[error("--k8s-bin {0}: no etcd and kube-apiserver there")]
+    NoControlPlane(std::path::PathBuf),
+    /// The JSON report could not be written.
+    #[error("writing {0}: {1}")]
+    Json(std::path::PathBuf, std::io::Error),
+    /// Figures could not be measured (the others were printed).
+    #[error("{0} figure(s) could not be measured")]
+    Failed(usize),
+}
+
 /// Runs the figures; fails when one could not be measured (after printing the others).
-pub async fn run(args: &BenchArgs) -> Result<(), String> {
+pub async fn run(args: &BenchArgs) -> Result<(), BenchCommandError> {
     let mut settings = if args.small {
         BenchSettings::small()
     } else {
@@ -21,13 +38,13 @@ pub async fn run(args: &BenchArgs) -> Result<(), String> {
     }
     settings.only = args.only.clone();
     settings.java_peer = match &args.java_peer {
-        Some(jar) if !jar.is_file() => return Err(format!("--java-peer {}: no such file", jar.display())),
+        Some(jar) if !jar.is_file() => return Err(BenchCommandError::NoJavaPeer(jar.clone())),
         Some(jar) => Some(jar.clone()),
         None => Some(std::path::PathBuf::from(DEFAULT_JAVA_PEER)).filter(|jar| jar.is_file()),
     };
     settings.k8s_bin = match &args.k8s_bin {
         Some(dir) if !has_control_plane_binaries(dir) => {
-            return Err(format!("--k8s-bin {}: no etcd and kube-apiserver there", dir.display()));
+            return Err(BenchCommandError::NoControlPlane(dir.clone()));
         }
         Some(dir) => Some(dir.clone()),
         None => built_k8s_bin().await,
@@ -35,13 +52,14 @@ pub async fn run(args: &BenchArgs) -> Result<(), String> {
     let report = run_bench(&settings, |figure| eprintln!("measuring {figure}…")).await;
     print!("{}", table(&report));
     if let Some(path) = &args.json {
-        let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-        std::fs::write(path, json).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        let json =
+            serde_json::to_string_pretty(&report).map_err(|e| BenchCommandError::Json(path.clone(), e.into()))?;
+        std::fs::write(path, json).map_err(|e| BenchCommandError::Json(path.clone(), e))?;
     }
     if report.failed.is_empty() {
         Ok(())
     } else {
-        Err(format!("{} figure(s) could not be measured", report.failed.len()))
+        Err(BenchCommandError::Failed(report.failed.len()))
     }
 }
 
