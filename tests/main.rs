@@ -19,6 +19,7 @@ mod operator_support;
 mod autoscaling;
 mod bench;
 mod chaos;
+mod clock_skew;
 mod cosmos_feed;
 mod crd;
 mod demo;

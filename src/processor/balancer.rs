@@ -17,12 +17,10 @@
 //!
 //! A lease nobody renews (its owner crashed) is taken the moment it expires: when another
 //! instance's lease will expire before the next acquire cycle, the instance looks again at that
-//! moment ([`next_takeover`]) instead of up to a cycle later, as the reference processors do.
+//! moment (`takeover_in` in [`super::cycle_plan`]) instead of up to a cycle later, as the reference
+//! processors do.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
-
-use time::OffsetDateTime;
 
 use crate::cosmos::EpkRange;
 
@@ -205,36 +203,6 @@ pub fn overlapping(leases: &[(String, EpkRange)], superseded: &[String]) -> Vec<
         .filter(|(id, range)| live.iter().any(|(other, r)| other != id && r.overlaps(range)))
         .map(|(id, _)| id.clone())
         .collect()
-}
-
-/// When leases other instances own will expire, and when an owner counts as overdue.
-#[derive(Debug, Clone, Copy)]
-pub struct TakeoverTimings {
-    /// How long a lease lives without a renewal.
-    pub expiration: Duration,
-    /// How long without a renewal before its owner is overdue (healthy owners renew sooner).
-    pub overdue_after: Duration,
-    /// How long until the next acquire cycle.
-    pub next_cycle: Duration,
-}
-
-/// How long from `now` until the first overdue lease of another instance expires, when that
-/// comes before the next acquire cycle: the moment to acquire again so that a lease whose owner
-/// stopped (crashed, frozen) is taken as it expires rather than up to a cycle later. `leases`:
-/// each owned lease's owner and last renewal ([`Lease::renewed_at`](super::Lease::renewed_at)).
-pub fn next_takeover<'a>(
-    leases: impl IntoIterator<Item = (&'a str, OffsetDateTime)>,
-    me: &str,
-    now: OffsetDateTime,
-    timings: TakeoverTimings,
-) -> Option<Duration> {
-    leases
-        .into_iter()
-        .filter(|(owner, _)| *owner != me)
-        .filter(|(_, renewed)| Duration::try_from(now - *renewed).is_ok_and(|age| age > timings.overdue_after))
-        .filter_map(|(_, renewed)| Duration::try_from(renewed + timings.expiration - now).ok())
-        .filter(|wait| *wait < timings.next_cycle)
-        .min()
 }
 
 #[cfg(test)]
@@ -558,49 +526,5 @@ mod tests {
             }
             proptest::prop_assert!(moves <= excess + workers, "{moves} moves for an excess of {excess}");
         }
-    }
-
-    #[test]
-    fn an_overdue_lease_is_looked_at_when_it_expires_if_that_is_before_the_next_cycle() {
-        let now = time::macros::datetime!(2026-01-01 00:01:00 UTC);
-        // Renewed `s` seconds ago.
-        let ago = |s: i64| now - time::Duration::seconds(s);
-        let timings = TakeoverTimings {
-            expiration: Duration::from_secs(60),
-            overdue_after: Duration::from_secs(34),
-            next_cycle: Duration::from_secs(13),
-        };
-        type Case<'a> = (&'a str, &'a [(&'a str, OffsetDateTime)], Option<u64>);
-        let cases: &[Case] = &[
-            ("nothing owned by others", &[], None),
-            ("renewed lately", &[("a", ago(15)), ("b", ago(1))], None),
-            ("overdue, expiring after the next cycle", &[("a", ago(40))], None),
-            (
-                "a stopped owner's lease expires in 4 s",
-                &[("a", ago(15)), ("b", ago(56))],
-                Some(4),
-            ),
-            (
-                "the earliest of several",
-                &[("b", ago(51)), ("c", ago(58)), ("d", ago(53))],
-                Some(2),
-            ),
-            ("my own leases are renewed, not taken", &[("me", ago(57))], None),
-            ("already expired: the cycle takes it", &[("a", ago(61))], None),
-            ("exactly one cycle away waits for the cycle", &[("a", ago(47))], None),
-        ];
-        for (name, leases, wanted) in cases {
-            let found = next_takeover(leases.iter().copied(), "me", now, timings);
-            assert_eq!(found, wanted.map(Duration::from_secs), "{name}");
-        }
-        let short = TakeoverTimings {
-            expiration: Duration::from_secs(20),
-            ..timings
-        };
-        assert_eq!(
-            next_takeover([("a", ago(10))], "me", now, short),
-            None,
-            "an expiration shorter than the cycle does not wake healthy owners' leases"
-        );
     }
 }

@@ -19,6 +19,7 @@ use super::lease::{Lease, LeaseSnapshot, LeaseStoreError};
 use super::lease_reader;
 use super::owned::OwnedLease;
 use super::shared::Shared;
+use super::sightings::Sightings;
 use super::store_recovery::StoreRecovery;
 
 /// How long after an unrenewed lease's expiry the extra acquire cycle runs.
@@ -55,6 +56,8 @@ pub(crate) struct Coordinator {
     next_listing: tokio::time::Instant,
     /// The lease ids the previous listing showed, sorted.
     listed_ids: Vec<String>,
+    /// What the listings showed change, and when, on this instance's clock (expiry).
+    sightings: Sightings,
 }
 
 /// Marks the processor dead if the coordinator ends (or unwinds) without a shutdown request.
@@ -85,6 +88,7 @@ impl Coordinator {
             listing_interval: interval,
             next_listing: tokio::time::Instant::now(),
             listed_ids: Vec::new(),
+            sightings: Sightings::default(),
         }
     }
 
@@ -201,7 +205,12 @@ impl Coordinator {
     /// Plans the cycle from `snapshot` (the previous listing waited `previous_interval`) and
     /// records the plan's schedule.
     fn plan(&mut self, snapshot: &LeaseSnapshot, me: &str, previous_interval: Duration) -> CyclePlan {
+        let at = tokio::time::Instant::now();
+        let mut sightings = std::mem::take(&mut self.sightings);
+        sightings.observe(snapshot, at);
         let observations = Observations {
+            at,
+            sightings,
             owned: self.shared.owned.ids(),
             awaiting_handoff: !self.awaiting.is_empty(),
             listed_ids: std::mem::take(&mut self.listed_ids),
@@ -209,6 +218,7 @@ impl Coordinator {
         };
         let options = CycleOptions::from(&self.shared.options);
         let mut plan = plan_cycle(snapshot, &observations, me, OffsetDateTime::now_utc(), options);
+        self.sightings = observations.sightings;
         // The margin covers the clocks' rounding.
         self.takeover_at = plan
             .takeover_in

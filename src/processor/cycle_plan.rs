@@ -3,19 +3,21 @@
 //! heartbeats are stale, which owned leases are lost or asked for, which leases to take or ask
 //! their owners for, when to look again for an expiring lease, and when to list next. The
 //! coordinator performs the plan's writes; nothing here sleeps or does I/O.
+//!
+//! Whether another instance's lease (heartbeat, handoff request) has expired is decided from
+//! what this instance saw change, on its own monotonic clock ([`Sightings`]), never from the
+//! other machine's wall-clock `timestamp`: clocks that differ between nodes change no decision.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use time::OffsetDateTime;
 
-use super::balancer::{
-    Balancing, LeaseState, TakeoverTimings, leases_to_acquire, leases_to_acquire_steal_one, next_takeover, overlapping,
-    superseded,
-};
+use super::balancer::{Balancing, LeaseState, leases_to_acquire, leases_to_acquire_steal_one, overlapping, superseded};
 use super::lease::{Lease, LeaseSnapshot};
 use super::listing_schedule::{ListingSchedule, ListingView, is_quiet};
 use super::options::ProcessorOptions;
+use super::sightings::{Seen, Sightings};
 use crate::cosmos::EpkRange;
 
 /// Acquire cycles without a heartbeat after which an instance is no longer counted.
@@ -49,8 +51,12 @@ impl From<&ProcessorOptions> for CycleOptions {
 }
 
 /// What this instance knows of itself when a listing comes in.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Observations {
+    /// When the listing came in, on this instance's monotonic clock.
+    pub at: tokio::time::Instant,
+    /// What this instance has seen change, and when (the listing already recorded).
+    pub sightings: Sightings,
     /// The ids of the leases processed here now.
     pub owned: HashSet<String>,
     /// Whether a handoff this instance asked for is still awaited.
@@ -124,18 +130,15 @@ pub fn plan_cycle(
     // A split parent whose children exist is obsolete: never balanced, deleted once free.
     let obsolete = superseded(&ranges);
     let balanced: Vec<&Lease> = snapshot.leases.iter().filter(|l| !obsolete.contains(&l.id)).collect();
+    let expired = |l: &Lease| observations.sightings.is_expired(l, observations.at, expiration);
     let states: Vec<LeaseState> = balanced
         .iter()
         .map(|l| LeaseState {
             id: l.id.clone(),
-            live_owner: if l.is_expired(now, expiration) {
-                None
-            } else {
-                l.owner.clone()
-            },
+            live_owner: if expired(l) { None } else { l.owner.clone() },
         })
         .collect();
-    let live = live_instances(snapshot, now, options);
+    let live = live_instances(snapshot, observations, options);
     let wanted = wanted(&balanced, &states, &live, observations, me, options.balancing);
     let mut listed_ids: Vec<String> = snapshot.leases.iter().map(|l| l.id.clone()).collect();
     listed_ids.sort_unstable();
@@ -155,36 +158,43 @@ pub fn plan_cycle(
         delete: snapshot
             .leases
             .iter()
-            .filter(|l| obsolete.contains(&l.id) && l.is_expired(now, expiration))
+            .filter(|l| obsolete.contains(&l.id) && expired(l))
             .cloned()
             .collect(),
         remove_heartbeats: snapshot
             .instances
             .iter()
-            .filter(|(_, beat)| *beat + expiration * STALE_HEARTBEAT_EXPIRATIONS < now)
+            .filter(|(name, _)| heartbeat_age(observations, name) > expiration * STALE_HEARTBEAT_EXPIRATIONS)
             .map(|(name, _)| name.clone())
             .collect(),
         acquire: wanted
             .iter()
             .filter_map(|id| balanced.iter().find(|l| &l.id == id))
             .filter(|l| !observations.owned.contains(&l.id))
-            .filter_map(|lease| acquisition(lease, me, now, expiration))
+            .filter_map(|lease| acquisition(lease, me, now, observations, expiration))
             .collect(),
-        takeover_in: takeover_in(&balanced, me, now, options),
+        takeover_in: takeover_in(&balanced, me, observations, options),
         next_interval: ListingSchedule::new(options.acquire_interval, expiration)
             .next(observations.listing_interval, quiet),
         listed_ids,
     }
 }
 
+/// How long instance `name`'s heartbeat has not changed, as seen here.
+fn heartbeat_age(observations: &Observations, name: &str) -> Duration {
+    observations
+        .sightings
+        .unchanged_for(&Seen::Heartbeat(name.to_owned()), observations.at)
+}
+
 /// Instances beat every cycle: one silent for three cycles is gone (a crashed instance must not
 /// be counted when its leases expire, or their takeover waits another cycle).
-fn live_instances(snapshot: &LeaseSnapshot, now: OffsetDateTime, options: CycleOptions) -> Vec<String> {
+fn live_instances(snapshot: &LeaseSnapshot, observations: &Observations, options: CycleOptions) -> Vec<String> {
     let heartbeat_ttl = options.expiration.min(options.acquire_interval * HEARTBEAT_CYCLES);
     snapshot
         .instances
         .iter()
-        .filter(|(_, beat)| *beat + heartbeat_ttl > now)
+        .filter(|(name, _)| heartbeat_age(observations, name) < heartbeat_ttl)
         .map(|(name, _)| name.clone())
         .collect()
 }
@@ -245,8 +255,14 @@ fn owned_fates(
 /// How `me` gets `lease`: taken when it is free, expired, or its owner ignored this instance's
 /// request for a lease expiration; asked of a live owner otherwise (it hands it over after the
 /// batch it is in, so nothing is delivered twice); nothing while a request is pending.
-fn acquisition(lease: &Lease, me: &str, now: OffsetDateTime, expiration: Duration) -> Option<Acquisition> {
-    let previous_owner = if lease.is_expired(now, expiration) {
+fn acquisition(
+    lease: &Lease,
+    me: &str,
+    now: OffsetDateTime,
+    observations: &Observations,
+    expiration: Duration,
+) -> Option<Acquisition> {
+    let previous_owner = if observations.sightings.is_expired(lease, observations.at, expiration) {
         None
     } else {
         lease.owner.clone()
@@ -255,10 +271,14 @@ fn acquisition(lease: &Lease, me: &str, now: OffsetDateTime, expiration: Duratio
     // A slow batch is not taken from under a live owner: only one that has not handed over within
     // a lease expiration (an older version that ignores requests, a handler stuck that long) loses it.
     let patience = expiration;
+    // This instance's own request is timed by its own clock; another's by how long it is seen here.
+    let asked_by_other_for = observations
+        .sightings
+        .unchanged_for(&Seen::Request(lease.id.clone()), observations.at);
     let mut write = lease.clone();
     let step = match (&previous_owner, lease.handoff_request()) {
         (Some(_), Some((to, at))) if to == me && now - at < patience => return None,
-        (Some(_), Some((to, at))) if to != me && now - at < expiration => return None,
+        (Some(_), Some((to, _))) if to != me && asked_by_other_for < expiration => return None,
         (Some(_), Some((to, _))) if to == me => AcquireStep::Take,
         (Some(_), _) => {
             write.request_handoff(me, now);
@@ -279,24 +299,27 @@ fn acquisition(lease: &Lease, me: &str, now: OffsetDateTime, expiration: Duratio
 }
 
 /// A lease its owner stopped renewing is taken as it expires, not up to a cycle later (fair
-/// balancing only: the reference strategy keeps its cycle).
-fn takeover_in(balanced: &[&Lease], me: &str, now: OffsetDateTime, options: CycleOptions) -> Option<Duration> {
-    match options.balancing {
-        Balancing::Fair => next_takeover(
-            balanced
-                .iter()
-                .filter_map(|l| Some((l.owner.as_deref()?, l.renewed_at()?))),
-            me,
-            now,
-            TakeoverTimings {
-                expiration: options.expiration,
-                overdue_after: options.renew_interval * 2,
-                // Only a quiet listing waits longer, and a quiet one shows no other owners.
-                next_cycle: options.acquire_interval,
-            },
-        ),
-        Balancing::StealOne => None,
+/// balancing only: the reference strategy keeps its cycle): the wait until the first lease of
+/// another instance that has not changed for longer than two renew intervals (overdue: healthy
+/// owners renew sooner) reaches the expiration, when that comes before the next cycle.
+fn takeover_in(balanced: &[&Lease], me: &str, observations: &Observations, options: CycleOptions) -> Option<Duration> {
+    if options.balancing == Balancing::StealOne {
+        return None;
     }
+    let overdue_after = options.renew_interval * 2;
+    balanced
+        .iter()
+        .filter(|l| l.owner.as_deref().is_some_and(|o| !o.is_empty() && o != me))
+        .map(|l| {
+            observations
+                .sightings
+                .unchanged_for(&Seen::Lease(l.id.clone()), observations.at)
+        })
+        .filter(|age| *age > overdue_after && *age < options.expiration)
+        .map(|age| options.expiration - age)
+        // Only a quiet listing waits longer, and a quiet one shows no other owners.
+        .filter(|wait| *wait < options.acquire_interval)
+        .min()
 }
 
 #[cfg(test)]

@@ -1,8 +1,10 @@
 //! Table and property tests of [`plan_cycle`]: no sleeps, no store.
 
 use super::*;
+use crate::processor::sightings::{Seen, Sightings};
 use proptest::prelude::*;
 use time::macros::datetime;
+use tokio::time::Instant;
 
 const NOW: OffsetDateTime = datetime!(2026-11-25 12:00:00 UTC);
 const SECOND: Duration = Duration::from_secs(1);
@@ -48,12 +50,45 @@ fn snapshot(leases: Vec<Lease>, instances: &[(&str, Duration)]) -> LeaseSnapshot
     }
 }
 
-fn observations(owned: &[&Lease]) -> Observations {
-    Observations {
-        owned: owned.iter().map(|l| l.id.clone()).collect(),
-        listing_interval: options().acquire_interval,
-        ..Observations::default()
+/// The monotonic time of the listings (in the future, so that any age can be subtracted).
+fn at() -> Instant {
+    Instant::now() + Duration::from_secs(3600)
+}
+
+/// The time since `then` (wall clock of the test's listing).
+fn age(then: OffsetDateTime) -> Duration {
+    Duration::try_from(NOW - then).unwrap_or_default()
+}
+
+/// What an instance that has watched the container all along knows when `listing` comes in:
+/// each lease, request and heartbeat seen unchanged since it was written (`NOW - timestamp`);
+/// `owned` processed here.
+fn observations(listing: &LeaseSnapshot, owned: &[&Lease]) -> Observations {
+    let at = at();
+    let mut sightings = Sightings::default();
+    for lease in &listing.leases {
+        let since = at - lease.timestamp.map(age).unwrap_or_default();
+        sightings.seen_since(Seen::Lease(lease.id.clone()), lease.etag.clone(), since);
+        if let Some((to, when)) = lease.handoff_request() {
+            sightings.seen_since(Seen::Request(lease.id.clone()), to.to_owned(), at - age(when));
+        }
     }
+    for (name, beat) in &listing.instances {
+        sightings.seen_since(Seen::Heartbeat(name.clone()), beat.to_string(), at - age(*beat));
+    }
+    Observations {
+        at,
+        sightings,
+        owned: owned.iter().map(|l| l.id.clone()).collect(),
+        awaiting_handoff: false,
+        listed_ids: Vec::new(),
+        listing_interval: options().acquire_interval,
+    }
+}
+
+/// The plan of "me" for `listing`, having watched the container all along.
+fn plan_for(listing: &LeaseSnapshot, owned: &[&Lease], options: CycleOptions) -> CyclePlan {
+    plan_cycle(listing, &observations(listing, owned), "me", NOW, options)
 }
 
 fn steps(plan: &CyclePlan) -> Vec<(String, AcquireStep, Option<String>)> {
@@ -67,11 +102,9 @@ fn steps(plan: &CyclePlan) -> Vec<(String, AcquireStep, Option<String>)> {
 fn free_and_expired_leases_are_taken_stamped_now_without_a_previous_owner() {
     let free = lease(0, 2, None, Duration::ZERO);
     let expired = lease(1, 2, Some("gone"), 61 * SECOND);
-    let plan = plan_cycle(
+    let plan = plan_for(
         &snapshot(vec![free.clone(), expired.clone()], &[("me", SECOND)]),
-        &observations(&[]),
-        "me",
-        NOW,
+        &[],
         options(),
     );
     assert_eq!(
@@ -113,13 +146,7 @@ fn a_live_owner_is_asked_and_loses_the_lease_only_after_ignoring_the_request_for
     ];
     for (asked, expected) in cases {
         let leases = vec![with_request(0, asked), with_request(1, asked)];
-        let plan = plan_cycle(
-            &snapshot(leases, &[("me", SECOND), ("other", SECOND)]),
-            &observations(&[]),
-            "me",
-            NOW,
-            options,
-        );
+        let plan = plan_for(&snapshot(leases, &[("me", SECOND), ("other", SECOND)]), &[], options);
         assert!(plan.acquire.len() <= 1, "{asked:?}: {:?}", steps(&plan));
         let got = plan.acquire.first();
         assert_eq!(got.map(|a| a.step), expected, "{asked:?}");
@@ -140,11 +167,9 @@ fn a_live_owner_is_asked_and_loses_the_lease_only_after_ignoring_the_request_for
 fn a_lease_the_store_says_is_ours_but_no_task_processes_is_taken_up_again_first() {
     let restarted = lease(0, 2, Some("me"), SECOND);
     let processed = lease(1, 2, Some("me"), SECOND);
-    let plan = plan_cycle(
+    let plan = plan_for(
         &snapshot(vec![restarted.clone(), processed.clone()], &[("me", SECOND)]),
-        &observations(&[&processed]),
-        "me",
-        NOW,
+        &[&processed],
         options(),
     );
     assert_eq!(steps(&plan), vec![(restarted.lease_token, AcquireStep::Take, None)]);
@@ -157,11 +182,9 @@ fn owned_leases_shown_as_another_s_are_lost_and_requested_ones_handed_over() {
     let mut asked = lease(1, 3, Some("me"), SECOND);
     asked.request_handoff("other", NOW);
     let deleted = lease(2, 3, Some("me"), SECOND);
-    let plan = plan_cycle(
+    let plan = plan_for(
         &snapshot(vec![taken.clone(), asked.clone()], &[]),
-        &observations(&[&taken, &asked, &deleted]),
-        "me",
-        NOW,
+        &[&taken, &asked, &deleted],
         options(),
     );
     let mut lost = vec![taken.id.clone(), deleted.id.clone()];
@@ -183,7 +206,7 @@ fn a_split_parent_is_never_acquired_and_deleted_once_nobody_renews_it() {
         parent.timestamp = owner.map(|_| NOW - age);
         let mut leases = children.to_vec();
         leases.push(parent.clone());
-        let plan = plan_cycle(&snapshot(leases, &[]), &observations(&[]), "me", NOW, options());
+        let plan = plan_for(&snapshot(leases, &[]), &[], options());
         assert!(plan.acquire.iter().all(|a| a.write.id != parent.id));
         assert_eq!(
             plan.delete.iter().any(|l| l.id == parent.id),
@@ -196,14 +219,12 @@ fn a_split_parent_is_never_acquired_and_deleted_once_nobody_renews_it() {
 
 #[test]
 fn heartbeats_older_than_five_expirations_are_removed() {
-    let plan = plan_cycle(
+    let plan = plan_for(
         &snapshot(
             Vec::new(),
             &[("fresh", SECOND), ("old", 299 * SECOND), ("dead", 301 * SECOND)],
         ),
-        &observations(&[]),
-        "me",
-        NOW,
+        &[],
         options(),
     );
     assert_eq!(plan.remove_heartbeats, vec!["dead".to_owned()]);
@@ -215,23 +236,20 @@ fn an_overdue_lease_of_another_is_looked_at_again_as_it_expires() {
     let overdue = lease(0, 2, Some("other"), 50 * SECOND);
     let healthy = lease(1, 2, Some("other"), SECOND);
     let listing = snapshot(vec![overdue, healthy], &[("me", SECOND), ("other", SECOND)]);
-    let plan = plan_cycle(&listing, &observations(&[]), "me", NOW, options());
+    let plan = plan_for(&listing, &[], options());
     assert_eq!(plan.takeover_in, Some(10 * SECOND));
     let steal_one = CycleOptions {
         balancing: Balancing::StealOne,
         ..options()
     };
-    assert_eq!(
-        plan_cycle(&listing, &observations(&[]), "me", NOW, steal_one).takeover_in,
-        None
-    );
+    assert_eq!(plan_for(&listing, &[], steal_one).takeover_in, None);
 }
 
 #[test]
 fn quiet_listings_wait_longer_and_any_change_brings_the_acquire_interval_back() {
     let mine = lease(0, 1, Some("me"), SECOND);
     let listing = snapshot(vec![mine.clone()], &[("me", SECOND)]);
-    let mut seen = observations(&[&mine]);
+    let mut seen = observations(&listing, &[&mine]);
     let first = plan_cycle(&listing, &seen, "me", NOW, options());
     assert_eq!(
         first.next_interval,
@@ -256,9 +274,17 @@ fn invalid_and_overlapping_documents_are_reported() {
     b.etag = "e".into();
     let mut listing = snapshot(vec![a.clone(), b.clone(), lease(1, 2, None, Duration::ZERO)], &[]);
     listing.invalid = vec![("p..junk".into(), "no owner field".into())];
-    let plan = plan_cycle(&listing, &observations(&[]), "me", NOW, options());
+    let plan = plan_for(&listing, &[], options());
     assert_eq!(plan.invalid, listing.invalid);
     assert!(plan.overlapping.contains(&b.id));
+}
+
+/// The default options with fair balancing or the reference strategy.
+fn balanced_by(fair: bool) -> CycleOptions {
+    CycleOptions {
+        balancing: if fair { Balancing::Fair } else { Balancing::StealOne },
+        ..options()
+    }
 }
 
 /// Any listing: leases of 1–8 ranges with random owners, ages and handoff requests.
@@ -297,11 +323,8 @@ proptest! {
         fair in any::<bool>(),
     ) {
         let owned: Vec<&Lease> = owned.iter().map(|i| &listing.leases[*i]).collect();
-        let options = CycleOptions {
-            balancing: if fair { Balancing::Fair } else { Balancing::StealOne },
-            ..options()
-        };
-        let seen = observations(&owned);
+        let options = balanced_by(fair);
+        let seen = observations(&listing, &owned);
         let plan = plan_cycle(&listing, &seen, "me", NOW, options);
         let mut written = HashSet::new();
         for a in &plan.acquire {
@@ -332,4 +355,115 @@ proptest! {
         prop_assert_eq!(plan.remove_heartbeats.clone(), vec!["b".to_owned()]);
         prop_assert!(plan.next_interval >= options.acquire_interval);
     }
+}
+
+/// `listing` as it reads when every other instance's clock is `skew` off (their lease times,
+/// heartbeats and handoff requests), ours right.
+fn skewed(listing: &LeaseSnapshot, skew: time::Duration) -> LeaseSnapshot {
+    let mut skewed = listing.clone();
+    for lease in &mut skewed.leases {
+        if lease.owner.as_deref() != Some("me") {
+            lease.timestamp = lease.timestamp.map(|t| t + skew);
+        }
+        if let Some((to, at)) = lease.handoff_request().map(|(to, at)| (to.to_owned(), at))
+            && to != "me"
+        {
+            lease.request_handoff(&to, at + skew);
+        }
+    }
+    for (name, beat) in &mut skewed.instances {
+        if name != "me" {
+            *beat += skew;
+        }
+    }
+    skewed
+}
+
+#[test]
+fn a_live_owner_whose_clock_is_minutes_behind_keeps_its_lease_and_a_dead_one_ahead_loses_it() {
+    let options = options();
+    // Renewed a second ago by a clock five minutes slow: its timestamp says 5 min old.
+    let live = lease(0, 2, Some("other"), SECOND);
+    let listing = snapshot(
+        vec![live.clone(), lease(1, 2, Some("other"), SECOND)],
+        &[("other", SECOND)],
+    );
+    let seen = observations(&listing, &[]);
+    let behind = skewed(&listing, -time::Duration::minutes(5));
+    let plan = plan_cycle(&behind, &seen, "me", NOW, options);
+    assert!(
+        plan.acquire.iter().all(|a| a.step == AcquireStep::AskHandoff),
+        "a live lease is asked for, never taken: {:?}",
+        steps(&plan)
+    );
+    // Dead for 61 s, written by a clock five minutes fast (its timestamp lies in our future).
+    let dead = lease(0, 1, Some("gone"), 61 * SECOND);
+    let listing = snapshot(vec![dead.clone()], &[]);
+    let ahead = skewed(&listing, time::Duration::minutes(5));
+    let plan = plan_cycle(&ahead, &observations(&listing, &[]), "me", NOW, options);
+    assert_eq!(steps(&plan), vec![(dead.lease_token, AcquireStep::Take, None)]);
+}
+
+proptest! {
+    #[test]
+    fn no_decision_depends_on_other_instances_clocks(
+        (listing, owned) in any_listing(),
+        skew_seconds in -300i64..=300,
+        fair in any::<bool>(),
+    ) {
+        let owned: Vec<&Lease> = owned.iter().map(|i| &listing.leases[*i]).collect();
+        let options = balanced_by(fair);
+        // What this instance saw, on its own clock, is the same whatever the others' clocks say.
+        let seen = observations(&listing, &owned);
+        let straight = plan_cycle(&listing, &seen, "me", NOW, options);
+        let other = plan_cycle(&skewed(&listing, time::Duration::seconds(skew_seconds)), &seen, "me", NOW, options);
+        prop_assert_eq!(steps(&straight), steps(&other));
+        prop_assert_eq!(straight.takeover_in, other.takeover_in);
+        prop_assert_eq!(&straight.remove_heartbeats, &other.remove_heartbeats);
+        prop_assert_eq!(&straight.lost, &other.lost);
+        prop_assert_eq!(&straight.hand_over, &other.hand_over);
+        let deleted = |p: &CyclePlan| p.delete.iter().map(|l| l.id.clone()).collect::<Vec<_>>();
+        prop_assert_eq!(deleted(&straight), deleted(&other));
+        prop_assert_eq!(straight.next_interval, other.next_interval);
+    }
+}
+
+#[test]
+fn an_overdue_lease_is_looked_at_when_it_expires_if_that_is_before_the_next_cycle() {
+    // (what, leases of others by owner and seconds since they were seen to change, wait)
+    type Case<'a> = (&'a str, &'a [(&'a str, u64)], Option<u64>);
+    let cases: &[Case] = &[
+        ("nothing owned by others", &[], None),
+        ("renewed lately", &[("a", 15), ("b", 1)], None),
+        ("overdue, expiring after the next cycle", &[("a", 40)], None),
+        (
+            "a stopped owner's lease expires in 4 s",
+            &[("a", 15), ("b", 56)],
+            Some(4),
+        ),
+        ("the earliest of several", &[("b", 51), ("c", 58), ("d", 53)], Some(2)),
+        ("my own leases are renewed, not taken", &[("me", 57)], None),
+        ("already expired: the cycle takes it", &[("a", 61)], None),
+        ("exactly one cycle away waits for the cycle", &[("a", 47)], None),
+    ];
+    for (name, owned_by, wanted) in cases {
+        let n = owned_by.len().max(1) as u32;
+        let leases = owned_by
+            .iter()
+            .enumerate()
+            .map(|(i, (owner, seconds))| lease(i as u32, n, Some(owner), Duration::from_secs(*seconds)))
+            .collect();
+        let plan = plan_for(&snapshot(leases, &[]), &[], options());
+        assert_eq!(plan.takeover_in, wanted.map(Duration::from_secs), "{name}");
+    }
+    let short = CycleOptions {
+        expiration: Duration::from_secs(20),
+        ..options()
+    };
+    let healthy = snapshot(vec![lease(0, 1, Some("a"), Duration::from_secs(10))], &[]);
+    assert_eq!(
+        plan_for(&healthy, &[], short).takeover_in,
+        None,
+        "an expiration shorter than the cycle does not wake healthy owners' leases"
+    );
 }

@@ -5,7 +5,7 @@
 //! - leases: [`lease`] (documents and store), [`owned`] (renew/checkpoint/release of an owned
 //!   lease), [`bootstrap`] and [`adopt`] (creating leases, adopting .NET/Java ones), [`evict`];
 //! - deciding (pure, table and property tested): [`balancer`], [`cycle_plan`] (one acquire
-//!   cycle), [`listing_schedule`], [`checkpoint_policy`];
+//!   cycle), [`sightings`] (expiry on this instance's own clock), [`listing_schedule`], [`checkpoint_policy`];
 //! - doing: [`coordinator`] (performs the cycle plans, starts and settles lease tasks),
 //!   [`renewer`], [`lease_reader`] (the per-lease loop), [`split`], [`delivery`] (retries, dead
 //!   letters), [`store_recovery`] (deleted leases, a deleted lease container);
@@ -41,6 +41,7 @@ pub mod owned;
 pub(crate) mod renewer;
 pub mod runtime;
 pub(crate) mod shared;
+pub mod sightings;
 pub mod split;
 pub(crate) mod store_recovery;
 pub(crate) mod telemetry;
