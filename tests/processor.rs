@@ -162,6 +162,39 @@ async fn a_lease_its_owner_stopped_renewing_is_taken_as_it_expires_not_a_cycle_l
     b.stop().await;
 }
 
+/// A handoff request from an instance that is gone (no heartbeat, no lease it renews) is not
+/// honoured: the owner keeps the lease and clears the request, rather than handing it to nobody
+/// until it expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_request_from_an_instance_that_left_is_cleared_and_the_lease_kept() {
+    let env = Env::new(2).await;
+    let a = env.start_owning_all("a", 2).await;
+    let store = env.store().await;
+    let target = env.leases().await.remove(0);
+    let asked = eventually(Duration::from_secs(5), || async {
+        let Ok(Some(mut lease)) = store.read(&target.id).await else {
+            return false;
+        };
+        lease.request_handoff("departed", time::OffsetDateTime::now_utc());
+        store.replace(&lease).await.is_ok()
+    })
+    .await;
+    assert!(asked);
+    // Several acquire cycles (500 ms) and renewals later.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let lease = store.read(&target.id).await.unwrap().unwrap();
+    let still_a = a.owned_leases().contains(&target.lease_token);
+    println!(
+        "a handoff request from a departed instance: the lease's owner {:?}, its request {:?}, processed by a: {still_a}",
+        lease.owner,
+        lease.handoff_request()
+    );
+    assert_eq!(lease.owner.as_deref(), Some("a"), "not handed to an instance that left");
+    assert!(still_a);
+    assert!(lease.handoff_request().is_none(), "the stale request is cleared");
+    a.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graceful_stop_hands_leases_over_within_one_cycle_without_duplicates() {
     let env = Env::new(6).await;

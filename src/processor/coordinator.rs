@@ -124,6 +124,11 @@ impl Coordinator {
                     self.acquire_cycle().await;
                 }
                 _ = handoff_poll.tick(), if !self.awaiting.is_empty() => self.adopt_handed_over().await,
+                // An owned lease carries a handoff request: judge it now, not at the next listing.
+                _ = self.shared.requested.notified() => {
+                    self.listing_changed();
+                    self.acquire_cycle().await;
+                }
                 Some(joined) = self.tasks.join_next() => self.on_exit(joined).await,
             }
         }
@@ -243,6 +248,7 @@ impl Coordinator {
                 owned.hand_over_to(to);
             }
         }
+        self.clear_requests(&plan.clear_requests).await;
         for lease in &plan.delete {
             if let Err(error) = self.shared.store.delete(lease).await {
                 tracing::debug!(lease = %lease.lease_token, %error, "deleting a superseded split parent failed");
@@ -259,6 +265,29 @@ impl Coordinator {
         });
         for (result, acquisition) in futures::future::join_all(writes).await {
             self.acquire_written(result, acquisition);
+        }
+    }
+
+    /// Clears the handoff requests of instances that left from the leases processed here.
+    async fn clear_requests(&self, ids: &[String]) {
+        for owned in self.shared.owned.all() {
+            if !ids.iter().any(|id| id == owned.id()) {
+                continue;
+            }
+            let cleared = owned
+                .update_if(|lease| {
+                    let asked = lease.handoff_request().is_some();
+                    lease.clear_handoff();
+                    asked
+                })
+                .await;
+            match cleared {
+                Ok(_) => tracing::info!(
+                    lease = owned.token(),
+                    "cleared a handoff request of an instance that left"
+                ),
+                Err(error) => tracing::debug!(lease = owned.token(), %error, "clearing a stale handoff request failed"),
+            }
         }
     }
 
@@ -358,6 +387,7 @@ impl Coordinator {
             &self.shared.options.instance,
             self.shared.store.clone(),
             &self.leases,
+            self.shared.requested.clone(),
         );
         if !self.shared.owned.insert(owned.clone()) {
             tracing::debug!(lease = owned.token(), "lease already processed here");

@@ -99,6 +99,8 @@ pub struct CyclePlan {
     pub lost: Vec<String>,
     /// Owned leases another instance asked for: (lease id, the instance to hand it to).
     pub hand_over: Vec<(String, String)>,
+    /// Owned leases asked for by an instance that is gone: the request is cleared, the lease kept.
+    pub clear_requests: Vec<String>,
     /// Split parents whose children exist and that nobody renews: deleted.
     pub delete: Vec<Lease>,
     /// Instances whose heartbeat is long stale (died without stopping): heartbeats removed.
@@ -149,12 +151,13 @@ pub fn plan_cycle(
         same_leases: listed_ids == observations.listed_ids,
     };
     let quiet = wanted.is_empty() && !observations.awaiting_handoff && is_quiet(&view, me);
-    let (lost, hand_over) = owned_fates(snapshot, observations, me);
+    let fates = owned_fates(snapshot, observations, me, &present(&live, &states));
     CyclePlan {
         invalid: snapshot.invalid.clone(),
         overlapping: overlapping(&ranges, &obsolete),
-        lost,
-        hand_over,
+        lost: fates.lost,
+        hand_over: fates.hand_over,
+        clear_requests: fates.clear_requests,
         delete: snapshot
             .leases
             .iter()
@@ -229,27 +232,45 @@ fn wanted(
 
 /// Owned leases the listing shows as another's (or not at all), and those shown as this
 /// instance's with another instance's handoff request.
-fn owned_fates(
-    snapshot: &LeaseSnapshot,
-    observations: &Observations,
-    me: &str,
-) -> (Vec<String>, Vec<(String, String)>) {
-    let mut lost = Vec::new();
-    let mut hand_over = Vec::new();
+/// An instance that asked for a lease and is gone (no live heartbeat, no lease it renews) is not
+/// handed it: its request is cleared.
+fn owned_fates(snapshot: &LeaseSnapshot, observations: &Observations, me: &str, present: &[String]) -> OwnedFates {
+    let mut fates = OwnedFates::default();
     for id in &observations.owned {
         let mine = snapshot
             .leases
             .iter()
             .find(|l| &l.id == id && l.owner.as_deref() == Some(me));
         match mine.map(Lease::handoff_request) {
-            None => lost.push(id.clone()),
-            Some(Some((to, _))) if to != me => hand_over.push((id.clone(), to.to_owned())),
+            None => fates.lost.push(id.clone()),
+            Some(Some((to, _))) if to != me && present.iter().any(|p| p == to) => {
+                fates.hand_over.push((id.clone(), to.to_owned()))
+            }
+            Some(Some((to, _))) if to != me => fates.clear_requests.push(id.clone()),
             Some(_) => {}
         }
     }
-    lost.sort_unstable();
-    hand_over.sort_unstable();
-    (lost, hand_over)
+    fates.lost.sort_unstable();
+    fates.hand_over.sort_unstable();
+    fates.clear_requests.sort_unstable();
+    fates
+}
+
+/// What becomes of the leases processed here.
+#[derive(Default)]
+struct OwnedFates {
+    lost: Vec<String>,
+    hand_over: Vec<(String, String)>,
+    clear_requests: Vec<String>,
+}
+
+/// The instances that are here: a live heartbeat, or a lease they renew.
+fn present(live: &[String], states: &[LeaseState]) -> Vec<String> {
+    let mut present: Vec<String> = live.to_vec();
+    present.extend(states.iter().filter_map(|s| s.live_owner.clone()));
+    present.sort_unstable();
+    present.dedup();
+    present
 }
 
 /// How `me` gets `lease`: taken when it is free, expired, or its owner ignored this instance's

@@ -467,3 +467,30 @@ fn an_overdue_lease_is_looked_at_when_it_expires_if_that_is_before_the_next_cycl
         "an expiration shorter than the cycle does not wake healthy owners' leases"
     );
 }
+
+#[test]
+fn a_request_is_honoured_only_for_an_instance_that_is_here() {
+    let asked_by = |who: &str| {
+        let mut lease = lease(0, 1, Some("me"), SECOND);
+        lease.request_handoff(who, NOW - SECOND);
+        lease
+    };
+    // (requester, its heartbeat's age, handed over)
+    let cases = [
+        ("joining", Some(SECOND), true),
+        ("left", Some(400 * SECOND), false),
+        ("never-seen", None, false),
+    ];
+    for (who, beat, handed) in cases {
+        let mine = asked_by(who);
+        let beats: Vec<(&str, Duration)> = beat.map(|age| (who, age)).into_iter().collect();
+        let plan = plan_for(&snapshot(vec![mine.clone()], &beats), &[&mine], options());
+        assert_eq!(!plan.hand_over.is_empty(), handed, "{who}");
+        assert_eq!(plan.clear_requests == vec![mine.id.clone()], !handed, "{who}");
+    }
+    // An instance that renews a lease of its own is here without a heartbeat.
+    let mine = asked_by("busy");
+    let theirs = lease(1, 2, Some("busy"), SECOND);
+    let plan = plan_for(&snapshot(vec![mine.clone(), theirs], &[]), &[&mine], options());
+    assert_eq!(plan.hand_over, vec![(mine.id, "busy".to_owned())]);
+}

@@ -44,11 +44,20 @@ pub struct OwnedLease {
     handoff_to: std::sync::Mutex<Option<String>>,
     /// Set when this instance stopped processing the lease (whatever the reason).
     closed: AtomicBool,
+    /// Woken when a write meets another instance's handoff request: the acquire cycle judges it.
+    requested: Arc<tokio::sync::Notify>,
 }
 
 impl OwnedLease {
-    /// Wraps a lease this instance just acquired.
-    pub fn new(lease: Lease, me: &str, store: Arc<dyn LeaseStore>, parent: &CancellationToken) -> Arc<Self> {
+    /// Wraps a lease this instance just acquired; `requested` is woken when a write of it meets
+    /// another instance's handoff request.
+    pub fn new(
+        lease: Lease,
+        me: &str,
+        store: Arc<dyn LeaseStore>,
+        parent: &CancellationToken,
+        requested: Arc<tokio::sync::Notify>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             id: lease.id.clone(),
             token: lease.lease_token.clone(),
@@ -60,6 +69,7 @@ impl OwnedLease {
             gone: AtomicBool::new(false),
             handoff_to: std::sync::Mutex::new(None),
             closed: AtomicBool::new(false),
+            requested,
         })
     }
 
@@ -109,14 +119,6 @@ impl OwnedLease {
     pub fn mark_lost(&self) {
         self.lost.store(true, Ordering::SeqCst);
         self.cancel.cancel();
-    }
-
-    /// Stops processing after the current batch when `lease` (our copy, as the store has it) carries
-    /// another instance's handoff request; the release then hands the lease to it.
-    pub fn notice_handoff(&self, lease: &Lease) {
-        if let Some((to, _)) = lease.handoff_request() {
-            self.hand_over_to(to);
-        }
     }
 
     /// Stops processing after the current batch; the release then hands the lease to `to`
@@ -175,8 +177,12 @@ impl OwnedLease {
                     return Ok(Some(written));
                 }
                 Err(LeaseStoreError::Changed(_)) => match self.store.read(&self.id).await? {
+                    // A handoff request in it is for the acquire cycle to judge (the requester
+                    // may have left), at once; the write keeps it.
                     Some(current) if current.owner.as_deref() == Some(self.me.as_str()) => {
-                        self.notice_handoff(&current);
+                        if current.handoff_request().is_some_and(|(to, _)| to != self.me) {
+                            self.requested.notify_one();
+                        }
                         *guard = current;
                         last_error = Some(LeaseStoreError::Changed(self.id.clone()));
                     }

@@ -34,6 +34,8 @@ pub(crate) struct Shared {
     pub(crate) owned: OwnedLeases,
     /// Acquire cycles started so far.
     pub(crate) cycles: AtomicU64,
+    /// Woken when a write of an owned lease met a handoff request: an acquire cycle now.
+    pub(crate) requested: Arc<tokio::sync::Notify>,
 }
 
 impl Shared {
@@ -54,6 +56,7 @@ impl Shared {
             telemetry: Telemetry::default(),
             owned: OwnedLeases::default(),
             cycles: AtomicU64::new(0),
+            requested: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
