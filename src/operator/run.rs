@@ -52,6 +52,9 @@ pub enum OperatorError {
     /// The settings do not work together.
     #[error("{0}")]
     Config(String),
+    /// The leader election timings do not work together.
+    #[error(transparent)]
+    Election(#[from] super::leader::ElectionError),
     /// The ChangeFeedProcessor CRD is not installed.
     #[error(
         "the ChangeFeedProcessor CRD (changefeedprocessors.changefeed.io) is not installed; install it with `kubectl apply -f crds/` (or `cfp crd | kubectl apply -f -`)"
@@ -62,7 +65,7 @@ pub enum OperatorError {
 /// Runs until `shutdown`.
 pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Result<(), OperatorError> {
     if let Some((_, election)) = &settings.election {
-        election.validate().map_err(OperatorError::Config)?;
+        election.validate()?;
     }
     let client = Client::try_default().await?;
     let probe: Api<ChangeFeedProcessor> = match settings.namespaces.first() {

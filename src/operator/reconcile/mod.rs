@@ -2,10 +2,10 @@
 //! metrics Service with server-side apply, report status and Events, and clean up leases on
 //! deletion when asked.
 //!
-//! One reconciliation is observe ([`observe`]: Secrets, Deployment, HPAs, estimates, pods) →
-//! plan ([`plan`], pure: the replicas) → apply ([`apply`]: server-side apply, `/scale`) →
-//! report ([`report`], pure: status and Events; then one thin write). [`cleanup`] runs the
-//! lease-cleanup finalizer; [`target`] (pure) says which accounts and containers to read.
+//! One reconciliation is observe (`observe`: Secrets, Deployment, HPAs, estimates, pods) →
+//! plan (`plan`, pure: the replicas) → apply (`apply`: server-side apply, `/scale`) →
+//! report (`report`, pure: status and Events; then one thin write). `cleanup` runs the
+//! lease-cleanup finalizer; `target` (pure) says which accounts and containers to read.
 
 mod apply;
 mod cleanup;
@@ -200,9 +200,7 @@ async fn plan_replicas(
     let Some(policy) = config::scaling_policy(cfp) else {
         return plan::fixed_plan(cfp);
     };
-    let external = observe::external_autoscaler(&ctx.client, &key.0, &key.1)
-        .await
-        .map_err(|e| e.to_string());
+    let external = observe::external_autoscaler(&ctx.client, &key.0, &key.1).await;
     let seen = Autoscaling {
         policy,
         external,

@@ -35,7 +35,7 @@ pub(super) struct Autoscaling<'a> {
     /// The policy from the spec.
     pub policy: Policy,
     /// The HorizontalPodAutoscaler on `/scale`, or why they could not be listed.
-    pub external: Result<Option<ExternalAutoscaler>, String>,
+    pub external: Result<Option<ExternalAutoscaler>, kube::Error>,
     /// The newest estimate.
     pub report: Option<&'a EstimateReport>,
 }
@@ -214,7 +214,7 @@ mod tests {
             ),
             (
                 "HPAs unknown",
-                plan(Err("down".into()), None, None),
+                plan(Err(kube::Error::LinesCodecMaxLineLengthExceeded), None, None),
                 Some(3),
                 "ExternalAutoscalerUnknown",
             ),
