@@ -136,40 +136,14 @@ impl ScaleHistory {
             Observed::Estimate { total_lag, leases } => (*total_lag, *leases),
         };
         self.failures = 0;
-        let target = policy.target_lag_per_replica.max(1);
-        let raw = i32::try_from(total_lag.div_ceil(target)).unwrap_or(i32::MAX);
-        // From zero (or before any worker), a lag at or below the activation threshold wakes nobody.
-        let asleep = current.is_none_or(|c| c == 0) && policy.min_replicas == 0 && total_lag <= policy.activation_lag;
-        let raw = if asleep { 0 } else { raw };
-        let lease_cap = i32::try_from(leases).unwrap_or(i32::MAX);
-        let upper = policy.max_replicas.min(lease_cap).max(policy.min_replicas);
-        let recommendation = raw.clamp(policy.min_replicas, upper);
+        let recommended = recommend(policy, current, total_lag, leases);
+        let recommendation = recommended.replicas;
         self.recommendations.push_back((now, recommendation));
-        let why = if asleep && total_lag > 0 {
-            format!(
-                "estimated lag {total_lag} is not above autoscaling.activationLag ({}), so nothing wakes from 0",
-                policy.activation_lag
-            )
-        } else {
-            format!("estimated lag {total_lag}, target {target} per replica")
-        };
-        let (mut reason, mut message) = (
-            ScalingReason::Active,
-            format!("{recommendation} replica(s) recommended: {why}"),
-        );
-        if raw > upper {
-            reason = ScalingReason::Limited;
-            let limit = if lease_cap < policy.max_replicas {
-                format!("the lease count ({leases}; more workers than leases would sit idle)")
-            } else {
-                format!("maxReplicas ({})", policy.max_replicas)
-            };
-            message = format!("{raw} replica(s) wanted but held at {limit}: {why}");
-        }
+        let (reason, mut message) = (recommended.reason, recommended.message);
         let replicas = match current {
             None => recommendation,
             Some(current) => {
-                let (replicas, note) = self.stabilized(policy, current, recommendation, upper, now);
+                let (replicas, note) = self.stabilized(policy, current, recommendation, recommended.upper, now);
                 if let Some(note) = note {
                     message = format!("{message}; {note}");
                 }
@@ -182,27 +156,7 @@ impl ScaleHistory {
             self.changes.push_back((now, replicas - current));
         }
         // A new Deployment counts as scaled up from zero.
-        let from = current.unwrap_or(0);
-        let event = if replicas > from {
-            Some((
-                "ScaledUp",
-                if total_lag > target {
-                    format!("{from} → {replicas}: estimated lag {total_lag} > {target} per replica")
-                } else {
-                    format!("{from} → {replicas}: estimated lag {total_lag} (target {target} per replica)")
-                },
-            ))
-        } else if replicas < from {
-            Some((
-                "ScaledDown",
-                format!(
-                    "{from} → {replicas}: estimated lag {total_lag} for the last {}",
-                    humantime::format_duration(policy.scale_down_stabilization)
-                ),
-            ))
-        } else {
-            None
-        };
+        let event = scaling_event(policy, current.unwrap_or(0), replicas, total_lag);
         Decision {
             replicas,
             recommendation: Some(recommendation),
@@ -210,6 +164,82 @@ impl ScaleHistory {
             message,
             event,
         }
+    }
+}
+
+/// What the estimate alone recommends, before the stabilization and the rate policies.
+struct Recommended {
+    /// The replicas recommended.
+    replicas: i32,
+    /// The most replicas allowed (`maxReplicas`, the lease count).
+    upper: i32,
+    /// `Active`, or `Limited` when more were wanted than allowed.
+    reason: ScalingReason,
+    /// Why, in words.
+    message: String,
+}
+
+/// The replicas `total_lag` over `leases` asks for under `policy`, with `current` running.
+fn recommend(policy: &Policy, current: Option<i32>, total_lag: u64, leases: usize) -> Recommended {
+    let target = policy.target_lag_per_replica.max(1);
+    let raw = i32::try_from(total_lag.div_ceil(target)).unwrap_or(i32::MAX);
+    // From zero (or before any worker), a lag at or below the activation threshold wakes nobody.
+    let asleep = current.is_none_or(|c| c == 0) && policy.min_replicas == 0 && total_lag <= policy.activation_lag;
+    let raw = if asleep { 0 } else { raw };
+    let lease_cap = i32::try_from(leases).unwrap_or(i32::MAX);
+    let upper = policy.max_replicas.min(lease_cap).max(policy.min_replicas);
+    let recommendation = raw.clamp(policy.min_replicas, upper);
+    let why = if asleep && total_lag > 0 {
+        format!(
+            "estimated lag {total_lag} is not above autoscaling.activationLag ({}), so nothing wakes from 0",
+            policy.activation_lag
+        )
+    } else {
+        format!("estimated lag {total_lag}, target {target} per replica")
+    };
+    if raw > upper {
+        let limit = if lease_cap < policy.max_replicas {
+            format!("the lease count ({leases}; more workers than leases would sit idle)")
+        } else {
+            format!("maxReplicas ({})", policy.max_replicas)
+        };
+        return Recommended {
+            replicas: recommendation,
+            upper,
+            reason: ScalingReason::Limited,
+            message: format!("{raw} replica(s) wanted but held at {limit}: {why}"),
+        };
+    }
+    Recommended {
+        replicas: recommendation,
+        upper,
+        reason: ScalingReason::Active,
+        message: format!("{recommendation} replica(s) recommended: {why}"),
+    }
+}
+
+/// The Event (reason, note) of a change from `from` to `replicas`; `None` without a change.
+fn scaling_event(policy: &Policy, from: i32, replicas: i32, total_lag: u64) -> Option<(&'static str, String)> {
+    let target = policy.target_lag_per_replica.max(1);
+    if replicas > from {
+        Some((
+            "ScaledUp",
+            if total_lag > target {
+                format!("{from} → {replicas}: estimated lag {total_lag} > {target} per replica")
+            } else {
+                format!("{from} → {replicas}: estimated lag {total_lag} (target {target} per replica)")
+            },
+        ))
+    } else if replicas < from {
+        Some((
+            "ScaledDown",
+            format!(
+                "{from} → {replicas}: estimated lag {total_lag} for the last {}",
+                humantime::format_duration(policy.scale_down_stabilization)
+            ),
+        ))
+    } else {
+        None
     }
 }
 

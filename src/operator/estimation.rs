@@ -359,61 +359,17 @@ async fn run(
     loop {
         if inner.resources.get(&object).is_none() {
             // The resource was deleted: stop, and let its series disappear.
-            if let Ok(mut running) = inner.running.lock()
-                && running.get(&key).is_some_and(|t| Arc::ptr_eq(&t.state, &state))
-            {
-                running.remove(&key);
-            }
-            inner.metrics.forget(namespace, name);
+            forget_task(&inner, &key, &state);
             return;
         }
         let started = Instant::now();
-        let attempt = async {
-            let cached = state.lock().ok().and_then(|s| s.opened.clone());
-            let opened = match cached {
-                Some(opened) => opened,
-                None => {
-                    let opened = inner.accounts.open(&target).await?;
-                    if let Ok(mut s) = state.lock() {
-                        s.opened = Some(opened.clone());
-                    }
-                    opened
-                }
-            };
-            estimate_once(&opened, &target).await
-        };
         let outcome = tokio::select! {
             _ = cancel.cancelled() => return,
-            outcome = tokio::time::timeout(target.timeout(), attempt) => outcome.unwrap_or_else(|_| {
+            outcome = tokio::time::timeout(target.timeout(), attempt(&inner, &target, &state)) => outcome.unwrap_or_else(|_| {
                 Err(EstimateFailure::new("timeout", format!("no answer from the account within {:?}", target.timeout())))
             }),
         };
-        let took = started.elapsed();
-        match &outcome {
-            Ok(estimate) => {
-                inner.metrics.estimated(namespace, name, figures(estimate), took);
-                tracing::debug!(
-                    namespace,
-                    processor = name,
-                    lag = estimate.total_lag,
-                    leases = estimate.lease_count,
-                    "estimated"
-                );
-            }
-            Err(failure) => {
-                inner.metrics.estimate_failed(namespace, name, failure.reason, took);
-                tracing::warn!(namespace, processor = name, reason = failure.reason, error = %failure.message, "estimate failed");
-                // Connect and open the containers again next time: an account that came back may
-                // have new containers and reject the old client's session tokens.
-                if let Ok(mut s) = state.lock() {
-                    s.opened = None;
-                }
-                inner.accounts.forget(&target.account);
-                if let Some(lease_account) = &target.lease_account {
-                    inner.accounts.forget(lease_account);
-                }
-            }
-        }
+        record(&inner, &key, &target, &state, &outcome, started.elapsed());
         seq += 1;
         if let Ok(mut s) = state.lock() {
             s.report = Some(EstimateReport {
@@ -427,6 +383,74 @@ async fn run(
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(target.interval) => {}
+        }
+    }
+}
+
+/// Removes the task of a deleted resource (unless a newer one replaced it) and its series.
+fn forget_task(inner: &Inner, key: &ResourceKey, state: &Arc<Mutex<TaskState>>) {
+    if let Ok(mut running) = inner.running.lock()
+        && running.get(key).is_some_and(|t| Arc::ptr_eq(&t.state, state))
+    {
+        running.remove(key);
+    }
+    inner.metrics.forget(&key.0, &key.1);
+}
+
+/// One estimate, with the containers opened before (or opened now and kept).
+async fn attempt(
+    inner: &Inner,
+    target: &EstimateTarget,
+    state: &Mutex<TaskState>,
+) -> Result<ProcessorEstimate, EstimateFailure> {
+    let cached = state.lock().ok().and_then(|s| s.opened.clone());
+    let opened = match cached {
+        Some(opened) => opened,
+        None => {
+            let opened = inner.accounts.open(target).await?;
+            if let Ok(mut s) = state.lock() {
+                s.opened = Some(opened.clone());
+            }
+            opened
+        }
+    };
+    estimate_once(&opened, target).await
+}
+
+/// Records an estimate's outcome in the metrics and the log; after a failure, the accounts and
+/// containers are opened anew next time.
+fn record(
+    inner: &Inner,
+    key: &ResourceKey,
+    target: &EstimateTarget,
+    state: &Mutex<TaskState>,
+    outcome: &Result<ProcessorEstimate, EstimateFailure>,
+    took: Duration,
+) {
+    let (namespace, name) = (key.0.as_str(), key.1.as_str());
+    match outcome {
+        Ok(estimate) => {
+            inner.metrics.estimated(namespace, name, figures(estimate), took);
+            tracing::debug!(
+                namespace,
+                processor = name,
+                lag = estimate.total_lag,
+                leases = estimate.lease_count,
+                "estimated"
+            );
+        }
+        Err(failure) => {
+            inner.metrics.estimate_failed(namespace, name, failure.reason, took);
+            tracing::warn!(namespace, processor = name, reason = failure.reason, error = %failure.message, "estimate failed");
+            // Connect and open the containers again next time: an account that came back may
+            // have new containers and reject the old client's session tokens.
+            if let Ok(mut s) = state.lock() {
+                s.opened = None;
+            }
+            inner.accounts.forget(&target.account);
+            if let Some(lease_account) = &target.lease_account {
+                inner.accounts.forget(lease_account);
+            }
         }
     }
 }

@@ -17,8 +17,8 @@ pub struct ExternalAutoscaler {
 /// - An HPA that has decided sets `spec.replicas` through `/scale`: that is what runs.
 /// - A new HPA that has not decided yet: `spec.replicas` is stale, the workers keep what runs.
 /// - The HPAs could not be listed: one may exist, so nothing is overridden; the replicas hold.
-pub fn external_plan(
-    found: Result<Option<ExternalAutoscaler>, String>,
+pub fn external_plan<E: std::fmt::Display>(
+    found: Result<Option<ExternalAutoscaler>, E>,
     current: Option<i32>,
     spec_replicas: i32,
 ) -> Option<(Option<i32>, &'static str, String)> {
@@ -75,7 +75,7 @@ mod tests {
             let got = external_plan(found, current, 2);
             assert_eq!(got.as_ref().map(|(r, reason, _)| (*r, *reason)), want, "{name}");
         }
-        let failed = external_plan(Err("forbidden".into()), Some(6), 2).unwrap().2;
+        let failed = external_plan::<String>(Err("forbidden".into()), Some(6), 2).unwrap().2;
         assert!(failed.contains("forbidden"), "{failed}");
     }
 }

@@ -34,20 +34,41 @@ pub struct Election {
     pub renew_interval: Duration,
 }
 
+/// Why election timings do not work together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ElectionError {
+    /// The renew interval is zero or not shorter than the renew deadline.
+    #[error("the leader renew interval ({interval:?}) must be shorter than the renew deadline ({deadline:?})")]
+    RenewInterval {
+        /// The renew interval.
+        interval: Duration,
+        /// The renew deadline.
+        deadline: Duration,
+    },
+    /// The renew deadline is not shorter than the lease duration.
+    #[error("the leader renew deadline ({deadline:?}) must be shorter than the lease duration ({lease:?})")]
+    RenewDeadline {
+        /// The renew deadline.
+        deadline: Duration,
+        /// The lease duration.
+        lease: Duration,
+    },
+}
+
 impl Election {
     /// Checks `renew_interval < renew_deadline < lease_duration`.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ElectionError> {
         if self.renew_interval.is_zero() || self.renew_interval >= self.renew_deadline {
-            return Err(format!(
-                "the leader renew interval ({:?}) must be shorter than the renew deadline ({:?})",
-                self.renew_interval, self.renew_deadline
-            ));
+            return Err(ElectionError::RenewInterval {
+                interval: self.renew_interval,
+                deadline: self.renew_deadline,
+            });
         }
         if self.renew_deadline >= self.lease_duration {
-            return Err(format!(
-                "the leader renew deadline ({:?}) must be shorter than the lease duration ({:?})",
-                self.renew_deadline, self.lease_duration
-            ));
+            return Err(ElectionError::RenewDeadline {
+                deadline: self.renew_deadline,
+                lease: self.lease_duration,
+            });
         }
         Ok(())
     }
@@ -268,7 +289,19 @@ mod tests {
             renew_interval: Duration::from_secs(interval),
         };
         assert!(election(2, 10, 15).validate().is_ok());
-        assert!(election(10, 10, 15).validate().unwrap_err().contains("renew interval"));
-        assert!(election(2, 15, 15).validate().unwrap_err().contains("renew deadline"));
+        assert!(
+            election(10, 10, 15)
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("renew interval")
+        );
+        assert!(
+            election(2, 15, 15)
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("renew deadline")
+        );
     }
 }

@@ -47,21 +47,18 @@ impl Liveness {
     }
 
     /// `Ok` while the loop runs and beat within [`MAX_SILENCE`]; else why not.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Unhealthy> {
         self.check_at(Instant::now(), MAX_SILENCE)
     }
 
-    fn check_at(&self, now: Instant, max_silence: Duration) -> Result<(), String> {
+    fn check_at(&self, now: Instant, max_silence: Duration) -> Result<(), Unhealthy> {
         if self.ended.load(Ordering::Relaxed) {
-            return Err("the controller loop has ended".into());
+            return Err(Unhealthy::Ended);
         }
         let last = self.started + Duration::from_millis(self.last_beat.load(Ordering::Relaxed));
         let silence = now.saturating_duration_since(last);
         if silence > max_silence {
-            return Err(format!(
-                "the controller loop has not run for {}",
-                humantime::format_duration(Duration::from_secs(silence.as_secs()))
-            ));
+            return Err(Unhealthy::Silent(Duration::from_secs(silence.as_secs())));
         }
         Ok(())
     }
@@ -75,6 +72,17 @@ impl Liveness {
             self.beat();
         }
     }
+}
+
+/// Why the operator is not live.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unhealthy {
+    /// The main loop has ended.
+    #[error("the controller loop has ended")]
+    Ended,
+    /// The main loop has not beaten for this long.
+    #[error("the controller loop has not run for {}", humantime::format_duration(*.0))]
+    Silent(Duration),
 }
 
 #[cfg(test)]
@@ -94,12 +102,12 @@ mod tests {
         // An older beat never moves the last one back.
         liveness.beat_at(at(5));
         assert!(liveness.check_at(at(50), max).is_ok());
-        let silent = liveness.check_at(at(60), max).unwrap_err();
+        let silent = liveness.check_at(at(60), max).unwrap_err().to_string();
         assert!(silent.contains("has not run for 35s"), "{silent}");
         liveness.beat_at(at(60));
         liveness.end();
         assert_eq!(
-            liveness.check_at(at(61), max),
+            liveness.check_at(at(61), max).map_err(|e| e.to_string()),
             Err("the controller loop has ended".into())
         );
     }

@@ -4,7 +4,8 @@
 //! (pure rendering of the Deployment and Service), [`config`] (pure configuration check), [`status`] (pure conditions), [`autoscale`] (pure scaling policy) and
 //! [`behavior`] (its rate policies), [`external`] (pure: an HPA or KEDA on `/scale`), [`pause`]
 //! (pure: the pause annotations), [`estimation`] (remaining-work estimates per resource),
-//! [`failover`] (freeing the leases of gone worker pods), [`reconcile`], [`leader`], [`liveness`]
+//! [`failover`] (freeing the leases of gone worker pods), [`reconcile`] (observe → plan → apply →
+//! report, with a pure plan and report), [`leader`], [`liveness`]
 //! (`/healthz`), [`metrics`], [`run`] (the `cfp operator` loop).
 
 pub mod autoscale;

@@ -20,17 +20,24 @@ pub struct Pause {
     pub replicas: Option<i32>,
 }
 
+/// A pause annotation whose value means nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PauseError {
+    /// The replicas annotation is not a count from 0 to 1000.
+    #[error("annotation {} must be a replica count from 0 to 1000, not {:?}", PAUSED_REPLICAS_ANNOTATION, .0)]
+    Replicas(String),
+    /// The paused annotation is neither `true` nor `false`.
+    #[error("annotation {} must be \"true\" or \"false\", not {:?}", PAUSED_ANNOTATION, .0)]
+    Paused(String),
+}
+
 /// Whether `annotations` pause the workload; an error in words for a value that means nothing.
-pub fn pause_of(annotations: &BTreeMap<String, String>) -> Result<Option<Pause>, String> {
+pub fn pause_of(annotations: &BTreeMap<String, String>) -> Result<Option<Pause>, PauseError> {
     let replicas = match annotations.get(PAUSED_REPLICAS_ANNOTATION).map(|v| v.trim()) {
         None => None,
         Some(value) => match value.parse::<i32>() {
             Ok(n) if (0..=1000).contains(&n) => Some(n),
-            _ => {
-                return Err(format!(
-                    "annotation {PAUSED_REPLICAS_ANNOTATION} must be a replica count from 0 to 1000, not {value:?}"
-                ));
-            }
+            _ => return Err(PauseError::Replicas(value.to_owned())),
         },
     };
     let paused = match annotations
@@ -40,11 +47,7 @@ pub fn pause_of(annotations: &BTreeMap<String, String>) -> Result<Option<Pause>,
         None => false,
         Some(value) if value == "true" => true,
         Some(value) if value == "false" => false,
-        Some(value) => {
-            return Err(format!(
-                "annotation {PAUSED_ANNOTATION} must be \"true\" or \"false\", not {value:?}"
-            ));
-        }
+        Some(value) => return Err(PauseError::Paused(value)),
     };
     Ok((paused || replicas.is_some()).then_some(Pause { replicas }))
 }
@@ -84,7 +87,7 @@ mod tests {
                 .collect();
             match (pause_of(&map), want) {
                 (Ok(got), Ok(want)) => assert_eq!(got, want, "{annotations:?}"),
-                (Err(got), Err(want)) => assert!(got.contains(want), "{annotations:?}: {got}"),
+                (Err(got), Err(want)) => assert!(got.to_string().contains(want), "{annotations:?}: {got}"),
                 (got, want) => panic!("{annotations:?}: got {got:?}, want {want:?}"),
             }
         }

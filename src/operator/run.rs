@@ -5,13 +5,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Client, ResourceExt};
 use tokio::net::TcpListener;
@@ -51,6 +52,9 @@ pub enum OperatorError {
     /// The settings do not work together.
     #[error("{0}")]
     Config(String),
+    /// The leader election timings do not work together.
+    #[error(transparent)]
+    Election(#[from] super::leader::ElectionError),
     /// The ChangeFeedProcessor CRD is not installed.
     #[error(
         "the ChangeFeedProcessor CRD (changefeedprocessors.changefeed.io) is not installed; install it with `kubectl apply -f crds/` (or `cfp crd | kubectl apply -f -`)"
@@ -61,7 +65,7 @@ pub enum OperatorError {
 /// Runs until `shutdown`.
 pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Result<(), OperatorError> {
     if let Some((_, election)) = &settings.election {
-        election.validate().map_err(OperatorError::Config)?;
+        election.validate()?;
     }
     let client = Client::try_default().await?;
     let probe: Api<ChangeFeedProcessor> = match settings.namespaces.first() {
@@ -216,51 +220,20 @@ async fn run_controller(
     shutdown: CancellationToken,
     lost: CancellationToken,
 ) {
-    let Shared {
-        client,
-        accounts,
-        metrics,
-        leading,
-    } = shared;
-    let (cfps, deployments, services, secrets) = match &namespace {
-        Some(ns) => (
-            Api::<ChangeFeedProcessor>::namespaced(client.clone(), ns),
-            Api::<Deployment>::namespaced(client.clone(), ns),
-            Api::<Service>::namespaced(client.clone(), ns),
-            Api::<PartialObjectMeta<Secret>>::namespaced(client.clone(), ns),
-        ),
-        None => (
-            Api::all(client.clone()),
-            Api::all(client.clone()),
-            Api::all(client.clone()),
-            Api::all(client.clone()),
-        ),
-    };
-    let reporter = Reporter {
-        controller: "changefeed-operator".into(),
-        instance: settings.election.as_ref().map(|(_, e)| e.identity.clone()),
-    };
+    let apis = Apis::new(&shared.client, namespace.as_deref());
     let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=changefeed-operator");
-    let controller = Controller::new(cfps, watcher::Config::default());
+    let controller = Controller::new(apis.cfps, watcher::Config::default());
     let store = controller.store();
     // Estimates ask for a reconciliation of their resource when they finish.
     let (trigger, estimated) = futures::channel::mpsc::unbounded();
-    let context = Arc::new(Context {
-        client: client.clone(),
-        recorder: Recorder::new(client.clone(), reporter),
-        worker_image: settings.worker_image.clone(),
-        metrics: metrics.clone(),
-        estimators: Estimators::new(accounts, metrics.clone(), trigger, store.clone()),
-        leading,
-        scaling: Mutex::new(HashMap::new()),
-    });
+    let context = context(shared, settings, trigger, store.clone());
     let pods_stop = CancellationToken::new();
     let pod_watch = tokio::spawn(watch_worker_pods(context.clone(), namespace.clone(), pods_stop.clone()));
     // A resource deleted without a finalizer is never reconciled again: its series (a misconfigured
     // one's cfp_processor_ready too) are removed here, and all of them when this term ends.
     let series_stop = CancellationToken::new();
     let series = tokio::spawn(forget_deleted(
-        metrics.clone(),
+        context.metrics.clone(),
         store.clone(),
         namespace.clone(),
         FORGET_DELETED_PERIOD,
@@ -268,24 +241,11 @@ async fn run_controller(
     ));
     controller
         .reconcile_on(estimated)
-        .owns(deployments, owned.clone())
-        .owns(services, owned)
+        .owns(apis.deployments, owned.clone())
+        .owns(apis.services, owned)
         // A Secret created or fixed later brings the processors that reference it forward. Only
         // Secret metadata is watched: the operator never holds Secret data it does not read.
-        .watches(
-            secrets,
-            watcher::Config::default(),
-            move |secret: PartialObjectMeta<Secret>| {
-                let name = secret.name_any();
-                let namespace = secret.namespace();
-                store
-                    .state()
-                    .into_iter()
-                    .filter(|cfp| cfp.namespace() == namespace && referenced_secrets(cfp).contains(&name))
-                    .map(|cfp| ObjectRef::from_obj(&*cfp))
-                    .collect::<Vec<_>>()
-            },
-        )
+        .watches(apis.secrets, watcher::Config::default(), referencing(store))
         .graceful_shutdown_on(async move {
             tokio::select! {
                 _ = shutdown.cancelled() => {}
@@ -306,4 +266,69 @@ async fn run_controller(
     let _ = series.await;
     // Give in-flight API calls of the stopped controller a moment before another leader starts.
     tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+/// The APIs the controller watches, in one namespace or all.
+struct Apis {
+    cfps: Api<ChangeFeedProcessor>,
+    deployments: Api<Deployment>,
+    services: Api<Service>,
+    secrets: Api<PartialObjectMeta<Secret>>,
+}
+
+impl Apis {
+    fn new(client: &Client, namespace: Option<&str>) -> Self {
+        match namespace {
+            Some(ns) => Apis {
+                cfps: Api::namespaced(client.clone(), ns),
+                deployments: Api::namespaced(client.clone(), ns),
+                services: Api::namespaced(client.clone(), ns),
+                secrets: Api::namespaced(client.clone(), ns),
+            },
+            None => Apis {
+                cfps: Api::all(client.clone()),
+                deployments: Api::all(client.clone()),
+                services: Api::all(client.clone()),
+                secrets: Api::all(client.clone()),
+            },
+        }
+    }
+}
+
+/// What the reconciliations of one leadership term share.
+fn context(
+    shared: Shared,
+    settings: &OperatorSettings,
+    trigger: UnboundedSender<ObjectRef<ChangeFeedProcessor>>,
+    store: Store<ChangeFeedProcessor>,
+) -> Arc<Context> {
+    let reporter = Reporter {
+        controller: "changefeed-operator".into(),
+        instance: settings.election.as_ref().map(|(_, e)| e.identity.clone()),
+    };
+    Arc::new(Context {
+        client: shared.client.clone(),
+        recorder: Recorder::new(shared.client, reporter),
+        worker_image: settings.worker_image.clone(),
+        metrics: shared.metrics.clone(),
+        estimators: Estimators::new(shared.accounts, shared.metrics, trigger, store),
+        leading: shared.leading,
+        scaling: Mutex::new(HashMap::new()),
+    })
+}
+
+/// The processors in a Secret's namespace that reference it.
+fn referencing(
+    store: Store<ChangeFeedProcessor>,
+) -> impl Fn(PartialObjectMeta<Secret>) -> Vec<ObjectRef<ChangeFeedProcessor>> + Send + Sync + 'static {
+    move |secret: PartialObjectMeta<Secret>| {
+        let name = secret.name_any();
+        let namespace = secret.namespace();
+        store
+            .state()
+            .into_iter()
+            .filter(|cfp| cfp.namespace() == namespace && referenced_secrets(cfp).contains(&name))
+            .map(|cfp| ObjectRef::from_obj(&*cfp))
+            .collect()
+    }
 }

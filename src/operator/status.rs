@@ -193,138 +193,8 @@ pub fn conditions(
             &now,
         ),
     };
-    // With autoscaling (built in, or an HPA or KEDA reading the estimate's metrics) a failed
-    // estimate at 0 replicas means nothing would ever start a worker.
-    let autoscaled = observation
-        .scaling
-        .as_ref()
-        .is_some_and(|s| s.reason != "ScalingDisabled");
-    let setup = observation
-        .estimate_failure
-        .as_ref()
-        .and_then(|f| Some((f.setup?, f.message.clone())));
-    let ready = match (&observation.problem, observation.deployed) {
-        (Some(problem), false) => condition(
-            READY,
-            false,
-            problem.reason,
-            format!("no workers are deployed: {}", problem.message),
-            generation,
-            &now,
-        ),
-        (Some(problem), true) => condition(
-            READY,
-            false,
-            problem.reason,
-            format!(
-                "the existing workers keep running unchanged until this is fixed: {}",
-                problem.message
-            ),
-            generation,
-            &now,
-        ),
-        (None, _) if observation.rollout.apply_failure.is_some() => condition(
-            READY,
-            false,
-            "ApplyFailed",
-            format!(
-                "the API server refused the workers' objects: {}",
-                observation.rollout.apply_failure.clone().unwrap_or_default()
-            ),
-            generation,
-            &now,
-        ),
-        (None, _) if setup.is_some() => {
-            let (reason, message) = setup.unwrap_or_default();
-            condition(READY, false, reason, message, generation, &now)
-        }
-        (None, _) if observation.desired == 0 && observation.estimate_failure.is_some() && autoscaled => condition(
-            READY,
-            false,
-            "EstimateFailed",
-            format!(
-                "0 worker pods run and the remaining work cannot be estimated, so nothing would start them: {}",
-                observation
-                    .estimate_failure
-                    .as_ref()
-                    .map(|f| f.message.as_str())
-                    .unwrap_or_default()
-            ),
-            generation,
-            &now,
-        ),
-        (None, _) if observation.desired == 0 => condition(
-            READY,
-            true,
-            "ScaledToZero",
-            "0 worker pods are desired".into(),
-            generation,
-            &now,
-        ),
-        (None, _) if observation.rollout.replica_failure.is_some() => condition(
-            READY,
-            false,
-            "ReplicaFailure",
-            format!(
-                "worker pods cannot be created: {}",
-                observation.rollout.replica_failure.clone().unwrap_or_default()
-            ),
-            generation,
-            &now,
-        ),
-        (None, _) if observation.rollout.pod_problem.is_some() => {
-            let (pod, container, reason, message) = observation.rollout.pod_problem.clone().unwrap_or_default();
-            condition(
-                READY,
-                false,
-                &reason,
-                format!(
-                    "{} of {} worker pods are ready; pod {pod} container {container}: {reason}: {message}",
-                    observation.ready, observation.desired
-                ),
-                generation,
-                &now,
-            )
-        }
-        (None, _) if observation.rollout.stalled.is_some() => condition(
-            READY,
-            false,
-            "RolloutStalled",
-            format!(
-                "the workers' rollout made no progress: {}",
-                observation.rollout.stalled.clone().unwrap_or_default()
-            ),
-            generation,
-            &now,
-        ),
-        (None, _) if !observation.rollout.observed || observation.rollout.updated < observation.desired => condition(
-            READY,
-            false,
-            "RolloutInProgress",
-            format!(
-                "{} of {} worker pods run the current template, {} ready",
-                observation.rollout.updated, observation.desired, observation.ready
-            ),
-            generation,
-            &now,
-        ),
-        (None, _) if observation.ready >= observation.desired => condition(
-            READY,
-            true,
-            "WorkersReady",
-            format!("{} of {} worker pods are ready", observation.ready, observation.desired),
-            generation,
-            &now,
-        ),
-        (None, _) => condition(
-            READY,
-            false,
-            "WorkersStarting",
-            format!("{} of {} worker pods are ready", observation.ready, observation.desired),
-            generation,
-            &now,
-        ),
-    };
+    let (ok, reason, message) = ready(observation);
+    let ready = condition(READY, ok, &reason, message, generation, &now);
     let scaling = match &observation.scaling {
         Some(state) => Some(condition(
             SCALING,
@@ -337,32 +207,8 @@ pub fn conditions(
         None => previous.iter().find(|c| c.type_ == SCALING).cloned(),
     };
     let progressing = observation.deployed.then(|| {
-        let rollout = &observation.rollout;
-        if let Some(stalled) = &rollout.stalled {
-            condition(PROGRESSING, false, "RolloutStalled", stalled.clone(), generation, &now)
-        } else if !rollout.observed || rollout.updated < observation.desired || observation.ready < observation.desired
-        {
-            condition(
-                PROGRESSING,
-                true,
-                "RolloutInProgress",
-                format!(
-                    "{} of {} worker pods updated, {} ready",
-                    rollout.updated, observation.desired, observation.ready
-                ),
-                generation,
-                &now,
-            )
-        } else {
-            condition(
-                PROGRESSING,
-                false,
-                "RolloutComplete",
-                "every worker pod runs the current template and is ready".into(),
-                generation,
-                &now,
-            )
-        }
+        let (ok, reason, message) = progressing(observation);
+        condition(PROGRESSING, ok, reason, message, generation, &now)
     });
     let degraded = match &observation.failing_leases {
         Some(failing) => Some(degraded(failing, generation, &now)),
@@ -378,6 +224,116 @@ pub fn conditions(
             c
         })
         .collect()
+}
+
+/// A condition's (status, reason, message).
+type Verdict = (bool, String, String);
+
+fn verdict(ok: bool, reason: &str, message: String) -> Verdict {
+    (ok, reason.to_owned(), message)
+}
+
+/// `Ready`: the configuration, then what was applied and estimated, then the rollout.
+fn ready(observation: &Observation) -> Verdict {
+    match (&observation.problem, observation.deployed) {
+        (Some(problem), false) => verdict(
+            false,
+            problem.reason,
+            format!("no workers are deployed: {}", problem.message),
+        ),
+        (Some(problem), true) => verdict(
+            false,
+            problem.reason,
+            format!(
+                "the existing workers keep running unchanged until this is fixed: {}",
+                problem.message
+            ),
+        ),
+        (None, _) => setup_ready(observation).unwrap_or_else(|| rollout_ready(observation)),
+    }
+}
+
+/// `Ready` when the API server refused the workload, or the estimate shows a problem that keeps
+/// the workers from working or from ever starting; `None` otherwise.
+fn setup_ready(observation: &Observation) -> Option<Verdict> {
+    if let Some(failure) = &observation.rollout.apply_failure {
+        let message = format!("the API server refused the workers' objects: {failure}");
+        return Some(verdict(false, "ApplyFailed", message));
+    }
+    let failure = observation.estimate_failure.as_ref()?;
+    if let Some(setup) = failure.setup {
+        return Some(verdict(false, setup, failure.message.clone()));
+    }
+    // With autoscaling (built in, or an HPA or KEDA reading the estimate's metrics) a failed
+    // estimate at 0 replicas means nothing would ever start a worker.
+    let autoscaled = observation
+        .scaling
+        .as_ref()
+        .is_some_and(|s| s.reason != "ScalingDisabled");
+    (observation.desired == 0 && autoscaled).then(|| {
+        verdict(
+            false,
+            "EstimateFailed",
+            format!(
+                "0 worker pods run and the remaining work cannot be estimated, so nothing would start them: {}",
+                failure.message
+            ),
+        )
+    })
+}
+
+/// `Ready` from the rollout of the workers and their pods.
+fn rollout_ready(observation: &Observation) -> Verdict {
+    let (rollout, desired, ready) = (&observation.rollout, observation.desired, observation.ready);
+    if desired == 0 {
+        return verdict(true, "ScaledToZero", "0 worker pods are desired".into());
+    }
+    if let Some(failure) = &rollout.replica_failure {
+        return verdict(
+            false,
+            "ReplicaFailure",
+            format!("worker pods cannot be created: {failure}"),
+        );
+    }
+    if let Some((pod, container, reason, message)) = &rollout.pod_problem {
+        let message =
+            format!("{ready} of {desired} worker pods are ready; pod {pod} container {container}: {reason}: {message}");
+        return verdict(false, reason, message);
+    }
+    if let Some(stalled) = &rollout.stalled {
+        let message = format!("the workers' rollout made no progress: {stalled}");
+        return verdict(false, "RolloutStalled", message);
+    }
+    if !rollout.observed || rollout.updated < desired {
+        let message = format!(
+            "{} of {desired} worker pods run the current template, {ready} ready",
+            rollout.updated
+        );
+        return verdict(false, "RolloutInProgress", message);
+    }
+    let message = format!("{ready} of {desired} worker pods are ready");
+    if ready >= desired {
+        verdict(true, "WorkersReady", message)
+    } else {
+        verdict(false, "WorkersStarting", message)
+    }
+}
+
+/// `Progressing` of a deployed workload: (status, reason, message).
+fn progressing(observation: &Observation) -> (bool, &'static str, String) {
+    let rollout = &observation.rollout;
+    if let Some(stalled) = &rollout.stalled {
+        (false, "RolloutStalled", stalled.clone())
+    } else if !rollout.observed || rollout.updated < observation.desired || observation.ready < observation.desired {
+        let message = format!(
+            "{} of {} worker pods updated, {} ready",
+            rollout.updated, observation.desired, observation.ready
+        );
+        (true, "RolloutInProgress", message)
+    } else {
+        let message = "every worker pod runs the current template and is ready".into();
+        (false, "RolloutComplete", message)
+    }
 }
 
 #[cfg(test)]

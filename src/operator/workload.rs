@@ -372,34 +372,6 @@ pub fn with_secrets_digest(mut deployment: Deployment, digest: Option<String>) -
 pub fn worker_deployment(cfp: &ChangeFeedProcessor, image: &str, replicas: i32) -> Deployment {
     let spec = &cfp.spec;
     let name = cfp.metadata.name.clone().unwrap_or_default();
-    let worker = Container {
-        name: WORKER_CONTAINER.into(),
-        image: Some(spec.worker.image.clone().unwrap_or_else(|| image.to_owned())),
-        image_pull_policy: spec.worker.image_pull_policy.clone(),
-        args: Some(vec!["worker".into()]),
-        env: Some(container_env(cfp)),
-        ports: Some(vec![ContainerPort {
-            name: Some("metrics".into()),
-            container_port: spec.worker.metrics_port,
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
-        liveness_probe: Some(probe("/healthz", 10)),
-        readiness_probe: Some(probe("/readyz", 5)),
-        resources: Some(spec.worker.resources.clone().unwrap_or_else(default_resources)),
-        security_context: Some(restricted()),
-        env_from: Some(spec.worker.env_from.clone()).filter(|e| !e.is_empty()),
-        volume_mounts: Some(spec.worker.volume_mounts.clone()).filter(|m| !m.is_empty()),
-        ..Default::default()
-    };
-    let containers = vec![worker];
-    let sidecars: Vec<Container> = spec.worker.sidecars.iter().cloned().map(native_sidecar).collect();
-    let mut pod_labels = spec.worker.labels.clone();
-    pod_labels.extend(labels(cfp));
-    pod_labels.extend(selector_labels(cfp));
-    if uses_workload_identity(cfp) {
-        pod_labels.insert(WORKLOAD_IDENTITY_LABEL.into(), "true".into());
-    }
     Deployment {
         metadata: ObjectMeta {
             name: Some(name),
@@ -423,40 +395,84 @@ pub fn worker_deployment(cfp: &ChangeFeedProcessor, image: &str, replicas: i32) 
             }),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(pod_labels),
+                    labels: Some(pod_labels(cfp)),
                     annotations: Some(spec.worker.annotations.clone()).filter(|a| !a.is_empty()),
                     ..Default::default()
                 }),
-                spec: Some(PodSpec {
-                    containers,
-                    init_containers: Some(sidecars).filter(|s| !s.is_empty()),
-                    automount_service_account_token: Some(false),
-                    service_account_name: spec.worker.service_account_name.clone(),
-                    node_selector: Some(spec.worker.node_selector.clone()).filter(|n| !n.is_empty()),
-                    tolerations: Some(spec.worker.tolerations.clone()).filter(|t| !t.is_empty()),
-                    volumes: Some(spec.worker.volumes.clone()).filter(|v| !v.is_empty()),
-                    image_pull_secrets: Some(spec.worker.image_pull_secrets.clone()).filter(|s| !s.is_empty()),
-                    affinity: spec.worker.affinity.clone(),
-                    topology_spread_constraints: Some(spec.worker.topology_spread_constraints.clone())
-                        .filter(|t| !t.is_empty()),
-                    priority_class_name: spec.worker.priority_class_name.clone(),
-                    termination_grace_period_seconds: Some(termination_grace_period(cfp)),
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        run_as_user: Some(65532),
-                        run_as_group: Some(65532),
-                        seccomp_profile: Some(SeccompProfile {
-                            type_: "RuntimeDefault".into(),
-                            localhost_profile: None,
-                        }),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
+                spec: Some(worker_pod(cfp, image)),
             },
             ..Default::default()
         }),
         status: None,
+    }
+}
+
+/// The worker container: the image, `cfp worker` with its environment, the metrics port and the
+/// probes.
+fn worker_container(cfp: &ChangeFeedProcessor, image: &str) -> Container {
+    let spec = &cfp.spec;
+    Container {
+        name: WORKER_CONTAINER.into(),
+        image: Some(spec.worker.image.clone().unwrap_or_else(|| image.to_owned())),
+        image_pull_policy: spec.worker.image_pull_policy.clone(),
+        args: Some(vec!["worker".into()]),
+        env: Some(container_env(cfp)),
+        ports: Some(vec![ContainerPort {
+            name: Some("metrics".into()),
+            container_port: spec.worker.metrics_port,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        liveness_probe: Some(probe("/healthz", 10)),
+        readiness_probe: Some(probe("/readyz", 5)),
+        resources: Some(spec.worker.resources.clone().unwrap_or_else(default_resources)),
+        security_context: Some(restricted()),
+        env_from: Some(spec.worker.env_from.clone()).filter(|e| !e.is_empty()),
+        volume_mounts: Some(spec.worker.volume_mounts.clone()).filter(|m| !m.is_empty()),
+        ..Default::default()
+    }
+}
+
+/// The worker pods' labels: the user's, ours, the selector's, and workload identity's.
+fn pod_labels(cfp: &ChangeFeedProcessor) -> BTreeMap<String, String> {
+    let mut pod_labels = cfp.spec.worker.labels.clone();
+    pod_labels.extend(labels(cfp));
+    pod_labels.extend(selector_labels(cfp));
+    if uses_workload_identity(cfp) {
+        pod_labels.insert(WORKLOAD_IDENTITY_LABEL.into(), "true".into());
+    }
+    pod_labels
+}
+
+/// The worker pod: its containers, the scheduling the spec asks for, and a restricted security
+/// context.
+fn worker_pod(cfp: &ChangeFeedProcessor, image: &str) -> PodSpec {
+    let worker = &cfp.spec.worker;
+    let sidecars: Vec<Container> = worker.sidecars.iter().cloned().map(native_sidecar).collect();
+    PodSpec {
+        containers: vec![worker_container(cfp, image)],
+        init_containers: Some(sidecars).filter(|s| !s.is_empty()),
+        automount_service_account_token: Some(false),
+        service_account_name: worker.service_account_name.clone(),
+        node_selector: Some(worker.node_selector.clone()).filter(|n| !n.is_empty()),
+        tolerations: Some(worker.tolerations.clone()).filter(|t| !t.is_empty()),
+        volumes: Some(worker.volumes.clone()).filter(|v| !v.is_empty()),
+        image_pull_secrets: Some(worker.image_pull_secrets.clone()).filter(|s| !s.is_empty()),
+        affinity: worker.affinity.clone(),
+        topology_spread_constraints: Some(worker.topology_spread_constraints.clone()).filter(|t| !t.is_empty()),
+        priority_class_name: worker.priority_class_name.clone(),
+        termination_grace_period_seconds: Some(termination_grace_period(cfp)),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(65532),
+            run_as_group: Some(65532),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                localhost_profile: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
     }
 }
 

@@ -1,0 +1,30 @@
+//! The `ChangeFeedProcessor` custom resource (group `changefeed.io`, version `v1alpha1`).
+//! Field doc comments become the schema descriptions that `kubectl explain` prints.
+//!
+//! By part of the resource: `spec` (the kind, its cross-field rules and the feed),
+//! `connection`, `leases`, `handler` (with retries, dead letters, checkpoints),
+//! `autoscaling`, `worker` (the pod template), `status` and `schema` (`crd_yaml`).
+
+mod autoscaling;
+mod connection;
+mod handler;
+mod leases;
+mod schema;
+mod spec;
+mod status;
+mod worker;
+
+pub use autoscaling::{Autoscaling, ScalingBehavior, ScalingPolicy, ScalingPolicyKind, ScalingRules, SelectPolicyKind};
+pub use connection::{Connection, ContainerRef, SecretKeyRef};
+pub use handler::{
+    CheckpointSpec, DeadLetterSpec, HandlerKind, HandlerSpec, HeaderValueSource, HttpHandlerSpec, HttpHeader, RetrySpec,
+};
+pub use leases::{AdoptFrom, ForeignLayoutKind, LeaseSettings, LeaseTimings};
+pub use schema::crd_yaml;
+pub use spec::{ChangeFeedProcessor, ChangeFeedProcessorSpec, FeedModeKind};
+pub use status::ChangeFeedProcessorStatus;
+pub use worker::WorkerTemplate;
+
+/// Go-style durations the worker accepts (`500ms`, `2s`, `1m`, `1h`).
+const DURATION_RULE: &str = "self.matches('^([0-9]+(ms|s|m|h))+$')";
+const DURATION_MESSAGE: &str = "must be a duration such as 500ms, 2s, 1m30s or 1h";

@@ -1,0 +1,55 @@
+//! The observed state the operator reports.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::KubeSchema;
+use serde::Deserialize;
+use serde::Serialize;
+
+/// The observed state.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ChangeFeedProcessorStatus {
+    /// The generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Worker pods that exist.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Worker pods that are ready.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// The label selector of the worker pods (for the `/scale` subresource).
+    #[serde(default)]
+    pub selector: String,
+    /// Worker pods the operator asks for: `spec.replicas`, or the autoscaler's decision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_replicas: Option<i32>,
+    /// Lease documents (feed ranges) of the processor, from the last estimate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leases: Option<i32>,
+    /// Leases with remaining work, from the last estimate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leases_with_lag: Option<i32>,
+    /// Estimated remaining operations over all leases, from the last estimate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_lag: Option<i64>,
+    /// When the last successful estimate was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_estimate_time: Option<Time>,
+    /// When the operator last changed the number of worker pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_time: Option<Time>,
+    /// Leases per owning instance (worker pod), from the last estimate; only instances that own
+    /// a lease, at most 100.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub instances: BTreeMap<String, i32>,
+    /// `Ready` (workers running as specified), `ConfigValid` (the configuration can work) and
+    /// `Scaling` (what the autoscaler decided and why), with reasons and messages that say what
+    /// to do.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}

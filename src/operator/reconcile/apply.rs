@@ -1,0 +1,166 @@
+//! The reconciler's writes: the workload by server-side apply, the held replicas through
+//! `/scale`, the finalizer, and the report (Events, then the status). Thin: what to write is
+//! decided elsewhere.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Client, Resource, ResourceExt};
+
+use super::super::crd::ChangeFeedProcessor;
+use super::super::status::{MAX_EVENT_NOTE, bounded};
+use super::super::workload::{
+    FIELD_MANAGER, metrics_service, with_secrets_digest, worker_deployment, worker_disruption_budget,
+};
+use super::report::{Apply, Note, Report};
+use super::{Context, LEASE_FINALIZER, ReconcileError};
+
+/// The workload as rendered for a number of replicas.
+pub(super) struct Workload<'a> {
+    /// The resource.
+    pub cfp: &'a ChangeFeedProcessor,
+    /// The worker image.
+    pub image: &'a str,
+    /// The digest of the referenced Secrets' values (rolls the pods when a key rotates).
+    pub secrets_digest: Option<String>,
+}
+
+/// Applies the worker Deployment, metrics Service and PodDisruptionBudget; returns what became of
+/// them and the Deployment as applied. A refusal by the API server (admission, validation,
+/// permissions) is reported on the resource; other failures are retried.
+pub(super) async fn apply_workload(
+    client: &Client,
+    namespace: &str,
+    workload: Workload<'_>,
+    replicas: i32,
+) -> Result<(Apply, Option<Deployment>), ReconcileError> {
+    match apply_objects(client, namespace, workload, replicas).await {
+        Ok(applied) => Ok((Apply::Applied, Some(applied))),
+        Err(kube::Error::Api(status)) if !status.is_conflict() => {
+            Ok((Apply::Refused(format!("{} ({})", status.message, status.reason)), None))
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+async fn apply_objects(
+    client: &Client,
+    namespace: &str,
+    workload: Workload<'_>,
+    replicas: i32,
+) -> Result<Deployment, kube::Error> {
+    let cfp = workload.cfp;
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let name = cfp.name_any();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    let deployment = with_secrets_digest(
+        worker_deployment(cfp, workload.image, replicas),
+        workload.secrets_digest,
+    );
+    let applied = deployments.patch(&name, &params, &Patch::Apply(&deployment)).await?;
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let service = metrics_service(cfp);
+    let service_name = service.metadata.name.clone().unwrap_or_default();
+    services.patch(&service_name, &params, &Patch::Apply(&service)).await?;
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), namespace);
+    budgets
+        .patch(&name, &params, &Patch::Apply(&worker_disruption_budget(cfp)))
+        .await?;
+    Ok(applied)
+}
+
+/// Applies the worker Deployment alone (scaling it down before the leases are deleted).
+pub(super) async fn apply_deployment(
+    deployments: &Api<Deployment>,
+    workload: Workload<'_>,
+    replicas: i32,
+) -> Result<Deployment, kube::Error> {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let deployment = with_secrets_digest(
+        worker_deployment(workload.cfp, workload.image, replicas),
+        workload.secrets_digest,
+    );
+    deployments
+        .patch(&workload.cfp.name_any(), &params, &Patch::Apply(&deployment))
+        .await
+}
+
+/// Sets the worker Deployment's replicas through its `/scale` subresource (nothing else of it).
+pub(super) async fn hold_replicas(
+    deployments: &Api<Deployment>,
+    name: &str,
+    replicas: i32,
+) -> Result<Deployment, kube::Error> {
+    let patch = serde_json::json!({"spec": {"replicas": replicas}});
+    deployments
+        .patch_scale(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    deployments.get(name).await
+}
+
+/// Adds or removes the lease-cleanup finalizer (guarded by the resource version).
+pub(super) async fn set_finalizer(
+    api: &Api<ChangeFeedProcessor>,
+    cfp: &ChangeFeedProcessor,
+    present: bool,
+) -> Result<(), kube::Error> {
+    let mut finalizers: Vec<String> = cfp
+        .finalizers()
+        .iter()
+        .filter(|f| *f != LEASE_FINALIZER)
+        .cloned()
+        .collect();
+    if present {
+        finalizers.push(LEASE_FINALIZER.into());
+    }
+    let patch = serde_json::json!({
+        "metadata": { "finalizers": finalizers, "resourceVersion": cfp.resource_version() }
+    });
+    api.patch(&cfp.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Publishes one Event on the resource; a failure is logged, not retried.
+pub(super) async fn publish(ctx: &Context, cfp: &ChangeFeedProcessor, note: Note) {
+    let event = Event {
+        type_: if note.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: note.reason,
+        note: Some(bounded(note.note, MAX_EVENT_NOTE)),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(error) = ctx.recorder.publish(&event, &cfp.object_ref(&())).await {
+        tracing::warn!(%error, "publishing an event failed");
+    }
+}
+
+/// Writes `report`: its Events, then the status when it changed.
+pub(super) async fn write_report(
+    ctx: &Context,
+    cfps: &Api<ChangeFeedProcessor>,
+    cfp: &ChangeFeedProcessor,
+    report: Report,
+) -> Result<(), kube::Error> {
+    for note in report.events {
+        publish(ctx, cfp, note).await;
+    }
+    if cfp.status.as_ref() == Some(&report.status) {
+        return Ok(());
+    }
+    let body = serde_json::json!({
+        "apiVersion": "changefeed.io/v1alpha1",
+        "kind": "ChangeFeedProcessor",
+        "status": report.status,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    cfps.patch_status(&cfp.name_any(), &params, &Patch::Apply(&body))
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,260 @@
+//! Reconciling a `ChangeFeedProcessor`: check its configuration, apply the worker Deployment and
+//! metrics Service with server-side apply, report status and Events, and clean up leases on
+//! deletion when asked.
+//!
+//! One reconciliation is observe (`observe`: Secrets, Deployment, HPAs, estimates, pods) →
+//! plan (`plan`, pure: the replicas) → apply (`apply`: server-side apply, `/scale`) →
+//! report (`report`, pure: status and Events; then one thin write). `cleanup` runs the
+//! lease-cleanup finalizer; `target` (pure) says which accounts and containers to read.
+
+mod apply;
+mod cleanup;
+mod observe;
+mod plan;
+mod report;
+mod target;
+
+pub use cleanup::LeaseCleanupError;
+pub use plan::ScaleState;
+pub use target::{CredentialError, TargetError};
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::events::Recorder;
+use kube::{Client, ResourceExt};
+
+use super::config;
+use super::crd::ChangeFeedProcessor;
+use super::estimation::{EstimateReport, Estimators, ResourceKey};
+use super::metrics::OperatorMetrics;
+use super::pause::Pause;
+use apply::{Workload, apply_workload, hold_replicas, set_finalizer, write_report};
+use plan::{Autoscaling, ReplicaPlan};
+use report::Outcome;
+
+/// The finalizer that deletes a processor's lease documents before the resource goes away.
+pub const LEASE_FINALIZER: &str = "changefeed.io/lease-cleanup";
+
+/// What reconciliations share (one leadership term).
+pub struct Context {
+    /// The Kubernetes client.
+    pub client: Client,
+    /// Publishes Events.
+    pub recorder: Recorder,
+    /// The default worker image.
+    pub worker_image: String,
+    /// Reconcile and processor metrics.
+    pub metrics: Arc<OperatorMetrics>,
+    /// The remaining-work estimates, one task per resource.
+    pub estimators: Estimators,
+    /// The autoscaler's memory per resource (recent recommendations, last decision).
+    pub scaling: Mutex<HashMap<ResourceKey, ScaleState>>,
+    /// Whether this replica may act now (it leads, with a renewal inside the deadline).
+    pub leading: Arc<dyn Fn() -> bool + Send + Sync>,
+}
+
+/// Why a reconciliation failed (it is retried).
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// A Kubernetes API call failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The resource has no namespace or name.
+    #[error("the resource has no namespace or name")]
+    Unnamed,
+}
+
+impl ReconcileError {
+    /// A short label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ReconcileError::Kube(kube::Error::Api(status)) if status.is_conflict() => "conflict",
+            ReconcileError::Kube(_) => "kubernetes_api",
+            ReconcileError::Unnamed => "unnamed",
+        }
+    }
+}
+
+/// Reconciles one resource.
+pub async fn reconcile(cfp: Arc<ChangeFeedProcessor>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    if !(ctx.leading)() {
+        // Not (or no longer) the leader: the controller is being stopped; touch nothing.
+        return Ok(Action::await_change());
+    }
+    let started = Instant::now();
+    let result = reconcile_inner(&cfp, &ctx).await;
+    ctx.metrics
+        .observe(started.elapsed(), result.as_ref().err().map(ReconcileError::reason));
+    result
+}
+
+/// After a failure: retry soon.
+pub fn error_policy(cfp: Arc<ChangeFeedProcessor>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(processor = %cfp.name_any(), namespace = ?cfp.namespace(), %error, "reconcile failed");
+    Action::requeue(Duration::from_secs(10))
+}
+
+async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Action, ReconcileError> {
+    let namespace = cfp.namespace().ok_or(ReconcileError::Unnamed)?;
+    let name = cfp.metadata.name.clone().ok_or(ReconcileError::Unnamed)?;
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(ctx.client.clone(), &namespace);
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    let found = observe::found_secrets(&secrets, cfp).await?;
+    let key: ResourceKey = (namespace.clone(), name.clone());
+    if cfp.metadata.deletion_timestamp.is_some() {
+        return finalize(ctx, cfp, &cfps, &key, &found).await;
+    }
+    let wants_finalizer = cfp.spec.leases.delete_on_resource_deletion;
+    if wants_finalizer != cfp.finalizers().iter().any(|f| f == LEASE_FINALIZER) {
+        set_finalizer(&cfps, cfp, wants_finalizer).await?;
+    }
+    let mut outcome = observe_and_plan(ctx, cfp, &key, &found).await?;
+    apply(ctx, cfp, &key, &found, &mut outcome).await?;
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    outcome.remembered_scale_time = remember_scale(ctx, &key, outcome.before, outcome.desired(), &now);
+    if outcome.needs_pod_check() {
+        outcome.pod_problem = observe::pod_problem(&ctx.client, &namespace, cfp).await;
+    }
+    let report = report::report(cfp, &outcome, now);
+    if let Some(replicas) = report.desired_replicas {
+        ctx.metrics.desired_replicas(&namespace, &name, replicas);
+    }
+    ctx.metrics.paused(&namespace, &name, outcome.paused.is_some());
+    ctx.metrics.ready(&namespace, &name, report.ready);
+    let requeue = report.requeue;
+    write_report(ctx, &cfps, cfp, report).await?;
+    Ok(Action::requeue(requeue))
+}
+
+/// A deleted resource: stop estimating and forget its scaling; clean up the leases when the
+/// finalizer asks for it.
+async fn finalize(
+    ctx: &Context,
+    cfp: &ChangeFeedProcessor,
+    cfps: &Api<ChangeFeedProcessor>,
+    key: &ResourceKey,
+    found: &BTreeMap<String, Secret>,
+) -> Result<Action, ReconcileError> {
+    ctx.estimators.stop(key);
+    if let Ok(mut scaling) = ctx.scaling.lock() {
+        scaling.remove(key);
+    }
+    if cfp.finalizers().iter().any(|f| f == LEASE_FINALIZER) {
+        return cleanup::clean_up(ctx, cfp, cfps, found).await;
+    }
+    Ok(Action::await_change())
+}
+
+/// Observes the configuration, the Deployment and the estimate, and plans the replicas.
+async fn observe_and_plan(
+    ctx: &Context,
+    cfp: &ChangeFeedProcessor,
+    key: &ResourceKey,
+    found: &BTreeMap<String, Secret>,
+) -> Result<Outcome, ReconcileError> {
+    let (problem, paused) = observe::configuration(cfp, found);
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &key.0);
+    let existing = deployments.get_opt(&key.1).await?;
+    let before = existing.as_ref().and_then(|d| d.spec.as_ref()).and_then(|s| s.replicas);
+    let mut outcome = Outcome {
+        problem,
+        paused,
+        before,
+        deployment: existing,
+        ..Outcome::default()
+    };
+    if outcome.problem.is_some() {
+        // Nothing to estimate with; the existing workload (if any) stays as it is.
+        ctx.estimators.stop(key);
+        return Ok(outcome);
+    }
+    match target::estimate_target(cfp, found) {
+        Ok(target) => ctx.estimators.ensure(key, target),
+        Err(error) => tracing::warn!(namespace = key.0, processor = key.1, %error, "cannot estimate"),
+    }
+    outcome.estimate = ctx.estimators.report(key);
+    outcome.plan = Some(match paused {
+        // Nothing is applied while paused: the plan names no replicas.
+        Some(pause) => plan::paused_plan(pause, before),
+        None => plan_replicas(ctx, cfp, key, before, outcome.estimate.as_ref()).await,
+    });
+    Ok(outcome)
+}
+
+/// The replicas from `spec.replicas` (autoscaling off, or an external autoscaler), or from the
+/// autoscaling policy applied to the newest estimate.
+async fn plan_replicas(
+    ctx: &Context,
+    cfp: &ChangeFeedProcessor,
+    key: &ResourceKey,
+    current: Option<i32>,
+    report: Option<&EstimateReport>,
+) -> ReplicaPlan {
+    let Some(policy) = config::scaling_policy(cfp) else {
+        return plan::fixed_plan(cfp);
+    };
+    let external = observe::external_autoscaler(&ctx.client, &key.0, &key.1).await;
+    let seen = Autoscaling {
+        policy,
+        external,
+        report,
+    };
+    let mut states = ctx.scaling.lock().ok();
+    let state = states.as_mut().map(|states| states.entry(key.clone()).or_default());
+    plan::autoscaled_plan(cfp, seen, current, state)
+}
+
+/// Applies the planned workload (none with a configuration problem, or none planned yet) and the
+/// replicas a pause holds; records what became of them in `outcome`.
+async fn apply(
+    ctx: &Context,
+    cfp: &ChangeFeedProcessor,
+    key: &ResourceKey,
+    found: &BTreeMap<String, Secret>,
+    outcome: &mut Outcome,
+) -> Result<(), ReconcileError> {
+    if let (None, Some(desired)) = (&outcome.problem, outcome.desired()) {
+        let workload = Workload {
+            cfp,
+            image: &ctx.worker_image,
+            secrets_digest: config::secrets_digest(cfp, found),
+        };
+        let (apply, applied) = apply_workload(&ctx.client, &key.0, workload, desired).await?;
+        outcome.apply = apply;
+        if applied.is_some() {
+            outcome.deployment = applied;
+        }
+    }
+    if let (Some(Pause { replicas: Some(held) }), Some(current)) = (outcome.paused, outcome.before)
+        && held != current
+    {
+        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &key.0);
+        outcome.deployment = Some(hold_replicas(&deployments, &key.1, held).await?);
+        outcome.held = Some((current, held));
+    }
+    Ok(())
+}
+
+/// When the replicas were last changed: now when `before` differs from `desired`, else what this
+/// operator remembers.
+fn remember_scale(
+    ctx: &Context,
+    key: &ResourceKey,
+    before: Option<i32>,
+    desired: Option<i32>,
+    now: &Time,
+) -> Option<Time> {
+    let mut states = ctx.scaling.lock().ok()?;
+    let state = states.entry(key.clone()).or_default();
+    if desired.is_some() && before != desired {
+        state.last_scale_time = Some(now.clone());
+    }
+    state.last_scale_time.clone()
+}

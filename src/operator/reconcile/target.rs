@@ -1,0 +1,150 @@
+//! What the operator reads for a resource (estimates, lease cleanup): the accounts with the
+//! credentials from the referenced Secrets, the containers and the processor options. Pure.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Secret;
+
+use super::super::config::{self, ConfigProblem};
+use super::super::crd::{ChangeFeedProcessor, Connection};
+use super::super::estimation::{AccountRef, EstimateTarget, OPERATOR_INSTANCE};
+use crate::cosmos::{AccountAuth, AuthMethod};
+
+/// Why the operator's own credential for a connection is not at hand.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialError {
+    /// `auth: Key` without a `keySecretRef`.
+    #[error("connection.keySecretRef is needed with auth Key")]
+    NoSecretRef,
+    /// The referenced Secret, or its key, is missing.
+    #[error("Secret {name:?} key {key:?} is needed")]
+    SecretKeyMissing {
+        /// The Secret's name.
+        name: String,
+        /// The key in it.
+        key: String,
+    },
+}
+
+/// Why the operator cannot tell what to read for a resource.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TargetError {
+    /// A credential is not at hand.
+    #[error(transparent)]
+    Credential(#[from] CredentialError),
+    /// The spec does not make valid processor options.
+    #[error("{}", .0.message)]
+    Options(ConfigProblem),
+}
+
+/// What the operator estimates for `cfp`, with the keys from its Secrets.
+pub fn estimate_target(
+    cfp: &ChangeFeedProcessor,
+    found: &BTreeMap<String, Secret>,
+) -> Result<EstimateTarget, TargetError> {
+    let spec = &cfp.spec;
+    let account = AccountRef {
+        endpoint: spec.connection.endpoint.clone(),
+        auth: account_auth(found, &spec.connection)?,
+    };
+    let lease_account = match &spec.leases.connection {
+        Some(connection) => Some(AccountRef {
+            endpoint: connection.endpoint.clone(),
+            auth: account_auth(found, connection)?,
+        }),
+        None => None,
+    };
+    let mut options = crate::processor::ProcessorOptions::try_from(cfp).map_err(TargetError::Options)?;
+    options.instance = OPERATOR_INSTANCE.to_owned();
+    Ok(EstimateTarget {
+        account,
+        lease_account,
+        database: spec.monitored.database.clone(),
+        container: spec.monitored.container.clone(),
+        lease_database: spec.lease_database(),
+        lease_container: spec.lease_container(),
+        options,
+        create_leases: spec.create_leases(),
+        interval: config::estimate_interval(cfp),
+    })
+}
+
+/// How the operator itself authenticates to a connection's account: the key from the Secret, or
+/// its own workload identity.
+pub fn account_auth(found: &BTreeMap<String, Secret>, connection: &Connection) -> Result<AccountAuth, CredentialError> {
+    let reference = match (connection.auth, &connection.key_secret_ref) {
+        (AuthMethod::WorkloadIdentity, _) => return Ok(AccountAuth::WorkloadIdentity),
+        (AuthMethod::ManagedIdentity, _) => return Ok(AccountAuth::ManagedIdentity),
+        (AuthMethod::Key, Some(reference)) => reference,
+        (AuthMethod::Key, None) => return Err(CredentialError::NoSecretRef),
+    };
+    found
+        .get(&reference.name)
+        .and_then(|s| s.data.as_ref())
+        .and_then(|d| d.get(&reference.key))
+        .map(|v| AccountAuth::Key(String::from_utf8_lossy(&v.0).into_owned()))
+        .ok_or_else(|| CredentialError::SecretKeyMissing {
+            name: reference.name.clone(),
+            key: reference.key.clone(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::crd::ChangeFeedProcessorSpec;
+    use k8s_openapi::ByteString;
+
+    fn resource(connection: serde_json::Value) -> ChangeFeedProcessor {
+        let spec = serde_json::json!({
+            "connection": connection,
+            "monitored": {"database": "db", "container": "c"},
+        });
+        let spec: ChangeFeedProcessorSpec = serde_json::from_value(spec).unwrap();
+        ChangeFeedProcessor::new("p", spec)
+    }
+
+    fn with_key(value: &str) -> BTreeMap<String, Secret> {
+        let secret = Secret {
+            data: Some(BTreeMap::from([(
+                "key".to_owned(),
+                ByteString(value.as_bytes().to_vec()),
+            )])),
+            ..Default::default()
+        };
+        BTreeMap::from([("cosmos".to_owned(), secret)])
+    }
+
+    type Case<'a> = (
+        &'a ChangeFeedProcessor,
+        BTreeMap<String, Secret>,
+        Result<AccountAuth, CredentialError>,
+    );
+
+    #[test]
+    fn the_credential_comes_from_the_secret_or_the_identity() {
+        let endpoint = "https://a.documents.azure.com/";
+        let keyed = resource(serde_json::json!({"endpoint": endpoint, "keySecretRef": {"name": "cosmos"}}));
+        let unreferenced = resource(serde_json::json!({"endpoint": endpoint, "auth": "Key"}));
+        let identity = resource(serde_json::json!({"endpoint": endpoint, "auth": "WorkloadIdentity"}));
+        let cases: [Case<'_>; 4] = [
+            (&keyed, with_key("k1"), Ok(AccountAuth::Key("k1".into()))),
+            (
+                &keyed,
+                BTreeMap::new(),
+                Err(CredentialError::SecretKeyMissing {
+                    name: "cosmos".into(),
+                    key: "key".into(),
+                }),
+            ),
+            (&unreferenced, BTreeMap::new(), Err(CredentialError::NoSecretRef)),
+            (&identity, BTreeMap::new(), Ok(AccountAuth::WorkloadIdentity)),
+        ];
+        for (cfp, found, expected) in cases {
+            assert_eq!(account_auth(&found, &cfp.spec.connection), expected);
+        }
+        let missing = estimate_target(&keyed, &BTreeMap::new()).err().map(|e| e.to_string());
+        assert_eq!(missing.as_deref(), Some("Secret \"cosmos\" key \"key\" is needed"));
+        assert!(estimate_target(&keyed, &with_key("k1")).is_ok());
+    }
+}
