@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use changefeed_operator::processor::{Batch, ChangeHandler, CloseReason, HandlerError, LeaseEvent, LeaseStore};
+use changefeed_operator::processor::{Batch, ChangeHandler, CloseReason, HandlerError, Lease, LeaseEvent, LeaseStore};
 
 use crate::common::{self, Env, eventually, fair, ids, upsert_doc};
 
@@ -738,10 +738,9 @@ async fn a_malformed_lease_document_is_skipped_and_counted_not_fatal() {
     a.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_whose_reads_keep_failing_is_reported_and_the_others_flow() {
-    let env = Env::new(2).await;
-    // Leases exist; one gets a continuation the service refuses.
+/// Creates the leases of `env` (an instance that starts and stops), then gives one of them a
+/// continuation the service refuses; the store and that lease.
+async fn with_a_refused_continuation(env: &Env) -> (Arc<dyn LeaseStore>, Lease) {
     let first = env.start(env.options("first")).await;
     assert!(eventually(Duration::from_secs(10), || async { first.owned_leases().len() == 2 }).await);
     first.stop().await;
@@ -749,6 +748,13 @@ async fn a_lease_whose_reads_keep_failing_is_reported_and_the_others_flow() {
     let mut broken = env.leases().await.remove(0);
     broken.continuation = Some("{\"kind\":\"not_a_cursor\"}".into());
     store.replace(&broken).await.unwrap();
+    (store, broken)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_whose_reads_keep_failing_is_reported_and_the_others_flow() {
+    let env = Env::new(2).await;
+    let (_, broken) = with_a_refused_continuation(&env).await;
     let a = env.start(env.options("a")).await;
     env.write(0..200).await;
     let monitor = a.monitor();
@@ -772,13 +778,7 @@ async fn a_lease_whose_reads_keep_failing_is_reported_and_the_others_flow() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_lease_taken_by_another_instance_is_no_longer_reported_here() {
     let env = Env::new(2).await;
-    let first = env.start(env.options("first")).await;
-    assert!(eventually(Duration::from_secs(10), || async { first.owned_leases().len() == 2 }).await);
-    first.stop().await;
-    let store = env.store().await;
-    let mut broken = env.leases().await.remove(0);
-    broken.continuation = Some("{\"kind\":\"not_a_cursor\"}".into());
-    store.replace(&broken).await.unwrap();
+    let (store, broken) = with_a_refused_continuation(&env).await;
     let a = env.start(env.options("a")).await;
     let reported = eventually(Duration::from_secs(20), || async {
         a.monitor()
