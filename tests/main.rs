@@ -23,6 +23,7 @@ mod clock_skew;
 mod cosmos_feed;
 mod crd;
 mod demo;
+mod deposed_owner;
 mod end_to_end;
 mod entra_auth;
 mod estimator;

@@ -21,7 +21,7 @@ use super::handler::{Batch, HandlerError};
 use super::lease::HANDLER_FAILING_PROPERTY;
 use super::manual::{CheckpointHandle, Handler};
 use super::options::OnExhausted;
-use super::owned::OwnedLease;
+use super::owned::{OwnedLease, UpdateError};
 use super::shared::Shared;
 use crate::cosmos::{Change, EpkRange};
 
@@ -62,14 +62,40 @@ impl Delivery<'_> {
         self.shared.telemetry.error(Some(self.owned.token()), error);
     }
 
-    /// Hands `documents` (from index `offset` of the batch) to the handler once.
+    /// Whether the lease is still this instance's (see [`OwnedLease::ensure_owned`]): `false`
+    /// when it was lost or the lease stopped first; while the lease store cannot tell, waits.
+    async fn still_owned(&self) -> bool {
+        let mut failures = 0;
+        loop {
+            match self.owned.ensure_owned(self.shared.options.expiration).await {
+                Ok(()) => return true,
+                Err(UpdateError::Store(error)) => {
+                    tracing::debug!(%error, "cannot confirm the lease before delivering; retrying");
+                    if !pause(self.owned, self.shared.options.backoff(failures)).await {
+                        return false;
+                    }
+                    failures += 1;
+                }
+                Err(lost) => {
+                    tracing::info!(reason = %lost, "the lease is no longer this instance's; not delivering");
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Hands `documents` (from index `offset` of the batch) to the handler once, after making
+    /// sure the lease is still this instance's; `None` (nothing delivered) when it is not.
     async fn attempt(
         &self,
         batch_id: &str,
         attempt: u32,
         offset: usize,
         documents: &[Value],
-    ) -> Result<(), HandlerError> {
+    ) -> Option<Result<(), HandlerError>> {
+        if !self.still_owned().await {
+            return None;
+        }
         let batch = Batch {
             processor: &self.shared.options.processor_name,
             lease_token: self.owned.token(),
@@ -101,7 +127,7 @@ impl Delivery<'_> {
                 error: error.clone(),
             });
         }
-        result
+        Some(result)
     }
 
     /// Delivers the batch. `true` when it may be checkpointed (handled, or its poison
@@ -111,7 +137,10 @@ impl Delivery<'_> {
         let mut first_failure = None;
         let mut stuck = false;
         for attempt in 1.. {
-            let error = match self.attempt(&self.batch_id, attempt, 0, documents).await {
+            let Some(outcome) = self.attempt(&self.batch_id, attempt, 0, documents).await else {
+                return false;
+            };
+            let error = match outcome {
                 Ok(()) => {
                     if stuck {
                         self.set_stuck(None).await;
@@ -152,7 +181,10 @@ impl Delivery<'_> {
         while let Some((offset, part)) = parts.pop_front() {
             let id = format!("{}.{offset}+{}", self.batch_id, part.len());
             if part.len() > 1 {
-                if self.attempt(&id, 1, offset, part).await.is_err() {
+                let Some(outcome) = self.attempt(&id, 1, offset, part).await else {
+                    return false;
+                };
+                if outcome.is_err() {
                     for half in halves(offset, part).into_iter().rev() {
                         parts.push_front(half);
                     }
@@ -161,7 +193,10 @@ impl Delivery<'_> {
             }
             let mut attempt = 1;
             loop {
-                match self.attempt(&id, attempt, offset, part).await {
+                let Some(outcome) = self.attempt(&id, attempt, offset, part).await else {
+                    return false;
+                };
+                match outcome {
                     Ok(()) => break,
                     Err(error) if attempt >= policy.max_attempts => {
                         if !self.dead_letter(&part[0], &error, attempt, first).await {

@@ -319,9 +319,6 @@ impl LeaseReader {
         }
         self.failures = 0;
         let empty = page.documents.is_empty();
-        if !empty && let Some(after) = self.confirm_after_stall(s).await {
-            return Some(after);
-        }
         let id = batch_id(self.owned.token(), s.position.as_deref());
         match page.continuations.as_slice() {
             [only] => s.position = Some(only.continuation.clone()),
@@ -356,32 +353,6 @@ impl LeaseReader {
         }
         self.failures += 1;
         After::Reopen
-    }
-
-    /// After a freeze (SIGSTOP, a stalled VM) longer than the expiration the lease may be another
-    /// instance's: makes sure it is still ours before delivering. `None` when it is.
-    async fn confirm_after_stall(&mut self, s: &mut Session) -> Option<After> {
-        if !self.owned.may_have_expired(self.shared.options.expiration).await {
-            return None;
-        }
-        match self.owned.renew().await {
-            Ok(_) => None,
-            Err(UpdateError::Lost(owner)) => {
-                tracing::info!(new_owner = ?owner, "the lease expired while this instance was stalled; not delivering");
-                Some(After::Exit(LeaseExit::closed(CloseReason::LeaseLost)))
-            }
-            Err(UpdateError::Gone) => Some(After::Exit(LeaseExit::closed(CloseReason::LeaseGone))),
-            Err(UpdateError::Store(error)) => {
-                tracing::debug!(%error, "cannot confirm the lease after a stall; retrying");
-                if let Err(exit) = self.drain(s).await {
-                    return Some(After::Exit(exit));
-                }
-                if !pause(self.cancel(), self.shared.options.backoff(0)).await {
-                    return Some(After::Exit(stop_reason(&self.owned)));
-                }
-                Some(After::Reopen)
-            }
-        }
     }
 
     /// Hands a page's documents to the handler (an empty page is done at once).

@@ -4,9 +4,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use time::OffsetDateTime;
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::lease::{Lease, LeaseStore, LeaseStoreError};
@@ -46,6 +48,21 @@ pub struct OwnedLease {
     closed: AtomicBool,
     /// Woken when a write meets another instance's handoff request: the acquire cycle judges it.
     requested: Arc<tokio::sync::Notify>,
+    /// When this instance last wrote the lease (the request was sent), on its monotonic clock.
+    written_at: std::sync::Mutex<Instant>,
+    /// When this instance last knew the lease was its own: a write, or a read that showed it.
+    confirmed_at: std::sync::Mutex<Instant>,
+}
+
+/// Reads a monotonic moment kept under a lock nobody holds across an await.
+fn moment(at: &std::sync::Mutex<Instant>) -> Instant {
+    *at.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Moves a kept moment forward to `to` (never back: answers may come out of order).
+fn advance(at: &std::sync::Mutex<Instant>, to: Instant) {
+    let mut at = at.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    *at = (*at).max(to);
 }
 
 impl OwnedLease {
@@ -70,6 +87,9 @@ impl OwnedLease {
             handoff_to: std::sync::Mutex::new(None),
             closed: AtomicBool::new(false),
             requested,
+            // The lease was just written (acquired) by this instance.
+            written_at: std::sync::Mutex::new(Instant::now()),
+            confirmed_at: std::sync::Mutex::new(Instant::now()),
         })
     }
 
@@ -171,9 +191,12 @@ impl OwnedLease {
                 return Ok(None);
             }
             next.timestamp = Some(OffsetDateTime::now_utc());
+            let sent = Instant::now();
             match self.store.replace(&next).await {
                 Ok(written) => {
                     *guard = written.clone();
+                    advance(&self.written_at, sent);
+                    advance(&self.confirmed_at, sent);
                     return Ok(Some(written));
                 }
                 Err(LeaseStoreError::Changed(_)) => match self.store.read(&self.id).await? {
@@ -207,11 +230,41 @@ impl OwnedLease {
         ))
     }
 
-    /// Whether this instance last wrote the lease longer than `expiration` ago (it was frozen or
-    /// cut off): another instance may own it now.
-    pub async fn may_have_expired(&self, expiration: std::time::Duration) -> bool {
-        let written = self.lease.lock().await.timestamp;
-        written.is_none_or(|at| OffsetDateTime::now_utc() - at >= expiration)
+    /// Makes sure the lease is still this instance's before a batch is handed to the handler,
+    /// once the last confirmation (a write, or a read) is older than a tenth of `expiration`:
+    /// whoever deposed this owner by a write (an operator freeing the lease, another instance
+    /// taking it) is then found within that tenth, in every checkpoint mode. A lease this
+    /// instance has not written for half the expiration is confirmed by a write (renewed), so
+    /// that nobody can take it as expired while the batch is delivered. A read that fails while
+    /// the last write is recent enough that nobody can have taken the lease as expired lets the
+    /// batch go; otherwise the error is returned (retry later).
+    pub async fn ensure_owned(&self, expiration: Duration) -> Result<(), UpdateError> {
+        if moment(&self.confirmed_at).elapsed() < expiration / 10 {
+            return Ok(());
+        }
+        if moment(&self.written_at).elapsed() >= expiration / 2 {
+            return self.renew().await.map(|_| ());
+        }
+        let sent = Instant::now();
+        match self.store.read(&self.id).await {
+            Ok(Some(current)) if current.owner.as_deref() == Some(self.me.as_str()) => {
+                if current.handoff_request().is_some_and(|(to, _)| to != self.me) {
+                    self.requested.notify_one();
+                }
+                advance(&self.confirmed_at, sent);
+                Ok(())
+            }
+            Ok(Some(current)) => {
+                self.mark_lost();
+                Err(UpdateError::Lost(current.owner))
+            }
+            Ok(None) => {
+                self.mark_gone();
+                Err(UpdateError::Gone)
+            }
+            Err(_) if moment(&self.written_at).elapsed() < expiration / 2 => Ok(()),
+            Err(error) => Err(error.into()),
+        }
     }
 
     /// Whether our copy of the lease still names this instance as its owner (not released).
@@ -219,10 +272,10 @@ impl OwnedLease {
         self.lease.lock().await.owner.as_deref() == Some(self.me.as_str())
     }
 
-    /// Whether this instance wrote the lease (renewal or checkpoint) within `window`.
-    pub async fn written_within(&self, window: std::time::Duration) -> bool {
-        let written = self.lease.lock().await.timestamp;
-        written.is_some_and(|t| OffsetDateTime::now_utc() - t < window)
+    /// Whether this instance wrote the lease (renewal or checkpoint) within `window`, on its
+    /// monotonic clock.
+    pub fn written_within(&self, window: Duration) -> bool {
+        moment(&self.written_at).elapsed() < window
     }
 
     /// Writes the lease as it is (a new timestamp: still owned).

@@ -28,7 +28,7 @@ pub(crate) async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken) {
 async fn renew_all(shared: &Shared) {
     for owned in shared.owned.all() {
         // A lease written within half a renew interval (a checkpoint) is fresh already.
-        if owned.is_lost() || !owned.is_held().await || owned.written_within(shared.options.renew_interval / 2).await {
+        if owned.is_lost() || !owned.is_held().await || owned.written_within(shared.options.renew_interval / 2) {
             continue;
         }
         match owned.renew().await {
