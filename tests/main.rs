@@ -41,5 +41,7 @@ mod operator;
 mod operator_without_crd;
 mod processor;
 mod python_client;
+mod renewals;
 mod structure;
+mod takeover;
 mod worker_errors;

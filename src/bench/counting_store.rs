@@ -1,8 +1,11 @@
-//! A lease store that counts the requests it passes on (for the lease-store cost figure), and can
-//! answer slowly (each request waits a fixed latency first), as a loaded lease container does.
+//! A lease store that counts the requests it passes on (for the lease-store cost figure), records
+//! when each lease was written (the renewal-gap figure), and can answer slowly (each request waits
+//! a fixed latency first), as a loaded lease container does.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -33,13 +36,73 @@ impl StoreRequests {
     }
 }
 
+/// When each lease document was last written, as its writer saw the answer: the longest time a
+/// lease went without a write (its liveness, as other instances see it), and the slowest write.
+#[derive(Debug, Default)]
+pub struct LeaseWrites {
+    state: Mutex<WriteState>,
+}
+
+#[derive(Debug, Default)]
+struct WriteState {
+    last: HashMap<String, Instant>,
+    longest_gap: Duration,
+    slowest: Duration,
+}
+
+impl LeaseWrites {
+    fn state(&self) -> std::sync::MutexGuard<'_, WriteState> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records a write of lease `id` sent at `sent` that ended now (`written`: it succeeded).
+    fn record(&self, id: &str, sent: Instant, written: bool) {
+        let now = Instant::now();
+        let mut state = self.state();
+        state.slowest = state.slowest.max(now - sent);
+        if written && let Some(previous) = state.last.insert(id.to_owned(), now) {
+            state.longest_gap = state.longest_gap.max(now - previous);
+        }
+    }
+
+    /// Forgets the gaps so far: measuring starts now, from each lease's last write.
+    pub fn restart(&self) {
+        let mut state = self.state();
+        state.longest_gap = Duration::ZERO;
+        state.slowest = Duration::ZERO;
+    }
+
+    /// The longest time any lease went without a successful write, up to now (a lease not
+    /// written since counts until now).
+    pub fn longest_gap(&self) -> Duration {
+        let now = Instant::now();
+        let state = self.state();
+        let open = state.last.values().map(|at| now - *at).max().unwrap_or_default();
+        state.longest_gap.max(open)
+    }
+
+    /// The slowest write (success or failure, the SDK's retries included).
+    pub fn slowest(&self) -> Duration {
+        self.state().slowest
+    }
+
+    /// The leases written so far.
+    pub fn leases(&self) -> usize {
+        self.state().last.len()
+    }
+}
+
 /// Passes every call on to the inner store and counts it.
 pub struct CountingStore {
     inner: Arc<dyn LeaseStore>,
     /// What was counted.
     pub requests: Arc<StoreRequests>,
+    /// When each lease was written.
+    pub writes: Arc<LeaseWrites>,
     /// How long each request waits before it is passed on.
-    latency: std::time::Duration,
+    latency: Duration,
+    /// How long a listing's answer takes after the listing read the documents.
+    listing_delay: Duration,
 }
 
 impl CountingStore {
@@ -48,13 +111,22 @@ impl CountingStore {
         Self {
             inner,
             requests: Arc::new(StoreRequests::default()),
-            latency: std::time::Duration::ZERO,
+            writes: Arc::new(LeaseWrites::default()),
+            latency: Duration::ZERO,
+            listing_delay: Duration::ZERO,
         }
     }
 
     /// Every request waits `latency` before it reaches the inner store.
-    pub fn with_latency(mut self, latency: std::time::Duration) -> Self {
+    pub fn with_latency(mut self, latency: Duration) -> Self {
         self.latency = latency;
+        self
+    }
+
+    /// Listings answer `delay` after they read the documents, as listing thousands of lease
+    /// documents page by page does: what they show is that much older when it arrives.
+    pub fn with_slow_listings(mut self, delay: Duration) -> Self {
+        self.listing_delay = delay;
         self
     }
 
@@ -78,7 +150,11 @@ impl LeaseStore for CountingStore {
 
     async fn snapshot(&self) -> Result<LeaseSnapshot, LeaseStoreError> {
         self.count(&self.requests.listings).await;
-        self.inner.snapshot().await
+        let snapshot = self.inner.snapshot().await;
+        if !self.listing_delay.is_zero() {
+            tokio::time::sleep(self.listing_delay).await;
+        }
+        snapshot
     }
 
     async fn read(&self, id: &str) -> Result<Option<Lease>, LeaseStoreError> {
@@ -93,7 +169,10 @@ impl LeaseStore for CountingStore {
 
     async fn replace(&self, lease: &Lease) -> Result<Lease, LeaseStoreError> {
         self.count(&self.requests.replaces).await;
-        self.inner.replace(lease).await
+        let sent = Instant::now();
+        let replaced = self.inner.replace(lease).await;
+        self.writes.record(&lease.id, sent, replaced.is_ok());
+        replaced
     }
 
     async fn delete(&self, lease: &Lease) -> Result<(), LeaseStoreError> {

@@ -14,7 +14,7 @@ mod resources;
 mod world;
 
 pub use control_plane::has_binaries as has_control_plane_binaries;
-pub use counting_store::{CountingStore, StoreRequests};
+pub use counting_store::{CountingStore, LeaseWrites, StoreRequests};
 
 use serde::Serialize;
 

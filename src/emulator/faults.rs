@@ -84,6 +84,8 @@ impl Fault {
 
 #[derive(Default)]
 struct State {
+    /// Each Cosmos request waits between half and one and a half of this before it is answered.
+    latency: Duration,
     rate: f64,
     kinds: Vec<Fault>,
     outage_until: Option<Instant>,
@@ -105,6 +107,20 @@ impl FaultInjector {
         }
     }
 
+    /// Answers every request slowly: after between half and one and a half of `latency`, as a
+    /// loaded account does (zero: at once).
+    pub fn slow_down(&self, latency: Duration) {
+        if let Ok(mut state) = self.state.lock() {
+            state.latency = latency;
+        }
+    }
+
+    /// How long the next request waits before it is answered (zero unless slowed down).
+    pub fn delay(&self) -> Duration {
+        let latency = self.state.lock().map(|s| s.latency).unwrap_or_default();
+        latency.mul_f64(0.5 + fastrand::f64())
+    }
+
     /// Fails every request (503) for `duration`.
     pub fn outage(&self, duration: Duration) {
         if let Ok(mut state) = self.state.lock() {
@@ -118,6 +134,7 @@ impl FaultInjector {
             state.rate = 0.0;
             state.kinds.clear();
             state.outage_until = None;
+            state.latency = Duration::ZERO;
         }
     }
 
@@ -149,6 +166,7 @@ impl FaultInjector {
             "rate": state.rate,
             "kinds": state.kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
             "outageRemainingMs": outage,
+            "latencyMs": state.latency.as_millis() as u64,
             "injected": state.injected,
         })
     }
@@ -167,8 +185,16 @@ mod tests {
         faults.configure(0.0, vec![Fault::Throttled]);
         faults.outage(Duration::from_secs(60));
         assert_eq!(faults.next(), Some(Fault::Unavailable));
+        faults.slow_down(Duration::from_millis(100));
+        let delay = faults.delay();
+        assert!(
+            delay >= Duration::from_millis(50) && delay <= Duration::from_millis(150),
+            "{delay:?}"
+        );
+        assert_eq!(faults.report()["latencyMs"], 100);
         faults.clear();
         assert_eq!(faults.next(), None);
+        assert_eq!(faults.delay(), Duration::ZERO);
         assert_eq!(faults.report()["injected"]["429"], 1);
         assert_eq!(faults.report()["injected"]["503"], 1);
         let throttled = Fault::Throttled.response();

@@ -5,8 +5,8 @@
 //! - `POST /_emulator/split?database=D&container=C[&partition=ID][&lockMs=N]` — splits one
 //!   physical partition at its midpoint (the first one when `partition` is not given) and answers
 //!   with the partitions after the split.
-//! - `POST /_emulator/faults?rate=R&kinds=429,503,408,reset` — fails a share `R` of the Cosmos requests
-//!   as the service does; `POST /_emulator/outage?ms=N` fails every request for `N` ms;
+//! - `POST /_emulator/faults?rate=R&kinds=429,503,408,reset[&latencyMs=N]` — fails a share `R` of
+//!   the Cosmos requests as the service does (and answers each after N/2 to 3N/2 ms); `POST /_emulator/outage?ms=N` fails every request for `N` ms;
 //!   `DELETE /_emulator/faults` stops; `GET /_emulator/faults` reports what was injected.
 //! - `POST /_emulator/key?value=K` — regenerates the account key as `K` (base64), as a key
 //!   rotation does: requests signed with the old key get 401 from then on (needs `--key`).

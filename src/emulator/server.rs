@@ -28,6 +28,10 @@ impl Emulator {
             let query = req.uri().query().unwrap_or_default().to_owned();
             return self.control(req.method().clone(), &control, &query).await;
         }
+        let delay = self.faults.delay();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         if let Some(fault) = self.faults.next() {
             return fault.response();
         }
@@ -178,9 +182,18 @@ impl Emulator {
                     .split(',')
                     .map(Fault::parse)
                     .collect();
-                match (rate, kinds) {
-                    (Ok(rate), Some(kinds)) if (0.0..=1.0).contains(&rate) => self.faults.configure(rate, kinds),
-                    _ => return Some(bad("rate must be 0..1 and kinds a list of 429, 503, 408, reset".into())),
+                let latency = params.get("latencyMs").map_or(Ok(0), |ms| ms.parse::<u64>());
+                match (rate, kinds, latency) {
+                    (Ok(rate), Some(kinds), Ok(latency)) if (0.0..=1.0).contains(&rate) => {
+                        self.faults.configure(rate, kinds);
+                        self.faults.slow_down(Duration::from_millis(latency));
+                    }
+                    _ => {
+                        return Some(bad(
+                            "rate must be 0..1, kinds a list of 429, 503, 408, reset and latencyMs a number of milliseconds"
+                                .into(),
+                        ));
+                    }
                 }
             }
             (&hyper::Method::POST, "outage") => match params.get("ms").and_then(|ms| ms.parse::<u64>().ok()) {

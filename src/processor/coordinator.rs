@@ -12,15 +12,21 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::cycle_plan::{AcquireStep, Acquisition, CycleOptions, CyclePlan, Observations, plan_cycle};
+use super::cycle_plan::{
+    AcquireStep, Acquisition, CycleOptions, CyclePlan, Observations, plan_cycle, retry_acquisition,
+};
 use super::error::LeaseError;
 use super::events::{CloseReason, LeaseEvent, LeaseExit};
-use super::lease::{Lease, LeaseSnapshot, LeaseStoreError};
+use super::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError};
 use super::lease_reader;
 use super::owned::OwnedLease;
 use super::shared::Shared;
 use super::sightings::Sightings;
 use super::store_recovery::StoreRecovery;
+
+/// How many times a write asking a live owner for a lease, or taking it from one that ignored the
+/// request, is tried again after a 412 within one cycle.
+const ACQUIRE_RETRIES: u32 = 5;
 
 /// How long after an unrenewed lease's expiry the extra acquire cycle runs.
 const TAKEOVER_MARGIN: Duration = Duration::from_millis(20);
@@ -261,7 +267,7 @@ impl Coordinator {
         }
         let writes = plan.acquire.into_iter().map(|acquisition| {
             let store = self.shared.store.clone();
-            async move { (store.replace(&acquisition.write).await, acquisition) }
+            async move { (write_acquisition(store.as_ref(), &acquisition).await, acquisition) }
         });
         for (result, acquisition) in futures::future::join_all(writes).await {
             self.acquire_written(result, acquisition);
@@ -418,6 +424,7 @@ impl Coordinator {
         if exit.reason == CloseReason::LeaseGone && !self.leases.is_cancelled() {
             self.recovery.recreate(&self.shared, &owned).await;
         }
+        owned.end_renewals();
         tracing::info!(lease = owned.token(), reason = exit.reason.as_str(), "lease closed");
         self.shared.telemetry.emit(LeaseEvent::Closed {
             lease: owned.token().to_owned(),
@@ -444,6 +451,28 @@ impl Coordinator {
         let base = self.shared.options.acquire_interval;
         self.listing_interval = base;
         self.next_listing = self.next_listing.min(tokio::time::Instant::now() + base);
+    }
+}
+
+/// Writes one acquisition (If-Match the listed ETag). One from a live owner (a handoff request,
+/// or the take after the owner ignored one for a lease expiration) re-reads the lease on a 412 and
+/// tries again while the reason holds, a few times (as the reference processors do): an owner
+/// that checkpoints often changes the lease between every listing and write, and would keep it.
+async fn write_acquisition(store: &dyn LeaseStore, acquisition: &Acquisition) -> Result<Lease, LeaseStoreError> {
+    let mut write = acquisition.write.clone();
+    let mut retries = 0;
+    loop {
+        match store.replace(&write).await {
+            Err(LeaseStoreError::Changed(id)) if acquisition.previous_owner.is_some() && retries < ACQUIRE_RETRIES => {
+                let current = store.read(&id).await?;
+                match current.and_then(|current| retry_acquisition(acquisition, current, OffsetDateTime::now_utc())) {
+                    Some(next) => write = next,
+                    None => return Err(LeaseStoreError::Changed(id)),
+                }
+                retries += 1;
+            }
+            written => return written,
+        }
     }
 }
 

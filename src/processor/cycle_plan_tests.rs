@@ -494,3 +494,78 @@ fn a_request_is_honoured_only_for_an_instance_that_is_here() {
     let plan = plan_for(&snapshot(vec![mine.clone(), theirs], &[]), &[&mine], options());
     assert_eq!(plan.hand_over, vec![(mine.id, "busy".to_owned())]);
 }
+
+#[test]
+fn an_acquisition_from_a_live_owner_is_retried_after_a_412_only_while_its_reason_holds() {
+    let later = NOW + 5 * SECOND;
+    let asked_at = NOW - 61 * SECOND;
+    let planned = |step: AcquireStep, previous: Option<&str>| {
+        let mut write = lease(0, 1, previous, SECOND);
+        match step {
+            AcquireStep::AskHandoff => write.request_handoff("me", NOW),
+            AcquireStep::Take => {
+                write.owner = Some("me".into());
+                write.clear_handoff();
+            }
+        }
+        Acquisition {
+            write,
+            previous_owner: previous.map(str::to_owned),
+            step,
+        }
+    };
+    // The lease as re-read: its owner, a request on it, and a checkpoint the owner wrote since.
+    let current = |owner: Option<&str>, request: Option<&str>| {
+        let mut l = lease(0, 1, owner, SECOND);
+        l.continuation = Some("\"42\"".into());
+        l.etag = "etag-new".into();
+        if let Some(by) = request {
+            l.request_handoff(by, asked_at);
+        }
+        l
+    };
+    use AcquireStep::{AskHandoff, Take};
+    let cases = [
+        // The owner only checkpointed: the take goes on from its fresh copy.
+        (
+            Take,
+            Some("other"),
+            current(Some("other"), Some("me")),
+            Some(Some("me")),
+        ),
+        // The owner dropped the request while checkpointing: still taken (patience was spent).
+        (Take, Some("other"), current(Some("other"), None), Some(Some("me"))),
+        (Take, Some("other"), current(Some("third"), None), None),
+        (Take, Some("other"), current(Some("other"), Some("third")), None),
+        // A free or expired lease that changed was renewed or taken: no retry.
+        (Take, None, current(None, None), None),
+        (
+            AskHandoff,
+            Some("other"),
+            current(Some("other"), None),
+            Some(Some("other")),
+        ),
+        (AskHandoff, Some("other"), current(Some("other"), Some("third")), None),
+        (AskHandoff, Some("other"), current(None, None), None),
+    ];
+    for (step, previous, now_is, expected) in cases {
+        let case = format!("{step:?} from {previous:?} on {:?}", now_is.owner);
+        let retried = retry_acquisition(&planned(step, previous), now_is, later);
+        assert_eq!(retried.as_ref().map(|l| l.owner.as_deref()), expected, "{case}");
+        if let Some(write) = retried {
+            assert_eq!(write.etag, "etag-new", "{case}: If-Match the version read");
+            assert_eq!(
+                write.continuation.as_deref(),
+                Some("\"42\""),
+                "{case}: the owner's checkpoint kept"
+            );
+            match step {
+                Take => {
+                    assert_eq!(write.handoff_request(), None, "{case}");
+                    assert_eq!(write.timestamp, Some(later), "{case}");
+                }
+                AskHandoff => assert_eq!(write.handoff_request(), Some(("me", NOW)), "{case}"),
+            }
+        }
+    }
+}

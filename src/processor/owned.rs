@@ -52,6 +52,10 @@ pub struct OwnedLease {
     written_at: std::sync::Mutex<Instant>,
     /// When this instance last knew the lease was its own: a write, or a read that showed it.
     confirmed_at: std::sync::Mutex<Instant>,
+    /// Set once a keep-alive renews the lease.
+    renewed: AtomicBool,
+    /// Cancelled when the lease needs no more renewals (lost, or its processing here settled).
+    ended: CancellationToken,
 }
 
 /// Reads a monotonic moment kept under a lock nobody holds across an await.
@@ -90,6 +94,8 @@ impl OwnedLease {
             // The lease was just written (acquired) by this instance.
             written_at: std::sync::Mutex::new(Instant::now()),
             confirmed_at: std::sync::Mutex::new(Instant::now()),
+            renewed: AtomicBool::new(false),
+            ended: CancellationToken::new(),
         })
     }
 
@@ -139,6 +145,28 @@ impl OwnedLease {
     pub fn mark_lost(&self) {
         self.lost.store(true, Ordering::SeqCst);
         self.cancel.cancel();
+        self.ended.cancel();
+    }
+
+    /// `true` the first time only: the caller starts the lease's keep-alive.
+    pub(crate) fn claim_renewal(&self) -> bool {
+        !self.renewed.swap(true, Ordering::SeqCst)
+    }
+
+    /// No more renewals: this instance's processing of the lease is settled (released, handed
+    /// over, deleted after a split; a lease whose release failed frees itself on expiry).
+    pub(crate) fn end_renewals(&self) {
+        self.ended.cancel();
+    }
+
+    /// Completes when the lease needs no more renewals.
+    pub(crate) fn renewals_ended(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.ended.cancelled()
+    }
+
+    /// When this instance last wrote the lease, on its monotonic clock.
+    pub(crate) fn written_at(&self) -> Instant {
+        moment(&self.written_at)
     }
 
     /// Stops processing after the current batch; the release then hands the lease to `to`
