@@ -189,3 +189,78 @@ async fn skewed_pair(skew: &str) {
         "failover {failover:?}: at most the expiration plus a listing and its margin"
     );
 }
+
+/// Writes the bootstrap lock of processor `proc` as an instance whose clock is `skew` off did.
+async fn skewed_lock(env: &crate::common::Env, skew: time::Duration) -> String {
+    let store = env.store().await;
+    let id = format!("{}.lock", store.prefix());
+    let stamp = (time::OffsetDateTime::now_utc() + skew)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let leases = env
+        .account
+        .documents(crate::common::DB, crate::common::LEASES)
+        .await
+        .unwrap();
+    leases
+        .create(
+            &id,
+            &serde_json::json!({"id": id, "Owner": "holder", "timestamp": stamp}),
+        )
+        .await
+        .unwrap();
+    id
+}
+
+/// The bootstrap lock is judged by how long this instance saw it unchanged (half an expiration),
+/// never by the timestamp its holder's clock wrote: a dead holder's lock stamped an hour ahead is
+/// removed (it used to hold every instance back for the hour), and a fresh lock stamped an hour
+/// behind is not (it used to be removed at once, and two instances bootstrapped together).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bootstrap_lock_is_judged_by_how_long_it_stays_unchanged_not_by_its_holders_clock() {
+    let hour = time::Duration::hours(1);
+    // A holder whose clock is an hour ahead died while bootstrapping.
+    let env = crate::common::Env::new(2).await;
+    env.ensure_leases().await;
+    skewed_lock(&env, hour).await;
+    let started = Instant::now();
+    // Starting waits for the bootstrap.
+    let late = tokio::time::timeout(Duration::from_secs(15), env.start(env.options("late"))).await;
+    let owns = late.is_ok()
+        && crate::common::eventually(Duration::from_secs(15), || async {
+            env.owners().await.get("late") == Some(&2)
+        })
+        .await;
+    let took = started.elapsed();
+    if let Ok(late) = late {
+        late.abort();
+    }
+
+    // A live holder whose clock is an hour behind has just taken the lock.
+    let env = crate::common::Env::new(2).await;
+    env.ensure_leases().await;
+    let id = skewed_lock(&env, -hour).await;
+    let leases = env
+        .account
+        .documents(crate::common::DB, crate::common::LEASES)
+        .await
+        .unwrap();
+    // Half the expiration (1 s) of these options: the lock is not touched before. (Starting
+    // waits for the bootstrap, so the lock is watched beside it.)
+    let watch = async {
+        let mut kept = true;
+        let until = Instant::now() + Duration::from_millis(700);
+        while Instant::now() < until {
+            kept &= leases.read(&id, &id).await.unwrap().is_some();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        kept
+    };
+    let (other, kept) = tokio::join!(env.start(env.options("other")), watch);
+    other.abort();
+    println!(
+        "bootstrap lock: a dead holder's lock stamped an hour ahead held the next instance back {took:.1?} (took all leases: {owns}); a fresh lock stamped an hour behind kept for 0.7 s: {kept}"
+    );
+    assert!(owns, "the dead holder's lock kept the instance from starting");
+    assert!(kept, "a fresh lock was removed because its holder's clock is behind");
+}

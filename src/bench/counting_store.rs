@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::processor::lease::LeaseSnapshot;
+use crate::processor::lease::{LeaseSnapshot, LockAttempt};
 use crate::processor::{Lease, LeaseStore, LeaseStoreError};
 
 /// Requests made through a [`CountingStore`], by kind.
@@ -180,9 +180,14 @@ impl LeaseStore for CountingStore {
         self.inner.delete(lease).await
     }
 
-    async fn try_lock(&self, owner: &str, stale_after: std::time::Duration) -> Result<bool, LeaseStoreError> {
+    async fn try_lock(&self, owner: &str) -> Result<LockAttempt, LeaseStoreError> {
         self.count(&self.requests.other).await;
-        self.inner.try_lock(owner, stale_after).await
+        self.inner.try_lock(owner).await
+    }
+
+    async fn break_lock(&self, etag: &str) -> Result<(), LeaseStoreError> {
+        self.count(&self.requests.other).await;
+        self.inner.break_lock(etag).await
     }
 
     async fn unlock(&self) -> Result<(), LeaseStoreError> {

@@ -3,14 +3,34 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::adopt::AdoptOptions;
 use super::error::ProcessorError;
-use super::lease::{Lease, LeaseSnapshot, LeaseStore};
+use super::lease::{Lease, LeaseSnapshot, LeaseStore, LockAttempt};
 use super::options::ProcessorOptions;
 use crate::cosmos::{EpkRange, FeedMode, MonitoredContainer, StartFrom};
 
-/// A lock older than this is taken to belong to an instance that died while bootstrapping.
-const LOCK_STALE_AFTER: Duration = Duration::from_secs(30);
+/// The bootstrap lock as this instance saw it: its version and since when, on this instance's
+/// monotonic clock — never the holder's wall clock, which may differ from ours by any amount.
+#[derive(Debug, Default)]
+struct LockWatch {
+    seen: Option<(String, Instant)>,
+}
+
+impl LockWatch {
+    /// Records that the lock was at version `etag` at `now`; whether it has been at that version
+    /// for `stale_after` (its holder died while bootstrapping).
+    fn is_stale(&mut self, etag: &str, now: Instant, stale_after: Duration) -> bool {
+        match &self.seen {
+            Some((seen, since)) if seen == etag => now.saturating_duration_since(*since) >= stale_after,
+            _ => {
+                self.seen = Some((etag.to_owned(), now));
+                false
+            }
+        }
+    }
+}
 
 /// Transient failures (throttling, 503, timeouts) retried before the bootstrap gives up.
 const TRANSIENT_ATTEMPTS: u32 = 8;
@@ -43,6 +63,7 @@ async fn bootstrap_once(
     monitored: &MonitoredContainer,
     options: &ProcessorOptions,
 ) -> Result<(), ProcessorError> {
+    let mut lock = LockWatch::default();
     loop {
         let snapshot = store.snapshot().await?;
         check_compatible(&snapshot, options)?;
@@ -51,9 +72,19 @@ async fn bootstrap_once(
         if snapshot.initialized && uncovered.is_empty() {
             return Ok(());
         }
-        if !store.try_lock(&options.instance, LOCK_STALE_AFTER).await? {
-            tokio::time::sleep(Duration::from_millis(250 + fastrand::u64(0..250))).await;
-            continue;
+        match store.try_lock(&options.instance).await? {
+            LockAttempt::Taken => {}
+            held => {
+                // A lock unchanged for half a lease expiration, as seen here, is a dead holder's.
+                if let LockAttempt::Held { etag } = held
+                    && lock.is_stale(&etag, Instant::now(), options.expiration / 2)
+                {
+                    tracing::warn!("removing the bootstrap lock of an instance that stopped while bootstrapping");
+                    store.break_lock(&etag).await?;
+                }
+                tokio::time::sleep(Duration::from_millis(250 + fastrand::u64(0..250))).await;
+                continue;
+            }
         }
         let created = initialize(store, monitored, options, &snapshot, &uncovered).await?;
         store
@@ -317,5 +348,35 @@ async fn anchor_now(
         _ => Err(ProcessorError::Config(format!(
             "range {range} changed while anchoring the start position; restart"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_is_stale_only_after_this_instance_saw_it_unchanged_that_long() {
+        let stale_after = Duration::from_secs(30);
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        let mut watch = LockWatch::default();
+        // (version seen, seconds on this instance's clock, stale?)
+        let steps = [
+            ("a", 0, false),
+            ("a", 29, false),
+            // The holder wrote it again (a new holder): counted afresh.
+            ("b", 31, false),
+            ("b", 60, false),
+            ("b", 61, true),
+            ("c", 62, false),
+        ];
+        for (etag, second, stale) in steps {
+            assert_eq!(
+                watch.is_stale(etag, at(second), stale_after),
+                stale,
+                "{etag} at {second} s"
+            );
+        }
     }
 }

@@ -155,25 +155,26 @@ impl Coordinator {
         tracing::info!("processor stopped");
     }
 
-    /// Announces this instance. When it joins a processor that others are running, it waits
-    /// half to one cycle before its first acquire so that instances starting together
-    /// all count each other; a processor nobody runs yet is started at once.
+    /// Announces this instance. When it joins a processor that others may be running (another
+    /// instance's heartbeat or lease is there: whether it is alive is not judged by the
+    /// timestamps other machines' clocks wrote), it waits half to one cycle before its first
+    /// acquire so that instances starting together all count each other; a processor nobody ran
+    /// yet is started at once.
     async fn join_delay(&self) -> Duration {
         let me = &self.shared.options.instance;
         if let Err(error) = self.shared.store.heartbeat(me).await {
             self.shared.telemetry.error(None, LeaseError::Heartbeat(error));
         }
-        let now = OffsetDateTime::now_utc();
-        let expiration = self.shared.options.expiration;
-        let others_running = match self.shared.store.snapshot().await {
-            Ok(snapshot) => snapshot
-                .leases
-                .iter()
-                .any(|l| !l.is_expired(now, expiration) && l.owner.as_deref().is_some_and(|o| o != me)),
+        let others = match self.shared.store.snapshot().await {
+            Ok(snapshot) => {
+                let other = |name: &str| !name.is_empty() && name != me;
+                snapshot.leases.iter().any(|l| l.owner.as_deref().is_some_and(other))
+                    || snapshot.instances.iter().any(|(name, _)| other(name))
+            }
             // Unknown: wait as if others ran, rather than race them for leases.
             Err(_) => true,
         };
-        if others_running {
+        if others {
             self.shared
                 .options
                 .acquire_interval

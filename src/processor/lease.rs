@@ -238,8 +238,10 @@ pub trait LeaseStore: Send + Sync {
     async fn replace(&self, lease: &Lease) -> Result<Lease, LeaseStoreError>;
     /// Deletes a lease if its ETag is still `lease.etag`.
     async fn delete(&self, lease: &Lease) -> Result<(), LeaseStoreError>;
-    /// Creates the bootstrap lock for `owner`; `false` when another instance holds a fresh one.
-    async fn try_lock(&self, owner: &str, stale_after: std::time::Duration) -> Result<bool, LeaseStoreError>;
+    /// Creates the bootstrap lock for `owner`, or says which version of it another instance holds.
+    async fn try_lock(&self, owner: &str) -> Result<LockAttempt, LeaseStoreError>;
+    /// Removes the bootstrap lock if it is still at version `etag` (its holder died).
+    async fn break_lock(&self, etag: &str) -> Result<(), LeaseStoreError>;
     /// Removes the bootstrap lock.
     async fn unlock(&self) -> Result<(), LeaseStoreError>;
     /// Writes the `.info` marker: the store is initialized, for the container named `monitored`
@@ -259,6 +261,20 @@ pub trait LeaseStore: Send + Sync {
     fn request_charge(&self) -> f64 {
         0.0
     }
+}
+
+/// What an attempt to take the bootstrap lock found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockAttempt {
+    /// This instance holds the lock now.
+    Taken,
+    /// Another instance holds it, at this version.
+    Held {
+        /// The lock document's ETag (its holder's version).
+        etag: String,
+    },
+    /// It was removed as this instance looked: try again.
+    Free,
 }
 
 /// The part of a lease prefix shared by one processor's lease sets on every container of the
@@ -471,39 +487,29 @@ impl LeaseStore for CosmosLeaseStore {
         }
     }
 
-    async fn try_lock(&self, owner: &str, stale_after: std::time::Duration) -> Result<bool, LeaseStoreError> {
+    async fn try_lock(&self, owner: &str) -> Result<LockAttempt, LeaseStoreError> {
         let id = self.marker_id("lock");
         let stamp = now()
             .format(&time::format_description::well_known::Rfc3339)
             .unwrap_or_default();
-        if self
-            .create_marker(
-                id.clone(),
-                serde_json::json!({"Owner": owner, "timestamp": stamp, "ttl": 30}),
-            )
-            .await?
-        {
-            return Ok(true);
+        // `ttl` lets the service remove a dead holder's lock where the container expires documents.
+        let body = serde_json::json!({"Owner": owner, "timestamp": stamp, "ttl": 30});
+        if self.create_marker(id.clone(), body).await? {
+            return Ok(LockAttempt::Taken);
         }
-        // A lock whose holder died is removed once it is older than `stale_after` (the in-memory
-        // emulator does not expire documents by TTL).
-        if let Some(doc) = self.container.read(&id, &id).await? {
-            let created = doc
-                .body
-                .get("timestamp")
-                .and_then(Value::as_str)
-                .and_then(|t| OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok());
-            if created.is_none_or(|t| t + stale_after < now()) {
-                self.container.delete(&id, &id, Some(&doc.etag)).await.or_else(|e| {
-                    if e.kind == ErrorKind::PreconditionFailed {
-                        Ok(())
-                    } else {
-                        Err(e)
-                    }
-                })?;
-            }
+        Ok(match self.container.read(&id, &id).await? {
+            Some(doc) => LockAttempt::Held { etag: doc.etag },
+            // Removed meanwhile: free again.
+            None => LockAttempt::Free,
+        })
+    }
+
+    async fn break_lock(&self, etag: &str) -> Result<(), LeaseStoreError> {
+        let id = self.marker_id("lock");
+        match self.container.delete(&id, &id, Some(etag)).await {
+            Err(e) if !matches!(e.kind, ErrorKind::PreconditionFailed | ErrorKind::NotFound) => Err(e.into()),
+            _ => Ok(()),
         }
-        Ok(false)
     }
 
     async fn unlock(&self) -> Result<(), LeaseStoreError> {

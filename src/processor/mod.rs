@@ -56,7 +56,7 @@ pub use events::{CloseReason, LeaseEvent};
 pub use evict::evict_instance;
 pub use handler::{Batch, ChangeHandler, HandlerError, StdoutHandler};
 pub use http_handler::{HttpFormat, HttpHandler, HttpHandlerConfig, HttpHandlerError};
-pub use lease::{CosmosLeaseStore, Lease, LeaseStore, LeaseStoreError, lease_prefix};
+pub use lease::{CosmosLeaseStore, Lease, LeaseStore, LeaseStoreError, LockAttempt, lease_prefix};
 pub use manual::{CheckpointError, CheckpointHandle, Handler, ManualCheckpointHandler};
 pub use observer::{NoopObserver, ProcessorObserver};
 pub use options::{OnExhausted, ProcessorOptions, RetryPolicy};
