@@ -267,3 +267,80 @@ async fn a_key_rotated_while_running_is_reported_on_readyz_and_processing_resume
     assert!(resumed, "processing resumes once the key works");
     assert_eq!(ready_again.0, 200, "{}", ready_again.1);
 }
+
+/// A lease whose change feed kept failing (reported on `/readyz`) and that then ends through a
+/// split found by a failed read takes its report with it: the children read, and the processor
+/// is healthy again (the parent's failure used to stay until a restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_splits_after_failing_reads_leaves_no_failure_behind() {
+    use changefeed_operator::cosmos::StartFrom;
+    use changefeed_operator::processor::{ChangeFeedProcessor, ProcessorOptions};
+    use changefeed_operator::worker::WorkerSettings;
+    let (_emulator, endpoint) = start_emulator("db/items:/pk:1").await;
+    let (account, items) = connect(&endpoint).await;
+    let mut options = ProcessorOptions::new(common::PROCESSOR, "splitting");
+    options.start_from = StartFrom::Beginning;
+    options.acquire_interval = Duration::from_secs(1);
+    options.renew_interval = Duration::from_secs(1);
+    options.expiration = Duration::from_secs(30);
+    options.poll_interval = Duration::from_millis(100);
+    options.min_backoff = Duration::from_millis(50);
+    options.max_backoff = Duration::from_millis(300);
+    let settings = WorkerSettings {
+        database: DB.into(),
+        container: ITEMS.into(),
+        lease_database: DB.into(),
+        lease_container: common::LEASES.into(),
+        create_leases: true,
+        options: options.clone(),
+    };
+    let deliveries = common::Deliveries::default();
+    let handler = Arc::new(common::RecordingHandler {
+        instance: "splitting".into(),
+        deliveries: deliveries.clone(),
+    });
+    let processor = changefeed_operator::worker::build_processor(&account, &account, &settings, handler)
+        .await
+        .unwrap();
+    let monitor = processor.monitor();
+    let handle = processor.start().await.unwrap();
+    write(&items, 0..20).await;
+    let delivered = common::eventually(Duration::from_secs(20), || async { deliveries.distinct() >= 20 }).await;
+    assert!(delivered, "delivered before the outage");
+
+    common::emulator_control(&endpoint, reqwest::Method::POST, "outage?ms=3000").await;
+    let reported = common::eventually(Duration::from_secs(10), || async { monitor.read_problem().is_some() }).await;
+    let problem = monitor.read_problem();
+    // The partition splits while the outage lasts; reads after it meet the split in progress.
+    let split = tokio::spawn({
+        let endpoint = endpoint.clone();
+        async move {
+            common::emulator_control(
+                &endpoint,
+                reqwest::Method::POST,
+                "split?database=db&container=items&lockMs=3000",
+            )
+            .await
+        }
+    });
+    let healthy = common::eventually(Duration::from_secs(30), || async {
+        monitor.owned_leases() == 2 && monitor.read_problem().is_none()
+    })
+    .await;
+    split.await.unwrap();
+    write(&items, 20..40).await;
+    let after = common::eventually(Duration::from_secs(20), || async { deliveries.distinct() >= 40 }).await;
+    println!(
+        "failing reads then a split: reported {reported} ({problem:?}); two children and no problem left {healthy} (now {:?}, {} leases); 40/40 delivered {after}",
+        monitor.read_problem(),
+        monitor.owned_leases()
+    );
+    handle.abort();
+    assert!(reported, "the failing reads are reported");
+    assert!(
+        healthy,
+        "a problem of the split parent stayed: {:?}",
+        monitor.read_problem()
+    );
+    assert!(after, "the children deliver");
+}

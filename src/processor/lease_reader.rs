@@ -39,6 +39,9 @@ pub(crate) async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExi
     if matches!(exit.reason, CloseReason::Shutdown | CloseReason::HandedOver) {
         reader.write_pending().await;
     }
+    // Whatever ended it (a split found by a failed read, a loss), this lease's read failures
+    // are no longer a problem of this processor.
+    reader.shared.health.set_read_failing(reader.owned.token(), None);
     reader.owned.close();
     exit
 }
