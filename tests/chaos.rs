@@ -1,7 +1,10 @@
 //! Chaos: four `cfp worker` processes against `cfp emulator` on loopback while documents are
 //! created and replaced, and on a seeded random schedule a worker is killed (-9) and restarted, a
 //! worker is frozen (SIGSTOP) past the lease expiration and resumed, a partition is split, and a
-//! worker is replaced by one with a new instance name. Afterwards, per document id and version:
+//! worker is replaced by one with a new instance name. Two workers' wall clocks are off by more
+//! than the lease expiration (8 s ahead and behind, under Debian's libfaketime, their monotonic
+//! clocks untouched), and every 25th batch takes the handler longer than the lease expiration.
+//! Afterwards, per document id and version:
 //! nothing lost, duplicates bounded by the batches in flight at crashes, and a lease's old owner
 //! delivers at most the one batch it had in flight once another instance delivers that lease.
 //! `CFP_CHAOS_SEED=<n>` replays a schedule.
@@ -31,26 +34,52 @@ struct Post {
     documents: Vec<(String, u64)>,
 }
 
-/// The user's service: workers POST to `/w/<instance>`.
+/// Every this many batches, one takes the handler longer than the lease expiration.
+const SLOW_EVERY: usize = 25;
+const SLOW: Duration = Duration::from_secs(4);
+
+/// The wall-clock skews of the workers by index (libfaketime's `-f` offsets): two are off by more
+/// than the expiration, one ahead and one behind.
+const SKEWS: [Option<&str>; 4] = [Some("+8s"), Some("-8s"), None, None];
+
+/// The user's service: workers POST to `/w/<instance>`; every `SLOW_EVERY`th batch is answered
+/// after `SLOW`.
 async fn receiver() -> (String, Arc<Mutex<Vec<Post>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/w/", listener.local_addr().unwrap());
     let posts = Arc::new(Mutex::new(Vec::new()));
     let sink = posts.clone();
-    common::receive_batches(listener, move |path, body| {
-        let documents = body["documents"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|d| Some((d["id"].as_str()?.to_owned(), d["v"].as_u64()?)))
-            .collect();
-        sink.lock().unwrap().push(Post {
-            at: SystemTime::now(),
-            instance: path.trim_start_matches("/w/").to_owned(),
-            lease: body["lease"].as_str().unwrap_or_default().to_owned(),
-            documents,
-        });
-    });
+    tokio::spawn(changefeed_operator::http::serve(
+        listener,
+        tokio_util::sync::CancellationToken::new(),
+        move |req: hyper::Request<hyper::body::Incoming>| {
+            let sink = sink.clone();
+            async move {
+                let path = req.uri().path().to_owned();
+                let body: serde_json::Value = serde_json::from_slice(&common::body_of(req).await).unwrap_or_default();
+                let documents = body["documents"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|d| Some((d["id"].as_str()?.to_owned(), d["v"].as_u64()?)))
+                    .collect();
+                let count = {
+                    let mut posts = sink.lock().unwrap();
+                    posts.push(Post {
+                        at: SystemTime::now(),
+                        instance: path.trim_start_matches("/w/").to_owned(),
+                        lease: body["lease"].as_str().unwrap_or_default().to_owned(),
+                        documents,
+                    });
+                    posts.len()
+                };
+                if count.is_multiple_of(SLOW_EVERY) {
+                    tokio::time::sleep(SLOW).await;
+                }
+                changefeed_operator::http::json(200, &serde_json::json!({}))
+            }
+        },
+    ));
     (url, posts)
 }
 
@@ -79,15 +108,24 @@ fn log_field<'a>(line: &'a str, field: &str) -> Option<&'a str> {
     )
 }
 
-fn worker(endpoint: &str, receiver: &str, instance: &str, acquisitions: &Acquisitions) -> Child {
-    let mut child = Command::new(CFP)
+/// Starts `cfp worker` `instance` (under `faketime` with `skew` when given).
+fn worker(endpoint: &str, receiver: &str, instance: &str, skew: Option<&str>, acquisitions: &Acquisitions) -> Child {
+    let mut command = match skew {
+        Some(skew) => {
+            let mut command = Command::new("faketime");
+            command.args(["-f", skew, CFP]).env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+            command
+        }
+        None => Command::new(CFP),
+    };
+    let mut child = command
         .args(["worker", "--endpoint", endpoint, "--database", DB, "--container", ITEMS])
         .args(["--processor", "chaos", "--instance", instance, "--handler", "http"])
         .args(["--handler-url", &format!("{receiver}{instance}")])
         .args(["--max-items", &MAX_ITEMS.to_string(), "--poll-interval", "100ms"])
         .args(["--max-in-flight-batches", &IN_FLIGHT.to_string()])
         .args(common::FAST_LEASES)
-        .env("RUST_LOG", "warn,changefeed_operator::processor::runtime=info")
+        .env("RUST_LOG", "warn,changefeed_operator::processor::coordinator=info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
@@ -164,7 +202,7 @@ enum Action {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn four_workers_survive_kills_freezes_splits_and_renames_without_losing_a_change() {
+async fn four_workers_survive_kills_freezes_splits_renames_skewed_clocks_and_slow_batches_without_losing_a_change() {
     let seed: u64 = std::env::var("CFP_CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -187,7 +225,8 @@ async fn four_workers_survive_kills_freezes_splits_and_renames_without_losing_a_
     let acquisitions = Acquisitions::default();
     let mut workers: Vec<Child> = names
         .iter()
-        .map(|n| worker(&endpoint, &receiver, n, &acquisitions))
+        .zip(SKEWS)
+        .map(|(n, skew)| worker(&endpoint, &receiver, n, skew, &acquisitions))
         .collect();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = tokio::spawn(write_continuously(items.clone(), stop.clone()));
@@ -216,7 +255,7 @@ async fn four_workers_survive_kills_freezes_splits_and_renames_without_losing_a_
                 let _ = workers[victim].wait().await;
                 crashes += 1;
                 tokio::time::sleep(Duration::from_millis(300)).await;
-                workers[victim] = worker(&endpoint, &receiver, &names[victim], &acquisitions);
+                workers[victim] = worker(&endpoint, &receiver, &names[victim], SKEWS[victim], &acquisitions);
             }
             Action::FreezePastExpiry => {
                 signal(&workers[victim], "-STOP");
@@ -240,7 +279,7 @@ async fn four_workers_survive_kills_freezes_splits_and_renames_without_losing_a_
             Action::ReplaceUnderNewName => {
                 terminate(&mut workers[victim]).await;
                 names[victim] = format!("{}-r{step}", names[victim].split('-').next().unwrap_or("w"));
-                workers[victim] = worker(&endpoint, &receiver, &names[victim], &acquisitions);
+                workers[victim] = worker(&endpoint, &receiver, &names[victim], SKEWS[victim], &acquisitions);
             }
         }
     }
