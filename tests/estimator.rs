@@ -24,7 +24,8 @@ async fn estimate(env: &Env) -> Vec<LeaseEstimate> {
 }
 
 /// Operations written per lease token: creates of `doc-<n>` for `creates` and one update each of
-/// `doc-<n>` for `updates`.
+/// `doc-<n>` for `updates`, attributed to leases by their physical partition (`epk_of` names the
+/// partition of a key, so every lease must cover whole partitions).
 async fn write_ops(
     env: &Env,
     creates: std::ops::Range<usize>,
@@ -33,18 +34,65 @@ async fn write_ops(
     let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
     let leases = env.leases().await;
     let mut per_lease = BTreeMap::new();
+    for (pk, count) in write_keys(env, creates, updates).await {
+        let epk = monitored.epk_of(&pk).await.unwrap();
+        let lease = leases
+            .iter()
+            .find(|l| l.range().unwrap().contains_epk(&epk))
+            .expect("a lease covers every key");
+        *per_lease.entry(lease.lease_token.clone()).or_default() += count;
+    }
+    per_lease
+}
+
+/// Upserts the operations of [`write_ops`]; returns how many each partition key got.
+async fn write_keys(
+    env: &Env,
+    creates: std::ops::Range<usize>,
+    updates: std::ops::Range<usize>,
+) -> BTreeMap<String, u64> {
+    let mut per_key = BTreeMap::new();
     for n in creates.chain(updates) {
         let pk = format!("pk-{}", n % 97);
         env.items
             .upsert(&pk, &json!({"id": format!("doc-{n}"), "pk": pk, "n": n, "v": 2}))
             .await
             .unwrap();
-        let epk = monitored.epk_of(&pk).await.unwrap();
-        let lease = leases
-            .iter()
-            .find(|l| l.range().unwrap().contains_epk(&epk))
-            .expect("a lease covers every key");
-        *per_lease.entry(lease.lease_token.clone()).or_default() += 1;
+        *per_key.entry(pk).or_default() += 1;
+    }
+    per_key
+}
+
+/// Like [`write_ops`] for leases narrower than a partition (`leases.perPartition` > 1): a key's
+/// lease is the one whose change feed, read from the beginning, holds the key's documents (a
+/// sub-range's feed holds exactly the documents hashed into it, `cosmos_feed.rs`). Every key
+/// must have been written before.
+async fn write_ops_in_sub_ranges(
+    env: &Env,
+    creates: std::ops::Range<usize>,
+    updates: std::ops::Range<usize>,
+) -> BTreeMap<String, u64> {
+    let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
+    let mut lease_of_key = BTreeMap::new();
+    for lease in env.leases().await {
+        let mut reader = monitored
+            .reader(lease.range().unwrap(), None, StartFrom::Beginning, 1000)
+            .await
+            .unwrap();
+        loop {
+            let page = reader.next_page(Duration::from_secs(10)).await.unwrap();
+            if page.documents.is_empty() {
+                break;
+            }
+            for doc in &page.documents {
+                lease_of_key.insert(doc["pk"].as_str().unwrap().to_owned(), lease.lease_token.clone());
+            }
+        }
+    }
+    let mut per_lease = BTreeMap::new();
+    for (pk, count) in write_keys(env, creates, updates).await {
+        let lease = lease_of_key.get(&pk).expect("every key was written before");
+        *per_lease.entry(lease.clone()).or_default() += count;
     }
     per_lease
 }
@@ -144,6 +192,101 @@ async fn after_a_split_the_estimate_still_covers_every_range() {
         estimates.iter().map(|e| e.lag).collect::<Vec<_>>()
     );
     assert_eq!(total, expected);
+}
+
+/// Per lease, the lags that are not 0.
+fn nonzero(estimates: &[LeaseEstimate]) -> BTreeMap<String, u64> {
+    estimates
+        .iter()
+        .filter(|e| e.lag > 0)
+        .map(|e| (e.lease_token.clone(), e.lag))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_four_leases_per_partition_each_lease_counts_only_its_own_pending_documents() {
+    let env = Env::new(2).await;
+    let mut options = env.options("a");
+    options.leases_per_partition = 4;
+    let handler = env.recorder("a");
+    drop(env.processor(options.clone(), handler).await);
+    let store = env.store().await;
+    let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
+    bootstrap(store.as_ref(), &monitored, &options).await.unwrap();
+    assert_eq!(env.leases().await.len(), 8, "2 partitions × 4 leases");
+
+    // Never checkpointed: each sub-range counts its documents from the start position (the first
+    // 97, one per key, written again: 400 documents pending).
+    env.write(0..97).await;
+    let unread = write_ops_in_sub_ranges(&env, 97..400, 0..97).await;
+    let from_start = estimate(&env).await;
+    println!(
+        "4 leases per partition, never checkpointed, 400 pending: expected {unread:?}, estimated {:?} (total {})",
+        nonzero(&from_start),
+        from_start.iter().map(|e| e.lag).sum::<u64>()
+    );
+    assert_eq!(nonzero(&from_start), unread);
+
+    let a = env.start(options).await;
+    assert!(env.delivered_within(400, Duration::from_secs(20)).await);
+    a.stop().await;
+    // Checkpointed: creates and updates of processed documents, in every sub-range.
+    let expected = write_ops_in_sub_ranges(&env, 400..700, 0..100).await;
+    let estimates = estimate(&env).await;
+    let total: u64 = estimates.iter().map(|e| e.lag).sum();
+    println!(
+        "4 leases per partition, checkpointed, 400 pending: expected {expected:?}, estimated {:?} (total {total})",
+        nonzero(&estimates)
+    );
+    assert_eq!(nonzero(&estimates), expected);
+    assert_eq!(total, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_parent_left_beside_its_children_counts_nothing() {
+    let env = Env::new(1).await;
+    let a = env.start(env.options("a")).await;
+    env.write(0..100).await;
+    assert!(env.delivered_within(100, Duration::from_secs(20)).await);
+    let parent = env.leases().await.remove(0);
+    env.emulator
+        .split(DB, ITEMS, None, Duration::from_millis(10))
+        .await
+        .unwrap();
+    env.write(100..200).await;
+    assert!(env.delivered_within(200, Duration::from_secs(20)).await);
+    let split = eventually(Duration::from_secs(20), || async {
+        let leases = env.leases().await;
+        leases.len() == 2 && leases.iter().all(|l| l.id != parent.id)
+    })
+    .await;
+    assert!(split, "the lease was not split: {:?}", env.leases().await);
+    a.stop().await;
+    let expected = write_ops(&env, 200..500, 0..0).await;
+    // A crash between creating the children and deleting the parent leaves the parent behind.
+    let mut left = parent.clone();
+    left.owner = None;
+    env.store()
+        .await
+        .create(&left)
+        .await
+        .unwrap()
+        .expect("the parent is back");
+    assert_eq!(env.leases().await.len(), 3);
+    let estimates = estimate(&env).await;
+    let total: u64 = estimates.iter().map(|e| e.lag).sum();
+    let parent_lag: u64 = estimates
+        .iter()
+        .filter(|e| e.lease_token == parent.lease_token)
+        .map(|e| e.lag)
+        .sum();
+    println!(
+        "a split parent beside its 2 children, 300 pending: expected {expected:?}, estimated {:?} (total {total}, parent {parent_lag})",
+        nonzero(&estimates)
+    );
+    assert_eq!(parent_lag, 0, "the superseded parent is not counted");
+    assert_eq!(nonzero(&estimates), expected);
+    assert_eq!(total, 300);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
