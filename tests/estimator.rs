@@ -63,15 +63,26 @@ async fn write_keys(
     per_key
 }
 
-/// Like [`write_ops`] for leases narrower than a partition (`leases.perPartition` > 1): a key's
-/// lease is the one whose change feed, read from the beginning, holds the key's documents (a
-/// sub-range's feed holds exactly the documents hashed into it, `cosmos_feed.rs`). Every key
-/// must have been written before.
+/// Like [`write_ops`] for leases narrower than a partition (`leases.perPartition` > 1), with
+/// [`lease_of_keys`]. Every key must have been written before.
 async fn write_ops_in_sub_ranges(
     env: &Env,
     creates: std::ops::Range<usize>,
     updates: std::ops::Range<usize>,
 ) -> BTreeMap<String, u64> {
+    let lease_of_key = lease_of_keys(env).await;
+    let mut per_lease = BTreeMap::new();
+    for (pk, count) in write_keys(env, creates, updates).await {
+        let lease = lease_of_key.get(&pk).expect("every key was written before");
+        *per_lease.entry(lease.clone()).or_default() += count;
+    }
+    per_lease
+}
+
+/// The lease token of each partition key written so far: the lease whose change feed, read from
+/// the beginning, holds the key's documents (a sub-range's feed holds exactly the documents
+/// hashed into it, `cosmos_feed.rs`).
+async fn lease_of_keys(env: &Env) -> BTreeMap<String, String> {
     let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
     let mut lease_of_key = BTreeMap::new();
     for lease in env.leases().await {
@@ -89,12 +100,7 @@ async fn write_ops_in_sub_ranges(
             }
         }
     }
-    let mut per_lease = BTreeMap::new();
-    for (pk, count) in write_keys(env, creates, updates).await {
-        let lease = lease_of_key.get(&pk).expect("every key was written before");
-        *per_lease.entry(lease.clone()).or_default() += count;
-    }
-    per_lease
+    lease_of_key
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,6 +246,42 @@ async fn with_four_leases_per_partition_each_lease_counts_only_its_own_pending_d
     );
     assert_eq!(nonzero(&estimates), expected);
     assert_eq!(total, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_range_backlog_beyond_three_reads_is_extrapolated_from_them() {
+    let env = Env::new(1).await;
+    let mut options = env.options("x");
+    options.leases_per_partition = 2;
+    drop(env.processor(options.clone(), env.recorder("x")).await);
+    let store = env.store().await;
+    let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
+    bootstrap(store.as_ref(), &monitored, &options).await.unwrap();
+    let total = 10_000;
+    env.write(0..total).await;
+    let lease_of_key = lease_of_keys(&env).await;
+    let mut expected: BTreeMap<String, u64> = BTreeMap::new();
+    for n in 0..total {
+        *expected
+            .entry(lease_of_key[&format!("pk-{}", n % 97)].clone())
+            .or_default() += 1;
+    }
+    let estimates = estimate(&env).await;
+    println!(
+        "2 leases on one partition, {total} pending, never checkpointed: per lease {expected:?}, estimated {:?} (at most 3 reads of 1000 each)",
+        nonzero(&estimates)
+    );
+    assert_eq!(estimates.len(), 2);
+    for estimate in &estimates {
+        let want = expected[&estimate.lease_token] as f64;
+        let error = (estimate.lag as f64 - want).abs() / want;
+        assert!(
+            estimate.lag > 3000 && error < 0.1,
+            "{}: {} for {want}",
+            estimate.lease_token,
+            estimate.lag
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
