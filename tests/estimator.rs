@@ -33,55 +33,41 @@ async fn write_ops(
 ) -> BTreeMap<String, u64> {
     let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
     let leases = env.leases().await;
-    let mut per_lease = BTreeMap::new();
-    for (pk, count) in write_keys(env, creates, updates).await {
+    let mut lease_of_key = BTreeMap::new();
+    for pk in (0..97).map(|k| format!("pk-{k}")) {
         let epk = monitored.epk_of(&pk).await.unwrap();
         let lease = leases
             .iter()
             .find(|l| l.range().unwrap().contains_epk(&epk))
             .expect("a lease covers every key");
-        *per_lease.entry(lease.lease_token.clone()).or_default() += count;
+        lease_of_key.insert(pk, lease.lease_token.clone());
     }
-    per_lease
+    write_ops_to(env, &lease_of_key, creates, updates).await
 }
 
-/// Upserts the operations of [`write_ops`]; returns how many each partition key got.
-async fn write_keys(
+/// The operations of [`write_ops`], attributed to leases by `lease_of_key`.
+async fn write_ops_to(
     env: &Env,
+    lease_of_key: &BTreeMap<String, String>,
     creates: std::ops::Range<usize>,
     updates: std::ops::Range<usize>,
 ) -> BTreeMap<String, u64> {
-    let mut per_key = BTreeMap::new();
+    let mut per_lease = BTreeMap::new();
     for n in creates.chain(updates) {
         let pk = format!("pk-{}", n % 97);
         env.items
             .upsert(&pk, &json!({"id": format!("doc-{n}"), "pk": pk, "n": n, "v": 2}))
             .await
             .unwrap();
-        *per_key.entry(pk).or_default() += 1;
-    }
-    per_key
-}
-
-/// Like [`write_ops`] for leases narrower than a partition (`leases.perPartition` > 1), with
-/// [`lease_of_keys`]. Every key must have been written before.
-async fn write_ops_in_sub_ranges(
-    env: &Env,
-    creates: std::ops::Range<usize>,
-    updates: std::ops::Range<usize>,
-) -> BTreeMap<String, u64> {
-    let lease_of_key = lease_of_keys(env).await;
-    let mut per_lease = BTreeMap::new();
-    for (pk, count) in write_keys(env, creates, updates).await {
-        let lease = lease_of_key.get(&pk).expect("every key was written before");
-        *per_lease.entry(lease.clone()).or_default() += count;
+        *per_lease.entry(lease_of_key[&pk].clone()).or_default() += 1;
     }
     per_lease
 }
 
-/// The lease token of each partition key written so far: the lease whose change feed, read from
-/// the beginning, holds the key's documents (a sub-range's feed holds exactly the documents
-/// hashed into it, `cosmos_feed.rs`).
+/// The lease token of each partition key written so far, for leases narrower than a partition
+/// (`leases.perPartition` > 1): the lease whose change feed, read from the beginning, holds the
+/// key's documents (a sub-range's feed holds exactly the documents hashed into it,
+/// `cosmos_feed.rs`).
 async fn lease_of_keys(env: &Env) -> BTreeMap<String, String> {
     let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
     let mut lease_of_key = BTreeMap::new();
@@ -224,7 +210,8 @@ async fn with_four_leases_per_partition_each_lease_counts_only_its_own_pending_d
     // Never checkpointed: each sub-range counts its documents from the start position (the first
     // 97, one per key, written again: 400 documents pending).
     env.write(0..97).await;
-    let unread = write_ops_in_sub_ranges(&env, 97..400, 0..97).await;
+    let lease_of_key = lease_of_keys(&env).await;
+    let unread = write_ops_to(&env, &lease_of_key, 97..400, 0..97).await;
     let from_start = estimate(&env).await;
     println!(
         "4 leases per partition, never checkpointed, 400 pending: expected {unread:?}, estimated {:?} (total {})",
@@ -237,7 +224,7 @@ async fn with_four_leases_per_partition_each_lease_counts_only_its_own_pending_d
     assert!(env.delivered_within(400, Duration::from_secs(20)).await);
     a.stop().await;
     // Checkpointed: creates and updates of processed documents, in every sub-range.
-    let expected = write_ops_in_sub_ranges(&env, 400..700, 0..100).await;
+    let expected = write_ops_to(&env, &lease_of_key, 400..700, 0..100).await;
     let estimates = estimate(&env).await;
     let total: u64 = estimates.iter().map(|e| e.lag).sum();
     println!(

@@ -83,9 +83,10 @@ async fn running(env: &Env) -> (Vec<ProcessorHandle>, Writer) {
     (handles, writer)
 }
 
-/// Deletes the lease container and waits until every instance reports it, with documents
-/// written meanwhile.
-async fn delete_the_lease_container(env: &Env, handles: &[ProcessorHandle], writer: &Writer) {
+/// [`running`], then deletes the lease container, waits until every instance reports it, with
+/// documents written meanwhile, and creates it again (empty).
+async fn lease_container_deleted_and_back(env: &Env) -> (Vec<ProcessorHandle>, Writer) {
+    let (handles, writer) = running(env).await;
     env.account.delete_container(common::DB, common::LEASES).await.unwrap();
     let reported = eventually(Duration::from_secs(10), || async {
         handles.iter().all(|h| h.monitor().read_problem().is_some())
@@ -93,6 +94,8 @@ async fn delete_the_lease_container(env: &Env, handles: &[ProcessorHandle], writ
     .await;
     assert!(reported, "every instance reports the missing lease container");
     writer.write_more(200).await;
+    env.ensure_leases().await;
+    (handles, writer)
 }
 
 /// Writes on, stops the writer and checks that every document arrived: (written, lost, ids
@@ -113,9 +116,7 @@ async fn settle(env: &Env, handles: Vec<ProcessorHandle>, writer: Writer) -> (us
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_instance_keeps_its_checkpoints_when_the_lease_container_comes_back() {
     let env = Env::new(4).await;
-    let (handles, writer) = running(&env).await;
-    delete_the_lease_container(&env, &handles, &writer).await;
-    env.ensure_leases().await;
+    let (handles, writer) = lease_container_deleted_and_back(&env).await;
     let (written, lost, duplicates, extra) = settle(&env, handles, writer).await;
     let leases = env.leases().await;
     println!(
@@ -134,9 +135,7 @@ async fn every_instance_keeps_its_checkpoints_when_the_lease_container_comes_bac
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bootstrap_before_the_instances_write_back_loses_none_of_their_checkpoints() {
     let env = Env::new(4).await;
-    let (handles, writer) = running(&env).await;
-    delete_the_lease_container(&env, &handles, &writer).await;
-    env.ensure_leases().await;
+    let (handles, writer) = lease_container_deleted_and_back(&env).await;
     // Someone who knows nothing of the running instances (the operator's estimator, an instance
     // starting now) finds the lease set empty and creates every lease from "now".
     let mut options = env.options("operator");
