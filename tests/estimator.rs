@@ -24,7 +24,8 @@ async fn estimate(env: &Env) -> Vec<LeaseEstimate> {
 }
 
 /// Operations written per lease token: creates of `doc-<n>` for `creates` and one update each of
-/// `doc-<n>` for `updates`.
+/// `doc-<n>` for `updates`, attributed to leases by their physical partition (`epk_of` names the
+/// partition of a key, so every lease must cover whole partitions).
 async fn write_ops(
     env: &Env,
     creates: std::ops::Range<usize>,
@@ -32,6 +33,25 @@ async fn write_ops(
 ) -> BTreeMap<String, u64> {
     let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
     let leases = env.leases().await;
+    let mut lease_of_key = BTreeMap::new();
+    for pk in (0..97).map(|k| format!("pk-{k}")) {
+        let epk = monitored.epk_of(&pk).await.unwrap();
+        let lease = leases
+            .iter()
+            .find(|l| l.range().unwrap().contains_epk(&epk))
+            .expect("a lease covers every key");
+        lease_of_key.insert(pk, lease.lease_token.clone());
+    }
+    write_ops_to(env, &lease_of_key, creates, updates).await
+}
+
+/// The operations of [`write_ops`], attributed to leases by `lease_of_key`.
+async fn write_ops_to(
+    env: &Env,
+    lease_of_key: &BTreeMap<String, String>,
+    creates: std::ops::Range<usize>,
+    updates: std::ops::Range<usize>,
+) -> BTreeMap<String, u64> {
     let mut per_lease = BTreeMap::new();
     for n in creates.chain(updates) {
         let pk = format!("pk-{}", n % 97);
@@ -39,14 +59,34 @@ async fn write_ops(
             .upsert(&pk, &json!({"id": format!("doc-{n}"), "pk": pk, "n": n, "v": 2}))
             .await
             .unwrap();
-        let epk = monitored.epk_of(&pk).await.unwrap();
-        let lease = leases
-            .iter()
-            .find(|l| l.range().unwrap().contains_epk(&epk))
-            .expect("a lease covers every key");
-        *per_lease.entry(lease.lease_token.clone()).or_default() += 1;
+        *per_lease.entry(lease_of_key[&pk].clone()).or_default() += 1;
     }
     per_lease
+}
+
+/// The lease token of each partition key written so far, for leases narrower than a partition
+/// (`leases.perPartition` > 1): the lease whose change feed, read from the beginning, holds the
+/// key's documents (a sub-range's feed holds exactly the documents hashed into it,
+/// `cosmos_feed.rs`).
+async fn lease_of_keys(env: &Env) -> BTreeMap<String, String> {
+    let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
+    let mut lease_of_key = BTreeMap::new();
+    for lease in env.leases().await {
+        let mut reader = monitored
+            .reader(lease.range().unwrap(), None, StartFrom::Beginning, 1000)
+            .await
+            .unwrap();
+        loop {
+            let page = reader.next_page(Duration::from_secs(10)).await.unwrap();
+            if page.documents.is_empty() {
+                break;
+            }
+            for doc in &page.documents {
+                lease_of_key.insert(doc["pk"].as_str().unwrap().to_owned(), lease.lease_token.clone());
+            }
+        }
+    }
+    lease_of_key
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,6 +184,138 @@ async fn after_a_split_the_estimate_still_covers_every_range() {
         estimates.iter().map(|e| e.lag).collect::<Vec<_>>()
     );
     assert_eq!(total, expected);
+}
+
+/// Per lease, the lags that are not 0.
+fn nonzero(estimates: &[LeaseEstimate]) -> BTreeMap<String, u64> {
+    estimates
+        .iter()
+        .filter(|e| e.lag > 0)
+        .map(|e| (e.lease_token.clone(), e.lag))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_four_leases_per_partition_each_lease_counts_only_its_own_pending_documents() {
+    let env = Env::new(2).await;
+    let mut options = env.options("a");
+    options.leases_per_partition = 4;
+    let handler = env.recorder("a");
+    drop(env.processor(options.clone(), handler).await);
+    let store = env.store().await;
+    let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
+    bootstrap(store.as_ref(), &monitored, &options).await.unwrap();
+    assert_eq!(env.leases().await.len(), 8, "2 partitions × 4 leases");
+
+    // Never checkpointed: each sub-range counts its documents from the start position (the first
+    // 97, one per key, written again: 400 documents pending).
+    env.write(0..97).await;
+    let lease_of_key = lease_of_keys(&env).await;
+    let unread = write_ops_to(&env, &lease_of_key, 97..400, 0..97).await;
+    let from_start = estimate(&env).await;
+    println!(
+        "4 leases per partition, never checkpointed, 400 pending: expected {unread:?}, estimated {:?} (total {})",
+        nonzero(&from_start),
+        from_start.iter().map(|e| e.lag).sum::<u64>()
+    );
+    assert_eq!(nonzero(&from_start), unread);
+
+    let a = env.start(options).await;
+    assert!(env.delivered_within(400, Duration::from_secs(20)).await);
+    a.stop().await;
+    // Checkpointed: creates and updates of processed documents, in every sub-range.
+    let expected = write_ops_to(&env, &lease_of_key, 400..700, 0..100).await;
+    let estimates = estimate(&env).await;
+    let total: u64 = estimates.iter().map(|e| e.lag).sum();
+    println!(
+        "4 leases per partition, checkpointed, 400 pending: expected {expected:?}, estimated {:?} (total {total})",
+        nonzero(&estimates)
+    );
+    assert_eq!(nonzero(&estimates), expected);
+    assert_eq!(total, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_range_backlog_beyond_three_reads_is_extrapolated_from_them() {
+    let env = Env::new(1).await;
+    let mut options = env.options("x");
+    options.leases_per_partition = 2;
+    drop(env.processor(options.clone(), env.recorder("x")).await);
+    let store = env.store().await;
+    let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
+    bootstrap(store.as_ref(), &monitored, &options).await.unwrap();
+    let total = 10_000;
+    env.write(0..total).await;
+    let lease_of_key = lease_of_keys(&env).await;
+    let mut expected: BTreeMap<String, u64> = BTreeMap::new();
+    for n in 0..total {
+        *expected
+            .entry(lease_of_key[&format!("pk-{}", n % 97)].clone())
+            .or_default() += 1;
+    }
+    let estimates = estimate(&env).await;
+    println!(
+        "2 leases on one partition, {total} pending, never checkpointed: per lease {expected:?}, estimated {:?} (at most 3 reads of 1000 each)",
+        nonzero(&estimates)
+    );
+    assert_eq!(estimates.len(), 2);
+    for estimate in &estimates {
+        let want = expected[&estimate.lease_token] as f64;
+        let error = (estimate.lag as f64 - want).abs() / want;
+        assert!(
+            estimate.lag > 3000 && error < 0.1,
+            "{}: {} for {want}",
+            estimate.lease_token,
+            estimate.lag
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_parent_left_beside_its_children_counts_nothing() {
+    let env = Env::new(1).await;
+    let a = env.start(env.options("a")).await;
+    env.write(0..100).await;
+    assert!(env.delivered_within(100, Duration::from_secs(20)).await);
+    let parent = env.leases().await.remove(0);
+    env.emulator
+        .split(DB, ITEMS, None, Duration::from_millis(10))
+        .await
+        .unwrap();
+    env.write(100..200).await;
+    assert!(env.delivered_within(200, Duration::from_secs(20)).await);
+    let split = eventually(Duration::from_secs(20), || async {
+        let leases = env.leases().await;
+        leases.len() == 2 && leases.iter().all(|l| l.id != parent.id)
+    })
+    .await;
+    assert!(split, "the lease was not split: {:?}", env.leases().await);
+    a.stop().await;
+    let expected = write_ops(&env, 200..500, 0..0).await;
+    // A crash between creating the children and deleting the parent leaves the parent behind.
+    let mut left = parent.clone();
+    left.owner = None;
+    env.store()
+        .await
+        .create(&left)
+        .await
+        .unwrap()
+        .expect("the parent is back");
+    assert_eq!(env.leases().await.len(), 3);
+    let estimates = estimate(&env).await;
+    let total: u64 = estimates.iter().map(|e| e.lag).sum();
+    let parent_lag: u64 = estimates
+        .iter()
+        .filter(|e| e.lease_token == parent.lease_token)
+        .map(|e| e.lag)
+        .sum();
+    println!(
+        "a split parent beside its 2 children, 300 pending: expected {expected:?}, estimated {:?} (total {total}, parent {parent_lag})",
+        nonzero(&estimates)
+    );
+    assert_eq!(parent_lag, 0, "the superseded parent is not counted");
+    assert_eq!(nonzero(&estimates), expected);
+    assert_eq!(total, 300);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

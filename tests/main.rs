@@ -42,6 +42,7 @@ mod operator_without_crd;
 mod processor;
 mod python_client;
 mod renewals;
+mod store_recovery;
 mod structure;
 mod takeover;
 mod worker_errors;

@@ -47,6 +47,17 @@ impl EpkRange {
         epk_lt(&self.min, &other.max) && epk_lt(&other.min, &self.max)
     }
 
+    /// The keys both ranges hold, or `None` when they share none.
+    pub fn intersection(&self, other: &EpkRange) -> Option<EpkRange> {
+        if !self.overlaps(other) {
+            return None;
+        }
+        // EPKs order as their hex strings (see `epk_lt`).
+        let min = std::cmp::max(&self.min, &other.min);
+        let max = std::cmp::min(&self.max, &other.max);
+        Some(EpkRange::new(min.clone(), max.clone()))
+    }
+
     /// `parts` adjacent sub-ranges that cover this range exactly and share its keys equally
     /// (bounds read as 128-bit hash-v2 EPKs: 32 hex digits, shorter ones padded with zeros; keys
     /// lie below `40…0`, so the last part runs from there to the range's end). `None` when the
@@ -188,5 +199,14 @@ mod tests {
         assert!(parent.overlaps(&right));
         assert!(!left.overlaps(&right));
         assert!(!parent.overlaps(&other));
+        assert_eq!(parent.intersection(&left), Some(left.clone()));
+        assert_eq!(left.intersection(&parent), Some(left.clone()));
+        assert_eq!(
+            EpkRange::new("20", "5F").intersection(&right),
+            Some(EpkRange::new("3F", "5F"))
+        );
+        assert_eq!(EpkRange::full().intersection(&other), Some(other.clone()));
+        assert_eq!(left.intersection(&right), None);
+        assert_eq!(parent.intersection(&other), None);
     }
 }

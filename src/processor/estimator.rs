@@ -1,13 +1,27 @@
-//! The remaining-work estimator: per lease, how many operations are left to process.
+//! The remaining-work estimator: per lease, how many changes are left to process.
 //!
-//! For each lease one change-feed page of at most one item is read from the lease's continuation:
-//! lag = latest LSN of the range (session token) − LSN of the next unprocessed change + 1, and 0
-//! when nothing is pending. The LSN of that change is read from the continuation after it (the
-//! service's quoted LSN or the emulator's cursor), so one code path serves both backends. A lease
-//! that was never checkpointed is estimated the same way from the processor's start position
-//! (the first change after the start), so a new processor's whole backlog is visible before any
-//! worker ran. A lease whose range was split since its last checkpoint is estimated per child
-//! range, each from the lease's continuation.
+//! A lease's range is cut along the current physical partitions into pieces ([`pieces`]):
+//! - A **whole partition** (the usual lease) is estimated from LSNs with one change-feed page of
+//!   at most one item read from the lease's continuation: lag = latest LSN of the partition
+//!   (session token) − LSN of the next unprocessed change + 1, and 0 when nothing is pending
+//!   (operations, exact and one request whatever the backlog). The LSN of that change is read
+//!   from the continuation after it (the service's quoted LSN or the emulator's cursor), so one
+//!   code path serves both backends.
+//! - **Part of a partition** (`leases.perPartition` > 1) cannot be estimated from LSNs: the
+//!   session token and the LSNs are the whole partition's, so a difference of LSNs also counts
+//!   the other sub-ranges' writes. Its pending documents are counted instead: its change feed
+//!   (which holds exactly the documents hashed into it) is read from the lease's continuation in
+//!   pages of [`COUNT_PAGE_ITEMS`], at most [`COUNT_PAGES`] reads, stopping at an empty page or
+//!   once the read has passed the partition's latest LSN. That is exact up to a couple of
+//!   thousand pending documents per lease at one to three requests; a larger backlog is
+//!   extrapolated from what the reads counted ([`Tally::estimate`]).
+//!
+//! A lease that was never checkpointed is estimated the same way from the processor's start
+//! position (the first change after the start), so a new processor's whole backlog is visible
+//! before any worker ran. A lease whose range was split since its last checkpoint is estimated
+//! per child partition, each from the lease's continuation. A split parent whose children leases
+//! cover its range (left behind by a crash between creating them and deleting it) is not
+//! estimated: the children hold its changes, and the processor deletes it once it is free.
 
 use std::time::Duration;
 
@@ -15,6 +29,7 @@ use futures::StreamExt;
 use serde::Serialize;
 use time::OffsetDateTime;
 
+use super::balancer::superseded;
 use super::lease::{HANDLER_FAILING_PROPERTY, Lease};
 use crate::cosmos::{
     ChangePage, CosmosError, EpkRange, MonitoredContainer, StartFrom, continuation_lsn, session_token_lsn,
@@ -24,6 +39,12 @@ use crate::cosmos::{
 pub const DEFAULT_CONCURRENCY: usize = 16;
 
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Documents per read when the pending documents of part of a partition are counted.
+pub const COUNT_PAGE_ITEMS: u32 = 1000;
+
+/// Reads at most per counted part of a partition; a backlog beyond them is extrapolated.
+pub const COUNT_PAGES: usize = 3;
 
 /// The estimate of one lease.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -94,8 +115,7 @@ pub async fn estimate_leases(
     let now = OffsetDateTime::now_utc();
     // One routing-map lookup for all leases (the SDK's cached map; refreshed per lease after a split).
     let ranges = std::sync::Arc::new(monitored.feed_ranges(false).await?);
-    let owned: Vec<Lease> = leases.iter().filter(|l| l.range().is_some()).cloned().collect();
-    let results: Vec<LeaseEstimate> = futures::stream::iter(owned)
+    let results: Vec<LeaseEstimate> = futures::stream::iter(estimated(leases))
         .map(|lease| {
             let monitored = monitored.clone();
             let ranges = ranges.clone();
@@ -119,6 +139,21 @@ pub async fn estimate_leases(
         .collect()
         .await;
     Ok(results)
+}
+
+/// The leases to estimate: those with an EPK range, except split parents whose children leases
+/// cover their range ([`superseded`]: the children hold their changes).
+fn estimated(leases: &[Lease]) -> Vec<Lease> {
+    let ranges: Vec<(String, EpkRange)> = leases
+        .iter()
+        .filter_map(|l| Some((l.id.clone(), l.range()?.clone())))
+        .collect();
+    let obsolete = superseded(&ranges);
+    leases
+        .iter()
+        .filter(|l| l.range().is_some() && !obsolete.contains(&l.id))
+        .cloned()
+        .collect()
 }
 
 async fn estimate_lease(
@@ -145,8 +180,9 @@ async fn estimate_lease(
     })
 }
 
-/// The lag of `range` from `continuation` (or from `start` without one), split per current
-/// physical range when the lease spans several (after a split).
+/// The lag of `range` from `continuation` (or from `start` without one), summed over its
+/// pieces. When a read finds a piece split since the routing map was read, the map is read
+/// again and the pieces are estimated anew.
 async fn range_lag(
     monitored: &MonitoredContainer,
     ranges: &[EpkRange],
@@ -154,26 +190,153 @@ async fn range_lag(
     continuation: Option<&str>,
     start: StartFrom,
 ) -> Result<u64, CosmosError> {
-    let mut parts = children(ranges, range);
-    if parts.len() == 1 {
-        let page = one_item(monitored, range, continuation, start).await?;
-        if page.continuations.len() == 1 {
-            return Ok(page_lag(&page));
-        }
-        // The range was split since the routing map was cached.
-        parts = children(&monitored.feed_ranges(true).await?, range);
+    let (lag, split) = pieces_lag(monitored, ranges, range, continuation, start).await?;
+    if !split {
+        return Ok(lag);
     }
-    let mut total = 0;
-    for part in parts {
-        total += page_lag(&one_item(monitored, &part, continuation, start).await?);
-    }
-    Ok(total)
+    let fresh = monitored.feed_ranges(true).await?;
+    Ok(pieces_lag(monitored, &fresh, range, continuation, start).await?.0)
 }
 
-/// The physical ranges inside `range` when it spans several, else `range` itself.
-fn children(ranges: &[EpkRange], range: &EpkRange) -> Vec<EpkRange> {
-    let inside: Vec<EpkRange> = ranges.iter().filter(|r| range.contains(r)).cloned().collect();
-    if inside.len() > 1 { inside } else { vec![range.clone()] }
+/// The sum of the lags of `range`'s pieces over `ranges`, and whether a read found one split.
+async fn pieces_lag(
+    monitored: &MonitoredContainer,
+    ranges: &[EpkRange],
+    range: &EpkRange,
+    continuation: Option<&str>,
+    start: StartFrom,
+) -> Result<(u64, bool), CosmosError> {
+    let (mut total, mut split) = (0, false);
+    for piece in pieces(ranges, range) {
+        let (lag, piece_split) = piece_lag(monitored, &piece, continuation, start).await?;
+        total += lag;
+        split |= piece_split;
+    }
+    Ok((total, split))
+}
+
+/// How a piece of a lease's range is estimated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    /// A whole physical partition: from its LSNs.
+    Partition(EpkRange),
+    /// Part of a physical partition: its pending documents are counted.
+    Part(EpkRange),
+}
+
+/// `range` cut along the physical partitions `ranges`: one piece per partition it overlaps
+/// (`range` itself, as a partition, when the map has none).
+fn pieces(ranges: &[EpkRange], range: &EpkRange) -> Vec<Piece> {
+    let pieces: Vec<Piece> = ranges
+        .iter()
+        .filter_map(|partition| {
+            let part = partition.intersection(range)?;
+            Some(if part == *partition {
+                Piece::Partition(part)
+            } else {
+                Piece::Part(part)
+            })
+        })
+        .collect();
+    if pieces.is_empty() {
+        vec![Piece::Partition(range.clone())]
+    } else {
+        pieces
+    }
+}
+
+/// The lag of one piece, and whether the read found it split (it spans several ranges now).
+async fn piece_lag(
+    monitored: &MonitoredContainer,
+    piece: &Piece,
+    continuation: Option<&str>,
+    start: StartFrom,
+) -> Result<(u64, bool), CosmosError> {
+    match piece {
+        Piece::Partition(range) => {
+            let page = one_item(monitored, range, continuation, start).await?;
+            Ok((page_lag(&page), page.continuations.len() > 1))
+        }
+        Piece::Part(range) => count_pending(monitored, range, continuation, start).await,
+    }
+}
+
+/// Counts the documents pending in `range` (part of a partition) from `continuation`, at most
+/// [`COUNT_PAGES`] reads of [`COUNT_PAGE_ITEMS`]; beyond them the rest is extrapolated.
+async fn count_pending(
+    monitored: &MonitoredContainer,
+    range: &EpkRange,
+    continuation: Option<&str>,
+    start: StartFrom,
+) -> Result<(u64, bool), CosmosError> {
+    let mut reader = monitored.reader(range, continuation, start, COUNT_PAGE_ITEMS).await?;
+    let mut tally = Tally::after(continuation.and_then(continuation_lsn));
+    for _ in 0..COUNT_PAGES {
+        let page = reader.next_page(READ_TIMEOUT).await?;
+        if page.continuations.len() > 1 {
+            return Ok((tally.counted, true));
+        }
+        if tally.add(&page) {
+            return Ok((tally.counted, false));
+        }
+    }
+    Ok((tally.estimate(), false))
+}
+
+/// What the counting reads of part of a partition found so far.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Tally {
+    /// Documents counted.
+    counted: u64,
+    /// The LSN the count started after (the lease's continuation), when known.
+    from: Option<u64>,
+    /// The LSN the reads reached (the continuation after the last page).
+    reached: Option<u64>,
+    /// The partition's latest LSN.
+    latest: Option<u64>,
+}
+
+impl Tally {
+    /// Nothing counted yet, from the position after LSN `from`.
+    fn after(from: Option<u64>) -> Self {
+        Self {
+            from,
+            ..Self::default()
+        }
+    }
+
+    /// Counts a page; `true` when nothing more is pending: the page was empty, or the read has
+    /// passed the partition's latest LSN.
+    fn add(&mut self, page: &ChangePage) -> bool {
+        let Some(first) = page.documents.first() else {
+            return true;
+        };
+        if self.from.is_none() {
+            self.from = first
+                .get("_lsn")
+                .and_then(serde_json::Value::as_u64)
+                .map(|lsn| lsn.saturating_sub(1));
+        }
+        self.counted += page.documents.len() as u64;
+        self.reached = page
+            .continuations
+            .first()
+            .and_then(|c| continuation_lsn(&c.continuation));
+        self.latest = latest_lsn(page);
+        matches!((self.reached, self.latest), (Some(reached), Some(latest)) if reached >= latest)
+    }
+
+    /// The documents counted, plus what the LSNs after the last read hold if the range keeps the
+    /// share of the partition's changes it had over the counted ones (documents per LSN since
+    /// `from`, 0 when unknown).
+    fn estimate(&self) -> u64 {
+        let (Some(reached), Some(latest)) = (self.reached, self.latest) else {
+            return self.counted;
+        };
+        let span = reached.saturating_sub(self.from.unwrap_or(0)).max(self.counted).max(1);
+        let rest = u128::from(latest.saturating_sub(reached)) * u128::from(self.counted) / u128::from(span);
+        self.counted.saturating_add(u64::try_from(rest).unwrap_or(u64::MAX))
+    }
 }
 
 async fn one_item(
@@ -196,11 +359,15 @@ fn page_lag(page: &ChangePage) -> u64 {
             .first()
             .and_then(|c| continuation_lsn(&c.continuation))
     });
-    let latest = page.session_token.as_deref().and_then(session_token_lsn).or(page.lsn);
-    match (latest, next) {
+    match (latest_lsn(page), next) {
         (Some(latest), Some(next)) => (latest + 1).saturating_sub(next).max(1),
         _ => 1,
     }
+}
+
+/// The latest LSN of the partition that served `page`.
+fn latest_lsn(page: &ChangePage) -> Option<u64> {
+    page.session_token.as_deref().and_then(session_token_lsn).or(page.lsn)
 }
 
 #[cfg(test)]
@@ -248,6 +415,90 @@ mod tests {
             1,
             "unknown LSNs never look like a huge backlog"
         );
+    }
+
+    #[test]
+    fn a_range_is_cut_along_the_partitions() {
+        let partitions = [EpkRange::new("", "40"), EpkRange::new("40", "FF")];
+        let cases: Vec<(EpkRange, Vec<Piece>)> = vec![
+            // One lease per partition.
+            (EpkRange::new("", "40"), vec![Piece::Partition(EpkRange::new("", "40"))]),
+            // A sub-range (leases per partition > 1).
+            (EpkRange::new("20", "40"), vec![Piece::Part(EpkRange::new("20", "40"))]),
+            // A lease over a split: one piece per child.
+            (
+                EpkRange::full(),
+                vec![
+                    Piece::Partition(EpkRange::new("", "40")),
+                    Piece::Partition(EpkRange::new("40", "FF")),
+                ],
+            ),
+            // A sub-range across a split point: a part of each child.
+            (
+                EpkRange::new("30", "50"),
+                vec![
+                    Piece::Part(EpkRange::new("30", "40")),
+                    Piece::Part(EpkRange::new("40", "50")),
+                ],
+            ),
+        ];
+        for (range, expected) in cases {
+            assert_eq!(pieces(&partitions, &range), expected, "{range}");
+        }
+        assert_eq!(
+            pieces(&[], &EpkRange::full()),
+            vec![Piece::Partition(EpkRange::full())],
+            "no routing map: the range as it is"
+        );
+    }
+
+    fn counted(docs: usize, continuation: &str, session: &str) -> ChangePage {
+        page(vec![json!({"id": "d"}); docs], continuation, Some(session))
+    }
+
+    #[test]
+    fn counting_stops_when_nothing_more_is_pending_and_extrapolates_beyond_its_reads() {
+        // An empty page: done.
+        let mut tally = Tally::after(Some(10));
+        assert!(tally.add(&counted(0, "\"10\"", "0:1#50")));
+        assert_eq!(tally.counted, 0);
+        // The read reached the partition's latest LSN: done, exact.
+        let mut tally = Tally::after(Some(10));
+        assert!(tally.add(&counted(7, "\"50\"", "0:1#50")));
+        assert_eq!((tally.counted, tally.estimate()), (7, 7));
+        // Later changes of the partition may be in other sub-ranges: read on.
+        let mut tally = Tally::after(Some(10));
+        assert!(!tally.add(&counted(7, "\"40\"", "0:1#50")));
+        assert!(tally.add(&counted(0, "\"40\"", "0:1#50")));
+        assert_eq!(tally.counted, 7);
+        // The reads stopped after 1000 documents over LSNs 10..4010 (a fourth of the partition's
+        // changes there): the 2000 LSNs after them hold about 500 more.
+        let mut tally = Tally::after(Some(10));
+        assert!(!tally.add(&counted(1000, "\"4010\"", "0:1#6010")));
+        assert_eq!(tally.estimate(), 1500);
+        // Without a continuation: from the first document's LSN, else from 0.
+        let mut tally = Tally::after(None);
+        tally.add(&page(vec![json!({"_lsn": 101})], "\"300\"", Some("0:1#500")));
+        assert_eq!((tally.from, tally.estimate()), (Some(100), 2));
+        let mut tally = Tally::after(None);
+        tally.add(&counted(100, "\"400\"", "0:1#800"));
+        assert_eq!(tally.estimate(), 200);
+        // Unknown LSNs: what was counted.
+        let mut tally = Tally::after(None);
+        assert!(!tally.add(&page(vec![json!({"id": "d"}); 3], "bad", None)));
+        assert_eq!(tally.estimate(), 3);
+    }
+
+    #[test]
+    fn a_split_parent_beside_its_children_is_not_estimated() {
+        let lease = |min: &str, max: &str| Lease::new("p", &EpkRange::new(min, max), None);
+        let parent = lease("", "FF");
+        let children = [lease("", "80"), lease("80", "FF")];
+        let all = [parent.clone(), children[0].clone(), children[1].clone()];
+        let ids = |leases: Vec<Lease>| leases.into_iter().map(|l| l.lease_token).collect::<Vec<_>>();
+        assert_eq!(ids(estimated(&all)), vec!["-80", "80-FF"]);
+        // Until both children exist, the parent is the lease of the uncovered half.
+        assert_eq!(ids(estimated(&[parent, children[0].clone()])), vec!["-FF", "-80"]);
     }
 
     #[test]
