@@ -274,7 +274,7 @@ async fn a_key_rotated_while_running_is_reported_on_readyz_and_processing_resume
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_that_splits_after_failing_reads_leaves_no_failure_behind() {
     use changefeed_operator::cosmos::StartFrom;
-    use changefeed_operator::processor::{ChangeFeedProcessor, ProcessorOptions};
+    use changefeed_operator::processor::ProcessorOptions;
     use changefeed_operator::worker::WorkerSettings;
     let (_emulator, endpoint) = start_emulator("db/items:/pk:1").await;
     let (account, items) = connect(&endpoint).await;
