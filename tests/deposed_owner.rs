@@ -1,8 +1,9 @@
 //! A deposed owner — its lease freed or taken by a write while it runs — stops handing batches
-//! to its handler within a tenth of the lease expiration, in every checkpoint mode: a batch per
-//! checkpoint, a checkpoint every N batches or every interval, manual checkpoints, several
-//! batches in flight. Only the batches already with the handler then finish (none is
-//! checkpointed). The renew and acquire intervals are long here, so neither finds the change
+//! to its handler within a tenth of the lease expiration in every checkpoint mode that does not
+//! write after each batch: a checkpoint every N batches or every interval, manual checkpoints,
+//! several batches in flight. Only the batches already with the handler then finish (none is
+//! checkpointed). With a checkpoint after each batch, one at a time (the defaults), the checkpoint
+//! finds the change: at most one more batch. The renew and acquire intervals are long here, so neither finds the change
 //! first: the bound comes from the confirmation before each delivery.
 
 use std::sync::{Arc, Mutex};
@@ -196,4 +197,14 @@ async fn a_deposed_owner_with_batches_in_flight_stops_delivering_within_a_tenth_
     )
     .await;
     check("4 batches in flight, every 100 batches", 4, figures);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_owner_checkpointing_every_batch_delivers_at_most_one_more_batch() {
+    let (after, before) = deposed("every-batch", |_| {}, false).await;
+    println!(
+        "deposed owner, a checkpoint per batch: {before} batches before the deposition; {} started after it ({after:?})",
+        after.len()
+    );
+    assert!(after.len() <= 1, "{after:?}");
 }

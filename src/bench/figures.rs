@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::BenchError;
 use super::world::{DB, ITEMS, Received, World, now_micros, wait_until};
-use super::{BenchSettings, CountingStore, Figure};
+use super::{BenchSettings, Check, CountingStore, Figure};
 use crate::cosmos::{CosmosAccount, StartFrom};
 use crate::processor::balancer::Balancing;
 use crate::processor::{LeaseEvent, LeaseStore, ProcessorHandle};
@@ -108,13 +108,15 @@ pub async fn throughput(settings: &BenchSettings) -> Result<Vec<Figure>, BenchEr
             "raw SDK change feed read",
             raw,
             "≥ 0.9 ×",
-        ),
+        )
+        .against(Check::RatioAtLeast(0.9)),
         Figure::plain(
             "first document after start on the backlog (s)",
             first,
             "Java v4 processor: 1.7–2.4 s (reference measurement)",
             "< 0.5 s",
-        ),
+        )
+        .against(Check::Below(0.5)),
     ])
 }
 
@@ -141,8 +143,8 @@ pub async fn busy_handler(settings: &BenchSettings) -> Result<Vec<Figure>, Bench
             "the slower of the handler's own limit ({handler_limit:.0}: page size ÷ handler time) and the same lease with a handler that returns at once ({reads_only:.0})"
         ),
         handler_limit.min(reads_only),
-        "→ 1 ×",
-    )])
+        "≥ 0.9 × (→ 1 ×)",
+    ).against(Check::RatioAtLeast(0.9))])
 }
 
 /// Documents per second one lease of processor `processor` delivers (pages of `page`, a handler
@@ -272,7 +274,8 @@ pub async fn rebalance(settings: &BenchSettings) -> Result<Vec<Figure>, BenchErr
             "steal-one (the reference strategy)",
             steal_cycles as f64,
             "≤ 2 vs 8",
-        ),
+        )
+        .against(Check::AtMost(2.0)),
         Figure::ratio(
             "rebalance 1 → 4 over 32 leases: seconds",
             fair_s,
@@ -286,7 +289,8 @@ pub async fn rebalance(settings: &BenchSettings) -> Result<Vec<Figure>, BenchErr
             "steal-one",
             steal_cycles as f64,
             "≤ 2 vs 8",
-        ),
+        )
+        .against(Check::AtMost(2.0)),
         Figure::ratio(
             "rebalance 1 → 4 from idle: seconds",
             idle_s,
@@ -300,7 +304,8 @@ pub async fn rebalance(settings: &BenchSettings) -> Result<Vec<Figure>, BenchErr
             "steal-one",
             steal_moves as f64,
             "≤ 24 + 10 %",
-        ),
+        )
+        .against(Check::AtMost(24.0 * 1.1)),
     ])
 }
 
@@ -408,27 +413,31 @@ fn failover_figures(
             "lease expiration + one acquire (reference)",
             expiration + acquire,
             "≤ expiration + 1 acquire",
-        ),
+        )
+        .against(Check::RatioAtMost(1.0)),
         Figure::ratio(
             "crash failover in lease expirations (the same time ÷ the lease expiration)",
             crash_s / expiration,
             "lease expiration + one acquire (reference), in lease expirations",
             (expiration + acquire) / expiration,
             "≤ 1 + 1 acquire",
-        ),
+        )
+        .against(Check::RatioAtMost(1.0)),
         Figure::ratio(
             "graceful scale-in (stop one of 4): seconds to hand over",
             handed,
             "one acquire cycle",
             acquire,
             "≤ 1 acquire cycle",
-        ),
+        )
+        .against(Check::RatioAtMost(1.0)),
         Figure::plain(
             "graceful scale-in: documents delivered twice",
             duplicates as f64,
             &format!("{written} written during it"),
             "0",
-        ),
+        )
+        .against(Check::AtMost(0.0)),
     ]
 }
 
@@ -471,7 +480,8 @@ pub async fn latency(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError
             "the reference: half the poll interval",
             poll.as_secs_f64() * 500.0,
             "< 100 ms",
-        ),
+        )
+        .against(Check::Below(100.0)),
         Figure::plain(
             &format!("write → handler p99 (ms) at {} writes/s", settings.rate),
             at(0.99),
@@ -511,20 +521,22 @@ pub async fn lease_cost(settings: &BenchSettings) -> Result<Vec<Figure>, BenchEr
             "reference schedule (renew 17 s, list 13 s)",
             renewals + listings,
             "≤ reference",
-        ),
+        )
+        .against(Check::RatioAtMost(1.0)),
         Figure::ratio(
             "idle lease-container request units per lease per minute",
             charged * per_lease_minute,
             &format!("reference schedule at this run's charges (renewal {renewal:.2} RU, listing {listing:.2} RU)"),
             renewals * renewal + listings * listing,
             "≤ reference",
-        ),
+        )
+        .against(Check::RatioAtMost(1.0)),
     ])
 }
 
 /// The request units of one renewal-shaped write (a lease written back with an owner and a new
 /// timestamp) and of one listing, made on `store` after its worker stopped.
-async fn reference_charges(store: &CountingStore) -> Result<(f64, f64), BenchError> {
+pub(super) async fn reference_charges(store: &CountingStore) -> Result<(f64, f64), BenchError> {
     let before = store.request_charge();
     let snapshot = store.snapshot().await?;
     let listing = store.request_charge() - before;

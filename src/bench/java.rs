@@ -17,7 +17,7 @@ use super::BenchError;
 use super::figures::{PATIENCE, is_fair, raw_read};
 use super::loopback::{Round, reached, workers_round};
 use super::processes::{Owned, cpu_seconds, emulator, worker, write_loopback_backlog};
-use super::{BenchSettings, Figure};
+use super::{BenchSettings, Check, Figure};
 use crate::cosmos::{AccountAuth, CosmosAccount, EMULATOR_KEY};
 
 /// The reference timings (renew 17 s, acquire 13 s, expiration 60 s) scaled by `scale`, in ms.
@@ -181,7 +181,8 @@ pub async fn against_java(settings: &BenchSettings, jar: &Path) -> Result<Vec<Fi
             "Java v4 change feed processor, same backlog and emulator",
             of(&java, |r| r.rate),
             "≥ 2 ×",
-        ),
+        )
+        .against(Check::RatioAtLeast(2.0)),
         Figure::ratio(
             "throughput vs what the emulator serves (documents/s, loopback)",
             of(&ours, |r| r.rate),
@@ -205,14 +206,16 @@ pub async fn against_java(settings: &BenchSettings, jar: &Path) -> Result<Vec<Fi
             ),
             of(&java, |r| r.first),
             "< 0.5 s",
-        ),
+        )
+        .against(Check::Below(0.5)),
         Figure::ratio(
             "rebalance 1 → 4 over 32 leases vs Java v4: acquire cycles (seconds ÷ acquire interval)",
             (ours_s / acquire_s).ceil(),
             "Java v4 processor (steals one lease per cycle)",
             (java_s / acquire_s).ceil(),
             "≤ 2 vs 8",
-        ),
+        )
+        .against(Check::AtMost(2.0)),
     ])
 }
 

@@ -11,6 +11,7 @@ mod loopback;
 mod operator;
 mod processes;
 mod resources;
+mod scale;
 mod world;
 
 pub use control_plane::has_binaries as has_control_plane_binaries;
@@ -44,6 +45,12 @@ pub struct BenchSettings {
     pub k8s_bin: Option<std::path::PathBuf>,
     /// Measure only the figures whose group name contains this (for example `latency`).
     pub only: Option<String>,
+    /// Leases of the scale group's fleet.
+    pub scale_leases: usize,
+    /// Instances of the scale group's fleet.
+    pub scale_instances: usize,
+    /// Leases on the one instance of the scale group's renewal-gap figure.
+    pub gap_leases: usize,
 }
 
 impl BenchSettings {
@@ -67,6 +74,9 @@ impl BenchSettings {
             java_peer: None,
             k8s_bin: None,
             only: None,
+            scale_leases: 2_000,
+            scale_instances: 50,
+            gap_leases: 500,
         }
     }
 
@@ -83,6 +93,9 @@ impl BenchSettings {
             java_peer: None,
             k8s_bin: None,
             only: None,
+            scale_leases: 64,
+            scale_instances: 4,
+            gap_leases: 50,
         }
     }
 }
@@ -105,6 +118,37 @@ pub struct Figure {
     pub ratio: Option<f64>,
     /// The goal (DESIGN.md).
     pub goal: String,
+    /// Whether the goal is met (`null` for a figure without one).
+    pub met: Option<bool>,
+}
+
+/// How a figure's goal is checked.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Check {
+    /// The value is at most this.
+    AtMost(f64),
+    /// The value is below this.
+    Below(f64),
+    /// The value is at least this.
+    AtLeast(f64),
+    /// The value divided by the baseline's is at most this.
+    RatioAtMost(f64),
+    /// The value divided by the baseline's is at least this.
+    RatioAtLeast(f64),
+}
+
+impl Check {
+    /// Whether `value` (with `ratio` to its baseline) meets the goal; a ratio goal without a
+    /// ratio (a zero baseline) is not met.
+    pub fn met(self, value: f64, ratio: Option<f64>) -> bool {
+        match self {
+            Check::AtMost(limit) => value <= limit,
+            Check::Below(limit) => value < limit,
+            Check::AtLeast(limit) => value >= limit,
+            Check::RatioAtMost(limit) => ratio.is_some_and(|r| r <= limit),
+            Check::RatioAtLeast(limit) => ratio.is_some_and(|r| r >= limit),
+        }
+    }
 }
 
 impl Figure {
@@ -117,7 +161,14 @@ impl Figure {
             baseline_value: Some(baseline_value),
             ratio: (baseline_value != 0.0).then(|| value / baseline_value),
             goal: goal.to_owned(),
+            met: None,
         }
+    }
+
+    /// Checks the figure against its goal.
+    pub fn against(mut self, check: Check) -> Self {
+        self.met = Some(check.met(self.value, self.ratio));
+        self
     }
 
     /// A figure with a baseline that is only described.
@@ -129,6 +180,7 @@ impl Figure {
             baseline_value: None,
             ratio: None,
             goal: goal.to_owned(),
+            met: None,
         }
     }
 }
@@ -223,6 +275,7 @@ pub async fn run(settings: &BenchSettings, progress: impl Fn(&str)) -> BenchRepo
         ),
     }
     measure!("lease-store cost", figures::lease_cost(settings));
+    measure!("scale", scale::scale(settings));
     match &settings.java_peer {
         Some(jar) => measure!("java v4 peer", java::against_java(settings, jar)),
         None if !wanted("java v4 peer") => {}
@@ -248,8 +301,9 @@ fn machine() -> String {
 
 /// The report as a Markdown table.
 pub fn table(report: &BenchReport) -> String {
-    let mut out =
-        String::from("| figure | ours | compared with | baseline | ratio | goal |\n|---|---|---|---|---|---|\n");
+    let mut out = String::from(
+        "| figure | ours | compared with | baseline | ratio | goal | met |\n|---|---|---|---|---|---|---|\n",
+    );
     let number = |v: f64| {
         if v.abs() >= 100.0 {
             format!("{v:.0}")
@@ -259,13 +313,18 @@ pub fn table(report: &BenchReport) -> String {
     };
     for figure in &report.figures {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
             figure.name,
             number(figure.value),
             figure.baseline,
             figure.baseline_value.map(number).unwrap_or_else(|| "–".into()),
             figure.ratio.map(|r| format!("{r:.2}")).unwrap_or_else(|| "–".into()),
-            figure.goal
+            figure.goal,
+            match figure.met {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "–",
+            }
         ));
     }
     for failure in &report.failed {
@@ -276,4 +335,37 @@ pub fn table(report: &BenchReport) -> String {
     }
     out.push_str(&format!("\nmachine: {}\n", report.machine));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn goals_are_checked_on_the_value_or_the_ratio() {
+        let cases = [
+            (Check::AtMost(2.0), 2.0, None, true),
+            (Check::AtMost(2.0), 2.1, None, false),
+            (Check::Below(0.5), 0.5, None, false),
+            (Check::AtLeast(3.0), 3.0, None, true),
+            (Check::RatioAtMost(1.0), 9.0, Some(0.9), true),
+            (Check::RatioAtMost(1.0), 9.0, None, false),
+            (Check::RatioAtLeast(2.0), 1.0, Some(1.5), false),
+        ];
+        for (check, value, ratio, met) in cases {
+            assert_eq!(check.met(value, ratio), met, "{check:?} {value} {ratio:?}");
+        }
+        let figure = Figure::ratio("f", 1.0, "b", 2.0, "≤ reference").against(Check::RatioAtMost(1.0));
+        assert_eq!(figure.met, Some(true));
+        assert_eq!(Figure::plain("g", 1.0, "b", "–").met, None);
+        assert!(
+            table(&BenchReport {
+                figures: vec![figure],
+                failed: vec![],
+                skipped: vec![],
+                machine: "m".into()
+            })
+            .contains("| ≤ reference | yes |")
+        );
+    }
 }

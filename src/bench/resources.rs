@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::BenchError;
 use super::processes::{cpu_seconds, emulator, rss_mib, wait_for_metric, worker, write_loopback_backlog};
-use super::{BenchSettings, Figure};
+use super::{BenchSettings, Check, Figure};
 
 /// Idle RSS of a worker owning 8 leases, and the CPU seconds a worker spends per 100 000
 /// documents of a backlog delivered to a handler that discards them (stdout to /dev/null).
@@ -38,7 +38,8 @@ pub async fn worker_process(settings: &BenchSettings) -> Result<Vec<Figure>, Ben
             idle_rss,
             "~100 MB (.NET host, reference)",
             "≤ 20 MiB",
-        ),
+        )
+        .against(Check::AtMost(20.0)),
         Figure::plain(
             "worker CPU seconds per 100 000 documents (a backlog, from start)",
             cpu * 100_000.0 / documents as f64,

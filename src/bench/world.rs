@@ -41,6 +41,8 @@ pub struct World {
 pub struct Received {
     /// Deliveries so far.
     pub count: AtomicUsize,
+    /// Batches handled so far.
+    pub batches: AtomicUsize,
     /// Deliveries per document id (with `record_ids`).
     pub ids: Mutex<HashMap<String, u32>>,
     /// When the first batch arrived.
@@ -110,6 +112,7 @@ impl ChangeHandler for CountingHandler {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(done);
         received.count.fetch_add(batch.documents.len(), Ordering::SeqCst);
+        received.batches.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 }

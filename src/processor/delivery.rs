@@ -62,9 +62,23 @@ impl Delivery<'_> {
         self.shared.telemetry.error(Some(self.owned.token()), error);
     }
 
+    /// Whether each batch's own checkpoint confirms the lease: checkpointed by the processor after
+    /// every batch, one batch at a time (the defaults). A deposed owner then hands over at most
+    /// the one batch after which its checkpoint fails, and needs no read before each batch.
+    fn checkpoint_confirms(&self) -> bool {
+        let options = &self.shared.options;
+        !self.shared.handler.is_manual()
+            && options.checkpoint.every_batches <= 1
+            && options.checkpoint.interval.is_none()
+            && options.max_in_flight_batches <= 1
+    }
+
     /// Whether the lease is still this instance's (see [`OwnedLease::ensure_owned`]): `false`
     /// when it was lost or the lease stopped first; while the lease store cannot tell, waits.
     async fn still_owned(&self) -> bool {
+        if self.checkpoint_confirms() && !self.owned.is_lost() {
+            return true;
+        }
         let mut failures = 0;
         loop {
             match self.owned.ensure_owned(self.shared.options.expiration).await {
