@@ -57,6 +57,10 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
         "CPU seconds of the process from its start",
         "what the emulator serves",
         "over 32 leases vs Java v4",
+        "acquire cycles to fair share",
+        "idle lease-container requests per minute",
+        "busy lease-container requests per minute",
+        "went unrenewed",
     ] {
         assert!(
             names.iter().any(|n| n.contains(wanted)),
@@ -67,5 +71,8 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
     assert!(report["skipped"].as_array().unwrap().is_empty());
     for figure in report["figures"].as_array().unwrap() {
         assert!(figure["value"].as_f64().is_some_and(f64::is_finite), "{figure}");
+        // Every figure says whether it meets its goal (null only for one without a goal).
+        let met = &figure["met"];
+        assert!(met.is_boolean() || (met.is_null() && figure["goal"] == "–"), "{figure}");
     }
 }
