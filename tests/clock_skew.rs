@@ -212,7 +212,7 @@ async fn skewed_lock(env: &crate::common::Env, skew: time::Duration) -> String {
     id
 }
 
-/// The bootstrap lock is judged by how long this instance saw it unchanged (half an expiration),
+/// The bootstrap lock is judged by how long this instance saw it unchanged (a lease expiration),
 /// never by the timestamp its holder's clock wrote: a dead holder's lock stamped an hour ahead is
 /// removed (it used to hold every instance back for the hour), and a fresh lock stamped an hour
 /// behind is not (it used to be removed at once, and two instances bootstrapped together).
@@ -245,7 +245,7 @@ async fn the_bootstrap_lock_is_judged_by_how_long_it_stays_unchanged_not_by_its_
         .documents(crate::common::DB, crate::common::LEASES)
         .await
         .unwrap();
-    // Half the expiration (1 s) of these options: the lock is not touched before. (Starting
+    // Well within the expiration (2 s) of these options: the lock is not touched before. (Starting
     // waits for the bootstrap, so the lock is watched beside it.)
     let watch = async {
         let mut kept = true;

@@ -33,6 +33,7 @@ mod http_handler;
 mod http_surfaces;
 mod image;
 mod java_sdk;
+mod liveness;
 mod metadata_rights;
 mod migration;
 mod monitoring;

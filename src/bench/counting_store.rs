@@ -3,7 +3,7 @@
 //! a fixed latency first), as a loaded lease container does.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -103,6 +103,10 @@ pub struct CountingStore {
     latency: Duration,
     /// How long a listing's answer takes after the listing read the documents.
     listing_delay: Duration,
+    /// When each instance's heartbeat was written.
+    pub beats: Arc<LeaseWrites>,
+    /// While set, every request fails as an unreachable store's would (503).
+    unreachable: AtomicBool,
 }
 
 impl CountingStore {
@@ -114,7 +118,14 @@ impl CountingStore {
             writes: Arc::new(LeaseWrites::default()),
             latency: Duration::ZERO,
             listing_delay: Duration::ZERO,
+            beats: Arc::new(LeaseWrites::default()),
+            unreachable: AtomicBool::new(false),
         }
+    }
+
+    /// Cuts this store off (every request fails with 503) or connects it again.
+    pub fn cut_off(&self, cut: bool) {
+        self.unreachable.store(cut, Ordering::SeqCst);
     }
 
     /// Every request waits `latency` before it reaches the inner store.
@@ -130,11 +141,18 @@ impl CountingStore {
         self
     }
 
-    async fn count(&self, counter: &AtomicU64) {
+    async fn count(&self, counter: &AtomicU64) -> Result<(), LeaseStoreError> {
         counter.fetch_add(1, Ordering::SeqCst);
         if !self.latency.is_zero() {
             tokio::time::sleep(self.latency).await;
         }
+        if self.unreachable.load(Ordering::SeqCst) {
+            return Err(LeaseStoreError::Cosmos(crate::cosmos::CosmosError::local(
+                crate::cosmos::ErrorKind::Transient,
+                "the lease store is cut off (test)",
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -149,7 +167,7 @@ impl LeaseStore for CountingStore {
     }
 
     async fn snapshot(&self) -> Result<LeaseSnapshot, LeaseStoreError> {
-        self.count(&self.requests.listings).await;
+        self.count(&self.requests.listings).await?;
         let snapshot = self.inner.snapshot().await;
         if !self.listing_delay.is_zero() {
             tokio::time::sleep(self.listing_delay).await;
@@ -158,17 +176,17 @@ impl LeaseStore for CountingStore {
     }
 
     async fn read(&self, id: &str) -> Result<Option<Lease>, LeaseStoreError> {
-        self.count(&self.requests.reads).await;
+        self.count(&self.requests.reads).await?;
         self.inner.read(id).await
     }
 
     async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseStoreError> {
-        self.count(&self.requests.other).await;
+        self.count(&self.requests.other).await?;
         self.inner.create(lease).await
     }
 
     async fn replace(&self, lease: &Lease) -> Result<Lease, LeaseStoreError> {
-        self.count(&self.requests.replaces).await;
+        self.count(&self.requests.replaces).await?;
         let sent = Instant::now();
         let replaced = self.inner.replace(lease).await;
         self.writes.record(&lease.id, sent, replaced.is_ok());
@@ -176,47 +194,50 @@ impl LeaseStore for CountingStore {
     }
 
     async fn delete(&self, lease: &Lease) -> Result<(), LeaseStoreError> {
-        self.count(&self.requests.other).await;
+        self.count(&self.requests.other).await?;
         self.inner.delete(lease).await
     }
 
     async fn try_lock(&self, owner: &str) -> Result<LockAttempt, LeaseStoreError> {
-        self.count(&self.requests.other).await;
+        self.count(&self.requests.other).await?;
         self.inner.try_lock(owner).await
     }
 
     async fn break_lock(&self, etag: &str) -> Result<(), LeaseStoreError> {
-        self.count(&self.requests.other).await;
+        self.count(&self.requests.other).await?;
         self.inner.break_lock(etag).await
     }
 
     async fn unlock(&self) -> Result<(), LeaseStoreError> {
-        self.count(&self.requests.other).await;
+        self.count(&self.requests.other).await?;
         self.inner.unlock().await
     }
 
     async fn mark_initialized(&self, monitored: &str, leases_per_partition: u32) -> Result<(), LeaseStoreError> {
-        self.count(&self.requests.other).await;
+        self.count(&self.requests.other).await?;
         self.inner.mark_initialized(monitored, leases_per_partition).await
     }
 
     async fn foreign_documents(&self, prefix: &str) -> Result<Vec<Value>, LeaseStoreError> {
-        self.count(&self.requests.listings).await;
+        self.count(&self.requests.listings).await?;
         self.inner.foreign_documents(prefix).await
     }
 
     async fn earlier_incarnation(&self, monitored: &str) -> Result<bool, LeaseStoreError> {
-        self.count(&self.requests.listings).await;
+        self.count(&self.requests.listings).await?;
         self.inner.earlier_incarnation(monitored).await
     }
 
-    async fn heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError> {
-        self.count(&self.requests.other).await;
-        self.inner.heartbeat(instance).await
+    async fn heartbeat(&self, instance: &str, keeps_leases: bool) -> Result<(), LeaseStoreError> {
+        self.count(&self.requests.other).await?;
+        let sent = Instant::now();
+        let written = self.inner.heartbeat(instance, keeps_leases).await;
+        self.beats.record(instance, sent, written.is_ok());
+        written
     }
 
     async fn remove_heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError> {
-        self.count(&self.requests.other).await;
+        self.count(&self.requests.other).await?;
         self.inner.remove_heartbeat(instance).await
     }
 }

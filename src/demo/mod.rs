@@ -229,8 +229,8 @@ async fn owners(store: &CosmosLeaseStore) -> BTreeMap<String, usize> {
         return counts;
     };
     let now = OffsetDateTime::now_utc();
-    for lease in snapshot.leases {
-        let owner = if lease.is_expired(now, LEASE_EXPIRATION) {
+    for lease in &snapshot.leases {
+        let owner = if !snapshot.owner_alive(lease, now, LEASE_EXPIRATION) {
             String::new()
         } else {
             lease.owner.clone().unwrap_or_default()

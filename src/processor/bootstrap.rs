@@ -75,9 +75,10 @@ async fn bootstrap_once(
         match store.try_lock(&options.instance).await? {
             LockAttempt::Taken => {}
             held => {
-                // A lock unchanged for half a lease expiration, as seen here, is a dead holder's.
+                // A lock unchanged for a lease expiration, as seen here, is a dead holder's (its
+                // holder does not rewrite it: a bootstrap that takes longer than that is shared).
                 if let LockAttempt::Held { etag } = held
-                    && lock.is_stale(&etag, Instant::now(), options.expiration / 2)
+                    && lock.is_stale(&etag, Instant::now(), options.expiration)
                 {
                     tracing::warn!("removing the bootstrap lock of an instance that stopped while bootstrapping");
                     store.break_lock(&etag).await?;

@@ -141,16 +141,12 @@ impl Coordinator {
         self.stop().await;
     }
 
-    /// Stops every lease task (each releases its lease) and removes the heartbeat.
+    /// Stops every lease task (each releases its lease); the renewer then removes the heartbeat.
     async fn stop(&mut self) {
         self.shared.health.set_ready(false);
         self.leases.cancel();
         while let Some(joined) = self.tasks.join_next().await {
             self.on_exit(joined).await;
-        }
-        let me = &self.shared.options.instance;
-        if let Err(error) = self.shared.store.remove_heartbeat(me).await {
-            tracing::warn!(%error, "removing the heartbeat failed");
         }
         tracing::info!("processor stopped");
     }
@@ -162,8 +158,10 @@ impl Coordinator {
     /// yet is started at once.
     async fn join_delay(&self) -> Duration {
         let me = &self.shared.options.instance;
-        if let Err(error) = self.shared.store.heartbeat(me).await {
-            self.shared.telemetry.error(None, LeaseError::Heartbeat(error));
+        let sent = tokio::time::Instant::now();
+        match self.shared.store.heartbeat(me, self.shared.liveness.beats()).await {
+            Ok(()) => self.shared.liveness.beat(sent),
+            Err(error) => self.shared.telemetry.error(None, LeaseError::Heartbeat(error)),
         }
         let others = match self.shared.store.snapshot().await {
             Ok(snapshot) => {
@@ -189,10 +187,12 @@ impl Coordinator {
         let me = self.shared.options.instance.clone();
         // Back to the acquire interval unless this listing turns out quiet.
         let previous_interval = std::mem::replace(&mut self.listing_interval, self.shared.options.acquire_interval);
-        // An instance that owns leases is counted through them; only one that owns none needs a
-        // heartbeat for the others to count it (a write per cycle saved on a busy instance).
-        if self.shared.owned.count() == 0
-            && let Err(error) = self.shared.store.heartbeat(&me).await
+        // With instance liveness the renewer beats every renew interval. Otherwise an instance
+        // that owns leases is counted through them; only one that owns none needs a heartbeat
+        // for the others to count it (a write per cycle saved on a busy instance).
+        if !self.shared.liveness.beats()
+            && self.shared.owned.count() == 0
+            && let Err(error) = self.shared.store.heartbeat(&me, false).await
         {
             self.shared.telemetry.error(None, LeaseError::Heartbeat(error));
         }
@@ -239,6 +239,7 @@ impl Coordinator {
             tracing::debug!(interval = ?plan.next_interval, "next lease listing");
         }
         self.listing_interval = plan.next_interval;
+        self.shared.liveness.set_renew_each_lease(plan.renew_each_lease);
         self.listed_ids = std::mem::take(&mut plan.listed_ids);
         plan
     }
@@ -281,13 +282,10 @@ impl Coordinator {
             if !ids.iter().any(|id| id == owned.id()) {
                 continue;
             }
-            let cleared = owned
-                .update_if(|lease| {
-                    let asked = lease.handoff_request().is_some();
-                    lease.clear_handoff();
-                    asked
-                })
-                .await;
+            // Written whatever this instance's copy shows: an idle lease is not written here
+            // between listings, so the copy may predate the request (the write meets a 412 and
+            // clears the request on the lease as it is).
+            let cleared = owned.update(Lease::clear_handoff).await;
             match cleared {
                 Ok(_) => tracing::info!(
                     lease = owned.token(),
@@ -395,6 +393,7 @@ impl Coordinator {
             self.shared.store.clone(),
             &self.leases,
             self.shared.requested.clone(),
+            self.shared.liveness.clone(),
         );
         if !self.shared.owned.insert(owned.clone()) {
             tracing::debug!(lease = owned.token(), "lease already processed here");

@@ -113,6 +113,10 @@ pub struct CyclePlan {
     pub next_interval: Duration,
     /// The lease ids of this listing, sorted (for the next plan's [`Observations::listed_ids`]).
     pub listed_ids: Vec<String>,
+    /// Whether this instance must renew each of its leases on its own: another live instance
+    /// judges leases by their own writes (its heartbeat carries no liveness marker, or it owns
+    /// leases and has no such heartbeat), see [`super::liveness`].
+    pub renew_each_lease: bool,
 }
 
 /// Decides one acquire cycle of instance `me` from `snapshot`, listed at `now`.
@@ -152,6 +156,7 @@ pub fn plan_cycle(
     };
     let quiet = wanted.is_empty() && !observations.awaiting_handoff && is_quiet(&view, me);
     let fates = owned_fates(snapshot, observations, me, &present(&live, &states));
+    let renew_each_lease = judged_one_by_one(&live, &states, observations, me);
     CyclePlan {
         invalid: snapshot.invalid.clone(),
         overlapping: overlapping(&ranges, &obsolete),
@@ -177,10 +182,24 @@ pub fn plan_cycle(
             .filter_map(|lease| acquisition(lease, me, now, observations, expiration))
             .collect(),
         takeover_in: takeover_in(&balanced, me, observations, options),
-        next_interval: ListingSchedule::new(options.acquire_interval, expiration)
+        next_interval: ListingSchedule::new(options.acquire_interval, options.renew_interval.min(expiration))
             .next(observations.listing_interval, quiet),
         listed_ids,
+        renew_each_lease,
     }
+}
+
+/// Whether another live instance judges leases by their own writes: a live heartbeat without
+/// the liveness marker, or a live owner without a heartbeat that carries it (an older version,
+/// or one that keeps each lease alive on its own). While one is there, every lease is renewed
+/// on its own so that it never takes a live instance's lease.
+fn judged_one_by_one(live: &[String], states: &[LeaseState], observations: &Observations, me: &str) -> bool {
+    let keeps = |name: &str| name == me || observations.sightings.keeps_leases(name);
+    live.iter().any(|name| !keeps(name))
+        || states
+            .iter()
+            .filter_map(|s| s.live_owner.as_deref())
+            .any(|owner| !owner.is_empty() && !keeps(owner))
 }
 
 /// How long instance `name`'s heartbeat has not changed, as seen here.
@@ -190,10 +209,13 @@ fn heartbeat_age(observations: &Observations, name: &str) -> Duration {
         .unchanged_for(&Seen::Heartbeat(name.to_owned()), observations.at)
 }
 
-/// Instances beat every cycle: one silent for three cycles is gone (a crashed instance must not
-/// be counted when its leases expire, or their takeover waits another cycle).
+/// Instances beat every renew interval (an older version: every cycle while it owns nothing): one
+/// silent for three cycles or two renew intervals, whichever is longer, is gone (a crashed
+/// instance must not be counted when its leases expire, or their takeover waits another cycle).
 fn live_instances(snapshot: &LeaseSnapshot, observations: &Observations, options: CycleOptions) -> Vec<String> {
-    let heartbeat_ttl = options.expiration.min(options.acquire_interval * HEARTBEAT_CYCLES);
+    let heartbeat_ttl = options
+        .expiration
+        .min((options.acquire_interval * HEARTBEAT_CYCLES).max(options.renew_interval * 2));
     snapshot
         .instances
         .iter()
@@ -292,14 +314,15 @@ fn acquisition(
     // A slow batch is not taken from under a live owner: only one that has not handed over within
     // a lease expiration (an older version that ignores requests, a handler stuck that long) loses it.
     let patience = expiration;
-    // This instance's own request is timed by its own clock; another's by how long it is seen here.
-    let asked_by_other_for = observations
+    // A request, this instance's own or another's, is timed by how long it is seen here (on this
+    // instance's monotonic clock: a wall clock stepped back or forth changes nothing).
+    let asked_for = observations
         .sightings
         .unchanged_for(&Seen::Request(lease.id.clone()), observations.at);
     let mut write = lease.clone();
     let step = match (&previous_owner, lease.handoff_request()) {
-        (Some(_), Some((to, at))) if to == me && now - at < patience => return None,
-        (Some(_), Some((to, _))) if to != me && asked_by_other_for < expiration => return None,
+        (Some(_), Some((to, _))) if to == me && asked_for < patience => return None,
+        (Some(_), Some((to, _))) if to != me && asked_for < expiration => return None,
         (Some(_), Some((to, _))) if to == me => AcquireStep::Take,
         (Some(_), _) => {
             write.request_handoff(me, now);
@@ -349,8 +372,9 @@ pub fn retry_acquisition(acquisition: &Acquisition, mut current: Lease, now: Off
 
 /// A lease its owner stopped renewing is taken as it expires, not up to a cycle later (fair
 /// balancing only: the reference strategy keeps its cycle): the wait until the first lease of
-/// another instance that has not changed for longer than two renew intervals (overdue: healthy
-/// owners renew sooner) reaches the expiration, when that comes before the next cycle.
+/// another instance that showed no sign of life (a write of it, or its owner's heartbeat) for
+/// longer than two renew intervals (overdue: healthy owners write sooner) reaches the
+/// expiration, when that comes before the next cycle.
 fn takeover_in(balanced: &[&Lease], me: &str, observations: &Observations, options: CycleOptions) -> Option<Duration> {
     if options.balancing == Balancing::StealOne {
         return None;
@@ -359,11 +383,7 @@ fn takeover_in(balanced: &[&Lease], me: &str, observations: &Observations, optio
     balanced
         .iter()
         .filter(|l| l.owner.as_deref().is_some_and(|o| !o.is_empty() && o != me))
-        .map(|l| {
-            observations
-                .sightings
-                .unchanged_for(&Seen::Lease(l.id.clone()), observations.at)
-        })
+        .map(|l| observations.sightings.silent_for(l, observations.at))
         .filter(|age| *age > overdue_after && *age < options.expiration)
         .map(|age| options.expiration - age)
         // Only a quiet listing waits longer, and a quiet one shows no other owners.

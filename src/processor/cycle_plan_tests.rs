@@ -76,6 +76,7 @@ fn observations(listing: &LeaseSnapshot, owned: &[&Lease]) -> Observations {
     for (name, beat) in &listing.instances {
         sightings.seen_since(Seen::Heartbeat(name.clone()), beat.to_string(), at - age(*beat));
     }
+    sightings.note_keepers(&listing.keepers);
     Observations {
         at,
         sightings,
@@ -567,5 +568,85 @@ fn an_acquisition_from_a_live_owner_is_retried_after_a_412_only_while_its_reason
                 AskHandoff => assert_eq!(write.handoff_request(), Some(("me", NOW)), "{case}"),
             }
         }
+    }
+}
+
+/// `listing` with the heartbeats of `keepers` carrying the liveness marker.
+fn kept_by(mut listing: LeaseSnapshot, keepers: &[&str]) -> LeaseSnapshot {
+    listing.keepers = keepers.iter().map(|k| (*k).to_owned()).collect();
+    listing
+}
+
+#[test]
+fn a_keepers_lease_lives_while_its_heartbeat_beats_and_expires_with_it() {
+    // b last wrote its lease 5 minutes ago; only its heartbeat tells that it is alive.
+    let idle = lease(0, 2, Some("b"), 300 * SECOND);
+    let other = lease(1, 2, Some("me"), SECOND);
+    let table = [
+        ("beating 10 s ago", 10, true, false),
+        ("beat 59 s ago", 59, true, false),
+        ("silent for an expiration", 61, true, true),
+    ];
+    for (case, beat_age, marked, taken) in table {
+        let keepers: &[&str] = if marked { &["b", "me"] } else { &["me"] };
+        let listing = kept_by(
+            snapshot(
+                vec![idle.clone(), other.clone()],
+                &[("b", beat_age * SECOND), ("me", SECOND)],
+            ),
+            keepers,
+        );
+        let plan = plan_for(&listing, &[&other], options());
+        let took = plan
+            .acquire
+            .iter()
+            .any(|a| a.write.lease_token == idle.lease_token && a.step == AcquireStep::Take);
+        assert_eq!(took, taken, "{case}: {:?}", steps(&plan));
+    }
+}
+
+#[test]
+fn each_lease_is_renewed_while_an_instance_that_judges_leases_one_by_one_is_live() {
+    let mine = lease(0, 3, Some("me"), SECOND);
+    let bs = lease(1, 3, Some("b"), SECOND);
+    let cs = lease(2, 3, Some("c"), 300 * SECOND);
+    /// (case, heartbeats and their ages, whose carry the marker, renewed one by one)
+    type Case<'a> = (&'a str, Vec<(&'a str, Duration)>, &'a [&'a str], bool);
+    let table: [Case; 5] = [
+        (
+            "every live instance keeps its leases by heartbeat",
+            vec![("me", SECOND), ("b", SECOND), ("c", SECOND)],
+            &["me", "b", "c"],
+            false,
+        ),
+        (
+            "b owns a lease and writes no marked heartbeat (an older version)",
+            vec![("me", SECOND), ("c", SECOND)],
+            &["me", "c"],
+            true,
+        ),
+        (
+            "an older version that owns nothing beats without the marker",
+            vec![("me", SECOND), ("b", SECOND), ("c", SECOND), ("d", SECOND)],
+            &["me", "b", "c"],
+            true,
+        ),
+        (
+            "an older version's heartbeat long stale counts no more",
+            vec![("me", SECOND), ("b", SECOND), ("c", SECOND), ("d", 600 * SECOND)],
+            &["me", "b", "c"],
+            false,
+        ),
+        (
+            "c died: its lease expired, nobody judges one by one",
+            vec![("me", SECOND), ("b", SECOND), ("c", 120 * SECOND)],
+            &["me", "b", "c"],
+            false,
+        ),
+    ];
+    for (case, beats, keepers, each) in table {
+        let listing = kept_by(snapshot(vec![mine.clone(), bs.clone(), cs.clone()], &beats), keepers);
+        let plan = plan_for(&listing, &[&mine], options());
+        assert_eq!(plan.renew_each_lease, each, "{case}");
     }
 }

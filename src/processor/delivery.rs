@@ -64,7 +64,9 @@ impl Delivery<'_> {
 
     /// Whether each batch's own checkpoint confirms the lease: checkpointed by the processor after
     /// every batch, one batch at a time (the defaults). A deposed owner then hands over at most
-    /// the one batch after which its checkpoint fails, and needs no read before each batch.
+    /// the one batch after which its checkpoint fails, and needs no read before each batch —
+    /// unless nothing kept the lease alive for half the expiration (the process was frozen, the
+    /// store unreachable): others may have taken it as expired, so it is confirmed first.
     fn checkpoint_confirms(&self) -> bool {
         let options = &self.shared.options;
         !self.shared.handler.is_manual()
@@ -76,12 +78,13 @@ impl Delivery<'_> {
     /// Whether the lease is still this instance's (see [`OwnedLease::ensure_owned`]): `false`
     /// when it was lost or the lease stopped first; while the lease store cannot tell, waits.
     async fn still_owned(&self) -> bool {
-        if self.checkpoint_confirms() && !self.owned.is_lost() {
+        let expiration = self.shared.options.expiration;
+        if self.checkpoint_confirms() && !self.owned.is_lost() && self.owned.kept_alive_within(expiration / 2) {
             return true;
         }
         let mut failures = 0;
         loop {
-            match self.owned.ensure_owned(self.shared.options.expiration).await {
+            match self.owned.ensure_owned(expiration).await {
                 Ok(()) => return true,
                 Err(UpdateError::Store(error)) => {
                     tracing::debug!(%error, "cannot confirm the lease before delivering; retrying");

@@ -211,6 +211,9 @@ pub struct LeaseSnapshot {
     pub leases: Vec<Lease>,
     /// Instances that announced themselves (see [`LeaseStore::heartbeat`]) with their last beat.
     pub instances: Vec<(String, OffsetDateTime)>,
+    /// The instances among them whose heartbeat keeps their leases alive (it carries the
+    /// liveness marker, see [`super::liveness`]).
+    pub keepers: Vec<String>,
     /// Whether the `.info` marker exists (bootstrap completed).
     pub initialized: bool,
     /// How many leases per physical partition the bootstrap created (from `.info`; `None` when
@@ -221,6 +224,24 @@ pub struct LeaseSnapshot {
     pub pk_range_leases: Vec<Lease>,
     /// Documents under the lease prefix that are not valid leases (id, what is wrong): skipped.
     pub invalid: Vec<(String, String)>,
+}
+
+impl LeaseSnapshot {
+    /// Whether `lease` has an owner that showed a sign of life within `expiration` of `now` by
+    /// the wall-clock stamps it wrote: a write of the lease, or a beat of a heartbeat that keeps
+    /// its leases alive. For views on one machine (the demo); instances never judge each other
+    /// by these stamps (see [`super::sightings`]).
+    pub fn owner_alive(&self, lease: &Lease, now: OffsetDateTime, expiration: std::time::Duration) -> bool {
+        let Some(owner) = lease.owner.as_deref().filter(|o| !o.is_empty()) else {
+            return false;
+        };
+        let beat_alive = self.keepers.iter().any(|k| k == owner)
+            && self
+                .instances
+                .iter()
+                .any(|(name, beat)| name == owner && *beat + expiration >= now);
+        beat_alive || !lease.is_expired(now, expiration)
+    }
 }
 
 /// The lease container of one processor. Every update is conditional on the lease's ETag.
@@ -252,8 +273,10 @@ pub trait LeaseStore: Send + Sync {
     /// Whether this processor initialized leases for an earlier container of the same name
     /// (`database/container`), since deleted and created again.
     async fn earlier_incarnation(&self, monitored: &str) -> Result<bool, LeaseStoreError>;
-    /// Records that `instance` is alive now, so that others count it before it owns any lease.
-    async fn heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError>;
+    /// Records that `instance` is alive now, so that others count it before it owns any lease;
+    /// with `keeps_leases` the heartbeat carries the liveness marker: it keeps the instance's
+    /// leases alive (see [`super::liveness`]).
+    async fn heartbeat(&self, instance: &str, keeps_leases: bool) -> Result<(), LeaseStoreError>;
     /// Removes the heartbeat of `instance` (graceful shutdown).
     async fn remove_heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError>;
     /// Request units charged for this store's requests so far (0 when the store is not billed
@@ -387,6 +410,11 @@ fn parse_lease(body: Value, etag: String) -> Result<Lease, LeaseStoreError> {
     Ok(lease)
 }
 
+/// The heartbeat field that says how the instance keeps its leases alive.
+const LIVENESS_FIELD: &str = "liveness";
+/// Its value for an instance whose heartbeat keeps all its leases alive.
+const LIVENESS_INSTANCE: &str = "instance";
+
 fn now() -> OffsetDateTime {
     OffsetDateTime::now_utc()
 }
@@ -430,6 +458,9 @@ impl LeaseStore for CosmosLeaseStore {
                     .and_then(Value::as_str)
                     .and_then(|t| OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok());
                 if let Some(beat) = beat {
+                    if doc.body.get(LIVENESS_FIELD).and_then(Value::as_str) == Some(LIVENESS_INSTANCE) {
+                        snapshot.keepers.push(instance.to_owned());
+                    }
                     snapshot.instances.push((instance.to_owned(), beat));
                 }
             } else if id == info {
@@ -557,12 +588,16 @@ impl LeaseStore for CosmosLeaseStore {
         }))
     }
 
-    async fn heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError> {
+    async fn heartbeat(&self, instance: &str, keeps_leases: bool) -> Result<(), LeaseStoreError> {
         let id = self.heartbeat_id(instance);
         let stamp = now()
             .format(&time::format_description::well_known::Rfc3339)
             .unwrap_or_default();
-        let body = self.marker(id.clone(), serde_json::json!({"Owner": instance, "timestamp": stamp}));
+        let mut extra = serde_json::json!({"Owner": instance, "timestamp": stamp});
+        if keeps_leases {
+            extra[LIVENESS_FIELD] = Value::String(LIVENESS_INSTANCE.into());
+        }
+        let body = self.marker(id.clone(), extra);
         self.container.upsert(&id, &body).await?;
         Ok(())
     }

@@ -2,18 +2,17 @@
 //!
 //! An instance lists every lease once per acquire interval (13 s by default, like the reference
 //! processors): that is how it sees free leases, new instances, leases a stopped instance
-//! released and owners that stopped renewing. Renewals (one write per lease every renew
-//! interval) are what keep leases alive and cannot be spared; the listing can, but only where
-//! nothing it could show would then be seen later:
+//! released, owners that stopped beating and handoff requests. Heartbeats (one write per
+//! instance every renew interval, [`super::liveness`]) are what keep leases alive and cannot be
+//! spared; the listing can, but only where nothing it could show would then be seen later:
 //! - the instance is the only live one and owns every lease, so no other instance can crash or
 //!   release a lease it would have to take over (failover is never slower);
 //! - nobody asked it for a handoff, and the leases are the ones the previous listing showed.
 //!
-//! Then each such quiet listing doubles the wait before the next one, up to the lease
-//! expiration. Whatever a quiet instance cannot see in a listing it sees sooner anyway: a new
-//! instance asks for leases by writing a handoff request into them, which the owner's next
-//! renewal meets as a changed ETag (within a renew interval); a lease taken or deleted ends its
-//! task at the next renewal. Any listing that is not quiet, and any lease the instance stops
+//! Then each such quiet listing doubles the wait before the next one, up to the longest wait
+//! the plan gives (the renew interval: a newcomer's handoff request, which an idle owner that
+//! writes no lease learns of only from a listing, is met within a renew interval as it was when
+//! every lease was renewed). Any listing that is not quiet, and any lease the instance stops
 //! processing, bring the wait back to the acquire interval.
 
 use std::time::Duration;
@@ -30,11 +29,12 @@ pub struct ListingSchedule {
 }
 
 impl ListingSchedule {
-    /// The schedule of an instance with this acquire interval and lease expiration.
-    pub fn new(acquire_interval: Duration, expiration: Duration) -> Self {
+    /// The schedule of an instance with this acquire interval that waits at most `longest`
+    /// after quiet listings (never less than the acquire interval).
+    pub fn new(acquire_interval: Duration, longest: Duration) -> Self {
         Self {
             base: acquire_interval,
-            idle_max: expiration.max(acquire_interval),
+            idle_max: longest.max(acquire_interval),
         }
     }
 
@@ -120,14 +120,14 @@ mod tests {
     }
 
     #[test]
-    fn quiet_listings_double_the_wait_up_to_the_expiration_and_anything_else_resets_it() {
+    fn quiet_listings_double_the_wait_up_to_the_longest_and_anything_else_resets_it() {
         let s = |secs| Duration::from_secs(secs);
         let schedule = ListingSchedule::new(s(13), s(60));
         type Case = (&'static str, Duration, bool, Duration);
         let cases: &[Case] = &[
             ("first quiet listing", s(13), true, s(26)),
             ("second", s(26), true, s(52)),
-            ("capped at the expiration", s(52), true, s(60)),
+            ("capped at the longest wait", s(52), true, s(60)),
             ("stays at the cap", s(60), true, s(60)),
             ("a change resets", s(60), false, s(13)),
             ("not quiet from the start", s(13), false, s(13)),
@@ -139,7 +139,7 @@ mod tests {
         assert_eq!(
             short.next(s(13), true),
             s(13),
-            "an expiration below the acquire interval never backs off"
+            "a longest wait below the acquire interval never backs off"
         );
     }
 }

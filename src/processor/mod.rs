@@ -5,7 +5,7 @@
 //! - leases: [`lease`] (documents and store), [`owned`] (renew/checkpoint/release of an owned
 //!   lease), [`bootstrap`] and [`adopt`] (creating leases, adopting .NET/Java ones), [`evict`];
 //! - deciding (pure, table and property tested): [`balancer`], [`cycle_plan`] (one acquire
-//!   cycle), [`sightings`] (expiry on this instance's own clock), [`listing_schedule`], [`checkpoint_policy`];
+//!   cycle), [`sightings`] (expiry on this instance's own clock), [`liveness`] (heartbeats keep leases alive), [`listing_schedule`], [`checkpoint_policy`];
 //! - doing: [`coordinator`] (performs the cycle plans, starts and settles lease tasks),
 //!   [`renewer`], [`lease_reader`] (the per-lease loop), [`split`], [`delivery`] (retries, dead
 //!   letters), [`store_recovery`] (deleted leases, a deleted lease container);
@@ -33,6 +33,7 @@ pub mod http_handler;
 pub mod lease;
 pub mod lease_reader;
 pub mod listing_schedule;
+pub mod liveness;
 pub mod manual;
 pub mod monitored_watch;
 pub mod observer;
@@ -57,6 +58,7 @@ pub use evict::evict_instance;
 pub use handler::{Batch, ChangeHandler, HandlerError, StdoutHandler};
 pub use http_handler::{HttpFormat, HttpHandler, HttpHandlerConfig, HttpHandlerError};
 pub use lease::{CosmosLeaseStore, Lease, LeaseStore, LeaseStoreError, LockAttempt, lease_prefix};
+pub use liveness::LeaseLiveness;
 pub use manual::{CheckpointError, CheckpointHandle, Handler, ManualCheckpointHandler};
 pub use observer::{NoopObserver, ProcessorObserver};
 pub use options::{OnExhausted, ProcessorOptions, RetryPolicy};

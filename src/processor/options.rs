@@ -17,10 +17,11 @@ pub struct ProcessorOptions {
     pub max_items: u32,
     /// Wait after a read that returned nothing.
     pub poll_interval: Duration,
-    /// How often leases are listed and balanced (backed off up to `expiration` while this
+    /// How often leases are listed and balanced (backed off up to the renew interval while this
     /// instance is alone with every lease and nothing changes: [`super::listing_schedule`]).
     pub acquire_interval: Duration,
-    /// How often owned leases are renewed.
+    /// How often this instance's heartbeat is written (it keeps every owned lease alive), and
+    /// how often each lease is renewed while an instance that judges leases one by one is live.
     pub renew_interval: Duration,
     /// A lease not renewed for this long is free to take.
     pub expiration: Duration,
@@ -49,6 +50,9 @@ pub struct ProcessorOptions {
     /// up to this many times the partitions' count of instances share the work. Fixed for a lease
     /// set once created.
     pub leases_per_partition: u32,
+    /// How this instance keeps its leases alive: by its heartbeat (default), or each lease on its
+    /// own as versions before instance liveness did ([`super::liveness`]).
+    pub liveness: super::LeaseLiveness,
 }
 
 /// The defaults of a processor's options, in one place: [`ProcessorOptions::new`], the worker's
@@ -181,6 +185,7 @@ impl ProcessorOptions {
             retry: RetryPolicy::default(),
             checkpoint: super::CheckpointPolicy::default(),
             leases_per_partition: defaults::LEASES_PER_PARTITION,
+            liveness: super::LeaseLiveness::default(),
             max_in_flight_batches: defaults::MAX_IN_FLIGHT_BATCHES,
             mode: crate::cosmos::FeedMode::LatestVersion,
             adopt: None,

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::lease::{Lease, LeaseStore, LeaseStoreError};
+use super::liveness::Liveness;
 
 /// How many times an update is re-applied after a 412 while the lease is still ours (as the
 /// reference SDK does).
@@ -56,6 +57,8 @@ pub struct OwnedLease {
     renewed: AtomicBool,
     /// Cancelled when the lease needs no more renewals (lost, or its processing here settled).
     ended: CancellationToken,
+    /// Whether this instance's heartbeat keeps the lease alive.
+    liveness: Arc<Liveness>,
 }
 
 /// Reads a monotonic moment kept under a lock nobody holds across an await.
@@ -71,13 +74,14 @@ fn advance(at: &std::sync::Mutex<Instant>, to: Instant) {
 
 impl OwnedLease {
     /// Wraps a lease this instance just acquired; `requested` is woken when a write of it meets
-    /// another instance's handoff request.
-    pub fn new(
+    /// another instance's handoff request; `liveness` says whether the heartbeat keeps it alive.
+    pub(crate) fn new(
         lease: Lease,
         me: &str,
         store: Arc<dyn LeaseStore>,
         parent: &CancellationToken,
         requested: Arc<tokio::sync::Notify>,
+        liveness: Arc<Liveness>,
     ) -> Arc<Self> {
         Arc::new(Self {
             id: lease.id.clone(),
@@ -96,6 +100,7 @@ impl OwnedLease {
             confirmed_at: std::sync::Mutex::new(Instant::now()),
             renewed: AtomicBool::new(false),
             ended: CancellationToken::new(),
+            liveness,
         })
     }
 
@@ -261,17 +266,21 @@ impl OwnedLease {
     /// Makes sure the lease is still this instance's before a batch is handed to the handler,
     /// once the last confirmation (a write, or a read) is older than a tenth of `expiration`:
     /// whoever deposed this owner by a write (an operator freeing the lease, another instance
-    /// taking it) is then found within that tenth, in every checkpoint mode. A lease this
-    /// instance has not written for half the expiration is confirmed by a write (renewed), so
-    /// that nobody can take it as expired while the batch is delivered. A read that fails while
-    /// the last write is recent enough that nobody can have taken the lease as expired lets the
-    /// batch go; otherwise the error is returned (retry later).
+    /// taking it) is then found within that tenth, in every checkpoint mode. A lease that
+    /// neither this instance's write nor its heartbeat kept alive for half the expiration is
+    /// confirmed by a write (renewed), so that nobody can take it as expired while the batch is
+    /// delivered. A read that fails returns its error: the batch waits until ownership is
+    /// confirmed (another instance or the operator may have taken the lease by a write, which
+    /// no liveness of ours rules out).
     pub async fn ensure_owned(&self, expiration: Duration) -> Result<(), UpdateError> {
         if moment(&self.confirmed_at).elapsed() < expiration / 10 {
             return Ok(());
         }
-        if moment(&self.written_at).elapsed() >= expiration / 2 {
-            return self.renew().await.map(|_| ());
+        if !self.kept_alive_within(expiration / 2) {
+            return match self.renew().await? {
+                Some(_) => Ok(()),
+                None => Err(UpdateError::Lost(None)),
+            };
         }
         let sent = Instant::now();
         match self.store.read(&self.id).await {
@@ -290,9 +299,14 @@ impl OwnedLease {
                 self.mark_gone();
                 Err(UpdateError::Gone)
             }
-            Err(_) if moment(&self.written_at).elapsed() < expiration / 2 => Ok(()),
             Err(error) => Err(error.into()),
         }
+    }
+
+    /// Whether this instance wrote the lease, or its heartbeat kept it alive, within `window`:
+    /// then nobody can take it as expired for at least the expiration minus `window`.
+    pub fn kept_alive_within(&self, window: Duration) -> bool {
+        moment(&self.written_at).elapsed() < window || self.liveness.kept_alive_within(window)
     }
 
     /// Whether our copy of the lease still names this instance as its owner (not released).
@@ -306,9 +320,12 @@ impl OwnedLease {
         moment(&self.written_at).elapsed() < window
     }
 
-    /// Writes the lease as it is (a new timestamp: still owned).
-    pub async fn renew(&self) -> Result<Lease, UpdateError> {
-        self.update(|_| {}).await
+    /// Writes the lease as it is (a new timestamp: still owned); `None` (nothing written) when
+    /// this instance released it meanwhile.
+    pub async fn renew(&self) -> Result<Option<Lease>, UpdateError> {
+        let me = self.me.clone();
+        self.update_if(move |lease| lease.owner.as_deref() == Some(me.as_str()))
+            .await
     }
 
     /// Records the continuation after a handled batch.

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use super::deadletter::DeadLetterStore;
 use super::health::Health;
 use super::lease::LeaseStore;
+use super::liveness::Liveness;
 use super::manual::Handler;
 use super::options::ProcessorOptions;
 use super::owned::OwnedLease;
@@ -36,6 +37,8 @@ pub(crate) struct Shared {
     pub(crate) cycles: AtomicU64,
     /// Woken when a write of an owned lease met a handoff request: an acquire cycle now.
     pub(crate) requested: Arc<tokio::sync::Notify>,
+    /// Whether the heartbeat keeps the leases alive or each lease is renewed on its own.
+    pub(crate) liveness: Arc<Liveness>,
 }
 
 impl Shared {
@@ -46,6 +49,7 @@ impl Shared {
         handler: Handler,
         options: ProcessorOptions,
     ) -> Self {
+        let liveness = Arc::new(Liveness::new(options.liveness));
         Self {
             monitored,
             store,
@@ -57,6 +61,7 @@ impl Shared {
             owned: OwnedLeases::default(),
             cycles: AtomicU64::new(0),
             requested: Arc::new(tokio::sync::Notify::new()),
+            liveness,
         }
     }
 

@@ -3,8 +3,12 @@
 //! version. A lease (heartbeat, request) is expired when this instance has seen no change of it
 //! for the lease expiration — never by comparing another machine's wall clock with ours, so clocks
 //! that differ between nodes (by seconds or by minutes) change nothing. Pure: time comes in.
+//!
+//! The lease of an instance whose heartbeat keeps its leases alive ([`super::liveness`]) lives
+//! while either changes: it is expired only when neither the lease nor its owner's heartbeat
+//! changed for the expiration.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -26,6 +30,8 @@ pub enum Seen {
 #[derive(Debug, Clone, Default)]
 pub struct Sightings {
     seen: HashMap<Seen, (String, Instant)>,
+    /// The instances whose heartbeat keeps their leases alive, as the last listing showed.
+    keepers: HashSet<String>,
 }
 
 impl Sightings {
@@ -42,7 +48,13 @@ impl Sightings {
         for (name, beat) in &snapshot.instances {
             versions.push((Seen::Heartbeat(name.clone()), beat.to_string()));
         }
+        self.note_keepers(&snapshot.keepers);
         self.record(versions, at);
+    }
+
+    /// Records which instances' heartbeats keep their leases alive (the latest listing's).
+    pub fn note_keepers(&mut self, keepers: &[String]) {
+        self.keepers = keepers.iter().cloned().collect();
     }
 
     /// Records `versions` seen at `at`, forgetting what they do not name.
@@ -72,11 +84,28 @@ impl Sightings {
             .unwrap_or_default()
     }
 
+    /// Whether `instance`'s heartbeat keeps its leases alive (the last listing showed it with
+    /// the liveness marker).
+    pub fn keeps_leases(&self, instance: &str) -> bool {
+        self.keepers.contains(instance)
+    }
+
+    /// How long `lease` has shown no sign of life, as seen here: no change of the lease, nor of
+    /// its owner's heartbeat when that heartbeat keeps its leases alive.
+    pub fn silent_for(&self, lease: &Lease, at: Instant) -> Duration {
+        let own = self.unchanged_for(&Seen::Lease(lease.id.clone()), at);
+        match lease.owner.as_deref() {
+            Some(owner) if self.keeps_leases(owner) => {
+                own.min(self.unchanged_for(&Seen::Heartbeat(owner.to_owned()), at))
+            }
+            _ => own,
+        }
+    }
+
     /// Whether `lease` is free to take at `at`: it has no owner, or this instance has seen no
-    /// change of it for `expiration` (its owner stopped renewing it).
+    /// sign of life of it for `expiration` (its owner stopped renewing it, or stopped beating).
     pub fn is_expired(&self, lease: &Lease, at: Instant, expiration: Duration) -> bool {
-        lease.owner.as_deref().is_none_or(str::is_empty)
-            || self.unchanged_for(&Seen::Lease(lease.id.clone()), at) >= expiration
+        lease.owner.as_deref().is_none_or(str::is_empty) || self.silent_for(lease, at) >= expiration
     }
 }
 
@@ -127,6 +156,51 @@ mod tests {
         fresh.observe(&listing(vec![lease("old", Some("gone"))]), at(1000));
         assert!(!fresh.is_expired(&lease("old", Some("gone")), at(1000), expiration));
         assert!(fresh.is_expired(&lease("old", Some("gone")), at(1060), expiration));
+    }
+
+    fn with_heartbeat(leases: Vec<Lease>, beat: &str, marked: bool) -> LeaseSnapshot {
+        let stamp = time::OffsetDateTime::UNIX_EPOCH + Duration::from_secs(beat.len() as u64);
+        let mut snapshot = listing(leases);
+        snapshot.instances = vec![("b".into(), stamp)];
+        if marked {
+            snapshot.keepers = vec!["b".into()];
+        }
+        snapshot
+    }
+
+    #[test]
+    fn a_keepers_lease_lives_while_its_heartbeat_changes() {
+        let expiration = Duration::from_secs(60);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let idle = lease("v1", Some("b"));
+        let mut seen = Sightings::default();
+        // The lease is never written again; the heartbeat changes every 17 s until 51 s.
+        for (t, beat) in [(0, "b"), (17, "bb"), (34, "bbb"), (51, "bbbb")] {
+            seen.observe(&with_heartbeat(vec![idle.clone()], beat, true), at(t));
+            assert!(!seen.is_expired(&idle, at(t), expiration), "{t} s");
+        }
+        seen.observe(&with_heartbeat(vec![idle.clone()], "bbbb", true), at(110));
+        assert!(!seen.is_expired(&idle, at(110), expiration), "59 s after the last beat");
+        assert!(
+            seen.is_expired(&idle, at(111), expiration),
+            "an expiration after the last beat"
+        );
+        assert_eq!(seen.silent_for(&idle, at(111)), expiration);
+    }
+
+    #[test]
+    fn a_heartbeat_without_the_marker_keeps_no_lease_alive() {
+        let expiration = Duration::from_secs(60);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let idle = lease("v1", Some("b"));
+        let mut seen = Sightings::default();
+        for (t, beat) in [(0, "b"), (30, "bb"), (59, "bbb")] {
+            seen.observe(&with_heartbeat(vec![idle.clone()], beat, false), at(t));
+        }
+        assert!(!seen.keeps_leases("b"));
+        assert!(seen.is_expired(&idle, at(60), expiration), "judged by the lease alone");
     }
 
     #[test]

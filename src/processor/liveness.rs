@@ -1,0 +1,138 @@
+//! How this instance keeps its leases alive: by its heartbeat, one write per instance every
+//! renew interval, instead of one write per lease. Instances that write the liveness marker in
+//! their heartbeat ([`LeaseLiveness::Instance`]) judge another keeper's lease expired only when
+//! neither the lease nor its owner's heartbeat changed for the expiration, so a lease is written
+//! only when it is acquired, checkpointed, asked for, handed over or released.
+//!
+//! An instance that does not write the marker (the previous version during a rolling upgrade, or
+//! one running with [`LeaseLiveness::EachLease`]) judges leases by their own writes: while one is
+//! live, every instance renews each of its leases as before (the cycle plan says so), so a mixed
+//! fleet never takes a live instance's leases.
+
+use std::sync::Mutex;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// How an instance keeps its leases alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LeaseLiveness {
+    /// Its heartbeat keeps all its leases alive; a lease is renewed on its own only while an
+    /// instance that judges leases one by one is live (the default).
+    #[default]
+    Instance,
+    /// Every lease renewed on its own every renew interval, a heartbeat only while it owns no
+    /// lease, no liveness marker: how versions before instance liveness behaved (kept so that a
+    /// fleet in the middle of an upgrade can be run and tested).
+    EachLease,
+}
+
+/// This instance's liveness state, shared by the renewer, the coordinator and the lease tasks.
+#[derive(Debug)]
+pub(crate) struct Liveness {
+    mode: LeaseLiveness,
+    /// Whether every owned lease must be renewed on its own now.
+    each_lease: watch::Sender<bool>,
+    /// When the last heartbeat that succeeded was sent, on this instance's monotonic clock.
+    beat_at: Mutex<Option<Instant>>,
+}
+
+impl Liveness {
+    /// The state of an instance that has not listed the leases yet: every lease is renewed on
+    /// its own until a listing shows that no instance judges leases one by one.
+    pub(crate) fn new(mode: LeaseLiveness) -> Self {
+        Self {
+            mode,
+            each_lease: watch::Sender::new(true),
+            beat_at: Mutex::new(None),
+        }
+    }
+
+    /// Whether this instance's heartbeats carry the liveness marker and are written every renew
+    /// interval.
+    pub(crate) fn beats(&self) -> bool {
+        self.mode == LeaseLiveness::Instance
+    }
+
+    /// Whether every owned lease must be renewed on its own now.
+    pub(crate) fn renews_each_lease(&self) -> bool {
+        *self.each_lease.borrow()
+    }
+
+    /// Records what the latest listing showed: whether an instance that judges leases one by
+    /// one is live. An instance in [`LeaseLiveness::EachLease`] always renews each lease.
+    pub(crate) fn set_renew_each_lease(&self, needed: bool) {
+        let each = needed || self.mode == LeaseLiveness::EachLease;
+        self.each_lease.send_if_modified(|current| {
+            let changed = *current != each;
+            *current = each;
+            changed
+        });
+    }
+
+    /// Waits until every owned lease must be renewed on its own again.
+    pub(crate) async fn each_lease_needed(&self) {
+        let mut rx = self.each_lease.subscribe();
+        // The sender lives as long as `self`: an error cannot happen while we borrow it.
+        let _ = rx.wait_for(|each| *each).await;
+    }
+
+    /// Records a heartbeat sent at `sent` that succeeded.
+    pub(crate) fn beat(&self, sent: Instant) {
+        let mut at = self.beat_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *at = Some(at.map_or(sent, |known| known.max(sent)));
+    }
+
+    /// Whether this instance's heartbeat alone keeps its leases alive and was written within
+    /// `window`: then no instance can judge one of its leases expired for at least the
+    /// expiration minus `window`.
+    pub(crate) fn kept_alive_within(&self, window: std::time::Duration) -> bool {
+        if self.renews_each_lease() {
+            return false;
+        }
+        let at = *self.beat_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        at.is_some_and(|at| at.elapsed() < window)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn leases_are_renewed_one_by_one_until_a_listing_says_otherwise() {
+        let liveness = Liveness::new(LeaseLiveness::Instance);
+        assert!(liveness.renews_each_lease(), "before the first listing");
+        liveness.beat(Instant::now());
+        assert!(
+            !liveness.kept_alive_within(Duration::from_secs(30)),
+            "each lease renewed"
+        );
+        liveness.set_renew_each_lease(false);
+        assert!(!liveness.renews_each_lease());
+        assert!(liveness.kept_alive_within(Duration::from_secs(30)));
+        liveness.set_renew_each_lease(true);
+        tokio::time::timeout(Duration::from_secs(1), liveness.each_lease_needed())
+            .await
+            .expect("wakes at once while each lease is renewed");
+    }
+
+    #[tokio::test]
+    async fn the_previous_versions_schedule_always_renews_each_lease() {
+        let liveness = Liveness::new(LeaseLiveness::EachLease);
+        liveness.set_renew_each_lease(false);
+        assert!(liveness.renews_each_lease());
+        assert!(!liveness.beats());
+    }
+
+    #[test]
+    fn an_old_heartbeat_keeps_nothing_alive() {
+        let liveness = Liveness::new(LeaseLiveness::Instance);
+        liveness.set_renew_each_lease(false);
+        assert!(!liveness.kept_alive_within(Duration::from_secs(30)), "never beat");
+        liveness.beat(Instant::now() - Duration::from_secs(40));
+        assert!(!liveness.kept_alive_within(Duration::from_secs(30)));
+        assert!(liveness.kept_alive_within(Duration::from_secs(50)));
+    }
+}

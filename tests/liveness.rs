@@ -1,0 +1,207 @@
+//! Instance liveness: an instance's heartbeat, one write every renew interval, keeps all its
+//! leases alive, so an idle lease is not written at all — and yet nobody takes a live
+//! instance's lease, a crashed instance's leases are taken one expiration after its last beat,
+//! a fleet in the middle of an upgrade (instances that judge leases one by one beside ones that
+//! keep them by heartbeat) moves no lease and loses nothing, and an owner cut off from the lease
+//! store hands no batch to its handler once nothing kept its lease alive.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use changefeed_operator::bench::CountingStore;
+use changefeed_operator::processor::{ChangeFeedProcessor, LeaseLiveness, ProcessorHandle, ProcessorOptions};
+use tokio::time::Instant;
+
+use crate::common::{self, Env, eventually, fair};
+
+/// Lease id → (owner, ETag).
+async fn versions(env: &Env) -> BTreeMap<String, (Option<String>, String)> {
+    env.leases()
+        .await
+        .into_iter()
+        .map(|l| (l.id, (l.owner, l.etag)))
+        .collect()
+}
+
+/// The beat each live instance's heartbeat shows.
+async fn beats(env: &Env) -> BTreeMap<String, String> {
+    let snapshot = env.store().await.snapshot().await.unwrap();
+    snapshot
+        .instances
+        .into_iter()
+        .map(|(name, beat)| (name, beat.to_string()))
+        .collect()
+}
+
+/// Starts `a` and `b` on four leases and waits until each owns two.
+async fn balanced_pair(env: &Env, a: ProcessorOptions, b: ProcessorOptions) -> (ProcessorHandle, ProcessorHandle) {
+    let first = env.start_owning_all_with(a, 4).await;
+    let second = env.start(b).await;
+    let shared = eventually(Duration::from_secs(15), || async { fair(&env.owners().await, 2, 4) }).await;
+    assert!(shared, "no fair share: {:?}", env.owners().await);
+    (first, second)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_leases_are_not_written_and_no_live_instances_lease_is_taken() {
+    let env = Env::new(4).await;
+    let (a, b) = balanced_pair(&env, env.options("a"), env.options("b")).await;
+    // One listing after the balance, so that both know nobody judges leases one by one.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = versions(&env).await;
+    let beats_before = beats(&env).await;
+    // Three lease expirations (2 s) without a document: a lease judged by its own writes expires.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let after = versions(&env).await;
+    let beats_after = beats(&env).await;
+    println!("idle for three expirations: leases {before:?} → {after:?}; beats {beats_before:?} → {beats_after:?}");
+    assert_eq!(after, before, "an idle lease was written (renewed, or taken)");
+    for name in ["a", "b"] {
+        assert_ne!(beats_before.get(name), beats_after.get(name), "{name} did not beat");
+    }
+    // Still alive: a document written now is delivered once.
+    env.write(0..20).await;
+    assert!(env.delivered_within(20, Duration::from_secs(10)).await);
+    assert!(env.deliveries.duplicates().is_empty());
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_instances_leases_are_taken_one_expiration_after_its_last_beat() {
+    let env = Env::new(4).await;
+    let (a, b) = balanced_pair(&env, env.options("a"), env.options("b")).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    a.abort();
+    let crashed = Instant::now();
+    let taken = eventually(Duration::from_secs(15), || async {
+        env.owners().await.get("b") == Some(&4)
+    })
+    .await;
+    let failover = crashed.elapsed();
+    println!(
+        "failover after a crash, idle leases kept by heartbeat: {failover:.2?} (expiration 2 s, renew 300 ms, acquire 500 ms)"
+    );
+    assert!(taken, "{:?}", env.owners().await);
+    // Not before its heartbeat could have expired (the last beat was at most a renew interval
+    // before the crash), and about one expiration plus a listing after.
+    assert!(
+        failover >= Duration::from_millis(1700),
+        "taken before the expiration: {failover:?}"
+    );
+    env.write(0..40).await;
+    assert!(env.delivered_within(40, Duration::from_secs(10)).await);
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_in_the_middle_of_an_upgrade_moves_no_lease_and_loses_nothing() {
+    let env = Env::new(4).await;
+    let mut old = env.options("old");
+    old.liveness = LeaseLiveness::EachLease;
+    let (old, new) = balanced_pair(&env, old, env.options("new")).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let owners = |v: &BTreeMap<String, (Option<String>, String)>| -> Vec<Option<String>> {
+        v.values().map(|(owner, _)| owner.clone()).collect()
+    };
+    let before = versions(&env).await;
+    let writing = async {
+        for round in 0..10 {
+            env.write(round * 20..round * 20 + 20).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    writing.await;
+    // Idle for two expirations beside the older version: the new instance renews each of its
+    // leases (the old one would take them otherwise) and no lease moves.
+    let idle_start = versions(&env).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let idle_end = versions(&env).await;
+    assert_eq!(owners(&idle_end), owners(&before), "a lease moved in the mixed fleet");
+    for (id, (owner, etag)) in &idle_end {
+        assert_ne!(
+            Some(etag),
+            idle_start.get(id).map(|(_, e)| e),
+            "{owner:?}'s lease {id} was not renewed"
+        );
+    }
+    assert!(env.delivered_within(200, Duration::from_secs(10)).await);
+    assert!(
+        env.deliveries.duplicates().is_empty(),
+        "{:?}",
+        env.deliveries.duplicates()
+    );
+    // The older version leaves (its leases are released and taken): the fleet keeps its leases
+    // by heartbeat again, and idle leases are no longer written.
+    old.stop().await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            env.owners().await.get("new") == Some(&4)
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let alone = versions(&env).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        versions(&env).await,
+        alone,
+        "leases still renewed one by one after the upgrade"
+    );
+    env.write(200..220).await;
+    assert!(env.delivered_within(220, Duration::from_secs(10)).await);
+    assert!(
+        env.deliveries.duplicates().is_empty(),
+        "{:?}",
+        env.deliveries.duplicates()
+    );
+    new.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_cut_off_from_the_lease_store_delivers_nothing_once_its_lease_may_be_taken() {
+    let env = Env::new(1).await;
+    // The defaults' checkpoint mode: a checkpoint after each batch, one at a time.
+    let options = env.options("cut");
+    let settings = env.settings(options.clone());
+    let (monitored, leases) = changefeed_operator::worker::open(&env.account, &env.account, &settings)
+        .await
+        .unwrap();
+    let store = Arc::new(CountingStore::new(Arc::new(leases)));
+    let handle = ChangeFeedProcessor::new(monitored, store.clone(), env.recorder("cut"), options)
+        .start()
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            env.owners().await.get("cut") == Some(&1)
+        })
+        .await
+    );
+    env.write(0..10).await;
+    assert!(env.delivered_within(10, Duration::from_secs(10)).await);
+    // Cut off from the lease store for more than an expiration: another instance takes the
+    // lease as expired meanwhile (written here as it would).
+    store.cut_off(true);
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let mut lease = env.leases().await.remove(0);
+    lease.owner = Some("usurper".into());
+    env.store().await.replace(&lease).await.unwrap();
+    env.write(10..20).await;
+    // The owner still reads the monitored container; nothing confirms its lease.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    store.cut_off(false);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let late: Vec<String> = common::ids(10..20)
+        .into_iter()
+        .filter(|id| env.deliveries.count(id) > 0)
+        .collect();
+    println!("delivered by the deposed owner: {late:?}");
+    assert!(
+        late.is_empty(),
+        "the cut-off owner delivered {late:?} after its lease was taken"
+    );
+    assert_eq!(env.owners().await.get("usurper"), Some(&1));
+    handle.stop().await;
+}
