@@ -264,3 +264,53 @@ async fn the_bootstrap_lock_is_judged_by_how_long_it_stays_unchanged_not_by_its_
     assert!(owns, "the dead holder's lock kept the instance from starting");
     assert!(kept, "a fresh lock was removed because its holder's clock is behind");
 }
+
+/// An instance joining a processor that another instance runs waits half to one acquire interval
+/// before its first acquire (so that instances starting together count each other), whatever
+/// the other's clock wrote into its heartbeat: an hour behind here, which judged by timestamps
+/// looked like nobody ran, and the newcomer acquired at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_waits_for_a_running_instance_whose_clock_is_an_hour_behind() {
+    let env = crate::common::Env::new(2).await;
+    // Bootstrapped by an instance that has stopped since (its leases released).
+    let first = env.start_owning_all("first", 2).await;
+    first.stop().await;
+    // Another instance runs, its clock an hour behind.
+    let store = env.store().await;
+    let id = format!("{}.instance.other", store.prefix());
+    let stamp = (time::OffsetDateTime::now_utc() - time::Duration::hours(1))
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let leases = env
+        .account
+        .documents(crate::common::DB, crate::common::LEASES)
+        .await
+        .unwrap();
+    let beat = serde_json::json!({"id": id, "Owner": "other", "timestamp": stamp, "liveness": "instance"});
+    leases.upsert(&id, &beat).await.unwrap();
+    let mut options = env.options("late");
+    options.acquire_interval = Duration::from_secs(2);
+    let processor = env.processor(options, env.recorder("late")).await;
+    let mut events = processor.subscribe();
+    let started = Instant::now();
+    let late = processor.start().await.unwrap();
+    let acquired = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match events.recv().await {
+                Ok(changefeed_operator::processor::LeaseEvent::Acquired { .. }) => return started.elapsed(),
+                Ok(_) => {}
+                Err(error) => panic!("events ended: {error}"),
+            }
+        }
+    })
+    .await
+    .expect("the newcomer acquired a lease");
+    late.abort();
+    println!(
+        "a newcomer beside an instance whose clock is an hour behind: first acquire after {acquired:.2?} (acquire interval 2 s)"
+    );
+    assert!(
+        acquired >= Duration::from_secs(1),
+        "acquired after {acquired:?}: the running instance was taken for gone by its timestamp"
+    );
+}

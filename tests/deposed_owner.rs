@@ -98,26 +98,37 @@ async fn deposed(mode: &str, change: impl FnOnce(&mut ProcessorOptions), manual:
     });
     let flowing = common::eventually(Duration::from_secs(10), || async { timed.count() >= 20 }).await;
     assert!(flowing, "{mode}: batches flow before the deposition");
-    let deposed_at = depose(&env).await;
+    let (deposed_at, usurped) = depose(&env).await;
     let before = timed.count();
     // Long enough for the bound and several renew-free seconds of today's behaviour.
     tokio::time::sleep(EXPIRATION / 10 + Duration::from_secs(2)).await;
     writing.abort();
     let after = timed.started_after(deposed_at);
     handle.abort();
+    // Nothing the deposed owner handled was checkpointed: the lease is as the usurper wrote it.
+    let now = env.store().await.read(&usurped.id).await.unwrap().unwrap();
+    assert_eq!(
+        now.owner.as_deref(),
+        Some("usurper"),
+        "{mode}: the deposed owner took the lease back"
+    );
+    assert_eq!(
+        now.etag, usurped.etag,
+        "{mode}: the deposed owner wrote the lease (checkpointed?)"
+    );
     (after, before)
 }
 
 /// Writes another owner into the only lease (as an operator freeing it for a pod it saw die, or
-/// another instance taking it, does); the moment the write was answered.
-async fn depose(env: &Env) -> Instant {
+/// another instance taking it, does); the moment the write was answered, and the lease written.
+async fn depose(env: &Env) -> (Instant, changefeed_operator::processor::Lease) {
     let store = env.store().await;
     for _ in 0..50 {
         let mut lease = store.snapshot().await.unwrap().leases.remove(0);
         lease.owner = Some("usurper".into());
         lease.clear_handoff();
-        if store.replace(&lease).await.is_ok() {
-            return Instant::now();
+        if let Ok(written) = store.replace(&lease).await {
+            return (Instant::now(), written);
         }
     }
     panic!("could not write the lease (it kept changing)");

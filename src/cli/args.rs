@@ -108,7 +108,7 @@ pub struct BenchArgs {
     #[arg(long, env = "CFP_K8S_BIN")]
     pub k8s_bin: Option<std::path::PathBuf>,
     /// Measure only the figure groups whose name contains this: throughput, busy handler,
-    /// rebalance, failover, latency, resources, worker processes, operator, lease-store cost,
+    /// rebalance, failover, latency, resources, worker processes, operator, lease-store cost, scale,
     /// java v4 peer.
     #[arg(long)]
     pub only: Option<String>,
