@@ -63,59 +63,28 @@ pub async fn scale(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError> 
     Ok(figures)
 }
 
+/// How a fleet reached its fair share.
+struct Rebalanced {
+    fleet: Fleet,
+    /// The new instances' acquire cycles until the fair share.
+    cycles: u64,
+    /// Leases acquired by the new instances.
+    moves: usize,
+    seconds: f64,
+}
+
 /// Rebalances 1 → N over the leases, then watches the fleet idle and busy.
 async fn rebalance_and_cost(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError> {
     let (instances, scale) = (settings.scale_instances.max(2), settings.timing_scale);
     let (partitions, per_partition, leases) = layout(settings.scale_leases);
     let world = World::new(partitions).await?;
     let received = Arc::new(Received::default());
-    let (first, first_store) = world
-        .start_counted(options("s0", per_partition, scale), received.clone())
-        .await?;
-    wait_until(PATIENCE, || async { first.owned_leases().len() == leases })
-        .await
-        .ok_or("the first instance did not take every lease")?;
-    let mut fleet = Fleet {
-        handles: vec![first],
-        stores: vec![first_store],
-    };
-    let started = Instant::now();
-    let mut events = Vec::new();
-    for i in 1..instances {
-        let (handle, store) = world
-            .start_counted(options(&format!("s{i}"), per_partition, scale), received.clone())
-            .await?;
-        events.push(handle.subscribe());
-        fleet.handles.push(handle);
-        fleet.stores.push(store);
-    }
-    let fair = wait_until(PATIENCE, || async {
-        let share = leases / instances;
-        fleet.handles.iter().all(|h| h.owned_leases().len() >= share)
-            && world
-                .owners("scale")
-                .await
-                .is_ok_and(|c| is_fair(&c, instances, leases))
-    })
-    .await;
-    let seconds = started.elapsed().as_secs_f64();
-    let cycles = fleet.handles[1..]
-        .iter()
-        .map(|h| h.acquire_cycles())
-        .max()
-        .unwrap_or_default();
-    let moves: usize = events
-        .iter_mut()
-        .map(|rx| {
-            std::iter::from_fn(|| rx.try_recv().ok())
-                .filter(|e| matches!(e, LeaseEvent::Acquired { .. }))
-                .count()
-        })
-        .sum();
-    if fair.is_none() {
-        fleet.stop().await;
-        return Err(format!("no fair share of {leases} leases over {instances} instances in time").into());
-    }
+    let Rebalanced {
+        fleet,
+        cycles,
+        moves,
+        seconds,
+    } = rebalance(&world, &received, settings, per_partition, leases).await?;
     let watch = Duration::from_secs(settings.idle_seconds);
     let idle = per_minute(&fleet, watch, || async {}).await;
     let batches_before = received.batches.load(Ordering::SeqCst);
@@ -175,6 +144,71 @@ async fn rebalance_and_cost(settings: &BenchSettings) -> Result<Vec<Figure>, Ben
         )
         .against(Check::RatioAtMost(1.0)),
     ])
+}
+
+/// Starts one instance over every lease, then `settings.scale_instances - 1` more, and waits for
+/// the fair share.
+async fn rebalance(
+    world: &World,
+    received: &Arc<Received>,
+    settings: &BenchSettings,
+    per_partition: u32,
+    leases: usize,
+) -> Result<Rebalanced, BenchError> {
+    let (instances, scale) = (settings.scale_instances.max(2), settings.timing_scale);
+    let (first, first_store) = world
+        .start_counted(options("s0", per_partition, scale), received.clone())
+        .await?;
+    wait_until(PATIENCE, || async { first.owned_leases().len() == leases })
+        .await
+        .ok_or("the first instance did not take every lease")?;
+    let mut fleet = Fleet {
+        handles: vec![first],
+        stores: vec![first_store],
+    };
+    let started = Instant::now();
+    let mut events = Vec::new();
+    for i in 1..instances {
+        let (handle, store) = world
+            .start_counted(options(&format!("s{i}"), per_partition, scale), received.clone())
+            .await?;
+        events.push(handle.subscribe());
+        fleet.handles.push(handle);
+        fleet.stores.push(store);
+    }
+    let fair = wait_until(PATIENCE, || async {
+        let share = leases / instances;
+        fleet.handles.iter().all(|h| h.owned_leases().len() >= share)
+            && world
+                .owners("scale")
+                .await
+                .is_ok_and(|c| is_fair(&c, instances, leases))
+    })
+    .await;
+    let seconds = started.elapsed().as_secs_f64();
+    let cycles = fleet.handles[1..]
+        .iter()
+        .map(|h| h.acquire_cycles())
+        .max()
+        .unwrap_or_default();
+    let moves: usize = events
+        .iter_mut()
+        .map(|rx| {
+            std::iter::from_fn(|| rx.try_recv().ok())
+                .filter(|e| matches!(e, LeaseEvent::Acquired { .. }))
+                .count()
+        })
+        .sum();
+    if fair.is_none() {
+        fleet.stop().await;
+        return Err(format!("no fair share of {leases} leases over {instances} instances in time").into());
+    }
+    Ok(Rebalanced {
+        fleet,
+        cycles,
+        moves,
+        seconds,
+    })
 }
 
 /// The reference processors' lease-container schedule for a fleet.

@@ -21,7 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cosmos::{CosmosError, DocumentContainer, MonitoredContainer, StartFrom};
 use crate::emulator::{ContainerSpec, EmulatorError, bind};
-use crate::processor::{CosmosLeaseStore, LeaseStore, estimate_leases};
+use crate::processor::lease::LeaseSnapshot;
+use crate::processor::{CosmosLeaseStore, Lease, LeaseStore, estimate_leases};
 use crate::worker::WorkerError;
 use fleet::LEASE_EXPIRATION;
 
@@ -230,7 +231,7 @@ async fn owners(store: &CosmosLeaseStore) -> BTreeMap<String, usize> {
     };
     let now = OffsetDateTime::now_utc();
     for lease in &snapshot.leases {
-        let owner = if !snapshot.owner_alive(lease, now, LEASE_EXPIRATION) {
+        let owner = if !owner_alive(&snapshot, lease, now) {
             String::new()
         } else {
             lease.owner.clone().unwrap_or_default()
@@ -238,6 +239,22 @@ async fn owners(store: &CosmosLeaseStore) -> BTreeMap<String, usize> {
         *counts.entry(owner).or_default() += 1;
     }
     counts
+}
+
+/// Whether `lease` has an owner that showed a sign of life within the lease expiration by the
+/// wall-clock stamps it wrote: a write of the lease, or a beat of a heartbeat that keeps its
+/// leases alive (the demo's workers share this machine's clock; instances never judge each other
+/// by these stamps).
+fn owner_alive(snapshot: &LeaseSnapshot, lease: &Lease, now: OffsetDateTime) -> bool {
+    let Some(owner) = lease.owner.as_deref().filter(|o| !o.is_empty()) else {
+        return false;
+    };
+    let beat_alive = snapshot.keepers.iter().any(|k| k == owner)
+        && snapshot
+            .instances
+            .iter()
+            .any(|(name, beat)| name == owner && *beat + LEASE_EXPIRATION >= now);
+    beat_alive || !lease.is_expired(now, LEASE_EXPIRATION)
 }
 
 async fn estimate(monitored: &MonitoredContainer, store: &CosmosLeaseStore) -> Option<u64> {

@@ -226,24 +226,6 @@ pub struct LeaseSnapshot {
     pub invalid: Vec<(String, String)>,
 }
 
-impl LeaseSnapshot {
-    /// Whether `lease` has an owner that showed a sign of life within `expiration` of `now` by
-    /// the wall-clock stamps it wrote: a write of the lease, or a beat of a heartbeat that keeps
-    /// its leases alive. For views on one machine (the demo); instances never judge each other
-    /// by these stamps (see [`super::sightings`]).
-    pub fn owner_alive(&self, lease: &Lease, now: OffsetDateTime, expiration: std::time::Duration) -> bool {
-        let Some(owner) = lease.owner.as_deref().filter(|o| !o.is_empty()) else {
-            return false;
-        };
-        let beat_alive = self.keepers.iter().any(|k| k == owner)
-            && self
-                .instances
-                .iter()
-                .any(|(name, beat)| name == owner && *beat + expiration >= now);
-        beat_alive || !lease.is_expired(now, expiration)
-    }
-}
-
 /// The lease container of one processor. Every update is conditional on the lease's ETag.
 #[async_trait]
 pub trait LeaseStore: Send + Sync {
