@@ -148,6 +148,7 @@ impl Coordinator {
         while let Some(joined) = self.tasks.join_next().await {
             self.on_exit(joined).await;
         }
+        self.shared.liveness.all_released();
         tracing::info!("processor stopped");
     }
 

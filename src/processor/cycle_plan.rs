@@ -155,6 +155,12 @@ pub fn plan_cycle(
         same_leases: listed_ids == observations.listed_ids,
     };
     let quiet = wanted.is_empty() && !observations.awaiting_handoff && is_quiet(&view, me);
+    let schedule = ListingSchedule::new(options.acquire_interval, options.renew_interval.min(expiration));
+    let next_interval = if expecting_requests(&states, &live, observations, me, options) {
+        schedule.brisk()
+    } else {
+        schedule.next(observations.listing_interval, quiet)
+    };
     let fates = owned_fates(snapshot, observations, me, &present(&live, &states));
     let renew_each_lease = judged_one_by_one(&live, &states, observations, me);
     CyclePlan {
@@ -182,11 +188,40 @@ pub fn plan_cycle(
             .filter_map(|lease| acquisition(lease, me, now, observations, expiration))
             .collect(),
         takeover_in: takeover_in(&balanced, me, observations, options),
-        next_interval: ListingSchedule::new(options.acquire_interval, options.renew_interval.min(expiration))
-            .next(observations.listing_interval, quiet),
+        next_interval,
         listed_ids,
         renew_each_lease,
     }
+}
+
+/// Whether `me` holds more than its share while an instance that arrived within the last two
+/// acquire intervals holds less: it is about to ask `me` for leases. Idle leases are not
+/// written between listings, so only a listing shows its requests: until they come, `me` lists
+/// briskly (a quarter of the acquire interval), so that a newcomer gets its share within its
+/// first acquire cycle, as when each lease's renewal met the request at once.
+fn expecting_requests(
+    states: &[LeaseState],
+    live: &[String],
+    observations: &Observations,
+    me: &str,
+    options: CycleOptions,
+) -> bool {
+    let instances = present(live, states);
+    if states.is_empty() || instances.len() < 2 || states.iter().any(|s| s.live_owner.is_none()) {
+        return false;
+    }
+    let held = |name: &str| states.iter().filter(|s| s.live_owner.as_deref() == Some(name)).count();
+    let floor = states.len() / instances.len();
+    let recent = options.acquire_interval * 2;
+    held(me) > floor
+        && instances.iter().any(|name| {
+            name != me
+                && held(name) < floor
+                && observations
+                    .sightings
+                    .known_for(name, observations.at)
+                    .is_some_and(|known| known < recent)
+        })
 }
 
 /// Whether another live instance judges leases by their own writes: a live heartbeat without

@@ -650,3 +650,34 @@ fn each_lease_is_renewed_while_an_instance_that_judges_leases_one_by_one_is_live
         assert_eq!(plan.renew_each_lease, each, "{case}");
     }
 }
+
+#[test]
+fn an_owner_above_its_share_lists_briskly_while_a_newcomer_is_about_to_ask() {
+    let mine: Vec<Lease> = (0..4).map(|i| lease(i, 4, Some("me"), SECOND)).collect();
+    let owned: Vec<&Lease> = mine.iter().collect();
+    let brisk = options().acquire_interval / 4;
+    let regular = options().acquire_interval;
+    let table = [
+        ("a newcomer arrived 1 s ago and holds nothing", 1, &mine[..], brisk),
+        ("the newcomer arrived two acquire intervals ago", 27, &mine[..], regular),
+    ];
+    for (case, arrived, leases, next) in table {
+        let listing = snapshot(leases.to_vec(), &[("me", SECOND), ("new", SECOND)]);
+        let mut observed = observations(&listing, &owned);
+        observed.sightings.arrived_at("new", observed.at - arrived * SECOND);
+        let plan = plan_cycle(&listing, &observed, "me", NOW, options());
+        assert_eq!(plan.next_interval, next, "{case}");
+    }
+    // At its share already (two each): nothing to expect.
+    let shared = vec![
+        lease(0, 4, Some("me"), SECOND),
+        lease(1, 4, Some("me"), SECOND),
+        lease(2, 4, Some("new"), SECOND),
+        lease(3, 4, Some("new"), SECOND),
+    ];
+    let listing = snapshot(shared.clone(), &[("me", SECOND), ("new", SECOND)]);
+    let mut observed = observations(&listing, &[&shared[0], &shared[1]]);
+    observed.sightings.arrived_at("new", observed.at - SECOND);
+    let plan = plan_cycle(&listing, &observed, "me", NOW, options());
+    assert_eq!(plan.next_interval, regular, "at its share");
+}

@@ -38,6 +38,11 @@ impl ListingSchedule {
         }
     }
 
+    /// The wait while handoff requests are expected (a quarter of the acquire interval).
+    pub fn brisk(&self) -> Duration {
+        self.base / 4
+    }
+
     /// The wait before the next listing, `current` being the wait before this one.
     pub fn next(&self, current: Duration, quiet: bool) -> Duration {
         if quiet {

@@ -10,6 +10,7 @@
 //! fleet never takes a live instance's leases.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -35,6 +36,9 @@ pub(crate) struct Liveness {
     each_lease: watch::Sender<bool>,
     /// When the last heartbeat that succeeded was sent, on this instance's monotonic clock.
     beat_at: Mutex<Option<Instant>>,
+    /// Set when a graceful stop released every lease: the heartbeat may then be removed (never
+    /// after a crash or an abort, when the leases are still this instance's).
+    released: AtomicBool,
 }
 
 impl Liveness {
@@ -45,7 +49,18 @@ impl Liveness {
             mode,
             each_lease: watch::Sender::new(true),
             beat_at: Mutex::new(None),
+            released: AtomicBool::new(false),
         }
+    }
+
+    /// Records that a graceful stop released every lease.
+    pub(crate) fn all_released(&self) {
+        self.released.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a graceful stop released every lease (the heartbeat may go).
+    pub(crate) fn is_released(&self) -> bool {
+        self.released.load(Ordering::SeqCst)
     }
 
     /// Whether this instance's heartbeats carry the liveness marker and are written every renew

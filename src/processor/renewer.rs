@@ -18,7 +18,7 @@ use super::owned::{OwnedLease, UpdateError};
 use super::shared::Shared;
 
 /// Starts a keep-alive for every lease this instance comes to own, and beats, until `stop`; then
-/// removes the heartbeat. A lease whose processing is stopping (shutdown, handoff) is still kept
+/// removes the heartbeat if a graceful stop released the leases. A lease whose processing is stopping (shutdown, handoff) is still kept
 /// alive until it is released: only a lost or released one is not.
 pub(crate) async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken) {
     // A lease was just written when it was acquired: it is found well before its first renewal.
@@ -43,9 +43,13 @@ pub(crate) async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken) {
         }
     }
     keep_alives.shutdown().await;
-    let me = &shared.options.instance;
-    if let Err(error) = shared.store.remove_heartbeat(me).await {
-        tracing::warn!(%error, "removing the heartbeat failed");
+    // Only after a graceful stop released the leases: a coordinator that ended otherwise (an
+    // abort, as a crash) leaves them, and the heartbeat that keeps them, to expire.
+    if shared.liveness.is_released() {
+        let me = &shared.options.instance;
+        if let Err(error) = shared.store.remove_heartbeat(me).await {
+            tracing::warn!(%error, "removing the heartbeat failed");
+        }
     }
 }
 

@@ -32,6 +32,8 @@ pub struct Sightings {
     seen: HashMap<Seen, (String, Instant)>,
     /// The instances whose heartbeat keeps their leases alive, as the last listing showed.
     keepers: HashSet<String>,
+    /// When each listed instance's heartbeat was first seen (forgotten when it is not listed).
+    arrived: HashMap<String, Instant>,
 }
 
 impl Sightings {
@@ -49,7 +51,20 @@ impl Sightings {
             versions.push((Seen::Heartbeat(name.clone()), beat.to_string()));
         }
         self.note_keepers(&snapshot.keepers);
+        self.arrived = snapshot
+            .instances
+            .iter()
+            .map(|(name, _)| (name.clone(), self.arrived.get(name).copied().unwrap_or(at)))
+            .collect();
         self.record(versions, at);
+    }
+
+    /// How long `instance`'s heartbeat has been listed, as seen here (since the first listing of
+    /// this instance that showed it); `None` when the last listing did not show it.
+    pub fn known_for(&self, instance: &str, at: Instant) -> Option<Duration> {
+        self.arrived
+            .get(instance)
+            .map(|since| at.saturating_duration_since(*since))
     }
 
     /// Records which instances' heartbeats keep their leases alive (the latest listing's).
@@ -74,6 +89,12 @@ impl Sightings {
     #[cfg(test)]
     pub(crate) fn seen_since(&mut self, key: Seen, version: String, since: Instant) {
         self.seen.insert(key, (version, since));
+    }
+
+    /// Records that `instance`'s heartbeat was first listed at `since` (for tests).
+    #[cfg(test)]
+    pub(crate) fn arrived_at(&mut self, instance: &str, since: Instant) {
+        self.arrived.insert(instance.to_owned(), since);
     }
 
     /// How long `key` has shown the same version, as seen here (zero when never seen).
