@@ -286,13 +286,15 @@ pub struct WorkerArgs {
     #[arg(long, env = "CFP_POLL_INTERVAL", default_value = text(defaults::POLL_INTERVAL), value_parser = duration)]
     pub poll_interval: Duration,
     /// How often leases are listed and balanced among instances (an instance alone with every
-    /// lease backs off up to the lease expiration while nothing changes).
+    /// lease backs off up to the renew interval while nothing changes).
     #[arg(long, env = "CFP_LEASE_ACQUIRE_INTERVAL", default_value = text(defaults::ACQUIRE_INTERVAL), value_parser = duration)]
     pub lease_acquire_interval: Duration,
-    /// How often owned leases are renewed.
+    /// How often this instance's heartbeat is written: it keeps all of the instance's leases
+    /// alive (each lease is renewed on its own too while an older version runs beside it).
     #[arg(long, env = "CFP_LEASE_RENEW_INTERVAL", default_value = text(defaults::RENEW_INTERVAL), value_parser = duration)]
     pub lease_renew_interval: Duration,
-    /// A lease not renewed for this long is taken over by others.
+    /// A lease whose owner showed no sign of life (a write of it, or its heartbeat) for this
+    /// long is taken over by others.
     #[arg(long, env = "CFP_LEASE_EXPIRATION", default_value = text(defaults::EXPIRATION), value_parser = duration)]
     pub lease_expiration: Duration,
     /// Port for /metrics, /healthz and /readyz (off when not given).
