@@ -38,6 +38,7 @@ mod migration;
 mod monitoring;
 mod multi_process;
 mod operator;
+mod operator_estimation;
 mod operator_without_crd;
 mod processor;
 mod python_client;

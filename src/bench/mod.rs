@@ -5,6 +5,7 @@
 
 pub mod control_plane;
 mod counting_store;
+mod estimation_cost;
 mod figures;
 mod java;
 mod loopback;
@@ -277,6 +278,7 @@ pub async fn run(settings: &BenchSettings, progress: impl Fn(&str)) -> BenchRepo
     }
     measure!("lease-store cost", figures::lease_cost(settings));
     measure!("scale", scale::scale(settings));
+    measure!("scale: operator estimate", estimation_cost::estimation_cost(settings));
     match &settings.k8s_bin {
         Some(bin) => measure!(
             "scale: operator at size",

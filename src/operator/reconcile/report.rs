@@ -422,6 +422,7 @@ mod tests {
             started: true,
             handler_failing: Some("since 10:00: 500".into()),
             error: None,
+            reads: 1,
         };
         ProcessorEstimate::new("p", vec![lease])
     }
