@@ -39,6 +39,7 @@ mod monitoring;
 mod multi_process;
 mod operator;
 mod operator_estimation;
+mod operator_steady;
 mod operator_without_crd;
 mod processor;
 mod python_client;
