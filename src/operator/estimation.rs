@@ -403,9 +403,15 @@ async fn run(
         .unwrap_or(0);
     if target.estimation == Estimation::Disabled {
         // Nothing to estimate (KEDA or an HPA scales): the task only keeps the lease store for
-        // failovers, and no series.
+        // failovers, and no series, until the resource is gone.
         inner.metrics.forget(namespace, name);
-        cancel.cancelled().await;
+        while inner.resources.get(&object).is_some() {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(target.interval) => {}
+            }
+        }
+        forget_task(&inner, &key, &state);
         return;
     }
     let mut memory = ReportMemory::default();
