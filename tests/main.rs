@@ -39,6 +39,8 @@ mod migration;
 mod monitoring;
 mod multi_process;
 mod operator;
+mod operator_estimation;
+mod operator_steady;
 mod operator_without_crd;
 mod processor;
 mod python_client;

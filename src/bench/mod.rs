@@ -5,10 +5,12 @@
 
 pub mod control_plane;
 mod counting_store;
+mod estimation_cost;
 mod figures;
 mod java;
 mod loopback;
 mod operator;
+mod operator_scale;
 mod processes;
 mod resources;
 mod scale;
@@ -276,6 +278,15 @@ pub async fn run(settings: &BenchSettings, progress: impl Fn(&str)) -> BenchRepo
     }
     measure!("lease-store cost", figures::lease_cost(settings));
     measure!("scale", scale::scale(settings));
+    measure!("scale: operator estimate", estimation_cost::estimation_cost(settings));
+    match &settings.k8s_bin {
+        Some(bin) => measure!(
+            "scale: operator at size",
+            operator_scale::operator_at_scale(bin, settings)
+        ),
+        None if !wanted("scale: operator at size") => {}
+        None => skipped.push("the operator at size: no etcd and kube-apiserver (--k8s-bin)".to_owned()),
+    }
     match &settings.java_peer {
         Some(jar) => measure!("java v4 peer", java::against_java(settings, jar)),
         None if !wanted("java v4 peer") => {}

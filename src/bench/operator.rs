@@ -24,7 +24,7 @@ use crate::operator::ChangeFeedProcessor;
 /// The resources the operator watches.
 const RESOURCES: usize = 10;
 /// Their namespace (the API server makes it itself).
-const NAMESPACE: &str = "default";
+pub(super) const NAMESPACE: &str = "default";
 
 /// The operator's RSS watching none and then [`RESOURCES`] resources, with the control plane
 /// from `k8s_bin` (`tools/k8s/build.sh`).
@@ -33,7 +33,7 @@ pub async fn operator_memory(k8s_bin: &Path) -> Result<Vec<Figure>, BenchError> 
     let plane = ControlPlane::start(k8s_bin).await?;
     let client = plane.client.clone();
     install(&client).await?;
-    let (operator, port) = start_operator(&plane)?;
+    let (operator, port) = start_operator(&plane, &[])?;
     let pid = operator.0.id().ok_or("the operator exited")?;
     wait_for_metric(port, "cfp_operator_leader", 1.0, PATIENCE)
         .await
@@ -44,14 +44,19 @@ pub async fn operator_memory(k8s_bin: &Path) -> Result<Vec<Figure>, BenchError> 
     let processors: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), NAMESPACE);
     for n in 0..RESOURCES {
         processors
-            .create(&PostParams::default(), &processor(&format!("orders-{n}"), &endpoint)?)
+            .create(
+                &PostParams::default(),
+                &processor(&format!("orders-{n}"), &endpoint, "2s")?,
+            )
             .await
             .map_err(|e| format!("creating ChangeFeedProcessor orders-{n}: {e}"))?;
     }
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
-    wait_until(PATIENCE, || all_rendered_and_estimated(&processors, &deployments))
-        .await
-        .ok_or_else(|| format!("the operator did not render and estimate all {RESOURCES} resources in {PATIENCE:?}"))?;
+    wait_until(PATIENCE, || {
+        all_rendered_and_estimated(&processors, &deployments, RESOURCES)
+    })
+    .await
+    .ok_or_else(|| format!("the operator did not render and estimate all {RESOURCES} resources in {PATIENCE:?}"))?;
     // Several estimate rounds of all of them after the first.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let watching_ten = rss_mib(pid).ok_or("cannot read the operator's memory")?;
@@ -69,7 +74,7 @@ pub async fn operator_memory(k8s_bin: &Path) -> Result<Vec<Figure>, BenchError> 
 }
 
 /// The CRD (established) and the Secret with the emulator's key.
-async fn install(client: &Client) -> Result<(), BenchError> {
+pub(super) async fn install(client: &Client) -> Result<(), BenchError> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd = ChangeFeedProcessor::crd();
     let name = crd.metadata.name.clone().unwrap_or_default();
@@ -101,8 +106,8 @@ async fn install(client: &Client) -> Result<(), BenchError> {
     Ok(())
 }
 
-/// A resource processing `bench/items` at `endpoint`, estimating every 2 s.
-fn processor(name: &str, endpoint: &str) -> Result<ChangeFeedProcessor, BenchError> {
+/// A resource processing `bench/items` at `endpoint`, estimating every `interval`.
+pub(super) fn processor(name: &str, endpoint: &str, interval: &str) -> Result<ChangeFeedProcessor, BenchError> {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "changefeed.io/v1alpha1",
         "kind": "ChangeFeedProcessor",
@@ -110,18 +115,20 @@ fn processor(name: &str, endpoint: &str) -> Result<ChangeFeedProcessor, BenchErr
         "spec": {
             "connection": { "endpoint": endpoint, "keySecretRef": { "name": "cosmos" } },
             "monitored": { "database": "bench", "container": "items" },
-            "autoscaling": { "estimateInterval": "2s" },
+            "autoscaling": { "estimateInterval": interval },
         },
     }))
     .map_err(|e| BenchError::from(format!("the benchmark's ChangeFeedProcessor: {e}")))
 }
 
-/// `cfp operator` for [`NAMESPACE`] against the control plane; the process and its metrics port.
-fn start_operator(plane: &ControlPlane) -> Result<(Owned, u16), BenchError> {
+/// `cfp operator` for [`NAMESPACE`] against the control plane (with `extra` arguments); the
+/// process and its metrics port.
+pub(super) fn start_operator(plane: &ControlPlane, extra: &[&str]) -> Result<(Owned, u16), BenchError> {
     let port = free_port()?;
     let child = cfp()?
         .args(["operator", "--namespace", NAMESPACE, "--identity", "bench"])
         .args(["--metrics-port", &port.to_string(), "--worker-image", "cfp:bench"])
+        .args(extra)
         .env("KUBECONFIG", &plane.kubeconfig)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -130,8 +137,12 @@ fn start_operator(plane: &ControlPlane) -> Result<(Owned, u16), BenchError> {
     Ok((Owned(child), port))
 }
 
-/// Every resource has its Deployment and an estimate in its status.
-async fn all_rendered_and_estimated(processors: &Api<ChangeFeedProcessor>, deployments: &Api<Deployment>) -> bool {
+/// All `resources` have their Deployment and an estimate (a lease count) in their status.
+pub(super) async fn all_rendered_and_estimated(
+    processors: &Api<ChangeFeedProcessor>,
+    deployments: &Api<Deployment>,
+    resources: usize,
+) -> bool {
     let Ok(rendered) = deployments.list(&Default::default()).await else {
         return false;
     };
@@ -141,7 +152,7 @@ async fn all_rendered_and_estimated(processors: &Api<ChangeFeedProcessor>, deplo
     let estimated = listed
         .items
         .iter()
-        .filter(|p| p.status.as_ref().is_some_and(|s| s.last_estimate_time.is_some()))
+        .filter(|p| p.status.as_ref().is_some_and(|s| s.leases.is_some()))
         .count();
-    rendered.items.len() == RESOURCES && estimated == RESOURCES
+    rendered.items.len() == resources && estimated == resources
 }

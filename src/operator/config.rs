@@ -147,6 +147,11 @@ pub fn check(cfp: &ChangeFeedProcessor, lookup: impl Fn(&str) -> Option<Secret>)
         if duration("autoscaling.estimateInterval", &scaling.estimate_interval)?.is_zero() {
             return Err(invalid("autoscaling.estimateInterval must be longer than zero".into()));
         }
+        if scaling.enabled && scaling.estimation == super::crd::Estimation::Disabled {
+            return Err(invalid(
+                "autoscaling.enabled needs an estimate: set autoscaling.estimation to WorkerReports or ChangeFeed, or turn autoscaling off (KEDA or an HPA on /scale)".into(),
+            ));
+        }
     }
     Ok(())
 }
@@ -378,6 +383,18 @@ mod tests {
                 serde_json::json!({"autoscaling": {"estimateInterval": "0s"}}),
                 Some(secret("key", "k")),
                 Some("InvalidConfiguration"),
+            ),
+            (
+                "autoscaling without an estimate",
+                serde_json::json!({"autoscaling": {"enabled": true, "estimation": "Disabled"}}),
+                Some(secret("key", "k")),
+                Some("InvalidConfiguration"),
+            ),
+            (
+                "no estimate for KEDA",
+                serde_json::json!({"autoscaling": {"estimation": "Disabled"}}),
+                Some(secret("key", "k")),
+                None,
             ),
             (
                 "workload identity needs no Secret",

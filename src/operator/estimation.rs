@@ -14,8 +14,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio_util::sync::CancellationToken;
 
-use super::crd::ChangeFeedProcessor;
+use super::crd::{ChangeFeedProcessor, Estimation};
 use super::metrics::{EstimateFigures, OperatorMetrics};
+use super::news::is_news;
+use super::reported::{self, ReportMemory};
 use crate::cosmos::{AccountAuth, CosmosAccount, MonitoredContainer};
 use crate::processor::bootstrap::bootstrap;
 use crate::processor::estimator::DEFAULT_CONCURRENCY;
@@ -24,6 +26,10 @@ use crate::worker::{WorkerError, WorkerSettings, open};
 
 /// The instance name the operator uses when it bootstraps a processor's leases.
 pub const OPERATOR_INSTANCE: &str = "changefeed-operator";
+
+/// Estimates that run at once, over all resources (each reads up to
+/// [`DEFAULT_CONCURRENCY`] leases at a time); the others wait their turn.
+pub const MAX_CONCURRENT_ESTIMATES: usize = 8;
 
 /// A resource, by namespace and name.
 pub type ResourceKey = (String, String);
@@ -59,6 +65,11 @@ pub struct EstimateTarget {
     pub create_leases: bool,
     /// Time between estimates.
     pub interval: Duration,
+    /// How to estimate.
+    pub estimation: Estimation,
+    /// Whether built-in autoscaling uses the estimates (then every estimate is reconciled;
+    /// otherwise only those that change what the status shows).
+    pub autoscaled: bool,
 }
 
 impl EstimateTarget {
@@ -181,24 +192,55 @@ pub struct Opened {
 }
 
 /// One estimate: bootstrap the leases when nobody has, then estimate every lease.
-pub async fn estimate_once(opened: &Opened, target: &EstimateTarget) -> Result<ProcessorEstimate, EstimateFailure> {
+pub async fn estimate_once(
+    opened: &Opened,
+    target: &EstimateTarget,
+    memory: &mut ReportMemory,
+) -> Result<ProcessorEstimate, EstimateFailure> {
+    let how = How {
+        mode: target.estimation,
+        stale_after: reported::stale_after(target.interval),
+    };
+    estimate_in(opened.store.as_ref(), &opened.monitored, &target.options, how, memory).await
+}
+
+/// How to estimate: the mode, and when a reported lag is stale.
+#[derive(Debug, Clone, Copy)]
+pub struct How {
+    /// `autoscaling.estimation`.
+    pub mode: Estimation,
+    /// A reported lag whose checkpoint has not moved for this long is read instead.
+    pub stale_after: Duration,
+}
+
+/// One estimate of the processor `options` name over `store` and `monitored`, as `how` says;
+/// `memory` keeps what the worker-report mode saw between estimates.
+pub async fn estimate_in(
+    store: &dyn LeaseStore,
+    monitored: &MonitoredContainer,
+    options: &ProcessorOptions,
+    how: How,
+    memory: &mut ReportMemory,
+) -> Result<ProcessorEstimate, EstimateFailure> {
     let store_error = |e: &dyn std::fmt::Display| EstimateFailure::new("lease_store", format!("lease container: {e}"));
-    let mut snapshot = opened.store.snapshot().await.map_err(|e| store_error(&e))?;
+    let mut snapshot = store.snapshot().await.map_err(|e| store_error(&e))?;
     if !snapshot.initialized {
-        bootstrap(opened.store.as_ref(), &opened.monitored, &target.options)
+        bootstrap(store, monitored, options)
             .await
             .map_err(|e| store_error(&e))?;
-        snapshot = opened.store.snapshot().await.map_err(|e| store_error(&e))?;
+        snapshot = store.snapshot().await.map_err(|e| store_error(&e))?;
     }
-    let leases = estimate_leases(
-        &opened.monitored,
-        &snapshot.leases,
-        target.options.start_from,
-        DEFAULT_CONCURRENCY,
-    )
-    .await
+    let (start, leases) = (options.start_from, &snapshot.leases);
+    let estimates = match how.mode {
+        Estimation::WorkerReports => {
+            reported::estimate_reported(monitored, leases, start, memory, how.stale_after).await
+        }
+        Estimation::ChangeFeed | Estimation::Disabled => {
+            estimate_leases(monitored, leases, start, DEFAULT_CONCURRENCY).await
+        }
+    }
     .map_err(|e| EstimateFailure::new("change_feed", format!("reading the change feed: {e}")))?;
-    Ok(ProcessorEstimate::new(target.options.processor_name.clone(), leases))
+    Ok(ProcessorEstimate::new(options.processor_name.clone(), estimates))
 }
 
 /// The figures exported for an estimate.
@@ -232,6 +274,8 @@ struct Inner {
     resources: Store<ChangeFeedProcessor>,
     running: Mutex<HashMap<ResourceKey, Running>>,
     root: CancellationToken,
+    /// Bounds the estimates that run at once, over all resources.
+    slots: tokio::sync::Semaphore,
 }
 
 /// The estimate tasks of one leadership term. Dropping it stops them and removes their metrics.
@@ -256,6 +300,7 @@ impl Estimators {
                 resources,
                 running: Mutex::new(HashMap::new()),
                 root: CancellationToken::new(),
+                slots: tokio::sync::Semaphore::new(MAX_CONCURRENT_ESTIMATES),
             }),
         }
     }
@@ -356,22 +401,43 @@ async fn run(
         .ok()
         .and_then(|s| s.report.as_ref().map(|r| r.seq))
         .unwrap_or(0);
+    if target.estimation == Estimation::Disabled {
+        // Nothing to estimate (KEDA or an HPA scales): the task only keeps the lease store for
+        // failovers, and no series, until the resource is gone.
+        inner.metrics.forget(namespace, name);
+        while inner.resources.get(&object).is_some() {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(target.interval) => {}
+            }
+        }
+        forget_task(&inner, &key, &state);
+        return;
+    }
+    let mut memory = ReportMemory::default();
     loop {
         if inner.resources.get(&object).is_none() {
             // The resource was deleted: stop, and let its series disappear.
             forget_task(&inner, &key, &state);
             return;
         }
+        let slot = tokio::select! {
+            _ = cancel.cancelled() => return,
+            slot = inner.slots.acquire() => slot,
+        };
         let started = Instant::now();
         let outcome = tokio::select! {
             _ = cancel.cancelled() => return,
-            outcome = tokio::time::timeout(target.timeout(), attempt(&inner, &target, &state)) => outcome.unwrap_or_else(|_| {
+            outcome = tokio::time::timeout(target.timeout(), attempt(&inner, &target, &state, &mut memory)) => outcome.unwrap_or_else(|_| {
                 Err(EstimateFailure::new("timeout", format!("no answer from the account within {:?}", target.timeout())))
             }),
         };
+        drop(slot);
         record(&inner, &key, &target, &state, &outcome, started.elapsed());
         seq += 1;
+        let mut news = true;
         if let Ok(mut s) = state.lock() {
+            news = is_news(s.report.as_ref().map(|r| &r.outcome), &outcome, target.autoscaled);
             s.report = Some(EstimateReport {
                 seq,
                 at: Instant::now(),
@@ -379,7 +445,9 @@ async fn run(
                 outcome,
             });
         }
-        let _ = inner.trigger.unbounded_send(object.clone());
+        if news {
+            let _ = inner.trigger.unbounded_send(object.clone());
+        }
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(target.interval) => {}
@@ -402,6 +470,7 @@ async fn attempt(
     inner: &Inner,
     target: &EstimateTarget,
     state: &Mutex<TaskState>,
+    memory: &mut ReportMemory,
 ) -> Result<ProcessorEstimate, EstimateFailure> {
     let cached = state.lock().ok().and_then(|s| s.opened.clone());
     let opened = match cached {
@@ -414,7 +483,7 @@ async fn attempt(
             opened
         }
     };
-    estimate_once(&opened, target).await
+    estimate_once(&opened, target, memory).await
 }
 
 /// Records an estimate's outcome in the metrics and the log; after a failure, the accounts and

@@ -3,7 +3,9 @@
 //! [`crd`] (types), [`spec_options`] (the spec as the workers' processor options), [`workload`]
 //! (pure rendering of the Deployment and Service), [`config`] (pure configuration check), [`status`] (pure conditions), [`autoscale`] (pure scaling policy) and
 //! [`behavior`] (its rate policies), [`external`] (pure: an HPA or KEDA on `/scale`), [`pause`]
-//! (pure: the pause annotations), [`estimation`] (remaining-work estimates per resource),
+//! (pure: the pause annotations), [`estimation`] (remaining-work estimates per resource) and
+//! [`reported`] (pure: which leases the workers' lag reports tell), [`news`] (pure: which estimates
+//! are worth a reconciliation),
 //! [`failover`] (freeing the leases of gone worker pods), [`reconcile`] (observe → plan → apply →
 //! report, with a pure plan and report), [`leader`], [`liveness`]
 //! (`/healthz`), [`metrics`], [`run`] (the `cfp operator` loop).
@@ -18,8 +20,10 @@ pub mod failover;
 pub mod leader;
 pub mod liveness;
 pub mod metrics;
+pub mod news;
 pub mod pause;
 pub mod reconcile;
+pub mod reported;
 pub mod run;
 pub mod spec_options;
 pub mod status;

@@ -12,8 +12,8 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{Controller, watcher};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -25,7 +25,7 @@ use super::failover::watch_worker_pods;
 use super::leader::{Election, LeaderElector};
 use super::liveness::Liveness;
 use super::metrics::{FORGET_DELETED_PERIOD, OperatorMetrics, forget_deleted};
-use super::reconcile::{Context, error_policy, reconcile};
+use super::reconcile::{Context, error_policy, reconcile, semantic_hash};
 
 /// How the operator runs.
 #[derive(Debug, Clone)]
@@ -222,11 +222,24 @@ async fn run_controller(
 ) {
     let apis = Apis::new(&shared.client, namespace.as_deref());
     let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=changefeed-operator");
-    let controller = Controller::new(apis.cfps, watcher::Config::default());
-    let store = controller.store();
+    // The resources, reconciled when something other than their status changed (the operator
+    // writes the status itself: its own writes are no reason to reconcile again).
+    let (store, writer) = reflector::store();
+    let resources = watcher(apis.cfps, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects()
+        .predicate_filter(semantic_hash, Default::default());
+    let controller = Controller::for_stream(resources, store.clone());
+    // The worker Deployments, read from this watch's cache instead of the API server.
+    let (deployment_cache, deployment_writer) = reflector::store();
+    let deployments = watcher(apis.deployments, owned.clone())
+        .default_backoff()
+        .reflect(deployment_writer)
+        .touched_objects();
     // Estimates ask for a reconciliation of their resource when they finish.
     let (trigger, estimated) = futures::channel::mpsc::unbounded();
-    let context = context(shared, settings, trigger, store.clone());
+    let context = context(shared, settings, trigger, store.clone(), deployment_cache);
     let pods_stop = CancellationToken::new();
     let pod_watch = tokio::spawn(watch_worker_pods(context.clone(), namespace.clone(), pods_stop.clone()));
     // A resource deleted without a finalizer is never reconciled again: its series (a misconfigured
@@ -241,7 +254,7 @@ async fn run_controller(
     ));
     controller
         .reconcile_on(estimated)
-        .owns(apis.deployments, owned.clone())
+        .owns_stream(deployments)
         .owns(apis.services, owned)
         // A Secret created or fixed later brings the processors that reference it forward. Only
         // Secret metadata is watched: the operator never holds Secret data it does not read.
@@ -301,6 +314,7 @@ fn context(
     settings: &OperatorSettings,
     trigger: UnboundedSender<ObjectRef<ChangeFeedProcessor>>,
     store: Store<ChangeFeedProcessor>,
+    deployments: Store<Deployment>,
 ) -> Arc<Context> {
     let reporter = Reporter {
         controller: "changefeed-operator".into(),
@@ -314,6 +328,9 @@ fn context(
         estimators: Estimators::new(shared.accounts, shared.metrics, trigger, store),
         leading: shared.leading,
         scaling: Mutex::new(HashMap::new()),
+        deployments,
+        applied: Mutex::new(HashMap::new()),
+        failures: Mutex::new(HashMap::new()),
     })
 }
 

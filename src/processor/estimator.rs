@@ -68,6 +68,9 @@ pub struct LeaseEstimate {
     /// Why this lease could not be estimated (its `lag` is then 0 and not counted as known).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Change-feed requests this estimate took (0: taken from the owner's report).
+    #[serde(skip)]
+    pub reads: u32,
 }
 
 /// The estimate of a whole processor.
@@ -132,6 +135,7 @@ pub async fn estimate_leases(
                         started: lease.continuation.is_some(),
                         handler_failing: None,
                         error: Some(error.to_string()),
+                        reads: 1,
                     })
             }
         })
@@ -143,7 +147,7 @@ pub async fn estimate_leases(
 
 /// The leases to estimate: those with an EPK range, except split parents whose children leases
 /// cover their range ([`superseded`]: the children hold their changes).
-fn estimated(leases: &[Lease]) -> Vec<Lease> {
+pub fn estimated(leases: &[Lease]) -> Vec<Lease> {
     let ranges: Vec<(String, EpkRange)> = leases
         .iter()
         .filter_map(|l| Some((l.id.clone(), l.range()?.clone())))
@@ -164,55 +168,75 @@ async fn estimate_lease(
     now: OffsetDateTime,
 ) -> Result<LeaseEstimate, CosmosError> {
     let range = lease.range().cloned().unwrap_or_else(EpkRange::full);
-    let checkpoint_age = lease
-        .checkpoint_time
-        .map(|t| u64::try_from((now - t).whole_seconds().max(0)).unwrap_or_default());
     let continuation = lease.continuation.as_deref().filter(|c| !c.is_empty());
+    let (lag, reads) = range_lag(monitored, ranges, &range, continuation, lease.start_from(start)).await?;
     Ok(LeaseEstimate {
-        lease_token: lease.lease_token.clone(),
-        feed_range: range.clone(),
-        owner: lease.owner.clone().filter(|o| !o.is_empty()),
-        lag: range_lag(monitored, ranges, &range, continuation, lease.start_from(start)).await?,
-        checkpoint_age,
-        started: continuation.is_some(),
-        handler_failing: lease.properties.get(HANDLER_FAILING_PROPERTY).cloned(),
-        error: None,
+        reads,
+        ..lease_estimate(lease, lag, now)
     })
 }
 
+/// The estimate of `lease` with `lag` (told, not read: no requests), its checkpoint age at `now`.
+pub fn lease_estimate(lease: &Lease, lag: u64, now: OffsetDateTime) -> LeaseEstimate {
+    let checkpoint_age = lease
+        .checkpoint_time
+        .map(|t| u64::try_from((now - t).whole_seconds().max(0)).unwrap_or_default());
+    LeaseEstimate {
+        lease_token: lease.lease_token.clone(),
+        feed_range: lease.range().cloned().unwrap_or_else(EpkRange::full),
+        owner: lease.owner.clone().filter(|o| !o.is_empty()),
+        lag,
+        checkpoint_age,
+        started: lease.continuation.as_deref().is_some_and(|c| !c.is_empty()),
+        handler_failing: lease.properties.get(HANDLER_FAILING_PROPERTY).cloned(),
+        error: None,
+        reads: 0,
+    }
+}
+
 /// The lag of `range` from `continuation` (or from `start` without one), summed over its
-/// pieces. When a read finds a piece split since the routing map was read, the map is read
-/// again and the pieces are estimated anew.
+/// pieces, and the requests that took. When a read finds a piece split since the routing map
+/// was read, the map is read again and the pieces are estimated anew.
 async fn range_lag(
     monitored: &MonitoredContainer,
     ranges: &[EpkRange],
     range: &EpkRange,
     continuation: Option<&str>,
     start: StartFrom,
-) -> Result<u64, CosmosError> {
-    let (lag, split) = pieces_lag(monitored, ranges, range, continuation, start).await?;
-    if !split {
-        return Ok(lag);
+) -> Result<(u64, u32), CosmosError> {
+    let first = pieces_lag(monitored, ranges, range, continuation, start).await?;
+    if !first.split {
+        return Ok((first.lag, first.reads));
     }
     let fresh = monitored.feed_ranges(true).await?;
-    Ok(pieces_lag(monitored, &fresh, range, continuation, start).await?.0)
+    let again = pieces_lag(monitored, &fresh, range, continuation, start).await?;
+    Ok((again.lag, first.reads + 1 + again.reads))
 }
 
-/// The sum of the lags of `range`'s pieces over `ranges`, and whether a read found one split.
+/// What estimating some pieces found: their lag, whether a read found one split, the reads.
+#[derive(Debug, Clone, Copy, Default)]
+struct PiecesLag {
+    lag: u64,
+    split: bool,
+    reads: u32,
+}
+
+/// The sum of the lags of `range`'s pieces over `ranges`.
 async fn pieces_lag(
     monitored: &MonitoredContainer,
     ranges: &[EpkRange],
     range: &EpkRange,
     continuation: Option<&str>,
     start: StartFrom,
-) -> Result<(u64, bool), CosmosError> {
-    let (mut total, mut split) = (0, false);
+) -> Result<PiecesLag, CosmosError> {
+    let mut total = PiecesLag::default();
     for piece in pieces(ranges, range) {
-        let (lag, piece_split) = piece_lag(monitored, &piece, continuation, start).await?;
-        total += lag;
-        split |= piece_split;
+        let found = piece_lag(monitored, &piece, continuation, start).await?;
+        total.lag += found.lag;
+        total.split |= found.split;
+        total.reads += found.reads;
     }
-    Ok((total, split))
+    Ok(total)
 }
 
 /// How a piece of a lease's range is estimated.
@@ -222,6 +246,14 @@ enum Piece {
     Partition(EpkRange),
     /// Part of a physical partition: its pending documents are counted.
     Part(EpkRange),
+}
+
+/// Whether `range` covers whole physical partitions of `ranges` (one or more), so that its lag
+/// can be told from LSNs.
+pub fn covers_whole_partitions(ranges: &[EpkRange], range: &EpkRange) -> bool {
+    pieces(ranges, range)
+        .iter()
+        .all(|piece| matches!(piece, Piece::Partition(_)))
 }
 
 /// `range` cut along the physical partitions `ranges`: one piece per partition it overlaps
@@ -245,17 +277,22 @@ fn pieces(ranges: &[EpkRange], range: &EpkRange) -> Vec<Piece> {
     }
 }
 
-/// The lag of one piece, and whether the read found it split (it spans several ranges now).
+/// The lag of one piece, whether the read found it split (it spans several ranges now), and
+/// the reads it took.
 async fn piece_lag(
     monitored: &MonitoredContainer,
     piece: &Piece,
     continuation: Option<&str>,
     start: StartFrom,
-) -> Result<(u64, bool), CosmosError> {
+) -> Result<PiecesLag, CosmosError> {
     match piece {
         Piece::Partition(range) => {
             let page = one_item(monitored, range, continuation, start).await?;
-            Ok((page_lag(&page), page.continuations.len() > 1))
+            Ok(PiecesLag {
+                lag: page_lag(&page),
+                split: page.continuations.len() > 1,
+                reads: 1,
+            })
         }
         Piece::Part(range) => count_pending(monitored, range, continuation, start).await,
     }
@@ -268,19 +305,31 @@ async fn count_pending(
     range: &EpkRange,
     continuation: Option<&str>,
     start: StartFrom,
-) -> Result<(u64, bool), CosmosError> {
+) -> Result<PiecesLag, CosmosError> {
     let mut reader = monitored.reader(range, continuation, start, COUNT_PAGE_ITEMS).await?;
     let mut tally = Tally::after(continuation.and_then(continuation_lsn));
-    for _ in 0..COUNT_PAGES {
+    for reads in 1..=COUNT_PAGES as u32 {
         let page = reader.next_page(READ_TIMEOUT).await?;
         if page.continuations.len() > 1 {
-            return Ok((tally.counted, true));
+            return Ok(PiecesLag {
+                lag: tally.counted,
+                split: true,
+                reads,
+            });
         }
         if tally.add(&page) {
-            return Ok((tally.counted, false));
+            return Ok(PiecesLag {
+                lag: tally.counted,
+                split: false,
+                reads,
+            });
         }
     }
-    Ok((tally.estimate(), false))
+    Ok(PiecesLag {
+        lag: tally.estimate(),
+        split: false,
+        reads: COUNT_PAGES as u32,
+    })
 }
 
 /// What the counting reads of part of a partition found so far.
@@ -512,6 +561,7 @@ mod tests {
             started: true,
             handler_failing: None,
             error: None,
+            reads: 1,
         };
         let estimate = ProcessorEstimate::new("p", vec![lease("80", 0), lease("", 5), lease("40", 7)]);
         assert_eq!(

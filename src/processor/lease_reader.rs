@@ -14,6 +14,7 @@ use super::checkpoint_policy::Deferred;
 use super::delivery::{Delivery, batch_id};
 use super::error::LeaseError;
 use super::events::{CloseReason, LeaseEvent, LeaseExit};
+use super::lag_report::{LATEST_LSN_PROPERTY, reported_lsn};
 use super::owned::{OwnedLease, UpdateError};
 use super::shared::Shared;
 use super::split::{split, split_from_checkpoint};
@@ -21,6 +22,10 @@ use crate::cosmos::{ChangePage, CosmosError, EpkRange, ErrorKind, FeedReader, Ra
 
 /// Consecutive failed reads after which a lease counts as failing (a warning, and `/readyz` says so).
 const PERSISTENT_FAILURES: u32 = 5;
+
+/// Empty pages in a row after which a lease whose last report showed lag reports that it is
+/// caught up (one write per quiet spell, not one per batch of a trickle).
+const CAUGHT_UP_PAGES: u32 = 3;
 
 /// The first wait after a lease caught up with its feed.
 const FIRST_EMPTY_WAIT: Duration = Duration::from_millis(50);
@@ -30,6 +35,8 @@ const FIRST_EMPTY_WAIT: Duration = Duration::from_millis(50);
 pub(crate) async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
     let mut reader = LeaseReader {
         deferred: Deferred::new(shared.options.checkpoint, std::time::Instant::now()),
+        report: None,
+        quiet_pages: 0,
         shared,
         owned,
         failures: 0,
@@ -65,6 +72,10 @@ struct LeaseReader {
     owned: Arc<OwnedLease>,
     /// The handled position not yet checkpointed (the checkpoint policy defers writes).
     deferred: Deferred,
+    /// The lag report of the last settled page, with the continuation it belongs to.
+    report: Option<(String, u64)>,
+    /// Empty pages settled in a row.
+    quiet_pages: u32,
     /// Consecutive failed opens and reads.
     failures: u32,
     /// Consecutive reader rebuilds without a settled batch.
@@ -444,8 +455,18 @@ impl LeaseReader {
     /// Records `continuation` as handled and writes it when the checkpoint policy says so,
     /// retrying a failed write rather than reading the batch again.
     async fn checkpoint(&mut self, page: &ChangePage, continuation: String) -> Flow {
-        let unchanged = self.owned.current().await.continuation.as_deref() == Some(continuation.as_str());
+        let report = reported_lsn(page, &continuation);
+        self.report = report.map(|lsn| (continuation.clone(), lsn));
+        let current = self.owned.current().await;
+        let unchanged = current.continuation.as_deref() == Some(continuation.as_str());
+        self.quiet_pages = if page.documents.is_empty() {
+            self.quiet_pages.saturating_add(1)
+        } else {
+            0
+        };
         if page.documents.is_empty() && unchanged && !self.deferred.is_pending() {
+            let reported = current.properties.get(LATEST_LSN_PROPERTY).map(String::as_str);
+            self.report_caught_up(reported, &continuation, report).await;
             return Flow::Go;
         }
         if !(page.documents.is_empty() && unchanged) {
@@ -457,8 +478,9 @@ impl LeaseReader {
             return Flow::Go;
         };
         let mut attempt = 0;
+        let report = self.report_for(&continuation);
         loop {
-            match self.owned.checkpoint(&continuation).await {
+            match self.owned.checkpoint_reporting(&continuation, report).await {
                 Ok(_) => {
                     self.deferred.written(std::time::Instant::now());
                     let token = self.owned.token();
@@ -495,7 +517,8 @@ impl LeaseReader {
             return;
         };
         let started = std::time::Instant::now();
-        match self.owned.checkpoint(&continuation).await {
+        let report = self.report_for(&continuation);
+        match self.owned.checkpoint_reporting(&continuation, report).await {
             Ok(_) => {
                 self.deferred.written(std::time::Instant::now());
                 let token = self.owned.token();
@@ -503,6 +526,29 @@ impl LeaseReader {
             }
             Err(error) => tracing::debug!(%error, "writing the deferred checkpoint failed"),
         }
+    }
+
+    /// Writes that the lease caught up (`report`, at the unchanged `continuation`) once it was
+    /// quiet for a few polls — not between two batches of a trickle — when the lease's last
+    /// report (`reported`) says otherwise.
+    async fn report_caught_up(&mut self, reported: Option<&str>, continuation: &str, report: Option<u64>) {
+        let Some(lsn) = report else {
+            return;
+        };
+        if self.quiet_pages < CAUGHT_UP_PAGES || reported == Some(lsn.to_string().as_str()) {
+            return;
+        }
+        if let Err(error) = self.owned.checkpoint_reporting(continuation, report).await {
+            tracing::debug!(%error, "writing the caught-up report failed");
+        }
+    }
+
+    /// The lag report of the page `continuation` is the position after, if it was the last one.
+    fn report_for(&self, continuation: &str) -> Option<u64> {
+        self.report
+            .as_ref()
+            .filter(|(at, _)| at == continuation)
+            .map(|(_, lsn)| *lsn)
     }
 
     /// Reports a failed read; `Some` when it ended the lease (a split recorded from the checkpoint).

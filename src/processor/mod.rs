@@ -30,6 +30,7 @@ pub mod evict;
 pub mod handler;
 pub(crate) mod health;
 pub mod http_handler;
+pub mod lag_report;
 pub mod lease;
 pub mod lease_reader;
 pub mod listing_schedule;

@@ -11,6 +11,7 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::lag_report::record_report;
 use super::lease::{Lease, LeaseStore, LeaseStoreError};
 use super::liveness::Liveness;
 
@@ -328,9 +329,19 @@ impl OwnedLease {
             .await
     }
 
-    /// Records the continuation after a handled batch.
+    /// Records the continuation after a handled batch (without a lag report).
     pub async fn checkpoint(&self, continuation: &str) -> Result<Lease, UpdateError> {
-        self.update(|lease| record_checkpoint(lease, continuation)).await
+        self.checkpoint_reporting(continuation, None).await
+    }
+
+    /// Records the continuation after a handled batch with the lag report of its page
+    /// ([`lag_report`](super::lag_report)).
+    pub async fn checkpoint_reporting(&self, continuation: &str, report: Option<u64>) -> Result<Lease, UpdateError> {
+        self.update(|lease| {
+            record_checkpoint(lease, continuation);
+            record_report(lease, report);
+        })
+        .await
     }
 
     /// Records `continuation` only while `forward(lease's continuation)` says it moves the lease
@@ -346,6 +357,7 @@ impl OwnedLease {
                 let ahead = forward(lease.continuation.as_deref());
                 if ahead {
                     record_checkpoint(lease, continuation);
+                    record_report(lease, None);
                 }
                 ahead
             })

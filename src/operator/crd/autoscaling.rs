@@ -58,11 +58,40 @@ pub struct Autoscaling {
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
     #[schemars(length(max = 32))]
     pub estimate_interval: String,
+    /// How the operator estimates the remaining work. `WorkerReports` (the default): the
+    /// workers write each lease's lag into the lease at every checkpoint, so while they run an
+    /// estimate is one listing of the lease container; the change feed is read only for leases
+    /// nobody owns, whose report is missing or stale, or that are narrower than a partition and
+    /// not caught up. `ChangeFeed`: read every lease's change feed each time (as `cfp estimate`
+    /// and KEDA's `azure-cosmosdb` scaler do). `Disabled`: no estimate at all (no lag in the status
+    /// or metrics, no lease bootstrap by the operator) — for KEDA or an HPA driving `/scale`;
+    /// not allowed with `enabled: true`.
+    #[serde(default, skip_serializing_if = "Estimation::is_default")]
+    pub estimation: Estimation,
     /// How fast the workers scale up and down, with the HorizontalPodAutoscaler's `behavior`
     /// fields (defaults: up by 100 % or 4 pods per 15 s, whichever is more; down to the highest
     /// recommendation of `scaleDownStabilization`, any amount at once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub behavior: Option<ScalingBehavior>,
+}
+
+/// How the operator estimates the remaining work (`autoscaling.estimation`).
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Estimation {
+    /// The workers' lag reports, the change feed only where they cannot tell.
+    #[default]
+    WorkerReports,
+    /// Every lease's change feed, each estimate.
+    ChangeFeed,
+    /// No estimate.
+    Disabled,
+}
+
+impl Estimation {
+    /// Whether this is the default (left out when serialized).
+    pub fn is_default(&self) -> bool {
+        *self == Estimation::WorkerReports
+    }
 }
 
 /// How fast the workers scale, per direction (the HorizontalPodAutoscaler's `behavior`).
@@ -142,6 +171,7 @@ impl Default for Autoscaling {
             fallback_replicas: None,
             fallback_after_failures: default_fallback_after_failures(),
             estimate_interval: default_estimate_interval(),
+            estimation: Estimation::default(),
             behavior: None,
         }
     }

@@ -14,7 +14,9 @@ mod spec;
 mod status;
 mod worker;
 
-pub use autoscaling::{Autoscaling, ScalingBehavior, ScalingPolicy, ScalingPolicyKind, ScalingRules, SelectPolicyKind};
+pub use autoscaling::{
+    Autoscaling, Estimation, ScalingBehavior, ScalingPolicy, ScalingPolicyKind, ScalingRules, SelectPolicyKind,
+};
 pub use connection::{Connection, ContainerRef, SecretKeyRef};
 pub use handler::{
     CheckpointSpec, DeadLetterSpec, HandlerKind, HandlerSpec, HeaderValueSource, HttpHandlerSpec, HttpHeader, RetrySpec,

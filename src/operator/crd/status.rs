@@ -36,7 +36,8 @@ pub struct ChangeFeedProcessorStatus {
     /// Estimated remaining operations over all leases, from the last estimate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_lag: Option<i64>,
-    /// When the last successful estimate was made.
+    /// When the last successful estimate was made; while its figures stay the same, refreshed
+    /// every 10 minutes (a new time alone is no reason to write the status).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_estimate_time: Option<Time>,
     /// When the operator last changed the number of worker pods.

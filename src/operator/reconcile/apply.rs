@@ -14,6 +14,7 @@ use super::super::status::{MAX_EVENT_NOTE, bounded};
 use super::super::workload::{
     FIELD_MANAGER, metrics_service, with_secrets_digest, worker_deployment, worker_disruption_budget,
 };
+use super::pace::digest;
 use super::report::{Apply, Note, Report};
 use super::{Context, LEASE_FINALIZER, ReconcileError};
 
@@ -27,16 +28,46 @@ pub(super) struct Workload<'a> {
     pub secrets_digest: Option<String>,
 }
 
-/// Applies the worker Deployment, metrics Service and PodDisruptionBudget; returns what became of
-/// them and the Deployment as applied. A refusal by the API server (admission, validation,
+/// The workload's objects as rendered, and their digest.
+pub(super) struct Rendered {
+    deployment: Deployment,
+    service: Service,
+    budget: PodDisruptionBudget,
+    /// The digest of the three (what [`pace::needs_apply`](super::pace::needs_apply) compares).
+    pub digest: String,
+}
+
+/// Renders the worker Deployment (for `replicas`), metrics Service and PodDisruptionBudget.
+pub(super) fn render(workload: Workload<'_>, replicas: i32) -> Rendered {
+    let cfp = workload.cfp;
+    let deployment = with_secrets_digest(
+        worker_deployment(cfp, workload.image, replicas),
+        workload.secrets_digest,
+    );
+    let (service, budget) = (metrics_service(cfp), worker_disruption_budget(cfp));
+    let json = |object: serde_json::Result<serde_json::Value>| object.unwrap_or_default();
+    let digest = digest(&[
+        json(serde_json::to_value(&deployment)),
+        json(serde_json::to_value(&service)),
+        json(serde_json::to_value(&budget)),
+    ]);
+    Rendered {
+        deployment,
+        service,
+        budget,
+        digest,
+    }
+}
+
+/// Applies the rendered Deployment, metrics Service and PodDisruptionBudget; returns what became
+/// of them and the Deployment as applied. A refusal by the API server (admission, validation,
 /// permissions) is reported on the resource; other failures are retried.
 pub(super) async fn apply_workload(
     client: &Client,
     namespace: &str,
-    workload: Workload<'_>,
-    replicas: i32,
+    rendered: &Rendered,
 ) -> Result<(Apply, Option<Deployment>), ReconcileError> {
-    match apply_objects(client, namespace, workload, replicas).await {
+    match apply_objects(client, namespace, rendered).await {
         Ok(applied) => Ok((Apply::Applied, Some(applied))),
         Err(kube::Error::Api(status)) if !status.is_conflict() => {
             Ok((Apply::Refused(format!("{} ({})", status.message, status.reason)), None))
@@ -45,28 +76,21 @@ pub(super) async fn apply_workload(
     }
 }
 
-async fn apply_objects(
-    client: &Client,
-    namespace: &str,
-    workload: Workload<'_>,
-    replicas: i32,
-) -> Result<Deployment, kube::Error> {
-    let cfp = workload.cfp;
+async fn apply_objects(client: &Client, namespace: &str, rendered: &Rendered) -> Result<Deployment, kube::Error> {
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let name = cfp.name_any();
+    let name = rendered.deployment.name_any();
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
-    let deployment = with_secrets_digest(
-        worker_deployment(cfp, workload.image, replicas),
-        workload.secrets_digest,
-    );
-    let applied = deployments.patch(&name, &params, &Patch::Apply(&deployment)).await?;
+    let applied = deployments
+        .patch(&name, &params, &Patch::Apply(&rendered.deployment))
+        .await?;
     let services: Api<Service> = Api::namespaced(client.clone(), namespace);
-    let service = metrics_service(cfp);
-    let service_name = service.metadata.name.clone().unwrap_or_default();
-    services.patch(&service_name, &params, &Patch::Apply(&service)).await?;
+    let service_name = rendered.service.name_any();
+    services
+        .patch(&service_name, &params, &Patch::Apply(&rendered.service))
+        .await?;
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), namespace);
     budgets
-        .patch(&name, &params, &Patch::Apply(&worker_disruption_budget(cfp)))
+        .patch(&rendered.budget.name_any(), &params, &Patch::Apply(&rendered.budget))
         .await?;
     Ok(applied)
 }

@@ -10,17 +10,19 @@
 mod apply;
 mod cleanup;
 mod observe;
+mod pace;
 mod plan;
 mod report;
 mod target;
 
 pub use cleanup::LeaseCleanupError;
+pub use pace::semantic_hash;
 pub use plan::ScaleState;
 pub use target::{CredentialError, TargetError};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
@@ -28,6 +30,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
+use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
 use super::config;
@@ -35,7 +38,8 @@ use super::crd::ChangeFeedProcessor;
 use super::estimation::{EstimateReport, Estimators, ResourceKey};
 use super::metrics::OperatorMetrics;
 use super::pause::Pause;
-use apply::{Workload, apply_workload, hold_replicas, set_finalizer, write_report};
+use apply::{Workload, apply_workload, hold_replicas, render, set_finalizer, write_report};
+use pace::{Applied, ApplyNeed};
 use plan::{Autoscaling, ReplicaPlan};
 use report::Outcome;
 
@@ -58,6 +62,12 @@ pub struct Context {
     pub scaling: Mutex<HashMap<ResourceKey, ScaleState>>,
     /// Whether this replica may act now (it leads, with a renewal inside the deadline).
     pub leading: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// The worker Deployments, as the watch sees them.
+    pub deployments: Store<Deployment>,
+    /// What was applied last per resource (the workload is applied only when it changed).
+    pub applied: Mutex<HashMap<ResourceKey, Applied>>,
+    /// Failed reconciliations in a row per resource (the retries back off).
+    pub failures: Mutex<HashMap<ResourceKey, u32>>,
 }
 
 /// Why a reconciliation failed (it is retried).
@@ -92,13 +102,28 @@ pub async fn reconcile(cfp: Arc<ChangeFeedProcessor>, ctx: Arc<Context>) -> Resu
     let result = reconcile_inner(&cfp, &ctx).await;
     ctx.metrics
         .observe(started.elapsed(), result.as_ref().err().map(ReconcileError::reason));
+    if result.is_ok()
+        && let Ok(mut failures) = ctx.failures.lock()
+    {
+        failures.remove(&key_of(&cfp));
+    }
     result
 }
 
-/// After a failure: retry soon.
-pub fn error_policy(cfp: Arc<ChangeFeedProcessor>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(processor = %cfp.name_any(), namespace = ?cfp.namespace(), %error, "reconcile failed");
-    Action::requeue(Duration::from_secs(10))
+fn key_of(cfp: &ChangeFeedProcessor) -> ResourceKey {
+    (cfp.namespace().unwrap_or_default(), cfp.name_any())
+}
+
+/// After a failure: retry, later after each failure in a row ([`pace::retry_after`]).
+pub fn error_policy(cfp: Arc<ChangeFeedProcessor>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
+    let failures = ctx.failures.lock().map_or(1, |mut failures| {
+        let count = failures.entry(key_of(&cfp)).or_default();
+        *count = count.saturating_add(1);
+        *count
+    });
+    let wait = pace::retry_after(failures);
+    tracing::warn!(processor = %cfp.name_any(), namespace = ?cfp.namespace(), %error, failures, retry_in = ?wait, "reconcile failed");
+    Action::requeue(wait)
 }
 
 async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Action, ReconcileError> {
@@ -146,6 +171,9 @@ async fn finalize(
     if let Ok(mut scaling) = ctx.scaling.lock() {
         scaling.remove(key);
     }
+    if let Ok(mut applied) = ctx.applied.lock() {
+        applied.remove(key);
+    }
     if cfp.finalizers().iter().any(|f| f == LEASE_FINALIZER) {
         return cleanup::clean_up(ctx, cfp, cfps, found).await;
     }
@@ -160,8 +188,7 @@ async fn observe_and_plan(
     found: &BTreeMap<String, Secret>,
 ) -> Result<Outcome, ReconcileError> {
     let (problem, paused) = observe::configuration(cfp, found);
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &key.0);
-    let existing = deployments.get_opt(&key.1).await?;
+    let existing = observe::deployment(&ctx.deployments, &ctx.client, key).await?;
     let before = existing.as_ref().and_then(|d| d.spec.as_ref()).and_then(|s| s.replicas);
     let mut outcome = Outcome {
         problem,
@@ -221,15 +248,42 @@ async fn apply(
     outcome: &mut Outcome,
 ) -> Result<(), ReconcileError> {
     if let (None, Some(desired)) = (&outcome.problem, outcome.desired()) {
-        let workload = Workload {
-            cfp,
-            image: &ctx.worker_image,
-            secrets_digest: config::secrets_digest(cfp, found),
-        };
-        let (apply, applied) = apply_workload(&ctx.client, &key.0, workload, desired).await?;
-        outcome.apply = apply;
-        if applied.is_some() {
-            outcome.deployment = applied;
+        let rendered = render(
+            Workload {
+                cfp,
+                image: &ctx.worker_image,
+                secrets_digest: config::secrets_digest(cfp, found),
+            },
+            desired,
+        );
+        let observed = outcome.deployment.as_ref().and_then(|d| d.metadata.generation);
+        let remembered = ctx.applied.lock().ok().and_then(|a| a.get(key).cloned());
+        match pace::needs_apply(&rendered.digest, observed, remembered.as_ref()) {
+            ApplyNeed::Apply => {
+                let (apply, applied) = apply_workload(&ctx.client, &key.0, &rendered).await?;
+                if let Ok(mut remembered) = ctx.applied.lock() {
+                    match &applied {
+                        Some(deployment) => remembered.insert(
+                            key.clone(),
+                            Applied {
+                                digest: rendered.digest.clone(),
+                                generation: deployment.metadata.generation,
+                            },
+                        ),
+                        None => remembered.remove(key),
+                    };
+                }
+                outcome.apply = apply;
+                if applied.is_some() {
+                    outcome.deployment = applied;
+                }
+            }
+            ApplyNeed::UpToDate => outcome.apply = report::Apply::Applied,
+            ApplyNeed::CacheBehind => {
+                // The last apply (of these very replicas) is not in the cache yet.
+                outcome.apply = report::Apply::Applied;
+                outcome.before = Some(desired);
+            }
         }
     }
     if let (Some(Pause { replicas: Some(held) }), Some(current)) = (outcome.paused, outcome.before)

@@ -3,10 +3,14 @@
 //! answers mean is decided elsewhere.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::runtime::reflector::{ObjectRef, Store};
 
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{Api, ListParams};
+use kube::api::{Api, GetParams, ListParams};
 use kube::{Client, ResourceExt};
 
 use super::super::config::{self, ConfigProblem};
@@ -16,18 +20,47 @@ use super::super::pause::{self, Pause};
 use super::super::workload::selector_string;
 use super::report::PodProblem;
 
-/// The Secrets `cfp` references that exist, by name.
+/// The Secrets `cfp` references that exist, by name (from the API server's watch cache).
 pub(super) async fn found_secrets(
     secrets: &Api<Secret>,
     cfp: &ChangeFeedProcessor,
 ) -> Result<BTreeMap<String, Secret>, kube::Error> {
     let mut found = BTreeMap::new();
     for secret in config::referenced_secrets(cfp) {
-        if let Some(found_secret) = secrets.get_opt(&secret).await? {
-            found.insert(secret, found_secret);
+        match secrets.get_with(&secret, &GetParams::any()).await {
+            Ok(found_secret) => {
+                found.insert(secret, found_secret);
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => return Err(error),
         }
     }
     Ok(found)
+}
+
+/// How long a reconciliation waits for the Deployments' watch to have listed them once.
+const CACHE_READY: Duration = Duration::from_secs(10);
+
+/// The worker Deployment of `key`, from the watch's cache (read from the API server's cache
+/// while the watch has not listed yet).
+pub(super) async fn deployment(
+    cache: &Store<Deployment>,
+    client: &Client,
+    key: &(String, String),
+) -> Result<Option<Deployment>, kube::Error> {
+    if tokio::time::timeout(CACHE_READY, cache.wait_until_ready())
+        .await
+        .is_ok_and(|r| r.is_ok())
+    {
+        let object = ObjectRef::<Deployment>::new(&key.1).within(&key.0);
+        return Ok(cache.get(&object).map(|d| (*d).clone()));
+    }
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &key.0);
+    match deployments.get_with(&key.1, &GetParams::any()).await {
+        Ok(deployment) => Ok(Some(deployment)),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+        Err(error) => Err(error),
+    }
 }
 
 /// The configuration problem (the spec, the Secrets, the pause annotations), if any, and the
@@ -55,9 +88,12 @@ pub(super) async fn external_autoscaler(
     name: &str,
 ) -> Result<Option<ExternalAutoscaler>, kube::Error> {
     let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), namespace);
-    let list = hpas.list(&ListParams::default()).await.inspect_err(|error| {
-        tracing::warn!(namespace, %error, "listing HorizontalPodAutoscalers failed; holding the replicas");
-    })?;
+    let list = hpas
+        .list(&ListParams::default().match_any())
+        .await
+        .inspect_err(|error| {
+            tracing::warn!(namespace, %error, "listing HorizontalPodAutoscalers failed; holding the replicas");
+        })?;
     Ok(list
         .items
         .into_iter()
@@ -95,7 +131,10 @@ const POD_PROBLEMS: [&str; 7] = [
 /// The first worker pod whose container cannot run.
 pub(super) async fn pod_problem(client: &Client, namespace: &str, cfp: &ChangeFeedProcessor) -> Option<PodProblem> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let list = match pods.list(&ListParams::default().labels(&selector_string(cfp))).await {
+    let list = match pods
+        .list(&ListParams::default().match_any().labels(&selector_string(cfp)))
+        .await
+    {
         Ok(list) => list,
         Err(error) => {
             tracing::debug!(%error, "listing worker pods failed");

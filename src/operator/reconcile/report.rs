@@ -17,6 +17,7 @@ use super::super::status::{
     DEGRADED, EstimateProblem, Observation, READY, Rollout, SCALING, conditions, ready_problem_event,
 };
 use super::super::workload::selector_string;
+use super::pace::estimate_time;
 use super::plan::ReplicaPlan;
 
 /// A worker pod whose container cannot run: (pod, container, reason, message).
@@ -191,8 +192,10 @@ fn status(
         status.leases = Some(i32::try_from(estimate.lease_count).unwrap_or(i32::MAX));
         status.leases_with_lag = Some(i32::try_from(estimate.leases_with_lag).unwrap_or(i32::MAX));
         status.estimated_lag = Some(i64::try_from(estimate.total_lag).unwrap_or(i64::MAX));
-        status.last_estimate_time = Some(time.clone());
         status.instances = instances(estimate);
+        // A new estimate of the same figures is no reason for a status write.
+        let changed = status != *previous;
+        status.last_estimate_time = Some(estimate_time(previous.last_estimate_time.as_ref(), time, changed));
     }
     status
 }
@@ -422,6 +425,7 @@ mod tests {
             started: true,
             handler_failing: Some("since 10:00: 500".into()),
             error: None,
+            reads: 1,
         };
         ProcessorEstimate::new("p", vec![lease])
     }

@@ -66,6 +66,8 @@ pub fn estimate_target(
         options,
         create_leases: spec.create_leases(),
         interval: config::estimate_interval(cfp),
+        estimation: cfp.spec.autoscaling().estimation,
+        autoscaled: cfp.spec.autoscaling.as_ref().is_some_and(|a| a.enabled),
     })
 }
 
