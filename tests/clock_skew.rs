@@ -192,8 +192,20 @@ async fn skewed_pair(skew: &str) {
 
 /// Writes the bootstrap lock of processor `proc` as an instance whose clock is `skew` off did.
 async fn skewed_lock(env: &crate::common::Env, skew: time::Duration) -> String {
+    skewed_marker(env, "lock", "holder", skew, serde_json::json!({})).await
+}
+
+/// Writes the processor's document `{prefix}.{name}` as instance `owner`, whose clock is `skew`
+/// off, wrote it (its `timestamp`), with the fields of `extra`; returns its id.
+async fn skewed_marker(
+    env: &crate::common::Env,
+    name: &str,
+    owner: &str,
+    skew: time::Duration,
+    mut extra: serde_json::Value,
+) -> String {
     let store = env.store().await;
-    let id = format!("{}.lock", store.prefix());
+    let id = format!("{}.{name}", store.prefix());
     let stamp = (time::OffsetDateTime::now_utc() + skew)
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap();
@@ -202,13 +214,10 @@ async fn skewed_lock(env: &crate::common::Env, skew: time::Duration) -> String {
         .documents(crate::common::DB, crate::common::LEASES)
         .await
         .unwrap();
-    leases
-        .create(
-            &id,
-            &serde_json::json!({"id": id, "Owner": "holder", "timestamp": stamp}),
-        )
-        .await
-        .unwrap();
+    extra["id"] = id.clone().into();
+    extra["Owner"] = owner.into();
+    extra["timestamp"] = stamp.into();
+    leases.upsert(&id, &extra).await.unwrap();
     id
 }
 
@@ -276,18 +285,8 @@ async fn a_newcomer_waits_for_a_running_instance_whose_clock_is_an_hour_behind()
     let first = env.start_owning_all("first", 2).await;
     first.stop().await;
     // Another instance runs, its clock an hour behind.
-    let store = env.store().await;
-    let id = format!("{}.instance.other", store.prefix());
-    let stamp = (time::OffsetDateTime::now_utc() - time::Duration::hours(1))
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap();
-    let leases = env
-        .account
-        .documents(crate::common::DB, crate::common::LEASES)
-        .await
-        .unwrap();
-    let beat = serde_json::json!({"id": id, "Owner": "other", "timestamp": stamp, "liveness": "instance"});
-    leases.upsert(&id, &beat).await.unwrap();
+    let extra = serde_json::json!({"liveness": "instance"});
+    skewed_marker(&env, "instance.other", "other", -time::Duration::hours(1), extra).await;
     let mut options = env.options("late");
     options.acquire_interval = Duration::from_secs(2);
     let processor = env.processor(options, env.recorder("late")).await;

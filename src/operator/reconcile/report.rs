@@ -155,9 +155,13 @@ pub(super) fn report(cfp: &ChangeFeedProcessor, outcome: &Outcome, now: Time) ->
         status,
         events,
         desired_replicas: desired.or_else(|| outcome.paused.and(outcome.applied_replicas())),
-        requeue: match outcome.problem {
-            Some(_) => Duration::from_secs(60),
-            None => Duration::from_secs(300),
+        // Workers deployed but not all ready (a rollout, a crash loop, a missing image): their
+        // pods are looked at again soon — nothing else wakes this resource when a pod starts
+        // crash-looping (its Deployment's status does not change).
+        requeue: match (outcome.needs_pod_check(), &outcome.problem) {
+            (true, _) => Duration::from_secs(30),
+            (false, Some(_)) => Duration::from_secs(60),
+            (false, None) => Duration::from_secs(300),
         },
     }
 }
@@ -593,6 +597,15 @@ mod tests {
         assert_eq!(broken.requeue, Duration::from_secs(60));
         assert!(!broken.ready);
         assert_eq!(broken.desired_replicas, None);
+
+        // Deployed, 2 of 3 ready (a pod crash-looping, say): its pods are looked at again soon.
+        let mut starting = applied(Some(3), 3);
+        if let Some(status) = starting.deployment.as_mut().and_then(|d| d.status.as_mut()) {
+            status.ready_replicas = Some(2);
+        }
+        assert!(starting.needs_pod_check());
+        let starting = report(&resource(vec![]), &starting, time(10));
+        assert_eq!(starting.requeue, Duration::from_secs(30));
     }
 
     #[test]
