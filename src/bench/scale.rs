@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use super::counting_store::CountingStore;
 use super::figures::{PATIENCE, is_fair, reference_charges};
 use super::processes::emulator;
-use super::world::{DB, ITEMS, LEASES, Received, World, wait_until};
+use super::world::{DB, ITEMS, Received, World, wait_until};
 use super::{BenchError, BenchSettings, Check, Figure};
 use crate::cosmos::{AccountAuth, CosmosAccount};
 use crate::processor::{ChangeFeedProcessor, LeaseEvent, LeaseStore, ProcessorHandle, ProcessorOptions};
-use crate::worker::{WorkerSettings, open};
+use crate::worker::open;
 
 /// The reference schedule: each lease renewed every 17 s, every instance lists every 13 s.
 const REFERENCE_RENEW_S: f64 = 17.0;
@@ -267,15 +267,7 @@ async fn renewal_gap(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError
     let mut options = options("gap", per_partition, settings.timing_scale.max(0.1));
     options.expiration = options.expiration.max(options.renew_interval * 4);
     let renew = options.renew_interval;
-    let worker = WorkerSettings {
-        database: DB.into(),
-        container: ITEMS.into(),
-        lease_database: DB.into(),
-        lease_container: LEASES.into(),
-        create_leases: true,
-        options: options.clone(),
-    };
-    let (monitored, store) = open(&account, &account, &worker).await?;
+    let (monitored, store) = open(&account, &account, &super::world::settings(&options)).await?;
     let store = Arc::new(CountingStore::new(Arc::new(store)));
     let writes = store.writes.clone();
     let beats = store.beats.clone();

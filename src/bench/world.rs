@@ -174,15 +174,7 @@ impl World {
         &self,
         options: &ProcessorOptions,
     ) -> Result<(CountingStore, crate::cosmos::MonitoredContainer), BenchError> {
-        let settings = WorkerSettings {
-            database: DB.into(),
-            container: ITEMS.into(),
-            lease_database: DB.into(),
-            lease_container: LEASES.into(),
-            create_leases: true,
-            options: options.clone(),
-        };
-        let (monitored, store) = open(&self.account, &self.account, &settings).await?;
+        let (monitored, store) = open(&self.account, &self.account, &settings(options)).await?;
         Ok((CountingStore::new(Arc::new(store)), monitored))
     }
 
@@ -236,4 +228,16 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     None
+}
+
+/// A worker of the benchmark's container and lease container (both in [`DB`]) with `options`.
+pub(super) fn settings(options: &ProcessorOptions) -> WorkerSettings {
+    WorkerSettings {
+        database: DB.into(),
+        container: ITEMS.into(),
+        lease_database: DB.into(),
+        lease_container: LEASES.into(),
+        create_leases: true,
+        options: options.clone(),
+    }
 }
