@@ -31,6 +31,8 @@ pub struct WorkerMetrics {
     read_retries: IntCounterVec,
     estimated_lag: IntGaugeVec,
     lease_stuck: IntGaugeVec,
+    lease_stalled: IntGaugeVec,
+    stalls: IntCounterVec,
     dead_lettered: IntCounterVec,
     lease_errors: IntCounterVec,
 }
@@ -159,6 +161,18 @@ impl WorkerMetrics {
                 "1 while a lease halts on a batch its handler keeps failing (on-exhausted halt).",
                 &["processor", "lease"],
             )?,
+            lease_stalled: gauge(
+                &registry,
+                "cfp_lease_stalled",
+                "1 while a lease is stalled: it has not advanced for the stall timeout though it may have lag (its reader was restarted; released if it stays stalled).",
+                &["processor", "lease"],
+            )?,
+            stalls: counter(
+                &registry,
+                "cfp_lease_stalls_total",
+                "Stalled leases, by what was done: restarted (the reader, from the checkpoint) or released (for another instance).",
+                &["processor", "action"],
+            )?,
             dead_lettered: counter(
                 &registry,
                 "cfp_documents_dead_lettered_total",
@@ -174,8 +188,19 @@ impl WorkerMetrics {
             registry,
             processor: processor.to_owned(),
         };
-        for reason in ["shutdown", "split", "lease_lost", "lease_gone", "error", "panic"] {
+        for reason in [
+            "shutdown",
+            "split",
+            "lease_lost",
+            "lease_gone",
+            "error",
+            "panic",
+            "stalled",
+        ] {
             metrics.leases_closed.with_label_values(&[processor, reason]);
+        }
+        for action in ["restarted", "released"] {
+            metrics.stalls.with_label_values(&[processor, action]);
         }
         for stolen in ["true", "false"] {
             metrics.leases_acquired.with_label_values(&[processor, stolen]);
@@ -263,6 +288,22 @@ impl ProcessorObserver for WorkerMetrics {
         self.lease_stuck
             .with_label_values(&[self.processor.as_str(), lease])
             .set(i64::from(stuck));
+    }
+
+    fn lease_stalled(&self, lease: &str, stalled: bool) {
+        let processor = self.processor.as_str();
+        self.lease_stalled
+            .with_label_values(&[processor, lease])
+            .set(i64::from(stalled));
+        if stalled {
+            self.stalls.with_label_values(&[processor, "restarted"]).inc();
+        }
+    }
+
+    fn stalled_lease_released(&self, lease: &str) {
+        let processor = self.processor.as_str();
+        self.lease_stalled.with_label_values(&[processor, lease]).set(0);
+        self.stalls.with_label_values(&[processor, "released"]).inc();
     }
 
     fn dead_lettered(&self, _lease: &str, documents: usize) {

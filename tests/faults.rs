@@ -17,6 +17,11 @@ use tokio::process::{Child, Command};
 use crate::common::{self, CFP, DB, ITEMS, http_get, lease_store, start_emulator, terminate};
 
 fn worker(endpoint: &str, receiver: &str, instance: &str, metrics: u16) -> Child {
+    worker_with(endpoint, receiver, instance, metrics, &[])
+}
+
+/// A worker of processor `faults` delivering over HTTP to `receiver`, with `extra` flags.
+pub(crate) fn worker_with(endpoint: &str, receiver: &str, instance: &str, metrics: u16, extra: &[&str]) -> Child {
     Command::new(CFP)
         .args(["worker", "--endpoint", endpoint, "--database", DB, "--container", ITEMS])
         .args(["--processor", "faults", "--instance", instance, "--handler", "http"])
@@ -30,6 +35,7 @@ fn worker(endpoint: &str, receiver: &str, instance: &str, metrics: u16) -> Child
         ])
         .args(common::FAST_LEASES)
         .args(["--metrics-port", &metrics.to_string()])
+        .args(extra)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(
@@ -41,7 +47,7 @@ fn worker(endpoint: &str, receiver: &str, instance: &str, metrics: u16) -> Child
 }
 
 /// Writes `doc-<n>` for `range`, retrying what the service refuses (clients retry faults).
-async fn write(items: &DocumentContainer, range: std::ops::Range<usize>) {
+pub(crate) async fn write(items: &DocumentContainer, range: std::ops::Range<usize>) {
     for n in range {
         let doc = serde_json::json!({"id": format!("doc-{n}"), "pk": format!("pk-{}", n % 13)});
         for attempt in 0.. {
@@ -55,7 +61,7 @@ async fn write(items: &DocumentContainer, range: std::ops::Range<usize>) {
 }
 
 /// The emulator's account (well-known key) and its `db/items`.
-async fn connect(endpoint: &str) -> (CosmosAccount, DocumentContainer) {
+pub(crate) async fn connect(endpoint: &str) -> (CosmosAccount, DocumentContainer) {
     let account = CosmosAccount::connect(endpoint, &AccountAuth::emulator_key())
         .await
         .unwrap();
@@ -67,7 +73,7 @@ async fn connect(endpoint: &str) -> (CosmosAccount, DocumentContainer) {
 type Received = (Arc<Mutex<BTreeSet<String>>>, Arc<Mutex<usize>>);
 
 /// An HTTP handler endpoint recording what it receives: its URL, the ids seen, the deliveries.
-async fn receiver() -> (String, Arc<Mutex<BTreeSet<String>>>, Arc<Mutex<usize>>) {
+pub(crate) async fn receiver() -> (String, Arc<Mutex<BTreeSet<String>>>, Arc<Mutex<usize>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/", listener.local_addr().unwrap());
     let (seen, deliveries): Received = Default::default();
@@ -85,7 +91,7 @@ async fn receiver() -> (String, Arc<Mutex<BTreeSet<String>>>, Arc<Mutex<usize>>)
     (url, seen, deliveries)
 }
 
-async fn wait_delivered(seen: &Mutex<BTreeSet<String>>, count: usize, timeout: Duration) -> bool {
+pub(crate) async fn wait_delivered(seen: &Mutex<BTreeSet<String>>, count: usize, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if (0..count).all(|n| seen.lock().unwrap().contains(&format!("doc-{n}"))) {
@@ -97,7 +103,7 @@ async fn wait_delivered(seen: &Mutex<BTreeSet<String>>, count: usize, timeout: D
 }
 
 /// The sum of the series of `metric` at a worker's /metrics.
-async fn metric_sum(port: u16, metric: &str) -> f64 {
+pub(crate) async fn metric_sum(port: u16, metric: &str) -> f64 {
     let (_, body) = http_get(SocketAddr::from(([127, 0, 0, 1], port)), "/metrics").await;
     body.lines()
         .filter(|l| l.starts_with(metric))

@@ -45,6 +45,7 @@ mod operator_without_crd;
 mod processor;
 mod python_client;
 mod renewals;
+mod stall;
 mod store_recovery;
 mod structure;
 mod takeover;

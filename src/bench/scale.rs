@@ -75,7 +75,7 @@ struct Rebalanced {
 
 /// Rebalances 1 → N over the leases, then watches the fleet idle and busy.
 async fn rebalance_and_cost(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError> {
-    let (instances, scale) = (settings.scale_instances.max(2), settings.timing_scale);
+    let (instances, scale) = (settings.scale_instances.max(2), settings.scale_timing_scale);
     let (partitions, per_partition, leases) = layout(settings.scale_leases);
     let world = World::new(partitions).await?;
     let received = Arc::new(Received::default());
@@ -155,7 +155,7 @@ async fn rebalance(
     per_partition: u32,
     leases: usize,
 ) -> Result<Rebalanced, BenchError> {
-    let (instances, scale) = (settings.scale_instances.max(2), settings.timing_scale);
+    let (instances, scale) = (settings.scale_instances.max(2), settings.scale_timing_scale);
     let (first, first_store) = world
         .start_counted(options("s0", per_partition, scale), received.clone())
         .await?;

@@ -282,6 +282,11 @@ pub struct WorkerArgs {
     /// Checkpoint at the latest this long after the last checkpoint while batches are pending.
     #[arg(long, env = "CFP_CHECKPOINT_INTERVAL", value_parser = duration)]
     pub checkpoint_interval: Option<Duration>,
+    /// A lease whose handled position has not advanced for this long while it may have lag is
+    /// stalled: logged, counted (`cfp_lease_stalled`), its reader restarted from the checkpoint,
+    /// and the lease released if it stays stalled. `0s` turns detection off.
+    #[arg(long, env = "CFP_STALL_TIMEOUT", default_value = text(defaults::STALL_TIMEOUT), value_parser = duration)]
+    pub stall_timeout: Duration,
     /// Wait after a read that returned no changes.
     #[arg(long, env = "CFP_POLL_INTERVAL", default_value = text(defaults::POLL_INTERVAL), value_parser = duration)]
     pub poll_interval: Duration,

@@ -58,6 +58,7 @@ pub fn settings(args: &WorkerArgs) -> WorkerSettings {
     options.start_from = args.start_from;
     options.max_items = args.max_items;
     options.poll_interval = args.poll_interval;
+    options.stall_timeout = args.stall_timeout;
     options.acquire_interval = args.lease_acquire_interval;
     options.renew_interval = args.lease_renew_interval;
     options.expiration = args.lease_expiration;

@@ -8,6 +8,8 @@
 //! - `POST /_emulator/faults?rate=R&kinds=429,503,408,reset[&latencyMs=N]` — fails a share `R` of
 //!   the Cosmos requests as the service does (and answers each after N/2 to 3N/2 ms); `POST /_emulator/outage?ms=N` fails every request for `N` ms;
 //!   `DELETE /_emulator/faults` stops; `GET /_emulator/faults` reports what was injected.
+//! - `POST /_emulator/hang?partition=ID[&container=C]` — change feed reads of that physical
+//!   partition hang, unanswered, until `DELETE /_emulator/hang` (`GET` reports them).
 //! - `POST /_emulator/key?value=K` — regenerates the account key as `K` (base64), as a key
 //!   rotation does: requests signed with the old key get 401 from then on (needs `--key`).
 //! - `POST /_emulator/containers?database=D&container=C[&partitionKey=/id][&partitions=N]` —
@@ -17,6 +19,7 @@
 mod addressing;
 mod auth;
 mod faults;
+mod hangs;
 mod metadata;
 mod server;
 
@@ -157,6 +160,8 @@ pub struct Emulator {
     auth: Arc<std::sync::RwLock<RequiredAuth>>,
     /// Faults injected into Cosmos requests.
     faults: Arc<FaultInjector>,
+    /// Partitions whose change feed reads hang.
+    hangs: Arc<hangs::Hangs>,
     /// Names of the databases and containers by resource id, for requests addressed by id.
     ids: Arc<addressing::ResourceIds>,
     /// Refuse database and container writes signed with a key, as an account with
@@ -180,6 +185,7 @@ impl Emulator {
             gateway,
             auth: Arc::new(std::sync::RwLock::new(RequiredAuth::Any)),
             faults: Arc::new(FaultInjector::default()),
+            hangs: Arc::default(),
             ids: Arc::default(),
             deny_key_metadata_writes: Arc::default(),
         })

@@ -36,6 +36,14 @@ impl Emulator {
             return fault.response();
         }
         let resolved = self.resolve(&path).await;
+        if req.headers().contains_key("a-im")
+            && let Some(partition) = req
+                .headers()
+                .get("x-ms-documentdb-partitionkeyrangeid")
+                .and_then(|v| v.to_str().ok())
+        {
+            self.hangs.wait(partition, &format!("/{}", resolved.path)).await;
+        }
         if let Some(refusal) = self.refuse_unauthorized(&req, &resolved) {
             tracing::debug!(method = %req.method(), path, status = 401, "request refused");
             return refusal;
@@ -207,10 +215,35 @@ impl Emulator {
         Some(crate::http::json(200, &self.faults.report()))
     }
 
+    /// `/_emulator/hang`: change feed reads of a partition that never return.
+    fn hang_control(
+        &self,
+        method: &hyper::Method,
+        action: &str,
+        params: &std::collections::HashMap<String, String>,
+    ) -> Option<hyper::Response<Full<Bytes>>> {
+        match (method, action) {
+            (&hyper::Method::POST, "hang") => match params.get("partition") {
+                Some(partition) => self.hangs.hang(partition, params.get("container").map(String::as_str)),
+                None => {
+                    let message = "partition (a physical partition id, see /_emulator/ranges) is required";
+                    return Some(crate::http::json(400, &serde_json::json!({ "message": message })));
+                }
+            },
+            (&hyper::Method::DELETE, "hang") => self.hangs.lift(),
+            (&hyper::Method::GET, "hang") => {}
+            _ => return None,
+        }
+        Some(crate::http::json(200, &self.hangs.report()))
+    }
+
     async fn control(&self, method: hyper::Method, action: &str, query: &str) -> hyper::Response<Full<Bytes>> {
         let params: std::collections::HashMap<String, String> =
             url::form_urlencoded::parse(query.as_bytes()).into_owned().collect();
         if let Some(response) = self.fault_control(&method, action, &params) {
+            return response;
+        }
+        if let Some(response) = self.hang_control(&method, action, &params) {
             return response;
         }
         if (&method, action) == (&hyper::Method::POST, "key") {

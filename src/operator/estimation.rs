@@ -252,6 +252,7 @@ pub fn figures(estimate: &ProcessorEstimate) -> EstimateFigures {
         leases_with_lag: estimate.leases_with_lag,
         lease_owners: owners.len(),
         leases_unowned: estimate.leases.iter().filter(|l| l.owner.is_none()).count(),
+        leases_stalled: estimate.leases.iter().filter(|l| l.stalled.is_some()).count(),
     }
 }
 
@@ -441,7 +442,7 @@ async fn run(
             s.report = Some(EstimateReport {
                 seq,
                 at: Instant::now(),
-                time: Time(k8s_openapi::jiff::Timestamp::now()),
+                time: super::status::now(),
                 outcome,
             });
         }

@@ -41,6 +41,7 @@ struct ProcessorSeries {
     leases_with_lag: IntGaugeVec,
     lease_owners: IntGaugeVec,
     leases_unowned: IntGaugeVec,
+    leases_stalled: IntGaugeVec,
     desired_replicas: IntGaugeVec,
     ready: IntGaugeVec,
     paused: IntGaugeVec,
@@ -63,6 +64,8 @@ pub struct EstimateFigures {
     pub lease_owners: usize,
     /// Leases without an owner.
     pub leases_unowned: usize,
+    /// Leases their worker reports stalled.
+    pub leases_stalled: usize,
 }
 
 const PROCESSOR_LABELS: [&str; 2] = ["namespace", "name"];
@@ -90,6 +93,7 @@ impl ProcessorSeries {
             &self.leases_with_lag,
             &self.lease_owners,
             &self.leases_unowned,
+            &self.leases_stalled,
             &self.desired_replicas,
             &self.ready,
             &self.paused,
@@ -139,6 +143,11 @@ impl ProcessorSeries {
                 registry,
                 "cfp_processor_leases_unowned",
                 "Leases of the processor without an owner (nobody processes them).",
+            )?,
+            leases_stalled: gauge(
+                registry,
+                "cfp_processor_leases_stalled",
+                "Leases their worker reports stalled: not advancing for the stall timeout though they may have lag.",
             )?,
             desired_replicas: gauge(
                 registry,
@@ -240,6 +249,7 @@ impl OperatorMetrics {
             set(&series.leases_with_lag, figures.leases_with_lag as u64);
             set(&series.lease_owners, figures.lease_owners as u64);
             set(&series.leases_unowned, figures.leases_unowned as u64);
+            set(&series.leases_stalled, figures.leases_stalled as u64);
             set(&series.estimate_failing, 0);
             series
                 .estimate_duration
@@ -387,6 +397,7 @@ mod tests {
             leases_with_lag: 8,
             lease_owners: 0,
             leases_unowned: 8,
+            leases_stalled: 0,
         };
         metrics.estimated("ns", "orders", figures, Duration::from_millis(20));
         metrics.desired_replicas("ns", "orders", 6);
@@ -418,6 +429,7 @@ mod tests {
             leases_with_lag: 0,
             lease_owners: 1,
             leases_unowned: 0,
+            leases_stalled: 0,
         };
         let failing = "cfp_processor_estimate_failing{name=\"orders\",namespace=\"ns\"}";
         metrics.estimate_failed("ns", "orders", "connect", Duration::from_secs(1));
@@ -437,6 +449,7 @@ mod tests {
             leases_with_lag: 1,
             lease_owners: 1,
             leases_unowned: 1,
+            leases_stalled: 0,
         };
         // Misconfigured (never estimated): only Ready and the replicas it had.
         metrics.ready("ns", "broken", false);

@@ -17,6 +17,7 @@ struct Shown {
     leases_failed: usize,
     owners: BTreeMap<String, usize>,
     handler_failing: Vec<(String, String)>,
+    stalled: Vec<(String, String)>,
 }
 
 fn shown(estimate: &ProcessorEstimate) -> Shown {
@@ -34,6 +35,11 @@ fn shown(estimate: &ProcessorEstimate) -> Shown {
             .leases
             .iter()
             .filter_map(|l| Some((l.lease_token.clone(), l.handler_failing.clone()?)))
+            .collect(),
+        stalled: estimate
+            .leases
+            .iter()
+            .filter_map(|l| Some((l.lease_token.clone(), l.stalled.clone()?)))
             .collect(),
     }
 }
@@ -67,6 +73,7 @@ mod tests {
             checkpoint_age: Some(age),
             started: true,
             handler_failing: None,
+            stalled: None,
             error: None,
             reads: 0,
         };

@@ -43,6 +43,7 @@ impl TryFrom<&ChangeFeedProcessor> for ProcessorOptions {
             .map_err(|e| invalid(format!("startFrom: {e}")))?;
         options.max_items = count("maxItems", spec.max_items)?;
         options.poll_interval = duration("pollInterval", &spec.poll_interval)?;
+        options.stall_timeout = duration("stallTimeout", &spec.stall_timeout)?;
         let timings = &spec.lease_timings;
         options.acquire_interval = duration("leaseTimings.acquireInterval", &timings.acquire_interval)?;
         options.renew_interval = duration("leaseTimings.renewInterval", &timings.renew_interval)?;

@@ -60,6 +60,9 @@ pub struct Observation {
     /// Leases halted on a failing handler (lease token, since when and the error), from the
     /// last estimate; `None` keeps the previous `Degraded` condition (no estimate yet).
     pub failing_leases: Option<Vec<(String, String)>>,
+    /// Stalled leases (lease token, and where, since when and doing what), from the last
+    /// estimate; `None` with `failing_leases`.
+    pub stalled_leases: Option<Vec<(String, String)>>,
     /// The rollout of the workers.
     pub rollout: Rollout,
     /// The newest estimate failed: why, when it is a problem waiting does not fix (a lease
@@ -75,6 +78,14 @@ pub struct EstimateProblem {
     pub setup: Option<&'static str>,
     /// What went wrong.
     pub message: String,
+}
+
+/// Now, in whole seconds. A `Time` travels through the API server at second precision: a status
+/// holding a finer one never equals what is read back, and every reconciliation would write it
+/// again (and a status write is an etcd write, per resource, every requeue).
+pub fn now() -> Time {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    Time(k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now))
 }
 
 /// The most bytes of a condition message (the API server allows 32 KiB; a person reads less).
@@ -101,38 +112,44 @@ pub fn bounded(mut message: String, max_bytes: usize) -> String {
     message
 }
 
-/// The `Degraded` condition for the halted leases.
-fn degraded(failing: &[(String, String)], generation: Option<i64>, now: &Time) -> Condition {
-    match failing {
-        [] => condition(
-            DEGRADED,
-            false,
-            "HandlersHealthy",
-            "no lease is halted by a failing handler".into(),
-            generation,
-            now,
-        ),
-        [(lease, note), rest @ ..] => {
-            let more = if rest.is_empty() {
-                String::new()
-            } else {
-                format!(" (and {} more lease(s))", rest.len())
-            };
-            // A condition's status True here means "degraded".
-            let mut degraded = condition(
-                DEGRADED,
-                true,
-                "HandlerFailing",
-                format!(
-                    "lease {lease} halts on a batch its handler keeps failing, {note}{more}; fix the handler, or set handler.onExhausted to DeadLetter"
-                ),
-                generation,
-                now,
-            );
-            degraded.message = bounded(degraded.message, 1000);
-            degraded
+/// The `Degraded` condition for the halted leases, else the stalled ones.
+fn degraded(
+    failing: &[(String, String)],
+    stalled: &[(String, String)],
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    let more = |rest: &[(String, String)]| {
+        if rest.is_empty() {
+            String::new()
+        } else {
+            format!(" (and {} more lease(s))", rest.len())
         }
-    }
+    };
+    let (reason, message) = match (failing, stalled) {
+        ([], []) => {
+            let message = "no lease is halted by a failing handler or stalled".to_owned();
+            return condition(DEGRADED, false, "HandlersHealthy", message, generation, now);
+        }
+        ([(lease, note), rest @ ..], _) => (
+            "HandlerFailing",
+            format!(
+                "lease {lease} halts on a batch its handler keeps failing, {note}{}; fix the handler, or set handler.onExhausted to DeadLetter",
+                more(rest)
+            ),
+        ),
+        ([], [(lease, note), rest @ ..]) => (
+            "LeaseStalled",
+            format!(
+                "lease {lease} is stalled {note}{}: it does not advance though it may have changes to deliver (a read or a handler call that never returns); its worker restarts the lease's reader, then releases the lease for another pod — see the runbook of the alert ChangeFeedLeaseStalled",
+                more(rest)
+            ),
+        ),
+    };
+    // A condition's status True here means "degraded".
+    let mut degraded = condition(DEGRADED, true, reason, message, generation, now);
+    degraded.message = bounded(degraded.message, 1000);
+    degraded
 }
 
 fn condition(kind: &str, ok: bool, reason: &str, message: String, generation: Option<i64>, now: &Time) -> Condition {
@@ -210,9 +227,14 @@ pub fn conditions(
         let (ok, reason, message) = progressing(observation);
         condition(PROGRESSING, ok, reason, message, generation, &now)
     });
-    let degraded = match &observation.failing_leases {
-        Some(failing) => Some(degraded(failing, generation, &now)),
-        None => previous.iter().find(|c| c.type_ == DEGRADED).cloned(),
+    let degraded = match (&observation.failing_leases, &observation.stalled_leases) {
+        (Some(failing), stalled) => Some(degraded(
+            failing,
+            stalled.as_deref().unwrap_or_default(),
+            generation,
+            &now,
+        )),
+        (None, _) => previous.iter().find(|c| c.type_ == DEGRADED).cloned(),
     };
     [Some(config), Some(ready), progressing, scaling, degraded]
         .into_iter()
@@ -359,6 +381,7 @@ mod tests {
                 message: "built-in autoscaling is off".into(),
             }),
             failing_leases: None,
+            stalled_leases: None,
             rollout: Rollout {
                 observed: true,
                 updated: desired,
@@ -735,6 +758,14 @@ mod tests {
     }
 
     #[test]
+    fn now_survives_the_api_servers_round_trip_unchanged() {
+        let now = now();
+        let json = serde_json::to_value(&now).unwrap();
+        let back: Time = serde_json::from_value(json).unwrap();
+        assert_eq!(back, now);
+    }
+
+    #[test]
     fn degraded_names_the_halted_lease() {
         let mut observation = observe(None, true, 2, 2);
         observation.failing_leases = Some(vec![
@@ -753,6 +784,22 @@ mod tests {
             degraded.message
         );
         observation.failing_leases = Some(Vec::new());
+        observation.stalled_leases = Some(vec![(
+            "80-FF".into(),
+            "on orders-7f9c at 2026-01-01T00:05:00Z: no progress for 300 s, in a change feed read for 290 s".into(),
+        )]);
+        let stalled = conditions(&observation, &got, None, time(2));
+        let degraded = stalled.iter().find(|c| c.type_ == DEGRADED).unwrap();
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "LeaseStalled")
+        );
+        assert!(
+            degraded.message.starts_with("lease 80-FF is stalled on orders-7f9c at"),
+            "{}",
+            degraded.message
+        );
+        observation.stalled_leases = Some(Vec::new());
         let healthy = conditions(&observation, &got, None, time(2));
         let degraded = healthy.iter().find(|c| c.type_ == DEGRADED).unwrap();
         assert_eq!(

@@ -161,6 +161,7 @@ pub fn worker_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
             spec.checkpoint.as_ref().map_or(1, |c| c.every_batches).to_string(),
         ),
         env("CFP_POLL_INTERVAL", spec.poll_interval.clone()),
+        env("CFP_STALL_TIMEOUT", spec.stall_timeout.clone()),
         env(
             "CFP_LEASE_ACQUIRE_INTERVAL",
             spec.lease_timings.acquire_interval.clone(),

@@ -64,6 +64,8 @@ pub(crate) struct Coordinator {
     listed_ids: Vec<String>,
     /// What the listings showed change, and when, on this instance's clock (expiry).
     sightings: Sightings,
+    /// Leases released as stalled, and when: not taken again for a lease expiration.
+    left_stalled: Vec<(String, tokio::time::Instant)>,
 }
 
 /// Marks the processor dead if the coordinator ends (or unwinds) without a shutdown request.
@@ -95,6 +97,7 @@ impl Coordinator {
             next_listing: tokio::time::Instant::now(),
             listed_ids: Vec::new(),
             sightings: Sightings::default(),
+            left_stalled: Vec::new(),
         }
     }
 
@@ -221,6 +224,9 @@ impl Coordinator {
         let at = tokio::time::Instant::now();
         let mut sightings = std::mem::take(&mut self.sightings);
         sightings.observe(snapshot, at);
+        let expiration = self.shared.options.expiration;
+        self.left_stalled
+            .retain(|(_, when)| at.duration_since(*when) < expiration);
         let observations = Observations {
             at,
             sightings,
@@ -228,6 +234,7 @@ impl Coordinator {
             awaiting_handoff: !self.awaiting.is_empty(),
             listed_ids: std::mem::take(&mut self.listed_ids),
             listing_interval: previous_interval,
+            left_stalled: self.left_stalled.iter().map(|(id, _)| id.clone()).collect(),
         };
         let options = CycleOptions::from(&self.shared.options);
         let mut plan = plan_cycle(snapshot, &observations, me, OffsetDateTime::now_utc(), options);
@@ -241,6 +248,11 @@ impl Coordinator {
         }
         self.listing_interval = plan.next_interval;
         self.shared.liveness.set_renew_each_lease(plan.renew_each_lease);
+        *self
+            .shared
+            .others
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = std::mem::take(&mut plan.others);
         self.listed_ids = std::mem::take(&mut plan.listed_ids);
         plan
     }
@@ -418,6 +430,10 @@ impl Coordinator {
         if exit.reason == CloseReason::LeaseGone && !self.leases.is_cancelled() {
             self.recovery.recreate(&self.shared, &owned).await;
         }
+        if exit.reason == CloseReason::Stalled {
+            self.left_stalled
+                .push((owned.id().to_owned(), tokio::time::Instant::now()));
+        }
         owned.end_renewals();
         tracing::info!(lease = owned.token(), reason = exit.reason.as_str(), "lease closed");
         self.shared.telemetry.emit(LeaseEvent::Closed {
@@ -491,7 +507,7 @@ async fn lease_task(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> (Arc<OwnedLe
     // turn, slower than the newcomers' patience, and they took the leases outright meanwhile.
     if matches!(
         exit.reason,
-        CloseReason::Shutdown | CloseReason::Panicked | CloseReason::HandedOver
+        CloseReason::Shutdown | CloseReason::Panicked | CloseReason::HandedOver | CloseReason::Stalled
     ) && let Err(error) = owned.release().await
     {
         tracing::warn!(%error, "releasing the lease failed; it frees itself on expiry");

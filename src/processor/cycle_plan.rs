@@ -65,6 +65,9 @@ pub struct Observations {
     pub listed_ids: Vec<String>,
     /// The wait before this listing (the acquire interval, longer while listings were quiet).
     pub listing_interval: Duration,
+    /// Leases this instance released as stalled within the last lease expiration: left for the
+    /// other instances to try ([`super::stall`]).
+    pub left_stalled: HashSet<String>,
 }
 
 /// What an acquire cycle does with a lease it wants.
@@ -117,6 +120,9 @@ pub struct CyclePlan {
     /// judges leases by their own writes (its heartbeat carries no liveness marker, or it owns
     /// leases and has no such heartbeat), see [`super::liveness`].
     pub renew_each_lease: bool,
+    /// The other instances here (a live heartbeat, or a lease they keep alive), sorted: where a
+    /// lease this instance gives up as stalled goes.
+    pub others: Vec<String>,
 }
 
 /// Decides one acquire cycle of instance `me` from `snapshot`, listed at `now`.
@@ -161,7 +167,8 @@ pub fn plan_cycle(
     } else {
         schedule.next(observations.listing_interval, quiet)
     };
-    let fates = owned_fates(snapshot, observations, me, &present(&live, &states));
+    let present = present(&live, &states);
+    let fates = owned_fates(snapshot, observations, me, &present);
     let renew_each_lease = judged_one_by_one(&live, &states, observations, me);
     CyclePlan {
         invalid: snapshot.invalid.clone(),
@@ -184,13 +191,17 @@ pub fn plan_cycle(
         acquire: wanted
             .iter()
             .filter_map(|id| balanced.iter().find(|l| &l.id == id))
-            .filter(|l| !observations.owned.contains(&l.id))
+            .filter(|l| !observations.owned.contains(&l.id) && !observations.left_stalled.contains(&l.id))
             .filter_map(|lease| acquisition(lease, me, now, observations, expiration))
             .collect(),
         takeover_in: takeover_in(&balanced, me, observations, options),
         next_interval,
         listed_ids,
         renew_each_lease,
+        others: present
+            .into_iter()
+            .filter(|name| name != me && !name.is_empty())
+            .collect(),
     }
 }
 

@@ -84,6 +84,7 @@ fn observations(listing: &LeaseSnapshot, owned: &[&Lease]) -> Observations {
         awaiting_handoff: false,
         listed_ids: Vec::new(),
         listing_interval: options().acquire_interval,
+        left_stalled: HashSet::new(),
     }
 }
 
@@ -175,6 +176,19 @@ fn a_lease_the_store_says_is_ours_but_no_task_processes_is_taken_up_again_first(
     );
     assert_eq!(steps(&plan), vec![(restarted.lease_token, AcquireStep::Take, None)]);
     assert!(plan.lost.is_empty());
+}
+
+#[test]
+fn a_lease_released_as_stalled_is_left_for_the_others() {
+    let listing = snapshot(
+        vec![lease(0, 2, None, Duration::ZERO), lease(1, 2, None, Duration::ZERO)],
+        &[],
+    );
+    let mut watched = observations(&listing, &[]);
+    watched.left_stalled.insert(listing.leases[0].id.clone());
+    let plan = plan_cycle(&listing, &watched, "me", NOW, options());
+    let taken: Vec<&str> = plan.acquire.iter().map(|a| a.write.id.as_str()).collect();
+    assert_eq!(taken, [listing.leases[1].id.as_str()]);
 }
 
 #[test]

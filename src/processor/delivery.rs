@@ -137,6 +137,7 @@ impl Delivery<'_> {
             documents.len(),
         );
         if let Err(error) = &result {
+            self.owned.note_handler_failure();
             self.report(LeaseError::Handler {
                 batch_id: batch_id.to_owned(),
                 attempt,

@@ -30,7 +30,7 @@ use serde::Serialize;
 use time::OffsetDateTime;
 
 use super::balancer::superseded;
-use super::lease::{HANDLER_FAILING_PROPERTY, Lease};
+use super::lease::{HANDLER_FAILING_PROPERTY, Lease, STALLED_PROPERTY};
 use crate::cosmos::{
     ChangePage, CosmosError, EpkRange, MonitoredContainer, StartFrom, continuation_lsn, session_token_lsn,
 };
@@ -65,6 +65,10 @@ pub struct LeaseEstimate {
     /// Set while the lease halts on a batch its handler keeps failing: since when, and the error.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handler_failing: Option<String>,
+    /// Set while the lease is stalled (no progress though it may have lag): which instance, since
+    /// when, and what its reader was doing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stalled: Option<String>,
     /// Why this lease could not be estimated (its `lag` is then 0 and not counted as known).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -126,16 +130,12 @@ pub async fn estimate_leases(
                 // One lease that cannot be read does not hide the others' work.
                 estimate_lease(&monitored, &ranges, &lease, start, now)
                     .await
+                    // What the lease itself says (a failing handler, a stall) is kept: a lease
+                    // whose feed cannot be read is the one most likely to be stalled.
                     .unwrap_or_else(|error| LeaseEstimate {
-                        lease_token: lease.lease_token.clone(),
-                        feed_range: lease.range().cloned().unwrap_or_else(EpkRange::full),
-                        owner: lease.owner.clone().filter(|o| !o.is_empty()),
-                        lag: 0,
-                        checkpoint_age: None,
-                        started: lease.continuation.is_some(),
-                        handler_failing: None,
                         error: Some(error.to_string()),
                         reads: 1,
+                        ..lease_estimate(&lease, 0, now)
                     })
             }
         })
@@ -189,6 +189,7 @@ pub fn lease_estimate(lease: &Lease, lag: u64, now: OffsetDateTime) -> LeaseEsti
         checkpoint_age,
         started: lease.continuation.as_deref().is_some_and(|c| !c.is_empty()),
         handler_failing: lease.properties.get(HANDLER_FAILING_PROPERTY).cloned(),
+        stalled: lease.properties.get(STALLED_PROPERTY).cloned(),
         error: None,
         reads: 0,
     }
@@ -560,6 +561,7 @@ mod tests {
             checkpoint_age: None,
             started: true,
             handler_failing: None,
+            stalled: None,
             error: None,
             reads: 1,
         };

@@ -24,6 +24,9 @@ pub enum CloseReason {
     /// The lease's task panicked (for example in the handler); the lease was released so that it
     /// is processed again from its checkpoint.
     Panicked,
+    /// The lease stayed stalled after its reader was restarted; it was released for another
+    /// instance to try from its checkpoint.
+    Stalled,
 }
 
 impl CloseReason {
@@ -37,6 +40,7 @@ impl CloseReason {
             CloseReason::Error => "error",
             CloseReason::Panicked => "panic",
             CloseReason::HandedOver => "handed_over",
+            CloseReason::Stalled => "stalled",
         }
     }
 }

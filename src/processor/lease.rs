@@ -84,6 +84,10 @@ pub const START_FROM_PROPERTY: &str = "startFrom";
 /// lease halts on a batch, removed when it goes on.
 pub const HANDLER_FAILING_PROPERTY: &str = "handlerFailing";
 
+/// Lease property: the lease stalled (which instance, since when, what its reader was doing);
+/// set when a stall is detected, removed by the next checkpoint or when the lease goes on.
+pub const STALLED_PROPERTY: &str = "stalled";
+
 impl Lease {
     /// Where reading starts while the lease has no continuation: its own `startFrom` property,
     /// else `default` (the processor's start position).

@@ -18,7 +18,10 @@ use super::lag_report::{LATEST_LSN_PROPERTY, reported_lsn};
 use super::owned::{OwnedLease, UpdateError};
 use super::shared::Shared;
 use super::split::{split, split_from_checkpoint};
+use super::stall::{Activity, StallAction, StallWatch};
 use crate::cosmos::{ChangePage, CosmosError, EpkRange, ErrorKind, FeedReader, RangeContinuation};
+
+mod settle;
 
 /// Consecutive failed reads after which a lease counts as failing (a warning, and `/readyz` says so).
 const PERSISTENT_FAILURES: u32 = 5;
@@ -33,6 +36,7 @@ const FIRST_EMPTY_WAIT: Duration = Duration::from_millis(50);
 /// Processes one owned lease until it is lost, split, or the processor stops; a lease given up
 /// (shutdown, handoff) has its last handled position written first.
 pub(crate) async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
+    let shared_stall_timeout = shared.options.stall_timeout;
     let mut reader = LeaseReader {
         deferred: Deferred::new(shared.options.checkpoint, std::time::Instant::now()),
         report: None,
@@ -41,6 +45,7 @@ pub(crate) async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExi
         owned,
         failures: 0,
         rebuilds: 0,
+        stall: StallWatch::new(shared_stall_timeout, Instant::now()),
     };
     let exit = reader.process().await;
     if matches!(exit.reason, CloseReason::Shutdown | CloseReason::HandedOver) {
@@ -80,6 +85,8 @@ struct LeaseReader {
     failures: u32,
     /// Consecutive reader rebuilds without a settled batch.
     rebuilds: u32,
+    /// Whether the lease advances ([`super::stall`]).
+    stall: StallWatch,
 }
 
 /// A feed reader opened at the lease's last checkpoint, and the batches read from it.
@@ -90,6 +97,10 @@ struct Session {
     position: Option<String>,
     /// The batches with the handler, settled in the order they were read.
     window: FuturesOrdered<InFlight>,
+    /// The window's batches: id, documents, and since when (for the report of a stall).
+    handling: std::collections::VecDeque<(String, usize, Instant)>,
+    /// Since when a read is under way.
+    reading_since: Option<Instant>,
     /// A page read while the window was full: it waits here (never with the handler).
     read_ahead: Option<(ChangePage, String)>,
     /// After a page that shows a split: read no further until it is settled.
@@ -243,6 +254,8 @@ impl LeaseReader {
                 range,
                 position: lease.continuation,
                 window: FuturesOrdered::new(),
+                handling: Default::default(),
+                reading_since: None,
                 read_ahead: None,
                 hold_reads: false,
                 idle_until: None,
@@ -269,10 +282,14 @@ impl LeaseReader {
     /// with the handler) until a batch settles, so that the handler's time and the read's overlap.
     async fn read(&mut self, s: &mut Session) -> After {
         let read_timeout = self.shared.options.read_timeout;
+        let watch_stalls = !self.shared.options.stall_timeout.is_zero();
         let cancel = self.cancel().clone();
         loop {
             let idle = s.idle_until.is_some_and(|t| Instant::now() < t);
             let can_read = s.read_ahead.is_none() && !s.hold_reads && !idle;
+            if can_read && s.reading_since.is_none() {
+                s.reading_since = Some(Instant::now());
+            }
             tokio::select! {
                 biased;
                 Some((page, delivered)) = s.window.next(), if !s.window.is_empty() => {
@@ -290,7 +307,13 @@ impl LeaseReader {
                 _ = tokio::time::sleep_until(s.idle_until.unwrap_or_else(Instant::now)), if idle => {
                     s.idle_until = None;
                 }
+                _ = tokio::time::sleep_until(self.stall.next_check()), if watch_stalls => {
+                    if let Some(after) = self.check_stall(s).await {
+                        return after;
+                    }
+                }
                 page = timed_read(&self.shared, &self.owned, &mut s.reader, read_timeout), if can_read => {
+                    s.reading_since = None;
                     let after = match page {
                         Ok(page) => self.on_page(s, page).await,
                         Err(error) => Some(self.on_read_failed(s, error).await),
@@ -305,11 +328,14 @@ impl LeaseReader {
 
     /// A batch finished: settle it, then hand over the page read ahead.
     async fn on_settled(&mut self, s: &mut Session, page: ChangePage, delivered: bool) -> Option<After> {
+        s.handling.pop_front();
         match self.settle(&s.range, page, delivered).await {
             Flow::Go => {
                 self.rebuilds = 0;
+                // A batch handled, or an empty page after all earlier ones: the lease advanced.
+                self.stall.progressed(Instant::now());
                 if let Some((page, id)) = s.read_ahead.take() {
-                    s.window.push_back(self.deliver(&s.range, page, id));
+                    self.send(s, page, id);
                 }
                 if s.window.is_empty() {
                     s.hold_reads = false;
@@ -346,7 +372,7 @@ impl LeaseReader {
             s.empty_streak = 0;
         }
         if s.window.len() < self.shared.options.max_in_flight_batches.max(1) as usize {
-            s.window.push_back(self.deliver(&s.range, page, id));
+            self.send(s, page, id);
         } else {
             s.read_ahead = Some((page, id));
         }
@@ -367,6 +393,49 @@ impl LeaseReader {
         }
         self.failures += 1;
         After::Reopen
+    }
+
+    /// Puts a page in the window (its documents go to the handler).
+    fn send(&self, s: &mut Session, page: ChangePage, id: String) {
+        s.handling.push_back((id.clone(), page.documents.len(), Instant::now()));
+        s.window.push_back(self.deliver(&s.range, page, id));
+    }
+
+    /// Judges whether the lease stalled, and acts on it: `Some` when the reader restarts or the
+    /// lease is released. A handler answering with errors is failing, not stalled.
+    async fn check_stall(&mut self, s: &mut Session) -> Option<After> {
+        let now = Instant::now();
+        if let Some(failed) = self.owned.handler_failed_at() {
+            self.stall.excused(failed);
+        }
+        let activity = match (
+            s.handling.iter().find(|(_, documents, _)| *documents > 0),
+            s.reading_since,
+        ) {
+            (Some((batch, documents, since)), _) => Activity::Handling {
+                batch: batch.clone(),
+                documents: *documents,
+                since: *since,
+            },
+            (None, Some(since)) => Activity::Reading(since),
+            (None, None) => Activity::Waiting,
+        };
+        self.stall.doing(activity);
+        let action = self.stall.judge(now)?;
+        super::stall_report::report(&self.shared, &self.owned, &action).await;
+        match action {
+            StallAction::Restart(_) => Some(After::Reopen),
+            StallAction::Release(_) => {
+                // To another instance here (it takes the lease up at its next listing), else
+                // to nobody: this one leaves it for a lease expiration.
+                if let Some(to) = self.shared.another_instance() {
+                    tracing::info!(to = %to, "giving the stalled lease to another instance");
+                    self.owned.release_to(&to);
+                }
+                Some(After::Exit(LeaseExit::closed(CloseReason::Stalled)))
+            }
+            StallAction::Recovered => None,
+        }
     }
 
     /// Hands a page's documents to the handler (an empty page is done at once).
@@ -399,11 +468,13 @@ impl LeaseReader {
     /// must stop (a batch stopped unfinished, the lease was lost or split).
     async fn drain(&mut self, s: &mut Session) -> Result<(), LeaseExit> {
         while let Some((page, delivered)) = s.window.next().await {
+            s.handling.pop_front();
             match self.settle(&s.range, page, delivered).await {
                 Flow::Go => {}
                 // The reader is rebuilt anyway after a drain; later batches are delivered again.
                 Flow::Rebuild => {
                     s.window.clear();
+                    s.handling.clear();
                     return Ok(());
                 }
                 Flow::Return(exit) => return Err(exit),
@@ -412,147 +483,8 @@ impl LeaseReader {
         Ok(())
     }
 
-    /// Checkpoints a finished batch, or splits the lease when the page shows the range now spans
-    /// several partitions — batches are settled in read order.
-    async fn settle(&mut self, range: &EpkRange, page: ChangePage, delivered: bool) -> Flow {
-        if !delivered {
-            // Stopped while retrying a failing batch: nothing is checkpointed past it.
-            return Flow::Return(stop_reason(&self.owned));
-        }
-        let single = match page.continuations.as_slice() {
-            [only] if only.range == *range => Some(only.continuation.clone()),
-            _ => None,
-        };
-        let Some(continuation) = single else {
-            return match split(&self.shared, &self.owned, range, &self.split_parts(&page)).await {
-                Some(exit) => Flow::Return(exit),
-                None => Flow::Rebuild,
-            };
-        };
-        if self.shared.handler.is_manual() {
-            // The handler checkpoints through its handles.
-            return Flow::Go;
-        }
-        self.checkpoint(&page, continuation).await
-    }
-
-    /// The SDK followed a split of the range inside one stream: each child's position is known —
-    /// but a handler that checkpoints itself decides what is done, so its children start from the
-    /// last checkpoint it wrote.
-    fn split_parts(&self, page: &ChangePage) -> Vec<RangeContinuation> {
-        if !self.shared.handler.is_manual() {
-            return page.continuations.clone();
-        }
-        page.continuations
-            .iter()
-            .map(|part| RangeContinuation {
-                range: part.range.clone(),
-                continuation: String::new(),
-            })
-            .collect()
-    }
-
-    /// Records `continuation` as handled and writes it when the checkpoint policy says so,
-    /// retrying a failed write rather than reading the batch again.
-    async fn checkpoint(&mut self, page: &ChangePage, continuation: String) -> Flow {
-        let report = reported_lsn(page, &continuation);
-        self.report = report.map(|lsn| (continuation.clone(), lsn));
-        let current = self.owned.current().await;
-        let unchanged = current.continuation.as_deref() == Some(continuation.as_str());
-        self.quiet_pages = if page.documents.is_empty() {
-            self.quiet_pages.saturating_add(1)
-        } else {
-            0
-        };
-        if page.documents.is_empty() && unchanged && !self.deferred.is_pending() {
-            let reported = current.properties.get(LATEST_LSN_PROPERTY).map(String::as_str);
-            self.report_caught_up(reported, &continuation, report).await;
-            return Flow::Go;
-        }
-        if !(page.documents.is_empty() && unchanged) {
-            self.deferred.record(continuation, !page.documents.is_empty());
-        }
-        let started = std::time::Instant::now();
-        let Some(continuation) = self.deferred.due(started).map(str::to_owned) else {
-            // The policy defers this checkpoint (checkpoint.every).
-            return Flow::Go;
-        };
-        let mut attempt = 0;
-        let report = self.report_for(&continuation);
-        loop {
-            match self.owned.checkpoint_reporting(&continuation, report).await {
-                Ok(_) => {
-                    self.deferred.written(std::time::Instant::now());
-                    let token = self.owned.token();
-                    self.shared.telemetry.observer().checkpointed(token, started.elapsed());
-                    if !page.documents.is_empty() {
-                        self.shared.telemetry.emit(LeaseEvent::Checkpointed {
-                            lease: token.to_owned(),
-                            documents: page.documents.len(),
-                        });
-                    }
-                    return Flow::Go;
-                }
-                Err(UpdateError::Lost(owner)) => {
-                    tracing::info!(new_owner = ?owner, "checkpoint found the lease owned by another instance");
-                    return Flow::Return(LeaseExit::closed(CloseReason::LeaseLost));
-                }
-                Err(UpdateError::Gone) => return Flow::Return(LeaseExit::closed(CloseReason::LeaseGone)),
-                Err(UpdateError::Store(error)) => {
-                    // The batch was handled; keep trying to record it rather than re-reading it.
-                    self.report(LeaseError::Checkpoint(error));
-                    if !pause(self.cancel(), self.shared.options.backoff(attempt)).await {
-                        return Flow::Return(stop_reason(&self.owned));
-                    }
-                    attempt += 1;
-                }
-            }
-        }
-    }
-
-    /// Writes the handled position not yet checkpointed, if any (before a release or a reader
-    /// rebuild, so that nothing handled is read again).
-    async fn write_pending(&mut self) {
-        let Some(continuation) = self.deferred.pending().map(str::to_owned) else {
-            return;
-        };
-        let started = std::time::Instant::now();
-        let report = self.report_for(&continuation);
-        match self.owned.checkpoint_reporting(&continuation, report).await {
-            Ok(_) => {
-                self.deferred.written(std::time::Instant::now());
-                let token = self.owned.token();
-                self.shared.telemetry.observer().checkpointed(token, started.elapsed());
-            }
-            Err(error) => tracing::debug!(%error, "writing the deferred checkpoint failed"),
-        }
-    }
-
-    /// Writes that the lease caught up (`report`, at the unchanged `continuation`) once it was
-    /// quiet for a few polls — not between two batches of a trickle — when the lease's last
-    /// report (`reported`) says otherwise.
-    async fn report_caught_up(&mut self, reported: Option<&str>, continuation: &str, report: Option<u64>) {
-        let Some(lsn) = report else {
-            return;
-        };
-        if self.quiet_pages < CAUGHT_UP_PAGES || reported == Some(lsn.to_string().as_str()) {
-            return;
-        }
-        if let Err(error) = self.owned.checkpoint_reporting(continuation, report).await {
-            tracing::debug!(%error, "writing the caught-up report failed");
-        }
-    }
-
-    /// The lag report of the page `continuation` is the position after, if it was the last one.
-    fn report_for(&self, continuation: &str) -> Option<u64> {
-        self.report
-            .as_ref()
-            .filter(|(at, _)| at == continuation)
-            .map(|(_, lsn)| *lsn)
-    }
-
     /// Reports a failed read; `Some` when it ended the lease (a split recorded from the checkpoint).
-    async fn read_failed(&self, range: &EpkRange, error: &CosmosError) -> Option<LeaseExit> {
+    async fn read_failed(&mut self, range: &EpkRange, error: &CosmosError) -> Option<LeaseExit> {
         let token = self.owned.token();
         self.shared
             .telemetry
@@ -569,6 +501,10 @@ impl LeaseReader {
             self.check_monitored().await;
         }
         let attempts = self.failures + 1;
+        if error.kind != ErrorKind::Transient {
+            // Failing with an error (reported below): not a stall, which a restart could heal.
+            self.stall.excused(Instant::now());
+        }
         if is_configuration_error(error) {
             self.report(LeaseError::ReadFeed(error.clone()));
         } else if attempts >= PERSISTENT_FAILURES {

@@ -45,6 +45,8 @@ pub mod runtime;
 pub(crate) mod shared;
 pub mod sightings;
 pub mod split;
+pub mod stall;
+pub(crate) mod stall_report;
 pub(crate) mod store_recovery;
 pub(crate) mod telemetry;
 pub mod validation;

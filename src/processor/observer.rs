@@ -25,6 +25,10 @@ pub trait ProcessorObserver: Send + Sync + 'static {
     fn lease_error(&self, _reason: &str) {}
     /// A lease halted on a batch its handler keeps failing (`true`), or went on again (`false`).
     fn lease_stuck(&self, _lease: &str, _stuck: bool) {}
+    /// A lease stalled (`true`: its reader was restarted), or advanced again (`false`).
+    fn lease_stalled(&self, _lease: &str, _stalled: bool) {}
+    /// A stalled lease was released for another instance to try.
+    fn stalled_lease_released(&self, _lease: &str) {}
     /// `documents` of a lease were moved to the dead-letter container.
     fn dead_lettered(&self, _lease: &str, _documents: usize) {}
 }

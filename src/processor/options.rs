@@ -27,6 +27,10 @@ pub struct ProcessorOptions {
     pub expiration: Duration,
     /// A change feed read taking longer is abandoned and retried.
     pub read_timeout: Duration,
+    /// A lease whose handled position has not advanced for this long while it may have lag is
+    /// stalled: its reader is restarted once, then the lease released ([`super::stall`]).
+    /// Zero turns detection off.
+    pub stall_timeout: Duration,
     /// First delay before retrying a failed batch or request; doubles up to `max_backoff`.
     pub min_backoff: Duration,
     /// Longest delay between retries.
@@ -73,6 +77,8 @@ pub mod defaults {
     pub const EXPIRATION: Duration = Duration::from_secs(60);
     /// A change feed read taking longer is abandoned and retried.
     pub const READ_TIMEOUT: Duration = Duration::from_secs(65);
+    /// A lease that has not advanced for this long while it may have lag is stalled.
+    pub const STALL_TIMEOUT: Duration = Duration::from_secs(300);
     /// First delay before retrying a failed request.
     pub const MIN_BACKOFF: Duration = Duration::from_millis(500);
     /// Attempts of a failing batch before the retry policy's `on_exhausted` applies.
@@ -180,6 +186,7 @@ impl ProcessorOptions {
             renew_interval: defaults::RENEW_INTERVAL,
             expiration: defaults::EXPIRATION,
             read_timeout: defaults::READ_TIMEOUT,
+            stall_timeout: defaults::STALL_TIMEOUT,
             min_backoff: defaults::MIN_BACKOFF,
             max_backoff: defaults::MAX_BACKOFF,
             retry: RetryPolicy::default(),

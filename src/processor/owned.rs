@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::lag_report::record_report;
-use super::lease::{Lease, LeaseStore, LeaseStoreError};
+use super::lease::{Lease, LeaseStore, LeaseStoreError, STALLED_PROPERTY};
 use super::liveness::Liveness;
 
 /// How many times an update is re-applied after a 412 while the lease is still ours (as the
@@ -60,6 +60,9 @@ pub struct OwnedLease {
     ended: CancellationToken,
     /// Whether this instance's heartbeat keeps the lease alive.
     liveness: Arc<Liveness>,
+    /// When the handler last answered a batch of this lease with an error (a failing handler is
+    /// not a stalled lease).
+    handler_failed_at: std::sync::Mutex<Option<Instant>>,
 }
 
 /// Reads a monotonic moment kept under a lock nobody holds across an await.
@@ -102,7 +105,24 @@ impl OwnedLease {
             renewed: AtomicBool::new(false),
             ended: CancellationToken::new(),
             liveness,
+            handler_failed_at: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Records that the handler answered a batch of this lease with an error, now.
+    pub fn note_handler_failure(&self) {
+        *self
+            .handler_failed_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+    }
+
+    /// When the handler last answered a batch of this lease with an error.
+    pub fn handler_failed_at(&self) -> Option<Instant> {
+        *self
+            .handler_failed_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Marks the end of this instance's processing of the lease: manual checkpoint handles of
@@ -192,6 +212,18 @@ impl OwnedLease {
     /// The instance the lease is being handed over to, if one asked.
     pub fn handoff_target(&self) -> Option<String> {
         self.handoff_to.lock().ok().and_then(|t| t.clone())
+    }
+
+    /// Names the instance the lease goes to when it is released (unless one asked for it
+    /// already), without stopping its processing: the reader of a stalled lease gives it up
+    /// itself.
+    pub fn release_to(&self, to: &str) {
+        if let Ok(mut target) = self.handoff_to.lock()
+            && target.is_none()
+            && to != self.me
+        {
+            *target = Some(to.to_owned());
+        }
     }
 
     /// The latest known copy of the lease.
@@ -398,4 +430,6 @@ impl OwnedLease {
 fn record_checkpoint(lease: &mut Lease, continuation: &str) {
     lease.continuation = Some(continuation.to_owned());
     lease.checkpoint_time = Some(OffsetDateTime::now_utc());
+    // A checkpoint is progress: a stall reported on the lease is over.
+    lease.properties.remove(STALLED_PROPERTY);
 }

@@ -39,6 +39,8 @@ pub(crate) struct Shared {
     pub(crate) requested: Arc<tokio::sync::Notify>,
     /// Whether the heartbeat keeps the leases alive or each lease is renewed on its own.
     pub(crate) liveness: Arc<Liveness>,
+    /// The other instances the last listing showed here, sorted.
+    pub(crate) others: Mutex<Vec<String>>,
 }
 
 impl Shared {
@@ -62,7 +64,14 @@ impl Shared {
             cycles: AtomicU64::new(0),
             requested: Arc::new(tokio::sync::Notify::new()),
             liveness,
+            others: Mutex::default(),
         }
+    }
+
+    /// Another instance here to give a stalled lease to (one drawn at random), if any.
+    pub(crate) fn another_instance(&self) -> Option<String> {
+        let others = self.others.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (!others.is_empty()).then(|| others[fastrand::usize(..others.len())].clone())
     }
 
     /// The acquire cycles started so far (the first is number 1).

@@ -41,6 +41,10 @@ pub enum OptionField {
     Adopt,
     /// What happens after the last attempt.
     OnExhausted,
+    /// Wait after an empty read.
+    PollInterval,
+    /// When a lease that does not advance is stalled.
+    StallTimeout,
 }
 
 impl OptionField {
@@ -88,6 +92,8 @@ impl OptionField {
             OptionField::Mode => ("change feed mode", "--mode", "mode"),
             OptionField::Adopt => ("adoption", "--adopt", "leases.adoptFrom"),
             OptionField::OnExhausted => ("on-exhausted policy", "--on-exhausted", "handler.onExhausted"),
+            OptionField::PollInterval => ("poll interval", "--poll-interval", "pollInterval"),
+            OptionField::StallTimeout => ("stall timeout", "--stall-timeout", "stallTimeout"),
         }
     }
 }
@@ -214,6 +220,13 @@ impl ProcessorOptions {
                 longer: (F::Expiration, self.expiration),
             });
         }
+        // An idle lease shows it has no lag once a poll: a stall timeout must leave it time to.
+        if !self.stall_timeout.is_zero() && self.poll_interval >= self.stall_timeout {
+            return Err(OptionsError::NotShorter {
+                shorter: (F::PollInterval, self.poll_interval),
+                longer: (F::StallTimeout, self.stall_timeout),
+            });
+        }
         if self.retry.initial_backoff > self.retry.max_backoff {
             return Err(OptionsError::Longer {
                 shorter: (F::InitialBackoff, self.retry.initial_backoff),
@@ -271,6 +284,11 @@ mod tests {
                 |o| o.max_items = 0,
                 "max items must be at least 1",
                 "maxItems must be at least 1",
+            ),
+            (
+                |o| o.stall_timeout = Duration::from_secs(5),
+                "the poll interval (5s) must be shorter than the stall timeout (5s)",
+                "pollInterval (5s) must be shorter than stallTimeout (5s)",
             ),
             (
                 |o| o.instance.clear(),

@@ -121,6 +121,14 @@ pub struct ChangeFeedProcessorSpec {
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
     #[schemars(length(max = 32))]
     pub poll_interval: String,
+    /// A lease whose position has not advanced for this long while it may have lag (a read or a
+    /// handler call that never returns) is stalled: the worker restarts its reader from the
+    /// checkpoint, then releases the lease if it stays stalled, and the status reports
+    /// `Degraded=True`, reason `LeaseStalled` (for example `5m`; `0s` turns detection off).
+    #[serde(default = "default_stall_timeout")]
+    #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    #[schemars(length(max = 32))]
+    pub stall_timeout: String,
     /// Maximum documents per batch.
     #[serde(default = "default_max_items")]
     #[schemars(range(min = 1, max = 10000))]
@@ -153,6 +161,9 @@ fn default_start_from() -> String {
 }
 fn default_poll_interval() -> String {
     defaults::text(defaults::POLL_INTERVAL)
+}
+fn default_stall_timeout() -> String {
+    defaults::text(defaults::STALL_TIMEOUT)
 }
 fn default_max_items() -> i32 {
     defaults::MAX_ITEMS as i32

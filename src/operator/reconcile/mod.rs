@@ -142,7 +142,7 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
     }
     let mut outcome = observe_and_plan(ctx, cfp, &key, &found).await?;
     apply(ctx, cfp, &key, &found, &mut outcome).await?;
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let now = super::status::now();
     outcome.remembered_scale_time = remember_scale(ctx, &key, outcome.before, outcome.desired(), &now);
     if outcome.needs_pod_check() {
         outcome.pod_problem = observe::pod_problem(&ctx.client, &namespace, cfp).await;

@@ -134,6 +134,13 @@ impl Outcome {
                     .filter_map(|l| Some((l.lease_token.clone(), l.handler_failing.clone()?)))
                     .collect()
             }),
+            stalled_leases: estimate.and_then(|o| o.as_ref().ok()).map(|estimate| {
+                estimate
+                    .leases
+                    .iter()
+                    .filter_map(|l| Some((l.lease_token.clone(), l.stalled.clone()?)))
+                    .collect()
+            }),
         }
     }
 
@@ -236,18 +243,13 @@ fn events(outcome: &Outcome, previous: &[Condition], current: &[Condition]) -> V
     {
         events.push(note(true, &reason, text));
     }
-    let failing_now = outcome
-        .observation()
-        .failing_leases
-        .is_some_and(|failing| !failing.is_empty());
-    let failing_before = previous
-        .iter()
-        .any(|c| c.type_ == DEGRADED && c.reason == "HandlerFailing");
-    if failing_now
-        && !failing_before
-        && let Some(condition) = current.iter().find(|c| c.type_ == DEGRADED)
+    // A lease newly halted by its handler, or newly stalled: a Warning naming it.
+    if let Some(degraded) = current.iter().find(|c| c.type_ == DEGRADED && c.status == "True")
+        && !previous
+            .iter()
+            .any(|c| c.type_ == DEGRADED && c.reason == degraded.reason)
     {
-        events.push(note(true, "HandlerFailing", condition.message.clone()));
+        events.push(note(true, &degraded.reason, degraded.message.clone()));
     }
     events
 }
@@ -428,10 +430,19 @@ mod tests {
             checkpoint_age: None,
             started: true,
             handler_failing: Some("since 10:00: 500".into()),
+            stalled: None,
             error: None,
             reads: 1,
         };
         ProcessorEstimate::new("p", vec![lease])
+    }
+
+    fn stalled_lease() -> ProcessorEstimate {
+        let mut estimate = failing_lease();
+        estimate.leases[0].handler_failing = None;
+        estimate.leases[0].stalled =
+            Some("on pod-a at 10:00: no progress for 300 s, in a change feed read for 290 s".into());
+        estimate
     }
 
     type Expected = &'static [(bool, &'static str, &'static str)];
@@ -547,6 +558,24 @@ mod tests {
                 vec![condition(DEGRADED, "HandlerFailing")],
                 Outcome {
                     estimate: estimate(Ok(failing_lease())),
+                    ..applied(Some(1), 1)
+                },
+                &[],
+            ),
+            (
+                "a lease stalls",
+                vec![condition(DEGRADED, "HandlersHealthy")],
+                Outcome {
+                    estimate: estimate(Ok(stalled_lease())),
+                    ..applied(Some(1), 1)
+                },
+                &[(true, "LeaseStalled", "lease 0 is stalled on pod-a at 10:00")],
+            ),
+            (
+                "a lease stays stalled",
+                vec![condition(DEGRADED, "LeaseStalled")],
+                Outcome {
+                    estimate: estimate(Ok(stalled_lease())),
                     ..applied(Some(1), 1)
                 },
                 &[],

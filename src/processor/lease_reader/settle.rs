@@ -1,0 +1,147 @@
+//! Settling a lease's batches: checkpointing a handled batch (as the checkpoint policy says,
+//! retrying a failed write rather than reading the batch again), splitting the lease when a page
+//! shows its range now spans several partitions, writing the deferred checkpoint before a release
+//! or a rebuild, and the lease's lag report.
+
+use super::*;
+
+impl LeaseReader {
+    /// Checkpoints a finished batch, or splits the lease when the page shows the range now spans
+    /// several partitions — batches are settled in read order.
+    pub(super) async fn settle(&mut self, range: &EpkRange, page: ChangePage, delivered: bool) -> Flow {
+        if !delivered {
+            // Stopped while retrying a failing batch: nothing is checkpointed past it.
+            return Flow::Return(stop_reason(&self.owned));
+        }
+        let single = match page.continuations.as_slice() {
+            [only] if only.range == *range => Some(only.continuation.clone()),
+            _ => None,
+        };
+        let Some(continuation) = single else {
+            return match split(&self.shared, &self.owned, range, &self.split_parts(&page)).await {
+                Some(exit) => Flow::Return(exit),
+                None => Flow::Rebuild,
+            };
+        };
+        if self.shared.handler.is_manual() {
+            // The handler checkpoints through its handles.
+            return Flow::Go;
+        }
+        self.checkpoint(&page, continuation).await
+    }
+
+    /// The SDK followed a split of the range inside one stream: each child's position is known —
+    /// but a handler that checkpoints itself decides what is done, so its children start from the
+    /// last checkpoint it wrote.
+    fn split_parts(&self, page: &ChangePage) -> Vec<RangeContinuation> {
+        if !self.shared.handler.is_manual() {
+            return page.continuations.clone();
+        }
+        page.continuations
+            .iter()
+            .map(|part| RangeContinuation {
+                range: part.range.clone(),
+                continuation: String::new(),
+            })
+            .collect()
+    }
+
+    /// Records `continuation` as handled and writes it when the checkpoint policy says so,
+    /// retrying a failed write rather than reading the batch again.
+    async fn checkpoint(&mut self, page: &ChangePage, continuation: String) -> Flow {
+        let report = reported_lsn(page, &continuation);
+        self.report = report.map(|lsn| (continuation.clone(), lsn));
+        let current = self.owned.current().await;
+        let unchanged = current.continuation.as_deref() == Some(continuation.as_str());
+        self.quiet_pages = if page.documents.is_empty() {
+            self.quiet_pages.saturating_add(1)
+        } else {
+            0
+        };
+        if page.documents.is_empty() && unchanged && !self.deferred.is_pending() {
+            let reported = current.properties.get(LATEST_LSN_PROPERTY).map(String::as_str);
+            self.report_caught_up(reported, &continuation, report).await;
+            return Flow::Go;
+        }
+        if !(page.documents.is_empty() && unchanged) {
+            self.deferred.record(continuation, !page.documents.is_empty());
+        }
+        let started = std::time::Instant::now();
+        let Some(continuation) = self.deferred.due(started).map(str::to_owned) else {
+            // The policy defers this checkpoint (checkpoint.every).
+            return Flow::Go;
+        };
+        let mut attempt = 0;
+        let report = self.report_for(&continuation);
+        loop {
+            match self.owned.checkpoint_reporting(&continuation, report).await {
+                Ok(_) => {
+                    self.deferred.written(std::time::Instant::now());
+                    let token = self.owned.token();
+                    self.shared.telemetry.observer().checkpointed(token, started.elapsed());
+                    if !page.documents.is_empty() {
+                        self.shared.telemetry.emit(LeaseEvent::Checkpointed {
+                            lease: token.to_owned(),
+                            documents: page.documents.len(),
+                        });
+                    }
+                    return Flow::Go;
+                }
+                Err(UpdateError::Lost(owner)) => {
+                    tracing::info!(new_owner = ?owner, "checkpoint found the lease owned by another instance");
+                    return Flow::Return(LeaseExit::closed(CloseReason::LeaseLost));
+                }
+                Err(UpdateError::Gone) => return Flow::Return(LeaseExit::closed(CloseReason::LeaseGone)),
+                Err(UpdateError::Store(error)) => {
+                    // The batch was handled; keep trying to record it rather than re-reading it.
+                    self.report(LeaseError::Checkpoint(error));
+                    if !pause(self.cancel(), self.shared.options.backoff(attempt)).await {
+                        return Flow::Return(stop_reason(&self.owned));
+                    }
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    /// Writes the handled position not yet checkpointed, if any (before a release or a reader
+    /// rebuild, so that nothing handled is read again).
+    pub(super) async fn write_pending(&mut self) {
+        let Some(continuation) = self.deferred.pending().map(str::to_owned) else {
+            return;
+        };
+        let started = std::time::Instant::now();
+        let report = self.report_for(&continuation);
+        match self.owned.checkpoint_reporting(&continuation, report).await {
+            Ok(_) => {
+                self.deferred.written(std::time::Instant::now());
+                let token = self.owned.token();
+                self.shared.telemetry.observer().checkpointed(token, started.elapsed());
+            }
+            Err(error) => tracing::debug!(%error, "writing the deferred checkpoint failed"),
+        }
+    }
+
+    /// Writes that the lease caught up (`report`, at the unchanged `continuation`) once it was
+    /// quiet for a few polls — not between two batches of a trickle — when the lease's last
+    /// report (`reported`) says otherwise.
+    async fn report_caught_up(&mut self, reported: Option<&str>, continuation: &str, report: Option<u64>) {
+        let Some(lsn) = report else {
+            return;
+        };
+        if self.quiet_pages < CAUGHT_UP_PAGES || reported == Some(lsn.to_string().as_str()) {
+            return;
+        }
+        if let Err(error) = self.owned.checkpoint_reporting(continuation, report).await {
+            tracing::debug!(%error, "writing the caught-up report failed");
+        }
+    }
+
+    /// The lag report of the page `continuation` is the position after, if it was the last one.
+    fn report_for(&self, continuation: &str) -> Option<u64> {
+        self.report
+            .as_ref()
+            .filter(|(at, _)| at == continuation)
+            .map(|(_, lsn)| *lsn)
+    }
+}
