@@ -6,12 +6,13 @@
 
 use std::time::Duration;
 
+use changefeed_operator::bench::CountingStore;
 use changefeed_operator::cosmos::{MonitoredContainer, StartFrom};
 use changefeed_operator::processor::checkpoint_apply::{
     MoveError, MoveOptions, Moved, Request, move_checkpoints, read_export,
 };
 use changefeed_operator::processor::checkpoints::{Export, Selection};
-use changefeed_operator::processor::{CosmosLeaseStore, ProcessorHandle};
+use changefeed_operator::processor::{CosmosLeaseStore, LeaseStore, ProcessorHandle};
 
 use crate::common::{self, DB, Env, ITEMS, PROCESSOR, eventually, ids};
 
@@ -107,7 +108,7 @@ async fn a_rewind_to_now_skips_the_backlog_and_delivers_what_follows() {
     .await;
     // Every range got some of 400..450, and a range delivers in order: had any of its backlog
     // been read, it would have come before them.
-    let backlog = ids(100..400).iter().filter(|id| env.deliveries.count(id) > 0).count();
+    let backlog = delivered_of(&env, 100..400);
     println!(
         "rewind to now: backlog 300 written while stopped, delivered {backlog} of it; 50 written after the rewind, delivered {}",
         50 - env.deliveries.missing(ids(400..450)).len()
@@ -142,7 +143,7 @@ async fn an_import_redelivers_exactly_what_came_after_the_export_across_a_split(
         env.deliveries.missing(ids(300..500)).is_empty() && env.leases().await.len() == 3
     })
     .await;
-    let early = ids(0..300).iter().filter(|id| env.deliveries.count(id) > 0).count();
+    let early = delivered_of(&env, 0..300);
     println!(
         "export → 200 more writes and a split (leases 2 → {after_split}) → import ({}): redelivered {} distinct of the 200 after the export, {early} of the 300 before it, leases now {}",
         moved.applied.clone().unwrap_or_default().describe(),
@@ -219,6 +220,98 @@ async fn a_dry_run_changes_nothing_and_a_time_is_a_start_position() {
     );
     assert!(all);
     a.stop().await;
+}
+
+/// How many of `docs` were delivered (at least once).
+fn delivered_of(env: &Env, docs: std::ops::Range<usize>) -> usize {
+    ids(docs).iter().filter(|id| env.deliveries.count(id) > 0).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_starting_in_the_middle_of_a_rewind_reads_all_leases_moved_or_none() {
+    let env = processed(4, 0..400).await;
+    let (monitored, store) = open(&env).await;
+    // Every request of the command takes 150 ms: the rewind lasts about two seconds.
+    let slow = CountingStore::new(std::sync::Arc::new(store)).with_latency(Duration::from_millis(150));
+    env.deliveries.clear();
+    let rewind_to_beginning = rewind(StartFrom::Beginning);
+    let not_forced = options(false, false);
+    let command = move_checkpoints(&slow, &monitored, &rewind_to_beginning, &not_forced);
+    let worker = async {
+        let claimed = eventually(Duration::from_secs(10), || async {
+            env.leases()
+                .await
+                .iter()
+                .any(|l| l.owner.as_deref() == Some("cfp-checkpoints-test"))
+        })
+        .await;
+        assert!(claimed, "the command claimed no lease");
+        let leases = env.leases().await;
+        let moved_at_start = leases.iter().filter(|l| l.continuation.is_none()).count();
+        (env.start(env.options("b")).await, moved_at_start)
+    };
+    let (result, (b, moved_at_start)) = tokio::join!(command, worker);
+    // What follows in every range shows that range's position was read.
+    env.write(400..450).await;
+    let followed = eventually(Duration::from_secs(30), || async {
+        env.deliveries.missing(ids(400..450)).is_empty()
+    })
+    .await;
+    assert!(followed, "missing {:?}", env.deliveries.missing(ids(400..450)));
+    let backlog = delivered_of(&env, 0..400);
+    println!(
+        "worker started mid-rewind (after the first claim, {moved_at_start} of 4 leases moved then): command {}, redelivered {backlog} of the 400 before (all or nothing)",
+        match &result {
+            Ok(moved) => moved.applied.clone().unwrap_or_default().describe(),
+            Err(error) => format!("failed and put back: {error}"),
+        }
+    );
+    match result {
+        Ok(_) => assert_eq!(backlog, 400, "every lease read from the beginning"),
+        Err(_) => assert_eq!(backlog, 0, "no lease read from the beginning"),
+    }
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_in_the_middle_puts_every_lease_back() {
+    let env = processed(2, 0..100).await;
+    let (_, store) = open(&env).await;
+    let before = env.leases().await;
+    let mut plan = changefeed_operator::processor::checkpoints::plan_rewind(
+        &before,
+        StartFrom::Beginning,
+        &Selection::default(),
+        &Default::default(),
+    )
+    .unwrap();
+    // The last step creates a lease that exists already: it fails after both leases moved.
+    plan.creates.push(before[0].clone());
+    let failed = changefeed_operator::processor::checkpoint_apply::apply(&store, &plan, "cfp-checkpoints-test").await;
+    let after = env.leases().await;
+    let positions = |leases: &[changefeed_operator::processor::Lease]| {
+        leases
+            .iter()
+            .map(|l| {
+                (
+                    l.id.clone(),
+                    l.continuation.clone(),
+                    l.owner.clone(),
+                    l.properties.clone(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let snapshot = store.snapshot().await.unwrap();
+    println!(
+        "a failure after 2 moves: {}; leases as before: {}; command heartbeat left: {}",
+        failed.as_ref().err().map(ToString::to_string).unwrap_or_default(),
+        positions(&after) == positions(&before),
+        snapshot.instances.len()
+    );
+    assert!(failed.is_err());
+    assert_eq!(positions(&after), positions(&before));
+    assert!(snapshot.instances.is_empty(), "the command's heartbeat is removed");
 }
 
 async fn cfp_checkpoints(endpoint: &str, args: &[&str]) -> (Option<i32>, String, String) {

@@ -126,14 +126,14 @@ async fn the_rewind_annotations_stop_the_workers_move_the_checkpoints_and_restor
     })
     .await;
     let event = wait_event(&client, &ns, "Rewound").await;
-    let restored = wait("the replicas restored", || async {
+    wait("the replicas restored", || async {
         let d = deployments.get("orders").await.ok()?;
         (replicas(&d) == Some(2)).then_some(())
     })
     .await;
     let rewound = leases(&account).await;
     println!(
-        "rewind-to=beginning: lastRewind {:?} ({}), Event {:?}, replicas 2 → 0 → 2 {restored:?}, leases without checkpoint {} of {}",
+        "rewind-to=beginning: lastRewind {:?} ({}), Event {:?}, replicas 2 → 0 → 2, leases without checkpoint {} of {}",
         done.request,
         done.message,
         event.note.unwrap_or_default(),
