@@ -231,20 +231,29 @@ fn delivered_of(env: &Env, docs: std::ops::Range<usize>) -> usize {
 async fn a_worker_starting_in_the_middle_of_a_rewind_reads_all_leases_moved_or_none() {
     let env = processed(4, 0..400).await;
     let (monitored, store) = open(&env).await;
-    // Every request of the command takes 400 ms: the rewind lasts longer than the worker takes to
-    // start, and than the lease expiration (2 s).
+    // Every request of the command takes 400 ms: the worker starts while it claims and moves.
     let slow = CountingStore::new(std::sync::Arc::new(store)).with_latency(Duration::from_millis(400));
     env.deliveries.clear();
     let rewind_to_beginning = rewind(StartFrom::Beginning);
     let not_forced = options(false, false);
-    let command = move_checkpoints(&slow, &monitored, &rewind_to_beginning, &not_forced);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let command = async {
+        let result = move_checkpoints(&slow, &monitored, &rewind_to_beginning, &not_forced).await;
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        result
+    };
     let worker = async {
-        // The first lease moved (no continuation: from the beginning); the others not yet.
+        // The command claimed a lease (or, when it failed before, ended).
         let started = eventually(Duration::from_secs(10), || async {
-            env.leases().await.iter().any(|l| l.continuation.is_none())
+            done.load(std::sync::atomic::Ordering::SeqCst)
+                || env
+                    .leases()
+                    .await
+                    .iter()
+                    .any(|l| l.owner.as_deref() == Some("cfp-checkpoints-test"))
         })
         .await;
-        assert!(started, "the command moved no lease");
+        assert!(started, "the command neither claimed a lease nor ended");
         let leases = env.leases().await;
         let moved_at_start = leases.iter().filter(|l| l.continuation.is_none()).count();
         (env.start(env.options("b")).await, moved_at_start)
@@ -259,7 +268,7 @@ async fn a_worker_starting_in_the_middle_of_a_rewind_reads_all_leases_moved_or_n
     assert!(followed, "missing {:?}", env.deliveries.missing(ids(400..450)));
     let backlog = delivered_of(&env, 0..400);
     println!(
-        "worker started mid-rewind (once a lease moved: {moved_at_start} of 4 leases moved then): command {}, redelivered {backlog} of the 400 before (all or nothing)",
+        "worker started mid-rewind (once a lease was claimed; {moved_at_start} of 4 moved then): command {}, redelivered {backlog} of the 400 before (all or nothing)",
         match &result {
             Ok(moved) => moved.applied.clone().unwrap_or_default().describe(),
             Err(error) => format!("failed and put back: {error}"),
@@ -286,7 +295,13 @@ async fn a_failure_in_the_middle_puts_every_lease_back() {
     .unwrap();
     // The last step creates a lease that exists already: it fails after both leases moved.
     plan.creates.push(before[0].clone());
-    let failed = changefeed_operator::processor::checkpoint_apply::apply(&store, &plan, "cfp-checkpoints-test").await;
+    let failed = changefeed_operator::processor::checkpoint_apply::apply(
+        &store,
+        &plan,
+        "cfp-checkpoints-test",
+        Duration::from_secs(2),
+    )
+    .await;
     let after = env.leases().await;
     let positions = |leases: &[changefeed_operator::processor::Lease]| {
         leases
@@ -311,6 +326,32 @@ async fn a_failure_in_the_middle_puts_every_lease_back() {
     assert!(failed.is_err());
     assert_eq!(positions(&after), positions(&before));
     assert!(snapshot.instances.is_empty(), "the command's heartbeat is removed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_container_too_slow_for_the_expiration_changes_nothing() {
+    let env = processed(2, 0..50).await;
+    let (monitored, store) = open(&env).await;
+    let before = env.leases().await;
+    // Claiming takes 1.2 s, more than half the expiration (2 s): no move may start.
+    let slow = CountingStore::new(std::sync::Arc::new(store)).with_latency(Duration::from_millis(1200));
+    let result = move_checkpoints(&slow, &monitored, &rewind(StartFrom::Beginning), &options(false, false)).await;
+    let after = env.leases().await;
+    let kept = after
+        .iter()
+        .zip(&before)
+        .filter(|(a, b)| (&a.continuation, &a.owner) == (&b.continuation, &b.owner))
+        .count();
+    println!(
+        "1.2 s per request, expiration 2 s: {}; leases kept as they were: {kept} of {}",
+        result.as_ref().err().map(ToString::to_string).unwrap_or_default(),
+        before.len()
+    );
+    assert!(
+        matches!(result, Err(MoveError::TooSlow { leases: 2, .. })),
+        "{result:?}"
+    );
+    assert_eq!(kept, before.len());
 }
 
 async fn cfp_checkpoints(endpoint: &str, args: &[&str]) -> (Option<i32>, String, String) {

@@ -10,6 +10,9 @@
 //!    still owned by the command.
 //! 3. Release: the moved leases lose their owner and are taken by the workers.
 //!
+//! A worker takes a claimed lease at the earliest one lease expiration after the claim (its
+//! handoff request unanswered that long), so every move is made within half an expiration of the
+//! first claim, or none is (the lease container answered too slowly: everything is put back).
 //! So a worker reads a lease either before anything moved, or after every lease moved. A failure
 //! before the release writes every lease back as it was (positions, owners) and deletes what was
 //! created: the processor stays where it was. A crash of the command itself in step 2 leaves the
@@ -19,7 +22,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use futures::{FutureExt, StreamExt};
 use time::OffsetDateTime;
+use tokio::time::Instant;
 
 use super::checkpoints::{Export, Plan, PlanError, Selection, check_container, export, live_signs};
 use super::lease::{Lease, LeaseStore, LeaseStoreError};
@@ -29,6 +34,8 @@ use crate::cosmos::{FeedMode, MonitoredContainer, StartFrom};
 const BEAT_EVERY: Duration = Duration::from_secs(3);
 /// Writes of one lease that may meet another writer (412) before the command gives up.
 const ATTEMPTS: u32 = 5;
+/// Lease writes in flight at once.
+const CONCURRENCY: usize = 16;
 
 /// Why checkpoints could not be moved.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +66,14 @@ pub enum MoveError {
         lease: String,
         /// Its new owner.
         owner: String,
+    },
+    /// The lease container answered too slowly to move every lease while no worker can take one.
+    #[error("the lease container answered too slowly to move {leases} leases within half of the lease expiration of {}: a worker could have taken a moved lease before all had moved; nothing was changed — try again (throttled?), and give the processor's --lease-expiration if it is longer", humantime::format_duration(*.expiration))]
+    TooSlow {
+        /// The leases to write.
+        leases: usize,
+        /// The lease expiration.
+        expiration: Duration,
     },
     /// Reading the leases or the change feed failed before anything was written.
     #[error("{0}")]
@@ -111,17 +126,31 @@ enum Undo {
 struct Session<'a> {
     store: &'a dyn LeaseStore,
     holder: &'a str,
+    /// The processor's lease expiration.
+    expiration: Duration,
+    /// No lease is moved after this (half an expiration after the first claim): until a lease
+    /// expiration after its claim no worker takes a claimed lease, so every move is made while
+    /// no worker can have read a moved lease.
+    deadline: Instant,
     /// The leases the command holds now, by id (their current versions).
     held: BTreeMap<String, Lease>,
     undo: Vec<Undo>,
 }
 
-/// Writes `plan` as `holder` (claim, move, release); on a failure before the release, puts
-/// everything back. The command's heartbeat runs meanwhile and is removed at the end.
-pub async fn apply(store: &dyn LeaseStore, plan: &Plan, holder: &str) -> Result<Applied, MoveError> {
+/// Writes `plan` as `holder` (claim, move, release) for a processor whose lease expiration is
+/// `expiration`; on a failure before the release, puts everything back. The command's heartbeat
+/// runs meanwhile (every quarter expiration at most) and is removed at the end.
+pub async fn apply(
+    store: &dyn LeaseStore,
+    plan: &Plan,
+    holder: &str,
+    expiration: Duration,
+) -> Result<Applied, MoveError> {
     let mut session = Session {
         store,
         holder,
+        expiration,
+        deadline: Instant::now() + expiration / 2,
         held: BTreeMap::new(),
         undo: Vec::new(),
     };
@@ -130,7 +159,7 @@ pub async fn apply(store: &dyn LeaseStore, plan: &Plan, holder: &str) -> Result<
             if let Err(error) = store.heartbeat(holder, true).await {
                 tracing::warn!(%error, "the heartbeat of the checkpoint command failed");
             }
-            tokio::time::sleep(BEAT_EVERY).await;
+            tokio::time::sleep(BEAT_EVERY.min(expiration / 4)).await;
         }
     };
     let result = tokio::select! {
@@ -147,43 +176,136 @@ fn now() -> OffsetDateTime {
     OffsetDateTime::now_utc()
 }
 
+/// Runs `writes` at most [`CONCURRENCY`] at a time; every result, in no particular order.
+async fn all<'a, T>(writes: Vec<futures::future::BoxFuture<'a, T>>) -> Vec<T> {
+    futures::stream::iter(writes)
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await
+}
+
+/// Takes `lease` (as read) for `holder`, re-reading it when another writer came first: the
+/// version taken over and the version written.
+async fn claim(store: &dyn LeaseStore, holder: &str, lease: &Lease) -> Result<(Lease, Lease), MoveError> {
+    let store_error = |source| MoveError::Store {
+        step: "claiming",
+        lease: lease.lease_token.clone(),
+        source,
+    };
+    let mut current = lease.clone();
+    for _ in 0..ATTEMPTS {
+        let mut claimed = current.clone();
+        claimed.owner = Some(holder.to_owned());
+        claimed.timestamp = Some(now());
+        claimed.clear_handoff();
+        match store.replace(&claimed).await {
+            Ok(written) => return Ok((current, written)),
+            Err(LeaseStoreError::Changed(_)) => {
+                current = store
+                    .read(&lease.id)
+                    .await
+                    .map_err(store_error)?
+                    .ok_or_else(|| store_error(LeaseStoreError::Gone(lease.id.clone())))?;
+            }
+            Err(error) => return Err(store_error(error)),
+        }
+    }
+    Err(store_error(LeaseStoreError::Changed(lease.id.clone())))
+}
+
+/// Changes `current`, held by `holder`, with `change` (no handoff request, a fresh timestamp);
+/// after a 412 (a handoff request written into it) re-reads it and changes that version.
+async fn change_held(
+    store: &dyn LeaseStore,
+    holder: &str,
+    mut current: Lease,
+    change: impl Fn(&mut Lease),
+) -> Result<Lease, MoveError> {
+    let id = current.id.clone();
+    let store_error = |source| MoveError::Store {
+        step: "moving",
+        lease: id.clone(),
+        source,
+    };
+    for _ in 0..ATTEMPTS {
+        let mut next = current.clone();
+        next.clear_handoff();
+        next.timestamp = Some(now());
+        change(&mut next);
+        match store.replace(&next).await {
+            Ok(written) => return Ok(written),
+            Err(LeaseStoreError::Changed(_)) => {
+                let read = store.read(&id).await.map_err(store_error)?;
+                current = read.ok_or_else(|| store_error(LeaseStoreError::Gone(id.clone())))?;
+                if current.owner.as_deref() != Some(holder) {
+                    let owner = current.owner.clone().unwrap_or_else(|| "nobody".into());
+                    return Err(MoveError::Taken {
+                        lease: id.clone(),
+                        owner,
+                    });
+                }
+            }
+            Err(error) => return Err(store_error(error)),
+        }
+    }
+    Err(store_error(LeaseStoreError::Changed(id.clone())))
+}
+
 impl Session<'_> {
     async fn run(&mut self, plan: &Plan) -> Result<Applied, MoveError> {
         if let Err(error) = self.claim_and_move(plan).await {
             self.roll_back().await;
             return Err(error);
         }
-        let mut applied = Applied {
+        let (store, holder) = (self.store, self.holder);
+        let releases = self.held.values().map(|lease| {
+            let lease = lease.clone();
+            async move {
+                let released = change_held(store, holder, lease.clone(), |l| l.owner = None).await;
+                (lease.id, released)
+            }
+            .boxed()
+        });
+        let releases = all(releases.collect()).await;
+        let mut unreleased = Vec::new();
+        for (id, released) in releases {
+            if let Err(error) = released {
+                tracing::warn!(lease = id, %error, "releasing a moved lease failed; it expires after the lease expiration");
+                unreleased.push(id);
+            }
+        }
+        unreleased.sort();
+        Ok(Applied {
             moved: plan.moves.len(),
             created: plan.creates.len(),
             deleted: plan.deletes.len(),
-            unreleased: Vec::new(),
-        };
-        let ids: Vec<String> = self.held.keys().cloned().collect();
-        for id in ids {
-            let released = self
-                .write(&id, |lease| {
-                    lease.owner = None;
-                })
-                .await;
-            if let Err(error) = released {
-                tracing::warn!(lease = id, %error, "releasing a moved lease failed; it expires after the lease expiration");
-                applied.unreleased.push(id);
-            }
-        }
-        Ok(applied)
+            unreleased,
+        })
     }
 
     async fn claim_and_move(&mut self, plan: &Plan) -> Result<(), MoveError> {
-        for lease in plan.touched() {
-            self.claim(lease).await?;
+        self.deadline = Instant::now() + self.expiration / 2;
+        let (store, holder) = (self.store, self.holder);
+        let mut failed = None;
+        let claims = plan
+            .touched()
+            .map(|lease| claim(store, holder, lease).boxed())
+            .collect();
+        for claimed in all(claims).await {
+            match claimed {
+                Ok((original, written)) => {
+                    self.undo.push(Undo::Restore(original));
+                    self.held.insert(written.id.clone(), written);
+                }
+                Err(error) => failed = failed.or(Some(error)),
+            }
         }
-        for change in &plan.moves {
-            let to = change.to.clone();
-            self.write(&change.lease.id, move |lease| *lease = to.apply_to(lease))
-                .await?;
+        if let Some(error) = failed {
+            return Err(error);
         }
+        self.move_claimed(plan).await?;
         for lease in &plan.creates {
+            self.in_time(plan)?;
             self.create(lease).await?;
         }
         for lease in &plan.deletes {
@@ -192,75 +314,53 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// Takes `lease` (as read) for the command, re-reading it when another writer came first.
-    async fn claim(&mut self, lease: &Lease) -> Result<(), MoveError> {
-        let store_error = |source| MoveError::Store {
-            step: "claiming",
-            lease: lease.lease_token.clone(),
-            source,
-        };
-        let mut current = lease.clone();
-        for _ in 0..ATTEMPTS {
-            let mut claimed = current.clone();
-            claimed.owner = Some(self.holder.to_owned());
-            claimed.timestamp = Some(now());
-            claimed.clear_handoff();
-            match self.store.replace(&claimed).await {
+    /// Moves the claimed leases of `plan.moves`, all at once (as many as [`CONCURRENCY`]).
+    async fn move_claimed(&mut self, plan: &Plan) -> Result<(), MoveError> {
+        self.in_time(plan)?;
+        let (store, holder, deadline) = (self.store, self.holder, self.deadline);
+        let (leases, expiration) = (plan.touched().count() + plan.creates.len(), self.expiration);
+        let held = &self.held;
+        let moves = plan.moves.iter().map(|change| {
+            let current = held.get(&change.lease.id).cloned();
+            async move {
+                let current = current.ok_or_else(|| MoveError::Store {
+                    step: "moving",
+                    lease: change.lease.id.clone(),
+                    source: LeaseStoreError::Gone(change.lease.id.clone()),
+                })?;
+                if Instant::now() > deadline {
+                    return Err(MoveError::TooSlow { leases, expiration });
+                }
+                change_held(store, holder, current, |l| *l = change.to.apply_to(l)).await
+            }
+            .boxed()
+        });
+        let moves = all(moves.collect()).await;
+        let mut failed = None;
+        for moved in moves {
+            match moved {
                 Ok(written) => {
-                    self.undo.push(Undo::Restore(current));
                     self.held.insert(written.id.clone(), written);
-                    return Ok(());
                 }
-                Err(LeaseStoreError::Changed(_)) => {
-                    current = self
-                        .store
-                        .read(&lease.id)
-                        .await
-                        .map_err(store_error)?
-                        .ok_or_else(|| store_error(LeaseStoreError::Gone(lease.id.clone())))?;
-                }
-                Err(error) => return Err(store_error(error)),
+                Err(error) => failed = failed.or(Some(error)),
             }
         }
-        Err(store_error(LeaseStoreError::Changed(lease.id.clone())))
+        failed.map_or(Ok(()), Err)
     }
 
-    /// Changes the held lease `id` with `change` (owner stays the command's until the release);
-    /// after a 412 (a handoff request written into it) re-reads it and changes that version.
-    async fn write(&mut self, id: &str, change: impl Fn(&mut Lease)) -> Result<(), MoveError> {
-        let store_error = |source| MoveError::Store {
-            step: "moving",
-            lease: id.to_owned(),
-            source,
-        };
-        let Some(mut current) = self.held.get(id).cloned() else {
-            return Err(store_error(LeaseStoreError::Gone(id.to_owned())));
-        };
-        for _ in 0..ATTEMPTS {
-            let mut next = current.clone();
-            next.clear_handoff();
-            next.timestamp = Some(now());
-            change(&mut next);
-            match self.store.replace(&next).await {
-                Ok(written) => {
-                    self.held.insert(id.to_owned(), written);
-                    return Ok(());
-                }
-                Err(LeaseStoreError::Changed(_)) => {
-                    let read = self.store.read(id).await.map_err(store_error)?;
-                    current = read.ok_or_else(|| store_error(LeaseStoreError::Gone(id.to_owned())))?;
-                    if current.owner.as_deref() != Some(self.holder) {
-                        let owner = current.owner.clone().unwrap_or_else(|| "nobody".into());
-                        return Err(MoveError::Taken {
-                            lease: id.to_owned(),
-                            owner,
-                        });
-                    }
-                }
-                Err(error) => return Err(store_error(error)),
-            }
+    /// Fails once the deadline for moves has passed.
+    fn in_time(&self, plan: &Plan) -> Result<(), MoveError> {
+        if Instant::now() > self.deadline {
+            return Err(self.too_slow(plan));
         }
-        Err(store_error(LeaseStoreError::Changed(id.to_owned())))
+        Ok(())
+    }
+
+    fn too_slow(&self, plan: &Plan) -> MoveError {
+        MoveError::TooSlow {
+            leases: plan.touched().count() + plan.creates.len(),
+            expiration: self.expiration,
+        }
     }
 
     async fn create(&mut self, lease: &Lease) -> Result<(), MoveError> {
@@ -418,14 +518,20 @@ pub async fn move_checkpoints(
             super::checkpoints::plan_import(&snapshot.leases, export, store.prefix())?
         }
     };
-    for line in plan.lines() {
-        tracing::info!(dry_run = options.dry_run, "{line}");
+    let lines = plan.lines();
+    tracing::info!(
+        changes = lines.len(),
+        dry_run = options.dry_run,
+        "planned the checkpoint moves"
+    );
+    for line in lines {
+        tracing::debug!(dry_run = options.dry_run, "{line}");
     }
     if options.dry_run || plan.is_empty() {
         let applied = (!options.dry_run).then(Applied::default);
         return Ok(Moved { plan, applied });
     }
-    let applied = apply(store, &plan, &options.holder).await?;
+    let applied = apply(store, &plan, &options.holder, options.expiration).await?;
     Ok(Moved {
         plan,
         applied: Some(applied),
