@@ -135,9 +135,30 @@ async fn an_import_redelivers_exactly_what_came_after_the_export_across_a_split(
     let after_split = env.leases().await.len();
     assert_eq!((partitions.len(), after_split), (3, 3), "the processor split its lease");
     let export: Export = serde_json::from_str(&json).unwrap();
-    let moved = carry_out(&env, &Request::Import(Box::new(export)), false)
+    let moved = carry_out(&env, &Request::Import(Box::new(export.clone())), false)
         .await
         .unwrap();
+    // The same export fills the empty lease set of another processor name.
+    let copy = common::lease_store(&env.account, "copy").await.unwrap();
+    let copied = move_checkpoints(
+        &copy,
+        &monitored,
+        &Request::Import(Box::new(export.clone())),
+        &options(false, false),
+    )
+    .await
+    .unwrap();
+    let copies = copy.snapshot().await.unwrap().leases;
+    assert_eq!(copied.applied.map(|a| a.created), Some(2));
+    assert_eq!(
+        copies.iter().map(|l| l.continuation.clone()).collect::<Vec<_>>(),
+        export.leases.iter().map(|l| l.continuation.clone()).collect::<Vec<_>>()
+    );
+    assert!(
+        copies
+            .iter()
+            .all(|l| l.owner.is_none() && l.id.starts_with(copy.prefix()))
+    );
     let a = start_again(&env).await;
     let all = eventually(Duration::from_secs(30), || async {
         env.deliveries.missing(ids(300..500)).is_empty() && env.leases().await.len() == 3
