@@ -309,6 +309,7 @@ impl Session<'_> {
             self.create(lease).await?;
         }
         for lease in &plan.deletes {
+            self.in_time(plan)?;
             self.delete(&lease.id).await?;
         }
         Ok(())
