@@ -56,6 +56,9 @@ fn main() -> ExitCode {
             Command::Deadletter(command) => cli::deadletter::run(command)
                 .await
                 .map_err(|e| format!("cfp deadletter: {e}")),
+            Command::Checkpoints(command) => cli::checkpoints::run(command)
+                .await
+                .map_err(|e| format!("cfp checkpoints: {e}")),
             Command::Crd => {
                 print!("{}", changefeed_operator::operator::crd_yaml());
                 Ok(())

@@ -42,6 +42,9 @@ pub enum Command {
     /// List or replay the documents a processor dead-lettered.
     #[command(subcommand)]
     Deadletter(DeadLetterCommand),
+    /// Export, import or rewind a processor's checkpoints (its leases' positions).
+    #[command(subcommand)]
+    Checkpoints(CheckpointsCommand),
 }
 
 /// `cfp emulator`.
@@ -507,4 +510,71 @@ pub struct DeadLetterReplayArgs {
     pub letters: DeadLetterArgs,
     #[command(flatten)]
     pub handler: HandlerArgs,
+}
+
+/// `cfp checkpoints`.
+#[derive(Debug, Subcommand)]
+pub enum CheckpointsCommand {
+    /// Print the processor's leases as JSON: range, continuation, LSN, owner, time.
+    Export(CheckpointsArgs),
+    /// Restore the leases of an export (ranges split since are leased whole again).
+    Import(CheckpointsImportArgs),
+    /// Move every lease (or the --lease / --range ones) to a position.
+    Rewind(CheckpointsRewindArgs),
+}
+
+/// The processor whose checkpoints are read or moved, and how carefully.
+#[derive(Debug, Args, Clone)]
+pub struct CheckpointsArgs {
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
+    #[command(flatten)]
+    pub leases: LeaseArgs,
+    /// The processor's lease expiration: a heartbeat or lease write younger than this is a
+    /// running instance.
+    #[arg(long, env = "CFP_LEASE_EXPIRATION", default_value = text(defaults::EXPIRATION), value_parser = duration)]
+    pub lease_expiration: Duration,
+    /// Move the checkpoints although instances run (their leases are taken from them), or an
+    /// export is of another container.
+    #[arg(long)]
+    pub force: bool,
+    /// Print what would change; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// `cfp checkpoints import`.
+#[derive(Debug, Args)]
+pub struct CheckpointsImportArgs {
+    #[command(flatten)]
+    pub common: CheckpointsArgs,
+    /// The export (`cfp checkpoints export > FILE`); `-` reads standard input.
+    pub file: std::path::PathBuf,
+}
+
+/// `cfp checkpoints rewind`.
+#[derive(Debug, Args)]
+pub struct CheckpointsRewindArgs {
+    #[command(flatten)]
+    pub common: CheckpointsArgs,
+    /// Where to: beginning, now, or an RFC 3339 time.
+    #[arg(long)]
+    pub to: crate::cosmos::StartFrom,
+    /// Only this lease (its id or its token `min-max`); repeatable.
+    #[arg(long = "lease", allow_hyphen_values = true)]
+    pub lease: Vec<String>,
+    /// Only the leases overlapping this range (`min-max`, hex EPKs); repeatable.
+    #[arg(long = "range", value_parser = epk_range, allow_hyphen_values = true)]
+    pub range: Vec<crate::cosmos::EpkRange>,
+}
+
+fn epk_range(s: &str) -> Result<crate::cosmos::EpkRange, String> {
+    let (min, max) = s
+        .split_once('-')
+        .ok_or_else(|| format!("expected min-max (hex EPKs, as in a lease token such as 3F-7F), got {s:?}"))?;
+    let hex = |b: &str| b.bytes().all(|c| c.is_ascii_hexdigit());
+    if !hex(min) || !hex(max) || max.is_empty() {
+        return Err(format!("expected min-max (hex EPKs such as -3F or 3F-7F), got {s:?}"));
+    }
+    Ok(crate::cosmos::EpkRange::new(min, max))
 }

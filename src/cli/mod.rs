@@ -4,6 +4,7 @@
 pub mod args;
 #[cfg(feature = "emulator")]
 pub mod bench;
+pub mod checkpoints;
 pub mod config_file;
 pub mod deadletter;
 #[cfg(feature = "emulator")]

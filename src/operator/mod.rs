@@ -3,7 +3,7 @@
 //! [`crd`] (types), [`spec_options`] (the spec as the workers' processor options), [`workload`]
 //! (pure rendering of the Deployment and Service), [`config`] (pure configuration check), [`status`] (pure conditions), [`autoscale`] (pure scaling policy) and
 //! [`behavior`] (its rate policies), [`external`] (pure: an HPA or KEDA on `/scale`), [`pause`]
-//! (pure: the pause annotations), [`estimation`] (remaining-work estimates per resource) and
+//! (pure: the pause annotations), [`rewind`] (pure: the rewind annotations' steps), [`estimation`] (remaining-work estimates per resource) and
 //! [`reported`] (pure: which leases the workers' lag reports tell), [`news`] (pure: which estimates
 //! are worth a reconciliation),
 //! [`failover`] (freeing the leases of gone worker pods), [`reconcile`] (observe → plan → apply →
@@ -24,6 +24,7 @@ pub mod news;
 pub mod pause;
 pub mod reconcile;
 pub mod reported;
+pub mod rewind;
 pub mod run;
 pub mod spec_options;
 pub mod status;

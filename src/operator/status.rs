@@ -14,6 +14,9 @@ pub const SCALING: &str = "Scaling";
 pub const DEGRADED: &str = "Degraded";
 /// `Progressing`: a rollout of the workers is under way (or stalled).
 pub const PROGRESSING: &str = "Progressing";
+/// `Rewound`: how the last rewind or restore of the checkpoints ended (set by the rewind steps,
+/// kept by every other status write).
+pub const REWOUND: &str = "Rewound";
 
 /// What the worker Deployment and its pods report.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -152,7 +155,15 @@ fn degraded(
     degraded
 }
 
-fn condition(kind: &str, ok: bool, reason: &str, message: String, generation: Option<i64>, now: &Time) -> Condition {
+/// A condition of `kind` (`True` when `ok`) with its reason and message (bounded).
+pub(crate) fn condition(
+    kind: &str,
+    ok: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
     Condition {
         type_: kind.into(),
         status: if ok { "True" } else { "False" }.into(),
@@ -236,7 +247,8 @@ pub fn conditions(
         )),
         (None, _) => previous.iter().find(|c| c.type_ == DEGRADED).cloned(),
     };
-    [Some(config), Some(ready), progressing, scaling, degraded]
+    let rewound = previous.iter().find(|c| c.type_ == REWOUND).cloned();
+    [Some(config), Some(ready), progressing, scaling, degraded, rewound]
         .into_iter()
         .flatten()
         .map(|mut c| {

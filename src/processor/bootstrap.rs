@@ -337,7 +337,7 @@ pub async fn foreign_leases(
 
 /// The current position of a range, so that "now" means the moment the processor first started
 /// rather than whenever a lease is first read.
-async fn anchor_now(
+pub(crate) async fn anchor_now(
     monitored: &MonitoredContainer,
     range: &crate::cosmos::EpkRange,
     mode: crate::cosmos::FeedMode,

@@ -89,11 +89,12 @@ pub const HANDLER_FAILING_PROPERTY: &str = "handlerFailing";
 pub const STALLED_PROPERTY: &str = "stalled";
 
 impl Lease {
-    /// Where reading starts while the lease has no continuation: its own `startFrom` property,
-    /// else `default` (the processor's start position).
+    /// Where reading starts while the lease has no continuation: its own `startFrom` property
+    /// (`beginning` or an RFC 3339 time, as a rewind writes it), else `default` (the processor's
+    /// start position).
     pub fn start_from(&self, default: StartFrom) -> StartFrom {
-        match self.properties.get(START_FROM_PROPERTY).map(String::as_str) {
-            Some("beginning") => StartFrom::Beginning,
+        match self.properties.get(START_FROM_PROPERTY).map(|s| s.parse::<StartFrom>()) {
+            Some(Ok(start @ (StartFrom::Beginning | StartFrom::Time(_)))) => start,
             _ => default,
         }
     }

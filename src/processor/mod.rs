@@ -3,7 +3,8 @@
 //!
 //! One module per job:
 //! - leases: [`lease`] (documents and store), [`owned`] (renew/checkpoint/release of an owned
-//!   lease), [`bootstrap`] and [`adopt`] (creating leases, adopting .NET/Java ones), [`evict`];
+//!   lease), [`bootstrap`] and [`adopt`] (creating leases, adopting .NET/Java ones), [`evict`],
+//!   [`checkpoints`] (export, rewind and import plans, pure) and [`checkpoint_apply`] (writing them);
 //! - deciding (pure, table and property tested): [`balancer`], [`cycle_plan`] (one acquire
 //!   cycle), [`sightings`] (expiry on this instance's own clock), [`liveness`] (heartbeats keep leases alive), [`listing_schedule`], [`checkpoint_policy`];
 //! - doing: [`coordinator`] (performs the cycle plans, starts and settles lease tasks),
@@ -17,7 +18,9 @@
 pub mod adopt;
 pub mod balancer;
 pub mod bootstrap;
+pub mod checkpoint_apply;
 pub mod checkpoint_policy;
+pub mod checkpoints;
 pub(crate) mod coordinator;
 pub mod cycle_plan;
 pub mod deadletter;

@@ -499,18 +499,25 @@ pub fn free_port() -> u16 {
         .unwrap_or(0)
 }
 
+/// The flags that name `db/items` at `endpoint`.
+fn items_at(endpoint: &str) -> [&str; 6] {
+    ["--endpoint", endpoint, "--database", DB, "--container", ITEMS]
+}
+
+/// Runs `cfp checkpoints <command>` of `db/items` at `endpoint` with more `args` (the connection
+/// flags of `cfp worker`): (exit code, stdout, stderr).
+pub async fn cfp_checkpoints(endpoint: &str, command: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let mut all = vec!["checkpoints", command];
+    all.extend(items_at(endpoint));
+    all.extend(args);
+    cfp_output(&all, &[], "warn").await
+}
+
 /// Runs `cfp estimate` of `db/items` at `endpoint` with more `flags`.
 pub async fn cfp_estimate(endpoint: &str, flags: &[&str]) -> std::process::Output {
     tokio::process::Command::new(CFP)
-        .args([
-            "estimate",
-            "--endpoint",
-            endpoint,
-            "--database",
-            DB,
-            "--container",
-            ITEMS,
-        ])
+        .arg("estimate")
+        .args(items_at(endpoint))
         .args(flags)
         .output()
         .await

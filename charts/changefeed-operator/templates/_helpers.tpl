@@ -75,6 +75,10 @@ app.kubernetes.io/component: operator
   resources: ["pods"]
   # Fast failover: a gone worker pod's leases are freed at once.
   verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  # get: the export a `changefeed.io/restore-from` annotation names.
+  verbs: ["get"]
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
   # The built-in autoscaler steps back when an HPA (or KEDA) targets a resource's /scale.

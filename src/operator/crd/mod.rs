@@ -24,7 +24,7 @@ pub use handler::{
 pub use leases::{AdoptFrom, ForeignLayoutKind, LeaseSettings, LeaseTimings};
 pub use schema::crd_yaml;
 pub use spec::{ChangeFeedProcessor, ChangeFeedProcessorSpec, FeedModeKind};
-pub use status::ChangeFeedProcessorStatus;
+pub use status::{ChangeFeedProcessorStatus, LastRewind, RewindProgress};
 pub use worker::WorkerTemplate;
 
 /// Go-style durations the worker accepts (`500ms`, `2s`, `1m`, `1h`).

@@ -53,4 +53,42 @@ pub struct ChangeFeedProcessorStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// A rewind or restore of the checkpoints in progress (annotations
+    /// `changefeed.io/rewind-to`, `changefeed.io/restore-from`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewind: Option<RewindProgress>,
+    /// The last rewind or restore that moved the checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rewind: Option<LastRewind>,
+}
+
+/// A rewind or restore in progress: the workers are stopped, then the checkpoints moved.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RewindProgress {
+    /// What was asked: `beginning`, `now`, a time, or `configmap/<name>`.
+    pub request: String,
+    /// `Stopping` (the workers are scaled to 0 and waited for) or `Done` (the checkpoints were
+    /// moved, or moving them failed; the annotation is removed next).
+    pub phase: String,
+    /// When the operator began.
+    pub started_at: Time,
+    /// Whether the checkpoints were moved (with `Done`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub succeeded: Option<bool>,
+    /// What happened (with `Done`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The last rewind or restore that moved the checkpoints.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LastRewind {
+    /// What was asked: `beginning`, `now`, a time, or `configmap/<name>`.
+    pub request: String,
+    /// When the checkpoints were moved.
+    pub time: Time,
+    /// What was moved, in words (leases moved, created, deleted).
+    pub message: String,
 }

@@ -15,7 +15,7 @@ use super::super::crd::ChangeFeedProcessor;
 use super::super::estimation::EstimateFailure;
 use super::super::workload::selector_string;
 use super::apply::{Workload, apply_deployment, publish, set_finalizer};
-use super::report::Note;
+use super::report::note;
 use super::target::{TargetError, estimate_target};
 use super::{Context, ReconcileError};
 
@@ -98,13 +98,8 @@ pub(super) async fn clean_up(
 }
 
 impl Cleanup<'_> {
-    async fn publish(&self, warning: bool, reason: &str, note: String) {
-        let note = Note {
-            warning,
-            reason: reason.into(),
-            note,
-        };
-        publish(self.ctx, self.cfp, note).await;
+    async fn publish(&self, warning: bool, reason: &str, text: String) {
+        publish(self.ctx, self.cfp, note(warning, reason, text)).await;
     }
 
     /// Scales the worker Deployment, if any, to zero.

@@ -5,7 +5,8 @@
 //! One reconciliation is observe (`observe`: Secrets, Deployment, HPAs, estimates, pods) →
 //! plan (`plan`, pure: the replicas) → apply (`apply`: server-side apply, `/scale`) →
 //! report (`report`, pure: status and Events; then one thin write). `cleanup` runs the
-//! lease-cleanup finalizer; `target` (pure) says which accounts and containers to read.
+//! lease-cleanup finalizer; `rewinding` the rewind annotations; `target` (pure) says which
+//! accounts and containers to read.
 
 mod apply;
 mod cleanup;
@@ -13,6 +14,7 @@ mod observe;
 mod pace;
 mod plan;
 mod report;
+mod rewinding;
 mod target;
 
 pub use cleanup::LeaseCleanupError;
@@ -139,6 +141,10 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
     let wants_finalizer = cfp.spec.leases.delete_on_resource_deletion;
     if wants_finalizer != cfp.finalizers().iter().any(|f| f == LEASE_FINALIZER) {
         set_finalizer(&cfps, cfp, wants_finalizer).await?;
+    }
+    // A rewind of the checkpoints holds the workers at 0 until it is done (`super::rewind`).
+    if let Some(action) = rewinding::step(ctx, cfp, &cfps, &found).await? {
+        return Ok(action);
     }
     let mut outcome = observe_and_plan(ctx, cfp, &key, &found).await?;
     apply(ctx, cfp, &key, &found, &mut outcome).await?;

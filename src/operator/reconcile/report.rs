@@ -86,7 +86,8 @@ pub(super) struct Report {
     pub requeue: Duration,
 }
 
-fn note(warning: bool, reason: &str, note: String) -> Note {
+/// An Event: a Warning when `warning`, with `reason` and `note`.
+pub(super) fn note(warning: bool, reason: &str, note: String) -> Note {
     Note {
         warning,
         reason: reason.into(),

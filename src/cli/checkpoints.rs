@@ -1,0 +1,143 @@
+//! `cfp checkpoints export|import|rewind`: a processor's checkpoints as JSON, restored from such
+//! an export, or moved to a position — refused while the processor runs (unless `--force`),
+//! written all or nothing as workers see it, and only planned with `--dry-run`.
+
+use std::io::Read as _;
+
+use super::args::{CheckpointsArgs, CheckpointsCommand};
+use crate::cosmos::{CosmosAccount, MonitoredContainer};
+use crate::processor::checkpoint_apply::{MoveError, MoveOptions, Moved, Request, move_checkpoints, read_export};
+use crate::processor::checkpoints::{Export, Selection};
+use crate::processor::{CosmosLeaseStore, ProcessorOptions};
+use crate::worker::{WorkerError, open};
+
+/// Why `cfp checkpoints` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointsError {
+    /// The account could not be reached.
+    #[error("cannot connect to {endpoint}: {source}")]
+    Connect {
+        /// The endpoint.
+        endpoint: String,
+        /// The failure.
+        source: crate::cosmos::CosmosError,
+    },
+    /// The containers could not be opened.
+    #[error(transparent)]
+    Open(#[from] WorkerError),
+    /// The export file could not be read.
+    #[error("cannot read {path}: {source}")]
+    File {
+        /// The file.
+        path: String,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// The export file is not an export.
+    #[error("{path} is not an export of `cfp checkpoints export`: {source}")]
+    NotAnExport {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        source: serde_json::Error,
+    },
+    /// Reading or moving the checkpoints failed.
+    #[error(transparent)]
+    Move(#[from] MoveError),
+}
+
+/// Runs `cfp checkpoints ...`.
+pub async fn run(command: &CheckpointsCommand) -> Result<(), CheckpointsError> {
+    match command {
+        CheckpointsCommand::Export(args) => {
+            let (monitored, store) = connect(args).await?;
+            let export = read_export(&store, &monitored).await?;
+            println!("{}", serde_json::to_string_pretty(&export).unwrap_or_default());
+            Ok(())
+        }
+        CheckpointsCommand::Import(args) => {
+            let export = read_file(&args.file)?;
+            let moved = carry_out(&args.common, Request::Import(Box::new(export))).await?;
+            print!("{}", summary(&moved));
+            Ok(())
+        }
+        CheckpointsCommand::Rewind(args) => {
+            let selection = Selection {
+                leases: args.lease.clone(),
+                ranges: args.range.clone(),
+            };
+            let request = Request::Rewind { to: args.to, selection };
+            let moved = carry_out(&args.common, request).await?;
+            print!("{}", summary(&moved));
+            Ok(())
+        }
+    }
+}
+
+async fn connect(args: &CheckpointsArgs) -> Result<(MonitoredContainer, CosmosLeaseStore), CheckpointsError> {
+    let connection = &args.connection;
+    let connect_error = |endpoint: &str| {
+        let endpoint = endpoint.to_owned();
+        move |source| CheckpointsError::Connect { endpoint, source }
+    };
+    let account = CosmosAccount::connect(&connection.endpoint, &connection.account_auth())
+        .await
+        .map_err(connect_error(&connection.endpoint))?;
+    let lease_endpoint = args.leases.lease_endpoint.as_deref().unwrap_or(&connection.endpoint);
+    let lease_account = args
+        .leases
+        .account(connection, &account)
+        .await
+        .map_err(connect_error(lease_endpoint))?;
+    let options = ProcessorOptions::new(args.leases.processor.clone(), holder());
+    // Never creates a container: no lease container means no checkpoints.
+    let settings = connection.settings(&args.leases, false, options);
+    Ok(open(&account, &lease_account, &settings).await?)
+}
+
+async fn carry_out(args: &CheckpointsArgs, request: Request) -> Result<Moved, CheckpointsError> {
+    let (monitored, store) = connect(args).await?;
+    let options = MoveOptions {
+        holder: holder(),
+        force: args.force,
+        dry_run: args.dry_run,
+        expiration: args.lease_expiration,
+    };
+    Ok(move_checkpoints(&store, &monitored, &request, &options).await?)
+}
+
+/// The name this command holds leases under while it moves them.
+fn holder() -> String {
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    format!("cfp-checkpoints-{host}-{}", std::process::id())
+}
+
+fn read_file(path: &std::path::Path) -> Result<Export, CheckpointsError> {
+    let name = path.display().to_string();
+    let mut text = String::new();
+    let read = if name == "-" {
+        std::io::stdin().read_to_string(&mut text).map(drop)
+    } else {
+        std::fs::read_to_string(path).map(|t| text = t)
+    };
+    read.map_err(|source| CheckpointsError::File {
+        path: name.clone(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| CheckpointsError::NotAnExport { path: name, source })
+}
+
+/// What changed (or would), one line each, and a total.
+pub fn summary(moved: &Moved) -> String {
+    let mut out: String = moved.plan.lines().iter().map(|l| format!("{l}\n")).collect();
+    out.push_str(&match &moved.applied {
+        None => format!(
+            "dry run: {} lease(s) would move, {} be created, {} be deleted; nothing was written\n",
+            moved.plan.moves.len(),
+            moved.plan.creates.len(),
+            moved.plan.deletes.len()
+        ),
+        Some(applied) => format!("{}\n", applied.describe()),
+    });
+    out
+}

@@ -1,0 +1,207 @@
+//! Rewinding and restoring checkpoints with annotations, against a real kube-apiserver + etcd and
+//! `cfp emulator` (no kubelet: a Pod object stands for a running worker): the operator scales the
+//! workers to 0, waits for their pods to go, moves the checkpoints, restores the replicas,
+//! records `status.lastRewind` and an Event, and removes the annotation; a failure leaves the
+//! checkpoints where they were with the reason in the `Rewound` condition.
+
+use std::process::Stdio;
+
+use changefeed_operator::cosmos::{AccountAuth, CosmosAccount};
+use changefeed_operator::operator::ChangeFeedProcessor;
+use changefeed_operator::processor::{Lease, LeaseStore};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::Api;
+
+use crate::common::{cfp_worker, cfp_write, eventually, lease_store, start_emulator, terminate};
+use crate::operator_support::{
+    Operator, TIMEOUT, apply_ok, namespace, plane, replicas, resource, secret_yaml, wait, wait_event,
+};
+
+/// The leases of processor `orders`.
+async fn leases(account: &CosmosAccount) -> Vec<Lease> {
+    match lease_store(account, "orders").await {
+        Some(store) => store.snapshot().await.map(|s| s.leases).unwrap_or_default(),
+        None => Vec::new(),
+    }
+}
+
+/// Runs a `cfp worker` of processor `orders` until its 2 leases hold a checkpoint of the 100
+/// documents written, then stops it (its leases released).
+async fn checkpointed(endpoint: &str, account: &CosmosAccount) {
+    let mut worker = cfp_worker(endpoint)
+        .args(["--processor", "orders"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    cfp_write(endpoint, 0, 100).await;
+    let done = eventually(TIMEOUT, || async {
+        let leases = leases(account).await;
+        leases.len() == 2 && leases.iter().all(|l| l.continuation.is_some())
+    })
+    .await;
+    assert!(done, "the worker checkpointed its leases");
+    terminate(&mut worker).await;
+}
+
+/// A Pod object with the worker pods' labels (what the ReplicaSet controller would create).
+fn create_pod(plane: &crate::control_plane::ControlPlane, ns: &str, deployment: &Deployment) {
+    let labels = deployment
+        .spec
+        .clone()
+        .unwrap()
+        .template
+        .metadata
+        .unwrap()
+        .labels
+        .unwrap();
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "orders-5d8-w1", "namespace": ns, "labels": labels},
+        "spec": {"containers": [{"name": "worker", "image": "cfp:test"}]},
+    });
+    assert!(plane.kubectl_run(&["create", "-f", "-"], Some(&pod.to_string())).0);
+}
+
+fn annotations(cfp: &ChangeFeedProcessor) -> Vec<String> {
+    cfp.metadata
+        .annotations
+        .iter()
+        .flatten()
+        .map(|(k, _)| k.clone())
+        .filter(|k| k.starts_with("changefeed.io/re"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rewind_annotations_stop_the_workers_move_the_checkpoints_and_restore_them() {
+    let plane = plane().await;
+    let ns = namespace(plane, "rewind");
+    let client = plane.client().await;
+    let (mut emulator, endpoint) = start_emulator("db/items:/pk:2").await;
+    let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key())
+        .await
+        .unwrap();
+    checkpointed(&endpoint, &account).await;
+    let (_, export, _) = crate::common::cfp_checkpoints(&endpoint, "export", &["--processor", "orders"]).await;
+    let before = leases(&account).await;
+    let mut operator = Operator::start(plane, &ns, "op");
+    apply_ok(plane, &ns, &secret_yaml());
+    apply_ok(plane, &ns, &resource("orders", &endpoint, "  replicas: 2\n"));
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let deployment = wait("the Deployment at 2", || async {
+        let d = deployments.get_opt("orders").await.ok().flatten()?;
+        (replicas(&d) == Some(2)).then_some(d)
+    })
+    .await;
+    create_pod(plane, &ns, &deployment);
+
+    // 1. Rewind to the beginning: workers to 0, and nothing moves while a worker pod exists.
+    let annotate = |value: &str| {
+        let (ok, _, err) = plane.kubectl_run(&["annotate", "-n", &ns, "cfp/orders", value], None);
+        assert!(ok, "kubectl annotate: {err}");
+    };
+    annotate("changefeed.io/rewind-to=beginning");
+    wait("the workers scaled to 0 and the rewind recorded", || async {
+        let d = deployments.get("orders").await.ok()?;
+        let cfp = cfps.get("orders").await.ok()?;
+        let stopping = cfp.status?.rewind.is_some_and(|r| r.phase == "Stopping");
+        (replicas(&d) == Some(0) && stopping).then_some(())
+    })
+    .await;
+    assert_eq!(
+        leases(&account).await,
+        before,
+        "no checkpoint moves while a worker pod exists"
+    );
+    assert!(
+        plane
+            .kubectl_run(&["delete", "pod", "orders-5d8-w1", "-n", &ns, "--wait=false"], None)
+            .0
+    );
+    let done = wait("the rewind recorded and the annotation removed", || async {
+        let cfp = cfps.get("orders").await.ok()?;
+        let status = cfp.status.clone()?;
+        (annotations(&cfp).is_empty() && status.rewind.is_none()).then_some(status.last_rewind?)
+    })
+    .await;
+    let event = wait_event(&client, &ns, "Rewound").await;
+    wait("the replicas restored", || async {
+        let d = deployments.get("orders").await.ok()?;
+        (replicas(&d) == Some(2)).then_some(())
+    })
+    .await;
+    let rewound = leases(&account).await;
+    println!(
+        "rewind-to=beginning: lastRewind {:?} ({}), Event {:?}, replicas 2 → 0 → 2, leases without checkpoint {} of {}",
+        done.request,
+        done.message,
+        event.note.unwrap_or_default(),
+        rewound.iter().filter(|l| l.continuation.is_none()).count(),
+        rewound.len()
+    );
+    assert_eq!(done.request, "beginning");
+    assert!(rewound.iter().all(|l| l.continuation.is_none() && l.properties.get("startFrom").map(String::as_str) == Some("beginning")));
+
+    // 2. A restore from a ConfigMap that does not exist: nothing moves, the reason is in status.
+    annotate("changefeed.io/restore-from=missing");
+    let failed = wait("the Rewound condition False", || async {
+        let cfp = cfps.get("orders").await.ok()?;
+        let status = cfp.status.clone()?;
+        let condition = status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Rewound" && c.status == "False")?;
+        (annotations(&cfp).is_empty() && status.rewind.is_none()).then_some(condition)
+    })
+    .await;
+    wait_event(&client, &ns, "RewindFailed").await;
+    assert_eq!(failed.reason, "RewindFailed");
+    assert!(
+        failed.message.contains("ConfigMap missing does not exist"),
+        "{}",
+        failed.message
+    );
+    let unchanged = leases(&account).await;
+    assert_eq!(
+        unchanged.iter().map(|l| &l.etag).collect::<Vec<_>>(),
+        rewound.iter().map(|l| &l.etag).collect::<Vec<_>>(),
+        "a failed restore leaves the leases as they were"
+    );
+
+    // 3. A restore from the export taken before: the checkpoints are back.
+    let config_map = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "orders-checkpoints", "namespace": ns},
+        "data": {"export.json": export},
+    });
+    assert!(
+        plane
+            .kubectl_run(&["create", "-f", "-"], Some(&config_map.to_string()))
+            .0
+    );
+    annotate("changefeed.io/restore-from=orders-checkpoints");
+    let restored = wait("the restore recorded", || async {
+        let cfp = cfps.get("orders").await.ok()?;
+        let last = cfp.status?.last_rewind?;
+        (last.request == "configmap/orders-checkpoints" && annotations(&cfps.get("orders").await.ok()?).is_empty())
+            .then_some(last)
+    })
+    .await;
+    let back = leases(&account).await;
+    println!(
+        "restore-from=orders-checkpoints: {}; continuations equal to the export's: {}; failed restore before: {}",
+        restored.message,
+        back.iter()
+            .zip(&before)
+            .filter(|(a, b)| a.continuation == b.continuation)
+            .count(),
+        failed.message
+    );
+    assert_eq!(
+        back.iter().map(|l| l.continuation.clone()).collect::<Vec<_>>(),
+        before.iter().map(|l| l.continuation.clone()).collect::<Vec<_>>()
+    );
+    terminate(&mut operator.child).await;
+    terminate(&mut emulator).await;
+}
