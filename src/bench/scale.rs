@@ -176,8 +176,10 @@ async fn rebalance(
         fleet.handles.push(handle);
         fleet.stores.push(store);
     }
+    let progress = std::sync::Mutex::new(Instant::now());
     let fair = wait_until(PATIENCE, || async {
         let share = leases / instances;
+        log_progress(&fleet, share, started, &progress);
         fleet.handles.iter().all(|h| h.owned_leases().len() >= share)
             && world
                 .owners("scale")
@@ -209,6 +211,27 @@ async fn rebalance(
         moves,
         seconds,
     })
+}
+
+/// Every 10 s while the fleet rebalances: where it stands (`RUST_LOG=changefeed_operator::bench=info`).
+fn log_progress(fleet: &Fleet, share: usize, started: Instant, last: &std::sync::Mutex<Instant>) {
+    let Ok(mut last) = last.lock() else { return };
+    if last.elapsed() < Duration::from_secs(10) {
+        return;
+    }
+    *last = Instant::now();
+    let owned: Vec<usize> = fleet.handles.iter().map(|h| h.owned_leases().len()).collect();
+    let cycles: Vec<u64> = fleet.handles[1..].iter().map(|h| h.acquire_cycles()).collect();
+    tracing::info!(
+        seconds = started.elapsed().as_secs(),
+        first = owned[0],
+        below_share = owned.iter().filter(|n| **n < share).count(),
+        newcomers_own = owned[1..].iter().sum::<usize>(),
+        fewest = owned.iter().min().copied().unwrap_or_default(),
+        cycles_min = cycles.iter().min().copied().unwrap_or_default(),
+        cycles_max = cycles.iter().max().copied().unwrap_or_default(),
+        "rebalancing"
+    );
 }
 
 /// The reference processors' lease-container schedule for a fleet.

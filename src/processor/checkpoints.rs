@@ -14,7 +14,8 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::adopt::{ForeignCheckpoint, Scope};
-use super::lease::{HANDLER_FAILING_PROPERTY, Lease, LeaseSnapshot, START_FROM_PROPERTY};
+use super::lag_report::LATEST_LSN_PROPERTY;
+use super::lease::{HANDLER_FAILING_PROPERTY, Lease, LeaseSnapshot, STALLED_PROPERTY, START_FROM_PROPERTY};
 use crate::cosmos::{EpkRange, StartFrom, continuation_lsn};
 
 /// The version of the export format.
@@ -142,7 +143,8 @@ impl Position {
         }
     }
 
-    /// `lease` moved here: no handoff request, no stale handler failure.
+    /// `lease` moved here: no handoff request, no stale handler failure or stall, and no lag
+    /// report (a report belongs to the checkpoint beside it: [`super::lag_report`]).
     pub fn apply_to(&self, lease: &Lease) -> Lease {
         let mut moved = lease.clone();
         moved.continuation = self.continuation.clone();
@@ -150,7 +152,9 @@ impl Position {
             Some(start) => moved.properties.insert(START_FROM_PROPERTY.into(), start.clone()),
             None => moved.properties.remove(START_FROM_PROPERTY),
         };
-        moved.properties.remove(HANDLER_FAILING_PROPERTY);
+        for stale in [HANDLER_FAILING_PROPERTY, STALLED_PROPERTY, LATEST_LSN_PROPERTY] {
+            moved.properties.remove(stale);
+        }
         moved.clear_handoff();
         moved
     }

@@ -107,8 +107,13 @@ fn a_moved_lease_keeps_its_owner_and_loses_stale_properties() {
     let mut old = lease("", "FF", Some(40)).start_from_beginning();
     old.owner = Some("pod-1".into());
     old.request_handoff("pod-2", NOW);
-    old.properties
-        .insert(HANDLER_FAILING_PROPERTY.into(), "since 10:00".into());
+    for (stale, value) in [
+        (HANDLER_FAILING_PROPERTY, "since 10:00"),
+        (STALLED_PROPERTY, "on pod-1 at 10:05: no progress for 300 s"),
+        (LATEST_LSN_PROPERTY, "90"),
+    ] {
+        old.properties.insert(stale.into(), value.into());
+    }
     let moved = Position::at(StartFrom::Now, Some("\"77\"")).apply_to(&old);
     assert_eq!(moved.continuation.as_deref(), Some("\"77\""));
     assert!(moved.properties.is_empty(), "{:?}", moved.properties);
