@@ -28,6 +28,8 @@ fn options(force: bool, dry_run: bool) -> MoveOptions {
         force,
         dry_run,
         expiration: Duration::from_secs(2),
+        // The test instances' renew interval (300 ms) and a quarter.
+        watch: Duration::from_millis(375),
     }
 }
 
@@ -375,8 +377,43 @@ async fn a_lease_container_too_slow_for_the_expiration_changes_nothing() {
     assert_eq!(kept, before.len());
 }
 
+/// `cfp checkpoints <args>` for processor instances renewing every 300 ms (the command watches
+/// the lease container that long and a quarter before it moves anything).
 async fn cfp_checkpoints(endpoint: &str, args: &[&str]) -> (Option<i32>, String, String) {
-    common::cfp_checkpoints(endpoint, args[0], &args[1..]).await
+    let flags = [&args[1..], &["--lease-renew-interval", "300ms"]].concat();
+    common::cfp_checkpoints(endpoint, args[0], &flags).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_worker_whose_clock_is_an_hour_behind_is_refused_too() {
+    let (mut emulator, endpoint) = common::start_emulator("db/items:/pk:2").await;
+    let mut worker = tokio::process::Command::new("faketime")
+        .args(["-f", "-1h", common::CFP, "worker", "--endpoint", &endpoint])
+        .args(["--database", "db", "--container", "items", "--instance", "behind"])
+        .args(["--lease-renew-interval", "300ms", "--lease-expiration", "2s"])
+        .args(["--lease-acquire-interval", "500ms"])
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn cfp worker under faketime (Debian's package faketime)");
+    let owned = eventually(Duration::from_secs(30), || async {
+        let (code, out, _) = cfp_checkpoints(&endpoint, &["export"]).await;
+        code == Some(0)
+            && serde_json::from_str::<Export>(&out)
+                .is_ok_and(|e| e.leases.iter().filter(|l| l.owner.as_deref() == Some("behind")).count() == 2)
+    })
+    .await;
+    assert!(owned, "the worker did not take both leases");
+    // Idle: its leases are not written again; only its heartbeat beats, an hour in the past.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (code, _, refused) = cfp_checkpoints(&endpoint, &["rewind", "--to", "now", "--lease-expiration", "2s"]).await;
+    println!("a worker an hour behind: {}", refused.trim());
+    assert_eq!(code, Some(1), "not refused: {refused}");
+    assert!(refused.contains("instance behind sent a heartbeat"), "{refused}");
+    common::terminate(&mut worker).await;
+    common::terminate(&mut emulator).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -73,7 +73,10 @@ impl ControlPlane {
             address: "127.0.0.1",
             port: api_port,
             cert_dir: &dir.join("certs"),
-            service_cluster_ip_range: "10.0.0.0/24",
+            // Room for a metrics Service per resource at 500 resources: a /24 ran out of cluster
+            // IPs past 254, every later Service apply was refused, and those resources were
+            // applied again (with a Warning Event) at each of their reconciliations.
+            service_cluster_ip_range: "10.0.0.0/16",
             service_account_key: &signing_key,
             service_account_public_key: &verifying_key,
         });

@@ -534,6 +534,11 @@ pub struct CheckpointsArgs {
     /// running instance.
     #[arg(long, env = "CFP_LEASE_EXPIRATION", default_value = text(defaults::EXPIRATION), value_parser = duration)]
     pub lease_expiration: Duration,
+    /// The processor's renew interval: when no timestamp shows a running instance, the command
+    /// first watches the lease container for a renew interval and a quarter for a heartbeat or
+    /// lease that changes (a running instance whose clock is behind writes times that look old).
+    #[arg(long, env = "CFP_LEASE_RENEW_INTERVAL", default_value = text(defaults::RENEW_INTERVAL), value_parser = duration)]
+    pub lease_renew_interval: Duration,
     /// Move the checkpoints although instances run (their leases are taken from them), or an
     /// export is of another container.
     #[arg(long)]

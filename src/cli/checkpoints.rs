@@ -102,6 +102,7 @@ async fn carry_out(args: &CheckpointsArgs, request: Request) -> Result<Moved, Ch
         force: args.force,
         dry_run: args.dry_run,
         expiration: args.lease_expiration,
+        watch: args.lease_renew_interval.mul_f64(1.25),
     };
     Ok(move_checkpoints(&store, &monitored, &request, &options).await?)
 }

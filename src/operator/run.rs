@@ -225,8 +225,11 @@ async fn run_controller(
     // The resources, reconciled when something other than their status changed (the operator
     // writes the status itself: its own writes are no reason to reconcile again).
     let (store, writer) = reflector::store();
+    // The caches hold no managedFields (server-side apply's bookkeeping, a large share of each
+    // object the operator never reads): memory for hundreds of resources.
     let resources = watcher(apis.cfps, watcher::Config::default())
         .default_backoff()
+        .modify(|cfp| cfp.managed_fields_mut().clear())
         .reflect(writer)
         .touched_objects()
         .predicate_filter(semantic_hash, Default::default());
@@ -235,6 +238,7 @@ async fn run_controller(
     let (deployment_cache, deployment_writer) = reflector::store();
     let deployments = watcher(apis.deployments, owned.clone())
         .default_backoff()
+        .modify(|deployment| deployment.managed_fields_mut().clear())
         .reflect(deployment_writer)
         .touched_objects();
     // Estimates ask for a reconciliation of their resource when they finish.

@@ -26,8 +26,8 @@ use futures::{FutureExt, StreamExt};
 use time::OffsetDateTime;
 use tokio::time::Instant;
 
-use super::checkpoints::{Export, Plan, PlanError, Selection, check_container, export, live_signs};
-use super::lease::{Lease, LeaseStore, LeaseStoreError};
+use super::checkpoints::{Export, Plan, PlanError, Selection, changed_signs, check_container, export, live_signs};
+use super::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError};
 use crate::cosmos::{FeedMode, MonitoredContainer, StartFrom};
 
 /// How often the command's heartbeat is sent while it holds leases.
@@ -467,6 +467,10 @@ pub struct MoveOptions {
     /// The processor's lease expiration: heartbeats and lease writes younger than that are
     /// signs of a running instance.
     pub expiration: Duration,
+    /// How long to watch the lease container for a heartbeat or lease that changes when the
+    /// timestamps show no running instance (another machine's clock may be behind): a renew
+    /// interval and a quarter; zero watches nothing (the operator: Kubernetes saw the pods go).
+    pub watch: Duration,
 }
 
 /// What a request did (or, with `dry_run`, would do).
@@ -476,6 +480,35 @@ pub struct Moved {
     pub plan: Plan,
     /// What was written; `None` with `dry_run`.
     pub applied: Option<Applied>,
+}
+
+/// Refuses (unless forced) when an instance of the processor runs: its heartbeat or lease
+/// written within an expiration, or — the timestamps showing none — a heartbeat or lease that
+/// changes while watched. The newest listing.
+async fn refuse_running(
+    store: &dyn LeaseStore,
+    snapshot: LeaseSnapshot,
+    options: &MoveOptions,
+) -> Result<LeaseSnapshot, MoveError> {
+    if options.force {
+        return Ok(snapshot);
+    }
+    let live = live_signs(&snapshot, now(), options.expiration, &options.holder);
+    if !live.is_empty() {
+        return Err(MoveError::Live(live));
+    }
+    if options.watch.is_zero() {
+        return Ok(snapshot);
+    }
+    tracing::info!(watch = ?options.watch, "watching the lease container for running instances");
+    tokio::time::sleep(options.watch).await;
+    let later = store.snapshot().await.map_err(|e| MoveError::Read(e.to_string()))?;
+    let live = changed_signs(&snapshot, &later, options.watch, &options.holder);
+    if live.is_empty() {
+        Ok(later)
+    } else {
+        Err(MoveError::Live(live))
+    }
 }
 
 /// Reads the processor's leases as an export.
@@ -506,10 +539,7 @@ pub async fn move_checkpoints(
     if snapshot.leases.is_empty() && matches!(request, Request::Rewind { .. }) {
         return Err(MoveError::NoLeases);
     }
-    let live = live_signs(&snapshot, now(), options.expiration, &options.holder);
-    if !live.is_empty() && !options.force {
-        return Err(MoveError::Live(live));
-    }
+    let snapshot = refuse_running(store, snapshot, options).await?;
     let plan = match request {
         Request::Rewind { to, selection } => {
             let anchored = anchor(monitored, &snapshot.leases, *to, selection).await?;

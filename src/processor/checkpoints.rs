@@ -415,6 +415,35 @@ pub fn live_signs(snapshot: &LeaseSnapshot, now: OffsetDateTime, expiration: Dur
     signs
 }
 
+/// The signs of a running instance between two listings `watched` apart: a heartbeat that
+/// beat (or appeared), a lease another instance wrote. Judged by change, not by the timestamps
+/// other machines' clocks wrote: an instance whose clock is behind writes times that look old,
+/// and with instance liveness its idle leases are not written at all.
+pub fn changed_signs(before: &LeaseSnapshot, after: &LeaseSnapshot, watched: Duration, me: &str) -> Vec<String> {
+    let seconds = watched.as_secs_f64();
+    let mut signs: Vec<String> = after
+        .instances
+        .iter()
+        .filter(|(name, beat)| name != me && !before.instances.iter().any(|(n, b)| n == name && b == beat))
+        .map(|(name, _)| format!("instance {name} sent a heartbeat within the {seconds:.0} s watched"))
+        .collect();
+    signs.extend(
+        after
+            .leases
+            .iter()
+            .filter(|l| l.owner.as_deref().is_some_and(|o| !o.is_empty() && o != me))
+            .filter(|l| !before.leases.iter().any(|b| b.id == l.id && b.etag == l.etag))
+            .map(|l| {
+                let owner = l.owner.as_deref().unwrap_or_default();
+                format!(
+                    "lease {} of {owner} was written within the {seconds:.0} s watched",
+                    l.lease_token
+                )
+            }),
+    );
+    signs
+}
+
 #[cfg(test)]
 #[path = "checkpoints_tests.rs"]
 mod tests;

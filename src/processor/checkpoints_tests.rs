@@ -265,3 +265,33 @@ fn a_plan_says_what_it_changes() {
     assert!(!plan.is_empty());
     assert_eq!(tokens(plan.touched()), ["-7F", "7F-FF"]);
 }
+
+#[test]
+fn a_running_instance_is_found_by_what_changes_not_by_its_clock() {
+    let beat = datetime!(2026-11-24 07:00:00 UTC); // an hour behind: looks long dead
+    let mut owned = lease("", "80", Some(40));
+    owned.owner = Some("pod-1".into());
+    owned.etag = "e1".into();
+    let mut free = lease("80", "FF", Some(41));
+    free.etag = "e2".into();
+    let before = LeaseSnapshot {
+        leases: vec![owned.clone(), free.clone()],
+        instances: vec![("pod-1".into(), beat), ("gone".into(), beat)],
+        ..LeaseSnapshot::default()
+    };
+    let watched = Duration::from_secs(21);
+    // Nothing changed: nobody runs.
+    assert!(changed_signs(&before, &before, watched, "me").is_empty());
+    let mut after = before.clone();
+    after.instances[0].1 = beat + time::Duration::seconds(17);
+    after.instances.push(("me".into(), beat));
+    after.leases[0].etag = "e3".into();
+    after.leases[1].etag = "e4".into(); // unowned: written by nobody running
+    assert_eq!(
+        changed_signs(&before, &after, watched, "me"),
+        [
+            "instance pod-1 sent a heartbeat within the 21 s watched",
+            "lease -80 of pod-1 was written within the 21 s watched"
+        ]
+    );
+}

@@ -220,6 +220,7 @@ impl Rewind<'_> {
             force: true,
             dry_run: false,
             expiration: settings.options.expiration,
+            watch: std::time::Duration::ZERO,
         };
         let moved = move_checkpoints(&store, &monitored, &request, &options)
             .await
