@@ -4,6 +4,7 @@
 //! mdBook turned `x.md` into `x.html`). Anchors are checked against the `id="…"` attributes of
 //! the built pages, so they are mdBook's own heading ids; README.md, outside the book, gets
 //! mdBook's rule (lower case, spaces to `-`, other punctuation dropped) applied to its headings.
+//! And the Python handler the HTTP page shows is the file the tests run behind a real worker.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Component, Path, PathBuf};
@@ -348,4 +349,24 @@ fn heading_ids_follow_mdbook() {
         .map(String::from)
         .into();
     assert_eq!(ids, expected);
+}
+
+#[test]
+fn the_documented_python_handler_is_the_file_the_tests_run() {
+    let page = std::fs::read_to_string(format!("{ROOT}/docs/http-handler.md")).expect("read docs/http-handler.md");
+    let block = page
+        .split("```python\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a Python block in docs/http-handler.md");
+    let file = std::fs::read_to_string(format!("{ROOT}/tests/python/example_handler.py")).expect("read the handler");
+    let code = file
+        .splitn(3, "\"\"\"")
+        .nth(2)
+        .unwrap_or_default()
+        .trim_start_matches('\n');
+    assert!(
+        block == code,
+        "the Python handler of docs/http-handler.md differs from tests/python/example_handler.py (below its docstring)"
+    );
 }
