@@ -59,8 +59,12 @@ fn main() -> ExitCode {
             Command::Checkpoints(command) => cli::checkpoints::run(command)
                 .await
                 .map_err(|e| format!("cfp checkpoints: {e}")),
-            Command::Crd => {
-                print!("{}", changefeed_operator::operator::crd_yaml());
+            Command::Crd(args) => {
+                if args.markdown {
+                    print!("{}", changefeed_operator::operator::crd_markdown());
+                } else {
+                    print!("{}", changefeed_operator::operator::crd_yaml());
+                }
                 Ok(())
             }
         }

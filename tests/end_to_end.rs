@@ -292,8 +292,8 @@ impl Recorded {
 /// A processor over `db/relay` whose handler is the naive sidecar of [`HANDLER_IMAGE`], recording
 /// into the host directory `records` and answering 1.5 s after it recorded a batch. The lease
 /// expiration (15 s) exceeds that by far: an owner asked for a handoff (the rollout's new pods)
-/// that has not handed over within a lease expiration loses the lease outright (README, "Handoff
-/// instead of theft"), which would redeliver the batch in flight whatever the pod's shape.
+/// that has not handed over within a lease expiration loses the lease outright (`docs/concepts/how-it-works.md`,
+/// "Handoff instead of theft"), which would redeliver the batch in flight whatever the pod's shape.
 fn relay_resource(endpoint: &str, records: &Path) -> String {
     format!(
         r#"apiVersion: changefeed.io/v1alpha1

@@ -617,7 +617,7 @@ async fn cfp_worker_posts_batches_and_cfp_deadletter_replays_the_poison() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readme_python_handler_receives_every_document() {
+async fn the_documented_python_handler_receives_every_document() {
     let (mut emulator, endpoint) = start_emulator("db/items:/pk:4").await;
     let port = free_port();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/example_handler.py");
@@ -664,7 +664,7 @@ async fn the_readme_python_handler_receives_every_document() {
     };
     let all = eventually(Duration::from_secs(30), || async { ids().len() == 300 }).await;
     println!(
-        "README Python handler: {} of 300 documents received through cfp worker --handler http",
+        "the documented Python handler: {} of 300 documents received through cfp worker --handler http",
         ids().len()
     );
     assert!(all);

@@ -25,6 +25,7 @@ mod cosmos_feed;
 mod crd;
 mod demo;
 mod deposed_owner;
+mod docs;
 mod end_to_end;
 mod entra_auth;
 mod estimator;

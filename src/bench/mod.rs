@@ -67,7 +67,7 @@ impl BenchSettings {
         (self.documents / 5).max(2_000.min(self.documents))
     }
 
-    /// The full run the README's table comes from.
+    /// The full run the table of the performance page (`docs/performance.md`) comes from.
     pub fn full() -> Self {
         Self {
             documents: 100_000,

@@ -37,14 +37,23 @@ pub enum Command {
     Estimate(EstimateArgs),
     /// Run the Kubernetes operator (reconciles ChangeFeedProcessor resources).
     Operator(OperatorArgs),
-    /// Print the ChangeFeedProcessor CustomResourceDefinition (YAML).
-    Crd,
+    /// Print the ChangeFeedProcessor CustomResourceDefinition (YAML), or its field reference.
+    Crd(CrdArgs),
     /// List or replay the documents a processor dead-lettered.
     #[command(subcommand)]
     Deadletter(DeadLetterCommand),
     /// Export, import or rewind a processor's checkpoints (its leases' positions).
     #[command(subcommand)]
     Checkpoints(CheckpointsCommand),
+}
+
+/// `cfp crd`.
+#[derive(Debug, Args)]
+pub struct CrdArgs {
+    /// Print the field reference in Markdown (path, type, default, validation, description from
+    /// the schema; what `docs/reference/changefeedprocessor.md` holds) instead of the YAML.
+    #[arg(long)]
+    pub markdown: bool,
 }
 
 /// `cfp emulator`.

@@ -30,4 +30,4 @@ pub mod spec_options;
 pub mod status;
 pub mod workload;
 
-pub use crd::{ChangeFeedProcessor, ChangeFeedProcessorSpec, ChangeFeedProcessorStatus, crd_yaml};
+pub use crd::{ChangeFeedProcessor, ChangeFeedProcessorSpec, ChangeFeedProcessorStatus, crd_markdown, crd_yaml};

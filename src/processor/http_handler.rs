@@ -3,7 +3,7 @@
 //! timeout or a connection error is a failure that the retry policy deals with; `429` and `503`
 //! honour `Retry-After`. One pooled keep-alive client (HTTP/1.1, and HTTP/2 over TLS by ALPN).
 //!
-//! The contract (also in the README):
+//! The contract (also in the book: `docs/http-handler.md`):
 //! - JSON body: `{"processor", "lease", "feedRange": {"min", "max"}, "batch", "documents": [...]}`,
 //!   and in the all-versions-and-deletes mode `"changes": [...]` (same order: `operationType`,
 //!   `lsn`, `timestamp`, `previous`, `timeToLiveExpired`).

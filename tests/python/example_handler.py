@@ -1,4 +1,4 @@
-"""A minimal change feed handler (the README's example): `cfp worker --handler http` POSTs every
+"""A minimal change feed handler (the example of `docs/http-handler.md`): `cfp worker --handler http` POSTs every
 batch here; answering 2xx means handled, and the worker checkpoints. Run: python3 handler.py 8080"""
 import json
 import sys

@@ -3,12 +3,14 @@
 //!
 //! By part of the resource: `spec` (the kind, its cross-field rules and the feed),
 //! `connection`, `leases`, `handler` (with retries, dead letters, checkpoints),
-//! `autoscaling`, `worker` (the pod template), `status` and `schema` (`crd_yaml`).
+//! `autoscaling`, `worker` (the pod template), `status`, `schema` (`crd_yaml`) and `reference`
+//! (`crd_markdown`: the field reference generated from the schema).
 
 mod autoscaling;
 mod connection;
 mod handler;
 mod leases;
+mod reference;
 mod schema;
 mod spec;
 mod status;
@@ -22,7 +24,8 @@ pub use handler::{
     CheckpointSpec, DeadLetterSpec, HandlerKind, HandlerSpec, HeaderValueSource, HttpHandlerSpec, HttpHeader, RetrySpec,
 };
 pub use leases::{AdoptFrom, ForeignLayoutKind, LeaseSettings, LeaseTimings};
-pub use schema::crd_yaml;
+pub use reference::{crd_markdown, reference_markdown};
+pub use schema::{crd_json, crd_yaml};
 pub use spec::{ChangeFeedProcessor, ChangeFeedProcessorSpec, FeedModeKind};
 pub use status::{ChangeFeedProcessorStatus, LastRewind, RewindProgress};
 pub use worker::WorkerTemplate;

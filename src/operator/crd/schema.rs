@@ -1,4 +1,5 @@
-//! The CRD as YAML, without the descriptions inside embedded Kubernetes types.
+//! The CRD as YAML (and as the JSON value the Markdown reference walks), without the
+//! descriptions inside embedded Kubernetes types.
 
 use super::ChangeFeedProcessor;
 
@@ -20,6 +21,11 @@ const EMBEDDED_WORKER_FIELDS: [&str; 10] = [
 /// Kubernetes types (containers, volumes, affinity, ...) are left out — `kubectl explain pod`
 /// has them — so the CRD stays well under the 256 KiB that a client-side `kubectl apply` allows.
 pub fn crd_yaml() -> String {
+    serde_yaml::to_string(&crd_json()).unwrap_or_default()
+}
+
+/// The CRD as a JSON value: the object `crd_yaml` prints and the Markdown reference describes.
+pub fn crd_json() -> serde_json::Value {
     use kube::CustomResourceExt;
     let mut crd = serde_json::to_value(ChangeFeedProcessor::crd()).unwrap_or_default();
     if let Some(versions) = crd.pointer_mut("/spec/versions").and_then(|v| v.as_array_mut()) {
@@ -34,7 +40,7 @@ pub fn crd_yaml() -> String {
             }
         }
     }
-    serde_yaml::to_string(&crd).unwrap_or_default()
+    crd
 }
 
 /// Removes the descriptions below `schema` (keeping its own).
