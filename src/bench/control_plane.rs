@@ -33,6 +33,11 @@ pub struct ControlPlane {
 /// A directory removed (with everything in it) when dropped.
 struct RemovedOnDrop(PathBuf);
 
+/// The cluster IPs of Services: room for a metrics Service per resource at 500 resources (a /24
+/// ran out past 254, every later Service apply was refused, and those resources were applied
+/// again, with a Warning Event, at each of their reconciliations).
+const SERVICE_RANGE: &str = "10.0.0.0/16";
+
 impl Drop for RemovedOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
@@ -73,10 +78,7 @@ impl ControlPlane {
             address: "127.0.0.1",
             port: api_port,
             cert_dir: &dir.join("certs"),
-            // Room for a metrics Service per resource at 500 resources: a /24 ran out of cluster
-            // IPs past 254, every later Service apply was refused, and those resources were
-            // applied again (with a Warning Event) at each of their reconciliations.
-            service_cluster_ip_range: "10.0.0.0/16",
+            service_cluster_ip_range: SERVICE_RANGE,
             service_account_key: &signing_key,
             service_account_public_key: &verifying_key,
         });
