@@ -18,4 +18,5 @@ pub mod metrics;
 pub mod operator;
 pub mod processor;
 pub mod signals;
+pub mod traces;
 pub mod worker;

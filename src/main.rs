@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use changefeed_operator::cli::{self, Command};
+use changefeed_operator::traces::TraceExport;
 
 fn main() -> ExitCode {
     // SDK error values capture a stack backtrace whenever RUST_BACKTRACE is set, and a processor
@@ -25,7 +26,7 @@ fn main() -> ExitCode {
     let quiet = matches!(cli.command, Command::Bench(_));
     #[cfg(not(feature = "emulator"))]
     let quiet = false;
-    init_logging(if quiet { "warn" } else { "info" });
+    let traces = init_logging(if quiet { "warn" } else { "info" });
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -69,6 +70,10 @@ fn main() -> ExitCode {
             }
         }
     });
+    drop(runtime);
+    if let Some(traces) = traces {
+        traces.shutdown();
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
@@ -79,21 +84,41 @@ fn main() -> ExitCode {
 }
 
 /// Logs go to standard error (standard output carries data); `RUST_LOG` sets the level and
-/// `CFP_LOG_FORMAT=json` writes one JSON object per line (for log collectors).
-/// Logs to standard error at `level` (and warnings of the SDK) unless `RUST_LOG` says otherwise.
-fn init_logging(level: &str) {
+/// `CFP_LOG_FORMAT=json` writes one JSON object per line (for log collectors). Logs to standard
+/// error at `level` (and warnings of the SDK) unless `RUST_LOG` says otherwise; spans are also
+/// exported over OTLP when the `OTEL_EXPORTER_OTLP_*` variables ask for it
+/// ([`changefeed_operator::traces`]): the exporter to shut down at exit.
+fn init_logging(level: &str) -> Option<TraceExport> {
+    use std::io::IsTerminal;
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!(
             "{level},azure_data_cosmos=warn,azure_data_cosmos_driver=warn,azure_core=warn"
         ))
     });
-    use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if std::env::var("CFP_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json")) {
-        builder.json().init();
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = if std::env::var("CFP_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json")) {
+        fmt.json().with_filter(filter).boxed()
     } else {
-        builder.with_ansi(std::io::stderr().is_terminal()).init();
-    }
+        fmt.with_ansi(std::io::stderr().is_terminal())
+            .with_filter(filter)
+            .boxed()
+    };
+    // The log level does not choose the exported spans: this product's spans (acquire cycles,
+    // reads, batches, deliveries, checkpoints) are exported whatever `RUST_LOG` says.
+    let (otel, traces) = match TraceExport::from_env() {
+        Ok(Some((layer, traces))) => (
+            Some(layer.with_filter(changefeed_operator::traces::span_filter())),
+            Some(traces),
+        ),
+        Ok(None) => (None, None),
+        Err(error) => {
+            eprintln!("warning: {error}; traces are not exported");
+            (None, None)
+        }
+    };
+    tracing_subscriber::registry().with(fmt).with(otel).init();
+    traces
 }

@@ -52,4 +52,5 @@ mod stall;
 mod store_recovery;
 mod structure;
 mod takeover;
+mod traces;
 mod worker_errors;

@@ -58,8 +58,22 @@ async fn a_crashed_instance_leases_are_taken_over_after_expiry() {
         env.owners().await
     );
     env.write(0..2000).await;
+    // Crash a right after a beat of its heartbeat is seen: its leases then live on for about an
+    // expiration. (Crashing at a random moment, a beat delayed by a loaded machine — 2 cores,
+    // 2,000 writes in flight — left less: 'taken before expiry: 1.65 s' in a CI rehearsal.)
+    let beat_of_a = || async {
+        let snapshot = env.store().await.snapshot().await.unwrap();
+        snapshot
+            .instances
+            .into_iter()
+            .find(|(name, _)| name == "a")
+            .map(|(_, beat)| beat)
+    };
+    let before = beat_of_a().await;
+    let beat = eventually(Duration::from_secs(5), || async { beat_of_a().await != before }).await;
     let crashed_at = Instant::now();
     a.abort();
+    assert!(beat, "a's heartbeat did not beat");
     env.write(2000..4000).await;
     let taken = eventually(Duration::from_secs(15), || async {
         env.owners().await.get("b") == Some(&4)

@@ -185,6 +185,24 @@ pub fn worker_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
     }
     vars.extend(handler_env(cfp));
     vars.extend(emulator_host_env(cfp));
+    vars.extend(tracing_env(cfp));
+    vars
+}
+
+/// `observability.tracing` as the OpenTelemetry SDK's standard variables.
+fn tracing_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
+    let Some(tracing) = cfp.spec.observability.as_ref().and_then(|o| o.tracing.as_ref()) else {
+        return Vec::new();
+    };
+    let service = tracing.service_name.clone().unwrap_or_else(|| cfp.processor_name());
+    let mut vars = vec![
+        env("OTEL_EXPORTER_OTLP_ENDPOINT", tracing.endpoint.clone()),
+        env("OTEL_SERVICE_NAME", service),
+    ];
+    if let Some(ratio) = tracing.sample_ratio {
+        vars.push(env("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"));
+        vars.push(env("OTEL_TRACES_SAMPLER_ARG", ratio.to_string()));
+    }
     vars
 }
 
@@ -662,6 +680,21 @@ mod tests {
                     ("CFP_LEASE_ACQUIRE_INTERVAL", Some("5s")),
                     ("CFP_LEASE_RENEW_INTERVAL", Some("4s")),
                     ("CFP_LEASE_EXPIRATION", Some("20s")),
+                ],
+            },
+            Case {
+                name: "no tracing",
+                spec: serde_json::json!({}),
+                want: &[("OTEL_EXPORTER_OTLP_ENDPOINT", None), ("OTEL_TRACES_SAMPLER", None)],
+            },
+            Case {
+                name: "tracing, sampled",
+                spec: serde_json::json!({"observability": {"tracing": {"endpoint": "http://otel.monitoring:4318", "sampleRatio": 0.25}}}),
+                want: &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", Some("http://otel.monitoring:4318")),
+                    ("OTEL_SERVICE_NAME", Some("orders")),
+                    ("OTEL_TRACES_SAMPLER", Some("parentbased_traceidratio")),
+                    ("OTEL_TRACES_SAMPLER_ARG", Some("0.25")),
                 ],
             },
             Case {

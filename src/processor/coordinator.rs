@@ -189,8 +189,15 @@ impl Coordinator {
         }
     }
 
-    /// Lists the leases, plans the cycle and performs the plan.
+    /// One acquire cycle in a span of its own (a trace's root).
     async fn acquire_cycle(&mut self) {
+        let options = &self.shared.options;
+        let span = tracing::info_span!(parent: None, "acquire_cycle", processor = %options.processor_name, instance = %options.instance, cycle = self.shared.cycle());
+        self.list_plan_and_perform().instrument(span).await;
+    }
+
+    /// Lists the leases, plans the cycle and performs the plan.
+    async fn list_plan_and_perform(&mut self) {
         let me = self.shared.options.instance.clone();
         // Back to the acquire interval unless this listing turns out quiet.
         let previous_interval = std::mem::replace(&mut self.listing_interval, self.shared.options.acquire_interval);

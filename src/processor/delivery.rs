@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use time::OffsetDateTime;
+use tracing::Instrument;
 
 use super::deadletter::DeadLetter;
 use super::error::LeaseError;
@@ -123,11 +124,18 @@ impl Delivery<'_> {
             changes: self.changes.get(offset..offset + documents.len()).unwrap_or_default(),
         };
         let started = std::time::Instant::now();
+        // A child of the batch's span; an HTTP handler passes it on as `traceparent`.
+        // Integers as i64: OpenTelemetry has no unsigned attributes (u64 arrives as a string).
+        let span = tracing::info_span!(
+            "deliver",
+            attempt = i64::from(attempt),
+            documents = documents.len() as i64
+        );
         let result = match &self.shared.handler {
-            Handler::Automatic(handler) => handler.handle(batch).await,
+            Handler::Automatic(handler) => handler.handle(batch).instrument(span).await,
             Handler::Manual(handler) => {
                 let handle = CheckpointHandle::new(self.owned.clone(), self.checkpoint_to.clone());
-                handler.handle(batch, handle).await
+                handler.handle(batch, handle).instrument(span).await
             }
         };
         self.shared.telemetry.observer().handler_done(

@@ -16,7 +16,9 @@
 //!   `@` + the change's LSN, `data` = the change (`operationType`, `lsn`, `timestamp`,
 //!   `previous`, and `document`), with the extensions `cfpoperation` and `cfplsn`.
 //! - Headers: `X-Cfp-Processor`, `X-Cfp-Lease`, `X-Cfp-Batch`, `X-Cfp-Attempt`, plus the
-//!   configured ones (their values are never logged).
+//!   configured ones (their values are never logged); with traces exported, W3C `traceparent`
+//!   (the delivery's span: the handler's spans join the batch's trace), also as the
+//!   `traceparent` extension of each CloudEvent.
 
 use std::time::Duration;
 
@@ -154,7 +156,7 @@ impl HttpHandler {
         })
     }
 
-    fn body(&self, batch: &Batch<'_>) -> (Vec<u8>, &'static str) {
+    fn body(&self, batch: &Batch<'_>, traceparent: Option<&str>) -> (Vec<u8>, &'static str) {
         let body = match self.config.format {
             HttpFormat::Json => json!({
                 "processor": batch.processor,
@@ -168,7 +170,14 @@ impl HttpHandler {
                     .documents
                     .iter()
                     .enumerate()
-                    .map(|(i, document)| cloud_event(document, batch.changes.get(i), &self.config.source, batch))
+                    .map(|(i, document)| {
+                        let mut event = cloud_event(document, batch.changes.get(i), &self.config.source, batch);
+                        // The CloudEvents distributed-tracing extension.
+                        if let (Some(map), Some(traceparent)) = (event.as_object_mut(), traceparent) {
+                            map.insert("traceparent".into(), Value::String(traceparent.to_owned()));
+                        }
+                        event
+                    })
                     .collect(),
             ),
         };
@@ -266,10 +275,13 @@ pub fn retry_after(value: &str) -> Option<Duration> {
 #[async_trait]
 impl ChangeHandler for HttpHandler {
     async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
-        let (body, content_type) = self.body(&batch);
-        let response = self
-            .client
-            .post(self.config.url.clone())
+        let traceparent = crate::traces::current_traceparent();
+        let (body, content_type) = self.body(&batch, traceparent.as_deref());
+        let mut request = self.client.post(self.config.url.clone());
+        if let Some(traceparent) = &traceparent {
+            request = request.header("traceparent", traceparent);
+        }
+        let response = request
             .header(CONTENT_TYPE, content_type)
             .header("x-cfp-processor", batch.processor)
             .header("x-cfp-lease", batch.lease_token)
@@ -465,7 +477,7 @@ mod tests {
             documents: &documents,
             changes: &[],
         };
-        let body = |batch: &Batch<'_>| serde_json::from_slice::<Value>(&handler.body(batch).0).unwrap();
+        let body = |batch: &Batch<'_>| serde_json::from_slice::<Value>(&handler.body(batch, None).0).unwrap();
         assert!(body(&latest).get("changes").is_none());
         let all = Batch {
             changes: &changes,

@@ -9,6 +9,7 @@ use futures::StreamExt;
 use futures::stream::FuturesOrdered;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, Span};
 
 use super::checkpoint_policy::Deferred;
 use super::delivery::{Delivery, batch_id};
@@ -97,12 +98,14 @@ struct Session {
     position: Option<String>,
     /// The batches with the handler, settled in the order they were read.
     window: FuturesOrdered<InFlight>,
-    /// The window's batches: id, documents, and since when (for the report of a stall).
-    handling: std::collections::VecDeque<(String, usize, Instant)>,
+    /// The window's batches: id, documents, since when (for the report of a stall), and span.
+    handling: std::collections::VecDeque<(String, usize, Instant, Span)>,
     /// Since when a read is under way.
     reading_since: Option<Instant>,
     /// A page read while the window was full: it waits here (never with the handler).
-    read_ahead: Option<(ChangePage, String)>,
+    read_ahead: Option<(ChangePage, String, Span)>,
+    /// The span of the read that just finished.
+    read_span: Option<Span>,
     /// After a page that shows a split: read no further until it is settled.
     hold_reads: bool,
     /// No read before then (the feed was caught up).
@@ -164,21 +167,24 @@ fn is_configuration_error(error: &CosmosError) -> bool {
     )
 }
 
-/// Reads the next page, recording the read in the metrics.
+/// Reads the next page, recording the read in the metrics; with the read's span (a trace's
+/// root: the batch of a page with documents is its child).
 async fn timed_read(
     shared: &Shared,
     owned: &OwnedLease,
     reader: &mut FeedReader,
     timeout: Duration,
-) -> Result<ChangePage, CosmosError> {
+) -> (Result<ChangePage, CosmosError>, Span) {
+    let span =
+        tracing::info_span!(parent: None, "read", processor = %shared.options.processor_name, lease = %owned.token());
     let started = std::time::Instant::now();
-    let page = reader.next_page(timeout).await;
+    let page = reader.next_page(timeout).instrument(span.clone()).await;
     shared.telemetry.observer().feed_read(
         owned.token(),
         started.elapsed(),
         page.as_ref().map(|p| p.request_charge).unwrap_or_default(),
     );
-    page
+    (page, span)
 }
 
 impl LeaseReader {
@@ -257,6 +263,7 @@ impl LeaseReader {
                 handling: Default::default(),
                 reading_since: None,
                 read_ahead: None,
+                read_span: None,
                 hold_reads: false,
                 idle_until: None,
                 empty_streak: 0,
@@ -312,8 +319,9 @@ impl LeaseReader {
                         return after;
                     }
                 }
-                page = timed_read(&self.shared, &self.owned, &mut s.reader, read_timeout), if can_read => {
+                (page, span) = timed_read(&self.shared, &self.owned, &mut s.reader, read_timeout), if can_read => {
                     s.reading_since = None;
+                    s.read_span = Some(span);
                     let after = match page {
                         Ok(page) => self.on_page(s, page).await,
                         Err(error) => Some(self.on_read_failed(s, error).await),
@@ -328,14 +336,14 @@ impl LeaseReader {
 
     /// A batch finished: settle it, then hand over the page read ahead.
     async fn on_settled(&mut self, s: &mut Session, page: ChangePage, delivered: bool) -> Option<After> {
-        s.handling.pop_front();
-        match self.settle(&s.range, page, delivered).await {
+        let span = s.handling.pop_front().map_or_else(Span::none, |(.., span)| span);
+        match self.settle(&s.range, page, delivered).instrument(span).await {
             Flow::Go => {
                 self.rebuilds = 0;
                 // A batch handled, or an empty page after all earlier ones: the lease advanced.
                 self.stall.progressed(Instant::now());
-                if let Some((page, id)) = s.read_ahead.take() {
-                    self.send(s, page, id);
+                if let Some((page, id, read)) = s.read_ahead.take() {
+                    self.send(s, page, id, read);
                 }
                 if s.window.is_empty() {
                     s.hold_reads = false;
@@ -371,10 +379,11 @@ impl LeaseReader {
         } else {
             s.empty_streak = 0;
         }
+        let read = s.read_span.take().unwrap_or_else(Span::none);
         if s.window.len() < self.shared.options.max_in_flight_batches.max(1) as usize {
-            self.send(s, page, id);
+            self.send(s, page, id, read);
         } else {
-            s.read_ahead = Some((page, id));
+            s.read_ahead = Some((page, id, read));
         }
         None
     }
@@ -395,10 +404,22 @@ impl LeaseReader {
         After::Reopen
     }
 
-    /// Puts a page in the window (its documents go to the handler).
-    fn send(&self, s: &mut Session, page: ChangePage, id: String) {
-        s.handling.push_back((id.clone(), page.documents.len(), Instant::now()));
-        s.window.push_back(self.deliver(&s.range, page, id));
+    /// Puts a page in the window (its documents go to the handler, in a `batch` span that is a
+    /// child of the page's `read`).
+    fn send(&self, s: &mut Session, page: ChangePage, id: String, read: Span) {
+        let documents = page.documents.len();
+        let span = if documents == 0 {
+            Span::none()
+        } else {
+            let processor = &self.shared.options.processor_name;
+            let lease = self.owned.token();
+            let count = documents as i64;
+            tracing::info_span!(parent: &read, "batch", processor = %processor, lease = %lease, batch = %id, documents = count)
+        };
+        s.handling
+            .push_back((id.clone(), documents, Instant::now(), span.clone()));
+        s.window
+            .push_back(Box::pin(self.deliver(&s.range, page, id).instrument(span)));
     }
 
     /// Judges whether the lease stalled, and acts on it: `Some` when the reader restarts or the
@@ -409,10 +430,10 @@ impl LeaseReader {
             self.stall.excused(failed);
         }
         let activity = match (
-            s.handling.iter().find(|(_, documents, _)| *documents > 0),
+            s.handling.iter().find(|(_, documents, ..)| *documents > 0),
             s.reading_since,
         ) {
-            (Some((batch, documents, since)), _) => Activity::Handling {
+            (Some((batch, documents, since, _)), _) => Activity::Handling {
                 batch: batch.clone(),
                 documents: *documents,
                 since: *since,
@@ -468,8 +489,8 @@ impl LeaseReader {
     /// must stop (a batch stopped unfinished, the lease was lost or split).
     async fn drain(&mut self, s: &mut Session) -> Result<(), LeaseExit> {
         while let Some((page, delivered)) = s.window.next().await {
-            s.handling.pop_front();
-            match self.settle(&s.range, page, delivered).await {
+            let span = s.handling.pop_front().map_or_else(Span::none, |(.., span)| span);
+            match self.settle(&s.range, page, delivered).instrument(span).await {
                 Flow::Go => {}
                 // The reader is rebuilt anyway after a drain; later batches are delivered again.
                 Flow::Rebuild => {

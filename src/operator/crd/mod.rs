@@ -10,6 +10,7 @@ mod autoscaling;
 mod connection;
 mod handler;
 mod leases;
+mod observability;
 mod reference;
 mod schema;
 mod spec;
@@ -24,6 +25,7 @@ pub use handler::{
     CheckpointSpec, DeadLetterSpec, HandlerKind, HandlerSpec, HeaderValueSource, HttpHandlerSpec, HttpHeader, RetrySpec,
 };
 pub use leases::{AdoptFrom, ForeignLayoutKind, LeaseSettings, LeaseTimings};
+pub use observability::{Observability, TracingSpec};
 pub use reference::{crd_markdown, reference_markdown};
 pub use schema::{crd_json, crd_yaml};
 pub use spec::{ChangeFeedProcessor, ChangeFeedProcessorSpec, FeedModeKind};

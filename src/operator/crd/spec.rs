@@ -154,6 +154,9 @@ pub struct ChangeFeedProcessorSpec {
     /// Overrides for the worker pods.
     #[serde(default)]
     pub worker: WorkerTemplate,
+    /// What the workers report beyond their metrics (OpenTelemetry traces).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observability: Option<super::Observability>,
 }
 
 fn default_start_from() -> String {

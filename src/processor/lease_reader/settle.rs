@@ -27,7 +27,13 @@ impl LeaseReader {
             // The handler checkpoints through its handles.
             return Flow::Go;
         }
-        self.checkpoint(&page, continuation).await
+        // A child of the batch's span; an empty page (no batch) is checkpointed without one.
+        let span = if page.documents.is_empty() {
+            tracing::Span::none()
+        } else {
+            tracing::info_span!("checkpoint")
+        };
+        self.checkpoint(&page, continuation).instrument(span).await
     }
 
     /// The SDK followed a split of the range inside one stream: each child's position is known —
