@@ -38,6 +38,7 @@ pub fn settings(args: &OperatorArgs) -> OperatorSettings {
             )
         }),
         metrics_port: args.metrics_port,
+        secrets_recheck: (!args.watch_secrets).then_some(args.secrets_recheck_interval),
     }
 }
 
@@ -51,4 +52,39 @@ pub async fn run(args: &OperatorArgs) -> Result<(), OperatorError> {
         signal.cancel();
     });
     run_operator(settings(args), shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use clap::Parser;
+
+    use super::settings;
+    use crate::cli::args::{Cli, Command};
+
+    fn operator_settings(args: &[&str]) -> crate::operator::run::OperatorSettings {
+        let cli = Cli::try_parse_from([&["cfp", "operator"][..], args].concat()).expect("parse");
+        match cli.command {
+            Command::Operator(args) => settings(&args),
+            _ => panic!("not the operator"),
+        }
+    }
+
+    #[test]
+    fn secrets_are_watched_unless_told_and_then_rechecked_at_the_interval() {
+        // (arguments, the recheck interval: None while Secrets are watched)
+        let cases: [(&[&str], Option<Duration>); 4] = [
+            (&[], None),
+            (&["--watch-secrets=true"], None),
+            (&["--watch-secrets=false"], Some(Duration::from_secs(60))),
+            (
+                &["--watch-secrets", "false", "--secrets-recheck-interval", "2s"],
+                Some(Duration::from_secs(2)),
+            ),
+        ];
+        for (args, recheck) in cases {
+            assert_eq!(operator_settings(args).secrets_recheck, recheck, "{args:?}");
+        }
+    }
 }
