@@ -223,7 +223,7 @@ pub struct RetryArgs {
     pub dead_letter_container: Option<String>,
 }
 
-fn duration(s: &str) -> Result<Duration, String> {
+pub(super) fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (use forms like 500ms, 2s, 1m)"))
 }
 
@@ -473,16 +473,9 @@ pub struct OperatorArgs {
     /// How often the leader renews its lease and candidates retry.
     #[arg(long, default_value = "2s", value_parser = duration)]
     pub leader_renew_interval: Duration,
-    /// Watch Secrets' metadata (never their data), so that a created or rotated Secret is acted
-    /// on at once (RBAC: get, list and watch on Secrets). With `false` the operator never lists
-    /// or watches Secrets: it reads only those resources name, with get, at every
-    /// reconciliation (RBAC: get alone), and notices a rotated key at the next one.
-    #[arg(long, env = "CFP_WATCH_SECRETS", default_value_t = true, action = clap::ArgAction::Set)]
-    pub watch_secrets: bool,
-    /// With `--watch-secrets=false`: each resource is reconciled at least this often, so that a
-    /// rotated key reaches the workers within it.
-    #[arg(long, env = "CFP_SECRETS_RECHECK_INTERVAL", default_value = "60s", value_parser = duration)]
-    pub secrets_recheck_interval: Duration,
+    /// How the operator reads the Secrets resources name.
+    #[command(flatten)]
+    pub secrets: super::operator::SecretsArgs,
 }
 
 /// `cfp deadletter`.
