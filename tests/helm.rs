@@ -3,7 +3,6 @@
 //! Pod Security admission, least-privilege RBAC checked with `kubectl auth can-i` and by running
 //! the operator as the chart's ServiceAccount, upgrade and uninstall.
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -278,19 +277,6 @@ fn can_i(sa: &str, verb: &str, resource: &str, namespace: Option<&str>) -> bool 
     out.trim() == "yes"
 }
 
-/// A kubeconfig that acts as `user` (impersonation): the operator then has exactly its RBAC.
-fn kubeconfig_as(user: &str) -> PathBuf {
-    let text = std::fs::read_to_string(&plane().kubeconfig).unwrap();
-    let impersonating = text.replace("    client-key-data:", &format!("    as: {user}\n    client-key-data:"));
-    let path = std::env::temp_dir().join(format!(
-        "cfp-kubeconfig-{}-{}",
-        std::process::id(),
-        user.replace(':', "_")
-    ));
-    std::fs::write(&path, impersonating).unwrap();
-    path
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
     let plane = tokio::task::spawn_blocking(plane).await.unwrap();
@@ -415,7 +401,7 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
     // Those permissions suffice: the operator, acting as the chart's ServiceAccount, reconciles.
     let team = "team-a";
     assert!(kubectl(&["create", "namespace", team]).0);
-    let kubeconfig = kubeconfig_as(&sa);
+    let kubeconfig = plane.kubeconfig_as(&sa);
     let log = std::fs::File::create(std::env::temp_dir().join("cfp-operator-as-sa.log")).unwrap();
     let mut operator = tokio::process::Command::new(CFP)
         .args(["operator", "--all-namespaces", "--leader-election-namespace", ns])
@@ -552,5 +538,228 @@ fn namespaced_mode_grants_nothing_outside_the_watched_namespaces() {
     assert!(!ok, "no ClusterRole in namespaced mode");
     println!(
         "namespaced mode (watchNamespaces team-b): secrets in team-b yes, in team-c and {ns} no, nothing cluster-wide, no ClusterRole"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_metadata_is_what_artifact_hub_and_helm_read() {
+    let chart: Value = serde_yaml::from_str(&std::fs::read_to_string(format!("{CHART}/Chart.yaml")).unwrap()).unwrap();
+    // kubeVersion: Helm refuses older clusters (native sidecars need 1.29) and takes providers'
+    // version strings; the API server of these tests is 1.35.
+    assert_eq!(chart["kubeVersion"], ">=1.29.0-0");
+    for (version, accepted) in [
+        ("1.28.9", false),
+        ("1.29.0", true),
+        ("1.30.4-eks-a737599", true),
+        ("1.35.4", true),
+    ] {
+        let (ok, _, err) = helm(&["template", "cfp", CHART, "--kube-version", version]);
+        assert_eq!(ok, accepted, "kube {version}: {err}");
+    }
+    let annotations = &chart["annotations"];
+    let yaml = |key: &str| -> Value {
+        serde_yaml::from_str(annotations[key].as_str().unwrap_or_else(|| panic!("{key} missing"))).unwrap()
+    };
+    assert_eq!(annotations["artifacthub.io/license"], env!("CARGO_PKG_LICENSE"));
+    assert_eq!(annotations["artifacthub.io/operator"], "true");
+    let levels = [
+        "Basic Install",
+        "Seamless Upgrades",
+        "Full Lifecycle",
+        "Deep Insights",
+        "Auto Pilot",
+    ];
+    assert!(levels.contains(&annotations["artifacthub.io/operatorCapabilities"].as_str().unwrap()));
+    // The CRD entry names the CRD `cfp crd` prints.
+    let crd = cfp_crd();
+    let entry = &yaml("artifacthub.io/crds")[0];
+    assert_eq!(entry["name"], crd["metadata"]["name"]);
+    assert_eq!(entry["kind"], crd["spec"]["names"]["kind"]);
+    assert_eq!(entry["version"], crd["spec"]["versions"][0]["name"]);
+    // The image is the one the chart deploys by default.
+    let (ok, rendered, err) = helm(&["template", "cfp", CHART, "--show-only", "templates/deployment.yaml"]);
+    assert!(ok, "{err}");
+    let deployment = documents(&rendered).remove(0);
+    let images = yaml("artifacthub.io/images");
+    assert_eq!(
+        images[0]["image"],
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    );
+    for link in yaml("artifacthub.io/links").as_array().unwrap() {
+        assert!(link["url"].as_str().unwrap().starts_with("https://"), "{link}");
+    }
+    // The example resource is one the API server accepts.
+    let shared = crate::operator_support::plane().await;
+    let ns = crate::operator_support::namespace(shared, "artifacthub-example");
+    let examples = yaml("artifacthub.io/crdsExamples");
+    for example in examples.as_array().unwrap() {
+        let (ok, out, err) = shared.kubectl_run(
+            &["apply", "--dry-run=server", "-n", &ns, "-f", "-"],
+            Some(&example.to_string()),
+        );
+        assert!(ok && out.contains("created (server dry run)"), "{out}{err}");
+    }
+    println!(
+        "Chart.yaml: kubeVersion >=1.29.0-0 (helm template refuses 1.28.9, takes 1.29.0, 1.30.4-eks-…, 1.35.4); Artifact Hub: license {}, operator, capabilities {}, CRD {} = cfp crd, image {} = the deployed default, {} example(s) accepted by the API server (server dry run)",
+        env!("CARGO_PKG_LICENSE"),
+        annotations["artifacthub.io/operatorCapabilities"],
+        entry["name"],
+        images[0]["image"],
+        examples.as_array().unwrap().len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_network_policy_is_accepted_by_the_api_server() {
+    let shared = crate::operator_support::plane().await;
+    let ns = crate::operator_support::namespace(shared, "chart-netpol");
+    let sets = "networkPolicy.enabled=true,emulator.enabled=true,networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=monitoring";
+    let (ok, out, err) = helm(&[
+        "template",
+        "cfp",
+        CHART,
+        "--namespace",
+        &ns,
+        "--set",
+        sets,
+        "--show-only",
+        "templates/networkpolicy.yaml",
+    ]);
+    assert!(ok, "{err}");
+    let policy = documents(&out).remove(0);
+    let (ok, applied, err) = shared.kubectl_run(
+        &["apply", "--dry-run=server", "-o", "json", "-f", "-"],
+        Some(&policy.to_string()),
+    );
+    assert!(ok, "the API server refused the chart's NetworkPolicy: {err}");
+    let applied: Value = serde_json::from_str(&applied).unwrap();
+    let spec = &applied["spec"];
+    assert_eq!(spec["policyTypes"], serde_json::json!(["Ingress", "Egress"]));
+    assert_eq!(spec["ingress"][0]["ports"][0]["port"], 8080);
+    assert_eq!(
+        spec["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"]["team"],
+        "monitoring"
+    );
+    let egress_ports = crate::operator_support::egress_ports(spec);
+    assert_eq!(
+        egress_ports,
+        ["UDP/53+TCP/53", "TCP/443+TCP/6443", "TCP/443", "TCP/8081"],
+        "DNS, API server, Cosmos, emulator"
+    );
+    // Off by default.
+    let (ok, default, _) = helm(&["template", "cfp", CHART]);
+    assert!(ok && !default.contains("kind: NetworkPolicy"));
+    let (ok, _, err) = helm(&[
+        "template",
+        "cfp",
+        CHART,
+        "--set",
+        "networkPolicy.cosmos.cidrs={10.0.0.300}",
+    ]);
+    assert!(!ok && err.contains("/networkPolicy/cosmos/cidrs/0"), "{err}");
+    println!(
+        "networkPolicy.enabled: the chart's NetworkPolicy accepted by the API server (server dry run): ingress 8080 from the monitoring peers, egress ports {egress_ports:?} (DNS, API server, Cosmos, emulator); off by default; a CIDR without a prefix refused by the values schema"
+    );
+}
+
+/// One row of the values table: (key, default as JSON, description).
+type ValueRow = (String, String, String);
+
+/// The rows of the chart README's values table, from values.yaml: each value (a leaf, or a map or
+/// list none of whose entries is commented) with the comment block right above its key; a map
+/// with commented entries gives a row per entry. Pure.
+fn values_rows(text: &str) -> Vec<ValueRow> {
+    let values: Value = serde_yaml::from_str(text).expect("values.yaml");
+    // The comment block above each key, by dotted path.
+    let mut comments = std::collections::BTreeMap::new();
+    let (mut block, mut path): (Vec<String>, Vec<(usize, String)>) = (Vec::new(), Vec::new());
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if let Some(comment) = trimmed.strip_prefix('#') {
+            block.push(comment.trim().to_owned());
+            continue;
+        }
+        let key = trimmed.split_once(':').map(|(k, _)| k).filter(|k| {
+            !trimmed.starts_with('-') && !k.is_empty() && k.chars().all(|c| c.is_alphanumeric() || c == '_')
+        });
+        if let Some(key) = key {
+            path.retain(|(i, _)| *i < indent);
+            path.push((indent, key.to_owned()));
+            let dotted: Vec<&str> = path.iter().map(|(_, k)| k.as_str()).collect();
+            comments.insert(dotted.join("."), block.join(" "));
+        }
+        block.clear();
+    }
+    let mut rows = Vec::new();
+    collect_rows(&values, "", &comments, &mut rows);
+    rows
+}
+
+fn collect_rows(
+    value: &Value,
+    prefix: &str,
+    comments: &std::collections::BTreeMap<String, String>,
+    rows: &mut Vec<ValueRow>,
+) {
+    let Some(map) = value.as_object() else { return };
+    for (key, child) in map {
+        let path = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        let documented_entries = child.as_object().is_some_and(|m| {
+            m.keys()
+                .any(|k| comments.get(&format!("{path}.{k}")).is_some_and(|c| !c.is_empty()))
+        });
+        if documented_entries {
+            collect_rows(child, &path, comments, rows);
+        } else {
+            let comment = comments.get(&path).cloned().unwrap_or_default();
+            rows.push((path, child.to_string(), comment));
+        }
+    }
+}
+
+/// The values table as the chart README holds it.
+fn values_table(rows: &[ValueRow]) -> String {
+    let mut table = String::from("| value | default | description |\n|---|---|---|\n");
+    for (key, default, description) in rows {
+        let cell = |text: &str| text.replace('|', "\\|");
+        table.push_str(&format!("| `{key}` | `{}` | {} |\n", cell(default), cell(description)));
+    }
+    table
+}
+
+const TABLE_START: &str =
+    "<!-- values: generated from values.yaml by tests/helm.rs; CFP_WRITE_CHART_README=1 rewrites it -->\n";
+const TABLE_END: &str = "<!-- values end -->";
+
+#[test]
+fn the_chart_readme_documents_every_value_with_its_default() {
+    let values = std::fs::read_to_string(format!("{CHART}/values.yaml")).unwrap();
+    let rows = values_rows(&values);
+    let undocumented: Vec<&str> = rows.iter().filter(|r| r.2.is_empty()).map(|r| r.0.as_str()).collect();
+    assert!(
+        undocumented.is_empty(),
+        "values.yaml: no comment above {undocumented:?}"
+    );
+    let path = format!("{CHART}/README.md");
+    let readme = std::fs::read_to_string(&path).unwrap_or_default();
+    let table = values_table(&rows);
+    let (before, rest) = readme.split_once(TABLE_START).unwrap_or((&readme, ""));
+    let after = rest.split_once(TABLE_END).map_or("", |(_, after)| after);
+    let want = format!("{before}{TABLE_START}{table}{TABLE_END}{after}");
+    if std::env::var_os("CFP_WRITE_CHART_README").is_some() {
+        std::fs::write(&path, &want).unwrap();
+    }
+    assert!(
+        readme == want,
+        "charts/changefeed-operator/README.md: its values table differs from values.yaml (a value missing, or another default or comment): run `CFP_WRITE_CHART_README=1 cargo test --test integration helm::the_chart_readme`"
+    );
+    println!(
+        "chart README: {} values documented, each with its default and the comment above it in values.yaml",
+        rows.len()
     );
 }

@@ -1526,3 +1526,190 @@ async fn the_api_server_refuses_bad_values_with_messages_that_say_what_to_do() {
         refused.join(", ")
     );
 }
+
+/// The objects of `helm template` of the chart with `sets`, of the given kinds, as one JSON `List`.
+fn chart_objects(plane: &crate::control_plane::ControlPlane, ns: &str, sets: &str, kinds: &[&str]) -> String {
+    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/changefeed-operator");
+    let (ok, out, err) = crate::control_plane::helm(
+        &plane.bin,
+        None,
+        &["template", "least", chart, "--namespace", ns, "--set", sets],
+    );
+    assert!(ok, "helm template --set {sets}: {err}");
+    let items: Vec<serde_json::Value> = crate::control_plane::yaml_documents(&out)
+        .into_iter()
+        .filter(|d| d["kind"].as_str().is_some_and(|k| kinds.contains(&k)))
+        .collect();
+    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+}
+
+/// `apiserver_request_total` of refused (403) LIST and WATCH requests of Secrets.
+fn refused_secret_reads(plane: &crate::control_plane::ControlPlane) -> f64 {
+    let (ok, metrics, err) = plane.kubectl_run(&["get", "--raw", "/metrics"], None);
+    assert!(ok, "{err}");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("resource=\"secrets\""))
+        .filter(|l| l.contains("code=\"403\"") && (l.contains("verb=\"LIST\"") || l.contains("verb=\"WATCH\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_secrets_watch_false_the_operator_only_gets_named_secrets_and_a_rotated_key_reaches_the_workers() {
+    let plane = plane().await;
+    let ns = namespace(plane, "secrets-get-only");
+    // The chart's own RBAC for one watched namespace with secrets.watch=false.
+    let sets = format!("secrets.watch=false,watchNamespaces={{{ns}}},crds.install=false,replicaCount=1");
+    let rbac = chart_objects(plane, &ns, &sets, &["ServiceAccount", "Role", "RoleBinding"]);
+    let (ok, _, err) = plane.kubectl_run(&["apply", "-f", "-"], Some(&rbac));
+    assert!(ok, "{err}");
+    let sa = format!("system:serviceaccount:{ns}:least-changefeed-operator");
+    let can = |verb: &str| {
+        let (_, out, _) = plane.kubectl_run(&["auth", "can-i", verb, "secrets", "--as", &sa, "-n", &ns], None);
+        out.trim() == "yes"
+    };
+    assert!(
+        can("get") && !can("list") && !can("watch"),
+        "the chart grants get alone on Secrets"
+    );
+
+    // The operator as that ServiceAccount, rechecking Secrets every 2 s.
+    let refused_before = refused_secret_reads(plane);
+    let kubeconfig = plane.kubeconfig_as(&sa);
+    let recheck = Duration::from_secs(2);
+    let args = ["--watch-secrets=false", "--secrets-recheck-interval=2s"];
+    let mut operator = Operator::start_as(&ns, "least", "info,kube=warn", &[], &kubeconfig, &args);
+    apply_ok(plane, &ns, &secret_yaml());
+    apply_ok(plane, &ns, &resource("orders", FAKE_ENDPOINT, ""));
+    let deployments: Api<Deployment> = Api::namespaced(plane.client().await, &ns);
+    let digest_of = |deployment: &Deployment| {
+        deployment
+            .spec
+            .as_ref()?
+            .template
+            .metadata
+            .as_ref()?
+            .annotations
+            .as_ref()?
+            .get("changefeed.io/secrets-digest")
+            .cloned()
+    };
+    let before = wait("the worker Deployment, applied as the ServiceAccount", || async {
+        digest_of(&deployments.get_opt("orders").await.ok()??)
+    })
+    .await;
+    // A rotated key is read at the next reconciliation: nothing watches the Secret.
+    let rotated = std::time::Instant::now();
+    apply_ok(
+        plane,
+        &ns,
+        &secret_yaml().replace(changefeed_operator::cosmos::EMULATOR_KEY, "cm90YXRlZC1rZXk="),
+    );
+    let after = wait("the rotated key's digest on the pod template", || async {
+        digest_of(&deployments.get_opt("orders").await.ok()??).filter(|d| *d != before)
+    })
+    .await;
+    let took = rotated.elapsed();
+    assert!(took < recheck + Duration::from_secs(10), "{took:?}");
+    terminate(&mut operator.child).await;
+    let refused = refused_secret_reads(plane) - refused_before;
+    let log = std::fs::read_to_string(Operator::log_path(&ns, "least")).unwrap_or_default();
+    let forbidden: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("forbidden") || l.contains("Forbidden"))
+        .collect();
+    assert!(
+        forbidden.is_empty(),
+        "the operator was refused something: {forbidden:?}"
+    );
+    assert_eq!(
+        refused, 0.0,
+        "the API server refused LIST/WATCH of Secrets {refused} times"
+    );
+    println!(
+        "secrets.watch=false: the chart's Role grants get alone (can-i get yes, list no, watch no); the operator as {sa} applied the workers and, {:.1} s after the key was rotated (recheck 2 s), the pod template's digest {before} -> {after}; refused LIST/WATCH of Secrets on the API server: {refused}; no 'forbidden' in the operator log",
+        took.as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workers_network_policy_is_applied_when_asked_and_deleted_when_turned_off() {
+    let plane = plane().await;
+    let ns = namespace(plane, "worker-netpol");
+    let client = plane.client().await;
+    let mut operator = Operator::start(plane, &ns, "op");
+    apply_ok(plane, &ns, &secret_yaml());
+    let handler = "  handler:\n    type: Http\n    http: {url: 'http://orders-handler.shop.svc:8000/changes'}\n";
+    let policy = "  worker:\n    networkPolicy:\n      enabled: true\n      cosmosCidrs: [10.20.0.0/16]\n      metricsFrom: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}}]\n";
+    apply_ok(
+        plane,
+        &ns,
+        &resource("orders", FAKE_ENDPOINT, &format!("{handler}{policy}")),
+    );
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> = Api::namespaced(client.clone(), &ns);
+    let applied = wait("the workers' NetworkPolicy", || async {
+        policies.get_opt("orders").await.ok().flatten()
+    })
+    .await;
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
+    let cfp = cfps.get("orders").await.unwrap();
+    let owner = &applied.metadata.owner_references.clone().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.clone()),
+        ("ChangeFeedProcessor", cfp.metadata.uid.clone().unwrap())
+    );
+    let managers: Vec<String> = applied
+        .metadata
+        .managed_fields
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| m.manager.filter(|_| m.operation.as_deref() == Some("Apply")))
+        .collect();
+    assert_eq!(managers, ["changefeed-operator"], "server-side applied");
+    let spec = serde_json::to_value(applied.spec.unwrap()).unwrap();
+    assert_eq!(spec["podSelector"]["matchLabels"]["changefeed.io/processor"], "orders");
+    assert_eq!(spec["policyTypes"], serde_json::json!(["Ingress", "Egress"]));
+    assert_eq!(spec["ingress"][0]["ports"][0]["port"], 9090);
+    let egress = spec["egress"].as_array().unwrap();
+    let ports = operator_support::egress_ports(&spec);
+    assert_eq!(
+        ports,
+        ["UDP/53+TCP/53", "TCP/443", "TCP/8000"],
+        "DNS, Cosmos, the handler"
+    );
+    assert_eq!(egress[1]["to"][0]["ipBlock"]["cidr"], "10.20.0.0/16");
+
+    // A CIDR the API server refuses is reported on the resource.
+    apply_ok(
+        plane,
+        &ns,
+        &resource(
+            "orders",
+            FAKE_ENDPOINT,
+            &format!("{handler}{}", policy.replace("10.20.0.0/16", "10.20.0.0/99")),
+        ),
+    );
+    let refused = wait_event(&client, &ns, "ApplyFailed").await;
+    assert!(
+        refused.note.as_deref().unwrap_or_default().contains("cidr"),
+        "{:?}",
+        refused.note
+    );
+    // Turned off: the NetworkPolicy goes.
+    apply_ok(plane, &ns, &resource("orders", FAKE_ENDPOINT, handler));
+    wait("the NetworkPolicy deleted", || async {
+        policies
+            .get_opt("orders")
+            .await
+            .ok()
+            .and_then(|p| p.is_none().then_some(()))
+    })
+    .await;
+    terminate(&mut operator.child).await;
+    println!(
+        "spec.worker.networkPolicy: applied by server-side apply (manager changefeed-operator), owned by cfp/orders, egress {ports:?}, Cosmos to 10.20.0.0/16, ingress to 9090 from the monitoring namespace; a bad CIDR refused by the API server and reported (ApplyFailed: {:?}); enabled false → deleted",
+        refused.note.unwrap_or_default().chars().take(160).collect::<String>()
+    );
+}

@@ -223,7 +223,7 @@ pub struct RetryArgs {
     pub dead_letter_container: Option<String>,
 }
 
-fn duration(s: &str) -> Result<Duration, String> {
+pub(super) fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (use forms like 500ms, 2s, 1m)"))
 }
 
@@ -473,6 +473,9 @@ pub struct OperatorArgs {
     /// How often the leader renews its lease and candidates retry.
     #[arg(long, default_value = "2s", value_parser = duration)]
     pub leader_renew_interval: Duration,
+    /// How the operator reads the Secrets resources name.
+    #[command(flatten)]
+    pub secrets: super::operator::SecretsArgs,
 }
 
 /// `cfp deadletter`.

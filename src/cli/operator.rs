@@ -1,10 +1,28 @@
 //! `cfp operator`: runs the operator until SIGINT/SIGTERM.
 
+use std::time::Duration;
+
+use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use super::args::OperatorArgs;
 use crate::operator::leader::Election;
 use crate::operator::run::{OperatorError, OperatorSettings, run as run_operator};
+
+/// How the operator reads the Secrets resources name.
+#[derive(Debug, Args, Clone)]
+pub struct SecretsArgs {
+    /// Watch Secrets' metadata (never their data), so that a created or rotated Secret is acted
+    /// on at once (RBAC: get, list and watch on Secrets). With `false` the operator never lists
+    /// or watches Secrets: it reads only those resources name, with get, at every
+    /// reconciliation (RBAC: get alone), and notices a rotated key at the next one.
+    #[arg(long, env = "CFP_WATCH_SECRETS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub watch_secrets: bool,
+    /// With `--watch-secrets=false`: each resource is reconciled at least this often, so that a
+    /// rotated key reaches the workers within it.
+    #[arg(long, env = "CFP_SECRETS_RECHECK_INTERVAL", default_value = "60s", value_parser = super::args::duration)]
+    pub secrets_recheck_interval: Duration,
+}
 
 /// The operator settings from its arguments.
 pub fn settings(args: &OperatorArgs) -> OperatorSettings {
@@ -38,6 +56,7 @@ pub fn settings(args: &OperatorArgs) -> OperatorSettings {
             )
         }),
         metrics_port: args.metrics_port,
+        secrets_recheck: (!args.secrets.watch_secrets).then_some(args.secrets.secrets_recheck_interval),
     }
 }
 
@@ -51,4 +70,39 @@ pub async fn run(args: &OperatorArgs) -> Result<(), OperatorError> {
         signal.cancel();
     });
     run_operator(settings(args), shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use clap::Parser;
+
+    use super::settings;
+    use crate::cli::args::{Cli, Command};
+
+    fn operator_settings(args: &[&str]) -> crate::operator::run::OperatorSettings {
+        let cli = Cli::try_parse_from([&["cfp", "operator"][..], args].concat()).expect("parse");
+        match cli.command {
+            Command::Operator(args) => settings(&args),
+            _ => panic!("not the operator"),
+        }
+    }
+
+    #[test]
+    fn secrets_are_watched_unless_told_and_then_rechecked_at_the_interval() {
+        // (arguments, the recheck interval: None while Secrets are watched)
+        let cases: [(&[&str], Option<Duration>); 4] = [
+            (&[], None),
+            (&["--watch-secrets=true"], None),
+            (&["--watch-secrets=false"], Some(Duration::from_secs(60))),
+            (
+                &["--watch-secrets", "false", "--secrets-recheck-interval", "2s"],
+                Some(Duration::from_secs(2)),
+            ),
+        ];
+        for (args, recheck) in cases {
+            assert_eq!(operator_settings(args).secrets_recheck, recheck, "{args:?}");
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! The Kubernetes operator: the `ChangeFeedProcessor` resource, its reconciler, leader election.
 //!
 //! [`crd`] (types), [`spec_options`] (the spec as the workers' processor options), [`workload`]
-//! (pure rendering of the Deployment and Service), [`config`] (pure configuration check), [`status`] (pure conditions), [`autoscale`] (pure scaling policy) and
+//! (pure rendering of the Deployment and Service), [`network_policy`] (pure: the workers' NetworkPolicy), [`config`] (pure configuration check), [`status`] (pure conditions), [`autoscale`] (pure scaling policy) and
 //! [`behavior`] (its rate policies), [`external`] (pure: an HPA or KEDA on `/scale`), [`pause`]
 //! (pure: the pause annotations), [`rewind`] (pure: the rewind annotations' steps), [`estimation`] (remaining-work estimates per resource) and
 //! [`reported`] (pure: which leases the workers' lag reports tell), [`news`] (pure: which estimates
@@ -20,6 +20,7 @@ pub mod failover;
 pub mod leader;
 pub mod liveness;
 pub mod metrics;
+pub mod network_policy;
 pub mod news;
 pub mod pause;
 pub mod reconcile;

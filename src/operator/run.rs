@@ -38,6 +38,10 @@ pub struct OperatorSettings {
     pub election: Option<(String, Election)>,
     /// Port of /metrics and /healthz.
     pub metrics_port: Option<u16>,
+    /// `None`: Secrets' metadata is watched (a changed Secret reconciles the resources that name
+    /// it). `Some(interval)`: Secrets are never listed or watched; each resource is reconciled
+    /// at least this often, reading the Secrets it names with get.
+    pub secrets_recheck: Option<Duration>,
 }
 
 /// Why the operator stopped with an error.
@@ -256,13 +260,18 @@ async fn run_controller(
         FORGET_DELETED_PERIOD,
         series_stop.clone(),
     ));
-    controller
+    let controller = controller
         .reconcile_on(estimated)
         .owns_stream(deployments)
-        .owns(apis.services, owned)
-        // A Secret created or fixed later brings the processors that reference it forward. Only
-        // Secret metadata is watched: the operator never holds Secret data it does not read.
-        .watches(apis.secrets, watcher::Config::default(), referencing(store))
+        .owns(apis.services, owned);
+    // A Secret created or fixed later brings the processors that reference it forward. Only
+    // Secret metadata is watched: the operator never holds Secret data it does not read. Without
+    // the watch (`--watch-secrets=false`) the reconciliations' requeue notices them.
+    let controller = match settings.secrets_recheck {
+        None => controller.watches(apis.secrets, watcher::Config::default(), referencing(store)),
+        Some(_) => controller,
+    };
+    controller
         .graceful_shutdown_on(async move {
             tokio::select! {
                 _ = shutdown.cancelled() => {}
@@ -335,6 +344,7 @@ fn context(
         deployments,
         applied: Mutex::new(HashMap::new()),
         failures: Mutex::new(HashMap::new()),
+        secrets_recheck: settings.secrets_recheck,
     })
 }
 

@@ -50,6 +50,11 @@ pub fn selector_string(cfp: &ChangeFeedProcessor) -> String {
         .join(",")
 }
 
+/// The labels of the objects rendered for `cfp`.
+pub(crate) fn workload_labels(cfp: &ChangeFeedProcessor) -> BTreeMap<String, String> {
+    labels(cfp)
+}
+
 fn labels(cfp: &ChangeFeedProcessor) -> BTreeMap<String, String> {
     let mut labels = selector_labels(cfp);
     labels.insert("app.kubernetes.io/name".into(), "changefeed-worker".into());
@@ -61,7 +66,8 @@ fn labels(cfp: &ChangeFeedProcessor) -> BTreeMap<String, String> {
     labels
 }
 
-fn owner(cfp: &ChangeFeedProcessor) -> Vec<OwnerReference> {
+/// `cfp` as the controlling owner of what is rendered for it.
+pub(crate) fn owner(cfp: &ChangeFeedProcessor) -> Vec<OwnerReference> {
     cfp.controller_owner_ref(&()).into_iter().collect()
 }
 
@@ -522,11 +528,12 @@ pub fn metrics_service(cfp: &ChangeFeedProcessor) -> Service {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::operator::crd::ChangeFeedProcessorSpec;
 
-    fn resource(extra: serde_json::Value) -> ChangeFeedProcessor {
+    /// A resource `orders` in `shop` with `extra` spec fields (the network policy's tests too).
+    pub(crate) fn resource(extra: serde_json::Value) -> ChangeFeedProcessor {
         let mut spec = serde_json::json!({
             "connection": {"endpoint": "https://acct.documents.azure.com:443/", "keySecretRef": {"name": "cosmos"}},
             "monitored": {"database": "db", "container": "orders"},

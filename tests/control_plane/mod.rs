@@ -86,6 +86,18 @@ impl ControlPlane {
         kube::Client::try_from(config).expect("client")
     }
 
+    /// A kubeconfig that acts as `user` (impersonation, for example
+    /// `system:serviceaccount:<ns>:<name>`): a process using it has exactly that user's RBAC.
+    pub fn kubeconfig_as(&self, user: &str) -> std::path::PathBuf {
+        let text = std::fs::read_to_string(&self.kubeconfig).expect("kubeconfig");
+        let impersonating = text.replace("    client-key-data:", &format!("    as: {user}\n    client-key-data:"));
+        let path = self
+            .kubeconfig
+            .with_file_name(format!("kubeconfig-as-{}", user.replace(':', "_")));
+        std::fs::write(&path, impersonating).expect("write the kubeconfig");
+        path
+    }
+
     /// `kubectl` against the control plane.
     pub fn kubectl(&self) -> Command {
         let mut command = Command::new(self.bin.join("kubectl"));

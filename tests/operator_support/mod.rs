@@ -87,6 +87,19 @@ impl Operator {
         rust_log: &str,
         env: &[(&str, String)],
     ) -> Self {
+        Self::start_as(ns, identity, rust_log, env, &plane.kubeconfig, &[])
+    }
+
+    /// Like [`Operator::start_with_env`], with the credentials of `kubeconfig` (for example
+    /// [`ControlPlane::kubeconfig_as`] a ServiceAccount) and more arguments.
+    pub fn start_as(
+        ns: &str,
+        identity: &str,
+        rust_log: &str,
+        env: &[(&str, String)],
+        kubeconfig: &std::path::Path,
+        more_args: &[&str],
+    ) -> Self {
         let port = free_port();
         let log = std::fs::File::create(Self::log_path(ns, identity)).expect("log");
         // `CFP_OPERATOR_BIN` runs another build of the operator (to measure the shipped binary).
@@ -111,7 +124,8 @@ impl Operator {
                 "--leader-renew-interval",
                 "500ms",
             ])
-            .env("KUBECONFIG", &plane.kubeconfig)
+            .args(more_args)
+            .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", rust_log)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null())
@@ -368,4 +382,20 @@ pub async fn wait_event(client: &kube::Client, namespace: &str, reason: &str) ->
         list.items.into_iter().find(|e| e.reason.as_deref() == Some(reason))
     })
     .await
+}
+
+/// The ports of each egress rule of a NetworkPolicy `spec`, as `UDP/53+TCP/53`.
+pub fn egress_ports(spec: &serde_json::Value) -> Vec<String> {
+    let rules = spec["egress"].as_array().cloned().unwrap_or_default();
+    rules
+        .iter()
+        .map(|rule| {
+            let ports = rule["ports"].as_array().cloned().unwrap_or_default();
+            let ports: Vec<String> = ports
+                .iter()
+                .map(|p| format!("{}/{}", p["protocol"].as_str().unwrap_or("TCP"), p["port"]))
+                .collect();
+            ports.join("+")
+        })
+        .collect()
 }

@@ -34,6 +34,11 @@ build kube k8s.io/kubernetes/cmd/kube-scheduler kube-scheduler
 build kube k8s.io/kubernetes/cmd/kubelet kubelet
 build kube k8s.io/kubernetes/cmd/kube-proxy kube-proxy
 helm_version="v3.22.0"
-version_flags="-X helm.sh/helm/v3/internal/version.version=$helm_version"
+# As helm's own release build does, stamp the Kubernetes version `helm template` and `helm lint`
+# assume (else 1.20, which the chart's kubeVersion refuses): the control plane's.
+version_flags="-X helm.sh/helm/v3/internal/version.version=$helm_version -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=35 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=35"
+# A helm built before that stamp is rebuilt (the stamp file records the flags it was built with).
+if [[ "$(cat "$bin/helm.ldflags" 2>/dev/null)" != "$version_flags" ]]; then rm -f "$bin/helm"; fi
 build helm helm.sh/helm/v3/cmd/helm helm
+echo "$version_flags" > "$bin/helm.ldflags"
 echo "$bin"

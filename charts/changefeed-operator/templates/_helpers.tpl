@@ -69,8 +69,18 @@ app.kubernetes.io/component: operator
   verbs: ["create", "patch"]
 - apiGroups: [""]
   resources: ["secrets"]
+  {{- if .Values.secrets.watch }}
   # get: the Secrets resources name; list/watch: a metadata-only watch (no Secret data is cached).
   verbs: ["get", "list", "watch"]
+  {{- else }}
+  # get alone: only the Secrets resources name, read at each reconciliation (secrets.watch false).
+  verbs: ["get"]
+  {{- end }}
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  # The workers' NetworkPolicy (spec.worker.networkPolicy): server-side apply, and delete when a
+  # resource turns it off.
+  verbs: ["create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
   # Fast failover: a gone worker pod's leases are freed at once.

@@ -30,7 +30,7 @@ pub use reference::{crd_markdown, reference_markdown};
 pub use schema::{crd_json, crd_yaml};
 pub use spec::{ChangeFeedProcessor, ChangeFeedProcessorSpec, FeedModeKind};
 pub use status::{ChangeFeedProcessorStatus, LastRewind, RewindProgress};
-pub use worker::WorkerTemplate;
+pub use worker::{WorkerNetworkPolicy, WorkerTemplate};
 
 /// Go-style durations the worker accepts (`500ms`, `2s`, `1m`, `1h`).
 const DURATION_RULE: &str = "self.matches('^([0-9]+(ms|s|m|h))+$')";

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Toleration;
 use k8s_openapi::api::core::v1::TopologySpreadConstraint;
 use k8s_openapi::api::core::v1::Volume;
 use k8s_openapi::api::core::v1::VolumeMount;
+use k8s_openapi::api::networking::v1::{NetworkPolicyEgressRule, NetworkPolicyPeer};
 use kube::KubeSchema;
 use serde::Deserialize;
 use serde::Serialize;
@@ -88,6 +89,36 @@ pub struct WorkerTemplate {
     #[serde(default = "default_metrics_port")]
     #[schemars(range(min = 1, max = 65535))]
     pub metrics_port: i32,
+    /// A NetworkPolicy for the worker pods, rendered by the operator (off by default; needs a
+    /// network plugin that enforces NetworkPolicies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<WorkerNetworkPolicy>,
+}
+
+/// The worker pods' NetworkPolicy: ingress to the metrics port; egress to DNS, to Cosmos DB on the
+/// ports of the account endpoints (`connection.endpoint`, `leases.connection.endpoint`) and to the
+/// HTTP handler on the port of `handler.http.url` (none for a handler on localhost: a sidecar).
+/// Every other connection of the worker pods is refused.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerNetworkPolicy {
+    /// Render the NetworkPolicy (`false`: none; one rendered before is deleted).
+    #[serde(default)]
+    pub enabled: bool,
+    /// Where Cosmos DB may be reached: CIDRs (default: anywhere, on the endpoints' ports only).
+    /// With workload identity, Microsoft Entra ID is reached through the same CIDRs on 443.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cosmos_cidrs: Vec<String>,
+    /// Where the HTTP handler may be reached: CIDRs (default: anywhere, on its URL's port only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub handler_cidrs: Vec<String>,
+    /// Who may reach the metrics port (NetworkPolicy peers; default: anyone).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub metrics_from: Vec<NetworkPolicyPeer>,
+    /// More egress of the worker pods, for example what a handler sidecar calls: the policy
+    /// covers every container of the pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_egress: Vec<NetworkPolicyEgressRule>,
 }
 
 fn default_metrics_port() -> i32 {
@@ -116,6 +147,7 @@ impl Default for WorkerTemplate {
             priority_class_name: None,
             termination_grace_period_seconds: None,
             metrics_port: default_metrics_port(),
+            network_policy: None,
         }
     }
 }

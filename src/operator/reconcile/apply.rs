@@ -4,12 +4,14 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::{Client, Resource, ResourceExt};
 
 use super::super::crd::ChangeFeedProcessor;
+use super::super::network_policy::worker_network_policy;
 use super::super::status::{MAX_EVENT_NOTE, bounded};
 use super::super::workload::{
     FIELD_MANAGER, metrics_service, with_secrets_digest, worker_deployment, worker_disruption_budget,
@@ -33,7 +35,9 @@ pub(super) struct Rendered {
     deployment: Deployment,
     service: Service,
     budget: PodDisruptionBudget,
-    /// The digest of the three (what [`pace::needs_apply`](super::pace::needs_apply) compares).
+    /// The workers' NetworkPolicy, when the resource asks for one.
+    network_policy: Option<NetworkPolicy>,
+    /// The digest of the four (what [`pace::needs_apply`](super::pace::needs_apply) compares).
     pub digest: String,
 }
 
@@ -45,16 +49,19 @@ pub(super) fn render(workload: Workload<'_>, replicas: i32) -> Rendered {
         workload.secrets_digest,
     );
     let (service, budget) = (metrics_service(cfp), worker_disruption_budget(cfp));
+    let network_policy = worker_network_policy(cfp);
     let json = |object: serde_json::Result<serde_json::Value>| object.unwrap_or_default();
     let digest = digest(&[
         json(serde_json::to_value(&deployment)),
         json(serde_json::to_value(&service)),
         json(serde_json::to_value(&budget)),
+        json(serde_json::to_value(&network_policy)),
     ]);
     Rendered {
         deployment,
         service,
         budget,
+        network_policy,
         digest,
     }
 }
@@ -92,7 +99,32 @@ async fn apply_objects(client: &Client, namespace: &str, rendered: &Rendered) ->
     budgets
         .patch(&rendered.budget.name_any(), &params, &Patch::Apply(&rendered.budget))
         .await?;
+    apply_network_policy(client, namespace, &name, rendered.network_policy.as_ref()).await?;
     Ok(applied)
+}
+
+/// Applies the workers' NetworkPolicy, or deletes the one an earlier spec asked for. A refused
+/// delete (a NetworkPolicy that is not there, an operator not allowed to delete them) is no
+/// error: a resource without one never needs the permission.
+async fn apply_network_policy(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    policy: Option<&NetworkPolicy>,
+) -> Result<(), kube::Error> {
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), namespace);
+    match policy {
+        Some(policy) => {
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            policies.patch(name, &params, &Patch::Apply(policy)).await?;
+        }
+        None => match policies.delete(name, &Default::default()).await {
+            Ok(_) => tracing::info!(namespace, processor = name, "deleted the workers' NetworkPolicy"),
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 403 => {}
+            Err(error) => return Err(error),
+        },
+    }
+    Ok(())
 }
 
 /// Applies the worker Deployment alone (scaling it down before the leases are deleted).

@@ -24,7 +24,7 @@ pub use target::{CredentialError, TargetError};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
@@ -70,6 +70,9 @@ pub struct Context {
     pub applied: Mutex<HashMap<ResourceKey, Applied>>,
     /// Failed reconciliations in a row per resource (the retries back off).
     pub failures: Mutex<HashMap<ResourceKey, u32>>,
+    /// Secrets are not watched: each resource is reconciled at least this often, so that a
+    /// rotated key is read (`None`: a Secret's change reconciles the resources that name it).
+    pub secrets_recheck: Option<Duration>,
 }
 
 /// Why a reconciliation failed (it is retried).
@@ -159,7 +162,7 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
     }
     ctx.metrics.paused(&namespace, &name, outcome.paused.is_some());
     ctx.metrics.ready(&namespace, &name, report.ready);
-    let requeue = report.requeue;
+    let requeue = pace::requeue_within(report.requeue, ctx.secrets_recheck);
     write_report(ctx, &cfps, cfp, report).await?;
     Ok(Action::requeue(requeue))
 }

@@ -33,6 +33,12 @@ pub fn semantic_hash(cfp: &ChangeFeedProcessor) -> Option<u64> {
     Some(hasher.finish())
 }
 
+/// The next reconciliation of a resource: after `requeue` (what its status asks for), or sooner
+/// when Secrets are not watched and must be re-read at least every `secrets_recheck`.
+pub fn requeue_within(requeue: Duration, secrets_recheck: Option<Duration>) -> Duration {
+    secrets_recheck.map_or(requeue, |recheck| requeue.min(recheck))
+}
+
 /// How long to wait before retrying after `failures` failed reconciliations in a row (1 s,
 /// doubling, at most 5 min).
 pub fn retry_after(failures: u32) -> Duration {
@@ -105,6 +111,19 @@ pub fn estimate_time(previous: Option<&Time>, time: &Time, changed: bool) -> Tim
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn without_a_secret_watch_a_resource_is_reconciled_at_least_every_recheck() {
+        let s = Duration::from_secs;
+        // (the status's requeue, the recheck interval, the next reconciliation)
+        for (requeue, recheck, next) in [
+            (s(300), None, s(300)),
+            (s(300), Some(s(60)), s(60)),
+            (s(30), Some(s(60)), s(30)),
+        ] {
+            assert_eq!(requeue_within(requeue, recheck), next);
+        }
+    }
     use crate::operator::crd::ChangeFeedProcessorSpec;
     use crate::operator::crd::ChangeFeedProcessorStatus;
 
