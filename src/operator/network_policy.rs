@@ -27,6 +27,10 @@ pub fn worker_network_policy(cfp: &ChangeFeedProcessor) -> Option<NetworkPolicy>
     if let Some(port) = handler_port(cfp) {
         egress.push(egress_rule(&policy.handler_cidrs, BTreeSet::from([port])));
     }
+    // The trace collector (`observability.tracing`), on its endpoint's port.
+    if let Some(port) = tracing_port(cfp) {
+        egress.push(egress_rule(&[], BTreeSet::from([port])));
+    }
     egress.extend(policy.extra_egress.iter().cloned());
     let ingress = NetworkPolicyIngressRule {
         from: (!policy.metrics_from.is_empty()).then(|| policy.metrics_from.clone()),
@@ -107,11 +111,22 @@ fn cosmos_ports(cfp: &ChangeFeedProcessor) -> BTreeSet<i32> {
     ports
 }
 
+/// The port of the trace collector the workers export to, if any (unless it is in the pod).
+fn tracing_port(cfp: &ChangeFeedProcessor) -> Option<i32> {
+    let tracing = cfp.spec.observability.as_ref()?.tracing.as_ref()?;
+    remote_port(&tracing.endpoint)
+}
+
 /// The port of the HTTP handler, unless it is in the pod (localhost: a sidecar).
 fn handler_port(cfp: &ChangeFeedProcessor) -> Option<i32> {
     let handler = &cfp.spec.handler;
     let http = handler.http.as_ref().filter(|_| handler.kind == HandlerKind::Http)?;
-    let url = url::Url::parse(&http.url).ok()?;
+    remote_port(&http.url)
+}
+
+/// The port of `url` (its scheme's when it names none), unless it is in the pod (localhost).
+fn remote_port(url: &str) -> Option<i32> {
+    let url = url::Url::parse(url).ok()?;
     let local = matches!(url.host_str(), Some("localhost" | "127.0.0.1" | "[::1]"));
     (!local).then(|| url.port_or_known_default().map(i32::from)).flatten()
 }
@@ -166,6 +181,11 @@ mod tests {
                     (vec![tcp(80)], vec!["10.96.0.0/12".to_owned()]),
                 ],
             ),
+            // Traces to a collector on 4318.
+            (
+                serde_json::json!({"observability": {"tracing": {"endpoint": "http://otel.monitoring:4318"}}}),
+                vec![dns.clone(), (vec![tcp(443)], vec![]), (vec![tcp(4318)], vec![])],
+            ),
             // Leases in another account on another port, with workload identity: Entra ID on 443.
             (
                 serde_json::json!({"leases": {"connection": {"endpoint": "http://emulator.dev.svc:8081/", "auth": "WorkloadIdentity"}}}),
@@ -176,7 +196,7 @@ mod tests {
             let mut extra = serde_json::json!({"worker": {"networkPolicy": {"enabled": true}}});
             for (key, value) in fields.as_object().unwrap() {
                 match key.as_str() {
-                    "handler" | "leases" => extra[key] = value.clone(),
+                    "handler" | "leases" | "observability" => extra[key] = value.clone(),
                     _ => extra["worker"]["networkPolicy"][key] = value.clone(),
                 }
             }
