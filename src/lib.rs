@@ -4,6 +4,7 @@
 //! - [`processor`]: the change feed processor (leases, balancing, checkpoints, splits).
 //! - [`emulator`]: the SDK's in-memory emulator served over loopback HTTP (`cfp emulator`).
 //! - [`demo`]: `cfp demo`, the whole system in one command on the emulator.
+//! - [`worker`]: one worker process: its settings, opening the containers, metrics and health.
 
 #[cfg(feature = "emulator")]
 pub mod bench;
@@ -13,8 +14,7 @@ pub mod cosmos;
 pub mod demo;
 #[cfg(feature = "emulator")]
 pub mod emulator;
-pub mod http;
-pub mod metrics;
+pub mod http_server;
 pub mod operator;
 pub mod processor;
 pub mod signals;

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use changefeed_operator::cosmos::{AccountAuth, CosmosAccount, DocumentContainer};
 use tokio::process::{Child, Command};
 
+use crate::common::DiesWithTest;
 use crate::common::{self, CFP, DB, ITEMS, start_emulator, terminate};
 
 const MAX_ITEMS: usize = 50;
@@ -49,7 +50,7 @@ async fn receiver() -> (String, Arc<Mutex<Vec<Post>>>) {
     let url = format!("http://{}/w/", listener.local_addr().unwrap());
     let posts = Arc::new(Mutex::new(Vec::new()));
     let sink = posts.clone();
-    tokio::spawn(changefeed_operator::http::serve(
+    tokio::spawn(changefeed_operator::http_server::serve(
         listener,
         tokio_util::sync::CancellationToken::new(),
         move |req: hyper::Request<hyper::body::Incoming>| {
@@ -76,7 +77,7 @@ async fn receiver() -> (String, Arc<Mutex<Vec<Post>>>) {
                 if count.is_multiple_of(SLOW_EVERY) {
                     tokio::time::sleep(SLOW).await;
                 }
-                changefeed_operator::http::json(200, &serde_json::json!({}))
+                changefeed_operator::http_server::json(200, &serde_json::json!({}))
             }
         },
     ));
@@ -108,16 +109,13 @@ fn log_field<'a>(line: &'a str, field: &str) -> Option<&'a str> {
     )
 }
 
-/// Starts `cfp worker` `instance` (under `faketime` with `skew` when given).
+/// Starts `cfp worker` `instance` (its wall clock skewed by `skew` when given: libfaketime in the
+/// process itself, so that `kill -9` and `SIGSTOP` reach the worker).
 fn worker(endpoint: &str, receiver: &str, instance: &str, skew: Option<&str>, acquisitions: &Acquisitions) -> Child {
-    let mut command = match skew {
-        Some(skew) => {
-            let mut command = Command::new("faketime");
-            command.args(["-f", skew, CFP]).env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
-            command
-        }
-        None => Command::new(CFP),
-    };
+    let mut command = Command::new(CFP);
+    if let Some(skew) = skew {
+        command.with_skewed_clock(skew);
+    }
     let mut child = command
         .args(["worker", "--endpoint", endpoint, "--database", DB, "--container", ITEMS])
         .args(["--processor", "chaos", "--instance", instance, "--handler", "http"])
@@ -125,10 +123,10 @@ fn worker(endpoint: &str, receiver: &str, instance: &str, skew: Option<&str>, ac
         .args(["--max-items", &MAX_ITEMS.to_string(), "--poll-interval", "100ms"])
         .args(["--max-in-flight-batches", &IN_FLIGHT.to_string()])
         .args(common::FAST_LEASES)
-        .env("RUST_LOG", "warn,changefeed_operator::processor::coordinator=info")
+        .env("RUST_LOG", "warn,changefeed_operator::processor::run::coordinator=info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
+        .dies_with_test()
         .spawn()
         .expect("spawn cfp worker");
     let stderr = child.stderr.take().expect("piped stderr");
@@ -389,7 +387,7 @@ async fn four_workers_survive_kills_freezes_splits_renames_skewed_clocks_and_slo
 
 #[test]
 fn lease_acquired_log_lines_give_the_lease_and_its_previous_owner() {
-    let line = "2026-11-24T09:35:53.632142Z  INFO changefeed_operator::processor::runtime: lease acquired processor=chaos instance=w0 lease=20000000000000000000000000000000-30000000000000000000000000000000 previous_owner=Some(\"w1-r3\")";
+    let line = "2026-11-24T09:35:53.632142Z  INFO changefeed_operator::processor::run::runtime: lease acquired processor=chaos instance=w0 lease=20000000000000000000000000000000-30000000000000000000000000000000 previous_owner=Some(\"w1-r3\")";
     assert_eq!(
         log_field(line, "lease"),
         Some("20000000000000000000000000000000-30000000000000000000000000000000")

@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use changefeed_operator::bench::CountingStore;
 use changefeed_operator::cosmos::{MonitoredContainer, StartFrom};
-use changefeed_operator::processor::checkpoint_apply::{
+use changefeed_operator::processor::admin::checkpoint_apply::{
     MoveError, MoveOptions, Moved, Request, move_checkpoints, read_export,
 };
-use changefeed_operator::processor::checkpoints::{Export, Selection};
+use changefeed_operator::processor::admin::checkpoints::{Export, Selection};
 use changefeed_operator::processor::{CosmosLeaseStore, LeaseStore, ProcessorHandle};
 
+use crate::common::DiesWithTest;
 use crate::common::{self, DB, Env, ITEMS, PROCESSOR, eventually, ids};
 
 async fn open(env: &Env) -> (MonitoredContainer, CosmosLeaseStore) {
@@ -309,7 +310,7 @@ async fn a_failure_in_the_middle_puts_every_lease_back() {
     let env = processed(2, 0..100).await;
     let (_, store) = open(&env).await;
     let before = env.leases().await;
-    let mut plan = changefeed_operator::processor::checkpoints::plan_rewind(
+    let mut plan = changefeed_operator::processor::admin::checkpoints::plan_rewind(
         &before,
         StartFrom::Beginning,
         &Selection::default(),
@@ -318,7 +319,7 @@ async fn a_failure_in_the_middle_puts_every_lease_back() {
     .unwrap();
     // The last step creates a lease that exists already: it fails after both leases moved.
     plan.creates.push(before[0].clone());
-    let failed = changefeed_operator::processor::checkpoint_apply::apply(
+    let failed = changefeed_operator::processor::admin::checkpoint_apply::apply(
         &store,
         &plan,
         "cfp-checkpoints-test",
@@ -387,15 +388,15 @@ async fn cfp_checkpoints(endpoint: &str, args: &[&str]) -> (Option<i32>, String,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_worker_whose_clock_is_an_hour_behind_is_refused_too() {
     let (mut emulator, endpoint) = common::start_emulator("db/items:/pk:2").await;
-    let mut worker = tokio::process::Command::new("faketime")
-        .args(["-f", "-1h", common::CFP, "worker", "--endpoint", &endpoint])
+    let mut worker = tokio::process::Command::new(common::CFP)
+        .with_skewed_clock("-1h")
+        .args(["worker", "--endpoint", &endpoint])
         .args(["--database", "db", "--container", "items", "--instance", "behind"])
         .args(["--lease-renew-interval", "300ms", "--lease-expiration", "2s"])
         .args(["--lease-acquire-interval", "500ms"])
-        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
+        .dies_with_test()
         .spawn()
         .expect("spawn cfp worker under faketime (Debian's package faketime)");
     let owned = eventually(Duration::from_secs(30), || async {

@@ -15,6 +15,7 @@ use tokio::process::{Child, Command};
 use changefeed_operator::cosmos::{AccountAuth, CosmosAccount};
 use changefeed_operator::processor::LeaseStore;
 
+use crate::common::DiesWithTest;
 use crate::common::{CFP, cfp_write, lease_store, start_emulator, terminate};
 
 /// The lease expiration of these workers; the skew is larger.
@@ -29,16 +30,12 @@ struct Seen {
     moves: HashMap<String, usize>,
 }
 
-/// Starts `cfp worker` `name`, under `faketime` with `skew` when given, recording into `seen`.
+/// Starts `cfp worker` `name`, its wall clock skewed by `skew` when given (libfaketime), recording into `seen`.
 fn worker(endpoint: &str, name: &str, skew: Option<&str>, seen: &Arc<Mutex<Seen>>) -> Child {
-    let mut command = match skew {
-        Some(skew) => {
-            let mut command = Command::new("faketime");
-            command.args(["-f", skew, CFP]);
-            command
-        }
-        None => Command::new(CFP),
-    };
+    let mut command = Command::new(CFP);
+    if let Some(skew) = skew {
+        command.with_skewed_clock(skew);
+    }
     command
         .args([
             "worker",
@@ -52,11 +49,10 @@ fn worker(endpoint: &str, name: &str, skew: Option<&str>, seen: &Arc<Mutex<Seen>
         .args(["--instance", name, "--handler", "stdout", "--poll-interval", "100ms"])
         .args(["--lease-acquire-interval", "500ms", "--lease-renew-interval", "500ms"])
         .args(["--lease-expiration", &format!("{}s", EXPIRATION.as_secs())])
-        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        .dies_with_test();
     let mut child = command
         .spawn()
         .expect("spawn cfp worker (faketime is Debian's package faketime)");

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+use crate::common::DiesWithTest;
 use crate::common::{self, CFP, DB, ITEMS, terminate};
 use crate::entra_support::{ACCESS_TOKEN, FEDERATED_TOKEN, TokenEndpoint};
 
@@ -75,7 +76,7 @@ async fn workload_identity_tokens_write_process_and_estimate_where_keys_are_refu
         .env("RUST_LOG", "debug")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
+        .dies_with_test()
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(worker.stdout.take().unwrap()).lines();

@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use changefeed_operator::cosmos::{CosmosAccount, StartFrom};
-use changefeed_operator::metrics::WorkerMetrics;
-use changefeed_operator::processor::bootstrap::bootstrap;
+use changefeed_operator::processor::leases::bootstrap::bootstrap;
 use changefeed_operator::processor::{LeaseEstimate, LeaseStore, estimate_leases};
+use changefeed_operator::worker::metrics::WorkerMetrics;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::common::DiesWithTest;
 use crate::common::{
     self, CFP, DB, Env, ITEMS, RecordingHandler, cfp_write, eventually, http_get, lease_store, start_emulator,
     terminate,
@@ -334,7 +335,7 @@ async fn a_running_worker_serves_its_metrics_and_health() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
-    tokio::spawn(changefeed_operator::metrics::serve(
+    tokio::spawn(changefeed_operator::worker::metrics::serve(
         listener,
         shutdown.clone(),
         metrics.clone(),
@@ -342,7 +343,7 @@ async fn a_running_worker_serves_its_metrics_and_health() {
     ));
     assert_eq!(http_get(address, "/readyz").await.0, 503, "not ready before start");
     let handle = processor.start().await.unwrap();
-    tokio::spawn(changefeed_operator::metrics::estimate_periodically(
+    tokio::spawn(changefeed_operator::worker::metrics::estimate_periodically(
         metrics,
         monitor,
         Duration::from_millis(200),
@@ -422,7 +423,7 @@ async fn cfp_estimate_json_matches_the_library() {
         .args(["--instance", "w", "--poll-interval", "100ms"])
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
+        .dies_with_test()
         .spawn()
         .unwrap();
     cfp_write(&endpoint, 0, 200).await;

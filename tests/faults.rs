@@ -14,6 +14,7 @@ use changefeed_operator::cosmos::{AccountAuth, CosmosAccount, DocumentContainer}
 use changefeed_operator::processor::LeaseStore;
 use tokio::process::{Child, Command};
 
+use crate::common::DiesWithTest;
 use crate::common::{self, CFP, DB, ITEMS, http_get, lease_store, start_emulator, terminate};
 
 fn worker(endpoint: &str, receiver: &str, instance: &str, metrics: u16) -> Child {
@@ -41,7 +42,7 @@ pub(crate) fn worker_with(endpoint: &str, receiver: &str, instance: &str, metric
         .stderr(
             std::fs::File::create(std::env::temp_dir().join(format!("cfp-faults-{instance}.log"))).expect("log file"),
         )
-        .kill_on_drop(true)
+        .dies_with_test()
         .spawn()
         .expect("spawn cfp worker")
 }

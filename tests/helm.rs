@@ -10,6 +10,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::Api;
 use serde_json::Value;
 
+use crate::common::DiesWithTest;
 use crate::common::{CFP, eventually, terminate};
 use crate::control_plane::{self, ControlPlane};
 
@@ -409,7 +410,7 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
         .env("KUBECONFIG", &kubeconfig)
         .env("RUST_LOG", "info,kube=warn")
         .stderr(log)
-        .kill_on_drop(true)
+        .dies_with_test()
         .spawn()
         .unwrap();
     let secret = format!(

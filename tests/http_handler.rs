@@ -9,15 +9,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use changefeed_operator::cosmos::StartFrom;
-use changefeed_operator::metrics::WorkerMetrics;
 use changefeed_operator::processor::{
     CosmosDeadLetters, HttpFormat, HttpHandler, HttpHandlerConfig, OnExhausted, ProcessorHandle, RetryPolicy,
     estimate_leases,
 };
+use changefeed_operator::worker::metrics::WorkerMetrics;
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::common::DiesWithTest;
 use crate::common::{
     CFP, DB, Env, ITEMS, cfp_worker, cfp_write, eventually, free_port, http_get, start_emulator, terminate,
 };
@@ -77,14 +78,14 @@ impl Endpoint {
         let rule = Arc::new(Mutex::new(rule));
         let stop = CancellationToken::new();
         let (log, answer) = (received.clone(), rule.clone());
-        tokio::spawn(changefeed_operator::http::serve(
+        tokio::spawn(changefeed_operator::http_server::serve(
             listener,
             stop.clone(),
             move |request| {
                 let (log, answer) = (log.clone(), answer.clone());
                 async move {
                     if request.uri().path() == "/ready" {
-                        return changefeed_operator::http::response(200, "text/plain", "ready");
+                        return changefeed_operator::http_server::response(200, "text/plain", "ready");
                     }
                     let at = Instant::now();
                     let headers: BTreeMap<String, String> = request
@@ -110,7 +111,7 @@ impl Endpoint {
                     });
                     tokio::time::sleep(delay).await;
                     let mut response =
-                        changefeed_operator::http::response(status, "text/plain", format!("answer {status}"));
+                        changefeed_operator::http_server::response(status, "text/plain", format!("answer {status}"));
                     if let Some(seconds) = retry_after {
                         response
                             .headers_mut()
@@ -625,7 +626,7 @@ async fn the_documented_python_handler_receives_every_document() {
         .arg(script)
         .arg(port.to_string())
         .stdout(Stdio::piped())
-        .kill_on_drop(true)
+        .dies_with_test()
         .spawn()
         .expect("python3");
     let stdout = python.stdout.take().unwrap();

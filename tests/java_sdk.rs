@@ -10,6 +10,7 @@ use changefeed_operator::cosmos::EMULATOR_KEY;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
+use crate::common::DiesWithTest;
 use crate::common::{self, DB, ITEMS, LEASES, start_emulator_with, terminate};
 
 /// `cfp emulator` checking signatures with the well-known key, with `db/items` (8 partitions)
@@ -249,7 +250,7 @@ impl JavaProcessor {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
-            .kill_on_drop(true)
+            .dies_with_test()
             .spawn()
             .expect("java (a JDK 17+) must be installed");
         let lines = BufReader::new(child.stdout.take().unwrap()).lines();

@@ -30,6 +30,7 @@ mod end_to_end;
 mod entra_auth;
 mod estimator;
 mod faults;
+mod harness;
 mod helm;
 mod http_handler;
 mod http_surfaces;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+use crate::common::DiesWithTest;
 use crate::common::{self, CFP, create_container_as_admin, start_emulator_with, terminate};
 
 /// `cfp <args>`, bounded, quiet; (exit code, stdout, stderr trimmed).
@@ -122,7 +123,7 @@ async fn an_account_refusing_metadata_writes_runs_on_existing_containers_and_say
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
-        .kill_on_drop(true)
+        .dies_with_test()
         .spawn()
         .expect("spawn cfp worker");
     let mut lines = BufReader::new(running.stdout.take().expect("stdout")).lines();

@@ -9,6 +9,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
+use crate::common::DiesWithTest;
 use crate::common::{CFP, cfp_write, start_emulator, terminate};
 
 fn worker(endpoint: &str, instance: &str) -> Child {
@@ -37,7 +38,7 @@ fn worker(endpoint: &str, instance: &str) -> Child {
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
-        .kill_on_drop(true)
+        .dies_with_test()
         .spawn()
         .expect("spawn cfp worker")
 }

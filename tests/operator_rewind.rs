@@ -13,9 +13,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::Api;
 
 use crate::common::{cfp_worker, cfp_write, eventually, lease_store, start_emulator, terminate};
-use crate::operator_support::{
-    Operator, TIMEOUT, apply_ok, namespace, plane, replicas, resource, secret_yaml, wait, wait_event,
-};
+use crate::operator_support::{Operator, Scene, TIMEOUT, apply_ok, replicas, resource, secret_yaml, wait, wait_event};
 
 /// The leases of processor `orders`.
 async fn leases(account: &CosmosAccount) -> Vec<Lease> {
@@ -43,8 +41,8 @@ async fn checkpointed(endpoint: &str, account: &CosmosAccount) {
     terminate(&mut worker).await;
 }
 
-/// A Pod object with the worker pods' labels (what the ReplicaSet controller would create).
-fn create_pod(plane: &crate::control_plane::ControlPlane, ns: &str, deployment: &Deployment) {
+/// A Pod object `name` with the worker pods' labels (what the ReplicaSet controller would create).
+fn create_pod(plane: &crate::control_plane::ControlPlane, ns: &str, deployment: &Deployment, name: &str) {
     let labels = deployment
         .spec
         .clone()
@@ -56,7 +54,7 @@ fn create_pod(plane: &crate::control_plane::ControlPlane, ns: &str, deployment: 
         .unwrap();
     let pod = serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "orders-5d8-w1", "namespace": ns, "labels": labels},
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
         "spec": {"containers": [{"name": "worker", "image": "cfp:test"}]},
     });
     assert!(plane.kubectl_run(&["create", "-f", "-"], Some(&pod.to_string())).0);
@@ -74,9 +72,7 @@ fn annotations(cfp: &ChangeFeedProcessor) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rewind_annotations_stop_the_workers_move_the_checkpoints_and_restore_them() {
-    let plane = plane().await;
-    let ns = namespace(plane, "rewind");
-    let client = plane.client().await;
+    let Scene { plane, ns, client } = Scene::new("rewind").await;
     let (mut emulator, endpoint) = start_emulator("db/items:/pk:2").await;
     let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key())
         .await
@@ -94,7 +90,26 @@ async fn the_rewind_annotations_stop_the_workers_move_the_checkpoints_and_restor
         (replicas(&d) == Some(2)).then_some(d)
     })
     .await;
-    create_pod(plane, &ns, &deployment);
+    create_pod(plane, &ns, &deployment, "orders-5d8-w1");
+    // An evicted worker pod: `Failed` until pod garbage collection, it runs no worker.
+    create_pod(plane, &ns, &deployment, "orders-5d8-evicted");
+    let evicted =
+        r#"{"status":{"phase":"Failed","reason":"Evicted","message":"The node was low on resource: memory."}}"#;
+    let (ok, _, err) = plane.kubectl_run(
+        &[
+            "patch",
+            "pod",
+            "orders-5d8-evicted",
+            "-n",
+            &ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            evicted,
+        ],
+        None,
+    );
+    assert!(ok, "kubectl patch --subresource=status: {err}");
 
     // 1. Rewind to the beginning: workers to 0, and nothing moves while a worker pod exists.
     let annotate = |value: &str| {
@@ -112,13 +127,14 @@ async fn the_rewind_annotations_stop_the_workers_move_the_checkpoints_and_restor
     assert_eq!(
         leases(&account).await,
         before,
-        "no checkpoint moves while a worker pod exists"
+        "no checkpoint moves while a worker pod that can run exists"
     );
     assert!(
         plane
             .kubectl_run(&["delete", "pod", "orders-5d8-w1", "-n", &ns, "--wait=false"], None)
             .0
     );
+    // The evicted pod stays; it runs no worker, so the rewind goes on (it waited forever before).
     let done = wait("the rewind recorded and the annotation removed", || async {
         let cfp = cfps.get("orders").await.ok()?;
         let status = cfp.status.clone()?;

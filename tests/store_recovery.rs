@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use changefeed_operator::cosmos::{DocumentContainer, StartFrom};
 use changefeed_operator::processor::ProcessorHandle;
-use changefeed_operator::processor::bootstrap::bootstrap;
+use changefeed_operator::processor::leases::bootstrap::bootstrap;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{self, Env, eventually, ids, upsert_doc};

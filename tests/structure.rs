@@ -1,5 +1,5 @@
-//! The code's shape, checked on every run: layers point down only (cli → operator → processor →
-//! cosmos), no import circle among the processor's modules, and no production file over 600
+//! The code's shape, checked on every run: layers point down only (cli → operator → worker →
+//! processor → cosmos), no import circle among the crate's modules, and no production file over 600
 //! lines or function over 80 lines in `src/` without a note in the code saying why (a comment
 //! containing `longer than the limit because`).
 
@@ -127,64 +127,133 @@ fn no_production_file_or_function_is_longer_than_the_limits_without_a_note() {
     );
 }
 
-/// The modules of `crate::<layer>` a file refers to (`use super::x`, `super::x::`, and
-/// `crate::<layer>::x`), for a file of that layer.
-fn sibling_references(text: &str, layer: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let crate_path = format!("crate::{layer}::");
-    for line in text.lines().take_while(|l| !l.starts_with("#[cfg(test)]")) {
-        let line = line.trim_start();
-        if line.starts_with("//") {
-            continue;
-        }
-        for marker in ["super::", crate_path.as_str()] {
-            for (at, _) in line.match_indices(marker) {
-                // `super::super::` and the like leave the layer's directory: not a sibling.
-                let rest = &line[at + marker.len()..];
-                // `use super::{a::X, b};` names each module of the group.
-                let heads: Vec<&str> = match rest.strip_prefix('{') {
-                    Some(group) => group.split('}').next().unwrap_or("").split(',').collect(),
-                    None => vec![rest],
-                };
-                for head in heads {
-                    let name: String = head
-                        .trim_start()
-                        .chars()
-                        .take_while(|c| c.is_alphanumeric() || *c == '_')
-                        .collect();
-                    if !name.is_empty() && name != "super" && name != "self" {
-                        out.insert(name);
-                    }
+/// A module's path in the crate (`["processor", "run", "coordinator"]`) from its file.
+fn module_of(path: &Path) -> Vec<String> {
+    let relative = path.strip_prefix(src()).unwrap_or(path).with_extension("");
+    let mut segments: Vec<String> = relative
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if segments.last().is_some_and(|s| s == "mod") {
+        segments.pop();
+    }
+    segments
+}
+
+/// The paths written in `text` that start at `crate`, `super` or `self`, with use groups
+/// expanded (`crate::a::{b::C, d}` is `crate::a::b::C` and `crate::a::d`).
+fn written_paths(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let bytes = text.as_bytes();
+    for start in ["crate::", "super::", "self::"] {
+        for (at, _) in text.match_indices(start) {
+            let before = text[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
+            let (mut end, mut depth) = (at, 0i32);
+            while end < bytes.len() {
+                let c = bytes[end] as char;
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    c if depth == 0 && !(c.is_alphanumeric() || c == '_' || c == ':' || c == '*') => break,
+                    _ => {}
+                }
+                end += 1;
+                if depth == 0 && c == '}' {
+                    break;
                 }
             }
+            out.extend(expand(&text[at..end]));
         }
     }
     out
 }
 
-/// The import graph among the modules directly in `src/<layer>/`.
-fn module_graph(layer: &str) -> BTreeMap<String, BTreeSet<String>> {
-    let dir = src().join(layer);
-    let files = sources(&dir);
-    let names: BTreeSet<String> = files
-        .iter()
-        .filter(|(p, _)| p.parent() == Some(dir.as_path()))
-        .filter_map(|(p, _)| Some(p.file_stem()?.to_string_lossy().into_owned()))
-        .filter(|n| n != "mod" && !n.ends_with("_tests"))
+/// `a::{b, c::{d}}` as `a::b`, `a::c::d`.
+fn expand(path: &str) -> Vec<String> {
+    let Some(open) = path.find('{') else {
+        return vec![path.split(" as ").next().unwrap_or(path).trim().to_owned()];
+    };
+    let close = path.rfind('}').unwrap_or(path.len());
+    let (head, body) = (&path[..open], &path[open + 1..close]);
+    let (mut items, mut depth, mut from) = (Vec::new(), 0, 0);
+    for (i, c) in body.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&body[from..i]);
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&body[from..]);
+    items
+        .into_iter()
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .flat_map(|item| expand(&format!("{head}{item}")))
+        .collect()
+}
+
+/// The production text of a file without comment lines; a folder's `mod.rs` without its
+/// re-exports (`pub use`: the folder's public face, not a dependency of it).
+fn code(path: &Path, text: &str) -> String {
+    let folder = path.file_name().is_some_and(|n| n == "mod.rs");
+    production(path, text)
+        .into_iter()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .filter(|l| !(folder && (l.starts_with("pub use") || l.starts_with("pub(crate) use"))))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The import graph of the crate's modules (one node per file, `main.rs`, `lib.rs` and test
+/// files aside): an edge to the deepest module a path names.
+fn crate_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let files: Vec<(PathBuf, String)> = sources(&src())
+        .into_iter()
+        .filter(|(p, _)| {
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            !(name.ends_with("_tests.rs")
+                || (p.parent() == Some(src().as_path()) && ["main.rs", "lib.rs"].contains(&name.as_str())))
+        })
         .collect();
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|(p, _)| module_of(p)).collect();
     let mut graph = BTreeMap::new();
     for (path, text) in &files {
-        let Some(stem) = path.file_stem().map(|s| s.to_string_lossy().into_owned()) else {
-            continue;
-        };
-        if path.parent() != Some(dir.as_path()) || !names.contains(&stem) {
-            continue;
+        let module = module_of(path);
+        let mut uses = BTreeSet::new();
+        for written in written_paths(&code(path, text)) {
+            let mut segments: Vec<&str> = written.split("::").map(str::trim).collect();
+            let mut resolved: Vec<String> = match segments.first() {
+                Some(&"crate") => Vec::new(),
+                _ => module.clone(),
+            };
+            if segments.first() == Some(&"self") || segments.first() == Some(&"crate") {
+                segments.remove(0);
+            }
+            while segments.first() == Some(&"super") {
+                segments.remove(0);
+                resolved.pop();
+            }
+            resolved.extend(segments.iter().map(|s| (*s).to_owned()));
+            let target = (1..=resolved.len())
+                .rev()
+                .map(|n| resolved[..n].to_vec())
+                .find(|prefix| modules.contains(prefix));
+            if let Some(target) = target.filter(|t| *t != module) {
+                uses.insert(target.join("::"));
+            }
         }
-        let uses: BTreeSet<String> = sibling_references(text, layer)
-            .into_iter()
-            .filter(|n| names.contains(n) && *n != stem)
-            .collect();
-        graph.insert(stem, uses);
+        graph.insert(module.join("::"), uses);
     }
     graph
 }
@@ -222,15 +291,16 @@ fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>>
 }
 
 #[test]
-fn the_processor_s_modules_import_each_other_without_a_circle() {
-    let graph = module_graph("processor");
-    assert!(graph.len() > 20, "the processor's modules were not found: {graph:?}");
+fn no_module_of_the_crate_is_in_an_import_circle() {
+    let graph = crate_graph();
+    assert!(graph.len() > 100, "the crate's modules were not found: {graph:?}");
     assert!(
-        graph["coordinator"].contains("cycle_plan"),
-        "references are found: {graph:?}"
+        graph["processor::run::coordinator"].contains("processor::policy::cycle_plan"),
+        "references are found: {:?}",
+        graph["processor::run::coordinator"]
     );
     if let Some(cycle) = find_cycle(&graph) {
-        panic!("an import circle in src/processor: {}", cycle.join(" → "));
+        panic!("an import circle in src/: {}", cycle.join(" → "));
     }
 }
 
@@ -243,20 +313,36 @@ fn a_circle_is_found_where_there_is_one() {
     let cycle = find_cycle(&graph).expect("a → b → c → a");
     assert_eq!(cycle.first(), cycle.last());
     assert_eq!(cycle.len(), 4);
-    let refs = sibling_references(
-        "use super::lease::{Lease, LeaseStore};\nuse super::error::LeaseError;\nlet x = super::owned::UpdateError::Gone;\n// super::runtime::Shared in a comment\nuse crate::processor::shared::Shared;\nuse super::{split::split, telemetry};",
-        "processor",
+    let paths = written_paths(
+        "use super::lease::{Lease, LeaseStore};\nlet x = super::owned::UpdateError::Gone;\nuse crate::processor::{run::shared::Shared, options};\nuse super::{split::split, telemetry as t};\nnot_crate::x::y",
     );
-    let expected = ["lease", "error", "owned", "shared", "split", "telemetry"];
-    assert_eq!(refs, BTreeSet::from(expected.map(str::to_owned)));
+    let expected = [
+        "super::lease::Lease",
+        "super::lease::LeaseStore",
+        "super::owned::UpdateError::Gone",
+        "crate::processor::run::shared::Shared",
+        "crate::processor::options",
+        "super::split::split",
+        "super::telemetry",
+    ];
+    assert_eq!(
+        paths.iter().collect::<BTreeSet<_>>(),
+        expected
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect::<BTreeSet<_>>()
+            .iter()
+            .collect()
+    );
 }
 
 #[test]
 fn layers_point_down_only() {
-    // cli → operator → processor → cosmos: a layer never names one above it.
-    let above: [(&str, &[&str]); 3] = [
-        ("cosmos", &["processor", "operator", "cli", "worker"]),
-        ("processor", &["operator", "cli", "worker", "metrics"]),
+    // cli → operator → worker → processor → cosmos: a layer never names one above it.
+    let above: [(&str, &[&str]); 4] = [
+        ("cosmos", &["processor", "worker", "operator", "cli"]),
+        ("processor", &["worker", "operator", "cli"]),
+        ("worker", &["operator", "cli"]),
         ("operator", &["cli"]),
     ];
     let mut wrong = Vec::new();

@@ -23,7 +23,7 @@ async fn recorder(content_type: &'static str) -> (String, Arc<Mutex<Vec<Recorded
     let url = format!("http://{}", listener.local_addr().unwrap());
     let seen: Arc<Mutex<Vec<Recorded>>> = Arc::default();
     let sink = seen.clone();
-    tokio::spawn(changefeed_operator::http::serve(
+    tokio::spawn(changefeed_operator::http_server::serve(
         listener,
         tokio_util::sync::CancellationToken::new(),
         move |req: hyper::Request<hyper::body::Incoming>| {
@@ -37,7 +37,7 @@ async fn recorder(content_type: &'static str) -> (String, Arc<Mutex<Vec<Recorded
                     .collect();
                 let body = common::body_of(req).await;
                 sink.lock().unwrap().push((path, headers, body));
-                changefeed_operator::http::response(200, content_type, bytes::Bytes::new())
+                changefeed_operator::http_server::response(200, content_type, bytes::Bytes::new())
             }
         },
     ));

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::common::DiesWithTest;
 use crate::common::{self, CFP, start_emulator, terminate};
 
 /// `--endpoint <endpoint> --database db --container items`.
@@ -126,7 +127,7 @@ async fn a_monitored_container_created_again_ends_the_worker_with_one_line_and_a
             .env("RUST_LOG", "error")
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
+            .dies_with_test()
             .spawn()
             .expect("spawn cfp worker")
     };
@@ -209,7 +210,7 @@ async fn the_all_versions_mode_prints_each_change_with_its_operation_and_refuses
         .args(["--start-from", "now"])
         .args(common::FAST_LEASES)
         .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
+        .dies_with_test()
         .spawn()
         .unwrap();
     let stdout = worker.stdout.take().unwrap();

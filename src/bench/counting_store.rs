@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::processor::lease::{LeaseSnapshot, LockAttempt};
+use crate::processor::leases::lease::{LeaseSnapshot, LockAttempt};
 use crate::processor::{Lease, LeaseStore, LeaseStoreError};
 
 /// Requests made through a [`CountingStore`], by kind.

@@ -15,8 +15,8 @@ use super::world::{Received, World, wait_until};
 use super::{BenchError, BenchSettings, Check, Figure};
 use crate::cosmos::MonitoredContainer;
 use crate::operator::crd::Estimation;
-use crate::operator::estimation::{How, estimate_in};
-use crate::operator::reported::{ReportMemory, stale_after};
+use crate::operator::scaling::estimates::{How, estimate_in};
+use crate::operator::scaling::worker_reports::{ReportMemory, stale_after};
 use crate::processor::{LeaseStore, ProcessorOptions};
 
 /// The operator's default estimate interval, in seconds.
@@ -41,13 +41,14 @@ async fn per_estimate(
     options: &ProcessorOptions,
     mode: Estimation,
 ) -> Result<f64, BenchError> {
-    let before = store.requests.total();
-    let mut reads = 0u64;
     let how = How {
         mode,
         stale_after: stale_after(std::time::Duration::from_secs(15)),
     };
     let mut memory = ReportMemory::default();
+    warm_up(store, monitored, options, how, &mut memory).await?;
+    let before = store.requests.total();
+    let mut reads = 0u64;
     for _ in 0..ROUNDS {
         let estimate = estimate_in(store as &dyn LeaseStore, monitored, options, how, &mut memory)
             .await
@@ -56,6 +57,34 @@ async fn per_estimate(
     }
     let listings = store.requests.total() - before;
     Ok((listings + reads) as f64 / f64::from(ROUNDS))
+}
+
+/// The operator's first estimate, and a heartbeat of each running owner seen beating after it:
+/// the steady state, where the operator knows which owners are alive (a first sight is no sign of
+/// life, so the first estimate after the operator starts reads every lease).
+async fn warm_up(
+    store: &CountingStore,
+    monitored: &MonitoredContainer,
+    options: &ProcessorOptions,
+    how: How,
+    memory: &mut ReportMemory,
+) -> Result<(), BenchError> {
+    let snapshot = store.snapshot().await.map_err(|e| format!("listing the leases: {e}"))?;
+    let owned = snapshot.leases.iter().any(|l| l.owner.is_some());
+    let beats = || async { store.snapshot().await.map(|s| s.instances).unwrap_or_default() };
+    let first = snapshot.instances;
+    estimate_in(store as &dyn LeaseStore, monitored, options, how, memory)
+        .await
+        .map_err(|e| format!("estimating: {e}"))?;
+    if owned {
+        wait_until(PATIENCE, || async { beats().await != first })
+            .await
+            .ok_or("the worker's heartbeat did not beat")?;
+        estimate_in(store as &dyn LeaseStore, monitored, options, how, memory)
+            .await
+            .map_err(|e| format!("estimating: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Requests per lease per minute of an estimate every `interval_s` costing `requests`.

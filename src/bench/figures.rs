@@ -9,7 +9,7 @@ use super::BenchError;
 use super::world::{DB, ITEMS, Received, World, now_micros, wait_until};
 use super::{BenchSettings, Check, CountingStore, Figure};
 use crate::cosmos::{CosmosAccount, StartFrom};
-use crate::processor::balancer::Balancing;
+use crate::processor::policy::balancer::Balancing;
 use crate::processor::{LeaseEvent, LeaseStore, ProcessorHandle};
 
 /// Longest any single wait of the benchmark may take.

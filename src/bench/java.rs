@@ -95,7 +95,7 @@ async fn owners(account: &CosmosAccount, prefix: &str) -> Result<HashMap<String,
     let mut counts = HashMap::new();
     for doc in docs {
         let id = doc.body["id"].as_str().unwrap_or_default();
-        if crate::processor::adopt::is_lease_id(id, prefix) && doc.body.get("LeaseToken").is_some() {
+        if crate::processor::leases::adopt::is_lease_id(id, prefix) && doc.body.get("LeaseToken").is_some() {
             let owner = doc.body["Owner"].as_str().unwrap_or_default().to_owned();
             *counts.entry(owner).or_default() += 1;
         }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::processor::options::defaults::{self, text};
-use crate::processor::options::{MAX_IN_FLIGHT_BATCHES, MAX_LEASES_PER_PARTITION};
+use crate::worker::options_args::{ProcessorArgs, duration};
 
 /// Azure Cosmos DB change feed processing, run as a scaled set of workers.
 #[derive(Debug, Parser)]
@@ -199,21 +199,9 @@ pub struct HandlerArgs {
     pub handler_readiness_path: Option<String>,
 }
 
-/// Retries of a failing batch (`cfp worker`).
+/// Where `cfp worker` moves the documents of batches that exhausted their attempts.
 #[derive(Debug, Args, Clone)]
-pub struct RetryArgs {
-    /// Attempts of a failing batch before --on-exhausted applies.
-    #[arg(long, env = "CFP_MAX_ATTEMPTS", default_value_t = defaults::MAX_ATTEMPTS, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_attempts: u32,
-    /// Wait before the first retry; doubles up to --max-backoff.
-    #[arg(long, env = "CFP_INITIAL_BACKOFF", default_value = text(defaults::INITIAL_BACKOFF), value_parser = duration)]
-    pub initial_backoff: Duration,
-    /// Longest wait between attempts.
-    #[arg(long, env = "CFP_MAX_BACKOFF", default_value = text(defaults::MAX_BACKOFF), value_parser = duration)]
-    pub max_backoff: Duration,
-    /// What happens after --max-attempts failures.
-    #[arg(long, env = "CFP_ON_EXHAUSTED", value_enum, default_value_t)]
-    pub on_exhausted: crate::processor::OnExhausted,
+pub struct DeadLetterContainerArgs {
     /// Database of the dead-letter container (default: the lease database).
     #[arg(long, env = "CFP_DEAD_LETTER_DATABASE")]
     pub dead_letter_database: Option<String>,
@@ -221,10 +209,6 @@ pub struct RetryArgs {
     /// --no-create-leases).
     #[arg(long, env = "CFP_DEAD_LETTER_CONTAINER")]
     pub dead_letter_container: Option<String>,
-}
-
-pub(super) fn duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (use forms like 500ms, 2s, 1m)"))
 }
 
 /// `cfp worker`.
@@ -247,73 +231,12 @@ pub struct WorkerArgs {
     /// This instance's name, unique within the processor (default: the host name).
     #[arg(long, env = "CFP_INSTANCE")]
     pub instance: Option<String>,
-    /// Where leases without a checkpoint start: beginning, now, or an RFC 3339 time.
-    #[arg(long, env = "CFP_START_FROM", default_value = "beginning")]
-    pub start_from: crate::cosmos::StartFrom,
     #[command(flatten)]
     pub handler: HandlerArgs,
     #[command(flatten)]
-    pub retry: RetryArgs,
-    /// Maximum documents per batch.
-    #[arg(long, env = "CFP_MAX_ITEMS", default_value_t = defaults::MAX_ITEMS, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_items: u32,
-    /// Adopt the checkpoints of another processor when this one has no leases yet: dotnet (.NET
-    /// v3/v2), java-pk or java-epk (Java v4). Its lease documents are left as they are.
-    #[arg(long, env = "CFP_ADOPT", requires = "adopt_prefix")]
-    pub adopt: Option<crate::processor::ForeignLayout>,
-    /// The id prefix of the leases to adopt (the other processor's lease prefix).
-    #[arg(long, env = "CFP_ADOPT_PREFIX", requires = "adopt")]
-    pub adopt_prefix: Option<String>,
-    /// Adopt even while the other processor still renews its leases.
-    #[arg(long, env = "CFP_ADOPT_FORCE")]
-    pub adopt_force: bool,
-    /// How leases are balanced: fair (every instance at its fair share within one cycle) or
-    /// steal-one (the reference SDKs' strategy, one lease stolen per cycle; for comparisons).
-    #[arg(long, env = "CFP_BALANCING", default_value = "fair")]
-    pub balancing: crate::processor::balancer::Balancing,
-    /// Which changes are read: latest-version (creates and replaces, latest image) or
-    /// all-versions-and-deletes (every version and deletes, with the previous image and metadata;
-    /// starts only from now).
-    #[arg(long, env = "CFP_MODE", default_value = "latest-version")]
-    pub mode: crate::cosmos::FeedMode,
-    /// Batches of one lease handed to the handler at once: with more than 1 a slow batch does
-    /// not stall its lease (no order across those batches; the checkpoint moves only past
-    /// batches that all finished).
-    #[arg(long, env = "CFP_MAX_IN_FLIGHT_BATCHES", default_value_t = defaults::MAX_IN_FLIGHT_BATCHES, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_IN_FLIGHT_BATCHES)))]
-    pub max_in_flight_batches: u32,
-    /// Leases per physical partition when the lease set is created (each an equal
-    /// effective-partition-key share), so that more workers than partitions share the work; a
-    /// lease set keeps the count it was created with.
-    #[arg(long, env = "CFP_LEASES_PER_PARTITION", default_value_t = defaults::LEASES_PER_PARTITION, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LEASES_PER_PARTITION)))]
-    pub leases_per_partition: u32,
-    /// Checkpoint after this many handled batches (1: after every batch). More saves lease writes
-    /// and costs redelivery of up to that many batches per lease after a crash; a released lease
-    /// is always checkpointed.
-    #[arg(long, env = "CFP_CHECKPOINT_EVERY_BATCHES", default_value_t = defaults::CHECKPOINT_EVERY_BATCHES, value_parser = clap::value_parser!(u32).range(1..))]
-    pub checkpoint_every_batches: u32,
-    /// Checkpoint at the latest this long after the last checkpoint while batches are pending.
-    #[arg(long, env = "CFP_CHECKPOINT_INTERVAL", value_parser = duration)]
-    pub checkpoint_interval: Option<Duration>,
-    /// A lease whose handled position has not advanced for this long while it may have lag is
-    /// stalled: logged, counted (`cfp_lease_stalled`), its reader restarted from the checkpoint,
-    /// and the lease released if it stays stalled. `0s` turns detection off.
-    #[arg(long, env = "CFP_STALL_TIMEOUT", default_value = text(defaults::STALL_TIMEOUT), value_parser = duration)]
-    pub stall_timeout: Duration,
-    /// Wait after a read that returned no changes.
-    #[arg(long, env = "CFP_POLL_INTERVAL", default_value = text(defaults::POLL_INTERVAL), value_parser = duration)]
-    pub poll_interval: Duration,
-    /// How often leases are listed and balanced among instances (an instance alone with every
-    /// lease backs off up to the renew interval while nothing changes).
-    #[arg(long, env = "CFP_LEASE_ACQUIRE_INTERVAL", default_value = text(defaults::ACQUIRE_INTERVAL), value_parser = duration)]
-    pub lease_acquire_interval: Duration,
-    /// How often this instance's heartbeat is written: it keeps all of the instance's leases
-    /// alive (each lease is renewed on its own too while an older version runs beside it).
-    #[arg(long, env = "CFP_LEASE_RENEW_INTERVAL", default_value = text(defaults::RENEW_INTERVAL), value_parser = duration)]
-    pub lease_renew_interval: Duration,
-    /// A lease whose owner showed no sign of life (a write of it, or its heartbeat) for this
-    /// long is taken over by others.
-    #[arg(long, env = "CFP_LEASE_EXPIRATION", default_value = text(defaults::EXPIRATION), value_parser = duration)]
-    pub lease_expiration: Duration,
+    pub dead_letters: DeadLetterContainerArgs,
+    #[command(flatten)]
+    pub processor: ProcessorArgs,
     /// Port for /metrics, /healthz and /readyz (off when not given).
     #[arg(long, env = "CFP_METRICS_PORT")]
     pub metrics_port: Option<u16>,
@@ -475,7 +398,22 @@ pub struct OperatorArgs {
     pub leader_renew_interval: Duration,
     /// How the operator reads the Secrets resources name.
     #[command(flatten)]
-    pub secrets: super::operator::SecretsArgs,
+    pub secrets: SecretsArgs,
+}
+
+/// How the operator reads the Secrets resources name.
+#[derive(Debug, Args, Clone)]
+pub struct SecretsArgs {
+    /// Watch Secrets' metadata (never their data), so that a created or rotated Secret is acted
+    /// on at once (RBAC: get, list and watch on Secrets). With `false` the operator never lists
+    /// or watches Secrets: it reads only those resources name, with get, at every
+    /// reconciliation (RBAC: get alone), and notices a rotated key at the next one.
+    #[arg(long, env = "CFP_WATCH_SECRETS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub watch_secrets: bool,
+    /// With `--watch-secrets=false`: each resource is reconciled at least this often, so that a
+    /// rotated key reaches the workers within it.
+    #[arg(long, env = "CFP_SECRETS_RECHECK_INTERVAL", default_value = "60s", value_parser = duration)]
+    pub secrets_recheck_interval: Duration,
 }
 
 /// `cfp deadletter`.

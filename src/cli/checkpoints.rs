@@ -6,8 +6,10 @@ use std::io::Read as _;
 
 use super::args::{CheckpointsArgs, CheckpointsCommand};
 use crate::cosmos::{CosmosAccount, MonitoredContainer};
-use crate::processor::checkpoint_apply::{MoveError, MoveOptions, Moved, Request, move_checkpoints, read_export};
-use crate::processor::checkpoints::{Export, Selection};
+use crate::processor::admin::checkpoint_apply::{
+    MoveError, MoveOptions, Moved, Request, move_checkpoints, read_export,
+};
+use crate::processor::admin::checkpoints::{Export, Selection};
 use crate::processor::{CosmosLeaseStore, ProcessorOptions};
 use crate::worker::{WorkerError, open};
 

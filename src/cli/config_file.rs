@@ -154,8 +154,8 @@ mod tests {
             "--processor",
             "from-flag",
         ]);
-        assert_eq!(w.lease_expiration, std::time::Duration::from_secs(30));
-        assert_eq!(w.max_items, 7);
+        assert_eq!(w.processor.lease_expiration, std::time::Duration::from_secs(30));
+        assert_eq!(w.processor.max_items, 7);
         assert_eq!(w.leases.processor, "from-flag");
         assert!(w.no_create_leases);
     }
@@ -206,8 +206,8 @@ mod tests {
             "--start-from",
             "2026-01-31T12:00:00Z",
         ]);
-        assert_eq!(w.poll_interval, std::time::Duration::from_millis(500));
-        assert!(matches!(w.start_from, crate::cosmos::StartFrom::Time(_)));
+        assert_eq!(w.processor.poll_interval, std::time::Duration::from_millis(500));
+        assert!(matches!(w.processor.start_from, crate::cosmos::StartFrom::Time(_)));
         assert!(
             parse([
                 "cfp",

@@ -4,9 +4,10 @@ use std::fmt::Write as _;
 
 use super::args::{EstimateArgs, OutputFormat};
 use crate::cosmos::CosmosAccount;
-use crate::processor::bootstrap::foreign_leases;
+use crate::processor::leases::bootstrap::foreign_leases;
 use crate::processor::{
-    AdoptOptions, LeaseStore, ProcessorEstimate, ProcessorOptions, estimate_leases, estimator::DEFAULT_CONCURRENCY,
+    AdoptOptions, LeaseStore, ProcessorEstimate, ProcessorOptions, estimate_leases,
+    report::estimator::DEFAULT_CONCURRENCY,
 };
 use crate::worker::{WorkerError, open};
 

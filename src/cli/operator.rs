@@ -1,28 +1,10 @@
 //! `cfp operator`: runs the operator until SIGINT/SIGTERM.
 
-use std::time::Duration;
-
-use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use super::args::OperatorArgs;
 use crate::operator::leader::Election;
 use crate::operator::run::{OperatorError, OperatorSettings, run as run_operator};
-
-/// How the operator reads the Secrets resources name.
-#[derive(Debug, Args, Clone)]
-pub struct SecretsArgs {
-    /// Watch Secrets' metadata (never their data), so that a created or rotated Secret is acted
-    /// on at once (RBAC: get, list and watch on Secrets). With `false` the operator never lists
-    /// or watches Secrets: it reads only those resources name, with get, at every
-    /// reconciliation (RBAC: get alone), and notices a rotated key at the next one.
-    #[arg(long, env = "CFP_WATCH_SECRETS", default_value_t = true, action = clap::ArgAction::Set)]
-    pub watch_secrets: bool,
-    /// With `--watch-secrets=false`: each resource is reconciled at least this often, so that a
-    /// rotated key reaches the workers within it.
-    #[arg(long, env = "CFP_SECRETS_RECHECK_INTERVAL", default_value = "60s", value_parser = super::args::duration)]
-    pub secrets_recheck_interval: Duration,
-}
 
 /// The operator settings from its arguments.
 pub fn settings(args: &OperatorArgs) -> OperatorSettings {

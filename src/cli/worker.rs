@@ -8,8 +8,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::args::WorkerArgs;
 use crate::cosmos::CosmosAccount;
-use crate::metrics::WorkerMetrics;
-use crate::processor::{CosmosDeadLetters, OnExhausted, ProcessorOptions, RetryPolicy};
+use crate::processor::{CosmosDeadLetters, OnExhausted};
+use crate::worker::metrics::WorkerMetrics;
 use crate::worker::{WorkerError, WorkerSettings, build_processor};
 
 /// Why `cfp worker` stopped with an error.
@@ -54,36 +54,7 @@ pub fn settings(args: &WorkerArgs) -> WorkerSettings {
         .instance
         .clone()
         .unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned());
-    let mut options = ProcessorOptions::new(args.leases.processor.clone(), instance);
-    options.start_from = args.start_from;
-    options.max_items = args.max_items;
-    options.poll_interval = args.poll_interval;
-    options.stall_timeout = args.stall_timeout;
-    options.acquire_interval = args.lease_acquire_interval;
-    options.renew_interval = args.lease_renew_interval;
-    options.expiration = args.lease_expiration;
-    options.leases_per_partition = args.leases_per_partition;
-    options.max_in_flight_batches = args.max_in_flight_batches;
-    options.mode = args.mode;
-    options.balancing = args.balancing;
-    options.adopt = args
-        .adopt
-        .zip(args.adopt_prefix.clone())
-        .map(|(layout, prefix)| crate::processor::AdoptOptions {
-            layout,
-            prefix,
-            force: args.adopt_force,
-        });
-    options.checkpoint = crate::processor::CheckpointPolicy {
-        every_batches: args.checkpoint_every_batches,
-        interval: args.checkpoint_interval,
-    };
-    options.retry = RetryPolicy {
-        max_attempts: args.retry.max_attempts,
-        initial_backoff: args.retry.initial_backoff,
-        max_backoff: args.retry.max_backoff,
-        on_exhausted: args.retry.on_exhausted,
-    };
+    let options = args.processor.options(args.leases.processor.clone(), instance);
     args.connection.settings(&args.leases, !args.no_create_leases, options)
 }
 
@@ -99,14 +70,14 @@ async fn dead_letters(
     settings: &WorkerSettings,
     account: &CosmosAccount,
 ) -> Result<Option<Arc<CosmosDeadLetters>>, WorkerCommandError> {
-    let Some(container) = &args.retry.dead_letter_container else {
-        if args.retry.on_exhausted == OnExhausted::DeadLetter {
+    let Some(container) = &args.dead_letters.dead_letter_container else {
+        if args.processor.on_exhausted == OnExhausted::DeadLetter {
             return Err(super::handler::HandlerSetupError::NoDeadLetterContainer.into());
         }
         return Ok(None);
     };
     let database = args
-        .retry
+        .dead_letters
         .dead_letter_database
         .clone()
         .unwrap_or_else(|| settings.lease_database.clone());
@@ -172,14 +143,14 @@ pub async fn run(args: &WorkerArgs) -> Result<(), WorkerCommandError> {
         let address = listener.local_addr().map_err(WorkerCommandError::Metrics)?;
         tracing::info!(%address, "serving /metrics, /healthz and /readyz");
         let monitor = processor.monitor();
-        background.push(tokio::spawn(crate::metrics::serve(
+        background.push(tokio::spawn(crate::worker::metrics::serve(
             listener,
             shutdown.clone(),
             metrics.clone(),
             monitor.clone(),
         )));
         let interval = settings.options.acquire_interval;
-        background.push(tokio::spawn(crate::metrics::estimate_periodically(
+        background.push(tokio::spawn(crate::worker::metrics::estimate_periodically(
             metrics,
             monitor,
             interval,

@@ -7,9 +7,9 @@ use azure_data_cosmos::{AccountEndpoint, AccountReference, CosmosClient, Routing
 
 use super::auth::AccountAuth;
 use super::documents::DocumentContainer;
+use super::error::ProvisionError;
 use super::error::{CosmosError, ErrorKind};
 use super::feed::MonitoredContainer;
-use super::provision::ProvisionError;
 
 /// The well-known key of the Cosmos DB emulators (the in-memory emulator does not check keys).
 pub const EMULATOR_KEY: &str =

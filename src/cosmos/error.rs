@@ -135,6 +135,44 @@ impl From<serde_json::Error> for CosmosError {
     }
 }
 
+/// Why a container the processor needs could not be opened.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProvisionError {
+    /// The container does not exist, and creating it was not allowed.
+    #[error("the container {name} does not exist; create it: {how_to_create}")]
+    Missing {
+        /// `database/container`.
+        name: String,
+        /// The Azure CLI commands that create it.
+        how_to_create: String,
+    },
+    /// The container does not exist, and the account refused to create it (403).
+    #[error(
+        "the container {name} does not exist and this identity may not create containers ({source}); create it: {how_to_create}"
+    )]
+    CreationRefused {
+        /// `database/container`.
+        name: String,
+        /// The Azure CLI commands that create it.
+        how_to_create: String,
+        /// The account's answer.
+        source: CosmosError,
+    },
+    /// Reading or creating failed in another way.
+    #[error(transparent)]
+    Cosmos(#[from] CosmosError),
+}
+
+impl ProvisionError {
+    /// The underlying Cosmos error, when there is one.
+    pub fn cosmos(&self) -> Option<&CosmosError> {
+        match self {
+            ProvisionError::Missing { .. } => None,
+            ProvisionError::CreationRefused { source, .. } | ProvisionError::Cosmos(source) => Some(source),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cosmos::{CosmosError, DocumentContainer, MonitoredContainer, StartFrom};
 use crate::emulator::{ContainerSpec, EmulatorError, bind};
-use crate::processor::lease::LeaseSnapshot;
+use crate::processor::leases::lease::LeaseSnapshot;
 use crate::processor::{CosmosLeaseStore, Lease, LeaseStore, estimate_leases};
 use crate::worker::WorkerError;
 use fleet::LEASE_EXPIRATION;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use azure_core::credentials::Secret;
 
-use crate::http::Response;
+use crate::http_server::Response;
 
 /// Which requests the account accepts.
 #[derive(Clone, Default)]
@@ -60,7 +60,7 @@ impl RequiredAuth {
                 }
             },
         };
-        Some(crate::http::json(
+        Some(crate::http_server::json(
             401,
             &serde_json::json!({"code": "Unauthorized", "message": message}),
         ))

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::http::Response;
+use crate::http_server::Response;
 
 /// One kind of injected failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -64,12 +64,12 @@ impl Fault {
             Fault::Unavailable => ("ServiceUnavailable", "The service is currently unavailable.", "0"),
             Fault::Timeout => ("RequestTimeout", "The request timed out.", "0"),
             Fault::Reset => {
-                let mut response = crate::http::response(500, "text/plain", "");
-                response.extensions_mut().insert(crate::http::ResetConnection);
+                let mut response = crate::http_server::response(500, "text/plain", "");
+                response.extensions_mut().insert(crate::http_server::ResetConnection);
                 return response;
             }
         };
-        let mut response = crate::http::json(
+        let mut response = crate::http_server::json(
             self.code(),
             &serde_json::json!({"code": code, "message": format!("{message} (injected by cfp emulator)")}),
         );

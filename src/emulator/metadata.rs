@@ -3,7 +3,7 @@
 //! sub-status 5301 naming the RBAC action — and neither may account keys once
 //! `disableKeyBasedMetadataWriteAccess` is set (403, naming the operation).
 
-use crate::http::Response;
+use crate::http_server::Response;
 
 /// A write to a database or container resource (not to what a container holds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +60,7 @@ pub fn refused_to_key(method: &str, write: MetadataWrite) -> Response {
 }
 
 fn forbidden(sub_status: Option<u32>, message: &str) -> Response {
-    let mut response = crate::http::json(403, &serde_json::json!({"code": "Forbidden", "message": message}));
+    let mut response = crate::http_server::json(403, &serde_json::json!({"code": "Forbidden", "message": message}));
     if let Some(sub_status) = sub_status {
         response
             .headers_mut()

@@ -14,7 +14,7 @@ impl Emulator {
     /// Serves this account over HTTP on `listener` until `shutdown` is cancelled.
     pub async fn serve(&self, listener: TcpListener, shutdown: CancellationToken) {
         let emulator = self.clone();
-        crate::http::serve(listener, shutdown, move |req| {
+        crate::http_server::serve(listener, shutdown, move |req| {
             let emulator = emulator.clone();
             async move { emulator.handle(req).await }
         })
@@ -55,7 +55,7 @@ impl Emulator {
         let method = req.method().clone();
         let response = match self.forward(req, &resolved).await {
             Ok(response) => response,
-            Err(error) => crate::http::json(
+            Err(error) => crate::http_server::json(
                 503,
                 &serde_json::json!({"code": "ServiceUnavailable", "message": error.to_string()}),
             ),
@@ -120,7 +120,7 @@ impl Emulator {
         let body = match http_body_util::Limited::new(body, MAX_REQUEST_BODY).collect().await {
             Ok(collected) => collected.to_bytes(),
             Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                return Ok(crate::http::json(
+                return Ok(crate::http_server::json(
                     413,
                     &serde_json::json!({
                         "code": "RequestEntityTooLarge",
@@ -180,7 +180,7 @@ impl Emulator {
         action: &str,
         params: &std::collections::HashMap<String, String>,
     ) -> Option<hyper::Response<Full<Bytes>>> {
-        let bad = |message: String| crate::http::json(400, &serde_json::json!({ "message": message }));
+        let bad = |message: String| crate::http_server::json(400, &serde_json::json!({ "message": message }));
         match (method, action) {
             (&hyper::Method::POST, "faults") => {
                 let rate = params.get("rate").map_or(Ok(0.1), |r| r.parse::<f64>());
@@ -212,7 +212,7 @@ impl Emulator {
             (&hyper::Method::GET, "faults") => {}
             _ => return None,
         }
-        Some(crate::http::json(200, &self.faults.report()))
+        Some(crate::http_server::json(200, &self.faults.report()))
     }
 
     /// `/_emulator/hang`: change feed reads of a partition that never return.
@@ -227,14 +227,17 @@ impl Emulator {
                 Some(partition) => self.hangs.hang(partition, params.get("container").map(String::as_str)),
                 None => {
                     let message = "partition (a physical partition id, see /_emulator/ranges) is required";
-                    return Some(crate::http::json(400, &serde_json::json!({ "message": message })));
+                    return Some(crate::http_server::json(
+                        400,
+                        &serde_json::json!({ "message": message }),
+                    ));
                 }
             },
             (&hyper::Method::DELETE, "hang") => self.hangs.lift(),
             (&hyper::Method::GET, "hang") => {}
             _ => return None,
         }
-        Some(crate::http::json(200, &self.hangs.report()))
+        Some(crate::http_server::json(200, &self.hangs.report()))
     }
 
     async fn control(&self, method: hyper::Method, action: &str, query: &str) -> hyper::Response<Full<Bytes>> {
@@ -251,13 +254,13 @@ impl Emulator {
             return match self.regenerate_key(value) {
                 Ok(()) => {
                     tracing::info!("account key regenerated");
-                    crate::http::json(200, &serde_json::json!({"message": "key regenerated"}))
+                    crate::http_server::json(200, &serde_json::json!({"message": "key regenerated"}))
                 }
-                Err(error) => crate::http::json(409, &serde_json::json!({ "message": error.to_string() })),
+                Err(error) => crate::http_server::json(409, &serde_json::json!({ "message": error.to_string() })),
             };
         }
         let (Some(database), Some(container)) = (params.get("database"), params.get("container")) else {
-            return crate::http::json(
+            return crate::http_server::json(
                 400,
                 &serde_json::json!({"message": "database and container are required"}),
             );
@@ -281,18 +284,18 @@ impl Emulator {
                 self.split(database, container, partition, Duration::from_millis(lock_ms))
                     .await
             }
-            _ => return crate::http::json(404, &serde_json::json!({"message": "unknown control endpoint"})),
+            _ => return crate::http_server::json(404, &serde_json::json!({"message": "unknown control endpoint"})),
         };
         match result {
-            Ok(partitions) => crate::http::json(200, &serde_json::json!({ "partitions": partitions })),
-            Err(EmulatorError::NoSuchContainer(name)) => crate::http::json(
+            Ok(partitions) => crate::http_server::json(200, &serde_json::json!({ "partitions": partitions })),
+            Err(EmulatorError::NoSuchContainer(name)) => crate::http_server::json(
                 404,
                 &serde_json::json!({"message": format!("container {name} does not exist")}),
             ),
             Err(error @ EmulatorError::InvalidSpec { .. }) => {
-                crate::http::json(400, &serde_json::json!({"message": error.to_string()}))
+                crate::http_server::json(400, &serde_json::json!({"message": error.to_string()}))
             }
-            Err(error) => crate::http::json(409, &serde_json::json!({"message": error.to_string()})),
+            Err(error) => crate::http_server::json(409, &serde_json::json!({"message": error.to_string()})),
         }
     }
 }

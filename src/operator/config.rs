@@ -3,25 +3,12 @@
 use k8s_openapi::api::core::v1::Secret;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
-use super::autoscale::{Fallback, Policy};
-use super::behavior::{Behavior, RateKind, RatePolicy, Rules, Select};
-use super::crd::{ChangeFeedProcessor, SecretKeyRef};
-use super::crd::{ScalingBehavior, ScalingPolicy, ScalingPolicyKind, ScalingRules, SelectPolicyKind};
-use super::spec_options::duration;
 use crate::cosmos::AuthMethod;
+use crate::operator::crd::{ChangeFeedProcessor, SecretKeyRef};
+use crate::operator::spec_values::ConfigProblem;
+use crate::operator::spec_values::duration;
 use crate::processor::{OptionField, ProcessorOptions};
-
-/// A configuration that cannot work, with a reason (CamelCase, for conditions and Events) and a
-/// message that says what to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigProblem {
-    /// Machine-readable reason.
-    pub reason: &'static str,
-    /// What is wrong and how to fix it.
-    pub message: String,
-}
 
 /// The Secret keys a resource references, with the field that names each: the account keys, then
 /// the HTTP handler's header values.
@@ -147,7 +134,7 @@ pub fn check(cfp: &ChangeFeedProcessor, lookup: impl Fn(&str) -> Option<Secret>)
         if duration("autoscaling.estimateInterval", &scaling.estimate_interval)?.is_zero() {
             return Err(invalid("autoscaling.estimateInterval must be longer than zero".into()));
         }
-        if scaling.enabled && scaling.estimation == super::crd::Estimation::Disabled {
+        if scaling.enabled && scaling.estimation == crate::operator::crd::Estimation::Disabled {
             return Err(invalid(
                 "autoscaling.enabled needs an estimate: set autoscaling.estimation to WorkerReports or ChangeFeed, or turn autoscaling off (KEDA or an HPA on /scale)".into(),
             ));
@@ -185,79 +172,6 @@ fn check_auth(cfp: &ChangeFeedProcessor) -> Result<(), ConfigProblem> {
     }
     Ok(())
 }
-
-/// How often the processor's remaining work is estimated (`autoscaling.estimateInterval`).
-pub fn estimate_interval(cfp: &ChangeFeedProcessor) -> Duration {
-    humantime::parse_duration(&cfp.spec.autoscaling().estimate_interval)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .unwrap_or(DEFAULT_ESTIMATE_INTERVAL)
-}
-
-/// The autoscaling policy when built-in autoscaling is enabled.
-pub fn scaling_policy(cfp: &ChangeFeedProcessor) -> Option<Policy> {
-    let scaling = cfp.spec.autoscaling.as_ref().filter(|s| s.enabled)?;
-    Some(Policy {
-        min_replicas: scaling.min_replicas.max(0),
-        max_replicas: scaling.max_replicas.max(scaling.min_replicas.max(0)),
-        target_lag_per_replica: u64::try_from(scaling.target_lag_per_replica).unwrap_or(1).max(1),
-        scale_down_stabilization: match scaling.behavior.as_ref().and_then(|b| b.scale_down.as_ref()) {
-            Some(ScalingRules {
-                stabilization_window_seconds: Some(seconds),
-                ..
-            }) => Duration::from_secs(u64::try_from(*seconds).unwrap_or(0)),
-            _ => humantime::parse_duration(&scaling.scale_down_stabilization).unwrap_or(DEFAULT_STABILIZATION),
-        },
-        fallback: scaling.fallback_replicas.map(|replicas| Fallback {
-            replicas: replicas.max(1),
-            after_failures: scaling.fallback_after_failures.max(1),
-        }),
-        activation_lag: u64::try_from(scaling.activation_lag).unwrap_or(0),
-        behavior: behavior(scaling.behavior.as_ref()),
-    })
-}
-
-/// The scaling behavior of `spec.autoscaling.behavior`: each direction's defaults unless given.
-fn behavior(spec: Option<&ScalingBehavior>) -> Behavior {
-    let defaults = Behavior::default();
-    let rules = |given: Option<&ScalingRules>, default: Rules| {
-        let Some(given) = given else { return default };
-        Rules {
-            select: match given.select_policy {
-                None | Some(SelectPolicyKind::Max) => Select::Max,
-                Some(SelectPolicyKind::Min) => Select::Min,
-                Some(SelectPolicyKind::Disabled) => Select::Disabled,
-            },
-            policies: if given.policies.is_empty() {
-                default.policies
-            } else {
-                given.policies.iter().map(rate_policy).collect()
-            },
-        }
-    };
-    let up = spec.and_then(|b| b.scale_up.as_ref());
-    let down = spec.and_then(|b| b.scale_down.as_ref());
-    let seconds = |s: Option<i32>| Duration::from_secs(u64::try_from(s.unwrap_or(0)).unwrap_or(0));
-    Behavior {
-        up_window: seconds(up.and_then(|r| r.stabilization_window_seconds)),
-        up: rules(up, defaults.up),
-        down: rules(down, defaults.down),
-    }
-}
-
-fn rate_policy(policy: &ScalingPolicy) -> RatePolicy {
-    RatePolicy {
-        kind: match policy.kind {
-            ScalingPolicyKind::Pods => RateKind::Pods,
-            ScalingPolicyKind::Percent => RateKind::Percent,
-        },
-        value: policy.value.max(1),
-        period: Duration::from_secs(u64::try_from(policy.period_seconds).unwrap_or(1).max(1)),
-    }
-}
-
-const DEFAULT_ESTIMATE_INTERVAL: Duration = Duration::from_secs(15);
-const DEFAULT_STABILIZATION: Duration = Duration::from_secs(300);
 
 #[cfg(test)]
 mod tests {
@@ -433,69 +347,6 @@ mod tests {
             let got = check(&resource(spec), |_| secret.clone());
             assert_eq!(got.err().map(|p| p.reason), want, "{name}");
         }
-    }
-
-    #[test]
-    fn policy_and_interval_from_the_spec() {
-        let off = resource(serde_json::json!({}));
-        assert_eq!(scaling_policy(&off), None);
-        assert_eq!(
-            estimate_interval(&off),
-            Duration::from_secs(15),
-            "estimates run while autoscaling is off"
-        );
-        let on = resource(serde_json::json!({"autoscaling": {
-            "enabled": true, "minReplicas": 0, "maxReplicas": 4, "targetLagPerReplica": 500,
-            "scaleDownStabilization": "1m", "estimateInterval": "2s"
-        }}));
-        assert_eq!(
-            scaling_policy(&on),
-            Some(Policy {
-                min_replicas: 0,
-                max_replicas: 4,
-                target_lag_per_replica: 500,
-                scale_down_stabilization: Duration::from_secs(60),
-                fallback: None,
-                activation_lag: 0,
-                behavior: Behavior::default(),
-            })
-        );
-        assert_eq!(estimate_interval(&on), Duration::from_secs(2));
-        let paced = resource(serde_json::json!({"autoscaling": {"enabled": true, "behavior": {
-            "scaleUp": {"stabilizationWindowSeconds": 60, "selectPolicy": "Min",
-                        "policies": [{"type": "Pods", "value": 2, "periodSeconds": 30}]},
-            "scaleDown": {"stabilizationWindowSeconds": 120, "selectPolicy": "Disabled"},
-        }}}));
-        let paced = scaling_policy(&paced).unwrap();
-        assert_eq!(
-            paced.scale_down_stabilization,
-            Duration::from_secs(120),
-            "the HPA field wins"
-        );
-        assert_eq!(paced.behavior.up_window, Duration::from_secs(60));
-        assert_eq!(paced.behavior.up.select, Select::Min);
-        assert_eq!(
-            paced.behavior.up.policies,
-            vec![RatePolicy {
-                kind: RateKind::Pods,
-                value: 2,
-                period: Duration::from_secs(30)
-            }]
-        );
-        assert_eq!(paced.behavior.down.select, Select::Disabled);
-        assert_eq!(
-            paced.behavior.down.policies,
-            Behavior::default().down.policies,
-            "no policies given: the default's"
-        );
-        let fallback = resource(serde_json::json!({"autoscaling": {"enabled": true, "fallbackReplicas": 2}}));
-        assert_eq!(
-            scaling_policy(&fallback).and_then(|p| p.fallback),
-            Some(Fallback {
-                replicas: 2,
-                after_failures: 3
-            })
-        );
     }
 
     #[test]

@@ -17,9 +17,9 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
-use super::crd::ChangeFeedProcessor;
-use super::reconcile::Context;
-use super::workload::{PROCESSOR_LABEL, worker_pod_selector};
+use crate::operator::crd::ChangeFeedProcessor;
+use crate::operator::reconcile::Context;
+use crate::operator::workload::{PROCESSOR_LABEL, worker_pod_selector};
 use crate::processor::evict_instance;
 
 /// A worker pod: namespace, pod name, processor resource name.
@@ -147,13 +147,13 @@ async fn free_leases(ctx: Arc<Context>, worker: WorkerPod, why: &'static str) {
         let event = Event {
             type_: EventType::Normal,
             reason: "LeasesFreed".into(),
-            note: Some(super::status::bounded(
+            note: Some(crate::operator::status::bounded(
                 format!(
                     "worker pod {pod} was {why}: freed its {} lease(s) for the other workers ({})",
                     freed.len(),
                     freed.join(", ")
                 ),
-                super::status::MAX_EVENT_NOTE,
+                crate::operator::status::MAX_EVENT_NOTE,
             )),
             action: "Failover".into(),
             secondary: None,

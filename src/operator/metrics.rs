@@ -15,7 +15,7 @@ use prometheus::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::crd::ChangeFeedProcessor;
+use crate::operator::crd::ChangeFeedProcessor;
 
 /// The reasons `cfp_processor_estimate_errors_total` counts.
 pub const ESTIMATE_ERROR_REASONS: [&str; 4] = ["connect", "lease_store", "change_feed", "timeout"];

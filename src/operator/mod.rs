@@ -1,33 +1,27 @@
 //! The Kubernetes operator: the `ChangeFeedProcessor` resource, its reconciler, leader election.
 //!
-//! [`crd`] (types), [`spec_options`] (the spec as the workers' processor options), [`workload`]
-//! (pure rendering of the Deployment and Service), [`network_policy`] (pure: the workers' NetworkPolicy), [`config`] (pure configuration check), [`status`] (pure conditions), [`autoscale`] (pure scaling policy) and
-//! [`behavior`] (its rate policies), [`external`] (pure: an HPA or KEDA on `/scale`), [`pause`]
-//! (pure: the pause annotations), [`rewind`] (pure: the rewind annotations' steps), [`estimation`] (remaining-work estimates per resource) and
-//! [`reported`] (pure: which leases the workers' lag reports tell), [`news`] (pure: which estimates
-//! are worth a reconciliation),
-//! [`failover`] (freeing the leases of gone worker pods), [`reconcile`] (observe → plan → apply →
-//! report, with a pure plan and report), [`leader`], [`liveness`]
-//! (`/healthz`), [`metrics`], [`run`] (the `cfp operator` loop).
+//! [`crd`] (types), [`spec_options`] (the spec as the workers' processor options), [`spec_values`] (field values read as what they mean), [`workload`]
+//! (pure rendering of the Deployment and Service), [`network_policy`] (pure: the workers'
+//! NetworkPolicy), [`config`] (pure configuration check), [`status`] (pure conditions),
+//! [`scaling`] (everything that decides replicas: the estimates, the policy and its rate
+//! behavior, an external autoscaler, pausing), [`rewind_steps`] (pure: the rewind annotations'
+//! steps), [`failover`] (freeing the leases of gone worker pods), [`reconcile`] (observe → plan →
+//! apply → publish, with a pure plan and report), [`leader`], [`healthz`] (`/healthz`),
+//! [`metrics`], [`run`] (the `cfp operator` loop).
 
-pub mod autoscale;
-pub mod behavior;
 pub mod config;
 pub mod crd;
-pub mod estimation;
-pub mod external;
 pub mod failover;
+pub mod healthz;
 pub mod leader;
-pub mod liveness;
 pub mod metrics;
 pub mod network_policy;
-pub mod news;
-pub mod pause;
 pub mod reconcile;
-pub mod reported;
-pub mod rewind;
+pub mod rewind_steps;
 pub mod run;
+pub mod scaling;
 pub mod spec_options;
+pub mod spec_values;
 pub mod status;
 pub mod workload;
 

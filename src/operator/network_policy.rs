@@ -12,9 +12,9 @@ use k8s_openapi::api::networking::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::crd::{ChangeFeedProcessor, Connection, HandlerKind};
-use super::workload::{owner, selector_labels, workload_labels};
 use crate::cosmos::AuthMethod;
+use crate::operator::crd::{ChangeFeedProcessor, Connection, HandlerKind};
+use crate::operator::workload::{owner, selector_labels, workload_labels};
 
 /// The port Microsoft Entra ID issues tokens on (workload identity).
 const ENTRA_ID_PORT: i32 = 443;

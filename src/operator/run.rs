@@ -18,14 +18,15 @@ use kube::{Client, ResourceExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::config::referenced_secrets;
-use super::crd::ChangeFeedProcessor;
-use super::estimation::{Accounts, Estimators};
-use super::failover::watch_worker_pods;
-use super::leader::{Election, LeaderElector};
-use super::liveness::Liveness;
-use super::metrics::{FORGET_DELETED_PERIOD, OperatorMetrics, forget_deleted};
-use super::reconcile::{Context, error_policy, reconcile, semantic_hash};
+use crate::http_server;
+use crate::operator::config::referenced_secrets;
+use crate::operator::crd::ChangeFeedProcessor;
+use crate::operator::failover::watch_worker_pods;
+use crate::operator::healthz::Liveness;
+use crate::operator::leader::{Election, LeaderElector};
+use crate::operator::metrics::{FORGET_DELETED_PERIOD, OperatorMetrics, forget_deleted};
+use crate::operator::reconcile::{Context, error_policy, reconcile, semantic_hash};
+use crate::operator::scaling::estimates::{Accounts, Estimators};
 
 /// How the operator runs.
 #[derive(Debug, Clone)]
@@ -58,7 +59,7 @@ pub enum OperatorError {
     Config(String),
     /// The leader election timings do not work together.
     #[error(transparent)]
-    Election(#[from] super::leader::ElectionError),
+    Election(#[from] crate::operator::leader::ElectionError),
     /// The ChangeFeedProcessor CRD is not installed.
     #[error(
         "the ChangeFeedProcessor CRD (changefeedprocessors.changefeed.io) is not installed; install it with `kubectl apply -f crds/` (or `cfp crd | kubectl apply -f -`)"
@@ -97,7 +98,7 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
         tracing::info!(%address, "serving /metrics and /healthz");
         let metrics = metrics.clone();
         let liveness = liveness.clone();
-        background.push(tokio::spawn(crate::http::serve(
+        background.push(tokio::spawn(http_server::serve(
             listener,
             shutdown.clone(),
             move |req| {
@@ -105,12 +106,12 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
                 let health = liveness.check();
                 async move {
                     match (req.uri().path(), health) {
-                        ("/metrics", _) => crate::http::response(200, "text/plain; version=0.0.4", metrics.render()),
-                        ("/healthz" | "/readyz", Ok(())) => crate::http::response(200, "text/plain", "ok\n"),
+                        ("/metrics", _) => http_server::response(200, "text/plain; version=0.0.4", metrics.render()),
+                        ("/healthz" | "/readyz", Ok(())) => http_server::response(200, "text/plain", "ok\n"),
                         ("/healthz" | "/readyz", Err(why)) => {
-                            crate::http::response(503, "text/plain", format!("{why}\n"))
+                            http_server::response(503, "text/plain", format!("{why}\n"))
                         }
-                        _ => crate::http::response(404, "text/plain", "not found\n"),
+                        _ => http_server::response(404, "text/plain", "not found\n"),
                     }
                 }
             },

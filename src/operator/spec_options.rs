@@ -2,32 +2,12 @@
 //! conversion the operator checks a resource with (then the same `validate` the worker runs) and
 //! estimates its leases with.
 
-use std::time::Duration;
-
-use super::config::ConfigProblem;
-use super::crd::ChangeFeedProcessor;
+use crate::operator::crd::ChangeFeedProcessor;
+use crate::operator::spec_values::{ConfigProblem, count, duration, invalid};
 use crate::processor::{AdoptOptions, CheckpointPolicy, ProcessorOptions, RetryPolicy};
 
 /// The instance name the options carry: each worker runs under its pod's name.
 pub const POD_NAME: &str = "(the pod's name)";
-
-/// A field that does not hold what it must.
-fn invalid(message: String) -> ConfigProblem {
-    ConfigProblem {
-        reason: "InvalidConfiguration",
-        message,
-    }
-}
-
-/// Parses the duration `value` of `field` (`500ms`, `13s`, `5m`).
-pub fn duration(field: &str, value: &str) -> Result<Duration, ConfigProblem> {
-    humantime::parse_duration(value).map_err(|e| invalid(format!("{field} {value:?} is not a duration: {e}")))
-}
-
-/// A count of `field` that must fit the processor's.
-fn count(field: &str, value: i32) -> Result<u32, ConfigProblem> {
-    u32::try_from(value).map_err(|_| invalid(format!("{field} must be at least 1 (is {value})")))
-}
 
 impl TryFrom<&ChangeFeedProcessor> for ProcessorOptions {
     type Error = ConfigProblem;

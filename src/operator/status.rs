@@ -2,7 +2,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use super::config::ConfigProblem;
+use crate::operator::spec_values::ConfigProblem;
 
 /// `Ready`: the workers run as specified.
 pub const READY: &str = "Ready";

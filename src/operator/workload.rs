@@ -14,8 +14,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
-use super::crd::{ChangeFeedProcessor, Connection, HandlerKind, SecretKeyRef};
 use crate::cosmos::AuthMethod;
+use crate::operator::crd::{ChangeFeedProcessor, Connection, HandlerKind, SecretKeyRef};
+use crate::processor::ProcessorOptions;
+use crate::worker::options_args::{options_env, value_enum_text};
 
 /// The label naming the processor resource a worker pod belongs to.
 pub const PROCESSOR_LABEL: &str = "changefeed.io/processor";
@@ -82,7 +84,7 @@ fn env(name: &str, value: impl Into<String>) -> EnvVar {
 /// The credential variables of one connection: `CFP_<prefix>AUTH`, and `CFP_<prefix>KEY` from
 /// the Secret with auth `Key`.
 fn auth_env(prefix: &str, connection: &Connection) -> Vec<EnvVar> {
-    let mut vars = vec![env(&format!("CFP_{prefix}AUTH"), flag_value(connection.auth))];
+    let mut vars = vec![env(&format!("CFP_{prefix}AUTH"), value_enum_text(connection.auth))];
     if let (AuthMethod::Key, Some(reference)) = (connection.auth, &connection.key_secret_ref) {
         vars.push(secret_key_env(&format!("CFP_{prefix}KEY"), reference));
     }
@@ -130,7 +132,6 @@ pub fn worker_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
         vars.extend(auth_env("LEASE_", lease_connection));
     }
     vars.extend([
-        env("CFP_PROCESSOR", cfp.processor_name()),
         EnvVar {
             name: "CFP_INSTANCE".into(),
             value_from: Some(EnvVarSource {
@@ -144,55 +145,36 @@ pub fn worker_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
             ..Default::default()
         },
         env(
-            "CFP_START_FROM",
-            match spec.start_from.as_str() {
-                "Beginning" => "beginning".to_owned(),
-                "Now" => "now".to_owned(),
-                time => time.to_owned(),
-            },
-        ),
-        env(
             "CFP_HANDLER",
             match spec.handler.kind {
                 HandlerKind::Stdout => "stdout",
                 HandlerKind::Http => "http",
             },
         ),
-        env("CFP_MAX_ITEMS", spec.max_items.to_string()),
-        env("CFP_LEASES_PER_PARTITION", spec.leases.per_partition.to_string()),
-        env("CFP_MAX_IN_FLIGHT_BATCHES", spec.max_in_flight_batches.to_string()),
-        env("CFP_MODE", spec.mode.mode().as_str()),
-        env(
-            "CFP_CHECKPOINT_EVERY_BATCHES",
-            spec.checkpoint.as_ref().map_or(1, |c| c.every_batches).to_string(),
-        ),
-        env("CFP_POLL_INTERVAL", spec.poll_interval.clone()),
-        env("CFP_STALL_TIMEOUT", spec.stall_timeout.clone()),
-        env(
-            "CFP_LEASE_ACQUIRE_INTERVAL",
-            spec.lease_timings.acquire_interval.clone(),
-        ),
-        env("CFP_LEASE_RENEW_INTERVAL", spec.lease_timings.renew_interval.clone()),
-        env("CFP_LEASE_EXPIRATION", spec.lease_timings.expiration.clone()),
         env("CFP_METRICS_PORT", spec.worker.metrics_port.to_string()),
     ]);
     if !spec.create_leases() {
         vars.push(env("CFP_NO_CREATE_LEASES", "true".to_owned()));
     }
-    if let Some(interval) = spec.checkpoint.as_ref().and_then(|c| c.interval.clone()) {
-        vars.push(env("CFP_CHECKPOINT_INTERVAL", interval));
-    }
-    if let Some(adopt) = &spec.leases.adopt_from {
-        vars.push(env("CFP_ADOPT", adopt.layout.layout().as_str()));
-        vars.push(env("CFP_ADOPT_PREFIX", adopt.prefix.clone()));
-        if adopt.force {
-            vars.push(env("CFP_ADOPT_FORCE", "true".to_owned()));
-        }
-    }
+    vars.extend(options_vars(cfp));
     vars.extend(handler_env(cfp));
     vars.extend(emulator_host_env(cfp));
     vars.extend(tracing_env(cfp));
     vars
+}
+
+/// The processor options of `cfp`'s workers as their `CFP_*` variables, rendered by the worker
+/// settings contract ([`options_env`]) from the one conversion of the resource into options. The
+/// reconciler applies no workload for a resource whose fields do not convert (its configuration
+/// check refuses it first); rendered anyway, such a resource carries no option variables.
+fn options_vars(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
+    let Ok(options) = ProcessorOptions::try_from(cfp) else {
+        return Vec::new();
+    };
+    options_env(&options)
+        .into_iter()
+        .map(|(name, value)| env(name, value))
+        .collect()
 }
 
 /// `observability.tracing` as the OpenTelemetry SDK's standard variables.
@@ -221,14 +203,6 @@ fn emulator_host_env(cfp: &ChangeFeedProcessor) -> Option<EnvVar> {
         .then(|| env("AZURE_COSMOS_EMULATOR_HOST", host))
 }
 
-/// How the worker's command line spells `value` (the enums are the worker's own).
-fn flag_value(value: impl clap::ValueEnum) -> String {
-    value
-        .to_possible_value()
-        .map(|v| v.get_name().to_owned())
-        .unwrap_or_default()
-}
-
 /// The handler, retry and dead-letter settings as `CFP_*` variables; header values from Secrets
 /// come through `secretKeyRef` as `CFP_HANDLER_HEADER_<NAME>`, never in the pod spec itself.
 fn handler_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
@@ -237,7 +211,7 @@ fn handler_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
     let mut vars = Vec::new();
     if let (HandlerKind::Http, Some(http)) = (handler.kind, &handler.http) {
         vars.push(env("CFP_HANDLER_URL", http.url.clone()));
-        vars.push(env("CFP_HANDLER_FORMAT", flag_value(http.format)));
+        vars.push(env("CFP_HANDLER_FORMAT", value_enum_text(http.format)));
         vars.push(env("CFP_HANDLER_TIMEOUT", http.timeout.clone()));
         if let Some(path) = &http.readiness_path {
             vars.push(env("CFP_HANDLER_READINESS_PATH", path.clone()));
@@ -251,12 +225,6 @@ fn handler_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
             }
         }
     }
-    vars.extend([
-        env("CFP_MAX_ATTEMPTS", handler.retry.max_attempts.to_string()),
-        env("CFP_INITIAL_BACKOFF", handler.retry.initial_backoff.clone()),
-        env("CFP_MAX_BACKOFF", handler.retry.max_backoff.clone()),
-        env("CFP_ON_EXHAUSTED", flag_value(handler.on_exhausted)),
-    ]);
     if let Some(dead_letter) = &spec.dead_letter {
         if let Some(database) = &dead_letter.database {
             vars.push(env("CFP_DEAD_LETTER_DATABASE", database.clone()));
@@ -373,7 +341,7 @@ fn probe(path: &str, period: i32) -> Probe {
 }
 
 /// Pod-template annotation: a digest of the Secret values the workers read (see
-/// [`super::config::secrets_digest`]); a rotated key changes it and rolls the workers.
+/// [`crate::operator::config::secrets_digest`]); a rotated key changes it and rolls the workers.
 pub const SECRETS_DIGEST_ANNOTATION: &str = "changefeed.io/secrets-digest";
 
 /// Stamps the digest of the referenced Secret values on the worker pod template (nothing when

@@ -1,12 +1,12 @@
 //! The processor's typed errors: [`ProcessorError`] (starting or running a processor) and
-//! [`LeaseError`] (one failed step of the lease work, reported as a [`super::LeaseEvent::Error`],
+//! [`LeaseError`] (one failed step of the lease work, reported as a [`crate::processor::LeaseEvent::Error`],
 //! logged at most once a minute per kind, and never classified by its text).
 
-use super::handler::HandlerError;
-use super::lease::LeaseStoreError;
-use super::owned::UpdateError;
-use super::validation::OptionsError;
 use crate::cosmos::{CosmosError, ErrorKind};
+use crate::processor::handlers::change_handler::HandlerError;
+use crate::processor::leases::lease::LeaseStoreError;
+use crate::processor::leases::owned::UpdateError;
+use crate::processor::policy::validation::OptionsError;
 
 /// Errors that stop a processor from starting or running.
 #[derive(Debug, thiserror::Error)]

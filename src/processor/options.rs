@@ -18,7 +18,7 @@ pub struct ProcessorOptions {
     /// Wait after a read that returned nothing.
     pub poll_interval: Duration,
     /// How often leases are listed and balanced (backed off up to the renew interval while this
-    /// instance is alone with every lease and nothing changes: [`super::listing_schedule`]).
+    /// instance is alone with every lease and nothing changes: [`crate::processor::policy::listing_schedule`]).
     pub acquire_interval: Duration,
     /// How often this instance's heartbeat is written (it keeps every owned lease alive), and
     /// how often each lease is renewed while an instance that judges leases one by one is live.
@@ -28,7 +28,7 @@ pub struct ProcessorOptions {
     /// A change feed read taking longer is abandoned and retried.
     pub read_timeout: Duration,
     /// A lease whose handled position has not advanced for this long while it may have lag is
-    /// stalled: its reader is restarted once, then the lease released ([`super::stall`]).
+    /// stalled: its reader is restarted once, then the lease released ([`crate::processor::policy::stall`]).
     /// Zero turns detection off.
     pub stall_timeout: Duration,
     /// First delay before retrying a failed batch or request; doubles up to `max_backoff`.
@@ -38,12 +38,12 @@ pub struct ProcessorOptions {
     /// Retries of a batch the handler fails, and what happens when they are exhausted.
     pub retry: RetryPolicy,
     /// How often handled batches are checkpointed (default: after every batch).
-    pub checkpoint: super::CheckpointPolicy,
+    pub checkpoint: crate::processor::CheckpointPolicy,
     /// Checkpoints of another processor (.NET, Java) to start from when this processor has no
     /// leases yet.
-    pub adopt: Option<super::AdoptOptions>,
+    pub adopt: Option<crate::processor::AdoptOptions>,
     /// How leases are balanced among instances (default: fair share in one cycle).
-    pub balancing: super::balancer::Balancing,
+    pub balancing: crate::processor::policy::balancer::Balancing,
     /// Which changes are read: the latest version (default), or all versions and deletes.
     pub mode: crate::cosmos::FeedMode,
     /// Batches of one lease with the handler at once (default 1). With more, a slow batch does
@@ -55,8 +55,8 @@ pub struct ProcessorOptions {
     /// set once created.
     pub leases_per_partition: u32,
     /// How this instance keeps its leases alive: by its heartbeat (default), or each lease on its
-    /// own as versions before instance liveness did ([`super::liveness`]).
-    pub liveness: super::LeaseLiveness,
+    /// own as versions before instance liveness did ([`crate::processor::leases::heartbeat`]).
+    pub liveness: crate::processor::LeaseLiveness,
 }
 
 /// The defaults of a processor's options, in one place: [`ProcessorOptions::new`], the worker's
@@ -190,13 +190,13 @@ impl ProcessorOptions {
             min_backoff: defaults::MIN_BACKOFF,
             max_backoff: defaults::MAX_BACKOFF,
             retry: RetryPolicy::default(),
-            checkpoint: super::CheckpointPolicy::default(),
+            checkpoint: crate::processor::CheckpointPolicy::default(),
             leases_per_partition: defaults::LEASES_PER_PARTITION,
-            liveness: super::LeaseLiveness::default(),
+            liveness: crate::processor::LeaseLiveness::default(),
             max_in_flight_batches: defaults::MAX_IN_FLIGHT_BATCHES,
             mode: crate::cosmos::FeedMode::LatestVersion,
             adopt: None,
-            balancing: super::balancer::Balancing::Fair,
+            balancing: crate::processor::policy::balancer::Balancing::Fair,
         }
     }
 

@@ -15,6 +15,9 @@ use changefeed_operator::processor::{
 use changefeed_operator::worker::{WorkerSettings, build_processor};
 use serde_json::json;
 
+pub mod processes;
+pub use processes::DiesWithTest;
+
 pub const DB: &str = "db";
 pub const ITEMS: &str = "items";
 pub const LEASES: &str = "leases";
@@ -302,7 +305,7 @@ pub async fn start_emulator_with(args: &[&str]) -> (tokio::process::Child, Strin
         .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
+        .dies_with_test()
         .spawn()
         .expect("spawn cfp emulator");
     let stdout = child.stdout.take().expect("emulator stdout");
@@ -371,7 +374,7 @@ pub fn cfp_worker(endpoint: &str) -> tokio::process::Command {
     command
         .args(["worker", "--endpoint", endpoint, "--database", DB, "--container", ITEMS])
         .env("RUST_LOG", "warn")
-        .kill_on_drop(true);
+        .dies_with_test();
     command
 }
 
@@ -465,7 +468,7 @@ pub fn receive_batches(
     on_batch: impl Fn(&str, serde_json::Value) + Send + Sync + 'static,
 ) {
     let on_batch = std::sync::Arc::new(on_batch);
-    tokio::spawn(changefeed_operator::http::serve(
+    tokio::spawn(changefeed_operator::http_server::serve(
         listener,
         tokio_util::sync::CancellationToken::new(),
         move |req: hyper::Request<hyper::body::Incoming>| {
@@ -474,7 +477,7 @@ pub fn receive_batches(
                 let path = req.uri().path().to_owned();
                 let body = serde_json::from_slice(&body_of(req).await).unwrap_or_default();
                 on_batch(&path, body);
-                changefeed_operator::http::json(200, &serde_json::json!({}))
+                changefeed_operator::http_server::json(200, &serde_json::json!({}))
             }
         },
     ));

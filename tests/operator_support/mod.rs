@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use tokio::process::{Child, Command};
 
+use crate::common::DiesWithTest;
 use crate::common::{CFP, http_get};
 use crate::control_plane::ControlPlane;
 
@@ -50,6 +51,26 @@ pub async fn plane() -> &'static ControlPlane {
 }
 
 /// A fresh namespace for one test.
+/// A test's own scene on the shared control plane: a namespace of its name and a client.
+pub struct Scene {
+    /// The shared control plane.
+    pub plane: &'static ControlPlane,
+    /// The test's namespace.
+    pub ns: String,
+    /// A client of the control plane.
+    pub client: kube::Client,
+}
+
+impl Scene {
+    /// The control plane with a namespace `name` (created when missing) and a client.
+    pub async fn new(name: &str) -> Self {
+        let plane = plane().await;
+        let ns = namespace(plane, name);
+        let client = plane.client().await;
+        Self { plane, ns, client }
+    }
+}
+
 pub fn namespace(plane: &ControlPlane, name: &str) -> String {
     let (ok, _, err) = plane.kubectl_run(&["create", "namespace", name], None);
     assert!(ok || err.contains("AlreadyExists"), "create namespace {name}: {err}");
@@ -130,7 +151,7 @@ impl Operator {
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null())
             .stderr(log)
-            .kill_on_drop(true)
+            .dies_with_test()
             .spawn()
             .expect("spawn cfp operator");
         Self {
@@ -320,7 +341,7 @@ impl LocalWorker {
         let mut child = command
             .stdout(Stdio::piped())
             .stderr(log)
-            .kill_on_drop(true)
+            .dies_with_test()
             .spawn()
             .expect("spawn cfp worker");
         let stdout = child.stdout.take().expect("stdout");

@@ -10,15 +10,15 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::{Client, Resource, ResourceExt};
 
-use super::super::crd::ChangeFeedProcessor;
-use super::super::network_policy::worker_network_policy;
-use super::super::status::{MAX_EVENT_NOTE, bounded};
-use super::super::workload::{
+use super::pace::digest;
+use super::publish::{Apply, Note, Report};
+use super::{Context, LEASE_FINALIZER, ReconcileError};
+use crate::operator::crd::ChangeFeedProcessor;
+use crate::operator::network_policy::worker_network_policy;
+use crate::operator::status::{MAX_EVENT_NOTE, bounded};
+use crate::operator::workload::{
     FIELD_MANAGER, metrics_service, with_secrets_digest, worker_deployment, worker_disruption_budget,
 };
-use super::pace::digest;
-use super::report::{Apply, Note, Report};
-use super::{Context, LEASE_FINALIZER, ReconcileError};
 
 /// The workload as rendered for a number of replicas.
 pub(super) struct Workload<'a> {

@@ -5,19 +5,18 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 
-use super::super::config;
-use super::super::crd::ChangeFeedProcessor;
-use super::super::estimation::EstimateFailure;
-use super::super::workload::selector_string;
 use super::apply::{Workload, apply_deployment, publish, set_finalizer};
-use super::report::note;
+use super::publish::note;
 use super::target::{TargetError, estimate_target};
 use super::{Context, ReconcileError};
+use crate::operator::config;
+use crate::operator::crd::ChangeFeedProcessor;
+use crate::operator::scaling::estimate_report::EstimateFailure;
 
 /// Why the lease documents could not be deleted.
 #[derive(Debug, thiserror::Error)]
@@ -72,16 +71,15 @@ pub(super) async fn clean_up(
     };
     // 1. No worker may write a lease back: scale to zero and wait for the pods to go.
     cleanup.scale_to_zero(&namespace, found).await?;
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    let running = pods
-        .list(&ListParams::default().labels(&selector_string(cfp)))
-        .await?
-        .items
-        .len();
-    if running > 0 {
+    let running = super::observe::runnable_worker_pods(&ctx.client, &namespace, cfp).await?;
+    if !running.is_empty() {
         if cleanup.since >= cleanup.timeout {
+            let names = running.join(", ");
             return cleanup
-                .give_up(format!("{running} worker pod(s) still exist"), false)
+                .give_up(
+                    format!("{} worker pod(s) that can still run exist: {names}", running.len()),
+                    false,
+                )
                 .await;
         }
         return Ok(Action::requeue(Duration::from_secs(2)));

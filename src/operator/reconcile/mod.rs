@@ -4,8 +4,8 @@
 //!
 //! One reconciliation is observe (`observe`: Secrets, Deployment, HPAs, estimates, pods) →
 //! plan (`plan`, pure: the replicas) → apply (`apply`: server-side apply, `/scale`) →
-//! report (`report`, pure: status and Events; then one thin write). `cleanup` runs the
-//! lease-cleanup finalizer; `rewinding` the rewind annotations; `target` (pure) says which
+//! publish (`publish`, pure: status and Events; then one thin write). `cleanup` runs the
+//! lease-cleanup finalizer; `rewind_actions` carries out the rewind annotations' steps; `target` (pure) says which
 //! accounts and containers to read.
 
 mod apply;
@@ -13,8 +13,8 @@ mod cleanup;
 mod observe;
 mod pace;
 mod plan;
-mod report;
-mod rewinding;
+mod publish;
+mod rewind_actions;
 mod target;
 
 pub use cleanup::LeaseCleanupError;
@@ -35,15 +35,16 @@ use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
-use super::config;
-use super::crd::ChangeFeedProcessor;
-use super::estimation::{EstimateReport, Estimators, ResourceKey};
-use super::metrics::OperatorMetrics;
-use super::pause::Pause;
+use crate::operator::config;
+use crate::operator::crd::ChangeFeedProcessor;
+use crate::operator::metrics::OperatorMetrics;
+use crate::operator::scaling::estimate_report::EstimateReport;
+use crate::operator::scaling::estimates::{Estimators, ResourceKey};
+use crate::operator::scaling::pause::Pause;
 use apply::{Workload, apply_workload, hold_replicas, render, set_finalizer, write_report};
 use pace::{Applied, ApplyNeed};
 use plan::{Autoscaling, ReplicaPlan};
-use report::Outcome;
+use publish::Outcome;
 
 /// The finalizer that deletes a processor's lease documents before the resource goes away.
 pub const LEASE_FINALIZER: &str = "changefeed.io/lease-cleanup";
@@ -146,17 +147,17 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
         set_finalizer(&cfps, cfp, wants_finalizer).await?;
     }
     // A rewind of the checkpoints holds the workers at 0 until it is done (`super::rewind`).
-    if let Some(action) = rewinding::step(ctx, cfp, &cfps, &found).await? {
+    if let Some(action) = rewind_actions::step(ctx, cfp, &cfps, &found).await? {
         return Ok(action);
     }
     let mut outcome = observe_and_plan(ctx, cfp, &key, &found).await?;
     apply(ctx, cfp, &key, &found, &mut outcome).await?;
-    let now = super::status::now();
+    let now = crate::operator::status::now();
     outcome.remembered_scale_time = remember_scale(ctx, &key, outcome.before, outcome.desired(), &now);
     if outcome.needs_pod_check() {
         outcome.pod_problem = observe::pod_problem(&ctx.client, &namespace, cfp).await;
     }
-    let report = report::report(cfp, &outcome, now);
+    let report = publish::report(cfp, &outcome, now);
     if let Some(replicas) = report.desired_replicas {
         ctx.metrics.desired_replicas(&namespace, &name, replicas);
     }
@@ -233,7 +234,7 @@ async fn plan_replicas(
     current: Option<i32>,
     report: Option<&EstimateReport>,
 ) -> ReplicaPlan {
-    let Some(policy) = config::scaling_policy(cfp) else {
+    let Some(policy) = crate::operator::scaling::spec_policy::scaling_policy(cfp) else {
         return plan::fixed_plan(cfp);
     };
     let external = observe::external_autoscaler(&ctx.client, &key.0, &key.1).await;
@@ -287,10 +288,10 @@ async fn apply(
                     outcome.deployment = applied;
                 }
             }
-            ApplyNeed::UpToDate => outcome.apply = report::Apply::Applied,
+            ApplyNeed::UpToDate => outcome.apply = publish::Apply::Applied,
             ApplyNeed::CacheBehind => {
                 // The last apply (of these very replicas) is not in the cache yet.
-                outcome.apply = report::Apply::Applied;
+                outcome.apply = publish::Apply::Applied;
                 outcome.before = Some(desired);
             }
         }

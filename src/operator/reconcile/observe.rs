@@ -13,12 +13,13 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, GetParams, ListParams};
 use kube::{Client, ResourceExt};
 
-use super::super::config::{self, ConfigProblem};
-use super::super::crd::ChangeFeedProcessor;
-use super::super::external::ExternalAutoscaler;
-use super::super::pause::{self, Pause};
-use super::super::workload::selector_string;
-use super::report::PodProblem;
+use super::publish::PodProblem;
+use crate::operator::config;
+use crate::operator::crd::ChangeFeedProcessor;
+use crate::operator::scaling::external::ExternalAutoscaler;
+use crate::operator::scaling::pause::{self, Pause};
+use crate::operator::spec_values::ConfigProblem;
+use crate::operator::workload::selector_string;
 
 /// The Secrets `cfp` references that exist, by name (from the API server's watch cache).
 pub(super) async fn found_secrets(
@@ -170,4 +171,66 @@ fn problem_of(pod: Pod) -> Option<PodProblem> {
         }
     }
     None
+}
+
+/// Whether a worker pod can still run a worker: not ended (`Failed` or `Succeeded`, as evicted
+/// pods and pods of a shut-down node stay until pod garbage collection). A terminating pod can.
+pub(crate) fn can_still_run(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    !matches!(phase, Some("Failed" | "Succeeded"))
+}
+
+/// The names of `cfp`'s worker pods that can still run (what a rewind or a lease cleanup waits
+/// for).
+pub(crate) async fn runnable_worker_pods(
+    client: &Client,
+    namespace: &str,
+    cfp: &ChangeFeedProcessor,
+) -> kube::Result<Vec<String>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let listed = pods.list(&ListParams::default().labels(&selector_string(cfp))).await?;
+    Ok(listed
+        .items
+        .iter()
+        .filter(|p| can_still_run(p))
+        .map(|p| p.name_any())
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_pods_that_ended_cannot_run() {
+        let pod = |phase: Option<&str>, terminating: bool| {
+            let mut pod: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "w"},
+                "status": phase.map(|p| serde_json::json!({"phase": p})),
+            }))
+            .expect("a pod");
+            if terminating {
+                pod.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ));
+            }
+            pod
+        };
+        let cases = [
+            (None, false, true),
+            (Some("Pending"), false, true),
+            (Some("Running"), false, true),
+            (Some("Running"), true, true),
+            (Some("Unknown"), false, true),
+            (Some("Failed"), false, false),
+            (Some("Succeeded"), false, false),
+        ];
+        for (phase, terminating, can) in cases {
+            assert_eq!(
+                can_still_run(&pod(phase, terminating)),
+                can,
+                "{phase:?}, terminating {terminating}"
+            );
+        }
+    }
 }

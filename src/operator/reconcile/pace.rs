@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::super::crd::ChangeFeedProcessor;
+use crate::operator::crd::ChangeFeedProcessor;
 
 /// A new estimate of the same figures refreshes `status.lastEstimateTime` only this often.
 pub const ESTIMATE_TIME_REFRESH: Duration = Duration::from_secs(600);

@@ -2,12 +2,12 @@
 //! the pause annotations, or the autoscaling policy applied to the newest estimate. Pure: the
 //! reconciler observes first and passes what it saw in.
 
-use super::super::autoscale::{Decision, Observed, Policy, ScaleHistory, ScalingReason};
-use super::super::crd::ChangeFeedProcessor;
-use super::super::estimation::EstimateReport;
-use super::super::external::{ExternalAutoscaler, external_plan};
-use super::super::pause::{PAUSED_ANNOTATION, PAUSED_REPLICAS_ANNOTATION, Pause};
-use super::super::status::ScalingState;
+use crate::operator::crd::ChangeFeedProcessor;
+use crate::operator::scaling::estimate_report::EstimateReport;
+use crate::operator::scaling::external::{ExternalAutoscaler, external_plan};
+use crate::operator::scaling::pause::{PAUSED_ANNOTATION, PAUSED_REPLICAS_ANNOTATION, Pause};
+use crate::operator::scaling::policy::{Decision, Observed, Policy, ScaleHistory, ScalingReason};
+use crate::operator::status::ScalingState;
 
 /// The autoscaler's memory of one resource.
 #[derive(Default)]
@@ -154,8 +154,8 @@ fn observed(report: &EstimateReport) -> Observed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operator::config::scaling_policy;
     use crate::operator::crd::ChangeFeedProcessorSpec;
+    use crate::operator::scaling::spec_policy::scaling_policy;
     use crate::processor::ProcessorEstimate;
 
     fn resource(autoscaling: bool) -> ChangeFeedProcessor {

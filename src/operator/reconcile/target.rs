@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
 
-use super::super::config::{self, ConfigProblem};
-use super::super::crd::{ChangeFeedProcessor, Connection};
-use super::super::estimation::{AccountRef, EstimateTarget, OPERATOR_INSTANCE};
 use crate::cosmos::{AccountAuth, AuthMethod};
+use crate::operator::crd::{ChangeFeedProcessor, Connection};
+use crate::operator::scaling::estimates::{AccountRef, EstimateTarget, OPERATOR_INSTANCE};
+use crate::operator::spec_values::ConfigProblem;
 
 /// Why the operator's own credential for a connection is not at hand.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -65,7 +65,7 @@ pub fn estimate_target(
         lease_container: spec.lease_container(),
         options,
         create_leases: spec.create_leases(),
-        interval: config::estimate_interval(cfp),
+        interval: crate::operator::scaling::spec_policy::estimate_interval(cfp),
         estimation: cfp.spec.autoscaling().estimation,
         autoscaled: cfp.spec.autoscaling.as_ref().is_some_and(|a| a.enabled),
     })

@@ -1,0 +1,595 @@
+//! Writing a checkpoint plan ([`crate::processor::admin::checkpoints`]) so that no worker ever reads from half the
+//! leases moved: **claim, move, release**.
+//!
+//! 1. Claim: every lease the plan writes gets this command as its owner (If-Match, a fresh
+//!    timestamp) and the command sends a heartbeat with the liveness marker, refreshed while it
+//!    works. A worker — also one starting in the middle — takes no lease of a live owner (it asks
+//!    for a handoff, which this owner never grants within the operation), so from the first claim
+//!    on nobody reads a claimed lease.
+//! 2. Move: the claimed leases get their new positions (created and deleted ones for an import),
+//!    still owned by the command.
+//! 3. Release: the moved leases lose their owner and are taken by the workers.
+//!
+//! A worker takes a claimed lease at the earliest one lease expiration after the claim (its
+//! handoff request unanswered that long), so every move is made within half an expiration of the
+//! first claim, or none is (the lease container answered too slowly: everything is put back).
+//! So a worker reads a lease either before anything moved, or after every lease moved. A failure
+//! before the release writes every lease back as it was (positions, owners) and deletes what was
+//! created: the processor stays where it was. A crash of the command itself in step 2 leaves the
+//! claimed leases to expire (one lease expiration) with the moves made so far: run the command
+//! again (a rewind or an import is idempotent).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use time::OffsetDateTime;
+use tokio::time::Instant;
+
+use crate::cosmos::{FeedMode, MonitoredContainer, StartFrom};
+use crate::processor::admin::checkpoints::{
+    Export, Plan, PlanError, Selection, changed_signs, check_container, export, live_signs,
+};
+use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError};
+
+/// How often the command's heartbeat is sent while it holds leases.
+const BEAT_EVERY: Duration = Duration::from_secs(3);
+/// Writes of one lease that may meet another writer (412) before the command gives up.
+const ATTEMPTS: u32 = 5;
+/// Lease writes in flight at once.
+const CONCURRENCY: usize = 16;
+
+/// Why checkpoints could not be moved.
+#[derive(Debug, thiserror::Error)]
+pub enum MoveError {
+    /// Instances of the processor run.
+    #[error("the processor is running: {}; stop its workers first (or --force, which takes their leases)", .0.join("; "))]
+    Live(Vec<String>),
+    /// No plan can be made.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// The processor has no leases.
+    #[error("the processor has no leases in the lease container (not started yet, or another --processor name?)")]
+    NoLeases,
+    /// A lease store request failed; everything written was put back.
+    #[error("{step} lease {lease}: {source}; nothing was changed")]
+    Store {
+        /// What was being done.
+        step: &'static str,
+        /// The lease.
+        lease: String,
+        /// The failure.
+        source: LeaseStoreError,
+    },
+    /// A lease was taken while the command held it; everything written was put back.
+    #[error("lease {lease} was taken by {owner} while the checkpoints were moved; nothing was changed")]
+    Taken {
+        /// The lease.
+        lease: String,
+        /// Its new owner.
+        owner: String,
+    },
+    /// The lease container answered too slowly to move every lease while no worker can take one.
+    #[error("the lease container answered too slowly to move {leases} leases within half of the lease expiration of {}: a worker could have taken a moved lease before all had moved; nothing was changed — try again (throttled?), and give the processor's --lease-expiration if it is longer", humantime::format_duration(*.expiration))]
+    TooSlow {
+        /// The leases to write.
+        leases: usize,
+        /// The lease expiration.
+        expiration: Duration,
+    },
+    /// Reading the leases or the change feed failed before anything was written.
+    #[error("{0}")]
+    Read(String),
+}
+
+/// What was written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Leases moved in place.
+    pub moved: usize,
+    /// Leases created.
+    pub created: usize,
+    /// Leases deleted.
+    pub deleted: usize,
+    /// Leases that stay claimed because their release failed (they expire after one lease
+    /// expiration, already moved).
+    pub unreleased: Vec<String>,
+}
+
+impl Applied {
+    /// In words: what was moved, created and deleted, and what stays held.
+    pub fn describe(&self) -> String {
+        let mut text = format!(
+            "moved {} lease(s), created {}, deleted {}",
+            self.moved, self.created, self.deleted
+        );
+        if !self.unreleased.is_empty() {
+            text.push_str(&format!(
+                "; {} stay held by this command until they expire (lease expiration): {}",
+                self.unreleased.len(),
+                self.unreleased.join(", ")
+            ));
+        }
+        text
+    }
+}
+
+/// What to put back when a later step fails, newest last.
+enum Undo {
+    /// Write this version (as read) back over the held one.
+    Restore(Lease),
+    /// Delete the held lease of this id (created by the command).
+    Remove(String),
+    /// Create this lease (as read) again: the command deleted it.
+    Recreate(Lease),
+}
+
+/// One application of a plan by `holder`.
+struct Session<'a> {
+    store: &'a dyn LeaseStore,
+    holder: &'a str,
+    /// The processor's lease expiration.
+    expiration: Duration,
+    /// No lease is moved after this (half an expiration after the first claim): until a lease
+    /// expiration after its claim no worker takes a claimed lease, so every move is made while
+    /// no worker can have read a moved lease.
+    deadline: Instant,
+    /// The leases the command holds now, by id (their current versions).
+    held: BTreeMap<String, Lease>,
+    undo: Vec<Undo>,
+}
+
+/// Writes `plan` as `holder` (claim, move, release) for a processor whose lease expiration is
+/// `expiration`; on a failure before the release, puts everything back. The command's heartbeat
+/// runs meanwhile (every quarter expiration at most) and is removed at the end.
+pub async fn apply(
+    store: &dyn LeaseStore,
+    plan: &Plan,
+    holder: &str,
+    expiration: Duration,
+) -> Result<Applied, MoveError> {
+    let mut session = Session {
+        store,
+        holder,
+        expiration,
+        deadline: Instant::now() + expiration / 2,
+        held: BTreeMap::new(),
+        undo: Vec::new(),
+    };
+    let beat = async {
+        loop {
+            if let Err(error) = store.heartbeat(holder, true).await {
+                tracing::warn!(%error, "the heartbeat of the checkpoint command failed");
+            }
+            tokio::time::sleep(BEAT_EVERY.min(expiration / 4)).await;
+        }
+    };
+    let result = tokio::select! {
+        result = session.run(plan) => result,
+        () = beat => unreachable!("the heartbeat loop never ends"),
+    };
+    if let Err(error) = store.remove_heartbeat(holder).await {
+        tracing::warn!(%error, "removing the heartbeat of the checkpoint command failed; it expires by itself");
+    }
+    result
+}
+
+fn now() -> OffsetDateTime {
+    OffsetDateTime::now_utc()
+}
+
+/// Runs `writes` at most [`CONCURRENCY`] at a time; every result, in no particular order.
+async fn all<'a, T>(writes: Vec<futures::future::BoxFuture<'a, T>>) -> Vec<T> {
+    futures::stream::iter(writes)
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await
+}
+
+/// Takes `lease` (as read) for `holder`, re-reading it when another writer came first: the
+/// version taken over and the version written.
+async fn claim(store: &dyn LeaseStore, holder: &str, lease: &Lease) -> Result<(Lease, Lease), MoveError> {
+    let store_error = |source| MoveError::Store {
+        step: "claiming",
+        lease: lease.lease_token.clone(),
+        source,
+    };
+    let mut current = lease.clone();
+    for _ in 0..ATTEMPTS {
+        let mut claimed = current.clone();
+        claimed.owner = Some(holder.to_owned());
+        claimed.timestamp = Some(now());
+        claimed.clear_handoff();
+        match store.replace(&claimed).await {
+            Ok(written) => return Ok((current, written)),
+            Err(LeaseStoreError::Changed(_)) => {
+                current = store
+                    .read(&lease.id)
+                    .await
+                    .map_err(store_error)?
+                    .ok_or_else(|| store_error(LeaseStoreError::Gone(lease.id.clone())))?;
+            }
+            Err(error) => return Err(store_error(error)),
+        }
+    }
+    Err(store_error(LeaseStoreError::Changed(lease.id.clone())))
+}
+
+/// Changes `current`, held by `holder`, with `change` (no handoff request, a fresh timestamp);
+/// after a 412 (a handoff request written into it) re-reads it and changes that version.
+async fn change_held(
+    store: &dyn LeaseStore,
+    holder: &str,
+    mut current: Lease,
+    change: impl Fn(&mut Lease),
+) -> Result<Lease, MoveError> {
+    let id = current.id.clone();
+    let store_error = |source| MoveError::Store {
+        step: "moving",
+        lease: id.clone(),
+        source,
+    };
+    for _ in 0..ATTEMPTS {
+        let mut next = current.clone();
+        next.clear_handoff();
+        next.timestamp = Some(now());
+        change(&mut next);
+        match store.replace(&next).await {
+            Ok(written) => return Ok(written),
+            Err(LeaseStoreError::Changed(_)) => {
+                let read = store.read(&id).await.map_err(store_error)?;
+                current = read.ok_or_else(|| store_error(LeaseStoreError::Gone(id.clone())))?;
+                if current.owner.as_deref() != Some(holder) {
+                    let owner = current.owner.clone().unwrap_or_else(|| "nobody".into());
+                    return Err(MoveError::Taken {
+                        lease: id.clone(),
+                        owner,
+                    });
+                }
+            }
+            Err(error) => return Err(store_error(error)),
+        }
+    }
+    Err(store_error(LeaseStoreError::Changed(id.clone())))
+}
+
+impl Session<'_> {
+    async fn run(&mut self, plan: &Plan) -> Result<Applied, MoveError> {
+        if let Err(error) = self.claim_and_move(plan).await {
+            self.roll_back().await;
+            return Err(error);
+        }
+        let (store, holder) = (self.store, self.holder);
+        let releases = self.held.values().map(|lease| {
+            let lease = lease.clone();
+            async move {
+                let released = change_held(store, holder, lease.clone(), |l| l.owner = None).await;
+                (lease.id, released)
+            }
+            .boxed()
+        });
+        let releases = all(releases.collect()).await;
+        let mut unreleased = Vec::new();
+        for (id, released) in releases {
+            if let Err(error) = released {
+                tracing::warn!(lease = id, %error, "releasing a moved lease failed; it expires after the lease expiration");
+                unreleased.push(id);
+            }
+        }
+        unreleased.sort();
+        Ok(Applied {
+            moved: plan.moves.len(),
+            created: plan.creates.len(),
+            deleted: plan.deletes.len(),
+            unreleased,
+        })
+    }
+
+    async fn claim_and_move(&mut self, plan: &Plan) -> Result<(), MoveError> {
+        self.deadline = Instant::now() + self.expiration / 2;
+        let (store, holder) = (self.store, self.holder);
+        let mut failed = None;
+        let claims = plan
+            .touched()
+            .map(|lease| claim(store, holder, lease).boxed())
+            .collect();
+        for claimed in all(claims).await {
+            match claimed {
+                Ok((original, written)) => {
+                    self.undo.push(Undo::Restore(original));
+                    self.held.insert(written.id.clone(), written);
+                }
+                Err(error) => failed = failed.or(Some(error)),
+            }
+        }
+        if let Some(error) = failed {
+            return Err(error);
+        }
+        self.move_claimed(plan).await?;
+        for lease in &plan.creates {
+            self.in_time(plan)?;
+            self.create(lease).await?;
+        }
+        for lease in &plan.deletes {
+            self.in_time(plan)?;
+            self.delete(&lease.id).await?;
+        }
+        Ok(())
+    }
+
+    /// Moves the claimed leases of `plan.moves`, all at once (as many as [`CONCURRENCY`]).
+    async fn move_claimed(&mut self, plan: &Plan) -> Result<(), MoveError> {
+        self.in_time(plan)?;
+        let (store, holder, deadline) = (self.store, self.holder, self.deadline);
+        let (leases, expiration) = (plan.touched().count() + plan.creates.len(), self.expiration);
+        let held = &self.held;
+        let moves = plan.moves.iter().map(|change| {
+            let current = held.get(&change.lease.id).cloned();
+            async move {
+                let current = current.ok_or_else(|| MoveError::Store {
+                    step: "moving",
+                    lease: change.lease.id.clone(),
+                    source: LeaseStoreError::Gone(change.lease.id.clone()),
+                })?;
+                if Instant::now() > deadline {
+                    return Err(MoveError::TooSlow { leases, expiration });
+                }
+                change_held(store, holder, current, |l| *l = change.to.apply_to(l)).await
+            }
+            .boxed()
+        });
+        let moves = all(moves.collect()).await;
+        let mut failed = None;
+        for moved in moves {
+            match moved {
+                Ok(written) => {
+                    self.held.insert(written.id.clone(), written);
+                }
+                Err(error) => failed = failed.or(Some(error)),
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Fails once the deadline for moves has passed.
+    fn in_time(&self, plan: &Plan) -> Result<(), MoveError> {
+        if Instant::now() > self.deadline {
+            return Err(self.too_slow(plan));
+        }
+        Ok(())
+    }
+
+    fn too_slow(&self, plan: &Plan) -> MoveError {
+        MoveError::TooSlow {
+            leases: plan.touched().count() + plan.creates.len(),
+            expiration: self.expiration,
+        }
+    }
+
+    async fn create(&mut self, lease: &Lease) -> Result<(), MoveError> {
+        let mut lease = lease.clone();
+        lease.owner = Some(self.holder.to_owned());
+        lease.timestamp = Some(now());
+        let store_error = |source| MoveError::Store {
+            step: "creating",
+            lease: lease.lease_token.clone(),
+            source,
+        };
+        match self.store.create(&lease).await {
+            Ok(Some(created)) => {
+                self.undo.push(Undo::Remove(created.id.clone()));
+                self.held.insert(created.id.clone(), created);
+                Ok(())
+            }
+            // A lease of that range appeared meanwhile (a worker's bootstrap): start over.
+            Ok(None) => Err(store_error(LeaseStoreError::Changed(lease.id.clone()))),
+            Err(error) => Err(store_error(error)),
+        }
+    }
+
+    async fn delete(&mut self, id: &str) -> Result<(), MoveError> {
+        let Some(held) = self.held.remove(id) else {
+            return Ok(());
+        };
+        match self.store.delete(&held).await {
+            Ok(()) => {
+                let original = self.undo.iter().find_map(|u| match u {
+                    Undo::Restore(original) if original.id == id => Some(original.clone()),
+                    _ => None,
+                });
+                self.undo.extend(original.map(Undo::Recreate));
+                Ok(())
+            }
+            Err(source) => {
+                self.held.insert(id.to_owned(), held);
+                Err(MoveError::Store {
+                    step: "deleting",
+                    lease: id.to_owned(),
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Puts back everything written, newest first; what cannot be put back is logged.
+    async fn roll_back(&mut self) {
+        while let Some(step) = self.undo.pop() {
+            let result = match step {
+                Undo::Restore(original) => match self.held.get(&original.id) {
+                    Some(held) => {
+                        let back = Lease {
+                            etag: held.etag.clone(),
+                            ..original
+                        };
+                        self.store.replace(&back).await.map(|written| {
+                            self.held.insert(written.id.clone(), written);
+                        })
+                    }
+                    None => Ok(()),
+                },
+                Undo::Remove(id) => match self.held.remove(&id) {
+                    Some(held) => self.store.delete(&held).await,
+                    None => Ok(()),
+                },
+                Undo::Recreate(original) => self.store.create(&original).await.map(|created| {
+                    self.held.extend(created.map(|c| (c.id.clone(), c)));
+                }),
+            };
+            if let Err(error) = result {
+                tracing::error!(%error, "putting a lease back failed; it expires after the lease expiration");
+            }
+        }
+    }
+}
+
+/// What to do with a processor's checkpoints.
+#[derive(Debug, Clone)]
+pub enum Request {
+    /// Move the selected leases to a position.
+    Rewind {
+        /// Where to.
+        to: StartFrom,
+        /// Which leases.
+        selection: Selection,
+    },
+    /// Restore the leases of an export.
+    Import(Box<Export>),
+}
+
+/// How a request is carried out.
+#[derive(Debug, Clone)]
+pub struct MoveOptions {
+    /// The name the command holds the leases under (its heartbeat's instance name).
+    pub holder: String,
+    /// Go on although instances seem to run (their leases are taken), or an export is of
+    /// another container.
+    pub force: bool,
+    /// Plan only: write nothing.
+    pub dry_run: bool,
+    /// The processor's lease expiration: heartbeats and lease writes younger than that are
+    /// signs of a running instance.
+    pub expiration: Duration,
+    /// How long to watch the lease container for a heartbeat or lease that changes when the
+    /// timestamps show no running instance (another machine's clock may be behind): a renew
+    /// interval and a quarter; zero watches nothing (the operator: Kubernetes saw the pods go).
+    pub watch: Duration,
+}
+
+/// What a request did (or, with `dry_run`, would do).
+#[derive(Debug, Clone)]
+pub struct Moved {
+    /// The plan.
+    pub plan: Plan,
+    /// What was written; `None` with `dry_run`.
+    pub applied: Option<Applied>,
+}
+
+/// Refuses (unless forced) when an instance of the processor runs: its heartbeat or lease
+/// written within an expiration, or — the timestamps showing none — a heartbeat or lease that
+/// changes while watched. The newest listing.
+async fn refuse_running(
+    store: &dyn LeaseStore,
+    snapshot: LeaseSnapshot,
+    options: &MoveOptions,
+) -> Result<LeaseSnapshot, MoveError> {
+    if options.force {
+        return Ok(snapshot);
+    }
+    let live = live_signs(&snapshot, now(), options.expiration, &options.holder);
+    if !live.is_empty() {
+        return Err(MoveError::Live(live));
+    }
+    if options.watch.is_zero() {
+        return Ok(snapshot);
+    }
+    tracing::info!(watch = ?options.watch, "watching the lease container for running instances");
+    tokio::time::sleep(options.watch).await;
+    let later = store.snapshot().await.map_err(|e| MoveError::Read(e.to_string()))?;
+    let live = changed_signs(&snapshot, &later, options.watch, &options.holder);
+    if live.is_empty() {
+        Ok(later)
+    } else {
+        Err(MoveError::Live(live))
+    }
+}
+
+/// Reads the processor's leases as an export.
+pub async fn read_export(store: &dyn LeaseStore, monitored: &MonitoredContainer) -> Result<Export, MoveError> {
+    let snapshot = store.snapshot().await.map_err(|e| MoveError::Read(e.to_string()))?;
+    if snapshot.leases.is_empty() {
+        return Err(MoveError::NoLeases);
+    }
+    Ok(export(
+        &snapshot.leases,
+        store.prefix(),
+        monitored.name(),
+        monitored.rid(),
+        now(),
+    ))
+}
+
+/// Carries out `request`: reads the leases, refuses while instances run (unless forced), plans,
+/// and writes the plan all or nothing (unless `dry_run`).
+pub async fn move_checkpoints(
+    store: &dyn LeaseStore,
+    monitored: &MonitoredContainer,
+    request: &Request,
+    options: &MoveOptions,
+) -> Result<Moved, MoveError> {
+    let snapshot = store.snapshot().await.map_err(|e| MoveError::Read(e.to_string()))?;
+    // An import may fill an empty lease set (a new lease container, another processor name).
+    if snapshot.leases.is_empty() && matches!(request, Request::Rewind { .. }) {
+        return Err(MoveError::NoLeases);
+    }
+    let snapshot = refuse_running(store, snapshot, options).await?;
+    let plan = match request {
+        Request::Rewind { to, selection } => {
+            let anchored = anchor(monitored, &snapshot.leases, *to, selection).await?;
+            crate::processor::admin::checkpoints::plan_rewind(&snapshot.leases, *to, selection, &anchored)?
+        }
+        Request::Import(export) => {
+            check_container(export, monitored.name(), monitored.rid(), options.force)?;
+            crate::processor::admin::checkpoints::plan_import(&snapshot.leases, export, store.prefix())?
+        }
+    };
+    let lines = plan.lines();
+    tracing::info!(
+        changes = lines.len(),
+        dry_run = options.dry_run,
+        "planned the checkpoint moves"
+    );
+    for line in lines {
+        tracing::debug!(dry_run = options.dry_run, "{line}");
+    }
+    if options.dry_run || plan.is_empty() {
+        let applied = (!options.dry_run).then(Applied::default);
+        return Ok(Moved { plan, applied });
+    }
+    let applied = apply(store, &plan, &options.holder, options.expiration).await?;
+    Ok(Moved {
+        plan,
+        applied: Some(applied),
+    })
+}
+
+/// For `now`: the current continuation of every selected lease's range, by lease id.
+async fn anchor(
+    monitored: &MonitoredContainer,
+    leases: &[Lease],
+    to: StartFrom,
+    selection: &Selection,
+) -> Result<BTreeMap<String, String>, MoveError> {
+    let mut anchored = BTreeMap::new();
+    if to != StartFrom::Now {
+        return Ok(anchored);
+    }
+    for lease in leases.iter().filter(|l| selection.selects(l)) {
+        let Some(range) = lease.range() else { continue };
+        let mode = FeedMode::of_lease(lease.mode.as_deref());
+        let continuation = crate::processor::leases::bootstrap::anchor_now(monitored, range, mode)
+            .await
+            .map_err(|e| MoveError::Read(format!("reading where range {range} stands now: {e}")))?;
+        anchored.insert(lease.id.clone(), continuation);
+    }
+    Ok(anchored)
+}

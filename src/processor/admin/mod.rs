@@ -1,0 +1,7 @@
+//! The offline checkpoint tools, which the running processor never calls: export, import and
+//! rewind plans (pure, [`checkpoints`]), writing them ([`checkpoint_apply`]), and freeing a gone
+//! instance's leases ([`evict`]). Uses `leases` and `cosmos`.
+
+pub mod checkpoint_apply;
+pub mod checkpoints;
+pub mod evict;

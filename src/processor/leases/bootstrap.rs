@@ -1,0 +1,383 @@
+//! Creating one lease per feed range exactly once, even when many instances start together:
+//! `.info` marks a finished bootstrap, `.lock` lets one instance do it.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::cosmos::{EpkRange, FeedMode, MonitoredContainer, StartFrom};
+use crate::processor::error::ProcessorError;
+use crate::processor::leases::adopt::AdoptOptions;
+use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LockAttempt};
+use crate::processor::options::ProcessorOptions;
+
+/// The bootstrap lock as this instance saw it: its version and since when, on this instance's
+/// monotonic clock — never the holder's wall clock, which may differ from ours by any amount.
+#[derive(Debug, Default)]
+struct LockWatch {
+    seen: Option<(String, Instant)>,
+}
+
+impl LockWatch {
+    /// Records that the lock was at version `etag` at `now`; whether it has been at that version
+    /// for `stale_after` (its holder died while bootstrapping).
+    fn is_stale(&mut self, etag: &str, now: Instant, stale_after: Duration) -> bool {
+        match &self.seen {
+            Some((seen, since)) if seen == etag => now.saturating_duration_since(*since) >= stale_after,
+            _ => {
+                self.seen = Some((etag.to_owned(), now));
+                false
+            }
+        }
+    }
+}
+
+/// Transient failures (throttling, 503, timeouts) retried before the bootstrap gives up.
+const TRANSIENT_ATTEMPTS: u32 = 8;
+
+/// Waits until the lease store is initialized, initializing it when this instance gets the lock.
+/// Transient failures are retried with backoff.
+pub async fn bootstrap(
+    store: &dyn LeaseStore,
+    monitored: &MonitoredContainer,
+    options: &ProcessorOptions,
+) -> Result<(), ProcessorError> {
+    let me = options.instance.as_str();
+    let mut failures = 0;
+    loop {
+        match bootstrap_once(store, monitored, options).await {
+            Ok(()) => return Ok(()),
+            Err(error) if error.is_transient() && failures < TRANSIENT_ATTEMPTS => {
+                failures += 1;
+                let delay = Duration::from_millis(250 << failures.min(6));
+                tracing::warn!(instance = me, %error, attempt = failures, "bootstrapping the leases failed; retrying");
+                tokio::time::sleep(delay).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+async fn bootstrap_once(
+    store: &dyn LeaseStore,
+    monitored: &MonitoredContainer,
+    options: &ProcessorOptions,
+) -> Result<(), ProcessorError> {
+    let mut lock = LockWatch::default();
+    loop {
+        let snapshot = store.snapshot().await?;
+        check_compatible(&snapshot, options)?;
+        let ranges = monitored.feed_ranges(true).await?;
+        let uncovered = uncovered(&ranges, &snapshot);
+        if snapshot.initialized && uncovered.is_empty() {
+            return Ok(());
+        }
+        match store.try_lock(&options.instance).await? {
+            LockAttempt::Taken => {}
+            held => {
+                // A lock unchanged for a lease expiration, as seen here, is a dead holder's (its
+                // holder does not rewrite it: a bootstrap that takes longer than that is shared).
+                if let LockAttempt::Held { etag } = held
+                    && lock.is_stale(&etag, Instant::now(), options.expiration)
+                {
+                    tracing::warn!("removing the bootstrap lock of an instance that stopped while bootstrapping");
+                    store.break_lock(&etag).await?;
+                }
+                tokio::time::sleep(Duration::from_millis(250 + fastrand::u64(0..250))).await;
+                continue;
+            }
+        }
+        let created = initialize(store, monitored, options, &snapshot, &uncovered).await?;
+        store
+            .mark_initialized(monitored.name(), options.leases_per_partition)
+            .await?;
+        store.unlock().await?;
+        tracing::info!(leases = created, ranges = ranges.len(), "lease store initialized");
+        return Ok(());
+    }
+}
+
+/// Refuses options that do not match the leases this processor wrote before (another change
+/// feed mode, another number of leases per partition).
+fn check_compatible(snapshot: &LeaseSnapshot, options: &ProcessorOptions) -> Result<(), ProcessorError> {
+    let wanted = options.mode;
+    if let Some(other) = snapshot
+        .leases
+        .iter()
+        .map(|l| FeedMode::of_lease(l.mode.as_deref()))
+        .find(|m| *m != wanted)
+    {
+        return Err(ProcessorError::Config(format!(
+            "this processor's leases were written in the {} mode, not {}: keep --mode {}, or start over under a new processor name",
+            other.as_str(),
+            wanted.as_str(),
+            other.as_str()
+        )));
+    }
+    let per_partition = options.leases_per_partition;
+    let created_with = snapshot.leases_per_partition.unwrap_or(1);
+    if snapshot.initialized && created_with != per_partition {
+        return Err(ProcessorError::Config(format!(
+            "this processor's leases were created with {created_with} lease(s) per partition, not {per_partition}: keep --leases-per-partition {created_with}, or start over under a new processor name (or delete its lease documents)"
+        )));
+    }
+    Ok(())
+}
+
+/// The feed ranges no lease covers.
+fn uncovered<'a>(ranges: &'a [EpkRange], snapshot: &LeaseSnapshot) -> Vec<&'a EpkRange> {
+    ranges
+        .iter()
+        .filter(|range| {
+            !snapshot
+                .leases
+                .iter()
+                .any(|l| l.range().is_some_and(|r| r.overlaps(range)))
+        })
+        .collect()
+}
+
+/// Creates the leases of the `uncovered` ranges (adopting foreign checkpoints first, when
+/// asked or found under our prefix), holding the bootstrap lock; returns how many were created.
+async fn initialize(
+    store: &dyn LeaseStore,
+    monitored: &MonitoredContainer,
+    options: &ProcessorOptions,
+    snapshot: &LeaseSnapshot,
+    uncovered: &[&EpkRange],
+) -> Result<usize, ProcessorError> {
+    let recreated = is_recreated(store, monitored, options, snapshot).await?;
+    if snapshot.initialized {
+        tracing::warn!(
+            ranges = uncovered.len(),
+            "the lease store is initialized but feed ranges have no lease (lease documents deleted?); creating them from the start position"
+        );
+    }
+    let (mut created, adopted) = adopt_existing(store, monitored, options, snapshot).await?;
+    let per_partition = options.leases_per_partition;
+    let mut pieces = Vec::new();
+    for range in uncovered.iter().filter(|r| !adopted.iter().any(|a| a.overlaps(r))) {
+        match range.divide(per_partition) {
+            Some(parts) => pieces.extend(parts),
+            None => {
+                tracing::warn!(%range, per_partition, "this feed range cannot be divided; one lease covers it");
+                pieces.push((*range).clone());
+            }
+        }
+    }
+    for range in &pieces {
+        let continuation = match options.start_from {
+            StartFrom::Now if !recreated => Some(anchor_now(monitored, range, options.mode).await?),
+            StartFrom::Now | StartFrom::Beginning | StartFrom::Time(_) => None,
+        };
+        let mut lease = Lease::new(store.prefix(), range, continuation);
+        lease.mode = Some(options.mode.lease_mode().to_owned());
+        if recreated {
+            lease = lease.start_from_beginning();
+        }
+        if store.create(&lease).await?.is_some() {
+            created += 1;
+        }
+    }
+    Ok(created)
+}
+
+/// Whether the monitored container was created again under a name this processor followed
+/// before: everything in it is new to the processor, so "now" would skip what was written since
+/// it was created — its leases start from the beginning.
+async fn is_recreated(
+    store: &dyn LeaseStore,
+    monitored: &MonitoredContainer,
+    options: &ProcessorOptions,
+    snapshot: &LeaseSnapshot,
+) -> Result<bool, ProcessorError> {
+    let recreated = options.start_from == StartFrom::Now
+        && options.mode == FeedMode::LatestVersion
+        && !snapshot.initialized
+        && snapshot.leases.is_empty()
+        && store.earlier_incarnation(monitored.name()).await?;
+    if recreated {
+        tracing::info!(
+            container = monitored.name(),
+            "the monitored container was created again since this processor last ran; reading the new one from its start"
+        );
+    }
+    Ok(recreated)
+}
+
+/// Adopts foreign checkpoints when asked to (or partition-key-range leases found under our own
+/// prefix: a .NET v2 / v3 version-0 processor of the same name); returns the leases created and
+/// the ranges they cover. The bootstrap lock is given back when the adoption fails.
+async fn adopt_existing(
+    store: &dyn LeaseStore,
+    monitored: &MonitoredContainer,
+    options: &ProcessorOptions,
+    snapshot: &LeaseSnapshot,
+) -> Result<(usize, Vec<EpkRange>), ProcessorError> {
+    let in_place = (snapshot.leases.is_empty() && !snapshot.pk_range_leases.is_empty()).then(|| AdoptOptions {
+        layout: crate::processor::leases::adopt::ForeignLayout::Dotnet,
+        prefix: format!("{}..", store.prefix()),
+        force: options.adopt.as_ref().is_some_and(|a| a.force),
+    });
+    let explicit = options
+        .adopt
+        .clone()
+        .filter(|_| !snapshot.initialized && snapshot.leases.is_empty());
+    let Some(adopt) = in_place.or(explicit) else {
+        return Ok((0, Vec::new()));
+    };
+    let leases = match adopt_foreign(store, monitored, options, &adopt).await {
+        Ok(leases) => leases,
+        Err(error) => {
+            let _ = store.unlock().await;
+            return Err(error);
+        }
+    };
+    let (mut created, mut adopted) = (0, Vec::new());
+    for lease in leases {
+        adopted.extend(lease.range().cloned());
+        if store.create(&lease).await?.is_some() {
+            created += 1;
+        }
+    }
+    Ok((created, adopted))
+}
+
+/// Our leases for the checkpoints of the processor being adopted (its documents stay as they are).
+async fn adopt_foreign(
+    store: &dyn LeaseStore,
+    monitored: &MonitoredContainer,
+    options: &ProcessorOptions,
+    adopt: &AdoptOptions,
+) -> Result<Vec<Lease>, ProcessorError> {
+    let layout = adopt.layout.as_str();
+    let (leases, checkpoints) = foreign_leases(store, monitored, adopt, store.prefix()).await?;
+    let now = time::OffsetDateTime::now_utc();
+    if !adopt.force
+        && let Some(live) = crate::processor::leases::adopt::live_owner(&checkpoints, now, options.expiration)
+    {
+        let age = live.timestamp.map(|t| (now - t).whole_seconds()).unwrap_or_default();
+        return Err(ProcessorError::Config(format!(
+            "the {layout} processor still runs: its lease {} is owned by {:?} and was renewed {age} s ago; stop it first (its leases then expire), or adopt anyway with --adopt-force",
+            live.id,
+            live.owner.as_deref().unwrap_or_default()
+        )));
+    }
+    tracing::info!(
+        layout,
+        foreign = checkpoints.len(),
+        leases = leases.len(),
+        "adopting the checkpoints of the {layout} processor; its lease documents are left as they are"
+    );
+    Ok(leases
+        .into_iter()
+        .map(|mut lease| {
+            lease.owner = None;
+            lease.mode = Some(options.mode.lease_mode().to_owned());
+            lease
+        })
+        .collect())
+}
+
+/// The leases (ids under `prefix`, not written) that carry the checkpoints of another processor's
+/// lease documents, with the checkpoints read from them; fails when there are none. A range not
+/// read by that processor yet (or not attributable after splits) starts from the beginning.
+pub async fn foreign_leases(
+    store: &dyn LeaseStore,
+    monitored: &MonitoredContainer,
+    adopt: &AdoptOptions,
+    prefix: &str,
+) -> Result<(Vec<Lease>, Vec<crate::processor::leases::adopt::ForeignCheckpoint>), ProcessorError> {
+    let layout = adopt.layout.as_str();
+    let mut checkpoints = Vec::new();
+    for body in store.foreign_documents(&adopt.prefix).await? {
+        let id = body.get("id").and_then(serde_json::Value::as_str).unwrap_or_default();
+        if !crate::processor::leases::adopt::is_lease_id(id, &adopt.prefix) {
+            continue;
+        }
+        match crate::processor::leases::adopt::parse(adopt.layout, &body) {
+            Ok(found) => checkpoints.extend(found),
+            Err(reason) => tracing::warn!(document = id, %reason, "not a {layout} lease; skipped"),
+        }
+    }
+    if checkpoints.is_empty() {
+        return Err(ProcessorError::Config(format!(
+            "no {layout} leases with id prefix {:?} in the lease container: check --adopt-prefix (the other processor's lease prefix) and the lease container",
+            adopt.prefix
+        )));
+    }
+    let by_range_id = checkpoints
+        .iter()
+        .any(|c| matches!(c.scope, crate::processor::leases::adopt::Scope::PkRange(_)));
+    let current = if by_range_id {
+        monitored.partition_key_ranges().await?
+    } else {
+        Vec::new()
+    };
+    let (planned, notes) = crate::processor::leases::adopt::plan(&checkpoints, &current);
+    for note in notes {
+        tracing::warn!("{note}");
+    }
+    let leases = planned
+        .into_iter()
+        .map(|adopted| {
+            let mut lease = Lease::new(prefix, &adopted.range, adopted.continuation.clone());
+            lease.owner = checkpoints
+                .iter()
+                .find(|c| adopted.from.contains(&c.id))
+                .and_then(|c| c.owner.clone());
+            if adopted.continuation.is_none() {
+                lease = lease.start_from_beginning();
+            }
+            lease
+        })
+        .collect();
+    Ok((leases, checkpoints))
+}
+
+/// The current position of a range, so that "now" means the moment the processor first started
+/// rather than whenever a lease is first read.
+pub(crate) async fn anchor_now(
+    monitored: &MonitoredContainer,
+    range: &crate::cosmos::EpkRange,
+    mode: crate::cosmos::FeedMode,
+) -> Result<String, ProcessorError> {
+    let mut reader = monitored.reader_in(mode, range, None, StartFrom::Now, 1).await?;
+    let page = reader.next_page(Duration::from_secs(65)).await?;
+    match page.continuations.as_slice() {
+        [only] => Ok(only.continuation.clone()),
+        _ => Err(ProcessorError::Config(format!(
+            "range {range} changed while anchoring the start position; restart"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_is_stale_only_after_this_instance_saw_it_unchanged_that_long() {
+        let stale_after = Duration::from_secs(30);
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        let mut watch = LockWatch::default();
+        // (version seen, seconds on this instance's clock, stale?)
+        let steps = [
+            ("a", 0, false),
+            ("a", 29, false),
+            // The holder wrote it again (a new holder): counted afresh.
+            ("b", 31, false),
+            ("b", 60, false),
+            ("b", 61, true),
+            ("c", 62, false),
+        ];
+        for (etag, second, stale) in steps {
+            assert_eq!(
+                watch.is_stale(etag, at(second), stale_after),
+                stale,
+                "{etag} at {second} s"
+            );
+        }
+    }
+}

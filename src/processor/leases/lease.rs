@@ -1,0 +1,658 @@
+//! Lease documents (the .NET v3 layout) and the lease store: the lease container of one processor,
+//! where every update is a conditional replace on the document's ETag.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use crate::cosmos::{CosmosError, DocumentContainer, EpkRange, ErrorKind, StartFrom};
+
+/// The `Mode` the .NET SDK writes for latest-version leases.
+pub const INCREMENTAL_MODE: &str = "Incremental Feed";
+
+/// The `FeedRange` field of an EPK lease: `{"Range":{"min":"...","max":"..."}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseFeedRange {
+    /// The EPK range.
+    #[serde(rename = "Range")]
+    pub range: EpkRange,
+}
+
+/// One lease document: ownership and progress of one feed range.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Lease {
+    /// Document id: `{prefix}..{lease token}`.
+    pub id: String,
+    /// Lease schema version: 1 for EPK-range leases.
+    #[serde(default)]
+    pub version: u32,
+    /// `"{min}-{max}"` of the range.
+    #[serde(rename = "LeaseToken")]
+    pub lease_token: String,
+    /// The EPK range this lease covers.
+    #[serde(rename = "FeedRange", default, skip_serializing_if = "Option::is_none")]
+    pub feed_range: Option<LeaseFeedRange>,
+    /// The instance that owns the lease, or none.
+    #[serde(rename = "Owner", default)]
+    pub owner: Option<String>,
+    /// The raw server continuation of the range after the last checkpoint.
+    #[serde(rename = "ContinuationToken", default)]
+    pub continuation: Option<String>,
+    /// Free-form properties (copied to child leases on a split).
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    /// Change feed mode.
+    #[serde(rename = "Mode", default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Client time of the last update.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub timestamp: Option<OffsetDateTime>,
+    /// Client time of the last checkpoint (an addition of ours; the .NET SDK ignores it).
+    #[serde(
+        rename = "checkpointTime",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "time::serde::rfc3339::option"
+    )]
+    pub checkpoint_time: Option<OffsetDateTime>,
+    /// Partition key value, for lease containers partitioned on `/partitionKey`.
+    #[serde(rename = "partitionKey", default, skip_serializing_if = "Option::is_none")]
+    pub partition_key: Option<String>,
+    /// Server time of the last update, in seconds since the epoch (read only).
+    #[serde(rename = "_ts", default, skip_serializing)]
+    pub server_ts: Option<i64>,
+    /// The ETag of the version this copy was read or written as (read only).
+    #[serde(rename = "_etag", default, skip_serializing)]
+    pub etag: String,
+}
+
+/// Lease property: the instance that asked the live owner to hand the lease over (balancing
+/// without redelivery: the owner finishes and checkpoints its batch, then writes the requester as
+/// owner).
+pub const HANDOFF_TO_PROPERTY: &str = "handoffTo";
+/// Lease property: when the handoff was asked for (RFC 3339, the requester's clock).
+pub const HANDOFF_REQUESTED_PROPERTY: &str = "handoffRequestedAt";
+
+/// Lease property: where a lease without a continuation starts, when not where the processor's
+/// options say (`beginning`: the leases of a container created again, all of it new).
+pub const START_FROM_PROPERTY: &str = "startFrom";
+
+/// Lease property: the lease's handler keeps failing (since when, and its error); set while the
+/// lease halts on a batch, removed when it goes on.
+pub const HANDLER_FAILING_PROPERTY: &str = "handlerFailing";
+
+/// Lease property: the lease stalled (which instance, since when, what its reader was doing);
+/// set when a stall is detected, removed by the next checkpoint or when the lease goes on.
+pub const STALLED_PROPERTY: &str = "stalled";
+
+impl Lease {
+    /// Where reading starts while the lease has no continuation: its own `startFrom` property
+    /// (`beginning` or an RFC 3339 time, as a rewind writes it), else `default` (the processor's
+    /// start position).
+    pub fn start_from(&self, default: StartFrom) -> StartFrom {
+        match self.properties.get(START_FROM_PROPERTY).map(|s| s.parse::<StartFrom>()) {
+            Some(Ok(start @ (StartFrom::Beginning | StartFrom::Time(_)))) => start,
+            _ => default,
+        }
+    }
+
+    /// Makes the lease read its range from the beginning until it has a continuation.
+    pub fn start_from_beginning(mut self) -> Self {
+        self.properties.insert(START_FROM_PROPERTY.into(), "beginning".into());
+        self
+    }
+
+    /// The pending handoff request: the requester and when it asked.
+    pub fn handoff_request(&self) -> Option<(&str, OffsetDateTime)> {
+        let to = self.properties.get(HANDOFF_TO_PROPERTY)?;
+        let at = self.properties.get(HANDOFF_REQUESTED_PROPERTY)?;
+        let at = OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).ok()?;
+        Some((to.as_str(), at))
+    }
+
+    /// Records that `to` asks for the lease, at `at`.
+    pub fn request_handoff(&mut self, to: &str, at: OffsetDateTime) {
+        let at = at
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        self.properties.insert(HANDOFF_TO_PROPERTY.into(), to.to_owned());
+        self.properties.insert(HANDOFF_REQUESTED_PROPERTY.into(), at);
+    }
+
+    /// Removes a handoff request.
+    pub fn clear_handoff(&mut self) {
+        self.properties.remove(HANDOFF_TO_PROPERTY);
+        self.properties.remove(HANDOFF_REQUESTED_PROPERTY);
+    }
+
+    /// A new, unowned lease over `range`.
+    pub fn new(prefix: &str, range: &EpkRange, continuation: Option<String>) -> Self {
+        let token = range.lease_token();
+        Self {
+            id: format!("{prefix}..{token}"),
+            version: 1,
+            lease_token: token,
+            feed_range: Some(LeaseFeedRange { range: range.clone() }),
+            owner: None,
+            continuation,
+            properties: BTreeMap::new(),
+            mode: Some(INCREMENTAL_MODE.to_owned()),
+            timestamp: None,
+            checkpoint_time: None,
+            partition_key: None,
+            server_ts: None,
+            etag: String::new(),
+        }
+    }
+
+    /// The EPK range of the lease (`None` for version-0 leases, which name a partition key range
+    /// id instead).
+    pub fn range(&self) -> Option<&EpkRange> {
+        self.feed_range.as_ref().map(|f| &f.range)
+    }
+
+    /// Whether the lease is free to take: no owner, or not renewed within `expiration`.
+    pub fn is_expired(&self, now: OffsetDateTime, expiration: std::time::Duration) -> bool {
+        self.renewed_at().is_none_or(|last| last + expiration < now)
+    }
+
+    /// When the owner last renewed the lease (its timestamp, else the server's `_ts`); `None`
+    /// for a lease without an owner or without either time (free to take).
+    pub fn renewed_at(&self) -> Option<OffsetDateTime> {
+        if self.owner.as_deref().is_none_or(str::is_empty) {
+            return None;
+        }
+        self.timestamp.or_else(|| {
+            self.server_ts
+                .and_then(|ts| OffsetDateTime::from_unix_timestamp(ts).ok())
+        })
+    }
+}
+
+/// Errors of lease store operations.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseStoreError {
+    /// The lease was changed by someone else since it was read (412).
+    #[error("lease {0} was changed by another writer")]
+    Changed(String),
+    /// The lease no longer exists (404).
+    #[error("lease {0} no longer exists")]
+    Gone(String),
+    /// The lease container is not usable as configured.
+    #[error("{0}")]
+    Misconfigured(String),
+    /// A Cosmos request failed.
+    #[error(transparent)]
+    Cosmos(#[from] CosmosError),
+    /// A lease document could not be parsed.
+    #[error("lease document {id} is not a valid lease: {reason}")]
+    Invalid {
+        /// The document id.
+        id: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl LeaseStoreError {
+    /// Whether retrying later can succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, LeaseStoreError::Cosmos(e) if e.kind.is_retryable())
+    }
+
+    /// Whether the lease container itself does not exist (a request on it answered 404).
+    pub fn is_container_missing(&self) -> bool {
+        matches!(self, LeaseStoreError::Cosmos(e) if e.kind == crate::cosmos::ErrorKind::NotFound)
+    }
+}
+
+/// Everything of one processor in the lease container, read in one query.
+#[derive(Debug, Clone, Default)]
+pub struct LeaseSnapshot {
+    /// The leases, one per feed range.
+    pub leases: Vec<Lease>,
+    /// Instances that announced themselves (see [`LeaseStore::heartbeat`]) with their last beat.
+    pub instances: Vec<(String, OffsetDateTime)>,
+    /// The instances among them whose heartbeat keeps their leases alive (it carries the
+    /// liveness marker, see [`crate::processor::leases::heartbeat`]).
+    pub keepers: Vec<String>,
+    /// Whether the `.info` marker exists (bootstrap completed).
+    pub initialized: bool,
+    /// How many leases per physical partition the bootstrap created (from `.info`; `None` when
+    /// it does not say, as for lease sets the .NET and Java processors write: one).
+    pub leases_per_partition: Option<u32>,
+    /// Partition-key-range leases (.NET v2, .NET v3 version 0) under the prefix: their
+    /// checkpoints are adopted at bootstrap, they are not processed themselves.
+    pub pk_range_leases: Vec<Lease>,
+    /// Documents under the lease prefix that are not valid leases (id, what is wrong): skipped.
+    pub invalid: Vec<(String, String)>,
+}
+
+/// The lease container of one processor. Every update is conditional on the lease's ETag.
+#[async_trait]
+pub trait LeaseStore: Send + Sync {
+    /// The lease-id prefix of this processor.
+    fn prefix(&self) -> &str;
+    /// Reads all leases, instance heartbeats and the init marker.
+    async fn snapshot(&self) -> Result<LeaseSnapshot, LeaseStoreError>;
+    /// Reads one lease; `None` when it does not exist.
+    async fn read(&self, id: &str) -> Result<Option<Lease>, LeaseStoreError>;
+    /// Creates a lease; `None` when a lease with that id exists already.
+    async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseStoreError>;
+    /// Replaces a lease if its ETag is still `lease.etag`; returns the new version.
+    async fn replace(&self, lease: &Lease) -> Result<Lease, LeaseStoreError>;
+    /// Deletes a lease if its ETag is still `lease.etag`.
+    async fn delete(&self, lease: &Lease) -> Result<(), LeaseStoreError>;
+    /// Creates the bootstrap lock for `owner`, or says which version of it another instance holds.
+    async fn try_lock(&self, owner: &str) -> Result<LockAttempt, LeaseStoreError>;
+    /// Removes the bootstrap lock if it is still at version `etag` (its holder died).
+    async fn break_lock(&self, etag: &str) -> Result<(), LeaseStoreError>;
+    /// Removes the bootstrap lock.
+    async fn unlock(&self) -> Result<(), LeaseStoreError>;
+    /// Writes the `.info` marker: the store is initialized, for the container named `monitored`
+    /// (`database/container`), with `leases_per_partition` leases per physical partition.
+    async fn mark_initialized(&self, monitored: &str, leases_per_partition: u32) -> Result<(), LeaseStoreError>;
+    /// The documents (of other processors) whose id starts with `prefix`, read only.
+    async fn foreign_documents(&self, prefix: &str) -> Result<Vec<Value>, LeaseStoreError>;
+    /// Whether this processor initialized leases for an earlier container of the same name
+    /// (`database/container`), since deleted and created again.
+    async fn earlier_incarnation(&self, monitored: &str) -> Result<bool, LeaseStoreError>;
+    /// Records that `instance` is alive now, so that others count it before it owns any lease;
+    /// with `keeps_leases` the heartbeat carries the liveness marker: it keeps the instance's
+    /// leases alive (see [`crate::processor::leases::heartbeat`]).
+    async fn heartbeat(&self, instance: &str, keeps_leases: bool) -> Result<(), LeaseStoreError>;
+    /// Removes the heartbeat of `instance` (graceful shutdown).
+    async fn remove_heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError>;
+    /// Request units charged for this store's requests so far (0 when the store is not billed
+    /// in request units).
+    fn request_charge(&self) -> f64 {
+        0.0
+    }
+}
+
+/// What an attempt to take the bootstrap lock found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockAttempt {
+    /// This instance holds the lock now.
+    Taken,
+    /// Another instance holds it, at this version.
+    Held {
+        /// The lock document's ETag (its holder's version).
+        etag: String,
+    },
+    /// It was removed as this instance looked: try again.
+    Free,
+}
+
+/// The part of a lease prefix shared by one processor's lease sets on every container of the
+/// account (`{processorName}{accountHost}_`): the prefix without its database and container rids.
+fn processor_family(prefix: &str) -> Option<&str> {
+    let mut cut = prefix.rsplitn(3, '_');
+    let (_, _, family) = (cut.next()?, cut.next()?, cut.next()?);
+    Some(&prefix[..family.len() + 1])
+}
+
+/// The lease-id prefix of the .NET v3 SDK: `{processorName}{accountHost}_{databaseRid}_{containerRid}`.
+pub fn lease_prefix(processor: &str, account_host: &str, database_rid: &str, container_rid: &str) -> String {
+    format!("{processor}{account_host}_{database_rid}_{container_rid}")
+}
+
+/// The lease store on a Cosmos container partitioned on `/id` (or `/partitionKey` holding the id).
+pub struct CosmosLeaseStore {
+    container: DocumentContainer,
+    prefix: String,
+    pk_is_id: bool,
+}
+
+impl CosmosLeaseStore {
+    /// A store for the leases with `prefix` in `container`. Fails when the container's partition
+    /// key is neither `/id` nor `/partitionKey`.
+    pub fn new(container: DocumentContainer, prefix: String) -> Result<Self, LeaseStoreError> {
+        let pk_is_id = match container.partition_key_paths() {
+            [p] if p == "/id" => true,
+            [p] if p == "/partitionKey" => false,
+            other => {
+                return Err(LeaseStoreError::Misconfigured(format!(
+                    "the lease container must be partitioned on /id (or /partitionKey), but its partition key is {}",
+                    if other.is_empty() {
+                        "missing".to_owned()
+                    } else {
+                        other.join(",")
+                    }
+                )));
+            }
+        };
+        Ok(Self {
+            container,
+            prefix,
+            pk_is_id,
+        })
+    }
+
+    /// Deletes every document of this processor (leases, markers, heartbeats); returns how many.
+    pub async fn delete_all(&self) -> Result<usize, LeaseStoreError> {
+        let ours = format!("{}.", self.prefix);
+        let mut deleted = 0;
+        for doc in self.container.list_by_id_prefix(&ours).await? {
+            if let Some(id) = doc.body.get("id").and_then(Value::as_str) {
+                self.container.delete(id, id, None).await?;
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+
+    fn marker_id(&self, name: &str) -> String {
+        format!("{}.{name}", self.prefix)
+    }
+
+    fn heartbeat_id(&self, instance: &str) -> String {
+        format!("{}.instance.{instance}", self.prefix)
+    }
+
+    fn body(&self, lease: &Lease) -> Result<Value, LeaseStoreError> {
+        let mut lease = lease.clone();
+        if !self.pk_is_id {
+            lease.partition_key = Some(lease.id.clone());
+        }
+        serde_json::to_value(&lease).map_err(|e| LeaseStoreError::Invalid {
+            id: lease.id.clone(),
+            reason: e.to_string(),
+        })
+    }
+
+    fn marker(&self, id: String, extra: Value) -> Value {
+        let mut body = serde_json::json!({ "id": id });
+        if !self.pk_is_id {
+            body["partitionKey"] = Value::String(id.clone());
+        }
+        if let (Some(map), Value::Object(extra)) = (body.as_object_mut(), extra) {
+            map.extend(extra);
+        }
+        body
+    }
+
+    async fn create_marker(&self, id: String, extra: Value) -> Result<bool, LeaseStoreError> {
+        let body = self.marker(id.clone(), extra);
+        match self.container.create(&id, &body).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind == ErrorKind::Conflict => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+fn parse_lease(body: Value, etag: String) -> Result<Lease, LeaseStoreError> {
+    let id = body.get("id").and_then(Value::as_str).unwrap_or_default().to_owned();
+    let mut lease: Lease = serde_json::from_value(body).map_err(|e| LeaseStoreError::Invalid {
+        id,
+        reason: e.to_string(),
+    })?;
+    if lease.etag.is_empty() {
+        lease.etag = etag;
+    }
+    Ok(lease)
+}
+
+/// The heartbeat field that says how the instance keeps its leases alive.
+const LIVENESS_FIELD: &str = "liveness";
+/// Its value for an instance whose heartbeat keeps all its leases alive.
+const LIVENESS_INSTANCE: &str = "instance";
+
+fn now() -> OffsetDateTime {
+    OffsetDateTime::now_utc()
+}
+
+#[async_trait]
+impl LeaseStore for CosmosLeaseStore {
+    fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn request_charge(&self) -> f64 {
+        self.container.request_charge()
+    }
+
+    async fn snapshot(&self) -> Result<LeaseSnapshot, LeaseStoreError> {
+        let docs = self.container.list_by_id_prefix(&self.prefix).await?;
+        let lease_prefix = format!("{}..", self.prefix);
+        let heartbeat_prefix = self.heartbeat_id("");
+        let info = self.marker_id("info");
+        let mut snapshot = LeaseSnapshot::default();
+        for doc in docs {
+            let id = doc
+                .body
+                .get("id")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            if id.starts_with(&lease_prefix) {
+                // One malformed document must not stop the whole processor: skip and report it.
+                match parse_lease(doc.body, doc.etag) {
+                    // A partition-key-range lease (.NET v2, v3 version 0) under our prefix: not
+                    // processed as such; the bootstrap adopts its checkpoint.
+                    Ok(lease) if lease.range().is_none() => snapshot.pk_range_leases.push(lease),
+                    Ok(lease) => snapshot.leases.push(lease),
+                    Err(error) => snapshot.invalid.push((id, error.to_string())),
+                }
+            } else if let Some(instance) = id.strip_prefix(&heartbeat_prefix) {
+                let beat = doc
+                    .body
+                    .get("timestamp")
+                    .and_then(Value::as_str)
+                    .and_then(|t| OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok());
+                if let Some(beat) = beat {
+                    if doc.body.get(LIVENESS_FIELD).and_then(Value::as_str) == Some(LIVENESS_INSTANCE) {
+                        snapshot.keepers.push(instance.to_owned());
+                    }
+                    snapshot.instances.push((instance.to_owned(), beat));
+                }
+            } else if id == info {
+                snapshot.initialized = true;
+                snapshot.leases_per_partition = doc
+                    .body
+                    .get("leasesPerPartition")
+                    .and_then(Value::as_u64)
+                    .and_then(|k| u32::try_from(k).ok());
+            }
+        }
+        snapshot.leases.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(snapshot)
+    }
+
+    async fn read(&self, id: &str) -> Result<Option<Lease>, LeaseStoreError> {
+        match self.container.read(id, id).await? {
+            Some(doc) => Ok(Some(parse_lease(doc.body, doc.etag)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseStoreError> {
+        let body = self.body(lease)?;
+        match self.container.create(&lease.id, &body).await {
+            Ok(doc) => {
+                let mut created = lease.clone();
+                created.etag = doc.etag;
+                Ok(Some(created))
+            }
+            Err(e) if e.kind == ErrorKind::Conflict => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn replace(&self, lease: &Lease) -> Result<Lease, LeaseStoreError> {
+        let body = self.body(lease)?;
+        match self.container.replace(&lease.id, &body, &lease.etag).await {
+            Ok(doc) => {
+                let mut replaced = lease.clone();
+                replaced.etag = doc.etag;
+                Ok(replaced)
+            }
+            Err(e) if e.kind == ErrorKind::PreconditionFailed => Err(LeaseStoreError::Changed(lease.id.clone())),
+            Err(e) if e.kind == ErrorKind::NotFound => Err(LeaseStoreError::Gone(lease.id.clone())),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn delete(&self, lease: &Lease) -> Result<(), LeaseStoreError> {
+        match self.container.delete(&lease.id, &lease.id, Some(&lease.etag)).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind == ErrorKind::PreconditionFailed => Err(LeaseStoreError::Changed(lease.id.clone())),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn try_lock(&self, owner: &str) -> Result<LockAttempt, LeaseStoreError> {
+        let id = self.marker_id("lock");
+        let stamp = now()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        // `ttl` lets the service remove a dead holder's lock where the container expires documents.
+        let body = serde_json::json!({"Owner": owner, "timestamp": stamp, "ttl": 30});
+        if self.create_marker(id.clone(), body).await? {
+            return Ok(LockAttempt::Taken);
+        }
+        Ok(match self.container.read(&id, &id).await? {
+            Some(doc) => LockAttempt::Held { etag: doc.etag },
+            // Removed meanwhile: free again.
+            None => LockAttempt::Free,
+        })
+    }
+
+    async fn break_lock(&self, etag: &str) -> Result<(), LeaseStoreError> {
+        let id = self.marker_id("lock");
+        match self.container.delete(&id, &id, Some(etag)).await {
+            Err(e) if !matches!(e.kind, ErrorKind::PreconditionFailed | ErrorKind::NotFound) => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    async fn unlock(&self) -> Result<(), LeaseStoreError> {
+        let id = self.marker_id("lock");
+        Ok(self.container.delete(&id, &id, None).await?)
+    }
+
+    async fn mark_initialized(&self, monitored: &str, leases_per_partition: u32) -> Result<(), LeaseStoreError> {
+        self.create_marker(
+            self.marker_id("info"),
+            serde_json::json!({ "monitored": monitored, "leasesPerPartition": leases_per_partition }),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn foreign_documents(&self, prefix: &str) -> Result<Vec<Value>, LeaseStoreError> {
+        // Our EPK leases are not foreign; partition-key-range leases under our prefix (a .NET
+        // v2 processor of the same name) are.
+        let ours = format!("{}.", self.prefix);
+        Ok(self
+            .container
+            .list_by_id_prefix(prefix)
+            .await?
+            .into_iter()
+            .map(|doc| doc.body)
+            .filter(|body| {
+                let id = body.get("id").and_then(Value::as_str).unwrap_or_default();
+                !(id.starts_with(&ours) && body.get("FeedRange").is_some())
+            })
+            .collect())
+    }
+
+    async fn earlier_incarnation(&self, monitored: &str) -> Result<bool, LeaseStoreError> {
+        let Some(family) = processor_family(&self.prefix) else {
+            return Ok(false);
+        };
+        let ours = self.marker_id("info");
+        let markers = self.container.list_by_field("monitored", monitored).await?;
+        Ok(markers.iter().any(|doc| {
+            doc.body
+                .get("id")
+                .and_then(Value::as_str)
+                .is_some_and(|id| id != ours && id.starts_with(family) && id.ends_with(".info"))
+        }))
+    }
+
+    async fn heartbeat(&self, instance: &str, keeps_leases: bool) -> Result<(), LeaseStoreError> {
+        let id = self.heartbeat_id(instance);
+        let stamp = now()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        let mut extra = serde_json::json!({"Owner": instance, "timestamp": stamp});
+        if keeps_leases {
+            extra[LIVENESS_FIELD] = Value::String(LIVENESS_INSTANCE.into());
+        }
+        let body = self.marker(id.clone(), extra);
+        self.container.upsert(&id, &body).await?;
+        Ok(())
+    }
+
+    async fn remove_heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError> {
+        let id = self.heartbeat_id(instance);
+        Ok(self.container.delete(&id, &id, None).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_processor_family_drops_the_rids() {
+        let prefix = lease_prefix("orders", "acct.documents.azure.com", "KmhJAA==", "KmhJAOkGgKQ=");
+        assert_eq!(processor_family(&prefix), Some("ordersacct.documents.azure.com_"));
+        assert_eq!(processor_family("no-underscores"), None);
+    }
+
+    #[test]
+    fn serializes_with_the_dotnet_field_names() {
+        let mut lease = Lease::new("proc", &EpkRange::new("", "3F"), Some("\"12\"".into()));
+        lease.owner = Some("pod-a".into());
+        lease.timestamp = Some(time::macros::datetime!(2026-01-02 03:04:05 UTC));
+        let json = serde_json::to_value(&lease).unwrap();
+        assert_eq!(json["id"], "proc..-3F");
+        assert_eq!(json["LeaseToken"], "-3F");
+        assert_eq!(
+            json["FeedRange"],
+            serde_json::json!({"Range": {"min": "", "max": "3F"}})
+        );
+        assert_eq!(json["Owner"], "pod-a");
+        assert_eq!(json["ContinuationToken"], "\"12\"");
+        assert_eq!(json["Mode"], "Incremental Feed");
+        assert_eq!(json["version"], 1);
+        assert_eq!(json["timestamp"], "2026-01-02T03:04:05Z");
+        assert!(json.get("_etag").is_none(), "system fields are never written");
+    }
+
+    #[test]
+    fn reads_a_dotnet_lease() {
+        let doc = serde_json::json!({
+            "id": "procacct.documents.azure.com_db==_coll==..-FF", "_etag": "\"0000\"", "version": 1,
+            "LeaseToken": "-FF", "FeedRange": {"Range": {"min": "", "max": "FF"}}, "Owner": null,
+            "ContinuationToken": "\"1526353662\"", "properties": {}, "Mode": "Incremental Feed",
+            "timestamp": "2024-05-01T10:00:00.1234567Z", "_ts": 1714557600
+        });
+        let lease = parse_lease(doc, String::new()).unwrap();
+        assert_eq!(lease.range(), Some(&EpkRange::full()));
+        assert_eq!(lease.etag, "\"0000\"");
+        assert_eq!(lease.continuation.as_deref(), Some("\"1526353662\""));
+        assert!(lease.owner.is_none());
+    }
+
+    #[test]
+    fn expiry_follows_owner_and_timestamp() {
+        let now = time::macros::datetime!(2026-01-01 00:01:00 UTC);
+        let mut lease = Lease::new("p", &EpkRange::full(), None);
+        assert!(lease.is_expired(now, Duration::from_secs(60)), "unowned is free");
+        lease.owner = Some("a".into());
+        lease.timestamp = Some(time::macros::datetime!(2026-01-01 00:00:30 UTC));
+        assert!(!lease.is_expired(now, Duration::from_secs(60)));
+        assert!(lease.is_expired(now, Duration::from_secs(10)));
+        lease.timestamp = None;
+        lease.server_ts = Some(now.unix_timestamp() - 5);
+        assert!(!lease.is_expired(now, Duration::from_secs(60)), "falls back to _ts");
+    }
+}

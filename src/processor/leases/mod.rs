@@ -1,0 +1,11 @@
+//! Leases: the documents (the .NET v3 layout) and their store, the lag report a lease carries, a
+//! lease this instance owns, the instance heartbeat, what this instance has seen of the lease
+//! container, bootstrap and adoption. Uses `cosmos` and the processor's options and errors only.
+
+pub mod adopt;
+pub mod bootstrap;
+pub mod heartbeat;
+pub mod lag_report;
+pub mod lease;
+pub mod owned;
+pub mod sightings;

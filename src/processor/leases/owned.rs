@@ -1,0 +1,435 @@
+//! A lease this instance owns: the latest copy of its document, shared by the renewer and the
+//! partition loop so that our own writes never race each other, and the token that stops its
+//! processing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use time::OffsetDateTime;
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::processor::leases::heartbeat::Liveness;
+use crate::processor::leases::lag_report::record_report;
+use crate::processor::leases::lease::{Lease, LeaseStore, LeaseStoreError, STALLED_PROPERTY};
+
+/// How many times an update is re-applied after a 412 while the lease is still ours (as the
+/// reference SDK does).
+const MAX_CONFLICT_RETRIES: usize = 6;
+
+/// Why an update of an owned lease did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum UpdateError {
+    /// Another instance owns the lease now; nothing was written.
+    #[error("lease is owned by {0:?} now")]
+    Lost(Option<String>),
+    /// The lease document no longer exists.
+    #[error("lease document was deleted")]
+    Gone,
+    /// The store failed (retry later).
+    #[error(transparent)]
+    Store(#[from] LeaseStoreError),
+}
+
+/// A lease owned by this instance.
+pub struct OwnedLease {
+    lease: Mutex<Lease>,
+    id: String,
+    token: String,
+    me: String,
+    store: Arc<dyn LeaseStore>,
+    cancel: CancellationToken,
+    lost: AtomicBool,
+    /// Set with `lost` when the lease document itself was found deleted.
+    gone: AtomicBool,
+    /// The instance that asked for the lease; processing stops after the current batch.
+    handoff_to: std::sync::Mutex<Option<String>>,
+    /// Set when this instance stopped processing the lease (whatever the reason).
+    closed: AtomicBool,
+    /// Woken when a write meets another instance's handoff request: the acquire cycle judges it.
+    requested: Arc<tokio::sync::Notify>,
+    /// When this instance last wrote the lease (the request was sent), on its monotonic clock.
+    written_at: std::sync::Mutex<Instant>,
+    /// When this instance last knew the lease was its own: a write, or a read that showed it.
+    confirmed_at: std::sync::Mutex<Instant>,
+    /// Set once a keep-alive renews the lease.
+    renewed: AtomicBool,
+    /// Cancelled when the lease needs no more renewals (lost, or its processing here settled).
+    ended: CancellationToken,
+    /// Whether this instance's heartbeat keeps the lease alive.
+    liveness: Arc<Liveness>,
+    /// When the handler last answered a batch of this lease with an error (a failing handler is
+    /// not a stalled lease).
+    handler_failed_at: std::sync::Mutex<Option<Instant>>,
+}
+
+/// Reads a monotonic moment kept under a lock nobody holds across an await.
+fn moment(at: &std::sync::Mutex<Instant>) -> Instant {
+    *at.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Moves a kept moment forward to `to` (never back: answers may come out of order).
+fn advance(at: &std::sync::Mutex<Instant>, to: Instant) {
+    let mut at = at.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    *at = (*at).max(to);
+}
+
+impl OwnedLease {
+    /// Wraps a lease this instance just acquired; `requested` is woken when a write of it meets
+    /// another instance's handoff request; `liveness` says whether the heartbeat keeps it alive.
+    pub(crate) fn new(
+        lease: Lease,
+        me: &str,
+        store: Arc<dyn LeaseStore>,
+        parent: &CancellationToken,
+        requested: Arc<tokio::sync::Notify>,
+        liveness: Arc<Liveness>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            id: lease.id.clone(),
+            token: lease.lease_token.clone(),
+            lease: Mutex::new(lease),
+            me: me.to_owned(),
+            store,
+            cancel: parent.child_token(),
+            lost: AtomicBool::new(false),
+            gone: AtomicBool::new(false),
+            handoff_to: std::sync::Mutex::new(None),
+            closed: AtomicBool::new(false),
+            requested,
+            // The lease was just written (acquired) by this instance.
+            written_at: std::sync::Mutex::new(Instant::now()),
+            confirmed_at: std::sync::Mutex::new(Instant::now()),
+            renewed: AtomicBool::new(false),
+            ended: CancellationToken::new(),
+            liveness,
+            handler_failed_at: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// Records that the handler answered a batch of this lease with an error, now.
+    pub fn note_handler_failure(&self) {
+        *self
+            .handler_failed_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+    }
+
+    /// When the handler last answered a batch of this lease with an error.
+    pub fn handler_failed_at(&self) -> Option<Instant> {
+        *self
+            .handler_failed_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Marks the end of this instance's processing of the lease: manual checkpoint handles of
+    /// its batches write nothing from now on.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether processing of the lease here ended.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// The lease document id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The lease token.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Cancelled when processing of this lease must stop.
+    pub fn cancelled(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Whether the lease was found owned by someone else (or deleted).
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// Whether the lease document was found deleted.
+    pub fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::SeqCst)
+    }
+
+    /// Stops processing because the lease document was deleted.
+    fn mark_gone(&self) {
+        self.gone.store(true, Ordering::SeqCst);
+        self.mark_lost();
+    }
+
+    /// Stops processing because the lease is no longer ours.
+    pub fn mark_lost(&self) {
+        self.lost.store(true, Ordering::SeqCst);
+        self.cancel.cancel();
+        self.ended.cancel();
+    }
+
+    /// `true` the first time only: the caller starts the lease's keep-alive.
+    pub(crate) fn claim_renewal(&self) -> bool {
+        !self.renewed.swap(true, Ordering::SeqCst)
+    }
+
+    /// No more renewals: this instance's processing of the lease is settled (released, handed
+    /// over, deleted after a split; a lease whose release failed frees itself on expiry).
+    pub(crate) fn end_renewals(&self) {
+        self.ended.cancel();
+    }
+
+    /// Completes when the lease needs no more renewals.
+    pub(crate) fn renewals_ended(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.ended.cancelled()
+    }
+
+    /// When this instance last wrote the lease, on its monotonic clock.
+    pub(crate) fn written_at(&self) -> Instant {
+        moment(&self.written_at)
+    }
+
+    /// Stops processing after the current batch; the release then hands the lease to `to`
+    /// (another instance that asked for it; this instance's own name is ignored).
+    pub fn hand_over_to(&self, to: &str) {
+        if to == self.me {
+            return;
+        }
+        let Ok(mut target) = self.handoff_to.lock() else { return };
+        if target.is_none() {
+            tracing::info!(lease = %self.token, to = %to, "handing the lease over after the current batch");
+            *target = Some(to.to_owned());
+            self.cancel.cancel();
+        }
+    }
+
+    /// The instance the lease is being handed over to, if one asked.
+    pub fn handoff_target(&self) -> Option<String> {
+        self.handoff_to.lock().ok().and_then(|t| t.clone())
+    }
+
+    /// Names the instance the lease goes to when it is released (unless one asked for it
+    /// already), without stopping its processing: the reader of a stalled lease gives it up
+    /// itself.
+    pub fn release_to(&self, to: &str) {
+        if let Ok(mut target) = self.handoff_to.lock()
+            && target.is_none()
+            && to != self.me
+        {
+            *target = Some(to.to_owned());
+        }
+    }
+
+    /// The latest known copy of the lease.
+    pub async fn current(&self) -> Lease {
+        self.lease.lock().await.clone()
+    }
+
+    /// Applies `change` and writes the lease with If-Match. On a 412 it re-reads: while the lease is
+    /// still ours the change is applied to the fresh copy and retried; otherwise nothing is written.
+    pub async fn update(&self, change: impl Fn(&mut Lease)) -> Result<Lease, UpdateError> {
+        let written = self
+            .update_if(|lease| {
+                change(lease);
+                true
+            })
+            .await?;
+        match written {
+            Some(lease) => Ok(lease),
+            None => Ok(self.current().await),
+        }
+    }
+
+    /// Like [`OwnedLease::update`], where `change` may decide (on each copy it is applied to,
+    /// under the lease's lock) that there is nothing to write: `Ok(None)` then.
+    pub async fn update_if(&self, change: impl Fn(&mut Lease) -> bool) -> Result<Option<Lease>, UpdateError> {
+        let mut guard = self.lease.lock().await;
+        let mut last_error = None;
+        for _ in 0..MAX_CONFLICT_RETRIES {
+            let mut next = guard.clone();
+            if !change(&mut next) {
+                return Ok(None);
+            }
+            next.timestamp = Some(OffsetDateTime::now_utc());
+            let sent = Instant::now();
+            match self.store.replace(&next).await {
+                Ok(written) => {
+                    *guard = written.clone();
+                    advance(&self.written_at, sent);
+                    advance(&self.confirmed_at, sent);
+                    return Ok(Some(written));
+                }
+                Err(LeaseStoreError::Changed(_)) => match self.store.read(&self.id).await? {
+                    // A handoff request in it is for the acquire cycle to judge (the requester
+                    // may have left), at once; the write keeps it.
+                    Some(current) if current.owner.as_deref() == Some(self.me.as_str()) => {
+                        if current.handoff_request().is_some_and(|(to, _)| to != self.me) {
+                            self.requested.notify_one();
+                        }
+                        *guard = current;
+                        last_error = Some(LeaseStoreError::Changed(self.id.clone()));
+                    }
+                    Some(current) => {
+                        self.mark_lost();
+                        return Err(UpdateError::Lost(current.owner));
+                    }
+                    None => {
+                        self.mark_gone();
+                        return Err(UpdateError::Gone);
+                    }
+                },
+                Err(LeaseStoreError::Gone(_)) => {
+                    self.mark_gone();
+                    return Err(UpdateError::Gone);
+                }
+                Err(other) => return Err(other.into()),
+            }
+        }
+        Err(UpdateError::Store(
+            last_error.unwrap_or_else(|| LeaseStoreError::Changed(self.id.clone())),
+        ))
+    }
+
+    /// Makes sure the lease is still this instance's before a batch is handed to the handler,
+    /// once the last confirmation (a write, or a read) is older than a tenth of `expiration`:
+    /// whoever deposed this owner by a write (an operator freeing the lease, another instance
+    /// taking it) is then found within that tenth, in every checkpoint mode. A lease that
+    /// neither this instance's write nor its heartbeat kept alive for half the expiration is
+    /// confirmed by a write (renewed), so that nobody can take it as expired while the batch is
+    /// delivered. A read that fails returns its error: the batch waits until ownership is
+    /// confirmed (another instance or the operator may have taken the lease by a write, which
+    /// no liveness of ours rules out).
+    pub async fn ensure_owned(&self, expiration: Duration) -> Result<(), UpdateError> {
+        if moment(&self.confirmed_at).elapsed() < expiration / 10 {
+            return Ok(());
+        }
+        if !self.kept_alive_within(expiration / 2) {
+            return match self.renew().await? {
+                Some(_) => Ok(()),
+                None => Err(UpdateError::Lost(None)),
+            };
+        }
+        let sent = Instant::now();
+        match self.store.read(&self.id).await {
+            Ok(Some(current)) if current.owner.as_deref() == Some(self.me.as_str()) => {
+                if current.handoff_request().is_some_and(|(to, _)| to != self.me) {
+                    self.requested.notify_one();
+                }
+                advance(&self.confirmed_at, sent);
+                Ok(())
+            }
+            Ok(Some(current)) => {
+                self.mark_lost();
+                Err(UpdateError::Lost(current.owner))
+            }
+            Ok(None) => {
+                self.mark_gone();
+                Err(UpdateError::Gone)
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Whether this instance wrote the lease, or its heartbeat kept it alive, within `window`:
+    /// then nobody can take it as expired for at least the expiration minus `window`.
+    pub fn kept_alive_within(&self, window: Duration) -> bool {
+        moment(&self.written_at).elapsed() < window || self.liveness.kept_alive_within(window)
+    }
+
+    /// Whether our copy of the lease still names this instance as its owner (not released).
+    pub async fn is_held(&self) -> bool {
+        self.lease.lock().await.owner.as_deref() == Some(self.me.as_str())
+    }
+
+    /// Whether this instance wrote the lease (renewal or checkpoint) within `window`, on its
+    /// monotonic clock.
+    pub fn written_within(&self, window: Duration) -> bool {
+        moment(&self.written_at).elapsed() < window
+    }
+
+    /// Writes the lease as it is (a new timestamp: still owned); `None` (nothing written) when
+    /// this instance released it meanwhile.
+    pub async fn renew(&self) -> Result<Option<Lease>, UpdateError> {
+        let me = self.me.clone();
+        self.update_if(move |lease| lease.owner.as_deref() == Some(me.as_str()))
+            .await
+    }
+
+    /// Records the continuation after a handled batch (without a lag report).
+    pub async fn checkpoint(&self, continuation: &str) -> Result<Lease, UpdateError> {
+        self.checkpoint_reporting(continuation, None).await
+    }
+
+    /// Records the continuation after a handled batch with the lag report of its page
+    /// ([`lag_report`](crate::processor::leases::lag_report)).
+    pub async fn checkpoint_reporting(&self, continuation: &str, report: Option<u64>) -> Result<Lease, UpdateError> {
+        self.update(|lease| {
+            record_checkpoint(lease, continuation);
+            record_report(lease, report);
+        })
+        .await
+    }
+
+    /// Records `continuation` only while `forward(lease's continuation)` says it moves the lease
+    /// forward, judged under the lease's lock: concurrent checkpoints never write an older
+    /// position last. `Ok(false)` when nothing was written.
+    pub async fn checkpoint_forward(
+        &self,
+        continuation: &str,
+        forward: impl Fn(Option<&str>) -> bool,
+    ) -> Result<bool, UpdateError> {
+        let written = self
+            .update_if(|lease| {
+                let ahead = forward(lease.continuation.as_deref());
+                if ahead {
+                    record_checkpoint(lease, continuation);
+                    record_report(lease, None);
+                }
+                ahead
+            })
+            .await?;
+        Ok(written.is_some())
+    }
+
+    /// Gives the lease up, keeping its continuation: to the instance that asked for it, else to
+    /// nobody.
+    pub async fn release(&self) -> Result<Lease, UpdateError> {
+        let to = self.handoff_target();
+        self.update(|lease| {
+            lease.owner = to.clone();
+            lease.clear_handoff();
+        })
+        .await
+    }
+
+    /// Deletes the lease (after a split created its children), if it is still ours.
+    pub async fn delete(&self) -> Result<(), UpdateError> {
+        let mut guard = self.lease.lock().await;
+        for _ in 0..MAX_CONFLICT_RETRIES {
+            match self.store.delete(&guard).await {
+                Ok(()) => return Ok(()),
+                Err(LeaseStoreError::Changed(_)) => match self.store.read(&self.id).await? {
+                    Some(current) if current.owner.as_deref() == Some(self.me.as_str()) => *guard = current,
+                    Some(current) => return Err(UpdateError::Lost(current.owner)),
+                    None => return Ok(()),
+                },
+                Err(other) => return Err(other.into()),
+            }
+        }
+        Err(UpdateError::Store(LeaseStoreError::Changed(self.id.clone())))
+    }
+}
+
+/// Writes `continuation` into `lease` as its checkpoint, stamped now.
+fn record_checkpoint(lease: &mut Lease, continuation: &str) {
+    lease.continuation = Some(continuation.to_owned());
+    lease.checkpoint_time = Some(OffsetDateTime::now_utc());
+    // A checkpoint is progress: a stall reported on the lease is over.
+    lease.properties.remove(STALLED_PROPERTY);
+}

@@ -1,0 +1,530 @@
+//! The load-balancing policy: which leases one instance takes in an acquire cycle. Pure.
+//!
+//! Unlike the reference "equal partitions" strategy, which steals at most one lease per cycle,
+//! instances converge in one cycle after they have announced themselves:
+//! 1. every live instance is counted: lease owners and heartbeats, so that a new instance that owns
+//!    nothing yet is counted by everyone;
+//! 2. the fair share is `L / W`, and the `L % W` instances that hold the most leases now may keep
+//!    one more (fewest moves);
+//! 3. every instance computes the same plan from the same snapshot — free leases first, then
+//!    leases from owners above their share, the most loaded first — and takes only its own part,
+//!    so instances acting in the same cycle do not race for the same lease;
+//! 4. an owner at or below its share is never robbed, and shares depend only on counts, so two
+//!    instances never trade a lease back and forth.
+//!
+//! An instance that joins a running processor announces itself (heartbeat) and waits half to one
+//! acquire interval before its first acquire, so that instances starting together all count each other.
+//!
+//! A lease nobody renews (its owner crashed) is taken the moment it expires: when another
+//! instance's lease will expire before the next acquire cycle, the instance looks again at that
+//! moment (`takeover_in` in [`crate::processor::policy::cycle_plan`]) instead of up to a cycle later, as the reference
+//! processors do.
+
+use std::collections::BTreeMap;
+
+use crate::cosmos::EpkRange;
+
+/// What the balancer needs to know about one lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseState {
+    /// The lease id.
+    pub id: String,
+    /// The owner, when the lease is owned and not expired.
+    pub live_owner: Option<String>,
+}
+
+/// The leases `me` should try to acquire now, free ones first, then ones to steal.
+pub fn leases_to_acquire(leases: &[LeaseState], me: &str, live_instances: &[String]) -> Vec<String> {
+    if leases.is_empty() {
+        return Vec::new();
+    }
+    let mut held: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for name in live_instances.iter().map(String::as_str).chain([me]) {
+        held.entry(name).or_default();
+    }
+    let mut free: Vec<&str> = Vec::new();
+    for lease in leases {
+        match &lease.live_owner {
+            Some(owner) => held.entry(owner.as_str()).or_default().push(&lease.id),
+            None => free.push(&lease.id),
+        }
+    }
+    free.sort_unstable();
+    for ids in held.values_mut() {
+        ids.sort_unstable();
+    }
+
+    // Shares: the floor for everyone, one more for the `extra` instances holding the most.
+    let workers = held.len();
+    let floor = leases.len() / workers;
+    let extra = leases.len() % workers;
+    let mut by_load: Vec<(&str, usize)> = held.iter().map(|(w, ids)| (*w, ids.len())).collect();
+    by_load.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let share: BTreeMap<&str, usize> = by_load
+        .iter()
+        .enumerate()
+        .map(|(rank, (w, _))| (*w, floor + usize::from(rank < extra)))
+        .collect();
+
+    // Who needs how many, the largest deficit first.
+    let mut needy: Vec<(&str, usize)> = held
+        .iter()
+        .filter_map(|(w, ids)| share[w].checked_sub(ids.len()).filter(|n| *n > 0).map(|n| (*w, n)))
+        .collect();
+    needy.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+
+    // Donors give from the end of their sorted list, the most loaded donor first.
+    let mut donors: Vec<(&str, Vec<&str>)> = held
+        .iter()
+        .filter(|(w, ids)| ids.len() > share[*w])
+        .map(|(w, ids)| (*w, ids[share[w]..].to_vec()))
+        .collect();
+    donors.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
+
+    let mut free = free.into_iter();
+    let mut mine = Vec::new();
+    for (worker, need) in needy {
+        for _ in 0..need {
+            let pick = match free.next() {
+                Some(id) => Some(id),
+                None => {
+                    donors.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
+                    donors.first_mut().and_then(|(_, ids)| ids.pop())
+                }
+            };
+            let Some(id) = pick else { break };
+            if worker == me {
+                mine.push(id.to_owned());
+            }
+        }
+    }
+    mine
+}
+
+/// How leases are balanced among instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Balancing {
+    /// Everyone converges on the fair share in one cycle ([`leases_to_acquire`]).
+    #[default]
+    Fair,
+    /// The reference SDKs' "equal partitions" strategy ([`leases_to_acquire_steal_one`]): free
+    /// leases up to the target, else one lease stolen per cycle. For comparisons.
+    StealOne,
+}
+
+impl std::str::FromStr for Balancing {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fair" => Ok(Balancing::Fair),
+            "steal-one" => Ok(Balancing::StealOne),
+            _ => Err(format!("expected fair or steal-one, got {s:?}")),
+        }
+    }
+}
+
+/// The reference SDKs' choice for `me` in one cycle: workers are the live owners plus `me`
+/// (instances that own nothing are not counted); the target is `ceil(leases / workers)`; free
+/// leases are taken up to the need, else one lease is stolen from the most loaded owner when it
+/// holds more than the target (the target − 1 when more than one is needed).
+pub fn leases_to_acquire_steal_one(leases: &[LeaseState], me: &str) -> Vec<String> {
+    let mut held: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    held.entry(me).or_default();
+    let mut free: Vec<&str> = Vec::new();
+    for lease in leases {
+        match &lease.live_owner {
+            Some(owner) => held.entry(owner.as_str()).or_default().push(&lease.id),
+            None => free.push(&lease.id),
+        }
+    }
+    let workers = held.len();
+    let target = if leases.len() <= workers {
+        1
+    } else {
+        leases.len().div_ceil(workers)
+    };
+    let mine = held.get(me).map_or(0, Vec::len);
+    let Some(need) = target.checked_sub(mine).filter(|n| *n > 0) else {
+        return Vec::new();
+    };
+    if !free.is_empty() {
+        free.sort_unstable();
+        return free.into_iter().take(need).map(str::to_owned).collect();
+    }
+    let threshold = if need > 1 { target - 1 } else { target };
+    let richest = held
+        .iter()
+        .filter(|(owner, _)| **owner != me)
+        .max_by(|a, b| a.1.len().cmp(&b.1.len()).then(b.0.cmp(a.0)));
+    match richest {
+        Some((_, ids)) if ids.len() > threshold => {
+            // Instances stealing in the same cycle pick different leases of the owner.
+            let mut ids = ids.clone();
+            ids.sort_unstable();
+            let spread = me
+                .bytes()
+                .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(usize::from(b)));
+            vec![ids[spread % ids.len()].to_owned()]
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Ids of leases whose range is fully covered by narrower leases: the parent of a split whose
+/// children exist. They are never balanced or acquired; once free they are deleted.
+pub fn superseded(leases: &[(String, EpkRange)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (id, range) in leases {
+        let mut inside: Vec<&EpkRange> = leases
+            .iter()
+            .filter(|(other, r)| other != id && r != range && range.contains(r))
+            .map(|(_, r)| r)
+            .collect();
+        inside.sort();
+        let mut cursor = range.min.as_str();
+        for r in inside {
+            if r.min.as_str() <= cursor && r.max.as_str() > cursor {
+                cursor = r.max.as_str();
+            }
+        }
+        if cursor >= range.max.as_str() {
+            out.push(id.clone());
+        }
+    }
+    out
+}
+
+/// Leases whose range overlaps another lease's (split parents in `superseded` aside): a lease
+/// container edited by hand or by another tool. Both are processed (duplicates, never a loss).
+pub fn overlapping(leases: &[(String, EpkRange)], superseded: &[String]) -> Vec<String> {
+    let live: Vec<&(String, EpkRange)> = leases.iter().filter(|(id, _)| !superseded.contains(id)).collect();
+    live.iter()
+        .filter(|(id, range)| live.iter().any(|(other, r)| other != id && r.overlaps(range)))
+        .map(|(id, _)| id.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    fn leases(owners: &[(&str, usize)], free: usize) -> Vec<LeaseState> {
+        let mut out = Vec::new();
+        for (owner, n) in owners {
+            for i in 0..*n {
+                out.push(LeaseState {
+                    id: format!("{owner}-{i}"),
+                    live_owner: Some((*owner).to_owned()),
+                });
+            }
+        }
+        for i in 0..free {
+            out.push(LeaseState {
+                id: format!("free-{i}"),
+                live_owner: None,
+            });
+        }
+        out
+    }
+
+    fn instances(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    /// Runs acquire cycles (everyone plans on the same snapshot, then all steals apply, a
+    /// conflicting steal going to the first claimant) until nothing moves; returns (cycles, moves,
+    /// final counts).
+    fn simulate(state: Vec<LeaseState>, names: &[&str]) -> (usize, usize, BTreeMap<String, usize>) {
+        simulate_with(state, names, leases_to_acquire)
+    }
+
+    /// [`simulate`] with another policy.
+    fn simulate_with(
+        mut state: Vec<LeaseState>,
+        names: &[&str],
+        policy: impl Fn(&[LeaseState], &str, &[String]) -> Vec<String>,
+    ) -> (usize, usize, BTreeMap<String, usize>) {
+        let live = instances(names);
+        let mut moves = 0;
+        for cycle in 0..40 {
+            let plans: Vec<(String, Vec<String>)> = names
+                .iter()
+                .map(|me| ((*me).to_owned(), policy(&state, me, &live)))
+                .collect();
+            let mut changed = false;
+            let mut claimed = BTreeSet::new();
+            for (me, ids) in plans {
+                for id in ids {
+                    if !claimed.insert(id.clone()) {
+                        continue;
+                    }
+                    let lease = state.iter_mut().find(|l| l.id == id).unwrap();
+                    if lease.live_owner.is_some() {
+                        moves += 1;
+                    }
+                    lease.live_owner = Some(me.clone());
+                    changed = true;
+                }
+            }
+            if !changed {
+                let mut counts = BTreeMap::new();
+                for l in &state {
+                    *counts.entry(l.live_owner.clone().unwrap_or_default()).or_default() += 1;
+                }
+                return (cycle, moves, counts);
+            }
+        }
+        panic!("did not converge");
+    }
+
+    #[test]
+    fn overlapping_ranges_are_found_but_not_split_parents() {
+        let r = |min: &str, max: &str| EpkRange::new(min, max);
+        let leases = vec![
+            ("a".to_owned(), r("", "80")),
+            ("b".to_owned(), r("80", "FF")),
+            ("parent".to_owned(), r("", "FF")),
+            ("bogus".to_owned(), r("70", "90")),
+        ];
+        let parents = vec!["parent".to_owned()];
+        let mut found = overlapping(&leases, &parents);
+        found.sort();
+        assert_eq!(found, ["a", "b", "bogus"]);
+        assert!(
+            overlapping(&leases[..2], &[]).is_empty(),
+            "adjacent ranges do not overlap"
+        );
+    }
+
+    #[test]
+    fn table() {
+        struct Case {
+            name: &'static str,
+            owners: &'static [(&'static str, usize)],
+            free: usize,
+            me: &'static str,
+            live: &'static [&'static str],
+            want: usize,
+        }
+        let cases = [
+            Case {
+                name: "alone takes every free lease",
+                owners: &[],
+                free: 8,
+                me: "a",
+                live: &[],
+                want: 8,
+            },
+            Case {
+                name: "nothing to take at fair share",
+                owners: &[("a", 4), ("b", 4)],
+                free: 0,
+                me: "a",
+                live: &[],
+                want: 0,
+            },
+            Case {
+                name: "new instance steals its whole share at once",
+                owners: &[("a", 32)],
+                free: 0,
+                me: "b",
+                live: &["c", "d"],
+                want: 8,
+            },
+            Case {
+                name: "free leases before stealing",
+                owners: &[("a", 6)],
+                free: 2,
+                me: "b",
+                live: &[],
+                want: 4,
+            },
+            Case {
+                name: "never steal from an owner at fair share",
+                owners: &[("a", 2), ("b", 2), ("c", 2), ("d", 1)],
+                free: 0,
+                me: "d",
+                live: &[],
+                want: 0,
+            },
+            Case {
+                name: "a newcomer takes from those above the new share",
+                owners: &[("a", 3), ("b", 3), ("c", 2)],
+                free: 0,
+                me: "d",
+                live: &[],
+                want: 2,
+            },
+            Case {
+                name: "one over ceil gives one",
+                owners: &[("a", 5), ("b", 3)],
+                free: 0,
+                me: "c",
+                live: &[],
+                want: 2,
+            },
+            Case {
+                name: "uneven: the remainder stays with the most loaded",
+                owners: &[("a", 3), ("b", 3), ("c", 3)],
+                free: 1,
+                me: "d",
+                live: &[],
+                want: 2,
+            },
+            Case {
+                name: "no ping-pong between neighbours one apart",
+                owners: &[("a", 5), ("b", 4)],
+                free: 0,
+                me: "b",
+                live: &[],
+                want: 0,
+            },
+            Case {
+                name: "no leases",
+                owners: &[],
+                free: 0,
+                me: "a",
+                live: &["b"],
+                want: 0,
+            },
+        ];
+        for case in cases {
+            let state = leases(case.owners, case.free);
+            let got = leases_to_acquire(&state, case.me, &instances(case.live));
+            assert_eq!(got.len(), case.want, "{}: {got:?}", case.name);
+            let unique: BTreeSet<_> = got.iter().collect();
+            assert_eq!(unique.len(), got.len(), "{}: duplicates", case.name);
+            assert!(
+                got.iter().all(|id| !id.starts_with(&format!("{}-", case.me))),
+                "{}: took own lease",
+                case.name
+            );
+        }
+    }
+
+    #[test]
+    fn scale_out_one_to_four_converges_in_one_cycle_with_minimum_moves() {
+        let (cycles, moves, counts) = simulate(leases(&[("a", 32)], 0), &["a", "b", "c", "d"]);
+        assert!(cycles <= 2, "cycles {cycles}");
+        assert_eq!(moves, 24, "moves");
+        assert!(counts.values().all(|c| *c == 8), "{counts:?}");
+    }
+
+    #[test]
+    fn the_reference_strategy_steals_one_lease_per_cycle() {
+        // 1 → 4 over 32 leases: the reference needs 8 cycles where ours needs 1.
+        let (cycles, moves, counts) = simulate_with(leases(&[("a", 32)], 0), &["a", "b", "c", "d"], |state, me, _| {
+            leases_to_acquire_steal_one(state, me)
+        });
+        assert_eq!(cycles, 8, "{counts:?}");
+        assert_eq!(moves, 24);
+        assert!(counts.values().all(|c| *c == 8), "{counts:?}");
+        // Free leases are taken up to the target at once.
+        let taken = leases_to_acquire_steal_one(&leases(&[("a", 4)], 4), "b");
+        assert_eq!(taken.len(), 4);
+    }
+
+    #[test]
+    fn uneven_shares_end_within_one_of_each_other() {
+        for (total, names) in [
+            (10usize, vec!["a", "b", "c", "d"]),
+            (7, vec!["a", "b", "c"]),
+            (33, vec!["a", "b", "c", "d", "e"]),
+        ] {
+            let (cycles, _, counts) = simulate(leases(&[("a", total)], 0), &names);
+            let max = counts.values().max().unwrap();
+            let min = counts.values().min().unwrap();
+            assert!(max - min <= 1, "{total} over {names:?}: {counts:?}");
+            assert!(cycles <= 2, "{total} over {names:?}: {cycles} cycles");
+        }
+    }
+
+    #[test]
+    fn simultaneous_thieves_never_pick_the_same_lease() {
+        let state = leases(&[("a", 32)], 0);
+        let live = instances(&["a", "b", "c", "d"]);
+        let mut seen = BTreeSet::new();
+        for me in ["b", "c", "d"] {
+            for id in leases_to_acquire(&state, me, &live) {
+                assert!(seen.insert(id.clone()), "{id} planned twice");
+            }
+        }
+        assert_eq!(seen.len(), 24);
+    }
+
+    #[test]
+    fn split_parents_with_all_children_are_superseded() {
+        let lease = |id: &str, min: &str, max: &str| (id.to_owned(), EpkRange::new(min, max));
+        let cases = [
+            (
+                vec![
+                    lease("p", "", "80"),
+                    lease("c1", "", "40"),
+                    lease("c2", "40", "80"),
+                    lease("o", "80", "FF"),
+                ],
+                vec!["p"],
+            ),
+            (
+                vec![lease("p", "", "80"), lease("c1", "", "40"), lease("o", "80", "FF")],
+                vec![],
+            ),
+            (vec![lease("a", "", "80"), lease("b", "80", "FF")], vec![]),
+            (
+                vec![
+                    lease("p", "", "FF"),
+                    lease("c1", "", "40"),
+                    lease("c2", "40", "A0"),
+                    lease("c3", "A0", "FF"),
+                ],
+                vec!["p"],
+            ),
+        ];
+        for (leases, want) in cases {
+            let want: Vec<String> = want.into_iter().map(String::from).collect();
+            assert_eq!(superseded(&leases), want, "{leases:?}");
+        }
+    }
+
+    #[test]
+    fn crash_leaves_free_leases_that_survivors_share() {
+        let (cycles, moves, counts) = simulate(leases(&[("a", 8), ("b", 8)], 8), &["a", "b"]);
+        assert_eq!(moves, 0, "free leases are taken, nothing is stolen");
+        assert_eq!(counts.get("a"), Some(&12));
+        assert_eq!(counts.get("b"), Some(&12));
+        assert!(cycles <= 1);
+    }
+
+    proptest::proptest! {
+        /// Whatever the starting point (instances holding any number of leases, free leases,
+        /// instances joining), every instance planning on the same snapshot reaches the fair
+        /// share within two cycles, with no lease taken from an instance at or below its share.
+        #[test]
+        fn any_start_reaches_the_fair_share_within_two_cycles(
+            held in proptest::collection::vec(0usize..20, 1..8),
+            free in 0usize..40,
+            joining in 0usize..4,
+        ) {
+            let names: Vec<String> = (0..held.len() + joining).map(|i| format!("i{i}")).collect();
+            let owners: Vec<(&str, usize)> = held.iter().enumerate().map(|(i, n)| (names[i].as_str(), *n)).collect();
+            let state = leases(&owners, free);
+            let total = state.len();
+            proptest::prop_assume!(total > 0);
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            let (cycles, moves, counts) = simulate(state, &refs);
+            let workers = names.len();
+            let (floor, ceil) = (total / workers, total.div_ceil(workers));
+            // The least a fair share needs: what instances above the ceiling hold too many.
+            let excess: usize = held.iter().map(|n| n.saturating_sub(ceil)).sum();
+            proptest::prop_assert!(cycles <= 2, "{cycles} cycles");
+            proptest::prop_assert!(!counts.contains_key(""), "a lease left free: {counts:?}");
+            for name in &names {
+                let n = counts.get(name).copied().unwrap_or(0);
+                proptest::prop_assert!(n >= floor && n <= ceil, "{name} holds {n}, share {floor}..={ceil}: {counts:?}");
+            }
+            proptest::prop_assert!(moves <= excess + workers, "{moves} moves for an excess of {excess}");
+        }
+    }
+}

@@ -1,0 +1,444 @@
+//! The acquire cycle's decisions as a pure function: from one listing of the lease container and
+//! what this instance knows of itself, [`plan_cycle`] says which split parents to delete, which
+//! heartbeats are stale, which owned leases are lost or asked for, which leases to take or ask
+//! their owners for, when to look again for an expiring lease, and when to list next. The
+//! coordinator performs the plan's writes; nothing here sleeps or does I/O.
+//!
+//! Whether another instance's lease (heartbeat, handoff request) has expired is decided from
+//! what this instance saw change, on its own monotonic clock ([`Sightings`]), never from the
+//! other machine's wall-clock `timestamp`: clocks that differ between nodes change no decision.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use time::OffsetDateTime;
+
+use crate::cosmos::EpkRange;
+use crate::processor::leases::lease::{Lease, LeaseSnapshot};
+use crate::processor::leases::sightings::{Seen, Sightings};
+use crate::processor::options::ProcessorOptions;
+use crate::processor::policy::balancer::{
+    Balancing, LeaseState, leases_to_acquire, leases_to_acquire_steal_one, overlapping, superseded,
+};
+use crate::processor::policy::listing_schedule::{ListingSchedule, ListingView, is_quiet};
+
+/// Acquire cycles without a heartbeat after which an instance is no longer counted.
+const HEARTBEAT_CYCLES: u32 = 3;
+
+/// A heartbeat older than this many lease expirations belongs to an instance that died; it is removed.
+const STALE_HEARTBEAT_EXPIRATIONS: u32 = 5;
+
+/// The options the plan depends on.
+#[derive(Debug, Clone, Copy)]
+pub struct CycleOptions {
+    /// How long a lease lives without a renewal.
+    pub expiration: Duration,
+    /// How often owners renew.
+    pub renew_interval: Duration,
+    /// The regular wait between acquire cycles.
+    pub acquire_interval: Duration,
+    /// The balancing strategy.
+    pub balancing: Balancing,
+}
+
+impl From<&ProcessorOptions> for CycleOptions {
+    fn from(options: &ProcessorOptions) -> Self {
+        Self {
+            expiration: options.expiration,
+            renew_interval: options.renew_interval,
+            acquire_interval: options.acquire_interval,
+            balancing: options.balancing,
+        }
+    }
+}
+
+/// What this instance knows of itself when a listing comes in.
+#[derive(Debug, Clone)]
+pub struct Observations {
+    /// When the listing came in, on this instance's monotonic clock.
+    pub at: tokio::time::Instant,
+    /// What this instance has seen change, and when (the listing already recorded).
+    pub sightings: Sightings,
+    /// The ids of the leases processed here now.
+    pub owned: HashSet<String>,
+    /// Whether a handoff this instance asked for is still awaited.
+    pub awaiting_handoff: bool,
+    /// The lease ids the previous listing showed, sorted.
+    pub listed_ids: Vec<String>,
+    /// The wait before this listing (the acquire interval, longer while listings were quiet).
+    pub listing_interval: Duration,
+    /// Leases this instance released as stalled within the last lease expiration: left for the
+    /// other instances to try ([`crate::processor::policy::stall`]).
+    pub left_stalled: HashSet<String>,
+}
+
+/// What an acquire cycle does with a lease it wants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireStep {
+    /// Write this instance as the owner (a free or expired lease, or an owner that ignored a
+    /// handoff request).
+    Take,
+    /// Ask the live owner to hand it over.
+    AskHandoff,
+}
+
+/// One write of the cycle: the lease as it is to be written (If-Match its listed ETag).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Acquisition {
+    /// The new version of the lease.
+    pub write: Lease,
+    /// The live owner it is taken from or asked of (never this instance).
+    pub previous_owner: Option<String>,
+    /// Taken or asked for.
+    pub step: AcquireStep,
+}
+
+/// Everything one acquire cycle decided.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CyclePlan {
+    /// Documents under the prefix that are not valid leases (id, what is wrong).
+    pub invalid: Vec<(String, String)>,
+    /// Leases whose range overlaps another lease's (edited by hand?).
+    pub overlapping: Vec<String>,
+    /// Owned leases the listing shows with another owner or not at all: processing stops.
+    pub lost: Vec<String>,
+    /// Owned leases another instance asked for: (lease id, the instance to hand it to).
+    pub hand_over: Vec<(String, String)>,
+    /// Owned leases asked for by an instance that is gone: the request is cleared, the lease kept.
+    pub clear_requests: Vec<String>,
+    /// Split parents whose children exist and that nobody renews: deleted.
+    pub delete: Vec<Lease>,
+    /// Instances whose heartbeat is long stale (died without stopping): heartbeats removed.
+    pub remove_heartbeats: Vec<String>,
+    /// Leases to take or ask for, written together.
+    pub acquire: Vec<Acquisition>,
+    /// When another instance's overdue lease expires before the next cycle: an extra cycle then.
+    pub takeover_in: Option<Duration>,
+    /// The wait until the next regular listing.
+    pub next_interval: Duration,
+    /// The lease ids of this listing, sorted (for the next plan's [`Observations::listed_ids`]).
+    pub listed_ids: Vec<String>,
+    /// Whether this instance must renew each of its leases on its own: another live instance
+    /// judges leases by their own writes (its heartbeat carries no liveness marker, or it owns
+    /// leases and has no such heartbeat), see [`crate::processor::leases::heartbeat`].
+    pub renew_each_lease: bool,
+    /// The other instances here (a live heartbeat, or a lease they keep alive), sorted: where a
+    /// lease this instance gives up as stalled goes.
+    pub others: Vec<String>,
+}
+
+/// Decides one acquire cycle of instance `me` from `snapshot`, listed at `now`.
+pub fn plan_cycle(
+    snapshot: &LeaseSnapshot,
+    observations: &Observations,
+    me: &str,
+    now: OffsetDateTime,
+    options: CycleOptions,
+) -> CyclePlan {
+    let expiration = options.expiration;
+    let ranges: Vec<(String, EpkRange)> = snapshot
+        .leases
+        .iter()
+        .filter_map(|l| Some((l.id.clone(), l.range()?.clone())))
+        .collect();
+    // A split parent whose children exist is obsolete: never balanced, deleted once free.
+    let obsolete = superseded(&ranges);
+    let balanced: Vec<&Lease> = snapshot.leases.iter().filter(|l| !obsolete.contains(&l.id)).collect();
+    let expired = |l: &Lease| observations.sightings.is_expired(l, observations.at, expiration);
+    let states: Vec<LeaseState> = balanced
+        .iter()
+        .map(|l| LeaseState {
+            id: l.id.clone(),
+            live_owner: if expired(l) { None } else { l.owner.clone() },
+        })
+        .collect();
+    let live = live_instances(snapshot, observations, options);
+    let wanted = wanted(&balanced, &states, &live, observations, me, options.balancing);
+    let mut listed_ids: Vec<String> = snapshot.leases.iter().map(|l| l.id.clone()).collect();
+    listed_ids.sort_unstable();
+    let view = ListingView {
+        leases: &states,
+        live: &live,
+        handoff_asked: snapshot.leases.iter().any(|l| l.handoff_request().is_some()),
+        same_leases: listed_ids == observations.listed_ids,
+    };
+    let quiet = wanted.is_empty() && !observations.awaiting_handoff && is_quiet(&view, me);
+    let schedule = ListingSchedule::new(options.acquire_interval, options.renew_interval.min(expiration));
+    let next_interval = if expecting_requests(&states, &live, observations, me, options) {
+        schedule.brisk()
+    } else {
+        schedule.next(observations.listing_interval, quiet)
+    };
+    let present = present(&live, &states);
+    let fates = owned_fates(snapshot, observations, me, &present);
+    let renew_each_lease = judged_one_by_one(&live, &states, observations, me);
+    CyclePlan {
+        invalid: snapshot.invalid.clone(),
+        overlapping: overlapping(&ranges, &obsolete),
+        lost: fates.lost,
+        hand_over: fates.hand_over,
+        clear_requests: fates.clear_requests,
+        delete: snapshot
+            .leases
+            .iter()
+            .filter(|l| obsolete.contains(&l.id) && expired(l))
+            .cloned()
+            .collect(),
+        remove_heartbeats: snapshot
+            .instances
+            .iter()
+            .filter(|(name, _)| heartbeat_age(observations, name) > expiration * STALE_HEARTBEAT_EXPIRATIONS)
+            .map(|(name, _)| name.clone())
+            .collect(),
+        acquire: wanted
+            .iter()
+            .filter_map(|id| balanced.iter().find(|l| &l.id == id))
+            .filter(|l| !observations.owned.contains(&l.id) && !observations.left_stalled.contains(&l.id))
+            .filter_map(|lease| acquisition(lease, me, now, observations, expiration))
+            .collect(),
+        takeover_in: takeover_in(&balanced, me, observations, options),
+        next_interval,
+        listed_ids,
+        renew_each_lease,
+        others: present
+            .into_iter()
+            .filter(|name| name != me && !name.is_empty())
+            .collect(),
+    }
+}
+
+/// Whether `me` holds more than its share while an instance that arrived within the last two
+/// acquire intervals holds less: it is about to ask `me` for leases. Idle leases are not
+/// written between listings, so only a listing shows its requests: until they come, `me` lists
+/// briskly (a quarter of the acquire interval), so that a newcomer gets its share within its
+/// first acquire cycle, as when each lease's renewal met the request at once.
+fn expecting_requests(
+    states: &[LeaseState],
+    live: &[String],
+    observations: &Observations,
+    me: &str,
+    options: CycleOptions,
+) -> bool {
+    let instances = present(live, states);
+    if states.is_empty() || instances.len() < 2 || states.iter().any(|s| s.live_owner.is_none()) {
+        return false;
+    }
+    let held = |name: &str| states.iter().filter(|s| s.live_owner.as_deref() == Some(name)).count();
+    let floor = states.len() / instances.len();
+    let recent = options.acquire_interval * 2;
+    held(me) > floor
+        && instances.iter().any(|name| {
+            name != me
+                && held(name) < floor
+                && observations
+                    .sightings
+                    .known_for(name, observations.at)
+                    .is_some_and(|known| known < recent)
+        })
+}
+
+/// Whether another live instance judges leases by their own writes: a live heartbeat without
+/// the liveness marker, or a live owner without a heartbeat that carries it (an older version,
+/// or one that keeps each lease alive on its own). While one is there, every lease is renewed
+/// on its own so that it never takes a live instance's lease.
+fn judged_one_by_one(live: &[String], states: &[LeaseState], observations: &Observations, me: &str) -> bool {
+    let keeps = |name: &str| name == me || observations.sightings.keeps_leases(name);
+    live.iter().any(|name| !keeps(name))
+        || states
+            .iter()
+            .filter_map(|s| s.live_owner.as_deref())
+            .any(|owner| !owner.is_empty() && !keeps(owner))
+}
+
+/// How long instance `name`'s heartbeat has not changed, as seen here.
+fn heartbeat_age(observations: &Observations, name: &str) -> Duration {
+    observations
+        .sightings
+        .unchanged_for(&Seen::Heartbeat(name.to_owned()), observations.at)
+}
+
+/// Instances beat every renew interval (an older version: every cycle while it owns nothing): one
+/// silent for three cycles or two renew intervals, whichever is longer, is gone (a crashed
+/// instance must not be counted when its leases expire, or their takeover waits another cycle).
+fn live_instances(snapshot: &LeaseSnapshot, observations: &Observations, options: CycleOptions) -> Vec<String> {
+    let heartbeat_ttl = options
+        .expiration
+        .min((options.acquire_interval * HEARTBEAT_CYCLES).max(options.renew_interval * 2));
+    snapshot
+        .instances
+        .iter()
+        .filter(|(name, _)| heartbeat_age(observations, name) < heartbeat_ttl)
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// The leases `me` wants: first those the store says are its own but that no task processes (a
+/// restart under the same name), then what the balancing strategy picks.
+fn wanted(
+    balanced: &[&Lease],
+    states: &[LeaseState],
+    live: &[String],
+    observations: &Observations,
+    me: &str,
+    balancing: Balancing,
+) -> Vec<String> {
+    let mut wanted: Vec<String> = balanced
+        .iter()
+        .filter(|l| l.owner.as_deref() == Some(me) && !observations.owned.contains(&l.id))
+        .map(|l| l.id.clone())
+        .collect();
+    let picked = match balancing {
+        Balancing::Fair => leases_to_acquire(states, me, live),
+        Balancing::StealOne => leases_to_acquire_steal_one(states, me),
+    };
+    // Each lease is written once a cycle (a second write would only meet a 412).
+    for id in picked {
+        if !wanted.contains(&id) {
+            wanted.push(id);
+        }
+    }
+    wanted
+}
+
+/// Owned leases the listing shows as another's (or not at all), and those shown as this
+/// instance's with another instance's handoff request.
+/// An instance that asked for a lease and is gone (no live heartbeat, no lease it renews) is not
+/// handed it: its request is cleared.
+fn owned_fates(snapshot: &LeaseSnapshot, observations: &Observations, me: &str, present: &[String]) -> OwnedFates {
+    let mut fates = OwnedFates::default();
+    for id in &observations.owned {
+        let mine = snapshot
+            .leases
+            .iter()
+            .find(|l| &l.id == id && l.owner.as_deref() == Some(me));
+        match mine.map(Lease::handoff_request) {
+            None => fates.lost.push(id.clone()),
+            Some(Some((to, _))) if to != me && present.iter().any(|p| p == to) => {
+                fates.hand_over.push((id.clone(), to.to_owned()))
+            }
+            Some(Some((to, _))) if to != me => fates.clear_requests.push(id.clone()),
+            Some(_) => {}
+        }
+    }
+    fates.lost.sort_unstable();
+    fates.hand_over.sort_unstable();
+    fates.clear_requests.sort_unstable();
+    fates
+}
+
+/// What becomes of the leases processed here.
+#[derive(Default)]
+struct OwnedFates {
+    lost: Vec<String>,
+    hand_over: Vec<(String, String)>,
+    clear_requests: Vec<String>,
+}
+
+/// The instances that are here: a live heartbeat, or a lease they renew.
+fn present(live: &[String], states: &[LeaseState]) -> Vec<String> {
+    let mut present: Vec<String> = live.to_vec();
+    present.extend(states.iter().filter_map(|s| s.live_owner.clone()));
+    present.sort_unstable();
+    present.dedup();
+    present
+}
+
+/// How `me` gets `lease`: taken when it is free, expired, or its owner ignored this instance's
+/// request for a lease expiration; asked of a live owner otherwise (it hands it over after the
+/// batch it is in, so nothing is delivered twice); nothing while a request is pending.
+fn acquisition(
+    lease: &Lease,
+    me: &str,
+    now: OffsetDateTime,
+    observations: &Observations,
+    expiration: Duration,
+) -> Option<Acquisition> {
+    let previous_owner = if observations.sightings.is_expired(lease, observations.at, expiration) {
+        None
+    } else {
+        lease.owner.clone()
+    }
+    .filter(|o| o != me);
+    // A slow batch is not taken from under a live owner: only one that has not handed over within
+    // a lease expiration (an older version that ignores requests, a handler stuck that long) loses it.
+    let patience = expiration;
+    // A request, this instance's own or another's, is timed by how long it is seen here (on this
+    // instance's monotonic clock: a wall clock stepped back or forth changes nothing).
+    let asked_for = observations
+        .sightings
+        .unchanged_for(&Seen::Request(lease.id.clone()), observations.at);
+    let mut write = lease.clone();
+    let step = match (&previous_owner, lease.handoff_request()) {
+        (Some(_), Some((to, _))) if to == me && asked_for < patience => return None,
+        (Some(_), Some((to, _))) if to != me && asked_for < expiration => return None,
+        (Some(_), Some((to, _))) if to == me => AcquireStep::Take,
+        (Some(_), _) => {
+            write.request_handoff(me, now);
+            AcquireStep::AskHandoff
+        }
+        (None, _) => AcquireStep::Take,
+    };
+    if step == AcquireStep::Take {
+        write.owner = Some(me.to_owned());
+        write.clear_handoff();
+        write.timestamp = Some(now);
+    }
+    Some(Acquisition {
+        write,
+        previous_owner,
+        step,
+    })
+}
+
+/// The write that retries `acquisition` after a 412, on `current` (the lease as it is now): while
+/// it still has the live owner the acquisition was planned against and no other instance's
+/// handoff request, the same request is written again, or the lease taken (at `now`). `None`
+/// when the reason is gone (another owner, another requester), or for a free or expired lease
+/// (a write to it means someone renewed or took it).
+pub fn retry_acquisition(acquisition: &Acquisition, mut current: Lease, now: OffsetDateTime) -> Option<Lease> {
+    let me = match acquisition.step {
+        AcquireStep::Take => acquisition.write.owner.clone()?,
+        AcquireStep::AskHandoff => acquisition.write.handoff_request()?.0.to_owned(),
+    };
+    let other_request = current.handoff_request().is_some_and(|(to, _)| to != me);
+    if acquisition.previous_owner.is_none() || current.owner != acquisition.previous_owner || other_request {
+        return None;
+    }
+    match acquisition.step {
+        AcquireStep::AskHandoff => {
+            let (_, at) = acquisition.write.handoff_request()?;
+            current.request_handoff(&me, at);
+        }
+        AcquireStep::Take => {
+            current.owner = Some(me);
+            current.clear_handoff();
+            current.timestamp = Some(now);
+        }
+    }
+    Some(current)
+}
+
+/// A lease its owner stopped renewing is taken as it expires, not up to a cycle later (fair
+/// balancing only: the reference strategy keeps its cycle): the wait until the first lease of
+/// another instance that showed no sign of life (a write of it, or its owner's heartbeat) for
+/// longer than two renew intervals (overdue: healthy owners write sooner) reaches the
+/// expiration, when that comes before the next cycle.
+fn takeover_in(balanced: &[&Lease], me: &str, observations: &Observations, options: CycleOptions) -> Option<Duration> {
+    if options.balancing == Balancing::StealOne {
+        return None;
+    }
+    let overdue_after = options.renew_interval * 2;
+    balanced
+        .iter()
+        .filter(|l| l.owner.as_deref().is_some_and(|o| !o.is_empty() && o != me))
+        .map(|l| observations.sightings.silent_for(l, observations.at))
+        .filter(|age| *age > overdue_after && *age < options.expiration)
+        .map(|age| options.expiration - age)
+        // Only a quiet listing waits longer, and a quiet one shows no other owners.
+        .filter(|wait| *wait < options.acquire_interval)
+        .min()
+}
+
+#[cfg(test)]
+#[path = "cycle_plan_tests.rs"]
+mod tests;

@@ -1,0 +1,575 @@
+//! The remaining-work estimator: per lease, how many changes are left to process.
+//!
+//! A lease's range is cut along the current physical partitions into pieces ([`pieces`]):
+//! - A **whole partition** (the usual lease) is estimated from LSNs with one change-feed page of
+//!   at most one item read from the lease's continuation: lag = latest LSN of the partition
+//!   (session token) − LSN of the next unprocessed change + 1, and 0 when nothing is pending
+//!   (operations, exact and one request whatever the backlog). The LSN of that change is read
+//!   from the continuation after it (the service's quoted LSN or the emulator's cursor), so one
+//!   code path serves both backends.
+//! - **Part of a partition** (`leases.perPartition` > 1) cannot be estimated from LSNs: the
+//!   session token and the LSNs are the whole partition's, so a difference of LSNs also counts
+//!   the other sub-ranges' writes. Its pending documents are counted instead: its change feed
+//!   (which holds exactly the documents hashed into it) is read from the lease's continuation in
+//!   pages of [`COUNT_PAGE_ITEMS`], at most [`COUNT_PAGES`] reads, stopping at an empty page or
+//!   once the read has passed the partition's latest LSN. That is exact up to a couple of
+//!   thousand pending documents per lease at one to three requests; a larger backlog is
+//!   extrapolated from what the reads counted ([`Tally::estimate`]).
+//!
+//! A lease that was never checkpointed is estimated the same way from the processor's start
+//! position (the first change after the start), so a new processor's whole backlog is visible
+//! before any worker ran. A lease whose range was split since its last checkpoint is estimated
+//! per child partition, each from the lease's continuation. A split parent whose children leases
+//! cover its range (left behind by a crash between creating them and deleting it) is not
+//! estimated: the children hold its changes, and the processor deletes it once it is free.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde::Serialize;
+use time::OffsetDateTime;
+
+use crate::cosmos::{
+    ChangePage, CosmosError, EpkRange, MonitoredContainer, StartFrom, continuation_lsn, session_token_lsn,
+};
+use crate::processor::leases::lease::{HANDLER_FAILING_PROPERTY, Lease, STALLED_PROPERTY};
+use crate::processor::policy::balancer::superseded;
+
+/// How many leases are estimated at once.
+pub const DEFAULT_CONCURRENCY: usize = 16;
+
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Documents per read when the pending documents of part of a partition are counted.
+pub const COUNT_PAGE_ITEMS: u32 = 1000;
+
+/// Reads at most per counted part of a partition; a backlog beyond them is extrapolated.
+pub const COUNT_PAGES: usize = 3;
+
+/// The estimate of one lease.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseEstimate {
+    /// The lease token.
+    pub lease_token: String,
+    /// The lease's EPK range.
+    pub feed_range: EpkRange,
+    /// The owner, if any.
+    pub owner: Option<String>,
+    /// Remaining operations.
+    pub lag: u64,
+    /// Seconds since the last checkpoint, when known.
+    pub checkpoint_age: Option<u64>,
+    /// Whether the lease has a checkpoint; otherwise `lag` counts from the processor's start position.
+    pub started: bool,
+    /// Set while the lease halts on a batch its handler keeps failing: since when, and the error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handler_failing: Option<String>,
+    /// Set while the lease is stalled (no progress though it may have lag): which instance, since
+    /// when, and what its reader was doing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stalled: Option<String>,
+    /// Why this lease could not be estimated (its `lag` is then 0 and not counted as known).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Change-feed requests this estimate took (0: taken from the owner's report).
+    #[serde(skip)]
+    pub reads: u32,
+}
+
+/// The estimate of a whole processor.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessorEstimate {
+    /// The processor name.
+    pub processor: String,
+    /// Number of leases.
+    pub lease_count: usize,
+    /// Leases with lag > 0.
+    pub leases_with_lag: usize,
+    /// Sum of the lags of the leases that could be estimated.
+    pub total_lag: u64,
+    /// Leases that could not be estimated (see their `error`).
+    pub leases_failed: usize,
+    /// Per lease, ordered by range.
+    pub leases: Vec<LeaseEstimate>,
+}
+
+impl ProcessorEstimate {
+    /// Totals over per-lease estimates.
+    pub fn new(processor: impl Into<String>, mut leases: Vec<LeaseEstimate>) -> Self {
+        leases.sort_by(|a, b| a.feed_range.cmp(&b.feed_range));
+        Self {
+            processor: processor.into(),
+            lease_count: leases.len(),
+            leases_with_lag: leases.iter().filter(|l| l.lag > 0).count(),
+            total_lag: leases.iter().map(|l| l.lag).sum(),
+            leases_failed: leases.iter().filter(|l| l.error.is_some()).count(),
+            leases,
+        }
+    }
+}
+
+/// Estimates every lease, at most `concurrency` at a time. Leases without a checkpoint count from
+/// `start` (the processor's start position for such leases). A lease that cannot be estimated is
+/// returned with its `error`; only a failure that concerns every lease (the routing map) is an `Err`.
+pub async fn estimate_leases(
+    monitored: &MonitoredContainer,
+    leases: &[Lease],
+    start: StartFrom,
+    concurrency: usize,
+) -> Result<Vec<LeaseEstimate>, CosmosError> {
+    let now = OffsetDateTime::now_utc();
+    // One routing-map lookup for all leases (the SDK's cached map; refreshed per lease after a split).
+    let ranges = std::sync::Arc::new(monitored.feed_ranges(false).await?);
+    let results: Vec<LeaseEstimate> = futures::stream::iter(estimated(leases))
+        .map(|lease| {
+            let monitored = monitored.clone();
+            let ranges = ranges.clone();
+            async move {
+                // One lease that cannot be read does not hide the others' work.
+                estimate_lease(&monitored, &ranges, &lease, start, now)
+                    .await
+                    // What the lease itself says (a failing handler, a stall) is kept: a lease
+                    // whose feed cannot be read is the one most likely to be stalled.
+                    .unwrap_or_else(|error| LeaseEstimate {
+                        error: Some(error.to_string()),
+                        reads: 1,
+                        ..lease_estimate(&lease, 0, now)
+                    })
+            }
+        })
+        .buffer_unordered(concurrency.max(1))
+        .collect()
+        .await;
+    Ok(results)
+}
+
+/// The leases to estimate: those with an EPK range, except split parents whose children leases
+/// cover their range ([`superseded`]: the children hold their changes).
+pub fn estimated(leases: &[Lease]) -> Vec<Lease> {
+    let ranges: Vec<(String, EpkRange)> = leases
+        .iter()
+        .filter_map(|l| Some((l.id.clone(), l.range()?.clone())))
+        .collect();
+    let obsolete = superseded(&ranges);
+    leases
+        .iter()
+        .filter(|l| l.range().is_some() && !obsolete.contains(&l.id))
+        .cloned()
+        .collect()
+}
+
+async fn estimate_lease(
+    monitored: &MonitoredContainer,
+    ranges: &[EpkRange],
+    lease: &Lease,
+    start: StartFrom,
+    now: OffsetDateTime,
+) -> Result<LeaseEstimate, CosmosError> {
+    let range = lease.range().cloned().unwrap_or_else(EpkRange::full);
+    let continuation = lease.continuation.as_deref().filter(|c| !c.is_empty());
+    let (lag, reads) = range_lag(monitored, ranges, &range, continuation, lease.start_from(start)).await?;
+    Ok(LeaseEstimate {
+        reads,
+        ..lease_estimate(lease, lag, now)
+    })
+}
+
+/// The estimate of `lease` with `lag` (told, not read: no requests), its checkpoint age at `now`.
+pub fn lease_estimate(lease: &Lease, lag: u64, now: OffsetDateTime) -> LeaseEstimate {
+    let checkpoint_age = lease
+        .checkpoint_time
+        .map(|t| u64::try_from((now - t).whole_seconds().max(0)).unwrap_or_default());
+    LeaseEstimate {
+        lease_token: lease.lease_token.clone(),
+        feed_range: lease.range().cloned().unwrap_or_else(EpkRange::full),
+        owner: lease.owner.clone().filter(|o| !o.is_empty()),
+        lag,
+        checkpoint_age,
+        started: lease.continuation.as_deref().is_some_and(|c| !c.is_empty()),
+        handler_failing: lease.properties.get(HANDLER_FAILING_PROPERTY).cloned(),
+        stalled: lease.properties.get(STALLED_PROPERTY).cloned(),
+        error: None,
+        reads: 0,
+    }
+}
+
+/// The lag of `range` from `continuation` (or from `start` without one), summed over its
+/// pieces, and the requests that took. When a read finds a piece split since the routing map
+/// was read, the map is read again and the pieces are estimated anew.
+async fn range_lag(
+    monitored: &MonitoredContainer,
+    ranges: &[EpkRange],
+    range: &EpkRange,
+    continuation: Option<&str>,
+    start: StartFrom,
+) -> Result<(u64, u32), CosmosError> {
+    let first = pieces_lag(monitored, ranges, range, continuation, start).await?;
+    if !first.split {
+        return Ok((first.lag, first.reads));
+    }
+    let fresh = monitored.feed_ranges(true).await?;
+    let again = pieces_lag(monitored, &fresh, range, continuation, start).await?;
+    Ok((again.lag, first.reads + 1 + again.reads))
+}
+
+/// What estimating some pieces found: their lag, whether a read found one split, the reads.
+#[derive(Debug, Clone, Copy, Default)]
+struct PiecesLag {
+    lag: u64,
+    split: bool,
+    reads: u32,
+}
+
+/// The sum of the lags of `range`'s pieces over `ranges`.
+async fn pieces_lag(
+    monitored: &MonitoredContainer,
+    ranges: &[EpkRange],
+    range: &EpkRange,
+    continuation: Option<&str>,
+    start: StartFrom,
+) -> Result<PiecesLag, CosmosError> {
+    let mut total = PiecesLag::default();
+    for piece in pieces(ranges, range) {
+        let found = piece_lag(monitored, &piece, continuation, start).await?;
+        total.lag += found.lag;
+        total.split |= found.split;
+        total.reads += found.reads;
+    }
+    Ok(total)
+}
+
+/// How a piece of a lease's range is estimated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    /// A whole physical partition: from its LSNs.
+    Partition(EpkRange),
+    /// Part of a physical partition: its pending documents are counted.
+    Part(EpkRange),
+}
+
+/// Whether `range` covers whole physical partitions of `ranges` (one or more), so that its lag
+/// can be told from LSNs.
+pub fn covers_whole_partitions(ranges: &[EpkRange], range: &EpkRange) -> bool {
+    pieces(ranges, range)
+        .iter()
+        .all(|piece| matches!(piece, Piece::Partition(_)))
+}
+
+/// `range` cut along the physical partitions `ranges`: one piece per partition it overlaps
+/// (`range` itself, as a partition, when the map has none).
+fn pieces(ranges: &[EpkRange], range: &EpkRange) -> Vec<Piece> {
+    let pieces: Vec<Piece> = ranges
+        .iter()
+        .filter_map(|partition| {
+            let part = partition.intersection(range)?;
+            Some(if part == *partition {
+                Piece::Partition(part)
+            } else {
+                Piece::Part(part)
+            })
+        })
+        .collect();
+    if pieces.is_empty() {
+        vec![Piece::Partition(range.clone())]
+    } else {
+        pieces
+    }
+}
+
+/// The lag of one piece, whether the read found it split (it spans several ranges now), and
+/// the reads it took.
+async fn piece_lag(
+    monitored: &MonitoredContainer,
+    piece: &Piece,
+    continuation: Option<&str>,
+    start: StartFrom,
+) -> Result<PiecesLag, CosmosError> {
+    match piece {
+        Piece::Partition(range) => {
+            let page = one_item(monitored, range, continuation, start).await?;
+            Ok(PiecesLag {
+                lag: page_lag(&page),
+                split: page.continuations.len() > 1,
+                reads: 1,
+            })
+        }
+        Piece::Part(range) => count_pending(monitored, range, continuation, start).await,
+    }
+}
+
+/// Counts the documents pending in `range` (part of a partition) from `continuation`, at most
+/// [`COUNT_PAGES`] reads of [`COUNT_PAGE_ITEMS`]; beyond them the rest is extrapolated.
+async fn count_pending(
+    monitored: &MonitoredContainer,
+    range: &EpkRange,
+    continuation: Option<&str>,
+    start: StartFrom,
+) -> Result<PiecesLag, CosmosError> {
+    let mut reader = monitored.reader(range, continuation, start, COUNT_PAGE_ITEMS).await?;
+    let mut tally = Tally::after(continuation.and_then(continuation_lsn));
+    for reads in 1..=COUNT_PAGES as u32 {
+        let page = reader.next_page(READ_TIMEOUT).await?;
+        if page.continuations.len() > 1 {
+            return Ok(PiecesLag {
+                lag: tally.counted,
+                split: true,
+                reads,
+            });
+        }
+        if tally.add(&page) {
+            return Ok(PiecesLag {
+                lag: tally.counted,
+                split: false,
+                reads,
+            });
+        }
+    }
+    Ok(PiecesLag {
+        lag: tally.estimate(),
+        split: false,
+        reads: COUNT_PAGES as u32,
+    })
+}
+
+/// What the counting reads of part of a partition found so far.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Tally {
+    /// Documents counted.
+    counted: u64,
+    /// The LSN the count started after (the lease's continuation), when known.
+    from: Option<u64>,
+    /// The LSN the reads reached (the continuation after the last page).
+    reached: Option<u64>,
+    /// The partition's latest LSN.
+    latest: Option<u64>,
+}
+
+impl Tally {
+    /// Nothing counted yet, from the position after LSN `from`.
+    fn after(from: Option<u64>) -> Self {
+        Self {
+            from,
+            ..Self::default()
+        }
+    }
+
+    /// Counts a page; `true` when nothing more is pending: the page was empty, or the read has
+    /// passed the partition's latest LSN.
+    fn add(&mut self, page: &ChangePage) -> bool {
+        let Some(first) = page.documents.first() else {
+            return true;
+        };
+        if self.from.is_none() {
+            self.from = first
+                .get("_lsn")
+                .and_then(serde_json::Value::as_u64)
+                .map(|lsn| lsn.saturating_sub(1));
+        }
+        self.counted += page.documents.len() as u64;
+        self.reached = page
+            .continuations
+            .first()
+            .and_then(|c| continuation_lsn(&c.continuation));
+        self.latest = latest_lsn(page);
+        matches!((self.reached, self.latest), (Some(reached), Some(latest)) if reached >= latest)
+    }
+
+    /// The documents counted, plus what the LSNs after the last read hold if the range keeps the
+    /// share of the partition's changes it had over the counted ones (documents per LSN since
+    /// `from`, 0 when unknown).
+    fn estimate(&self) -> u64 {
+        let (Some(reached), Some(latest)) = (self.reached, self.latest) else {
+            return self.counted;
+        };
+        let span = reached.saturating_sub(self.from.unwrap_or(0)).max(self.counted).max(1);
+        let rest = u128::from(latest.saturating_sub(reached)) * u128::from(self.counted) / u128::from(span);
+        self.counted.saturating_add(u64::try_from(rest).unwrap_or(u64::MAX))
+    }
+}
+
+async fn one_item(
+    monitored: &MonitoredContainer,
+    range: &EpkRange,
+    continuation: Option<&str>,
+    start: StartFrom,
+) -> Result<ChangePage, CosmosError> {
+    let mut reader = monitored.reader(range, continuation, start, 1).await?;
+    reader.next_page(READ_TIMEOUT).await
+}
+
+/// latest LSN − LSN of the first pending change + 1, or 0 when the page is empty.
+fn page_lag(page: &ChangePage) -> u64 {
+    let Some(first) = page.documents.first() else {
+        return 0;
+    };
+    let next = first.get("_lsn").and_then(serde_json::Value::as_u64).or_else(|| {
+        page.continuations
+            .first()
+            .and_then(|c| continuation_lsn(&c.continuation))
+    });
+    match (latest_lsn(page), next) {
+        (Some(latest), Some(next)) => (latest + 1).saturating_sub(next).max(1),
+        _ => 1,
+    }
+}
+
+/// The latest LSN of the partition that served `page`.
+fn latest_lsn(page: &ChangePage) -> Option<u64> {
+    page.session_token.as_deref().and_then(session_token_lsn).or(page.lsn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cosmos::RangeContinuation;
+    use serde_json::json;
+
+    fn page(docs: Vec<serde_json::Value>, continuation: &str, session: Option<&str>) -> ChangePage {
+        ChangePage {
+            documents: docs,
+            changes: Vec::new(),
+            range_id: None,
+            continuations: vec![RangeContinuation {
+                range: EpkRange::full(),
+                continuation: continuation.into(),
+            }],
+            session_token: session.map(str::to_owned),
+            lsn: None,
+            request_charge: 0.0,
+            retries: 0,
+        }
+    }
+
+    #[test]
+    fn lag_from_service_and_emulator_pages() {
+        // Service: the item carries _lsn, the continuation is a quoted LSN.
+        assert_eq!(
+            page_lag(&page(
+                vec![json!({"id": "a", "_lsn": 91})],
+                "\"91\"",
+                Some("0:1#100#3=100")
+            )),
+            10
+        );
+        // Emulator: no _lsn, the cursor after the item carries its LSN.
+        let cursor = r#"{"kind":"change_feed_cursor_v1","lsn":41,"epk":"05","id":"a"}"#;
+        assert_eq!(
+            page_lag(&page(vec![json!({"id": "a"})], cursor, Some("0:1#48#0=48"))),
+            8
+        );
+        assert_eq!(page_lag(&page(vec![], "\"100\"", Some("0:1#100"))), 0);
+        assert_eq!(
+            page_lag(&page(vec![json!({"id": "a"})], "bad", None)),
+            1,
+            "unknown LSNs never look like a huge backlog"
+        );
+    }
+
+    #[test]
+    fn a_range_is_cut_along_the_partitions() {
+        let partitions = [EpkRange::new("", "40"), EpkRange::new("40", "FF")];
+        let cases: Vec<(EpkRange, Vec<Piece>)> = vec![
+            // One lease per partition.
+            (EpkRange::new("", "40"), vec![Piece::Partition(EpkRange::new("", "40"))]),
+            // A sub-range (leases per partition > 1).
+            (EpkRange::new("20", "40"), vec![Piece::Part(EpkRange::new("20", "40"))]),
+            // A lease over a split: one piece per child.
+            (
+                EpkRange::full(),
+                vec![
+                    Piece::Partition(EpkRange::new("", "40")),
+                    Piece::Partition(EpkRange::new("40", "FF")),
+                ],
+            ),
+            // A sub-range across a split point: a part of each child.
+            (
+                EpkRange::new("30", "50"),
+                vec![
+                    Piece::Part(EpkRange::new("30", "40")),
+                    Piece::Part(EpkRange::new("40", "50")),
+                ],
+            ),
+        ];
+        for (range, expected) in cases {
+            assert_eq!(pieces(&partitions, &range), expected, "{range}");
+        }
+        assert_eq!(
+            pieces(&[], &EpkRange::full()),
+            vec![Piece::Partition(EpkRange::full())],
+            "no routing map: the range as it is"
+        );
+    }
+
+    fn counted(docs: usize, continuation: &str, session: &str) -> ChangePage {
+        page(vec![json!({"id": "d"}); docs], continuation, Some(session))
+    }
+
+    #[test]
+    fn counting_stops_when_nothing_more_is_pending_and_extrapolates_beyond_its_reads() {
+        // An empty page: done.
+        let mut tally = Tally::after(Some(10));
+        assert!(tally.add(&counted(0, "\"10\"", "0:1#50")));
+        assert_eq!(tally.counted, 0);
+        // The read reached the partition's latest LSN: done, exact.
+        let mut tally = Tally::after(Some(10));
+        assert!(tally.add(&counted(7, "\"50\"", "0:1#50")));
+        assert_eq!((tally.counted, tally.estimate()), (7, 7));
+        // Later changes of the partition may be in other sub-ranges: read on.
+        let mut tally = Tally::after(Some(10));
+        assert!(!tally.add(&counted(7, "\"40\"", "0:1#50")));
+        assert!(tally.add(&counted(0, "\"40\"", "0:1#50")));
+        assert_eq!(tally.counted, 7);
+        // The reads stopped after 1000 documents over LSNs 10..4010 (a fourth of the partition's
+        // changes there): the 2000 LSNs after them hold about 500 more.
+        let mut tally = Tally::after(Some(10));
+        assert!(!tally.add(&counted(1000, "\"4010\"", "0:1#6010")));
+        assert_eq!(tally.estimate(), 1500);
+        // Without a continuation: from the first document's LSN, else from 0.
+        let mut tally = Tally::after(None);
+        tally.add(&page(vec![json!({"_lsn": 101})], "\"300\"", Some("0:1#500")));
+        assert_eq!((tally.from, tally.estimate()), (Some(100), 2));
+        let mut tally = Tally::after(None);
+        tally.add(&counted(100, "\"400\"", "0:1#800"));
+        assert_eq!(tally.estimate(), 200);
+        // Unknown LSNs: what was counted.
+        let mut tally = Tally::after(None);
+        assert!(!tally.add(&page(vec![json!({"id": "d"}); 3], "bad", None)));
+        assert_eq!(tally.estimate(), 3);
+    }
+
+    #[test]
+    fn a_split_parent_beside_its_children_is_not_estimated() {
+        let lease = |min: &str, max: &str| Lease::new("p", &EpkRange::new(min, max), None);
+        let parent = lease("", "FF");
+        let children = [lease("", "80"), lease("80", "FF")];
+        let all = [parent.clone(), children[0].clone(), children[1].clone()];
+        let ids = |leases: Vec<Lease>| leases.into_iter().map(|l| l.lease_token).collect::<Vec<_>>();
+        assert_eq!(ids(estimated(&all)), vec!["-80", "80-FF"]);
+        // Until both children exist, the parent is the lease of the uncovered half.
+        assert_eq!(ids(estimated(&[parent, children[0].clone()])), vec!["-FF", "-80"]);
+    }
+
+    #[test]
+    fn totals() {
+        let lease = |token: &str, lag: u64| LeaseEstimate {
+            lease_token: token.into(),
+            feed_range: EpkRange::new(token, "FF"),
+            owner: None,
+            lag,
+            checkpoint_age: None,
+            started: true,
+            handler_failing: None,
+            stalled: None,
+            error: None,
+            reads: 1,
+        };
+        let estimate = ProcessorEstimate::new("p", vec![lease("80", 0), lease("", 5), lease("40", 7)]);
+        assert_eq!(
+            (estimate.lease_count, estimate.leases_with_lag, estimate.total_lag),
+            (3, 2, 12)
+        );
+        assert_eq!(estimate.leases[0].lease_token, "");
+    }
+}

@@ -1,0 +1,558 @@
+//! The coordinator: runs the acquire cycles (planned by [`plan_cycle`], performed here), takes up
+//! handed-over leases, starts one task per owned lease and settles each task's end (release,
+//! recreation of a deleted lease, a split's children), and stops them all on shutdown.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use time::OffsetDateTime;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::processor::error::LeaseError;
+use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError};
+use crate::processor::leases::owned::OwnedLease;
+use crate::processor::leases::sightings::Sightings;
+use crate::processor::policy::cycle_plan::{
+    AcquireStep, Acquisition, CycleOptions, CyclePlan, Observations, plan_cycle, retry_acquisition,
+};
+use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
+use crate::processor::run::lease_reader;
+use crate::processor::run::shared::Shared;
+use crate::processor::run::store_recovery::StoreRecovery;
+
+/// How many times a write asking a live owner for a lease, or taking it from one that ignored the
+/// request, is tried again after a 412 within one cycle.
+const ACQUIRE_RETRIES: u32 = 5;
+
+/// Leases awaited from their owners that are read (and taken up) at once.
+const ADOPT_CONCURRENCY: usize = 16;
+
+/// How long after an unrenewed lease's expiry the extra acquire cycle runs.
+const TAKEOVER_MARGIN: Duration = Duration::from_millis(20);
+
+/// Sleeps until `at` (forever without one; the caller only polls it with one).
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The task that owns the acquire cycles and the lease tasks of one processor.
+pub(crate) struct Coordinator {
+    shared: Arc<Shared>,
+    /// Cancelled to stop every lease task (shutdown).
+    leases: CancellationToken,
+    tasks: JoinSet<(Arc<OwnedLease>, LeaseExit)>,
+    /// Invalid lease documents already reported (each is logged and counted once).
+    reported_invalid: HashSet<String>,
+    /// Leases this instance asked their owners for: (lease id, owner asked), adopted as soon as
+    /// the owner hands them over.
+    awaiting: Vec<(String, Option<String>)>,
+    /// The lease container's disappearance and return.
+    recovery: StoreRecovery,
+    /// When another instance's unrenewed lease expires before the next cycle: an extra acquire
+    /// cycle then.
+    takeover_at: Option<tokio::time::Instant>,
+    /// The wait from one regular acquire cycle to the next: the acquire interval, longer while
+    /// listings are quiet.
+    listing_interval: Duration,
+    /// When the next regular acquire cycle runs.
+    next_listing: tokio::time::Instant,
+    /// The lease ids the previous listing showed, sorted.
+    listed_ids: Vec<String>,
+    /// What the listings showed change, and when, on this instance's clock (expiry).
+    sightings: Sightings,
+    /// Leases released as stalled, and when: not taken again for a lease expiration.
+    left_stalled: Vec<(String, tokio::time::Instant)>,
+}
+
+/// Marks the processor dead if the coordinator ends (or unwinds) without a shutdown request.
+struct DeathWatch(Arc<Shared>, CancellationToken);
+
+impl Drop for DeathWatch {
+    fn drop(&mut self) {
+        let health = &self.0.health;
+        if !self.1.is_cancelled() && !health.halt().is_cancelled() && !health.is_aborted() {
+            health.mark_died();
+            tracing::error!("the lease coordinator stopped unexpectedly");
+        }
+    }
+}
+
+impl Coordinator {
+    /// A coordinator whose lease tasks stop when `leases` is cancelled.
+    pub(crate) fn new(shared: Arc<Shared>, leases: CancellationToken) -> Self {
+        let interval = shared.options.acquire_interval;
+        Self {
+            shared,
+            leases,
+            tasks: JoinSet::new(),
+            reported_invalid: HashSet::new(),
+            awaiting: Vec::new(),
+            recovery: StoreRecovery::default(),
+            takeover_at: None,
+            listing_interval: interval,
+            next_listing: tokio::time::Instant::now(),
+            listed_ids: Vec::new(),
+            sightings: Sightings::default(),
+            left_stalled: Vec::new(),
+        }
+    }
+
+    /// Runs until `shutdown` (or a halt), then stops every lease task, releasing its lease, and
+    /// removes this instance's heartbeat. `renewing` is cancelled when this ends, however it ends.
+    pub(crate) async fn run(mut self, shutdown: CancellationToken, renewing: CancellationToken) {
+        let _renewing = renewing.drop_guard();
+        let _watch = DeathWatch(self.shared.clone(), shutdown.clone());
+        let delay = self.join_delay().await;
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep(delay) => {}
+        }
+        self.next_listing = tokio::time::Instant::now();
+        // Handed-over leases are looked for several times per cycle (point reads of the few
+        // leases asked for), so that a handoff completes within the cycle that asked for it.
+        let poll = (self.shared.options.acquire_interval / 8).clamp(Duration::from_millis(50), Duration::from_secs(2));
+        let mut handoff_poll = tokio::time::interval(poll);
+        handoff_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.shared.health.set_ready(true);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = self.shared.health.halt().cancelled() => break,
+                _ = tokio::time::sleep_until(self.next_listing) => {
+                    let started = tokio::time::Instant::now();
+                    self.shared.cycles.fetch_add(1, Ordering::SeqCst);
+                    self.acquire_cycle().await;
+                    self.next_listing = started + self.listing_interval;
+                }
+                _ = sleep_until(self.takeover_at), if self.takeover_at.is_some() => {
+                    self.takeover_at = None;
+                    self.acquire_cycle().await;
+                }
+                _ = handoff_poll.tick(), if !self.awaiting.is_empty() => self.adopt_handed_over().await,
+                // An owned lease carries a handoff request: judge it now, not at the next listing.
+                _ = self.shared.requested.notified() => {
+                    self.listing_changed();
+                    self.acquire_cycle().await;
+                }
+                Some(joined) = self.tasks.join_next() => self.on_exit(joined).await,
+            }
+        }
+        self.stop().await;
+    }
+
+    /// Stops every lease task (each releases its lease); the renewer then removes the heartbeat.
+    async fn stop(&mut self) {
+        self.shared.health.set_ready(false);
+        self.leases.cancel();
+        while let Some(joined) = self.tasks.join_next().await {
+            self.on_exit(joined).await;
+        }
+        self.shared.liveness.all_released();
+        tracing::info!("processor stopped");
+    }
+
+    /// Announces this instance. When it joins a processor that others may be running (another
+    /// instance's heartbeat or lease is there: whether it is alive is not judged by the
+    /// timestamps other machines' clocks wrote), it waits half to one cycle before its first
+    /// acquire so that instances starting together all count each other; a processor nobody ran
+    /// yet is started at once.
+    async fn join_delay(&self) -> Duration {
+        let me = &self.shared.options.instance;
+        let sent = tokio::time::Instant::now();
+        match self.shared.store.heartbeat(me, self.shared.liveness.beats()).await {
+            Ok(()) => self.shared.liveness.beat(sent),
+            Err(error) => self.shared.telemetry.error(None, LeaseError::Heartbeat(error)),
+        }
+        let others = match self.shared.store.snapshot().await {
+            Ok(snapshot) => {
+                let other = |name: &str| !name.is_empty() && name != me;
+                snapshot.leases.iter().any(|l| l.owner.as_deref().is_some_and(other))
+                    || snapshot.instances.iter().any(|(name, _)| other(name))
+            }
+            // Unknown: wait as if others ran, rather than race them for leases.
+            Err(_) => true,
+        };
+        if others {
+            self.shared
+                .options
+                .acquire_interval
+                .mul_f64(0.5 + fastrand::f64() * 0.5)
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// One acquire cycle in a span of its own (a trace's root).
+    async fn acquire_cycle(&mut self) {
+        let options = &self.shared.options;
+        let span = tracing::info_span!(parent: None, "acquire_cycle", processor = %options.processor_name, instance = %options.instance, cycle = self.shared.cycle());
+        self.list_plan_and_perform().instrument(span).await;
+    }
+
+    /// Lists the leases, plans the cycle and performs the plan.
+    async fn list_plan_and_perform(&mut self) {
+        let me = self.shared.options.instance.clone();
+        // Back to the acquire interval unless this listing turns out quiet.
+        let previous_interval = std::mem::replace(&mut self.listing_interval, self.shared.options.acquire_interval);
+        // With instance liveness the renewer beats every renew interval. Otherwise an instance
+        // that owns leases is counted through them; only one that owns none needs a heartbeat
+        // for the others to count it (a write per cycle saved on a busy instance).
+        if !self.shared.liveness.beats()
+            && self.shared.owned.count() == 0
+            && let Err(error) = self.shared.store.heartbeat(&me, false).await
+        {
+            self.shared.telemetry.error(None, LeaseError::Heartbeat(error));
+        }
+        let snapshot = match self.shared.store.snapshot().await {
+            Ok(snapshot) => snapshot,
+            Err(error) if error.is_container_missing() => {
+                self.recovery.missing(&self.shared, &error);
+                return;
+            }
+            Err(error) => {
+                self.shared.telemetry.error(None, LeaseError::Listing(error));
+                return;
+            }
+        };
+        if self.recovery.back(&self.shared).await {
+            return;
+        }
+        let plan = self.plan(&snapshot, &me, previous_interval);
+        self.perform(plan).await;
+    }
+
+    /// Plans the cycle from `snapshot` (the previous listing waited `previous_interval`) and
+    /// records the plan's schedule.
+    fn plan(&mut self, snapshot: &LeaseSnapshot, me: &str, previous_interval: Duration) -> CyclePlan {
+        let at = tokio::time::Instant::now();
+        let mut sightings = std::mem::take(&mut self.sightings);
+        sightings.observe(snapshot, at);
+        let expiration = self.shared.options.expiration;
+        self.left_stalled
+            .retain(|(_, when)| at.duration_since(*when) < expiration);
+        let observations = Observations {
+            at,
+            sightings,
+            owned: self.shared.owned.ids(),
+            awaiting_handoff: !self.awaiting.is_empty(),
+            listed_ids: std::mem::take(&mut self.listed_ids),
+            listing_interval: previous_interval,
+            left_stalled: self.left_stalled.iter().map(|(id, _)| id.clone()).collect(),
+        };
+        let options = CycleOptions::from(&self.shared.options);
+        let mut plan = plan_cycle(snapshot, &observations, me, OffsetDateTime::now_utc(), options);
+        self.sightings = observations.sightings;
+        // The margin covers the clocks' rounding.
+        self.takeover_at = plan
+            .takeover_in
+            .map(|wait| tokio::time::Instant::now() + wait + TAKEOVER_MARGIN);
+        if plan.next_interval != previous_interval {
+            tracing::debug!(interval = ?plan.next_interval, "next lease listing");
+        }
+        self.listing_interval = plan.next_interval;
+        self.shared.liveness.set_renew_each_lease(plan.renew_each_lease);
+        *self
+            .shared
+            .others
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = std::mem::take(&mut plan.others);
+        self.listed_ids = std::mem::take(&mut plan.listed_ids);
+        plan
+    }
+
+    /// Performs a plan's writes: lost and requested leases first, then deletions and
+    /// heartbeats, then all acquisitions of the cycle together (others see its result at once).
+    async fn perform(&mut self, plan: CyclePlan) {
+        self.report_invalid(&plan);
+        for owned in self.shared.owned.all() {
+            if plan.lost.iter().any(|id| id == owned.id()) && !owned.cancelled().is_cancelled() {
+                tracing::info!(lease = owned.token(), "lease taken by another instance");
+                owned.mark_lost();
+            } else if let Some((_, to)) = plan.hand_over.iter().find(|(id, _)| id == owned.id()) {
+                owned.hand_over_to(to);
+            }
+        }
+        self.clear_requests(&plan.clear_requests).await;
+        for lease in &plan.delete {
+            if let Err(error) = self.shared.store.delete(lease).await {
+                tracing::debug!(lease = %lease.lease_token, %error, "deleting a superseded split parent failed");
+            }
+        }
+        for name in &plan.remove_heartbeats {
+            if let Err(error) = self.shared.store.remove_heartbeat(name).await {
+                tracing::debug!(instance = %name, %error, "removing a stale heartbeat failed");
+            }
+        }
+        let writes = plan.acquire.into_iter().map(|acquisition| {
+            let store = self.shared.store.clone();
+            async move { (write_acquisition(store.as_ref(), &acquisition).await, acquisition) }
+        });
+        for (result, acquisition) in futures::future::join_all(writes).await {
+            self.acquire_written(result, acquisition);
+        }
+    }
+
+    /// Clears the handoff requests of instances that left from the leases processed here.
+    async fn clear_requests(&self, ids: &[String]) {
+        for owned in self.shared.owned.all() {
+            if !ids.iter().any(|id| id == owned.id()) {
+                continue;
+            }
+            // Written whatever this instance's copy shows: an idle lease is not written here
+            // between listings, so the copy may predate the request (the write meets a 412 and
+            // clears the request on the lease as it is).
+            let cleared = owned.update(Lease::clear_handoff).await;
+            match cleared {
+                Ok(_) => tracing::info!(
+                    lease = owned.token(),
+                    "cleared a handoff request of an instance that left"
+                ),
+                Err(error) => tracing::debug!(lease = owned.token(), %error, "clearing a stale handoff request failed"),
+            }
+        }
+    }
+
+    /// Logs and counts each invalid or overlapping lease document once.
+    fn report_invalid(&mut self, plan: &CyclePlan) {
+        for (id, reason) in &plan.invalid {
+            if self.reported_invalid.insert(id.clone()) {
+                tracing::warn!(document = %id, %reason, "skipping a document under the lease prefix that is not a valid lease; fix or delete it");
+                self.shared.telemetry.observer().lease_error("invalid_document");
+            }
+        }
+        for id in &plan.overlapping {
+            if self.reported_invalid.insert(id.clone()) {
+                tracing::warn!(lease = %id, "a lease's range overlaps another lease's (edited by hand or another tool?); both are processed, so changes in the overlap arrive twice: delete the lease that should not exist");
+                self.shared.telemetry.observer().lease_error("overlapping_range");
+            }
+        }
+    }
+
+    /// Acts on the result of one acquisition write.
+    fn acquire_written(&mut self, result: Result<Lease, LeaseStoreError>, acquisition: Acquisition) {
+        let Acquisition {
+            write,
+            previous_owner,
+            step,
+        } = acquisition;
+        match (step, result) {
+            (AcquireStep::AskHandoff, Ok(asked)) => {
+                tracing::debug!(lease = %asked.lease_token, owner = ?previous_owner, "asked the owner to hand the lease over");
+                if !self.awaiting.iter().any(|(id, _)| *id == asked.id) {
+                    self.awaiting.push((asked.id, previous_owner));
+                }
+            }
+            (AcquireStep::AskHandoff, Err(error)) => {
+                tracing::debug!(lease = %write.lease_token, %error, "asking for a handoff failed")
+            }
+            (AcquireStep::Take, Ok(acquired)) => self.acquired(acquired, previous_owner),
+            (AcquireStep::Take, Err(LeaseStoreError::Changed(_) | LeaseStoreError::Gone(_))) => {
+                tracing::debug!(lease = %write.lease_token, "another instance moved first");
+            }
+            (AcquireStep::Take, Err(error)) => self
+                .shared
+                .telemetry
+                .error(Some(&write.lease_token), LeaseError::Acquire(error)),
+        }
+    }
+
+    /// Takes up the leases asked for that their owners have handed to this instance: each is
+    /// read, and taken up when handed over, [`ADOPT_CONCURRENCY`] at a time — one after another,
+    /// a newcomer awaiting 40 leases on a loaded lease container spent tens of seconds a pass
+    /// with its acquire cycles waiting behind it.
+    async fn adopt_handed_over(&mut self) {
+        use futures::StreamExt;
+        let me = self.shared.options.instance.clone();
+        let awaiting = std::mem::take(&mut self.awaiting);
+        let shared = self.shared.clone();
+        let outcomes: Vec<_> = futures::stream::iter(awaiting)
+            .map(|(id, previous_owner)| {
+                let (shared, me) = (shared.clone(), me.clone());
+                async move { (adopt_one(&shared, &me, &id).await, id, previous_owner) }
+            })
+            .buffer_unordered(ADOPT_CONCURRENCY)
+            .collect()
+            .await;
+        for (outcome, id, previous_owner) in outcomes {
+            match outcome {
+                Adoption::Taken(acquired) => self.acquired(*acquired, previous_owner),
+                Adoption::Waiting => self.awaiting.push((id, previous_owner)),
+                Adoption::Gone => {}
+            }
+        }
+    }
+
+    /// Starts processing a lease this instance just wrote itself into.
+    fn acquired(&mut self, acquired: Lease, previous_owner: Option<String>) {
+        tracing::info!(lease = %acquired.lease_token, previous_owner = ?previous_owner, "lease acquired");
+        self.shared.telemetry.emit(LeaseEvent::Acquired {
+            lease: acquired.lease_token.clone(),
+            previous_owner,
+            cycle: self.shared.cycle(),
+        });
+        self.start_lease(acquired);
+    }
+
+    /// Starts the task that processes `lease` (once: a split's children can be seen as ours by
+    /// an acquire cycle and be started by the split's own exit path too).
+    fn start_lease(&mut self, lease: Lease) {
+        let owned = OwnedLease::new(
+            lease,
+            &self.shared.options.instance,
+            self.shared.store.clone(),
+            &self.leases,
+            self.shared.requested.clone(),
+            self.shared.liveness.clone(),
+        );
+        if !self.shared.owned.insert(owned.clone()) {
+            tracing::debug!(lease = owned.token(), "lease already processed here");
+            return;
+        }
+        self.shared.telemetry.observer().leases_owned(self.shared.owned.count());
+        let span = tracing::info_span!("lease", lease = %owned.token());
+        let task = lease_task(self.shared.clone(), owned);
+        self.tasks.spawn(task.instrument(span));
+    }
+
+    /// Settles the end of a lease task (which released the lease when it was given up):
+    /// recreates it when its document was deleted, and starts a split's children.
+    async fn on_exit(&mut self, joined: Result<(Arc<OwnedLease>, LeaseExit), tokio::task::JoinError>) {
+        let Ok((owned, exit)) = joined else {
+            // Only an aborted task gets here (panics are caught inside the task).
+            tracing::error!("a lease task ended without a result");
+            return;
+        };
+        self.shared.owned.remove(owned.id());
+        if exit.reason == CloseReason::LeaseGone && !self.leases.is_cancelled() {
+            self.recovery.recreate(&self.shared, &owned).await;
+        }
+        if exit.reason == CloseReason::Stalled {
+            self.left_stalled
+                .push((owned.id().to_owned(), tokio::time::Instant::now()));
+        }
+        owned.end_renewals();
+        tracing::info!(lease = owned.token(), reason = exit.reason.as_str(), "lease closed");
+        self.shared.telemetry.emit(LeaseEvent::Closed {
+            lease: owned.token().to_owned(),
+            reason: exit.reason,
+        });
+        self.listing_changed();
+        let me = self.shared.options.instance.clone();
+        for child in exit.children {
+            if child.owner.as_deref() == Some(me.as_str()) && !self.leases.is_cancelled() {
+                self.shared.telemetry.emit(LeaseEvent::Acquired {
+                    lease: child.lease_token.clone(),
+                    previous_owner: None,
+                    cycle: self.shared.cycle(),
+                });
+                self.start_lease(child);
+            }
+        }
+        self.shared.telemetry.observer().leases_owned(self.shared.owned.count());
+    }
+
+    /// Something changed that a listing may show more of: the next one comes within the acquire
+    /// interval again.
+    fn listing_changed(&mut self) {
+        let base = self.shared.options.acquire_interval;
+        self.listing_interval = base;
+        self.next_listing = self.next_listing.min(tokio::time::Instant::now() + base);
+    }
+}
+
+/// Writes one acquisition (If-Match the listed ETag). One from a live owner (a handoff request,
+/// or the take after the owner ignored one for a lease expiration) re-reads the lease on a 412 and
+/// tries again while the reason holds, a few times (as the reference processors do): an owner
+/// that checkpoints often changes the lease between every listing and write, and would keep it.
+async fn write_acquisition(store: &dyn LeaseStore, acquisition: &Acquisition) -> Result<Lease, LeaseStoreError> {
+    let mut write = acquisition.write.clone();
+    let mut retries = 0;
+    loop {
+        match store.replace(&write).await {
+            Err(LeaseStoreError::Changed(id)) if acquisition.previous_owner.is_some() && retries < ACQUIRE_RETRIES => {
+                let current = store.read(&id).await?;
+                match current.and_then(|current| retry_acquisition(acquisition, current, OffsetDateTime::now_utc())) {
+                    Some(next) => write = next,
+                    None => return Err(LeaseStoreError::Changed(id)),
+                }
+                retries += 1;
+            }
+            written => return written,
+        }
+    }
+}
+
+/// What became of a lease this instance awaits.
+enum Adoption {
+    /// Handed over and taken up.
+    Taken(Box<Lease>),
+    /// Still asked for (or its read failed): looked at again.
+    Waiting,
+    /// Deleted, given to another, or the request is gone.
+    Gone,
+}
+
+/// Reads lease `id`, which `me` asked for, and takes it up when its owner handed it over.
+async fn adopt_one(shared: &Shared, me: &str, id: &str) -> Adoption {
+    let lease = match shared.store.read(id).await {
+        Ok(Some(lease)) => lease,
+        Ok(None) => return Adoption::Gone,
+        Err(error) => {
+            tracing::debug!(lease = %id, %error, "reading a lease asked for failed");
+            return Adoption::Waiting;
+        }
+    };
+    let handed_over = lease.owner.as_deref() == Some(me) && !shared.owned.contains(id);
+    if !handed_over {
+        return match lease.handoff_request() {
+            Some((to, _)) if to == me => Adoption::Waiting,
+            _ => Adoption::Gone,
+        };
+    }
+    let mut next = lease.clone();
+    next.clear_handoff();
+    next.timestamp = Some(OffsetDateTime::now_utc());
+    match shared.store.replace(&next).await {
+        Ok(acquired) => Adoption::Taken(Box::new(acquired)),
+        Err(error) => {
+            tracing::debug!(lease = %lease.lease_token, %error, "taking up a handed-over lease failed");
+            Adoption::Gone
+        }
+    }
+}
+
+/// Processes one lease; a panic (for example in the handler) must not leak the lease: it ends
+/// the task as [`CloseReason::Panicked`] and the lease is released.
+async fn lease_task(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> (Arc<OwnedLease>, LeaseExit) {
+    use futures::FutureExt;
+    let exit = std::panic::AssertUnwindSafe(lease_reader::run(shared, owned.clone()))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|m| (*m).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_owned());
+            tracing::error!(panic = %message, "the lease's task panicked; releasing the lease");
+            LeaseExit::closed(CloseReason::Panicked)
+        });
+    // Released here, by each lease's own task (still kept alive until then), not one after
+    // another by the coordinator: an instance handing 2,000 leases to 49 newcomers wrote them in
+    // turn, slower than the newcomers' patience, and they took the leases outright meanwhile.
+    if matches!(
+        exit.reason,
+        CloseReason::Shutdown | CloseReason::Panicked | CloseReason::HandedOver | CloseReason::Stalled
+    ) && let Err(error) = owned.release().await
+    {
+        tracing::warn!(%error, "releasing the lease failed; it frees itself on expiry");
+    }
+    (owned, exit)
+}

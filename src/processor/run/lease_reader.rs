@@ -1,0 +1,566 @@
+//! The per-lease loop as a reader with state: read a page, hand it to the handler, settle it
+//! (checkpoint after success, in read order), split the lease when its range now spans several
+//! partitions; reopen the feed at the last checkpoint after a failure.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FuturesOrdered;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, Span};
+
+use crate::cosmos::{ChangePage, CosmosError, EpkRange, ErrorKind, FeedReader, RangeContinuation};
+use crate::processor::error::LeaseError;
+use crate::processor::leases::lag_report::{LATEST_LSN_PROPERTY, reported_lsn};
+use crate::processor::leases::owned::{OwnedLease, UpdateError};
+use crate::processor::policy::checkpoint_policy::Deferred;
+use crate::processor::policy::stall::{Activity, StallAction, StallWatch};
+use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
+use crate::processor::run::delivery::{Delivery, batch_id};
+use crate::processor::run::shared::Shared;
+use crate::processor::run::split::{split, split_from_checkpoint};
+
+mod settle;
+
+/// Consecutive failed reads after which a lease counts as failing (a warning, and `/readyz` says so).
+const PERSISTENT_FAILURES: u32 = 5;
+
+/// Empty pages in a row after which a lease whose last report showed lag reports that it is
+/// caught up (one write per quiet spell, not one per batch of a trickle).
+const CAUGHT_UP_PAGES: u32 = 3;
+
+/// The first wait after a lease caught up with its feed.
+const FIRST_EMPTY_WAIT: Duration = Duration::from_millis(50);
+
+/// Processes one owned lease until it is lost, split, or the processor stops; a lease given up
+/// (shutdown, handoff) has its last handled position written first.
+pub(crate) async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
+    let shared_stall_timeout = shared.options.stall_timeout;
+    let mut reader = LeaseReader {
+        deferred: Deferred::new(shared.options.checkpoint, std::time::Instant::now()),
+        report: None,
+        quiet_pages: 0,
+        shared,
+        owned,
+        failures: 0,
+        rebuilds: 0,
+        stall: StallWatch::new(shared_stall_timeout, Instant::now()),
+    };
+    let exit = reader.process().await;
+    if matches!(exit.reason, CloseReason::Shutdown | CloseReason::HandedOver) {
+        reader.write_pending().await;
+    }
+    // Whatever ended it (a split found by a failed read, a loss), this lease's read failures
+    // are no longer a problem of this processor.
+    reader.shared.health.set_read_failing(reader.owned.token(), None);
+    reader.owned.close();
+    exit
+}
+
+/// How long to wait after the `streak`-th empty page in a row (0 for the first): short right
+/// after changes flowed — so that a steady trickle is delivered within tens of milliseconds, not
+/// half a poll interval — and tripling up to `poll` while the feed stays quiet (six reads to get
+/// there), which keeps an idle lease's reads at one per `poll`.
+pub fn empty_poll_wait(poll: Duration, streak: u32) -> Duration {
+    FIRST_EMPTY_WAIT
+        .saturating_mul(3u32.saturating_pow(streak.min(20)))
+        .min(poll)
+}
+
+/// A batch with the handler: resolves to the page and whether it may be checkpointed.
+type InFlight = std::pin::Pin<Box<dyn std::future::Future<Output = (ChangePage, bool)> + Send>>;
+
+/// One lease's processing state, across reader rebuilds.
+struct LeaseReader {
+    shared: Arc<Shared>,
+    owned: Arc<OwnedLease>,
+    /// The handled position not yet checkpointed (the checkpoint policy defers writes).
+    deferred: Deferred,
+    /// The lag report of the last settled page, with the continuation it belongs to.
+    report: Option<(String, u64)>,
+    /// Empty pages settled in a row.
+    quiet_pages: u32,
+    /// Consecutive failed opens and reads.
+    failures: u32,
+    /// Consecutive reader rebuilds without a settled batch.
+    rebuilds: u32,
+    /// Whether the lease advances ([`crate::processor::policy::stall`]).
+    stall: StallWatch,
+}
+
+/// A feed reader opened at the lease's last checkpoint, and the batches read from it.
+struct Session {
+    reader: FeedReader,
+    range: EpkRange,
+    /// Where the next page starts: its batch id is derived from it.
+    position: Option<String>,
+    /// The batches with the handler, settled in the order they were read.
+    window: FuturesOrdered<InFlight>,
+    /// The window's batches: id, documents, since when (for the report of a stall), and span.
+    handling: std::collections::VecDeque<(String, usize, Instant, Span)>,
+    /// Since when a read is under way.
+    reading_since: Option<Instant>,
+    /// A page read while the window was full: it waits here (never with the handler).
+    read_ahead: Option<(ChangePage, String, Span)>,
+    /// The span of the read that just finished.
+    read_span: Option<Span>,
+    /// After a page that shows a split: read no further until it is settled.
+    hold_reads: bool,
+    /// No read before then (the feed was caught up).
+    idle_until: Option<Instant>,
+    /// Empty pages in a row.
+    empty_streak: u32,
+}
+
+/// What comes after a reader session.
+enum After {
+    /// Open a new reader at once (the wait after a failure is over).
+    Reopen,
+    /// Open a new reader after a backoff (the reader had to be rebuilt).
+    Rebuild,
+    /// Stop processing the lease.
+    Exit(LeaseExit),
+}
+
+/// What the lease loop does after a batch is settled.
+enum Flow {
+    /// Go on reading.
+    Go,
+    /// Reopen the reader at the last checkpoint.
+    Rebuild,
+    /// Stop processing the lease.
+    Return(LeaseExit),
+}
+
+/// Sleeps unless cancelled first; `false` when cancelled.
+async fn pause(cancel: &CancellationToken, delay: Duration) -> bool {
+    tokio::select! {
+        _ = cancel.cancelled() => false,
+        _ = tokio::time::sleep(delay) => true,
+    }
+}
+
+/// Why processing stops when the lease's token was cancelled.
+fn stop_reason(owned: &OwnedLease) -> LeaseExit {
+    LeaseExit::closed(if owned.is_gone() {
+        CloseReason::LeaseGone
+    } else if owned.is_lost() {
+        CloseReason::LeaseLost
+    } else if owned.handoff_target().is_some() {
+        CloseReason::HandedOver
+    } else {
+        CloseReason::Shutdown
+    })
+}
+
+/// A 404, or the SDK's 400 for a range of a container that was created again.
+fn may_mean_container_gone(error: &CosmosError) -> bool {
+    matches!(error.kind, ErrorKind::NotFound | ErrorKind::BadRequest)
+}
+
+fn is_configuration_error(error: &CosmosError) -> bool {
+    matches!(
+        error.kind,
+        ErrorKind::Unauthorized | ErrorKind::Forbidden | ErrorKind::BadRequest | ErrorKind::NotFound
+    )
+}
+
+/// Reads the next page, recording the read in the metrics; with the read's span (a trace's
+/// root: the batch of a page with documents is its child).
+async fn timed_read(
+    shared: &Shared,
+    owned: &OwnedLease,
+    reader: &mut FeedReader,
+    timeout: Duration,
+) -> (Result<ChangePage, CosmosError>, Span) {
+    let span =
+        tracing::info_span!(parent: None, "read", processor = %shared.options.processor_name, lease = %owned.token());
+    let started = std::time::Instant::now();
+    let page = reader.next_page(timeout).instrument(span.clone()).await;
+    shared.telemetry.observer().feed_read(
+        owned.token(),
+        started.elapsed(),
+        page.as_ref().map(|p| p.request_charge).unwrap_or_default(),
+    );
+    (page, span)
+}
+
+impl LeaseReader {
+    fn cancel(&self) -> &CancellationToken {
+        self.owned.cancelled()
+    }
+
+    /// Reports a failed step of this lease.
+    fn report(&self, error: LeaseError) {
+        self.shared.telemetry.error(Some(self.owned.token()), error);
+    }
+
+    /// Looks the monitored container up (shared by all leases; a recreated one halts).
+    async fn check_monitored(&self) {
+        let shared = &self.shared;
+        shared
+            .health
+            .check_monitored(&shared.monitored, shared.options.acquire_interval)
+            .await;
+    }
+
+    /// Opens readers at the last checkpoint and reads from them until the lease stops.
+    async fn process(&mut self) -> LeaseExit {
+        loop {
+            if self.cancel().is_cancelled() {
+                return stop_reason(&self.owned);
+            }
+            // A reader (re)opens at the last written checkpoint: write what was handled since.
+            self.write_pending().await;
+            let after = match self.open().await {
+                Ok(mut session) => self.read(&mut session).await,
+                Err(after) => after,
+            };
+            match after {
+                After::Reopen => {}
+                After::Rebuild => {
+                    // The reader must restart from the last checkpoint (a split that could not
+                    // be recorded yet, for example): redelivery follows, so never in a tight loop.
+                    self.rebuilds += 1;
+                    let rebuilds = self.rebuilds;
+                    tracing::info!(rebuilds, "rebuilding the change feed reader from the last checkpoint");
+                    if !pause(self.cancel(), self.shared.options.backoff(rebuilds - 1)).await {
+                        return stop_reason(&self.owned);
+                    }
+                }
+                After::Exit(exit) => return exit,
+            }
+        }
+    }
+
+    /// Opens the lease's change feed at its last checkpoint.
+    async fn open(&mut self) -> Result<Session, After> {
+        let lease = self.owned.current().await;
+        let Some(range) = lease.range().cloned() else {
+            self.report(LeaseError::PartitionKeyRangeLease);
+            return Err(After::Exit(LeaseExit::closed(CloseReason::Error)));
+        };
+        let options = &self.shared.options;
+        let opened = self
+            .shared
+            .monitored
+            .reader_in(
+                options.mode,
+                &range,
+                lease.continuation.as_deref(),
+                lease.start_from(options.start_from),
+                options.max_items,
+            )
+            .await;
+        match opened {
+            Ok(reader) => Ok(Session {
+                reader,
+                range,
+                position: lease.continuation,
+                window: FuturesOrdered::new(),
+                handling: Default::default(),
+                reading_since: None,
+                read_ahead: None,
+                read_span: None,
+                hold_reads: false,
+                idle_until: None,
+                empty_streak: 0,
+            }),
+            Err(error) => {
+                if may_mean_container_gone(&error) {
+                    self.check_monitored().await;
+                }
+                self.report(LeaseError::OpenFeed(error));
+                if !pause(self.cancel(), self.shared.options.backoff(self.failures)).await {
+                    return Err(After::Exit(stop_reason(&self.owned)));
+                }
+                self.failures += 1;
+                Err(After::Reopen)
+            }
+        }
+    }
+
+    /// Reads pages until the reader has to be rebuilt from the last checkpoint. Up to
+    /// `max_in_flight_batches` batches are with the handler at once; they are settled
+    /// (checkpointed) in the order they were read, so a checkpoint never passes a batch that has
+    /// not finished. While the window is full, the next page is read ahead and waits here (never
+    /// with the handler) until a batch settles, so that the handler's time and the read's overlap.
+    async fn read(&mut self, s: &mut Session) -> After {
+        let read_timeout = self.shared.options.read_timeout;
+        let watch_stalls = !self.shared.options.stall_timeout.is_zero();
+        let cancel = self.cancel().clone();
+        loop {
+            let idle = s.idle_until.is_some_and(|t| Instant::now() < t);
+            let can_read = s.read_ahead.is_none() && !s.hold_reads && !idle;
+            if can_read && s.reading_since.is_none() {
+                s.reading_since = Some(Instant::now());
+            }
+            tokio::select! {
+                biased;
+                Some((page, delivered)) = s.window.next(), if !s.window.is_empty() => {
+                    if let Some(after) = self.on_settled(s, page, delivered).await {
+                        return after;
+                    }
+                }
+                _ = cancel.cancelled() => {
+                    // Graceful stop: the batches with the handler finish and are checkpointed.
+                    if let Err(exit) = self.drain(s).await {
+                        return After::Exit(exit);
+                    }
+                    return After::Exit(stop_reason(&self.owned));
+                }
+                _ = tokio::time::sleep_until(s.idle_until.unwrap_or_else(Instant::now)), if idle => {
+                    s.idle_until = None;
+                }
+                _ = tokio::time::sleep_until(self.stall.next_check()), if watch_stalls => {
+                    if let Some(after) = self.check_stall(s).await {
+                        return after;
+                    }
+                }
+                (page, span) = timed_read(&self.shared, &self.owned, &mut s.reader, read_timeout), if can_read => {
+                    s.reading_since = None;
+                    s.read_span = Some(span);
+                    let after = match page {
+                        Ok(page) => self.on_page(s, page).await,
+                        Err(error) => Some(self.on_read_failed(s, error).await),
+                    };
+                    if let Some(after) = after {
+                        return after;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A batch finished: settle it, then hand over the page read ahead.
+    async fn on_settled(&mut self, s: &mut Session, page: ChangePage, delivered: bool) -> Option<After> {
+        let span = s.handling.pop_front().map_or_else(Span::none, |(.., span)| span);
+        match self.settle(&s.range, page, delivered).instrument(span).await {
+            Flow::Go => {
+                self.rebuilds = 0;
+                // A batch handled, or an empty page after all earlier ones: the lease advanced.
+                self.stall.progressed(Instant::now());
+                if let Some((page, id, read)) = s.read_ahead.take() {
+                    self.send(s, page, id, read);
+                }
+                if s.window.is_empty() {
+                    s.hold_reads = false;
+                }
+                None
+            }
+            Flow::Rebuild => Some(After::Rebuild),
+            Flow::Return(exit) => Some(After::Exit(exit)),
+        }
+    }
+
+    /// A page was read: deliver it (or keep it until the window has room).
+    async fn on_page(&mut self, s: &mut Session, page: ChangePage) -> Option<After> {
+        let token = self.owned.token();
+        if page.retries > 0 {
+            self.shared.telemetry.observer().feed_read_retried(token, page.retries);
+        }
+        if self.failures > 0 {
+            self.shared.health.set_read_failing(token, None);
+            self.shared.health.monitored_works();
+        }
+        self.failures = 0;
+        let empty = page.documents.is_empty();
+        let id = batch_id(self.owned.token(), s.position.as_deref());
+        match page.continuations.as_slice() {
+            [only] => s.position = Some(only.continuation.clone()),
+            _ => s.hold_reads = true,
+        }
+        if empty {
+            let wait = empty_poll_wait(self.shared.options.poll_interval, s.empty_streak);
+            s.idle_until = Some(Instant::now() + wait);
+            s.empty_streak = s.empty_streak.saturating_add(1);
+        } else {
+            s.empty_streak = 0;
+        }
+        let read = s.read_span.take().unwrap_or_else(Span::none);
+        if s.window.len() < self.shared.options.max_in_flight_batches.max(1) as usize {
+            self.send(s, page, id, read);
+        } else {
+            s.read_ahead = Some((page, id, read));
+        }
+        None
+    }
+
+    /// A read failed: settle what was read before, then retry from the last checkpoint.
+    async fn on_read_failed(&mut self, s: &mut Session, error: CosmosError) -> After {
+        if let Err(exit) = self.drain(s).await {
+            return After::Exit(exit);
+        }
+        if let Some(exit) = self.read_failed(&s.range, &error).await {
+            return After::Exit(exit);
+        }
+        if !pause(self.cancel(), self.shared.options.backoff(self.failures)).await {
+            self.shared.health.set_read_failing(self.owned.token(), None);
+            return After::Exit(stop_reason(&self.owned));
+        }
+        self.failures += 1;
+        After::Reopen
+    }
+
+    /// Puts a page in the window (its documents go to the handler, in a `batch` span that is a
+    /// child of the page's `read`).
+    fn send(&self, s: &mut Session, page: ChangePage, id: String, read: Span) {
+        let documents = page.documents.len();
+        let span = if documents == 0 {
+            Span::none()
+        } else {
+            let processor = &self.shared.options.processor_name;
+            let lease = self.owned.token();
+            let count = documents as i64;
+            tracing::info_span!(parent: &read, "batch", processor = %processor, lease = %lease, batch = %id, documents = count)
+        };
+        s.handling
+            .push_back((id.clone(), documents, Instant::now(), span.clone()));
+        s.window
+            .push_back(Box::pin(self.deliver(&s.range, page, id).instrument(span)));
+    }
+
+    /// Judges whether the lease stalled, and acts on it: `Some` when the reader restarts or the
+    /// lease is released. A handler answering with errors is failing, not stalled.
+    async fn check_stall(&mut self, s: &mut Session) -> Option<After> {
+        let now = Instant::now();
+        if let Some(failed) = self.owned.handler_failed_at() {
+            self.stall.excused(failed);
+        }
+        let activity = match (
+            s.handling.iter().find(|(_, documents, ..)| *documents > 0),
+            s.reading_since,
+        ) {
+            (Some((batch, documents, since, _)), _) => Activity::Handling {
+                batch: batch.clone(),
+                documents: *documents,
+                since: *since,
+            },
+            (None, Some(since)) => Activity::Reading(since),
+            (None, None) => Activity::Waiting,
+        };
+        self.stall.doing(activity);
+        let action = self.stall.judge(now)?;
+        crate::processor::run::stall_report::report(&self.shared, &self.owned, &action).await;
+        match action {
+            StallAction::Restart(_) => Some(After::Reopen),
+            StallAction::Release(_) => {
+                // To another instance here (it takes the lease up at its next listing), else
+                // to nobody: this one leaves it for a lease expiration.
+                if let Some(to) = self.shared.another_instance() {
+                    tracing::info!(to = %to, "giving the stalled lease to another instance");
+                    self.owned.release_to(&to);
+                }
+                Some(After::Exit(LeaseExit::closed(CloseReason::Stalled)))
+            }
+            StallAction::Recovered => None,
+        }
+    }
+
+    /// Hands a page's documents to the handler (an empty page is done at once).
+    fn deliver(&self, range: &EpkRange, page: ChangePage, batch_id: String) -> InFlight {
+        let shared = self.shared.clone();
+        let owned = self.owned.clone();
+        let range = range.clone();
+        Box::pin(async move {
+            if page.documents.is_empty() {
+                return (page, true);
+            }
+            let checkpoint_to = match page.continuations.as_slice() {
+                [only] if only.range == range => Some(only.continuation.clone()),
+                _ => None,
+            };
+            let delivery = Delivery {
+                shared: &shared,
+                owned: &owned,
+                range: &range,
+                batch_id,
+                checkpoint_to,
+                changes: &page.changes,
+            };
+            let delivered = delivery.run(&page.documents).await;
+            (page, delivered)
+        })
+    }
+
+    /// Lets every batch with the handler finish and settles them in order; `Err` when the lease
+    /// must stop (a batch stopped unfinished, the lease was lost or split).
+    async fn drain(&mut self, s: &mut Session) -> Result<(), LeaseExit> {
+        while let Some((page, delivered)) = s.window.next().await {
+            let span = s.handling.pop_front().map_or_else(Span::none, |(.., span)| span);
+            match self.settle(&s.range, page, delivered).instrument(span).await {
+                Flow::Go => {}
+                // The reader is rebuilt anyway after a drain; later batches are delivered again.
+                Flow::Rebuild => {
+                    s.window.clear();
+                    s.handling.clear();
+                    return Ok(());
+                }
+                Flow::Return(exit) => return Err(exit),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reports a failed read; `Some` when it ended the lease (a split recorded from the checkpoint).
+    async fn read_failed(&mut self, range: &EpkRange, error: &CosmosError) -> Option<LeaseExit> {
+        let token = self.owned.token();
+        self.shared
+            .telemetry
+            .observer()
+            .feed_read_failed(token, error.kind.as_str());
+        if matches!(error.kind, ErrorKind::RangeGone | ErrorKind::SplitInProgress)
+            && let Some(exit) = split_from_checkpoint(&self.shared, &self.owned, range).await
+        {
+            return Some(exit);
+        }
+        if may_mean_container_gone(error) {
+            // Deleted (wait for it) or recreated (the processor stops): said once for all leases,
+            // on /readyz.
+            self.check_monitored().await;
+        }
+        let attempts = self.failures + 1;
+        if error.kind != ErrorKind::Transient {
+            // Failing with an error (reported below): not a stall, which a restart could heal.
+            self.stall.excused(Instant::now());
+        }
+        if is_configuration_error(error) {
+            self.report(LeaseError::ReadFeed(error.clone()));
+        } else if attempts >= PERSISTENT_FAILURES {
+            if attempts == PERSISTENT_FAILURES || attempts.is_multiple_of(PERSISTENT_FAILURES * 4) {
+                tracing::warn!(attempts, %error, "the change feed keeps failing; retrying from the last checkpoint");
+            }
+        } else {
+            tracing::debug!(%error, "change feed read failed; retrying from the last checkpoint");
+        }
+        if error.kind == ErrorKind::Unauthorized {
+            let refused = format!("{}: {error}", crate::processor::report::error_log::REFUSED_CREDENTIAL);
+            self.shared.health.set_read_failing(token, Some(refused));
+        } else if attempts >= PERSISTENT_FAILURES || is_configuration_error(error) {
+            self.shared.health.set_read_failing(token, Some(error.to_string()));
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_polls_wait_short_after_changes_and_reach_the_poll_interval_when_quiet() {
+        let poll = Duration::from_secs(5);
+        let cases = [(0, 50), (1, 150), (2, 450), (3, 1350), (4, 4050), (5, 5000), (40, 5000)];
+        for (streak, ms) in cases {
+            assert_eq!(
+                empty_poll_wait(poll, streak),
+                Duration::from_millis(ms),
+                "streak {streak}"
+            );
+        }
+        // A poll interval shorter than the first wait is kept.
+        assert_eq!(empty_poll_wait(Duration::from_millis(20), 0), Duration::from_millis(20));
+    }
+}

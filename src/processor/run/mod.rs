@@ -1,0 +1,15 @@
+//! The running processor: start and stop ([`runtime`]), the acquire cycles ([`coordinator`]),
+//! renewals, the per-lease reader, delivery with retries, splits, store recovery, health and what
+//! a reader does about a stall. Uses every other room.
+
+pub(crate) mod coordinator;
+pub mod delivery;
+pub(crate) mod health;
+pub mod lease_reader;
+pub mod monitored_watch;
+pub(crate) mod renewer;
+pub mod runtime;
+pub(crate) mod shared;
+pub mod split;
+pub(crate) mod stall_report;
+pub(crate) mod store_recovery;

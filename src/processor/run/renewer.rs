@@ -1,0 +1,128 @@
+//! The renewer: keeps this instance and its leases alive. With instance liveness (the default,
+//! [`crate::processor::leases::heartbeat`]) it writes the instance's heartbeat every renew interval, which keeps
+//! every owned lease alive, and renews a lease on its own only while the cycle plan says that
+//! another live instance judges leases one by one. Each such renewal runs in a keep-alive task
+//! of the lease's own, one renew interval after this instance last wrote it (a checkpoint
+//! counts), so that a throttled, slow or hung write of one lease never delays another's. When
+//! the renewer ends gracefully it removes the heartbeat.
+
+use std::sync::Arc;
+
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::processor::error::LeaseError;
+use crate::processor::leases::owned::{OwnedLease, UpdateError};
+use crate::processor::run::shared::Shared;
+
+/// Starts a keep-alive for every lease this instance comes to own, and beats, until `stop`; then
+/// removes the heartbeat if a graceful stop released the leases. A lease whose processing is stopping (shutdown, handoff) is still kept
+/// alive until it is released: only a lost or released one is not.
+pub(crate) async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken) {
+    // A lease was just written when it was acquired: it is found well before its first renewal.
+    let look = (shared.options.renew_interval / 4).max(std::time::Duration::from_millis(10));
+    let mut tick = tokio::time::interval(look);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut keep_alives = JoinSet::new();
+    if shared.liveness.beats() {
+        keep_alives.spawn(beat(shared.clone()).in_current_span());
+    }
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {}
+            Some(_) = keep_alives.join_next(), if !keep_alives.is_empty() => continue,
+        }
+        for owned in shared.owned.all() {
+            if owned.claim_renewal() {
+                let span = tracing::info_span!("lease", lease = %owned.token());
+                keep_alives.spawn(keep_alive(shared.clone(), owned).instrument(span));
+            }
+        }
+    }
+    keep_alives.shutdown().await;
+    // Only after a graceful stop released the leases: a coordinator that ended otherwise (an
+    // abort, as a crash) leaves them, and the heartbeat that keeps them, to expire.
+    if shared.liveness.is_released() {
+        let me = &shared.options.instance;
+        if let Err(error) = shared.store.remove_heartbeat(me).await {
+            tracing::warn!(%error, "removing the heartbeat failed");
+        }
+    }
+}
+
+/// Writes this instance's heartbeat (with the liveness marker) one renew interval after the
+/// last one succeeded; a failed one is retried with backoff, never waiting longer than a
+/// quarter of the renew interval.
+async fn beat(shared: Arc<Shared>) {
+    let interval = shared.options.renew_interval;
+    let me = shared.options.instance.clone();
+    let mut failures = 0;
+    let mut due = Instant::now() + interval;
+    loop {
+        tokio::time::sleep_until(due).await;
+        let sent = Instant::now();
+        match shared.store.heartbeat(&me, true).await {
+            Ok(()) => {
+                shared.liveness.beat(sent);
+                failures = 0;
+                due = sent + interval;
+            }
+            Err(error) => {
+                shared.telemetry.error(None, LeaseError::Heartbeat(error));
+                due = Instant::now() + shared.options.backoff(failures).min(interval / 4);
+                failures += 1;
+            }
+        }
+    }
+}
+
+/// Renews `owned` one renew interval after its last write, while each lease must be renewed on
+/// its own, until it is lost or released; a failed renewal is retried with backoff (at most a
+/// quarter of the renew interval).
+async fn keep_alive(shared: Arc<Shared>, owned: Arc<OwnedLease>) {
+    let interval = shared.options.renew_interval;
+    let mut failures = 0;
+    loop {
+        let due = owned.written_at() + interval;
+        tokio::select! {
+            _ = owned.renewals_ended() => return,
+            _ = tokio::time::sleep_until(due) => {}
+        }
+        if owned.is_lost() || !owned.is_held().await {
+            return;
+        }
+        if owned.written_within(interval) {
+            // A checkpoint wrote it meanwhile.
+            continue;
+        }
+        if !shared.liveness.renews_each_lease() {
+            // The heartbeat keeps it alive until a listing shows an instance that judges leases
+            // one by one.
+            tokio::select! {
+                _ = owned.renewals_ended() => return,
+                _ = shared.liveness.each_lease_needed() => continue,
+            }
+        }
+        match owned.renew().await {
+            Ok(Some(_)) => failures = 0,
+            Ok(None) => return,
+            Err(UpdateError::Store(error)) => {
+                shared.telemetry.error(Some(owned.token()), LeaseError::Renew(error));
+                // Never so long that the lease could expire while it waits.
+                let wait = shared.options.backoff(failures).min(interval / 4);
+                tokio::select! {
+                    _ = owned.renewals_ended() => return,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                failures += 1;
+            }
+            Err(lost) => {
+                tracing::info!(reason = %lost, "renew found the lease lost");
+                return;
+            }
+        }
+    }
+}

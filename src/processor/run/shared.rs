@@ -1,0 +1,129 @@
+//! What a processor's tasks share: the wiring (monitored container, lease store, handler,
+//! options, dead letters), its [`Health`], its [`Telemetry`], and the map of owned leases.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use crate::cosmos::MonitoredContainer;
+use crate::processor::handlers::dead_letters::DeadLetterStore;
+use crate::processor::handlers::manual::Handler;
+use crate::processor::leases::heartbeat::Liveness;
+use crate::processor::leases::lease::LeaseStore;
+use crate::processor::leases::owned::OwnedLease;
+use crate::processor::options::ProcessorOptions;
+use crate::processor::report::telemetry::Telemetry;
+use crate::processor::run::health::Health;
+
+/// The processor's parts, shared by the coordinator, the renewer and the lease tasks.
+pub(crate) struct Shared {
+    /// The container whose change feed is read.
+    pub(crate) monitored: MonitoredContainer,
+    /// Where the leases are.
+    pub(crate) store: Arc<dyn LeaseStore>,
+    /// Who receives the batches.
+    pub(crate) handler: Handler,
+    /// How the processor works.
+    pub(crate) options: ProcessorOptions,
+    /// Where documents the handler keeps failing go (with the `DeadLetter` retry policy).
+    pub(crate) dead_letters: OnceLock<Arc<dyn DeadLetterStore>>,
+    /// Ready, alive, problems.
+    pub(crate) health: Health,
+    /// Observer, events, error log.
+    pub(crate) telemetry: Telemetry,
+    /// The leases processed here now.
+    pub(crate) owned: OwnedLeases,
+    /// Acquire cycles started so far.
+    pub(crate) cycles: AtomicU64,
+    /// Woken when a write of an owned lease met a handoff request: an acquire cycle now.
+    pub(crate) requested: Arc<tokio::sync::Notify>,
+    /// Whether the heartbeat keeps the leases alive or each lease is renewed on its own.
+    pub(crate) liveness: Arc<Liveness>,
+    /// The other instances the last listing showed here, sorted.
+    pub(crate) others: Mutex<Vec<String>>,
+}
+
+impl Shared {
+    /// The parts of a processor that has not started.
+    pub(crate) fn new(
+        monitored: MonitoredContainer,
+        store: Arc<dyn LeaseStore>,
+        handler: Handler,
+        options: ProcessorOptions,
+    ) -> Self {
+        let liveness = Arc::new(Liveness::new(options.liveness));
+        Self {
+            monitored,
+            store,
+            handler,
+            options,
+            dead_letters: OnceLock::new(),
+            health: Health::default(),
+            telemetry: Telemetry::default(),
+            owned: OwnedLeases::default(),
+            cycles: AtomicU64::new(0),
+            requested: Arc::new(tokio::sync::Notify::new()),
+            liveness,
+            others: Mutex::default(),
+        }
+    }
+
+    /// Another instance here to give a stalled lease to (one drawn at random), if any.
+    pub(crate) fn another_instance(&self) -> Option<String> {
+        let others = self.others.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (!others.is_empty()).then(|| others[fastrand::usize(..others.len())].clone())
+    }
+
+    /// The acquire cycles started so far (the first is number 1).
+    pub(crate) fn cycle(&self) -> u64 {
+        self.cycles.load(Ordering::SeqCst)
+    }
+}
+
+/// The leases this instance processes, by lease id. A panic elsewhere while the map was held
+/// does not make it unusable (a poisoned lock must never read as "owns nothing").
+#[derive(Default)]
+pub(crate) struct OwnedLeases {
+    map: Mutex<HashMap<String, Arc<OwnedLease>>>,
+}
+
+impl OwnedLeases {
+    fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<OwnedLease>>> {
+        self.map.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Adds `owned`; `false` (and nothing changes) when its lease is processed here already.
+    pub(crate) fn insert(&self, owned: Arc<OwnedLease>) -> bool {
+        let mut map = self.map();
+        if map.contains_key(owned.id()) {
+            return false;
+        }
+        map.insert(owned.id().to_owned(), owned);
+        true
+    }
+
+    /// Forgets the lease `id`.
+    pub(crate) fn remove(&self, id: &str) {
+        self.map().remove(id);
+    }
+
+    /// The leases owned now.
+    pub(crate) fn all(&self) -> Vec<Arc<OwnedLease>> {
+        self.map().values().cloned().collect()
+    }
+
+    /// How many leases are owned now.
+    pub(crate) fn count(&self) -> usize {
+        self.map().len()
+    }
+
+    /// Whether lease `id` is processed here.
+    pub(crate) fn contains(&self, id: &str) -> bool {
+        self.map().contains_key(id)
+    }
+
+    /// The ids of the leases owned now.
+    pub(crate) fn ids(&self) -> std::collections::HashSet<String> {
+        self.map().keys().cloned().collect()
+    }
+}

@@ -1,0 +1,187 @@
+//! Splits (the reference processors' partition synchronizer): when a lease's range now spans
+//! several physical partitions, the lease is replaced by one child lease per part, each with the
+//! right continuation, owned by this instance, and the parent is deleted.
+
+use time::OffsetDateTime;
+
+use crate::cosmos::{EpkRange, RangeContinuation};
+use crate::processor::error::LeaseError;
+use crate::processor::leases::lease::Lease;
+use crate::processor::leases::owned::{OwnedLease, UpdateError};
+use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
+use crate::processor::run::shared::Shared;
+
+/// After a 410 or a split-window failure: if the feed ranges under the lease changed, split the
+/// lease with its latest checkpoint as every child's continuation.
+pub(crate) async fn split_from_checkpoint(shared: &Shared, owned: &OwnedLease, range: &EpkRange) -> Option<LeaseExit> {
+    let ranges = match shared.monitored.feed_ranges(true).await {
+        Ok(ranges) => ranges,
+        Err(error) => {
+            tracing::debug!(%error, "cannot refresh feed ranges");
+            return None;
+        }
+    };
+    let children: Vec<RangeContinuation> = ranges
+        .iter()
+        .filter(|r| range.contains(r))
+        // An empty continuation stands for the lease's latest checkpoint (filled in by `split`).
+        .map(|r| RangeContinuation {
+            range: r.clone(),
+            continuation: String::new(),
+        })
+        .collect();
+    if children.len() < 2 {
+        return None;
+    }
+    split(shared, owned, range, &children).await
+}
+
+/// The pieces `range` is split into: one per part (its continuation, or `fallback` when empty),
+/// and the gaps between parts, which start from `fallback` too.
+pub fn pieces(
+    range: &EpkRange,
+    parts: &[RangeContinuation],
+    fallback: Option<String>,
+) -> Vec<(EpkRange, Option<String>)> {
+    let mut pieces: Vec<(EpkRange, Option<String>)> = Vec::new();
+    let mut cursor = range.min.clone();
+    let mut sorted: Vec<&RangeContinuation> = parts.iter().filter(|p| range.contains(&p.range)).collect();
+    sorted.sort_by(|a, b| a.range.cmp(&b.range));
+    for part in sorted {
+        if cursor < part.range.min {
+            pieces.push((EpkRange::new(cursor.clone(), part.range.min.clone()), fallback.clone()));
+        }
+        let continuation = Some(part.continuation.clone())
+            .filter(|c| !c.is_empty())
+            .or_else(|| fallback.clone());
+        pieces.push((part.range.clone(), continuation));
+        cursor = part.range.max.clone();
+    }
+    if cursor < range.max {
+        pieces.push((EpkRange::new(cursor, range.max.clone()), fallback));
+    }
+    pieces
+}
+
+/// Replaces the lease by one child lease per part (owned by this instance), then deletes it.
+/// Parts of the range not covered by `parts`, or given an empty continuation, start from the
+/// parent's latest checkpoint. `None` when the lease stays as it is (not split, or a child could
+/// not be written: the reader is rebuilt and the split tried again).
+pub(crate) async fn split(
+    shared: &Shared,
+    owned: &OwnedLease,
+    range: &EpkRange,
+    parts: &[RangeContinuation],
+) -> Option<LeaseExit> {
+    let parent = owned.current().await;
+    let pieces = pieces(range, parts, parent.continuation.clone());
+    if pieces.len() < 2 {
+        return None;
+    }
+    let mut children = Vec::new();
+    for (child_range, continuation) in pieces {
+        children.push(create_child(shared, owned, &parent, &child_range, continuation).await?);
+    }
+    match owned.delete().await {
+        Ok(()) | Err(UpdateError::Gone) => {}
+        Err(error) => {
+            shared
+                .telemetry
+                .error(Some(owned.token()), LeaseError::DeleteSplitParent(error));
+        }
+    }
+    let tokens: Vec<String> = children.iter().map(|c| c.lease_token.clone()).collect();
+    tracing::info!(children = ?tokens, "lease split");
+    shared.telemetry.emit(LeaseEvent::Split {
+        parent: owned.token().to_owned(),
+        children: tokens,
+    });
+    Some(LeaseExit {
+        reason: CloseReason::Split,
+        children,
+    })
+}
+
+/// Writes one child lease of `parent` (or takes the one an earlier attempt of this split wrote).
+async fn create_child(
+    shared: &Shared,
+    owned: &OwnedLease,
+    parent: &Lease,
+    range: &EpkRange,
+    continuation: Option<String>,
+) -> Option<Lease> {
+    let mut child = Lease::new(shared.store.prefix(), range, continuation);
+    child.properties = parent.properties.clone();
+    child.mode = parent.mode.clone();
+    child.clear_handoff();
+    child.owner = Some(shared.options.instance.clone());
+    child.timestamp = Some(OffsetDateTime::now_utc());
+    match shared.store.create(&child).await {
+        Ok(Some(created)) => Some(created),
+        Ok(None) => match shared.store.read(&child.id).await {
+            // Created by an earlier attempt of this split; take it over as it is.
+            Ok(Some(existing)) => Some(existing),
+            _ => None,
+        },
+        Err(error) => {
+            shared.telemetry.error(
+                Some(owned.token()),
+                LeaseError::ChildLease {
+                    child: child.lease_token.clone(),
+                    error,
+                },
+            );
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(min: &str, max: &str, continuation: &str) -> RangeContinuation {
+        RangeContinuation {
+            range: EpkRange::new(min, max),
+            continuation: continuation.into(),
+        }
+    }
+
+    #[test]
+    fn pieces_cover_the_range_and_gaps_start_from_the_parent_checkpoint() {
+        let range = EpkRange::new("", "FF");
+        let parent = Some("parent".to_owned());
+        type Piece<'a> = (&'a str, &'a str, &'a str);
+        let cases: [(Vec<RangeContinuation>, Vec<Piece>); 3] = [
+            (
+                vec![part("", "80", "a"), part("80", "FF", "b")],
+                vec![("", "80", "a"), ("80", "FF", "b")],
+            ),
+            (
+                vec![part("40", "80", ""), part("80", "C0", "c")],
+                vec![
+                    ("", "40", "parent"),
+                    ("40", "80", "parent"),
+                    ("80", "C0", "c"),
+                    ("C0", "FF", "parent"),
+                ],
+            ),
+            // A part outside the range is ignored.
+            (
+                vec![part("", "FF", "x"), part("FF", "FFFF", "y")],
+                vec![("", "FF", "x")],
+            ),
+        ];
+        for (parts, expected) in cases {
+            let got: Vec<(String, String, String)> = pieces(&range, &parts, parent.clone())
+                .into_iter()
+                .map(|(r, c)| (r.min, r.max, c.unwrap_or_default()))
+                .collect();
+            let expected: Vec<(String, String, String)> = expected
+                .into_iter()
+                .map(|(a, b, c)| (a.into(), b.into(), c.into()))
+                .collect();
+            assert_eq!(got, expected);
+        }
+    }
+}
