@@ -71,6 +71,17 @@ pub struct ChangePage {
     pub retries: u32,
 }
 
+impl ChangePage {
+    /// The position after this page when the read still spans one range (no split since it
+    /// started); `range`, when given, must be that range.
+    pub fn single_continuation(&self, range: Option<&EpkRange>) -> Option<&str> {
+        match self.continuations.as_slice() {
+            [only] if range.is_none_or(|r| *r == only.range) => Some(&only.continuation),
+            _ => None,
+        }
+    }
+}
+
 /// What the account holds under a monitored container's name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Presence {

@@ -11,25 +11,18 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span};
 
-use crate::cosmos::{ChangePage, CosmosError, EpkRange, ErrorKind, FeedReader, RangeContinuation};
+use crate::cosmos::{ChangePage, CosmosError, EpkRange, ErrorKind, FeedReader};
 use crate::processor::error::LeaseError;
-use crate::processor::leases::lag_report::{LATEST_LSN_PROPERTY, reported_lsn};
-use crate::processor::leases::owned::{OwnedLease, UpdateError};
-use crate::processor::policy::checkpoint_policy::Deferred;
+use crate::processor::leases::owned::OwnedLease;
 use crate::processor::policy::stall::{Activity, StallAction, StallWatch};
-use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
+use crate::processor::report::events::{CloseReason, LeaseExit};
 use crate::processor::run::delivery::{Delivery, batch_id};
+use crate::processor::run::lease_checkpointer::{Flow, LeaseCheckpointer, pause, stop_reason};
 use crate::processor::run::shared::Shared;
-use crate::processor::run::split::{split, split_from_checkpoint};
-
-mod settle;
+use crate::processor::run::split::split_from_checkpoint;
 
 /// Consecutive failed reads after which a lease counts as failing (a warning, and `/readyz` says so).
 const PERSISTENT_FAILURES: u32 = 5;
-
-/// Empty pages in a row after which a lease whose last report showed lag reports that it is
-/// caught up (one write per quiet spell, not one per batch of a trickle).
-const CAUGHT_UP_PAGES: u32 = 3;
 
 /// The first wait after a lease caught up with its feed.
 const FIRST_EMPTY_WAIT: Duration = Duration::from_millis(50);
@@ -39,9 +32,7 @@ const FIRST_EMPTY_WAIT: Duration = Duration::from_millis(50);
 pub(crate) async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
     let shared_stall_timeout = shared.options.stall_timeout;
     let mut reader = LeaseReader {
-        deferred: Deferred::new(shared.options.checkpoint, std::time::Instant::now()),
-        report: None,
-        quiet_pages: 0,
+        checkpointer: LeaseCheckpointer::new(shared.clone(), owned.clone()),
         shared,
         owned,
         failures: 0,
@@ -50,7 +41,7 @@ pub(crate) async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExi
     };
     let exit = reader.process().await;
     if matches!(exit.reason, CloseReason::Shutdown | CloseReason::HandedOver) {
-        reader.write_pending().await;
+        reader.checkpointer.write_pending().await;
     }
     // Whatever ended it (a split found by a failed read, a loss), this lease's read failures
     // are no longer a problem of this processor.
@@ -76,12 +67,8 @@ type InFlight = std::pin::Pin<Box<dyn std::future::Future<Output = (ChangePage, 
 struct LeaseReader {
     shared: Arc<Shared>,
     owned: Arc<OwnedLease>,
-    /// The handled position not yet checkpointed (the checkpoint policy defers writes).
-    deferred: Deferred,
-    /// The lag report of the last settled page, with the continuation it belongs to.
-    report: Option<(String, u64)>,
-    /// Empty pages settled in a row.
-    quiet_pages: u32,
+    /// Settles handled batches: checkpoints (and what they defer), splits, lag reports.
+    checkpointer: LeaseCheckpointer,
     /// Consecutive failed opens and reads.
     failures: u32,
     /// Consecutive reader rebuilds without a settled batch.
@@ -122,37 +109,6 @@ enum After {
     Rebuild,
     /// Stop processing the lease.
     Exit(LeaseExit),
-}
-
-/// What the lease loop does after a batch is settled.
-enum Flow {
-    /// Go on reading.
-    Go,
-    /// Reopen the reader at the last checkpoint.
-    Rebuild,
-    /// Stop processing the lease.
-    Return(LeaseExit),
-}
-
-/// Sleeps unless cancelled first; `false` when cancelled.
-async fn pause(cancel: &CancellationToken, delay: Duration) -> bool {
-    tokio::select! {
-        _ = cancel.cancelled() => false,
-        _ = tokio::time::sleep(delay) => true,
-    }
-}
-
-/// Why processing stops when the lease's token was cancelled.
-fn stop_reason(owned: &OwnedLease) -> LeaseExit {
-    LeaseExit::closed(if owned.is_gone() {
-        CloseReason::LeaseGone
-    } else if owned.is_lost() {
-        CloseReason::LeaseLost
-    } else if owned.handoff_target().is_some() {
-        CloseReason::HandedOver
-    } else {
-        CloseReason::Shutdown
-    })
 }
 
 /// A 404, or the SDK's 400 for a range of a container that was created again.
@@ -213,7 +169,7 @@ impl LeaseReader {
                 return stop_reason(&self.owned);
             }
             // A reader (re)opens at the last written checkpoint: write what was handled since.
-            self.write_pending().await;
+            self.checkpointer.write_pending().await;
             let after = match self.open().await {
                 Ok(mut session) => self.read(&mut session).await,
                 Err(after) => after,
@@ -337,7 +293,12 @@ impl LeaseReader {
     /// A batch finished: settle it, then hand over the page read ahead.
     async fn on_settled(&mut self, s: &mut Session, page: ChangePage, delivered: bool) -> Option<After> {
         let span = s.handling.pop_front().map_or_else(Span::none, |(.., span)| span);
-        match self.settle(&s.range, page, delivered).instrument(span).await {
+        match self
+            .checkpointer
+            .settle(&s.range, page, delivered)
+            .instrument(span)
+            .await
+        {
             Flow::Go => {
                 self.rebuilds = 0;
                 // A batch handled, or an empty page after all earlier ones: the lease advanced.
@@ -368,9 +329,9 @@ impl LeaseReader {
         self.failures = 0;
         let empty = page.documents.is_empty();
         let id = batch_id(self.owned.token(), s.position.as_deref());
-        match page.continuations.as_slice() {
-            [only] => s.position = Some(only.continuation.clone()),
-            _ => s.hold_reads = true,
+        match page.single_continuation(None) {
+            Some(position) => s.position = Some(position.to_owned()),
+            None => s.hold_reads = true,
         }
         if empty {
             let wait = empty_poll_wait(self.shared.options.poll_interval, s.empty_streak);
@@ -468,10 +429,7 @@ impl LeaseReader {
             if page.documents.is_empty() {
                 return (page, true);
             }
-            let checkpoint_to = match page.continuations.as_slice() {
-                [only] if only.range == range => Some(only.continuation.clone()),
-                _ => None,
-            };
+            let checkpoint_to = page.single_continuation(Some(&range)).map(str::to_owned);
             let delivery = Delivery {
                 shared: &shared,
                 owned: &owned,
@@ -490,7 +448,12 @@ impl LeaseReader {
     async fn drain(&mut self, s: &mut Session) -> Result<(), LeaseExit> {
         while let Some((page, delivered)) = s.window.next().await {
             let span = s.handling.pop_front().map_or_else(Span::none, |(.., span)| span);
-            match self.settle(&s.range, page, delivered).instrument(span).await {
+            match self
+                .checkpointer
+                .settle(&s.range, page, delivered)
+                .instrument(span)
+                .await
+            {
                 Flow::Go => {}
                 // The reader is rebuilt anyway after a drain; later batches are delivered again.
                 Flow::Rebuild => {

@@ -1,10 +1,11 @@
 //! The running processor: start and stop ([`runtime`]), the acquire cycles ([`coordinator`]),
-//! renewals, the per-lease reader, delivery with retries, splits, store recovery, health and what
+//! renewals, the per-lease reader and its checkpointer, delivery with retries, splits, store recovery, health and what
 //! a reader does about a stall. Uses every other room.
 
 pub(crate) mod coordinator;
 pub mod delivery;
 pub(crate) mod health;
+pub(crate) mod lease_checkpointer;
 pub mod lease_reader;
 pub mod monitored_watch;
 pub(crate) mod renewer;

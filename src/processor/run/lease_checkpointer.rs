@@ -1,23 +1,92 @@
-//! Settling a lease's batches: checkpointing a handled batch (as the checkpoint policy says,
-//! retrying a failed write rather than reading the batch again), splitting the lease when a page
-//! shows its range now spans several partitions, writing the deferred checkpoint before a release
-//! or a rebuild, and the lease's lag report.
+//! Settling a lease's batches, with the state only that needs: checkpointing a handled batch
+//! (as the checkpoint policy says, retrying a failed write rather than reading the batch again),
+//! splitting the lease when a page shows its range now spans several partitions, writing the
+//! deferred checkpoint before a release or a rebuild, and the lease's lag report. Also what the
+//! per-lease loop and its settling share: [`Flow`], [`stop_reason`] and [`pause`].
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
 
-impl LeaseReader {
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::cosmos::{ChangePage, EpkRange, RangeContinuation};
+use crate::processor::error::LeaseError;
+use crate::processor::leases::lag_report::{LATEST_LSN_PROPERTY, reported_lsn};
+use crate::processor::leases::owned::{OwnedLease, UpdateError};
+use crate::processor::policy::checkpoint_policy::Deferred;
+use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
+use crate::processor::run::shared::Shared;
+use crate::processor::run::split::split;
+
+/// Empty pages in a row after which a lease whose last report showed lag reports that it is
+/// caught up (one write per quiet spell, not one per batch of a trickle).
+const CAUGHT_UP_PAGES: u32 = 3;
+
+/// What the lease loop does after a batch is settled.
+pub(crate) enum Flow {
+    /// Go on reading.
+    Go,
+    /// Reopen the reader at the last checkpoint.
+    Rebuild,
+    /// Stop processing the lease.
+    Return(LeaseExit),
+}
+
+/// Sleeps unless cancelled first; `false` when cancelled.
+pub(crate) async fn pause(cancel: &CancellationToken, delay: Duration) -> bool {
+    tokio::select! {
+        _ = cancel.cancelled() => false,
+        _ = tokio::time::sleep(delay) => true,
+    }
+}
+
+/// Why processing stops when the lease's token was cancelled.
+pub(crate) fn stop_reason(owned: &OwnedLease) -> LeaseExit {
+    LeaseExit::closed(if owned.is_gone() {
+        CloseReason::LeaseGone
+    } else if owned.is_lost() {
+        CloseReason::LeaseLost
+    } else if owned.handoff_target().is_some() {
+        CloseReason::HandedOver
+    } else {
+        CloseReason::Shutdown
+    })
+}
+
+/// The checkpoints of one owned lease: what was handled and not yet written (the checkpoint
+/// policy's deferral), the lag report of the last settled page, and the quiet pages since.
+pub(crate) struct LeaseCheckpointer {
+    shared: Arc<Shared>,
+    owned: Arc<OwnedLease>,
+    /// The handled position not yet checkpointed (the checkpoint policy's deferral).
+    deferred: Deferred,
+    /// The lag report of the last settled page, with the continuation it belongs to.
+    report: Option<(String, u64)>,
+    /// Empty pages settled in a row.
+    quiet_pages: u32,
+}
+
+impl LeaseCheckpointer {
+    /// The checkpointer of `owned`, nothing handled yet.
+    pub(crate) fn new(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> Self {
+        Self {
+            deferred: Deferred::new(shared.options.checkpoint, std::time::Instant::now()),
+            report: None,
+            quiet_pages: 0,
+            shared,
+            owned,
+        }
+    }
+
     /// Checkpoints a finished batch, or splits the lease when the page shows the range now spans
     /// several partitions — batches are settled in read order.
-    pub(super) async fn settle(&mut self, range: &EpkRange, page: ChangePage, delivered: bool) -> Flow {
+    pub(crate) async fn settle(&mut self, range: &EpkRange, page: ChangePage, delivered: bool) -> Flow {
         if !delivered {
             // Stopped while retrying a failing batch: nothing is checkpointed past it.
             return Flow::Return(stop_reason(&self.owned));
         }
-        let single = match page.continuations.as_slice() {
-            [only] if only.range == *range => Some(only.continuation.clone()),
-            _ => None,
-        };
-        let Some(continuation) = single else {
+        let Some(continuation) = page.single_continuation(Some(range)).map(str::to_owned) else {
             return match split(&self.shared, &self.owned, range, &self.split_parts(&page)).await {
                 Some(exit) => Flow::Return(exit),
                 None => Flow::Rebuild,
@@ -100,8 +169,10 @@ impl LeaseReader {
                 Err(UpdateError::Gone) => return Flow::Return(LeaseExit::closed(CloseReason::LeaseGone)),
                 Err(UpdateError::Store(error)) => {
                     // The batch was handled; keep trying to record it rather than re-reading it.
-                    self.report(LeaseError::Checkpoint(error));
-                    if !pause(self.cancel(), self.shared.options.backoff(attempt)).await {
+                    self.shared
+                        .telemetry
+                        .error(Some(self.owned.token()), LeaseError::Checkpoint(error));
+                    if !pause(self.owned.cancelled(), self.shared.options.backoff(attempt)).await {
                         return Flow::Return(stop_reason(&self.owned));
                     }
                     attempt += 1;
@@ -112,7 +183,7 @@ impl LeaseReader {
 
     /// Writes the handled position not yet checkpointed, if any (before a release or a reader
     /// rebuild, so that nothing handled is read again).
-    pub(super) async fn write_pending(&mut self) {
+    pub(crate) async fn write_pending(&mut self) {
         let Some(continuation) = self.deferred.pending().map(str::to_owned) else {
             return;
         };
