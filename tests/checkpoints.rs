@@ -507,7 +507,8 @@ async fn items_rid(endpoint: &str) -> String {
         .send()
         .await
         .expect("the emulator answers");
-    let container: serde_json::Value = answer.json().await.expect("a container as JSON");
+    let body = answer.bytes().await.expect("the emulator's answer");
+    let container: serde_json::Value = serde_json::from_slice(&body).expect("a container as JSON");
     container["_rid"].as_str().expect("a resource id").to_owned()
 }
 

@@ -144,9 +144,10 @@ pub async fn estimate_leases(
         return Ok(first.into_iter().map(|(estimate, _)| estimate).collect());
     }
     // After a split: the leases whose lag came from LSNs are counted instead.
-    let (again, mut results): (Vec<_>, Vec<_>) = first
+    let (again, kept): (Vec<_>, Vec<_>) = first
         .into_iter()
         .partition(|(estimate, read)| read.from_lsns && estimate.error.is_none());
+    let mut results: Vec<LeaseEstimate> = kept.into_iter().map(|(estimate, _)| estimate).collect();
     let earlier: std::collections::BTreeMap<String, u32> = again
         .iter()
         .map(|(estimate, _)| (estimate.lease_token.clone(), estimate.reads))
