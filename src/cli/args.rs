@@ -587,18 +587,8 @@ pub struct CheckpointsRewindArgs {
     /// Only this lease (its id or its token `min-max`); repeatable.
     #[arg(long = "lease", allow_hyphen_values = true)]
     pub lease: Vec<String>,
-    /// Only the leases overlapping this range (`min-max`, hex EPKs); repeatable.
-    #[arg(long = "range", value_parser = epk_range, allow_hyphen_values = true)]
+    /// Only the leases sharing keys with this range (`min-max`, hex EPKs; short ones read as
+    /// padded with zeros: `20-30` is `20…0-30…0`); repeatable.
+    #[arg(long = "range", value_parser = super::checkpoints::epk_range, allow_hyphen_values = true)]
     pub range: Vec<crate::cosmos::EpkRange>,
-}
-
-fn epk_range(s: &str) -> Result<crate::cosmos::EpkRange, String> {
-    let (min, max) = s
-        .split_once('-')
-        .ok_or_else(|| format!("expected min-max (hex EPKs, as in a lease token such as 3F-7F), got {s:?}"))?;
-    let hex = |b: &str| b.bytes().all(|c| c.is_ascii_hexdigit());
-    if !hex(min) || !hex(max) || max.is_empty() {
-        return Err(format!("expected min-max (hex EPKs such as -3F or 3F-7F), got {s:?}"));
-    }
-    Ok(crate::cosmos::EpkRange::new(min, max))
 }

@@ -177,3 +177,15 @@ pub fn summary(moved: &Moved) -> String {
     });
     out
 }
+
+/// A `--range` value: `min-max`, hex EPKs.
+pub(super) fn epk_range(s: &str) -> Result<crate::cosmos::EpkRange, String> {
+    let (min, max) = s
+        .split_once('-')
+        .ok_or_else(|| format!("expected min-max (hex EPKs, as in a lease token such as 3F-7F), got {s:?}"))?;
+    let hex = |b: &str| b.bytes().all(|c| c.is_ascii_hexdigit());
+    if !hex(min) || !hex(max) || max.is_empty() {
+        return Err(format!("expected min-max (hex EPKs such as -3F or 3F-7F), got {s:?}"));
+    }
+    Ok(crate::cosmos::EpkRange::new(min, max))
+}
