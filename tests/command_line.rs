@@ -121,3 +121,53 @@ async fn a_checkpoint_command_says_at_once_that_it_watches_for_a_running_instanc
     let _ = rewind.kill().await;
     common::terminate(&mut emulator).await;
 }
+
+/// SIGTERM to a `cfp worker` that delivered batches with `args` (its handler flags): how long
+/// until it exited (at most 10 s).
+async fn exit_after_sigterm(endpoint: &str, args: &[String], delivered: impl Fn() -> bool) -> Duration {
+    let mut worker = common::cfp_worker(endpoint)
+        .args(["--lease-acquire-interval", "500ms", "--poll-interval", "200ms"])
+        .args(args)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("cfp worker");
+    let pid = worker.id().expect("the worker runs").to_string();
+    common::cfp_write(endpoint, 0, 50).await;
+    let handled = eventually(Duration::from_secs(30), || async { delivered() }).await;
+    assert!(handled, "the worker delivered nothing");
+    let signalled = std::time::Instant::now();
+    let killed = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await;
+    assert!(killed.is_ok_and(|s| s.success()));
+    let exited = tokio::time::timeout(Duration::from_secs(10), worker.wait()).await;
+    assert!(matches!(exited, Ok(Ok(_))), "no exit within 10 s of SIGTERM");
+    signalled.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_the_http_handler_exits_at_once_on_sigterm() {
+    let (mut emulator, endpoint) = common::start_emulator(&format!("{DB}/{ITEMS}:/pk:2")).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let port = listener.local_addr().expect("its address").port();
+    let batches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = batches.clone();
+    common::receive_batches(listener, move |_, _| {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
+    // localhost: the handler's address is resolved, as a user's usually is.
+    let http = [
+        "--handler".to_owned(),
+        "http".to_owned(),
+        "--handler-url".to_owned(),
+        format!("http://localhost:{port}/changes"),
+    ];
+    let took = exit_after_sigterm(&endpoint, &http, || {
+        batches.load(std::sync::atomic::Ordering::SeqCst) > 0
+    })
+    .await;
+    println!("cfp worker --handler http: exited {took:?} after SIGTERM");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    common::terminate(&mut emulator).await;
+}
