@@ -62,9 +62,9 @@ fn main() -> ExitCode {
                 .map_err(|e| format!("cfp checkpoints: {e}")),
             Command::Crd(args) => {
                 if args.markdown {
-                    print!("{}", changefeed_operator::operator::crd_markdown());
+                    cli::print_out(changefeed_operator::operator::crd_markdown());
                 } else {
-                    print!("{}", changefeed_operator::operator::crd_yaml());
+                    cli::print_out(changefeed_operator::operator::crd_yaml());
                 }
                 Ok(())
             }

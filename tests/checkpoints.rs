@@ -31,6 +31,7 @@ fn options(force: bool, dry_run: bool) -> MoveOptions {
         expiration: Duration::from_secs(2),
         // The test instances' renew interval (300 ms) and a quarter.
         watch: Duration::from_millis(375),
+        on_watch: None,
     }
 }
 
@@ -465,4 +466,65 @@ async fn the_command_line_exports_refuses_a_running_worker_and_rewinds() {
     assert_eq!(code, Some(1));
     assert!(bad.contains("cannot read /nonexistent/export.json"), "{bad}");
     common::terminate(&mut emulator).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_of_another_container_is_refused_at_once_even_with_the_same_resource_id() {
+    let env = processed(2, 0..20).await;
+    let (monitored, store) = open(&env).await;
+    let mut export: Export = read_export(&store, &monitored).await.unwrap();
+    // Taken of db/orders on an earlier emulator that handed out the same resource ids.
+    export.container = format!("{DB}/orders");
+    let watching = MoveOptions {
+        watch: Duration::from_secs(60),
+        ..options(false, true)
+    };
+    let started = std::time::Instant::now();
+    let result = tokio::time::timeout(
+        Duration::from_secs(10),
+        move_checkpoints(&store, &monitored, &Request::Import(Box::new(export)), &watching),
+    )
+    .await;
+    println!(
+        "an export of db/orders imported into {DB}/{ITEMS} (same resource id): {:?} after {:?}",
+        result
+            .as_ref()
+            .map(|r| r.as_ref().map(|_| ()).map_err(ToString::to_string)),
+        started.elapsed()
+    );
+    let refused = result.expect("refused before watching the lease container for 60 s");
+    let error = refused.expect_err("another container's export is refused").to_string();
+    assert!(
+        error.contains("db/orders") && error.contains(&format!("{DB}/{ITEMS}")),
+        "{error}"
+    );
+}
+
+/// The resource id of `db/items` on the `cfp emulator` at `endpoint`.
+async fn items_rid(endpoint: &str) -> String {
+    let answer = reqwest::Client::new()
+        .get(format!("{endpoint}dbs/{DB}/colls/{ITEMS}"))
+        .header("x-ms-version", "2020-07-15")
+        .send()
+        .await
+        .expect("the emulator answers");
+    let body = answer.bytes().await.expect("the emulator's answer");
+    let container: serde_json::Value = serde_json::from_slice(&body).expect("a container as JSON");
+    container["_rid"].as_str().expect("a resource id").to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_emulator_run_gives_its_containers_resource_ids_of_their_own() {
+    let spec = format!("{DB}/{ITEMS}:/pk:2");
+    let (mut first, first_endpoint) = common::start_emulator(&spec).await;
+    let (mut second, second_endpoint) = common::start_emulator(&spec).await;
+    let rids = (items_rid(&first_endpoint).await, items_rid(&second_endpoint).await);
+    println!("{DB}/{ITEMS} on two emulator runs: resource ids {rids:?}");
+    // The database ids part (the first 4 bytes) varies by up to 65,535: equal by chance once in that many runs.
+    assert_ne!(
+        rids.0, rids.1,
+        "an export of one run would apply to the other's container"
+    );
+    common::terminate(&mut first).await;
+    common::terminate(&mut second).await;
 }

@@ -508,3 +508,55 @@ async fn a_lease_that_cannot_be_estimated_does_not_hide_the_others() {
         "the other leases' work is still counted: {known}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_split_and_a_rewind_the_estimate_counts_each_change_once() {
+    use changefeed_operator::processor::admin::checkpoint_apply::{MoveOptions, Request, move_checkpoints};
+    use changefeed_operator::processor::admin::checkpoints::Selection;
+    let env = Env::new(2).await;
+    let a = env.start(env.options("a")).await;
+    env.write(0..300).await;
+    assert!(env.delivered_within(300, Duration::from_secs(20)).await);
+    env.emulator
+        .split(DB, ITEMS, None, Duration::from_millis(10))
+        .await
+        .unwrap();
+    env.write(300..400).await;
+    assert!(env.delivered_within(400, Duration::from_secs(20)).await);
+    let split = eventually(Duration::from_secs(20), || async { env.leases().await.len() == 3 }).await;
+    assert!(split, "the processor did not split its lease: {:?}", env.leases().await);
+    a.stop().await;
+    // Everything again: every lease from the beginning (the split children too).
+    let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
+    let store = lease_store(&env.account, common::PROCESSOR).await.unwrap();
+    let rewind = Request::Rewind {
+        to: StartFrom::Beginning,
+        selection: Selection::default(),
+    };
+    let options = MoveOptions {
+        holder: "rewinder".into(),
+        force: true,
+        dry_run: false,
+        expiration: Duration::from_secs(2),
+        watch: Duration::ZERO,
+        on_watch: None,
+    };
+    move_checkpoints(&store, &monitored, &rewind, &options).await.unwrap();
+    let estimates = estimate(&env).await;
+    let total: u64 = estimates.iter().map(|e| e.lag).sum();
+    env.deliveries.clear();
+    let b = env.start(env.options("b")).await;
+    let delivered = env.delivered_within(400, Duration::from_secs(30)).await;
+    b.stop().await;
+    println!(
+        "after a split and a rewind to the beginning: estimated {total} ({:?}), delivered {} (400 written)",
+        estimates
+            .iter()
+            .map(|e| (e.lease_token.as_str(), e.lag))
+            .collect::<Vec<_>>(),
+        env.deliveries.distinct()
+    );
+    assert!(delivered);
+    assert_eq!(total, env.deliveries.distinct() as u64);
+    assert!(estimates.iter().all(|e| !e.started && e.checkpoint_age.is_none()));
+}

@@ -466,20 +466,27 @@ pub struct DeadLetterReplayArgs {
 #[derive(Debug, Subcommand)]
 pub enum CheckpointsCommand {
     /// Print the processor's leases as JSON: range, continuation, LSN, owner, time.
-    Export(CheckpointsArgs),
+    Export(CheckpointsTarget),
     /// Restore the leases of an export (ranges split since are leased whole again).
     Import(CheckpointsImportArgs),
     /// Move every lease (or the --lease / --range ones) to a position.
     Rewind(CheckpointsRewindArgs),
 }
 
-/// The processor whose checkpoints are read or moved, and how carefully.
+/// The processor whose checkpoints are read.
 #[derive(Debug, Args, Clone)]
-pub struct CheckpointsArgs {
+pub struct CheckpointsTarget {
     #[command(flatten)]
     pub connection: ConnectionArgs,
     #[command(flatten)]
     pub leases: LeaseArgs,
+}
+
+/// The processor whose checkpoints are moved, and how carefully.
+#[derive(Debug, Args, Clone)]
+pub struct CheckpointsArgs {
+    #[command(flatten)]
+    pub target: CheckpointsTarget,
     /// The processor's lease expiration: a heartbeat or lease write younger than this is a
     /// running instance.
     #[arg(long, env = "CFP_LEASE_EXPIRATION", default_value = text(defaults::EXPIRATION), value_parser = duration)]
@@ -518,11 +525,13 @@ pub struct CheckpointsRewindArgs {
     /// Only this lease (its id or its token `min-max`); repeatable.
     #[arg(long = "lease", allow_hyphen_values = true)]
     pub lease: Vec<String>,
-    /// Only the leases overlapping this range (`min-max`, hex EPKs); repeatable.
+    /// Only the leases sharing keys with this range (`min-max`, hex EPKs; short ones read as
+    /// padded with zeros: `20-30` is `20…0-30…0`); repeatable.
     #[arg(long = "range", value_parser = epk_range, allow_hyphen_values = true)]
     pub range: Vec<crate::cosmos::EpkRange>,
 }
 
+/// A `--range` value: `min-max`, hex EPKs.
 fn epk_range(s: &str) -> Result<crate::cosmos::EpkRange, String> {
     let (min, max) = s
         .split_once('-')

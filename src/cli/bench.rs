@@ -50,7 +50,7 @@ pub async fn run(args: &BenchArgs) -> Result<(), BenchCommandError> {
         None => built_k8s_bin().await,
     };
     let report = run_bench(&settings, |figure| eprintln!("measuring {figure}…")).await;
-    print!("{}", table(&report));
+    super::print_out(table(&report));
     if let Some(path) = &args.json {
         let json =
             serde_json::to_string_pretty(&report).map_err(|e| BenchCommandError::Json(path.clone(), e.into()))?;

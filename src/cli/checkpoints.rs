@@ -3,8 +3,9 @@
 //! written all or nothing as workers see it, and only planned with `--dry-run`.
 
 use std::io::Read as _;
+use std::time::Duration;
 
-use super::args::{CheckpointsArgs, CheckpointsCommand};
+use super::args::{CheckpointsArgs, CheckpointsCommand, CheckpointsTarget};
 use crate::cosmos::{CosmosAccount, MonitoredContainer};
 use crate::processor::admin::checkpoint_apply::{
     MoveError, MoveOptions, Moved, Request, move_checkpoints, read_export,
@@ -54,13 +55,16 @@ pub async fn run(command: &CheckpointsCommand) -> Result<(), CheckpointsError> {
         CheckpointsCommand::Export(args) => {
             let (monitored, store) = connect(args).await?;
             let export = read_export(&store, &monitored).await?;
-            println!("{}", serde_json::to_string_pretty(&export).unwrap_or_default());
+            super::print_out(format_args!(
+                "{}\n",
+                serde_json::to_string_pretty(&export).unwrap_or_default()
+            ));
             Ok(())
         }
         CheckpointsCommand::Import(args) => {
             let export = read_file(&args.file)?;
             let moved = carry_out(&args.common, Request::Import(Box::new(export))).await?;
-            print!("{}", summary(&moved));
+            super::print_out(summary(&moved));
             Ok(())
         }
         CheckpointsCommand::Rewind(args) => {
@@ -70,13 +74,13 @@ pub async fn run(command: &CheckpointsCommand) -> Result<(), CheckpointsError> {
             };
             let request = Request::Rewind { to: args.to, selection };
             let moved = carry_out(&args.common, request).await?;
-            print!("{}", summary(&moved));
+            super::print_out(summary(&moved));
             Ok(())
         }
     }
 }
 
-async fn connect(args: &CheckpointsArgs) -> Result<(MonitoredContainer, CosmosLeaseStore), CheckpointsError> {
+async fn connect(args: &CheckpointsTarget) -> Result<(MonitoredContainer, CosmosLeaseStore), CheckpointsError> {
     let connection = &args.connection;
     let connect_error = |endpoint: &str| {
         let endpoint = endpoint.to_owned();
@@ -94,19 +98,50 @@ async fn connect(args: &CheckpointsArgs) -> Result<(MonitoredContainer, CosmosLe
     let options = ProcessorOptions::new(args.leases.processor.clone(), holder());
     // Never creates a container: no lease container means no checkpoints.
     let settings = connection.settings(&args.leases, false, options);
-    Ok(open(&account, &lease_account, &settings).await?)
+    Ok(open(&account, &lease_account, &settings)
+        .await
+        .map_err(WorkerError::when_reading)?)
 }
 
 async fn carry_out(args: &CheckpointsArgs, request: Request) -> Result<Moved, CheckpointsError> {
-    let (monitored, store) = connect(args).await?;
+    let (monitored, store) = connect(&args.target).await?;
     let options = MoveOptions {
         holder: holder(),
         force: args.force,
         dry_run: args.dry_run,
         expiration: args.lease_expiration,
         watch: args.lease_renew_interval.mul_f64(1.25),
+        on_watch: Some(show_watch),
     };
     Ok(move_checkpoints(&store, &monitored, &request, &options).await?)
+}
+
+/// Says at once that the command watches the lease container, and how long: a countdown on a
+/// terminal, one line otherwise.
+fn show_watch(watch: Duration) {
+    use std::io::IsTerminal as _;
+    let seconds = watch.as_secs_f64().round();
+    let message = format!("watching the lease container for {seconds} s for a running instance of the processor");
+    let runtime = tokio::runtime::Handle::try_current();
+    let Some(runtime) = runtime.ok().filter(|_| std::io::stderr().is_terminal()) else {
+        eprintln!("{message}…");
+        return;
+    };
+    let bar = indicatif::ProgressBar::new(watch.as_millis().try_into().unwrap_or(u64::MAX));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {msg} [{bar:20}] {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
+    bar.set_message(message);
+    bar.enable_steady_tick(Duration::from_millis(100));
+    runtime.spawn(async move {
+        let started = tokio::time::Instant::now();
+        while started.elapsed() < watch {
+            bar.set_position(started.elapsed().as_millis().try_into().unwrap_or(u64::MAX));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        bar.finish_and_clear();
+    });
 }
 
 /// The name this command holds leases under while it moves them.

@@ -52,8 +52,11 @@ pub async fn run(command: &DeadLetterCommand) -> Result<(), DeadLetterError> {
                 .await
                 .map_err(|e| DeadLetterError::Open(format!("listing dead letters: {e}")))?;
             match args.output {
-                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&list).unwrap_or_default()),
-                OutputFormat::Table => print!("{}", table(&args.processor, &list)),
+                OutputFormat::Json => super::print_out(format_args!(
+                    "{}\n",
+                    serde_json::to_string_pretty(&list).unwrap_or_default()
+                )),
+                OutputFormat::Table => super::print_out(table(&args.processor, &list)),
             }
             Ok(())
         }
@@ -122,7 +125,7 @@ async fn replay(args: &DeadLetterReplayArgs) -> Result<(), DeadLetterError> {
         };
         match handler.handle(batch).await {
             Ok(()) => match letters.remove(&letter.id).await {
-                Ok(()) => eprintln!("replayed {} (document {:?})", letter.id, letter.document.get("id")),
+                Ok(()) => eprintln!("{}", replayed(&letter.id, &letter.document)),
                 Err(error) => {
                     failed += 1;
                     eprintln!(
@@ -150,4 +153,30 @@ async fn replay(args: &DeadLetterReplayArgs) -> Result<(), DeadLetterError> {
         });
     }
     Ok(())
+}
+
+/// The line for a dead letter replayed: its id and its document's id, as they are written.
+fn replayed(letter: &str, document: &serde_json::Value) -> String {
+    match document.get("id") {
+        Some(serde_json::Value::String(id)) => format!("replayed {letter} (document {id})"),
+        Some(id) => format!("replayed {letter} (document {id})"),
+        None => format!("replayed {letter}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn a_replayed_letter_is_named_with_its_document_as_written() {
+        let cases = [
+            (json!({"id": "doc-7", "pk": "a"}), "replayed doc-7.1 (document doc-7)"),
+            (json!({"id": 7}), "replayed doc-7.1 (document 7)"),
+            (json!({"pk": "a"}), "replayed doc-7.1"),
+        ];
+        for (document, line) in cases {
+            assert_eq!(super::replayed("doc-7.1", &document), line);
+        }
+    }
 }

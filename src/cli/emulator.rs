@@ -7,6 +7,14 @@ use tokio_util::sync::CancellationToken;
 use super::args::EmulatorArgs;
 use crate::emulator::{EmulatorError, bind_advertised};
 
+/// A line to standard output; a server keeps serving when nobody reads it (a closed pipe).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 /// Serves the emulator until a termination signal.
 pub async fn run(args: &EmulatorArgs) -> Result<(), EmulatorError> {
     let (mut emulator, listener) = bind_advertised(
@@ -22,8 +30,8 @@ pub async fn run(args: &EmulatorArgs) -> Result<(), EmulatorError> {
         })?;
         emulator = emulator.require_entra_token(&token);
     }
-    println!("Cosmos DB emulator listening");
-    println!("  endpoint: {}", emulator.endpoint());
+    say!("Cosmos DB emulator listening");
+    say!("  endpoint: {}", emulator.endpoint());
     if let Some(key) = &args.key {
         emulator = emulator.require_key(key);
     }
@@ -31,19 +39,22 @@ pub async fn run(args: &EmulatorArgs) -> Result<(), EmulatorError> {
         emulator = emulator.deny_metadata_writes();
     }
     if args.entra_token_file.is_some() {
-        println!("  auth:     Entra ID token only (key auth disabled; no database or container writes)");
+        say!("  auth:     Entra ID token only (key auth disabled; no database or container writes)");
     } else if args.key.is_some() {
-        println!("  key:      the one given with --key (signatures checked)");
+        say!("  key:      the one given with --key (signatures checked)");
     } else {
-        println!("  key:      {}", crate::cosmos::EMULATOR_KEY);
+        say!("  key:      {}", crate::cosmos::EMULATOR_KEY);
     }
     if args.deny_metadata_writes {
-        println!("  metadata: database and container writes refused (disableKeyBasedMetadataWriteAccess)");
+        say!("  metadata: database and container writes refused (disableKeyBasedMetadataWriteAccess)");
     }
     for spec in &args.containers {
-        println!(
+        say!(
             "  container {}/{} (partition key {}, {} partitions)",
-            spec.database, spec.container, spec.partition_key, spec.partitions
+            spec.database,
+            spec.container,
+            spec.partition_key,
+            spec.partitions
         );
     }
     let shutdown = CancellationToken::new();
@@ -54,6 +65,6 @@ pub async fn run(args: &EmulatorArgs) -> Result<(), EmulatorError> {
     crate::signals::terminated().await;
     shutdown.cancel();
     let _ = server.await;
-    println!("emulator stopped");
+    say!("emulator stopped");
     Ok(())
 }

@@ -42,7 +42,9 @@ pub async fn estimate(args: &EstimateArgs) -> Result<ProcessorEstimate, Estimate
         .account(&args.connection, &account)
         .await
         .map_err(|e| EstimateError::Failed(format!("cannot connect to the lease account: {e}")))?;
-    let (monitored, store) = open(&account, &lease_account, &settings).await?;
+    let (monitored, store) = open(&account, &lease_account, &settings)
+        .await
+        .map_err(WorkerError::when_reading)?;
     if let Some((layout, prefix)) = args.adopt.zip(args.adopt_prefix.clone()) {
         let adopt = AdoptOptions {
             layout,
@@ -87,8 +89,11 @@ pub async fn estimate(args: &EstimateArgs) -> Result<ProcessorEstimate, Estimate
 pub async fn run(args: &EstimateArgs) -> Result<(), EstimateError> {
     let estimate = estimate(args).await?;
     match args.output {
-        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&estimate).unwrap_or_default()),
-        OutputFormat::Table => print!("{}", table(&estimate)),
+        OutputFormat::Json => super::print_out(format_args!(
+            "{}\n",
+            serde_json::to_string_pretty(&estimate).unwrap_or_default()
+        )),
+        OutputFormat::Table => super::print_out(table(&estimate)),
     }
     if estimate.leases_failed > 0 {
         return Err(EstimateError::Failed(format!(

@@ -17,6 +17,20 @@ pub mod write;
 
 pub use args::{Cli, Command};
 
+/// Writes `text` to standard output. When nobody reads it any more (`cfp crd | head -1`: the
+/// pipe is closed) the process ends quietly with success, as Unix tools do, instead of a panic;
+/// another write failure is logged.
+pub fn print_out(text: impl std::fmt::Display) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let written = write!(out, "{text}").and_then(|()| out.flush());
+    match written {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(error) => tracing::warn!(%error, "cannot write to standard output"),
+        Ok(()) => {}
+    }
+}
+
 #[cfg(test)]
 #[path = "env_contract_tests.rs"]
 mod env_contract_tests;

@@ -47,6 +47,14 @@ impl EpkRange {
         epk_lt(&self.min, &other.max) && epk_lt(&other.min, &self.max)
     }
 
+    /// Whether the two ranges share any key, with bounds of different lengths compared as the
+    /// service compares effective partition keys: the shorter padded with zeros (`20` is
+    /// `2000…0`, so `[10…0, 20…0)` and `[20, 30)` share none). Hex bounds typed by people are
+    /// often short; lease bounds are full length.
+    pub fn overlaps_as_keys(&self, other: &EpkRange) -> bool {
+        key_lt(&self.min, &other.max) && key_lt(&other.min, &self.max)
+    }
+
     /// The keys both ranges hold, or `None` when they share none.
     pub fn intersection(&self, other: &EpkRange) -> Option<EpkRange> {
         if !self.overlaps(other) {
@@ -110,6 +118,12 @@ fn epk_lt(a: &str, b: &str) -> bool {
 
 fn epk_le(a: &str, b: &str) -> bool {
     a <= b
+}
+
+/// `a < b` with the shorter bound padded with zeros (`"FF"`, the maximum, stays above every key).
+fn key_lt(a: &str, b: &str) -> bool {
+    let width = a.len().max(b.len());
+    format!("{a:0<width$}") < format!("{b:0<width$}")
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! plain progress lines otherwise; events as they happen either way.
 
 use std::io::IsTerminal;
+use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -84,7 +85,10 @@ impl View {
             View::Live { multi, .. } => {
                 let _ = multi.println(line);
             }
-            View::Plain { .. } => println!("{line}"),
+            View::Plain { .. } => {
+                // A closed pipe: the demo goes on without its lines.
+                let _ = writeln!(std::io::stdout(), "{line}");
+            }
         }
     }
 
@@ -124,7 +128,7 @@ impl View {
                 if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
                     *last = Some(Instant::now());
                     let workers: Vec<String> = frame.workers.iter().map(worker_text).collect();
-                    println!("{summary}\n    {}", workers.join("\n    "));
+                    let _ = writeln!(std::io::stdout(), "{summary}\n    {}", workers.join("\n    "));
                 }
             }
         }

@@ -313,6 +313,25 @@ impl Emulator {
         Ok(())
     }
 
+    /// Makes the resource ids of this account's databases and containers differ from every other
+    /// run's (as the service's do; the store counts them from 1 on every start), so that what is
+    /// bound to a resource id — a lease prefix, an export — never applies to another run's
+    /// container: the store's database counter is advanced by a random amount (up to 65,535)
+    /// with a throwaway database, written over and over and deleted.
+    async fn vary_resource_ids(&self) -> Result<(), EmulatorError> {
+        const THROWAWAY: &str = "cfp-emulator-resource-id-offset";
+        let store = self.client.store();
+        for _ in 0..=fastrand::u16(..) {
+            store.create_database(THROWAWAY);
+        }
+        let mut url = self.gateway.clone();
+        url.set_path(&format!("dbs/{THROWAWAY}"));
+        let mut request = Request::new(url, Method::Delete);
+        request.insert_header("x-ms-version", "2020-07-15");
+        self.client.execute_request(&request).await.map_err(CosmosError::from)?;
+        Ok(())
+    }
+
     /// Sends a GET for a resource path straight to the store: status and body.
     async fn get(&self, path: &str) -> Result<(u16, Bytes), EmulatorError> {
         let mut url = self.gateway.clone();
@@ -415,6 +434,7 @@ pub async fn bind_advertised(
         .map_err(|source| EmulatorError::Bind { addr, source })?;
     let gateway = advertise.map_or_else(|| format!("http://{local}/"), str::to_owned);
     let emulator = Emulator::new(&gateway)?;
+    emulator.vary_resource_ids().await?;
     for spec in containers {
         emulator.create_container(spec).await?;
     }

@@ -42,6 +42,12 @@ pub enum WorkerError {
         /// The Azure CLI commands that create it.
         how_to_create: String,
     },
+    /// The lease container does not exist, for a command that only reads a processor's leases
+    /// (`cfp estimate`, `cfp checkpoints`): nothing to create, the name may be wrong.
+    #[error(
+        "the lease container {0} does not exist: no processor keeps its leases there; give the processor's lease container with --lease-database and --lease-container"
+    )]
+    NoLeaseContainer(String),
     /// The lease container does not exist and the account refused to create it.
     #[error(
         "the lease container {name} does not exist and this identity may not create containers ({source}); create it: {how_to_create}"
@@ -92,11 +98,20 @@ impl WorkerError {
         !matches!(self, WorkerError::Cosmos { .. })
     }
 
+    /// The error as a command that only reads leases says it: a missing lease container is
+    /// not one to create (that advice names the worker's flags and the resource's fields).
+    pub fn when_reading(self) -> Self {
+        match self {
+            WorkerError::LeasesMissing { name, .. } => WorkerError::NoLeaseContainer(name),
+            other => other,
+        }
+    }
+
     /// A short reason for conditions and Events (`LeaseContainerMissing`, ...).
     pub fn reason(&self) -> &'static str {
         match self {
             WorkerError::MonitoredMissing(_) => "MonitoredContainerMissing",
-            WorkerError::LeasesMissing { .. } => "LeaseContainerMissing",
+            WorkerError::LeasesMissing { .. } | WorkerError::NoLeaseContainer(_) => "LeaseContainerMissing",
             WorkerError::CreationRefused { .. } => "ContainerCreationRefused",
             WorkerError::Unauthorized(_) => "CredentialRefused",
             WorkerError::Forbidden { .. } => "AccessForbidden",

@@ -1,5 +1,5 @@
 """A minimal change feed handler (the example of `docs/http-handler.md`): `cfp worker --handler http` POSTs every
-batch here; answering 2xx means handled, and the worker checkpoints. Run: python3 handler.py 8080"""
+batch here; answering 2xx means handled, and the worker checkpoints. Run: python3 tests/python/example_handler.py 8080"""
 import json
 import sys
 import threading

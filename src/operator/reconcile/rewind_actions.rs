@@ -217,6 +217,7 @@ impl Rewind<'_> {
             dry_run: false,
             expiration: settings.options.expiration,
             watch: std::time::Duration::ZERO,
+            on_watch: None,
         };
         let moved = move_checkpoints(&store, &monitored, &request, &options)
             .await

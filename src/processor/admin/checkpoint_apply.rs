@@ -473,6 +473,8 @@ pub struct MoveOptions {
     /// timestamps show no running instance (another machine's clock may be behind): a renew
     /// interval and a quarter; zero watches nothing (the operator: Kubernetes saw the pods go).
     pub watch: Duration,
+    /// Told at once when that watch starts, with its length (the command line shows it).
+    pub on_watch: Option<fn(Duration)>,
 }
 
 /// What a request did (or, with `dry_run`, would do).
@@ -502,7 +504,10 @@ async fn refuse_running(
     if options.watch.is_zero() {
         return Ok(snapshot);
     }
-    tracing::info!(watch = ?options.watch, "watching the lease container for running instances");
+    tracing::debug!(watch = ?options.watch, "watching the lease container for running instances");
+    if let Some(told) = options.on_watch {
+        told(options.watch);
+    }
     tokio::time::sleep(options.watch).await;
     let later = store.snapshot().await.map_err(|e| MoveError::Read(e.to_string()))?;
     let live = changed_signs(&snapshot, &later, options.watch, &options.holder);
@@ -536,6 +541,10 @@ pub async fn move_checkpoints(
     request: &Request,
     options: &MoveOptions,
 ) -> Result<Moved, MoveError> {
+    // Another container's export is refused before anything is read or watched.
+    if let Request::Import(export) = request {
+        check_container(export, monitored.name(), monitored.rid(), options.force)?;
+    }
     let snapshot = store.snapshot().await.map_err(|e| MoveError::Read(e.to_string()))?;
     // An import may fill an empty lease set (a new lease container, another processor name).
     if snapshot.leases.is_empty() && matches!(request, Request::Rewind { .. }) {
@@ -548,7 +557,6 @@ pub async fn move_checkpoints(
             crate::processor::admin::checkpoints::plan_rewind(&snapshot.leases, *to, selection, &anchored)?
         }
         Request::Import(export) => {
-            check_container(export, monitored.name(), monitored.rid(), options.force)?;
             crate::processor::admin::checkpoints::plan_import(&snapshot.leases, export, store.prefix())?
         }
     };

@@ -225,7 +225,8 @@ impl Plan {
 pub struct Selection {
     /// Lease ids or lease tokens (`min-max`); empty: no selection by lease.
     pub leases: Vec<String>,
-    /// Ranges: every lease overlapping one is moved; empty: no selection by range.
+    /// Ranges: every lease sharing a key with one is moved (short hex bounds read as padded
+    /// with zeros: `20-30` is `20…0-30…0`); empty: no selection by range.
     pub ranges: Vec<EpkRange>,
 }
 
@@ -236,7 +237,10 @@ impl Selection {
             return true;
         }
         let named = self.leases.iter().any(|n| *n == lease.id || *n == lease.lease_token);
-        named || lease.range().is_some_and(|r| self.ranges.iter().any(|s| s.overlaps(r)))
+        named
+            || lease
+                .range()
+                .is_some_and(|r| self.ranges.iter().any(|s| s.overlaps_as_keys(r)))
     }
 }
 
@@ -285,7 +289,10 @@ pub fn plan_rewind(
         }
     }
     for range in &selection.ranges {
-        if !leases.iter().any(|l| l.range().is_some_and(|r| r.overlaps(range))) {
+        if !leases
+            .iter()
+            .any(|l| l.range().is_some_and(|r| r.overlaps_as_keys(range)))
+        {
             return Err(PlanError::NoMatch(format!("range {range}")));
         }
     }
@@ -378,9 +385,12 @@ fn exported_ranges(export: &Export) -> Result<Vec<(EpkRange, Position)>, PlanErr
         .collect())
 }
 
-/// Refuses an export of another container unless `force`.
+/// Refuses an export of another container unless `force`: the database, the container's name
+/// and its resource id must all match (a container deleted and created again under its name
+/// gets another resource id; an emulator restarted may hand out the same ones, names differ).
+/// The one check of every import: `cfp checkpoints import` and the operator's restore.
 pub fn check_container(export: &Export, current: &str, current_rid: &str, force: bool) -> Result<(), PlanError> {
-    if force || export.container_rid == current_rid {
+    if force || (export.container == current && export.container_rid == current_rid) {
         return Ok(());
     }
     Err(PlanError::OtherContainer {

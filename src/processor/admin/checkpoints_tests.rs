@@ -14,6 +14,37 @@ fn tokens(leases: impl IntoIterator<Item = impl std::borrow::Borrow<Lease>>) -> 
 }
 
 #[test]
+fn a_rewind_by_range_moves_only_the_leases_sharing_keys_with_it_also_for_short_hex() {
+    let full = |hex: &str| format!("{hex:0<32}");
+    let leases = [
+        lease("", &full("10"), Some(5)),
+        lease(&full("10"), &full("20"), Some(6)),
+        lease(&full("20"), &full("30"), Some(7)),
+        lease(&full("30"), "FF", Some(8)),
+    ];
+    let none = BTreeMap::new();
+    // (selected range, the leases moved)
+    let cases: Vec<((String, String), Vec<usize>)> = vec![
+        (("20".into(), "30".into()), vec![2]),
+        ((full("20"), full("30")), vec![2]),
+        (("2".into(), "3".into()), vec![2]),
+        (("18".into(), "30".into()), vec![1, 2]),
+        (("20".into(), "31".into()), vec![2, 3]),
+        (("".into(), "10".into()), vec![0]),
+        (("30".into(), "FF".into()), vec![3]),
+    ];
+    for ((min, max), moved) in cases {
+        let selection = Selection {
+            leases: Vec::new(),
+            ranges: vec![EpkRange::new(min.as_str(), max.as_str())],
+        };
+        let plan = plan_rewind(&leases, StartFrom::Beginning, &selection, &none).unwrap();
+        let want: Vec<String> = moved.iter().map(|&i| leases[i].lease_token.clone()).collect();
+        assert_eq!(tokens(plan.moves.iter().map(|m| &m.lease)), want, "--range {min}-{max}");
+    }
+}
+
+#[test]
 fn an_export_lists_every_lease_with_its_position_and_reads_back() {
     let mut a = lease("", "7F", Some(12));
     a.owner = Some("pod-1".into());
@@ -207,10 +238,32 @@ fn an_import_refuses_what_is_not_an_export_of_this_container() {
     assert_eq!(plan_import(&[], &bad, "p"), Err(PlanError::Empty));
     bad.format = 2;
     assert_eq!(plan_import(&[], &bad, "p"), Err(PlanError::Format(2)));
-    let other = exported(&[lease("", "FF", Some(1))]);
-    assert!(check_container(&other, "db/orders", "rid2==", false).is_err());
-    assert!(check_container(&other, "db/orders", "rid2==", true).is_ok());
-    assert!(check_container(&other, "db/orders", "rid==", false).is_ok());
+}
+
+#[test]
+fn an_import_applies_only_to_the_database_container_and_resource_id_it_was_taken_of() {
+    // The export is of db/orders, resource id rid==.
+    let export = exported(&[lease("", "FF", Some(1))]);
+    // (current container, its resource id, force, accepted)
+    let cases = [
+        ("db/orders", "rid==", false, true),
+        // Deleted and created again under its name: another resource id.
+        ("db/orders", "rid2==", false, false),
+        // Another container (or database) that happens to have the same resource id (an
+        // emulator started again hands out the same ones).
+        ("db/items", "rid==", false, false),
+        ("other/orders", "rid==", false, false),
+        // --force imports it anyway.
+        ("db/orders", "rid2==", true, true),
+        ("db/items", "rid==", true, true),
+    ];
+    for (current, rid, force, accepted) in cases {
+        assert_eq!(
+            check_container(&export, current, rid, force).is_ok(),
+            accepted,
+            "{current} ({rid}), force {force}"
+        );
+    }
 }
 
 #[test]

@@ -164,11 +164,19 @@ impl OptionsError {
                 name(longer.0),
                 text(longer.1)
             ),
-            OptionsError::ModeNeedsStartFromNow => format!(
-                "{} AllVersionsAndDeletes starts only from now (or a checkpoint): set {} to now",
-                name(OptionField::Mode),
-                name(OptionField::StartFrom)
-            ),
+            OptionsError::ModeNeedsStartFromNow => {
+                // The value as the one who reads it writes it: a flag's value or the resource's.
+                let mode = if name(OptionField::Mode) == OptionField::Mode.flag() {
+                    "all-versions-and-deletes"
+                } else {
+                    "AllVersionsAndDeletes"
+                };
+                format!(
+                    "{} {mode} starts only from now (or a checkpoint): set {} to now",
+                    name(OptionField::Mode),
+                    name(OptionField::StartFrom)
+                )
+            }
             OptionsError::AdoptNeedsLatestVersion => format!(
                 "{} works in the latest-version {} only",
                 name(OptionField::Adopt),
@@ -309,5 +317,12 @@ mod tests {
             assert_eq!(error.to_string(), said);
             assert_eq!(error.describe(OptionField::field), in_the_resource);
         }
+        // The worker's flags, with the flag's own value.
+        let mut all_versions = options();
+        all_versions.mode = FeedMode::AllVersionsAndDeletes;
+        assert_eq!(
+            all_versions.validate().unwrap_err().describe(OptionField::flag),
+            "--mode all-versions-and-deletes starts only from now (or a checkpoint): set --start-from to now"
+        );
     }
 }

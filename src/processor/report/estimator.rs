@@ -16,6 +16,13 @@
 //!   thousand pending documents per lease at one to three requests; a larger backlog is
 //!   extrapolated from what the reads counted ([`Tally::estimate`]).
 //!
+//! - **After a split** (or a merge) a child partition's LSNs go on from its parent's, and its
+//!   change feed from a position before the split holds the parent's changes of its own keys at
+//!   the parent's LSNs: a difference of LSNs counts its siblings' changes of that time too (every
+//!   child the parent's whole backlog). When the partitions read are not the ones the container
+//!   was created with (their ids are not `0..n`: [`split_since`]), a whole partition with more
+//!   than one change pending is counted as a part is, so each change is counted once.
+//!
 //! A lease that was never checkpointed is estimated the same way from the processor's start
 //! position (the first change after the start), so a new processor's whole backlog is visible
 //! before any worker ran. A lease whose range was split since its last checkpoint is estimated
@@ -122,27 +129,91 @@ pub async fn estimate_leases(
     let now = OffsetDateTime::now_utc();
     // One routing-map lookup for all leases (the SDK's cached map; refreshed per lease after a split).
     let ranges = std::sync::Arc::new(monitored.feed_ranges(false).await?);
-    let results: Vec<LeaseEstimate> = futures::stream::iter(estimated(leases))
+    let first = estimate_all(
+        monitored,
+        &ranges,
+        estimated(leases),
+        start,
+        now,
+        Count::Parts,
+        concurrency,
+    )
+    .await;
+    let seen: std::collections::BTreeSet<String> = first.iter().flat_map(|(_, read)| read.range_ids.clone()).collect();
+    if !split_since(&seen, ranges.len()) {
+        return Ok(first.into_iter().map(|(estimate, _)| estimate).collect());
+    }
+    // After a split: the leases whose lag came from LSNs are counted instead.
+    let (again, kept): (Vec<_>, Vec<_>) = first
+        .into_iter()
+        .partition(|(estimate, read)| read.from_lsns && estimate.error.is_none());
+    let mut results: Vec<LeaseEstimate> = kept.into_iter().map(|(estimate, _)| estimate).collect();
+    let earlier: std::collections::BTreeMap<String, u32> = again
+        .iter()
+        .map(|(estimate, _)| (estimate.lease_token.clone(), estimate.reads))
+        .collect();
+    let again: Vec<Lease> = leases
+        .iter()
+        .filter(|l| earlier.contains_key(&l.lease_token))
+        .cloned()
+        .collect();
+    let counted = estimate_all(monitored, &ranges, again, start, now, Count::All, concurrency).await;
+    results.extend(counted.into_iter().map(|(estimate, _)| LeaseEstimate {
+        reads: estimate.reads + earlier.get(&estimate.lease_token).copied().unwrap_or_default(),
+        ..estimate
+    }));
+    Ok(results)
+}
+
+/// Which pieces of a lease are counted rather than told from LSNs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Count {
+    /// Parts of partitions only.
+    Parts,
+    /// Every piece (after a split: a child's LSNs also number its siblings' earlier changes).
+    All,
+}
+
+/// Estimates `leases`, at most `concurrency` at a time: each estimate with what its reads found.
+async fn estimate_all(
+    monitored: &MonitoredContainer,
+    ranges: &std::sync::Arc<Vec<EpkRange>>,
+    leases: Vec<Lease>,
+    start: StartFrom,
+    now: OffsetDateTime,
+    count: Count,
+    concurrency: usize,
+) -> Vec<(LeaseEstimate, PiecesLag)> {
+    futures::stream::iter(leases)
         .map(|lease| {
             let monitored = monitored.clone();
             let ranges = ranges.clone();
             async move {
                 // One lease that cannot be read does not hide the others' work.
-                estimate_lease(&monitored, &ranges, &lease, start, now)
+                estimate_lease(&monitored, &ranges, &lease, start, now, count)
                     .await
                     // What the lease itself says (a failing handler, a stall) is kept: a lease
                     // whose feed cannot be read is the one most likely to be stalled.
-                    .unwrap_or_else(|error| LeaseEstimate {
-                        error: Some(error.to_string()),
-                        reads: 1,
-                        ..lease_estimate(&lease, 0, now)
+                    .unwrap_or_else(|error| {
+                        let failed = LeaseEstimate {
+                            error: Some(error.to_string()),
+                            reads: 1,
+                            ..lease_estimate(&lease, 0, now)
+                        };
+                        (failed, PiecesLag::default())
                     })
             }
         })
         .buffer_unordered(concurrency.max(1))
         .collect()
-        .await;
-    Ok(results)
+        .await
+}
+
+/// Whether the partitions read (`seen`, their partition key range ids) are not all ones the
+/// container was created with: a new container's `n` partitions are `0` to `n - 1`, and a split
+/// or a merge gives its results new, higher ids. `partitions`: how many there are now.
+pub fn split_since(seen: &std::collections::BTreeSet<String>, partitions: usize) -> bool {
+    seen.iter().any(|id| !id.parse::<usize>().is_ok_and(|n| n < partitions))
 }
 
 /// The leases to estimate: those with an EPK range, except split parents whose children leases
@@ -166,20 +237,36 @@ async fn estimate_lease(
     lease: &Lease,
     start: StartFrom,
     now: OffsetDateTime,
-) -> Result<LeaseEstimate, CosmosError> {
+    count: Count,
+) -> Result<(LeaseEstimate, PiecesLag), CosmosError> {
     let range = lease.range().cloned().unwrap_or_else(EpkRange::full);
     let continuation = lease.continuation.as_deref().filter(|c| !c.is_empty());
-    let (lag, reads) = range_lag(monitored, ranges, &range, continuation, lease.start_from(start)).await?;
-    Ok(LeaseEstimate {
-        reads,
-        ..lease_estimate(lease, lag, now)
-    })
+    let position = Position {
+        continuation,
+        start: lease.start_from(start),
+    };
+    let read = range_lag(monitored, ranges, &range, position, count).await?;
+    let estimate = LeaseEstimate {
+        reads: read.reads,
+        ..lease_estimate(lease, read.lag, now)
+    };
+    Ok((estimate, read))
+}
+
+/// Where a lease reads from: its continuation, or its start position without one.
+#[derive(Debug, Clone, Copy)]
+struct Position<'a> {
+    continuation: Option<&'a str>,
+    start: StartFrom,
 }
 
 /// The estimate of `lease` with `lag` (told, not read: no requests), its checkpoint age at `now`.
 pub fn lease_estimate(lease: &Lease, lag: u64, now: OffsetDateTime) -> LeaseEstimate {
+    let started = lease.continuation.as_deref().is_some_and(|c| !c.is_empty());
+    // A lease without a checkpoint (never started, or rewound) has no checkpoint to be old.
     let checkpoint_age = lease
         .checkpoint_time
+        .filter(|_| started)
         .map(|t| u64::try_from((now - t).whole_seconds().max(0)).unwrap_or_default());
     LeaseEstimate {
         lease_token: lease.lease_token.clone(),
@@ -187,7 +274,7 @@ pub fn lease_estimate(lease: &Lease, lag: u64, now: OffsetDateTime) -> LeaseEsti
         owner: lease.owner.clone().filter(|o| !o.is_empty()),
         lag,
         checkpoint_age,
-        started: lease.continuation.as_deref().is_some_and(|c| !c.is_empty()),
+        started,
         handler_failing: lease.properties.get(HANDLER_FAILING_PROPERTY).cloned(),
         stalled: lease.properties.get(STALLED_PROPERTY).cloned(),
         error: None,
@@ -202,24 +289,31 @@ async fn range_lag(
     monitored: &MonitoredContainer,
     ranges: &[EpkRange],
     range: &EpkRange,
-    continuation: Option<&str>,
-    start: StartFrom,
-) -> Result<(u64, u32), CosmosError> {
-    let first = pieces_lag(monitored, ranges, range, continuation, start).await?;
+    position: Position<'_>,
+    count: Count,
+) -> Result<PiecesLag, CosmosError> {
+    let first = pieces_lag(monitored, ranges, range, position, count).await?;
     if !first.split {
-        return Ok((first.lag, first.reads));
+        return Ok(first);
     }
     let fresh = monitored.feed_ranges(true).await?;
-    let again = pieces_lag(monitored, &fresh, range, continuation, start).await?;
-    Ok((again.lag, first.reads + 1 + again.reads))
+    let again = pieces_lag(monitored, &fresh, range, position, count).await?;
+    Ok(PiecesLag {
+        reads: first.reads + 1 + again.reads,
+        ..again
+    })
 }
 
-/// What estimating some pieces found: their lag, whether a read found one split, the reads.
-#[derive(Debug, Clone, Copy, Default)]
+/// What estimating some pieces found: their lag, whether a read found one split, the reads,
+/// the partitions that served them, and whether some lag was told from LSNs (more than one
+/// change of a whole partition).
+#[derive(Debug, Clone, Default)]
 struct PiecesLag {
     lag: u64,
     split: bool,
     reads: u32,
+    range_ids: Vec<String>,
+    from_lsns: bool,
 }
 
 /// The sum of the lags of `range`'s pieces over `ranges`.
@@ -227,15 +321,17 @@ async fn pieces_lag(
     monitored: &MonitoredContainer,
     ranges: &[EpkRange],
     range: &EpkRange,
-    continuation: Option<&str>,
-    start: StartFrom,
+    position: Position<'_>,
+    count: Count,
 ) -> Result<PiecesLag, CosmosError> {
     let mut total = PiecesLag::default();
     for piece in pieces(ranges, range) {
-        let found = piece_lag(monitored, &piece, continuation, start).await?;
+        let found = piece_lag(monitored, &piece, position, count).await?;
         total.lag += found.lag;
         total.split |= found.split;
         total.reads += found.reads;
+        total.range_ids.extend(found.range_ids);
+        total.from_lsns |= found.from_lsns;
     }
     Ok(total)
 }
@@ -283,19 +379,23 @@ fn pieces(ranges: &[EpkRange], range: &EpkRange) -> Vec<Piece> {
 async fn piece_lag(
     monitored: &MonitoredContainer,
     piece: &Piece,
-    continuation: Option<&str>,
-    start: StartFrom,
+    position: Position<'_>,
+    count: Count,
 ) -> Result<PiecesLag, CosmosError> {
-    match piece {
-        Piece::Partition(range) => {
+    let Position { continuation, start } = position;
+    match (piece, count) {
+        (Piece::Partition(range), Count::Parts) => {
             let page = one_item(monitored, range, continuation, start).await?;
+            let lag = page_lag(&page);
             Ok(PiecesLag {
-                lag: page_lag(&page),
+                lag,
                 split: page.continuations.len() > 1,
                 reads: 1,
+                range_ids: page.range_id.into_iter().collect(),
+                from_lsns: lag > 1,
             })
         }
-        Piece::Part(range) => count_pending(monitored, range, continuation, start).await,
+        (Piece::Partition(range) | Piece::Part(range), _) => count_pending(monitored, range, continuation, start).await,
     }
 }
 
@@ -316,6 +416,7 @@ async fn count_pending(
                 lag: tally.counted,
                 split: true,
                 reads,
+                ..PiecesLag::default()
             });
         }
         if tally.add(&page) {
@@ -323,6 +424,7 @@ async fn count_pending(
                 lag: tally.counted,
                 split: false,
                 reads,
+                ..PiecesLag::default()
             });
         }
     }
@@ -330,6 +432,7 @@ async fn count_pending(
         lag: tally.estimate(),
         split: false,
         reads: COUNT_PAGES as u32,
+        ..PiecesLag::default()
     })
 }
 
@@ -421,155 +524,5 @@ fn latest_lsn(page: &ChangePage) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::cosmos::RangeContinuation;
-    use serde_json::json;
-
-    fn page(docs: Vec<serde_json::Value>, continuation: &str, session: Option<&str>) -> ChangePage {
-        ChangePage {
-            documents: docs,
-            changes: Vec::new(),
-            range_id: None,
-            continuations: vec![RangeContinuation {
-                range: EpkRange::full(),
-                continuation: continuation.into(),
-            }],
-            session_token: session.map(str::to_owned),
-            lsn: None,
-            request_charge: 0.0,
-            retries: 0,
-        }
-    }
-
-    #[test]
-    fn lag_from_service_and_emulator_pages() {
-        // Service: the item carries _lsn, the continuation is a quoted LSN.
-        assert_eq!(
-            page_lag(&page(
-                vec![json!({"id": "a", "_lsn": 91})],
-                "\"91\"",
-                Some("0:1#100#3=100")
-            )),
-            10
-        );
-        // Emulator: no _lsn, the cursor after the item carries its LSN.
-        let cursor = r#"{"kind":"change_feed_cursor_v1","lsn":41,"epk":"05","id":"a"}"#;
-        assert_eq!(
-            page_lag(&page(vec![json!({"id": "a"})], cursor, Some("0:1#48#0=48"))),
-            8
-        );
-        assert_eq!(page_lag(&page(vec![], "\"100\"", Some("0:1#100"))), 0);
-        assert_eq!(
-            page_lag(&page(vec![json!({"id": "a"})], "bad", None)),
-            1,
-            "unknown LSNs never look like a huge backlog"
-        );
-    }
-
-    #[test]
-    fn a_range_is_cut_along_the_partitions() {
-        let partitions = [EpkRange::new("", "40"), EpkRange::new("40", "FF")];
-        let cases: Vec<(EpkRange, Vec<Piece>)> = vec![
-            // One lease per partition.
-            (EpkRange::new("", "40"), vec![Piece::Partition(EpkRange::new("", "40"))]),
-            // A sub-range (leases per partition > 1).
-            (EpkRange::new("20", "40"), vec![Piece::Part(EpkRange::new("20", "40"))]),
-            // A lease over a split: one piece per child.
-            (
-                EpkRange::full(),
-                vec![
-                    Piece::Partition(EpkRange::new("", "40")),
-                    Piece::Partition(EpkRange::new("40", "FF")),
-                ],
-            ),
-            // A sub-range across a split point: a part of each child.
-            (
-                EpkRange::new("30", "50"),
-                vec![
-                    Piece::Part(EpkRange::new("30", "40")),
-                    Piece::Part(EpkRange::new("40", "50")),
-                ],
-            ),
-        ];
-        for (range, expected) in cases {
-            assert_eq!(pieces(&partitions, &range), expected, "{range}");
-        }
-        assert_eq!(
-            pieces(&[], &EpkRange::full()),
-            vec![Piece::Partition(EpkRange::full())],
-            "no routing map: the range as it is"
-        );
-    }
-
-    fn counted(docs: usize, continuation: &str, session: &str) -> ChangePage {
-        page(vec![json!({"id": "d"}); docs], continuation, Some(session))
-    }
-
-    #[test]
-    fn counting_stops_when_nothing_more_is_pending_and_extrapolates_beyond_its_reads() {
-        // An empty page: done.
-        let mut tally = Tally::after(Some(10));
-        assert!(tally.add(&counted(0, "\"10\"", "0:1#50")));
-        assert_eq!(tally.counted, 0);
-        // The read reached the partition's latest LSN: done, exact.
-        let mut tally = Tally::after(Some(10));
-        assert!(tally.add(&counted(7, "\"50\"", "0:1#50")));
-        assert_eq!((tally.counted, tally.estimate()), (7, 7));
-        // Later changes of the partition may be in other sub-ranges: read on.
-        let mut tally = Tally::after(Some(10));
-        assert!(!tally.add(&counted(7, "\"40\"", "0:1#50")));
-        assert!(tally.add(&counted(0, "\"40\"", "0:1#50")));
-        assert_eq!(tally.counted, 7);
-        // The reads stopped after 1000 documents over LSNs 10..4010 (a fourth of the partition's
-        // changes there): the 2000 LSNs after them hold about 500 more.
-        let mut tally = Tally::after(Some(10));
-        assert!(!tally.add(&counted(1000, "\"4010\"", "0:1#6010")));
-        assert_eq!(tally.estimate(), 1500);
-        // Without a continuation: from the first document's LSN, else from 0.
-        let mut tally = Tally::after(None);
-        tally.add(&page(vec![json!({"_lsn": 101})], "\"300\"", Some("0:1#500")));
-        assert_eq!((tally.from, tally.estimate()), (Some(100), 2));
-        let mut tally = Tally::after(None);
-        tally.add(&counted(100, "\"400\"", "0:1#800"));
-        assert_eq!(tally.estimate(), 200);
-        // Unknown LSNs: what was counted.
-        let mut tally = Tally::after(None);
-        assert!(!tally.add(&page(vec![json!({"id": "d"}); 3], "bad", None)));
-        assert_eq!(tally.estimate(), 3);
-    }
-
-    #[test]
-    fn a_split_parent_beside_its_children_is_not_estimated() {
-        let lease = |min: &str, max: &str| Lease::new("p", &EpkRange::new(min, max), None);
-        let parent = lease("", "FF");
-        let children = [lease("", "80"), lease("80", "FF")];
-        let all = [parent.clone(), children[0].clone(), children[1].clone()];
-        let ids = |leases: Vec<Lease>| leases.into_iter().map(|l| l.lease_token).collect::<Vec<_>>();
-        assert_eq!(ids(estimated(&all)), vec!["-80", "80-FF"]);
-        // Until both children exist, the parent is the lease of the uncovered half.
-        assert_eq!(ids(estimated(&[parent, children[0].clone()])), vec!["-FF", "-80"]);
-    }
-
-    #[test]
-    fn totals() {
-        let lease = |token: &str, lag: u64| LeaseEstimate {
-            lease_token: token.into(),
-            feed_range: EpkRange::new(token, "FF"),
-            owner: None,
-            lag,
-            checkpoint_age: None,
-            started: true,
-            handler_failing: None,
-            stalled: None,
-            error: None,
-            reads: 1,
-        };
-        let estimate = ProcessorEstimate::new("p", vec![lease("80", 0), lease("", 5), lease("40", 7)]);
-        assert_eq!(
-            (estimate.lease_count, estimate.leases_with_lag, estimate.total_lag),
-            (3, 2, 12)
-        );
-        assert_eq!(estimate.leases[0].lease_token, "");
-    }
-}
+#[path = "estimator_tests.rs"]
+mod tests;
