@@ -26,10 +26,8 @@ use futures::{FutureExt, StreamExt};
 use time::OffsetDateTime;
 use tokio::time::Instant;
 
+use super::checkpoints::{Export, Plan, PlanError, Selection, changed_signs, check_container, export, live_signs};
 use crate::cosmos::{FeedMode, MonitoredContainer, StartFrom};
-use crate::processor::admin::checkpoints::{
-    Export, Plan, PlanError, Selection, changed_signs, check_container, export, live_signs,
-};
 use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError};
 
 /// How often the command's heartbeat is sent while it holds leases.
@@ -554,11 +552,9 @@ pub async fn move_checkpoints(
     let plan = match request {
         Request::Rewind { to, selection } => {
             let anchored = anchor(monitored, &snapshot.leases, *to, selection).await?;
-            crate::processor::admin::checkpoints::plan_rewind(&snapshot.leases, *to, selection, &anchored)?
+            super::checkpoints::plan_rewind(&snapshot.leases, *to, selection, &anchored)?
         }
-        Request::Import(export) => {
-            crate::processor::admin::checkpoints::plan_import(&snapshot.leases, export, store.prefix())?
-        }
+        Request::Import(export) => super::checkpoints::plan_import(&snapshot.leases, export, store.prefix())?,
     };
     let lines = plan.lines();
     tracing::info!(
