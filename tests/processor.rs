@@ -106,6 +106,88 @@ async fn a_crashed_instance_leases_are_taken_over_after_expiry() {
     b.stop().await;
 }
 
+/// Holds every batch while `hold` is set, until `release` is closed; counts the batches held.
+struct HeldHandler {
+    hold: std::sync::atomic::AtomicBool,
+    held: std::sync::atomic::AtomicUsize,
+    release: tokio::sync::Semaphore,
+    recorder: common::RecordingHandler,
+}
+
+#[async_trait::async_trait]
+impl ChangeHandler for HeldHandler {
+    async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
+        use std::sync::atomic::Ordering;
+        if self.hold.load(Ordering::SeqCst) {
+            self.held.fetch_add(1, Ordering::SeqCst);
+            // Closed: let go.
+            let _ = self.release.acquire().await;
+        }
+        self.recorder.handle(batch).await
+    }
+}
+
+/// The lease documents (id, ETag) and whether `instance`'s heartbeat is there.
+async fn lease_versions(env: &Env, instance: &str) -> (Vec<(String, String)>, bool) {
+    let snapshot = env.store().await.snapshot().await.unwrap();
+    let mut versions: Vec<(String, String)> = snapshot.leases.into_iter().map(|l| (l.id, l.etag)).collect();
+    versions.sort();
+    (versions, snapshot.instances.iter().any(|(name, _)| name == instance))
+}
+
+/// An abort is a crash: whatever its tasks were doing (a batch with the handler, idle leases
+/// whose tasks are woken), nothing more is written — no checkpoint, no release, no heartbeat
+/// removal. (It used to cancel the lease tasks, and those that ran before the coordinator was
+/// dropped took the graceful path: the survivor then took released leases before their expiry.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_writes_nothing_to_the_lease_container() {
+    use std::sync::atomic::Ordering;
+    let env = Env::new(8).await;
+    let handler = Arc::new(HeldHandler {
+        hold: false.into(),
+        held: 0.into(),
+        release: tokio::sync::Semaphore::new(0),
+        recorder: common::RecordingHandler {
+            instance: "a".into(),
+            deliveries: env.deliveries.clone(),
+        },
+    });
+    let a = env.processor(env.options("a"), handler.clone()).await.start().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || async { env.owners().await.get("a") == Some(&8) }).await,
+        "{:?}",
+        env.owners().await
+    );
+    env.write(0..200).await;
+    assert!(env.delivered_within(200, Duration::from_secs(20)).await);
+    // Settled: every lease checkpointed and reported caught up (no write pending).
+    let mut last = lease_versions(&env, "a").await;
+    let settled = eventually(Duration::from_secs(10), || async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = lease_versions(&env, "a").await;
+        std::mem::replace(&mut last, now.clone()) == now
+    })
+    .await;
+    assert!(settled, "the leases kept changing");
+    // A batch with the handler when the crash comes.
+    handler.hold.store(true, Ordering::SeqCst);
+    env.write(200..201).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async { handler.held.load(Ordering::SeqCst) > 0 }).await,
+        "no batch reached the handler"
+    );
+    let before = lease_versions(&env, "a").await;
+    a.abort();
+    handler.release.close();
+    let changed = eventually(Duration::from_secs(3), || async { lease_versions(&env, "a").await != before }).await;
+    let after = lease_versions(&env, "a").await;
+    println!(
+        "abort with a batch in flight and 7 idle leases: lease container changed after the abort: {changed}; heartbeat kept: {}",
+        after.1
+    );
+    assert!(!changed, "an abort wrote: before {before:?}, after {after:?}");
+}
+
 /// Leases whose owner stops renewing them (a crashed or frozen instance) are taken as they
 /// expire: the acquire cycle before their expiry sees them overdue and schedules one more look
 /// at that moment, instead of leaving them to the next cycle (the reference: up to one more
