@@ -152,9 +152,17 @@ async fn an_abort_writes_nothing_to_the_lease_container() {
             deliveries: env.deliveries.clone(),
         },
     });
-    let a = env.processor(env.options("a"), handler.clone()).await.start().await.unwrap();
+    let a = env
+        .processor(env.options("a"), handler.clone())
+        .await
+        .start()
+        .await
+        .unwrap();
     assert!(
-        eventually(Duration::from_secs(10), || async { env.owners().await.get("a") == Some(&8) }).await,
+        eventually(Duration::from_secs(10), || async {
+            env.owners().await.get("a") == Some(&8)
+        })
+        .await,
         "{:?}",
         env.owners().await
     );
@@ -173,13 +181,19 @@ async fn an_abort_writes_nothing_to_the_lease_container() {
     handler.hold.store(true, Ordering::SeqCst);
     env.write(200..201).await;
     assert!(
-        eventually(Duration::from_secs(10), || async { handler.held.load(Ordering::SeqCst) > 0 }).await,
+        eventually(Duration::from_secs(10), || async {
+            handler.held.load(Ordering::SeqCst) > 0
+        })
+        .await,
         "no batch reached the handler"
     );
     let before = lease_versions(&env, "a").await;
     a.abort();
     handler.release.close();
-    let changed = eventually(Duration::from_secs(3), || async { lease_versions(&env, "a").await != before }).await;
+    let changed = eventually(Duration::from_secs(3), || async {
+        lease_versions(&env, "a").await != before
+    })
+    .await;
     let after = lease_versions(&env, "a").await;
     println!(
         "abort with a batch in flight and 7 idle leases: lease container changed after the abort: {changed}; heartbeat kept: {}",

@@ -59,6 +59,14 @@ impl Sightings {
         self.record(versions, at);
     }
 
+    /// Records a listing sent at `sent` whose answer came back at `returned`, and says as of
+    /// when its silences are judged.
+    pub fn observe_listing(&mut self, snapshot: &LeaseSnapshot, sent: Instant, returned: Instant) -> Instant {
+        let _ = sent;
+        self.observe(snapshot, returned);
+        returned
+    }
+
     /// How long `instance`'s heartbeat has been listed, as seen here (since the first listing of
     /// this instance that showed it); `None` when the last listing did not show it.
     pub fn known_for(&self, instance: &str, at: Instant) -> Option<Duration> {
