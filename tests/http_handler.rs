@@ -553,11 +553,11 @@ async fn an_error_reply_with_a_huge_body_is_not_read_whole() {
     })
     .await;
     // The big body's sender stops once the connection is closed (or the body is done).
-    let mut last = sent.load(Ordering::SeqCst);
+    let last = std::sync::atomic::AtomicU64::new(sent.load(Ordering::SeqCst));
     let settled = eventually(Duration::from_secs(10), || async {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let now = sent.load(Ordering::SeqCst);
-        std::mem::replace(&mut last, now) == now
+        last.swap(now, Ordering::SeqCst) == now
     })
     .await;
     let sent = sent.load(Ordering::SeqCst);
