@@ -58,43 +58,53 @@ async fn a_crashed_instance_leases_are_taken_over_after_expiry() {
         env.owners().await
     );
     env.write(0..2000).await;
-    // Crash a right after a beat of its heartbeat is seen: its leases then live on for about an
-    // expiration. (Crashing at a random moment, a beat delayed by a loaded machine — 2 cores,
-    // 2,000 writes in flight — left less: 'taken before expiry: 1.65 s' in a CI rehearsal.)
-    let beat_of_a = || async {
-        let snapshot = env.store().await.snapshot().await.unwrap();
-        snapshot
-            .instances
-            .into_iter()
-            .find(|(name, _)| name == "a")
-            .map(|(_, beat)| beat)
-    };
-    let before = beat_of_a().await;
-    let beat = eventually(Duration::from_secs(5), || async { beat_of_a().await != before }).await;
+    let of_a: Vec<String> = env
+        .leases()
+        .await
+        .into_iter()
+        .filter(|l| l.owner.as_deref() == Some("a"))
+        .map(|l| l.id)
+        .collect();
     let crashed_at = Instant::now();
     a.abort();
-    assert!(beat, "a's heartbeat did not beat");
     env.write(2000..4000).await;
     let taken = eventually(Duration::from_secs(15), || async {
         env.owners().await.get("b") == Some(&4)
     })
     .await;
-    let takeover = crashed_at.elapsed();
+    let after_crash = crashed_at.elapsed();
     assert!(taken, "b did not take a's leases: {:?}", env.owners().await);
+    // Timed from a's last beat (the heartbeat an abort leaves as it was) to b's takes (the
+    // timestamps b wrote into the leases): b counts the expiration from when it saw that beat,
+    // which is after it was written, so no take comes sooner than an expiration after it.
+    let snapshot = env.store().await.snapshot().await.unwrap();
+    let last_beat = snapshot
+        .instances
+        .iter()
+        .find(|(name, _)| name == "a")
+        .map(|(_, beat)| *beat)
+        .expect("a's heartbeat is kept after a crash");
+    let takes: Vec<time::Duration> = snapshot
+        .leases
+        .iter()
+        .filter(|l| of_a.contains(&l.id))
+        .filter_map(|l| Some(l.timestamp? - last_beat))
+        .collect();
+    let first_take = takes.iter().min().copied().unwrap_or_default();
     assert!(env.delivered_within(4000, Duration::from_secs(30)).await);
     let missing = env.deliveries.missing(ids(0..4000));
     println!(
-        "crash failover: takeover after {takeover:.1?} (expiration 2 s, acquire 0.5 s), written 4000, delivered {} distinct, {} duplicates, lost {}",
+        "crash failover: leases taken {first_take} after a's last beat ({after_crash:.1?} after the crash; expiration 2 s, acquire 0.5 s), written 4000, delivered {} distinct, {} duplicates, lost {}",
         env.deliveries.distinct(),
         env.deliveries.duplicates().len(),
         missing.len()
     );
     assert!(missing.is_empty(), "lost {missing:?}");
-    // a renewed its leases up to a renew interval (300 ms) before it crashed; they expired 2 s
-    // after that renewal.
+    assert_eq!(takes.len(), of_a.len(), "{:?}", snapshot.leases);
+    // 10 ms for the wall clock against the monotonic one.
     assert!(
-        takeover >= Duration::from_millis(1700),
-        "taken before expiry: {takeover:?}"
+        first_take >= time::Duration::milliseconds(1990),
+        "taken before expiry: {first_take}"
     );
     // The dead instance's heartbeat is removed after five expirations (10 s here).
     let forgotten = eventually(Duration::from_secs(20), || async {
@@ -111,7 +121,7 @@ struct HeldHandler {
     hold: std::sync::atomic::AtomicBool,
     held: std::sync::atomic::AtomicUsize,
     release: tokio::sync::Semaphore,
-    recorder: common::RecordingHandler,
+    recorder: Arc<common::RecordingHandler>,
 }
 
 #[async_trait::async_trait]
@@ -147,10 +157,7 @@ async fn an_abort_writes_nothing_to_the_lease_container() {
         hold: false.into(),
         held: 0.into(),
         release: tokio::sync::Semaphore::new(0),
-        recorder: common::RecordingHandler {
-            instance: "a".into(),
-            deliveries: env.deliveries.clone(),
-        },
+        recorder: env.recorder("a"),
     });
     let a = env
         .processor(env.options("a"), handler.clone())

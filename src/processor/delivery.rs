@@ -114,6 +114,8 @@ impl Delivery<'_> {
         if !self.still_owned().await {
             return None;
         }
+        // After an abort (a simulated crash) nothing more reaches the handler.
+        self.shared.gate.pass().await;
         let batch = Batch {
             processor: &self.shared.options.processor_name,
             lease_token: self.owned.token(),

@@ -10,7 +10,7 @@
 //! - doing: [`coordinator`] (performs the cycle plans, starts and settles lease tasks),
 //!   [`renewer`], [`lease_reader`] (the per-lease loop), [`split`], [`delivery`] (retries, dead
 //!   letters), [`store_recovery`] (deleted leases, a deleted lease container);
-//! - state and reports: [`shared`] (what the tasks share), [`health`], [`telemetry`],
+//! - state and reports: [`shared`] (what the tasks share), [`crash_gate`] (an abort writes nothing), [`health`], [`telemetry`],
 //!   [`error`], [`error_log`], [`events`], [`observer`], [`monitored_watch`];
 //! - the public face: [`runtime`] (start, stop, monitor), [`options`] and [`validation`], [`handler`],
 //!   [`http_handler`], [`manual`], [`deadletter`], [`estimator`].
@@ -22,6 +22,7 @@ pub mod checkpoint_apply;
 pub mod checkpoint_policy;
 pub mod checkpoints;
 pub(crate) mod coordinator;
+pub(crate) mod crash_gate;
 pub mod cycle_plan;
 pub mod deadletter;
 pub mod delivery;
