@@ -229,8 +229,8 @@ impl Coordinator {
         self.perform(plan).await;
     }
 
-    /// Plans the cycle from `snapshot` (the previous listing waited `previous_interval`) and
-    /// records the plan's schedule.
+    /// Plans the cycle from `snapshot`, a listing sent at `sent` (the previous listing waited
+    /// `previous_interval`), and records the plan's schedule.
     fn plan(
         &mut self,
         snapshot: &LeaseSnapshot,
@@ -256,10 +256,9 @@ impl Coordinator {
         let options = CycleOptions::from(&self.shared.options);
         let mut plan = plan_cycle(snapshot, &observations, me, OffsetDateTime::now_utc(), options);
         self.sightings = observations.sightings;
-        // The margin covers the clocks' rounding.
-        self.takeover_at = plan
-            .takeover_in
-            .map(|wait| tokio::time::Instant::now() + wait + TAKEOVER_MARGIN);
+        // Counted from the moment the plan judged (the listing was sent); the margin covers the
+        // clocks' rounding.
+        self.takeover_at = plan.takeover_in.map(|wait| at + wait + TAKEOVER_MARGIN);
         if plan.next_interval != previous_interval {
             tracing::debug!(interval = ?plan.next_interval, "next lease listing");
         }

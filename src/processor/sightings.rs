@@ -60,11 +60,14 @@ impl Sightings {
     }
 
     /// Records a listing sent at `sent` whose answer came back at `returned`, and says as of
-    /// when its silences are judged.
+    /// when its silences are judged: as of `sent`. What it shows was read somewhere between the
+    /// two, so a version it shows for the first time is dated `returned` (it may have been
+    /// written that late), and one it shows unchanged is known unchanged only up to `sent` (the
+    /// owner may have beaten right after the read): a slow listing (throttled pages, a
+    /// CPU-throttled pod) never makes a live owner look silent for longer than it was.
     pub fn observe_listing(&mut self, snapshot: &LeaseSnapshot, sent: Instant, returned: Instant) -> Instant {
-        let _ = sent;
         self.observe(snapshot, returned);
-        returned
+        sent.min(returned)
     }
 
     /// How long `instance`'s heartbeat has been listed, as seen here (since the first listing of
