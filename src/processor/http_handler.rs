@@ -316,6 +316,10 @@ impl ChangeHandler for HttpHandler {
         })
     }
 
+    fn time_limit(&self) -> Option<Duration> {
+        Some(self.config.timeout)
+    }
+
     async fn ready(&self) -> bool {
         match &self.readiness_url {
             Some(url) => self
