@@ -25,15 +25,15 @@ use crate::common::{
 
 /// One request the endpoint received, and what it answered.
 #[derive(Debug, Clone)]
-struct Received {
-    at: Instant,
-    headers: BTreeMap<String, String>,
-    body: Value,
-    status: u16,
+pub(crate) struct Received {
+    pub(crate) at: Instant,
+    pub(crate) headers: BTreeMap<String, String>,
+    pub(crate) body: Value,
+    pub(crate) status: u16,
 }
 
 /// How the endpoint answers request number `n` (0-based): status, `Retry-After`, delay first.
-type Rule = Arc<dyn Fn(&Value, usize) -> (u16, Option<&'static str>, Duration) + Send + Sync>;
+pub(crate) type Rule = Arc<dyn Fn(&Value, usize) -> (u16, Option<&'static str>, Duration) + Send + Sync>;
 
 fn ok() -> Rule {
     Arc::new(|_, _| (200, None, Duration::ZERO))
@@ -59,15 +59,15 @@ fn documents(body: &Value) -> Vec<Value> {
 }
 
 /// The user's handler: a real HTTP server recording every request.
-struct Endpoint {
-    url: String,
+pub(crate) struct Endpoint {
+    pub(crate) url: String,
     received: Arc<Mutex<Vec<Received>>>,
     rule: Arc<Mutex<Rule>>,
     stop: CancellationToken,
 }
 
 impl Endpoint {
-    async fn start(rule: Rule) -> Self {
+    pub(crate) async fn start(rule: Rule) -> Self {
         Self::start_on(0, rule).await
     }
 
@@ -133,12 +133,12 @@ impl Endpoint {
         *self.rule.lock().unwrap() = rule;
     }
 
-    fn requests(&self) -> Vec<Received> {
+    pub(crate) fn requests(&self) -> Vec<Received> {
         self.received.lock().unwrap().clone()
     }
 
     /// Ids of the documents in requests answered 2xx.
-    fn delivered(&self) -> HashSet<String> {
+    pub(crate) fn delivered(&self) -> HashSet<String> {
         self.requests()
             .iter()
             .filter(|r| (200..300).contains(&r.status))
@@ -154,7 +154,7 @@ impl Drop for Endpoint {
     }
 }
 
-fn config(url: &str, format: HttpFormat, timeout: Duration) -> HttpHandlerConfig {
+pub(crate) fn config(url: &str, format: HttpFormat, timeout: Duration) -> HttpHandlerConfig {
     HttpHandlerConfig {
         url: url.parse().expect("url"),
         format,
@@ -399,14 +399,12 @@ async fn retry_after_is_honoured_and_timeouts_are_failures() {
         _ => (200, None, Duration::ZERO),
     }))
     .await;
-    let (handle, metrics, _) = start(
-        &env,
-        &endpoint,
-        HttpFormat::Json,
-        retry(10, OnExhausted::Halt),
-        Duration::from_millis(500),
-    )
-    .await;
+    // Retry-After is kept within the backoff range: up to 2 s here.
+    let policy = RetryPolicy {
+        max_backoff: Duration::from_secs(2),
+        ..retry(10, OnExhausted::Halt)
+    };
+    let (handle, metrics, _) = start(&env, &endpoint, HttpFormat::Json, policy, Duration::from_millis(500)).await;
     assert!(eventually(Duration::from_secs(20), || async { endpoint.requests().len() >= 3 }).await);
     let requests = endpoint.requests();
     let after_429 = requests[1].at - requests[0].at;
@@ -422,6 +420,157 @@ async fn retry_after_is_honoured_and_timeouts_are_failures() {
     );
     assert_eq!(metric(&metrics, "cfp_handler_errors_total"), 2.0);
     assert_eq!(requests[2].headers["x-cfp-attempt"], "3");
+    handle.stop().await;
+}
+
+/// `Retry-After` is kept within the retry policy's backoff range: `0` and a date in the past wait
+/// the initial backoff (they used to retry at once, also while halted), a day waits the longest
+/// backoff (it used to park the lease until a stall restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_clamped_to_the_backoff_range() {
+    let env = Env::new(1).await;
+    env.write(0..3).await;
+    let endpoint = Endpoint::start(Arc::new(|_, n| match n {
+        0 => (429, Some("0"), Duration::ZERO),
+        1 => (503, Some("Sun, 06 Nov 1994 08:49:37 GMT"), Duration::ZERO),
+        2 => (429, Some("86400"), Duration::ZERO),
+        _ => (200, None, Duration::ZERO),
+    }))
+    .await;
+    let policy = RetryPolicy {
+        max_attempts: 10,
+        initial_backoff: Duration::from_millis(400),
+        max_backoff: Duration::from_millis(1500),
+        on_exhausted: OnExhausted::Halt,
+    };
+    let (handle, _, _) = start(&env, &endpoint, HttpFormat::Json, policy, Duration::from_secs(5)).await;
+    let answered = eventually(Duration::from_secs(15), || async { endpoint.delivered().len() == 3 }).await;
+    let requests = endpoint.requests();
+    let gaps: Vec<Duration> = requests.windows(2).map(|w| w[1].at - w[0].at).collect();
+    println!("Retry-After 0, a past date, 86400 with backoff 400 ms..1.5 s: waits {gaps:.2?}");
+    assert!(answered, "not delivered after a day's Retry-After: waits {gaps:?}");
+    assert!(gaps[0] >= Duration::from_millis(380), "Retry-After 0: {:?}", gaps[0]);
+    assert!(gaps[1] >= Duration::from_millis(380), "a past date: {:?}", gaps[1]);
+    assert!(
+        gaps[2] >= Duration::from_millis(1400) && gaps[2] < Duration::from_secs(4),
+        "a day: {:?}",
+        gaps[2]
+    );
+    handle.stop().await;
+}
+
+/// Answers the first request 500 with a body of `size` bytes streamed as fast as the client
+/// takes it, every later one 200; returns the URL and how many bytes of the big body were sent
+/// before the client closed the connection.
+async fn huge_error_endpoint(
+    size: u64,
+) -> (
+    String,
+    Arc<std::sync::atomic::AtomicU64>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/changes", listener.local_addr().expect("address"));
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (sent_, requests_) = (sent.clone(), requests.clone());
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let (sent, requests) = (sent_.clone(), requests_.clone());
+            tokio::spawn(async move {
+                loop {
+                    // One request: headers, then the body its Content-Length announces.
+                    let mut buffer = Vec::new();
+                    let mut chunk = [0u8; 8192];
+                    let header_end = loop {
+                        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break end + 4;
+                        }
+                        match socket.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buffer[..header_end]).to_ascii_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buffer.len() < header_end + length {
+                        match socket.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    if requests.fetch_add(1, Ordering::SeqCst) > 0 {
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                        if socket.write_all(ok).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    let head = format!(
+                        "HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain\r\ncontent-length: {size}\r\n\r\n"
+                    );
+                    if socket.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    let block = vec![b'x'; 64 * 1024];
+                    let mut left = size;
+                    while left > 0 {
+                        let n = left.min(block.len() as u64) as usize;
+                        if socket.write_all(&block[..n]).await.is_err() {
+                            return;
+                        }
+                        sent.fetch_add(n as u64, Ordering::SeqCst);
+                        left -= n as u64;
+                    }
+                }
+            });
+        }
+    });
+    (url, sent, requests)
+}
+
+/// An error reply's body is read only as far as the log line needs: a handler answering 500 with
+/// a 256 MiB body (a worker read it whole: 611 MiB peak RSS) sends little of it before the
+/// worker closes that connection, and the batch is retried and delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_reply_with_a_huge_body_is_not_read_whole() {
+    use std::sync::atomic::Ordering;
+    let size: u64 = 256 * 1024 * 1024;
+    let env = Env::new(1).await;
+    env.write(0..3).await;
+    let (url, sent, requests) = huge_error_endpoint(size).await;
+    let mut options = env.options("a");
+    options.retry = retry(10, OnExhausted::Halt);
+    let handler = Arc::new(HttpHandler::new(config(&url, HttpFormat::Json, Duration::from_secs(30))).expect("handler"));
+    let handle = env.processor(options, handler).await.start().await.expect("start");
+    let retried = eventually(Duration::from_secs(30), || async {
+        requests.load(Ordering::SeqCst) >= 2
+    })
+    .await;
+    // The big body's sender stops once the connection is closed (or the body is done).
+    let last = std::sync::atomic::AtomicU64::new(sent.load(Ordering::SeqCst));
+    let settled = eventually(Duration::from_secs(10), || async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = sent.load(Ordering::SeqCst);
+        last.swap(now, Ordering::SeqCst) == now
+    })
+    .await;
+    let sent = sent.load(Ordering::SeqCst);
+    println!(
+        "a 500 with a {} MiB body: {:.1} MiB of it sent before the worker closed the connection; requests {}",
+        size >> 20,
+        sent as f64 / 1048576.0,
+        requests.load(Ordering::SeqCst)
+    );
+    assert!(retried, "the batch was not retried");
+    assert!(settled);
+    assert!(sent < size / 8, "the worker read {sent} bytes of the error body");
     handle.stop().await;
 }
 

@@ -169,6 +169,50 @@ async fn an_idle_lease_and_a_slow_lease_that_advances_raise_no_alarm() {
     a.stop().await;
 }
 
+/// A healthy handler slower than the stall timeout is not stalled while each batch is within
+/// its handler timeout: every batch goes to the handler once and the lease advances. (With 4 s
+/// batches, a 30 s handler timeout and a 2 s stall timeout, `cfp worker` handed the first batch
+/// to the handler 14 times in 60 s and the lease never advanced.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_slower_than_the_stall_timeout_within_its_handler_timeout_is_not_a_stall() {
+    use crate::http_handler::{Endpoint, config};
+    use changefeed_operator::processor::{HttpFormat, HttpHandler};
+    let env = Env::new(1).await;
+    let per_batch = STALL + Duration::from_millis(700);
+    let endpoint = Endpoint::start(Arc::new(move |_, _| (200, None, per_batch))).await;
+    let handler = HttpHandler::new(config(&endpoint.url, HttpFormat::Json, Duration::from_secs(30))).unwrap();
+    let mut options = options(&env, "a");
+    options.max_items = 5;
+    let a = env.processor(options, Arc::new(handler)).await.start().await.unwrap();
+    let mut events = a.subscribe();
+    env.write(0..15).await;
+    let delivered = eventually(Duration::from_secs(30), || async { endpoint.delivered().len() >= 15 }).await;
+    let batches: Vec<String> = endpoint
+        .requests()
+        .iter()
+        .map(|r| r.body["batch"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    let mut distinct = batches.clone();
+    distinct.sort();
+    distinct.dedup();
+    let closes = closed(&mut events);
+    println!(
+        "batches of {per_batch:?}, stall timeout {STALL:?}, handler timeout 30 s: {} requests for {} batches, delivered {} of 15, closes {closes:?}",
+        batches.len(),
+        distinct.len(),
+        endpoint.delivered().len()
+    );
+    assert!(delivered, "the lease did not advance");
+    assert_eq!(
+        batches.len(),
+        distinct.len(),
+        "a batch was handed over again: {batches:?}"
+    );
+    assert!(!closes.contains(&CloseReason::Stalled), "{closes:?}");
+    assert_eq!(stalled_note(&env).await, None);
+    a.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_change_feed_read_that_never_returns_is_reported_and_heals_once_reads_answer() {
     let (mut emulator, endpoint) = common::start_emulator("db/items:/pk:1").await;

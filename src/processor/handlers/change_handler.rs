@@ -72,6 +72,12 @@ pub trait ChangeHandler: Send + Sync + 'static {
     async fn ready(&self) -> bool {
         true
     }
+
+    /// How long one call may take before the handler itself gives up on it (an HTTP handler's
+    /// timeout); `None` when it has no such limit. A batch within it is not a stalled lease.
+    fn time_limit(&self) -> Option<Duration> {
+        None
+    }
 }
 
 #[async_trait]
@@ -82,6 +88,10 @@ impl<T: ChangeHandler + ?Sized> ChangeHandler for Arc<T> {
 
     async fn ready(&self) -> bool {
         (**self).ready().await
+    }
+
+    fn time_limit(&self) -> Option<Duration> {
+        (**self).time_limit()
     }
 }
 

@@ -307,13 +307,16 @@ impl ChangeHandler for HttpHandler {
         let wait = (status.as_u16() == 429 || status.as_u16() == 503)
             .then(|| response.headers().get(RETRY_AFTER)?.to_str().ok().and_then(retry_after))
             .flatten();
-        let text = response.text().await.unwrap_or_default();
-        let snippet: String = text.chars().take(200).collect();
+        let snippet = body_prefix(response).await;
         let message = format!("POST {} answered {status}: {}", self.config.url, snippet.trim());
         Err(match wait {
             Some(delay) => HandlerError::retry_after(message, delay),
             None => HandlerError::new(message),
         })
+    }
+
+    fn time_limit(&self) -> Option<Duration> {
+        Some(self.config.timeout)
     }
 
     async fn ready(&self) -> bool {
@@ -343,6 +346,24 @@ impl ChangeHandler for HttpHandler {
             }
         }
     }
+}
+
+/// How much of an error reply's body is read (for the log line): the rest is never read.
+pub const ERROR_BODY_PREFIX: usize = 1024;
+
+/// The first characters of an error reply's body (at most [`ERROR_BODY_PREFIX`] bytes read, 200
+/// characters kept). The response is dropped with the rest unread, which closes its connection:
+/// a handler answering with a huge body costs the worker a kilobyte, not the body.
+async fn body_prefix(mut response: reqwest::Response) -> String {
+    let mut read: Vec<u8> = Vec::new();
+    while read.len() < ERROR_BODY_PREFIX {
+        match response.chunk().await {
+            Ok(Some(chunk)) => read.extend_from_slice(&chunk[..chunk.len().min(ERROR_BODY_PREFIX - read.len())]),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    drop(response);
+    String::from_utf8_lossy(&read).chars().take(200).collect()
 }
 
 /// An error with its causes, on one line.

@@ -127,6 +127,14 @@ impl Handler {
             Handler::Manual(handler) => handler.ready().await,
         }
     }
+
+    /// How long one call may take before the handler gives up on it, if it says.
+    pub fn time_limit(&self) -> Option<std::time::Duration> {
+        match self {
+            Handler::Automatic(handler) => handler.time_limit(),
+            Handler::Manual(_) => None,
+        }
+    }
 }
 
 #[cfg(test)]

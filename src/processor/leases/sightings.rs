@@ -59,6 +59,17 @@ impl Sightings {
         self.record(versions, at);
     }
 
+    /// Records a listing sent at `sent` whose answer came back at `returned`, and says as of
+    /// when its silences are judged: as of `sent`. What it shows was read somewhere between the
+    /// two, so a version it shows for the first time is dated `returned` (it may have been
+    /// written that late), and one it shows unchanged is known unchanged only up to `sent` (the
+    /// owner may have beaten right after the read): a slow listing (throttled pages, a
+    /// CPU-throttled pod) never makes a live owner look silent for longer than it was.
+    pub fn observe_listing(&mut self, snapshot: &LeaseSnapshot, sent: Instant, returned: Instant) -> Instant {
+        self.observe(snapshot, returned);
+        sent.min(returned)
+    }
+
     /// How long `instance`'s heartbeat has been listed, as seen here (since the first listing of
     /// this instance that showed it); `None` when the last listing did not show it.
     pub fn known_for(&self, instance: &str, at: Instant) -> Option<Duration> {

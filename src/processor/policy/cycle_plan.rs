@@ -55,7 +55,8 @@ impl From<&ProcessorOptions> for CycleOptions {
 /// What this instance knows of itself when a listing comes in.
 #[derive(Debug, Clone)]
 pub struct Observations {
-    /// When the listing came in, on this instance's monotonic clock.
+    /// As of when the listing is judged, on this instance's monotonic clock: when it was sent
+    /// ([`Sightings::observe_listing`]).
     pub at: tokio::time::Instant,
     /// What this instance has seen change, and when (the listing already recorded).
     pub sightings: Sightings,

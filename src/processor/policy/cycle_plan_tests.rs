@@ -695,3 +695,46 @@ fn an_owner_above_its_share_lists_briskly_while_a_newcomer_is_about_to_ask() {
     let plan = plan_cycle(&listing, &observed, "me", NOW, options());
     assert_eq!(plan.next_interval, regular, "at its share");
 }
+
+/// A listing sent at t0 + 0.2 s that came back at t0 + 2.05 s (throttled pages, a CPU-throttled
+/// pod) read the owner's heartbeat before its beat at t0 + 0.3 s: the owner beat within the
+/// expiration (2 s) of when the listing was sent, so its lease is not taken.
+#[test]
+fn a_late_listing_does_not_depose_an_owner_that_beat_while_it_was_under_way() {
+    let options = CycleOptions {
+        expiration: 2 * SECOND,
+        renew_interval: Duration::from_millis(300),
+        acquire_interval: Duration::from_millis(500),
+        balancing: Balancing::Fair,
+    };
+    let owned = lease(0, 2, Some("b"), Duration::ZERO);
+    let other = lease(1, 2, Some("b"), Duration::ZERO);
+    let mut listing = snapshot(vec![owned, other], &[("b", Duration::ZERO), ("me", Duration::ZERO)]);
+    listing.keepers = vec!["b".into(), "me".into()];
+    let t0 = at();
+    let ms = |n: u64| Duration::from_millis(n);
+    let mut sightings = Sightings::default();
+    sightings.observe_listing(&listing, t0, t0 + ms(10));
+    let judged_at = sightings.observe_listing(&listing, t0 + ms(200), t0 + ms(2050));
+    let observations = Observations {
+        at: judged_at,
+        sightings,
+        owned: HashSet::new(),
+        awaiting_handoff: false,
+        listed_ids: Vec::new(),
+        listing_interval: options.acquire_interval,
+        left_stalled: HashSet::new(),
+    };
+    let plan = plan_cycle(&listing, &observations, "me", NOW, options);
+    let taken: Vec<_> = steps(&plan)
+        .into_iter()
+        .filter(|(_, step, _)| *step == AcquireStep::Take)
+        .collect();
+    assert!(taken.is_empty(), "took a live owner's lease: {taken:?}");
+    // A handoff request is what a newcomer below its share writes: b is live.
+    assert!(
+        steps(&plan).iter().all(|(_, _, owner)| owner.as_deref() == Some("b")),
+        "{:?}",
+        steps(&plan)
+    );
+}

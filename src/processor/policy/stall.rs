@@ -6,8 +6,11 @@
 //! released so that another instance can try.
 //!
 //! What is not a stall: an idle lease (its reads answer with empty pages: it has no lag), a
-//! slow lease that advances, and a halted or failing one (its handler keeps failing, its reads
-//! fail with errors): those are reported already, and restarting them changes nothing.
+//! slow lease that advances, a batch still within the handler's own time limit (an HTTP
+//! handler's timeout: the user said a batch may take that long, and restarting it would hand it
+//! over again while its request may still run), and a halted or failing one (its handler keeps
+//! failing, its reads fail with errors): those are reported already, and restarting them changes
+//! nothing. The stall clock of a batch with the handler starts when its time limit is over.
 
 use std::time::Duration;
 
@@ -76,6 +79,8 @@ enum Stage {
 #[derive(Debug, Clone)]
 pub struct StallWatch {
     timeout: Duration,
+    /// How long the handler may take a batch (its own timeout), if it says.
+    handler_limit: Option<Duration>,
     last_progress: Instant,
     activity: Activity,
     stage: Stage,
@@ -88,6 +93,7 @@ impl StallWatch {
     pub fn new(timeout: Duration, now: Instant) -> Self {
         Self {
             timeout,
+            handler_limit: None,
             last_progress: now,
             activity: Activity::Waiting,
             stage: Stage::Healthy,
@@ -95,9 +101,18 @@ impl StallWatch {
         }
     }
 
+    /// A watch whose clock does not run while a batch is with the handler for less than `limit`
+    /// (the handler's own timeout; `None`: the handler has none).
+    pub fn with_handler_limit(mut self, limit: Option<Duration>) -> Self {
+        self.handler_limit = limit;
+        self
+    }
+
     /// The lease advanced at `now`: a batch was handled, or a read showed it caught up.
     pub fn progressed(&mut self, now: Instant) {
         self.last_progress = self.last_progress.max(now);
+        // What it does next is told at the next check.
+        self.activity = Activity::Waiting;
         if matches!(self.stage, Stage::Restarted(_)) {
             self.recovered = true;
         }
@@ -115,14 +130,24 @@ impl StallWatch {
         self.activity = activity;
     }
 
+    /// Since when the stall clock runs: the last progress (or excuse); with a batch at the
+    /// handler, the end of the handler's time limit counted from when the batch went out or from
+    /// that progress (a failed attempt is an excuse: the next attempt gets its own limit).
+    fn clock_start(&self) -> Instant {
+        match (&self.activity, self.handler_limit) {
+            (Activity::Handling { since, .. }, Some(limit)) => (*since).max(self.last_progress) + limit,
+            _ => self.last_progress,
+        }
+    }
+
     /// When [`judge`](Self::judge) may next have something to say.
     pub fn next_check(&self) -> Instant {
         if self.recovered {
             return self.last_progress;
         }
         match self.stage {
-            Stage::Healthy => self.last_progress + self.timeout,
-            Stage::Restarted(at) => at.max(self.last_progress) + self.timeout,
+            Stage::Healthy => self.clock_start() + self.timeout,
+            Stage::Restarted(at) => at.max(self.clock_start()) + self.timeout,
         }
     }
 
@@ -132,12 +157,13 @@ impl StallWatch {
             return Some(StallAction::Recovered);
         }
         let quiet = now.saturating_duration_since(self.last_progress);
+        let running = now.saturating_duration_since(self.clock_start());
         match self.stage {
-            Stage::Healthy if quiet >= self.timeout => {
+            Stage::Healthy if running >= self.timeout => {
                 self.stage = Stage::Restarted(now);
                 Some(StallAction::Restart(self.note(now, quiet)))
             }
-            Stage::Restarted(at) if now.saturating_duration_since(at.max(self.last_progress)) >= self.timeout => {
+            Stage::Restarted(at) if now.saturating_duration_since(at.max(self.clock_start())) >= self.timeout => {
                 Some(StallAction::Release(self.note(now, quiet)))
             }
             _ => None,
@@ -214,6 +240,36 @@ mod tests {
         assert_eq!(watch.judge(start + s(321)), None);
         // Healthy again: a later stall restarts first.
         assert!(matches!(watch.judge(start + s(620)), Some(StallAction::Restart(_))));
+    }
+
+    #[test]
+    fn a_batch_within_the_handlers_time_limit_is_not_stalled() {
+        let start = Instant::now();
+        let mut watch = StallWatch::new(s(2), start).with_handler_limit(Some(s(30)));
+        watch.doing(Activity::Handling {
+            batch: "b1".into(),
+            documents: 3,
+            since: start,
+        });
+        // A 4 s batch: no stall at 2 s, nor at 29 s.
+        assert_eq!(watch.judge(start + s(2)), None);
+        assert_eq!(watch.judge(start + s(29)), None);
+        assert_eq!(watch.next_check(), start + s(32));
+        // Over its limit, the clock runs: restarted a stall timeout after the limit.
+        assert!(matches!(watch.judge(start + s(32)), Some(StallAction::Restart(_))));
+        // Done: the next batch starts its own limit.
+        watch.progressed(start + s(33));
+        assert_eq!(watch.judge(start + s(33)), Some(StallAction::Recovered));
+        watch.doing(Activity::Handling {
+            batch: "b2".into(),
+            documents: 3,
+            since: start + s(33),
+        });
+        assert_eq!(watch.judge(start + s(40)), None);
+        // A read that hangs is judged by the stall timeout alone.
+        watch.progressed(start + s(41));
+        watch.doing(Activity::Reading(start + s(41)));
+        assert!(matches!(watch.judge(start + s(43)), Some(StallAction::Restart(_))));
     }
 
     #[test]

@@ -210,6 +210,7 @@ impl Coordinator {
         {
             self.shared.telemetry.error(None, LeaseError::Heartbeat(error));
         }
+        let sent = tokio::time::Instant::now();
         let snapshot = match self.shared.store.snapshot().await {
             Ok(snapshot) => snapshot,
             Err(error) if error.is_container_missing() => {
@@ -224,16 +225,22 @@ impl Coordinator {
         if self.recovery.back(&self.shared).await {
             return;
         }
-        let plan = self.plan(&snapshot, &me, previous_interval);
+        let plan = self.plan(&snapshot, sent, &me, previous_interval);
         self.perform(plan).await;
     }
 
-    /// Plans the cycle from `snapshot` (the previous listing waited `previous_interval`) and
-    /// records the plan's schedule.
-    fn plan(&mut self, snapshot: &LeaseSnapshot, me: &str, previous_interval: Duration) -> CyclePlan {
-        let at = tokio::time::Instant::now();
+    /// Plans the cycle from `snapshot`, a listing sent at `sent` (the previous listing waited
+    /// `previous_interval`), and records the plan's schedule.
+    fn plan(
+        &mut self,
+        snapshot: &LeaseSnapshot,
+        sent: tokio::time::Instant,
+        me: &str,
+        previous_interval: Duration,
+    ) -> CyclePlan {
+        let returned = tokio::time::Instant::now();
         let mut sightings = std::mem::take(&mut self.sightings);
-        sightings.observe(snapshot, at);
+        let at = sightings.observe_listing(snapshot, sent, returned);
         let expiration = self.shared.options.expiration;
         self.left_stalled
             .retain(|(_, when)| at.duration_since(*when) < expiration);
@@ -249,10 +256,9 @@ impl Coordinator {
         let options = CycleOptions::from(&self.shared.options);
         let mut plan = plan_cycle(snapshot, &observations, me, OffsetDateTime::now_utc(), options);
         self.sightings = observations.sightings;
-        // The margin covers the clocks' rounding.
-        self.takeover_at = plan
-            .takeover_in
-            .map(|wait| tokio::time::Instant::now() + wait + TAKEOVER_MARGIN);
+        // Counted from the moment the plan judged (the listing was sent); the margin covers the
+        // clocks' rounding.
+        self.takeover_at = plan.takeover_in.map(|wait| at + wait + TAKEOVER_MARGIN);
         if plan.next_interval != previous_interval {
             tracing::debug!(interval = ?plan.next_interval, "next lease listing");
         }

@@ -36,6 +36,13 @@ pub fn batch_id(lease: &str, position: Option<&str>) -> String {
     format!("{hash:016x}")
 }
 
+/// A handler's `Retry-After` kept within `policy`'s backoff range: `0` (or a date in the past)
+/// waits the initial backoff — never a retry at once, also while halted — and a longer wait than
+/// the longest backoff waits that (a day would park the lease until a stall restart).
+pub fn clamp_retry_after(asked: Duration, policy: &crate::processor::options::RetryPolicy) -> Duration {
+    asked.clamp(policy.initial_backoff, policy.max_backoff.max(policy.initial_backoff))
+}
+
 /// One batch on its way to the handler.
 pub(crate) struct Delivery<'a> {
     pub(crate) shared: &'a Shared,
@@ -102,6 +109,23 @@ impl Delivery<'_> {
         }
     }
 
+    /// The wait before the next attempt after `error`: the handler's `Retry-After` kept within the
+    /// retry policy's backoff range (said when it was not), else `backoff`.
+    fn wait_after(&self, error: &HandlerError, backoff: Duration) -> Duration {
+        let Some(asked) = error.retry_after else {
+            return backoff;
+        };
+        let wait = clamp_retry_after(asked, &self.shared.options.retry);
+        if wait != asked {
+            tracing::info!(
+                asked = ?asked,
+                waiting = ?wait,
+                "the handler's Retry-After is outside the backoff range; waiting the nearest bound"
+            );
+        }
+        wait
+    }
+
     /// Hands `documents` (from index `offset` of the batch) to the handler once, after making
     /// sure the lease is still this instance's; `None` (nothing delivered) when it is not.
     async fn attempt(
@@ -114,6 +138,8 @@ impl Delivery<'_> {
         if !self.still_owned().await {
             return None;
         }
+        // After an abort (a simulated crash) nothing more reaches the handler.
+        self.shared.gate.pass().await;
         let batch = Batch {
             processor: &self.shared.options.processor_name,
             lease_token: self.owned.token(),
@@ -190,7 +216,7 @@ impl Delivery<'_> {
                     }
                 }
             };
-            if !pause(self.owned, error.retry_after.unwrap_or(delay)).await {
+            if !pause(self.owned, self.wait_after(&error, delay)).await {
                 return false;
             }
         }
@@ -231,7 +257,7 @@ impl Delivery<'_> {
                         break;
                     }
                     Err(error) => {
-                        if !pause(self.owned, error.retry_after.unwrap_or(policy.backoff(attempt))).await {
+                        if !pause(self.owned, self.wait_after(&error, policy.backoff(attempt))).await {
                             return false;
                         }
                         attempt += 1;
@@ -327,6 +353,23 @@ fn halves(offset: usize, part: &[Value]) -> Vec<(usize, &[Value])> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_is_kept_within_the_backoff_range() {
+        let policy = crate::processor::options::RetryPolicy {
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(30),
+            ..Default::default()
+        };
+        let cases = [(0, 1), (1, 1), (7, 7), (30, 30), (86_400, 30)];
+        for (asked, waited) in cases {
+            assert_eq!(
+                clamp_retry_after(Duration::from_secs(asked), &policy),
+                Duration::from_secs(waited),
+                "Retry-After {asked}"
+            );
+        }
+    }
 
     #[test]
     fn every_failed_attempt_is_one_kind_of_error() {

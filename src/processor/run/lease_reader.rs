@@ -31,16 +31,21 @@ const FIRST_EMPTY_WAIT: Duration = Duration::from_millis(50);
 /// (shutdown, handoff) has its last handled position written first.
 pub(crate) async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
     let shared_stall_timeout = shared.options.stall_timeout;
+    let handler_limit = shared.handler.time_limit();
     let mut reader = LeaseReader {
         checkpointer: LeaseCheckpointer::new(shared.clone(), owned.clone()),
         shared,
         owned,
         failures: 0,
         rebuilds: 0,
-        stall: StallWatch::new(shared_stall_timeout, Instant::now()),
+        stall: StallWatch::new(shared_stall_timeout, Instant::now()).with_handler_limit(handler_limit),
     };
     let exit = reader.process().await;
-    if matches!(exit.reason, CloseReason::Shutdown | CloseReason::HandedOver) {
+    // A stalled lease keeps what was handled before the stall too (deferred checkpoints).
+    if matches!(
+        exit.reason,
+        CloseReason::Shutdown | CloseReason::HandedOver | CloseReason::Stalled
+    ) {
         reader.checkpointer.write_pending().await;
     }
     // Whatever ended it (a split found by a failed read, a loss), this lease's read failures

@@ -1,8 +1,10 @@
 //! The running processor: start and stop ([`runtime`]), the acquire cycles ([`coordinator`]),
-//! renewals, the per-lease reader and its checkpointer, delivery with retries, splits, store recovery, health and what
-//! a reader does about a stall. Uses every other room.
+//! renewals, the crash gate (an abort writes nothing), the per-lease reader and its checkpointer,
+//! delivery with retries, splits, store recovery, health and what a reader does about a stall.
+//! Uses every other room.
 
 pub(crate) mod coordinator;
+pub(crate) mod crash_gate;
 pub mod delivery;
 pub(crate) mod health;
 pub(crate) mod lease_checkpointer;

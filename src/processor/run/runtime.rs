@@ -177,12 +177,14 @@ impl ProcessorHandle {
         let _ = self.renewer.await;
     }
 
-    /// Stops at once without releasing anything, as a crash would (for tests and chaos).
+    /// Stops at once, as a crash would (for tests and chaos): nothing more is written to the
+    /// lease container — no checkpoint, release, handoff or heartbeat removal — and no batch
+    /// goes to the handler; the tasks are dropped without being told (the lease tasks with the
+    /// coordinator that holds them). Its leases expire as a crashed instance's do.
     pub fn abort(self) {
-        self.shared.health.mark_aborted();
+        self.shared.crash();
         self.task.abort();
         self.renewer.abort();
-        self.leases.cancel();
     }
 }
 

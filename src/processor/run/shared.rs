@@ -13,14 +13,17 @@ use crate::processor::leases::lease::LeaseStore;
 use crate::processor::leases::owned::OwnedLease;
 use crate::processor::options::ProcessorOptions;
 use crate::processor::report::telemetry::Telemetry;
+use crate::processor::run::crash_gate::CrashGate;
 use crate::processor::run::health::Health;
 
 /// The processor's parts, shared by the coordinator, the renewer and the lease tasks.
 pub(crate) struct Shared {
     /// The container whose change feed is read.
     pub(crate) monitored: MonitoredContainer,
-    /// Where the leases are.
+    /// Where the leases are (behind the [`CrashGate`]: every request passes it).
     pub(crate) store: Arc<dyn LeaseStore>,
+    /// Closed by an abort: from then on nothing is sent to the lease store.
+    pub(crate) gate: Arc<CrashGate>,
     /// Who receives the batches.
     pub(crate) handler: Handler,
     /// How the processor works.
@@ -52,9 +55,11 @@ impl Shared {
         options: ProcessorOptions,
     ) -> Self {
         let liveness = Arc::new(Liveness::new(options.liveness));
+        let gate = Arc::new(CrashGate::new(store));
         Self {
             monitored,
-            store,
+            store: gate.clone(),
+            gate,
             handler,
             options,
             dead_letters: OnceLock::new(),
@@ -72,6 +77,13 @@ impl Shared {
     pub(crate) fn another_instance(&self) -> Option<String> {
         let others = self.others.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         (!others.is_empty()).then(|| others[fastrand::usize(..others.len())].clone())
+    }
+
+    /// A simulated crash: nothing reaches the lease store from now on (a request under way may
+    /// still land, as with a process killed while it waited), and no batch reaches the handler.
+    pub(crate) fn crash(&self) {
+        self.gate.close();
+        self.health.mark_aborted();
     }
 
     /// The acquire cycles started so far (the first is number 1).

@@ -1,0 +1,169 @@
+//! What an abort ([`crate::processor::ProcessorHandle::abort`]) leaves behind in the lease container:
+//! nothing. Every request of the processor to its lease store passes this gate; once it is
+//! closed, a request is never sent and never answered — as for a process killed while it waited —
+//! so no path (a lease task woken by the abort, its release or last checkpoint, a handoff, the
+//! heartbeat or its removal) writes after a crash, however the tasks are scheduled.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError, LockAttempt};
+
+/// A lease store that stops answering, for good, once closed.
+pub(crate) struct CrashGate {
+    inner: Arc<dyn LeaseStore>,
+    closed: AtomicBool,
+}
+
+impl CrashGate {
+    /// A gate, open, in front of `inner`.
+    pub(crate) fn new(inner: Arc<dyn LeaseStore>) -> Self {
+        Self {
+            inner,
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Closes the gate: no request passes from now on.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits forever once the gate is closed (the caller is dropped with its task).
+    pub(crate) async fn pass(&self) {
+        if self.closed.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseStore for CrashGate {
+    fn prefix(&self) -> &str {
+        self.inner.prefix()
+    }
+    async fn snapshot(&self) -> Result<LeaseSnapshot, LeaseStoreError> {
+        self.pass().await;
+        self.inner.snapshot().await
+    }
+    async fn read(&self, id: &str) -> Result<Option<Lease>, LeaseStoreError> {
+        self.pass().await;
+        self.inner.read(id).await
+    }
+    async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseStoreError> {
+        self.pass().await;
+        self.inner.create(lease).await
+    }
+    async fn replace(&self, lease: &Lease) -> Result<Lease, LeaseStoreError> {
+        self.pass().await;
+        self.inner.replace(lease).await
+    }
+    async fn delete(&self, lease: &Lease) -> Result<(), LeaseStoreError> {
+        self.pass().await;
+        self.inner.delete(lease).await
+    }
+    async fn try_lock(&self, owner: &str) -> Result<LockAttempt, LeaseStoreError> {
+        self.pass().await;
+        self.inner.try_lock(owner).await
+    }
+    async fn break_lock(&self, etag: &str) -> Result<(), LeaseStoreError> {
+        self.pass().await;
+        self.inner.break_lock(etag).await
+    }
+    async fn unlock(&self) -> Result<(), LeaseStoreError> {
+        self.pass().await;
+        self.inner.unlock().await
+    }
+    async fn mark_initialized(&self, monitored: &str, leases_per_partition: u32) -> Result<(), LeaseStoreError> {
+        self.pass().await;
+        self.inner.mark_initialized(monitored, leases_per_partition).await
+    }
+    async fn foreign_documents(&self, prefix: &str) -> Result<Vec<Value>, LeaseStoreError> {
+        self.pass().await;
+        self.inner.foreign_documents(prefix).await
+    }
+    async fn earlier_incarnation(&self, monitored: &str) -> Result<bool, LeaseStoreError> {
+        self.pass().await;
+        self.inner.earlier_incarnation(monitored).await
+    }
+    async fn heartbeat(&self, instance: &str, keeps_leases: bool) -> Result<(), LeaseStoreError> {
+        self.pass().await;
+        self.inner.heartbeat(instance, keeps_leases).await
+    }
+    async fn remove_heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError> {
+        self.pass().await;
+        self.inner.remove_heartbeat(instance).await
+    }
+    fn request_charge(&self) -> f64 {
+        self.inner.request_charge()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store that answers every request at once (so a request that hangs was held by the gate).
+    struct Answering;
+
+    #[async_trait]
+    impl LeaseStore for Answering {
+        fn prefix(&self) -> &str {
+            "p"
+        }
+        async fn snapshot(&self) -> Result<LeaseSnapshot, LeaseStoreError> {
+            Ok(LeaseSnapshot::default())
+        }
+        async fn read(&self, _: &str) -> Result<Option<Lease>, LeaseStoreError> {
+            Ok(None)
+        }
+        async fn create(&self, _: &Lease) -> Result<Option<Lease>, LeaseStoreError> {
+            Ok(None)
+        }
+        async fn replace(&self, lease: &Lease) -> Result<Lease, LeaseStoreError> {
+            Ok(lease.clone())
+        }
+        async fn delete(&self, _: &Lease) -> Result<(), LeaseStoreError> {
+            Ok(())
+        }
+        async fn try_lock(&self, _: &str) -> Result<LockAttempt, LeaseStoreError> {
+            Ok(LockAttempt::Taken)
+        }
+        async fn break_lock(&self, _: &str) -> Result<(), LeaseStoreError> {
+            Ok(())
+        }
+        async fn unlock(&self) -> Result<(), LeaseStoreError> {
+            Ok(())
+        }
+        async fn mark_initialized(&self, _: &str, _: u32) -> Result<(), LeaseStoreError> {
+            Ok(())
+        }
+        async fn foreign_documents(&self, _: &str) -> Result<Vec<Value>, LeaseStoreError> {
+            Ok(Vec::new())
+        }
+        async fn earlier_incarnation(&self, _: &str) -> Result<bool, LeaseStoreError> {
+            Ok(false)
+        }
+        async fn heartbeat(&self, _: &str, _: bool) -> Result<(), LeaseStoreError> {
+            Ok(())
+        }
+        async fn remove_heartbeat(&self, _: &str) -> Result<(), LeaseStoreError> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_closed_gate_answers_nothing() {
+        let gate = CrashGate::new(Arc::new(Answering));
+        assert!(gate.remove_heartbeat("a").await.is_ok(), "open: passes");
+        gate.close();
+        let lease = Lease::new("p", &crate::cosmos::EpkRange::full(), None);
+        let wait = std::time::Duration::from_millis(50);
+        assert!(tokio::time::timeout(wait, gate.replace(&lease)).await.is_err());
+        assert!(tokio::time::timeout(wait, gate.remove_heartbeat("a")).await.is_err());
+        assert!(tokio::time::timeout(wait, gate.heartbeat("a", true)).await.is_err());
+    }
+}
