@@ -1,0 +1,60 @@
+//! The change feed processor against the SDK's in-memory emulator: balancing, failover,
+//! graceful handoff, splits, lost leases and restarts.
+//! A module per topic.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use changefeed_operator::processor::{Batch, ChangeHandler, HandlerError};
+
+use crate::common::{self, Env};
+
+mod balancing;
+mod checkpoints;
+mod failover;
+mod handlers;
+mod splits;
+mod store_faults;
+
+/// A [`common::RecordingHandler`] that takes its time per batch (a batch in flight most of the
+/// time, as a real handler's would be).
+struct SlowHandler(Duration, common::RecordingHandler);
+
+impl SlowHandler {
+    /// Records for instance `name` of `env`, taking `took` per batch.
+    fn of(env: &Env, name: &str, took: Duration) -> Arc<Self> {
+        Arc::new(Self(
+            took,
+            common::RecordingHandler {
+                instance: name.into(),
+                deliveries: env.deliveries.clone(),
+            },
+        ))
+    }
+}
+
+#[async_trait::async_trait]
+impl ChangeHandler for SlowHandler {
+    async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
+        tokio::time::sleep(self.0).await;
+        self.1.handle(batch).await
+    }
+}
+
+/// Records deliveries; the batch holding `doc-5` waits until `release` is notified.
+struct SlowDocumentHandler {
+    inner: Arc<common::RecordingHandler>,
+    slow_started: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait::async_trait]
+impl ChangeHandler for SlowDocumentHandler {
+    async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
+        if batch.documents.iter().any(|d| d["id"] == "doc-5") {
+            self.slow_started.notify_one();
+            self.release.notified().await;
+        }
+        self.inner.handle(batch).await
+    }
+}
