@@ -45,9 +45,14 @@ pub enum WorkerError {
     /// The lease container does not exist, for a command that only reads a processor's leases
     /// (`cfp estimate`, `cfp checkpoints`): nothing to create, the name may be wrong.
     #[error(
-        "the lease container {0} does not exist: no processor keeps its leases there; give the processor's lease container with --lease-database and --lease-container"
+        "the lease container {name} does not exist: no processor keeps its leases there; give the processor's lease container with --lease-database and --lease-container, or create it: {how_to_create}"
     )]
-    NoLeaseContainer(String),
+    NoLeaseContainer {
+        /// `database/container`.
+        name: String,
+        /// The Azure CLI commands that create it.
+        how_to_create: String,
+    },
     /// The lease container does not exist and the account refused to create it.
     #[error(
         "the lease container {name} does not exist and this identity may not create containers ({source}); create it: {how_to_create}"
@@ -102,7 +107,7 @@ impl WorkerError {
     /// not one to create (that advice names the worker's flags and the resource's fields).
     pub fn when_reading(self) -> Self {
         match self {
-            WorkerError::LeasesMissing { name, .. } => WorkerError::NoLeaseContainer(name),
+            WorkerError::LeasesMissing { name, how_to_create } => WorkerError::NoLeaseContainer { name, how_to_create },
             other => other,
         }
     }
@@ -111,7 +116,7 @@ impl WorkerError {
     pub fn reason(&self) -> &'static str {
         match self {
             WorkerError::MonitoredMissing(_) => "MonitoredContainerMissing",
-            WorkerError::LeasesMissing { .. } | WorkerError::NoLeaseContainer(_) => "LeaseContainerMissing",
+            WorkerError::LeasesMissing { .. } | WorkerError::NoLeaseContainer { .. } => "LeaseContainerMissing",
             WorkerError::CreationRefused { .. } => "ContainerCreationRefused",
             WorkerError::Unauthorized(_) => "CredentialRefused",
             WorkerError::Forbidden { .. } => "AccessForbidden",

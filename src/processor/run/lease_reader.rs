@@ -295,15 +295,18 @@ impl LeaseReader {
         }
     }
 
-    /// A batch finished: settle it, then hand over the page read ahead.
-    async fn on_settled(&mut self, s: &mut Session, page: ChangePage, delivered: bool) -> Option<After> {
+    /// Settles the oldest batch of the window (batches settle in read order), under its span.
+    async fn settle_oldest(&mut self, s: &mut Session, page: ChangePage, delivered: bool) -> Flow {
         let span = s.handling.pop_front().map_or_else(Span::none, |(.., span)| span);
-        match self
-            .checkpointer
+        self.checkpointer
             .settle(&s.range, page, delivered)
             .instrument(span)
             .await
-        {
+    }
+
+    /// A batch finished: settle it, then hand over the page read ahead.
+    async fn on_settled(&mut self, s: &mut Session, page: ChangePage, delivered: bool) -> Option<After> {
+        match self.settle_oldest(s, page, delivered).await {
             Flow::Go => {
                 self.rebuilds = 0;
                 // A batch handled, or an empty page after all earlier ones: the lease advanced.
@@ -452,13 +455,7 @@ impl LeaseReader {
     /// must stop (a batch stopped unfinished, the lease was lost or split).
     async fn drain(&mut self, s: &mut Session) -> Result<(), LeaseExit> {
         while let Some((page, delivered)) = s.window.next().await {
-            let span = s.handling.pop_front().map_or_else(Span::none, |(.., span)| span);
-            match self
-                .checkpointer
-                .settle(&s.range, page, delivered)
-                .instrument(span)
-                .await
-            {
+            match self.settle_oldest(s, page, delivered).await {
                 Flow::Go => {}
                 // The reader is rebuilt anyway after a drain; later batches are delivered again.
                 Flow::Rebuild => {
