@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::processor::leases::lease::{LeaseSnapshot, LockAttempt};
+use crate::processor::leases::lease::{Beat, HeartbeatDoc, LeaseSnapshot, LockAttempt};
 use crate::processor::{Lease, LeaseStore, LeaseStoreError};
 
 /// Requests made through a [`CountingStore`], by kind.
@@ -228,16 +228,21 @@ impl LeaseStore for CountingStore {
         self.inner.earlier_incarnation(monitored).await
     }
 
-    async fn heartbeat(&self, instance: &str, keeps_leases: bool) -> Result<(), LeaseStoreError> {
+    async fn heartbeat(&self, beat: &Beat<'_>) -> Result<String, LeaseStoreError> {
         self.count(&self.requests.other).await?;
         let sent = Instant::now();
-        let written = self.inner.heartbeat(instance, keeps_leases).await;
-        self.beats.record(instance, sent, written.is_ok());
+        let written = self.inner.heartbeat(beat).await;
+        self.beats.record(beat.instance, sent, written.is_ok());
         written
     }
 
-    async fn remove_heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError> {
+    async fn read_heartbeat(&self, instance: &str) -> Result<Option<HeartbeatDoc>, LeaseStoreError> {
+        self.count(&self.requests.reads).await?;
+        self.inner.read_heartbeat(instance).await
+    }
+
+    async fn remove_heartbeat(&self, instance: &str, if_match: Option<&str>) -> Result<(), LeaseStoreError> {
         self.count(&self.requests.other).await?;
-        self.inner.remove_heartbeat(instance).await
+        self.inner.remove_heartbeat(instance, if_match).await
     }
 }

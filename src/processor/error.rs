@@ -5,6 +5,7 @@
 use crate::cosmos::{CosmosError, ErrorKind};
 use crate::processor::handlers::change_handler::HandlerError;
 use crate::processor::leases::lease::LeaseStoreError;
+use crate::processor::leases::name_claim::NameError;
 use crate::processor::leases::owned::UpdateError;
 use crate::processor::policy::validation::OptionsError;
 
@@ -23,6 +24,10 @@ pub enum ProcessorError {
     /// A Cosmos request failed.
     #[error(transparent)]
     Cosmos(#[from] CosmosError),
+    /// Another process runs under this instance name (or the name's heartbeat could not be
+    /// written).
+    #[error(transparent)]
+    Name(#[from] NameError),
 }
 
 impl ProcessorError {
@@ -32,6 +37,8 @@ impl ProcessorError {
             ProcessorError::Config(_) | ProcessorError::Options(_) => false,
             ProcessorError::Store(error) => error.is_transient(),
             ProcessorError::Cosmos(error) => error.kind.is_retryable(),
+            ProcessorError::Name(NameError::Taken { .. }) => false,
+            ProcessorError::Name(NameError::Store(error)) => error.is_transient(),
         }
     }
 }
@@ -144,9 +151,9 @@ impl LeaseError {
             | LeaseError::Recreate(e)
             | LeaseError::ChildLease { error: e, .. } => store(e),
             LeaseError::CreateMissing(e) => match e.as_ref() {
-                ProcessorError::Store(e) => store(e),
+                ProcessorError::Store(e) | ProcessorError::Name(NameError::Store(e)) => store(e),
                 ProcessorError::Cosmos(e) => Some(e),
-                ProcessorError::Config(_) | ProcessorError::Options(_) => None,
+                ProcessorError::Config(_) | ProcessorError::Options(_) | ProcessorError::Name(_) => None,
             },
             LeaseError::OpenFeed(e) | LeaseError::ReadFeed(e) | LeaseError::DeadLetter(e) => Some(e),
             LeaseError::DeleteSplitParent(UpdateError::Store(e)) => store(e),

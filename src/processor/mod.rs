@@ -33,7 +33,10 @@ pub use handlers::http::{HttpFormat, HttpHandler, HttpHandlerConfig, HttpHandler
 pub use handlers::manual::{CheckpointError, CheckpointHandle, Handler, ManualCheckpointHandler};
 pub use leases::adopt::{AdoptOptions, ForeignLayout};
 pub use leases::heartbeat::LeaseLiveness;
-pub use leases::lease::{CosmosLeaseStore, Lease, LeaseStore, LeaseStoreError, LockAttempt, lease_prefix};
+pub use leases::lease::{
+    Beat, CosmosLeaseStore, HeartbeatDoc, Lease, LeaseStore, LeaseStoreError, LockAttempt, lease_prefix,
+};
+pub use leases::name_claim::NameError;
 pub use options::{OnExhausted, ProcessorOptions, RetryPolicy};
 pub use policy::checkpoint_policy::CheckpointPolicy;
 pub use policy::validation::{OptionField, OptionsError};

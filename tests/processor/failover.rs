@@ -442,12 +442,13 @@ async fn an_owner_that_ignores_a_handoff_request_loses_the_lease_after_an_expira
     let env = Env::new(2).await;
     let a = env.start_owning_all("a", 2).await;
     a.abort();
-    env.store().await.remove_heartbeat("a").await.unwrap();
+    env.store().await.remove_heartbeat("a", None).await.unwrap();
     // An owner of another version: it keeps renewing both leases and never looks at requests.
     let store = env.store().await;
     let renewing = tokio::spawn({
         let store = store.clone();
         async move {
+            let mut beat_etag: Option<String> = None;
             loop {
                 if let Ok(snapshot) = store.snapshot().await {
                     let own = snapshot
@@ -460,7 +461,13 @@ async fn an_owner_that_ignores_a_handoff_request_loses_the_lease_after_an_expira
                         let _ = store.replace(&lease).await;
                     }
                 }
-                let _ = store.heartbeat("old-version", false).await;
+                let beat = changefeed_operator::processor::Beat {
+                    instance: "old-version",
+                    incarnation: "old",
+                    keeps_leases: false,
+                    if_match: beat_etag.as_deref(),
+                };
+                beat_etag = store.heartbeat(&beat).await.ok().or(beat_etag);
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
         }

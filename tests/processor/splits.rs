@@ -60,6 +60,17 @@ async fn a_split_while_writing_replaces_the_parent_lease_and_loses_nothing() {
             .map(|l| l.lease_token.clone())
             .collect::<Vec<_>>()
     );
+    // As the .NET processor writes them: each lease over a whole partition is version 0, named
+    // by its partition key range id — the split's children too.
+    for lease in env.leases().await {
+        let partition = partitions.iter().find(|p| Some(&p.range) == lease.range());
+        assert_eq!(
+            (lease.version, Some(lease.lease_token.as_str())),
+            (0, partition.map(|p| p.id.as_str())),
+            "lease {} is not the version-0 lease of its partition",
+            lease.id
+        );
+    }
     assert!(env.delivered_within(4000, Duration::from_secs(30)).await);
     let missing = env.deliveries.missing(ids(0..4000));
     let mut splits = 0;

@@ -29,6 +29,7 @@ use tokio::time::Instant;
 use super::checkpoints::{Export, Plan, PlanError, Selection, changed_signs, check_container, export, live_signs};
 use crate::cosmos::{FeedMode, MonitoredContainer, StartFrom};
 use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError};
+use crate::processor::leases::name_claim::NameClaim;
 
 /// How often the command's heartbeat is sent while it holds leases.
 const BEAT_EVERY: Duration = Duration::from_secs(3);
@@ -154,9 +155,10 @@ pub async fn apply(
         held: BTreeMap::new(),
         undo: Vec::new(),
     };
+    let name = NameClaim::new(holder, &format!("{:016x}", fastrand::u64(..)));
     let beat = async {
         loop {
-            if let Err(error) = store.heartbeat(holder, true).await {
+            if let Err(error) = name.beat(store, true).await {
                 tracing::warn!(%error, "the heartbeat of the checkpoint command failed");
             }
             tokio::time::sleep(BEAT_EVERY.min(expiration / 4)).await;
@@ -166,7 +168,7 @@ pub async fn apply(
         result = session.run(plan) => result,
         () = beat => unreachable!("the heartbeat loop never ends"),
     };
-    if let Err(error) = store.remove_heartbeat(holder).await {
+    if let Err(error) = name.remove(store).await {
         tracing::warn!(%error, "removing the heartbeat of the checkpoint command failed; it expires by itself");
     }
     result
@@ -195,7 +197,7 @@ async fn claim(store: &dyn LeaseStore, holder: &str, lease: &Lease) -> Result<(L
     let mut current = lease.clone();
     for _ in 0..ATTEMPTS {
         let mut claimed = current.clone();
-        claimed.owner = Some(holder.to_owned());
+        claimed.take_for(holder, format!("{holder}.{:016x}", fastrand::u64(..)));
         claimed.timestamp = Some(now());
         claimed.clear_handoff();
         match store.replace(&claimed).await {

@@ -45,7 +45,7 @@ pub async fn evict_instance(store: &dyn LeaseStore, instance: &str) -> Result<Ve
     }
     let has_heartbeat = snapshot.instances.iter().any(|(name, _)| name == instance);
     if has_heartbeat {
-        match store.remove_heartbeat(instance).await {
+        match store.remove_heartbeat(instance, None).await {
             Ok(()) => {}
             // Removed by the instance itself or by another operator replica in the meantime.
             Err(LeaseStoreError::Cosmos(e)) if e.kind == crate::cosmos::ErrorKind::NotFound => {}

@@ -165,12 +165,22 @@ async fn initialize(
             }
         }
     }
+    // A lease over a whole physical partition is written as the .NET bootstrap writes it: named
+    // by its partition key range id (version 0), which the other readers of lease documents read.
+    let partitions = if pieces.is_empty() {
+        Vec::new()
+    } else {
+        monitored.partition_key_ranges().await?
+    };
     for range in &pieces {
         let continuation = match options.start_from {
             StartFrom::Now if !recreated => Some(anchor_now(monitored, range, options.mode).await?),
             StartFrom::Now | StartFrom::Beginning | StartFrom::Time(_) => None,
         };
-        let mut lease = Lease::new(store.prefix(), range, continuation);
+        let mut lease = match partition_id(&partitions, range) {
+            Some(id) => Lease::for_partition(store.prefix(), id, range, continuation),
+            None => Lease::new(store.prefix(), range, continuation),
+        };
         lease.mode = Some(options.mode.lease_mode().to_owned());
         if recreated {
             lease = lease.start_from_beginning();
@@ -180,6 +190,11 @@ async fn initialize(
         }
     }
     Ok(created)
+}
+
+/// The id of the partition key range that is exactly `range`, if one is.
+pub(crate) fn partition_id<'a>(partitions: &'a [(String, EpkRange)], range: &EpkRange) -> Option<&'a str> {
+    partitions.iter().find(|(_, r)| r == range).map(|(id, _)| id.as_str())
 }
 
 /// Whether the monitored container was created again under a name this processor followed

@@ -26,7 +26,8 @@ pub struct LeaseFeedRange {
 pub struct Lease {
     /// Document id: `{prefix}..{lease token}`.
     pub id: String,
-    /// Lease schema version: 1 for EPK-range leases.
+    /// Lease schema version: 0 for a lease over one whole physical partition, named by its
+    /// partition key range id (as the .NET bootstrap writes them), 1 for EPK-range leases.
     #[serde(default)]
     pub version: u32,
     /// `"{min}-{max}"` of the range.
@@ -38,6 +39,12 @@ pub struct Lease {
     /// The instance that owns the lease, or none.
     #[serde(rename = "Owner", default)]
     pub owner: Option<String>,
+    /// The owner's epoch: a value written by every acquisition, unique to one process's ownership
+    /// of this lease (an addition of ours, ignored by other readers). Writes by an owner hold
+    /// only while it is theirs: a task whose epoch is gone never writes again, whatever the
+    /// `Owner` name says (two processes with one name, a lease that came back to the name).
+    #[serde(rename = "ownerEpoch", default, skip_serializing_if = "Option::is_none")]
+    pub owner_epoch: Option<String>,
     /// The raw server continuation of the range after the last checkpoint.
     #[serde(rename = "ContinuationToken", default)]
     pub continuation: Option<String>,
@@ -137,6 +144,7 @@ impl Lease {
             lease_token: token,
             feed_range: Some(LeaseFeedRange { range: range.clone() }),
             owner: None,
+            owner_epoch: None,
             continuation,
             properties: BTreeMap::new(),
             mode: Some(INCREMENTAL_MODE.to_owned()),
@@ -146,6 +154,56 @@ impl Lease {
             server_ts: None,
             etag: String::new(),
         }
+    }
+
+    /// A new, unowned lease over one whole physical partition, as the .NET processor's bootstrap
+    /// writes it (version 0): named by the partition key range id `pk_range_id` (what KEDA's
+    /// scaler, the Functions trigger and the Java processor's partition-key-range leases read),
+    /// with the partition's EPK range as its `FeedRange`.
+    pub fn for_partition(prefix: &str, pk_range_id: &str, range: &EpkRange, continuation: Option<String>) -> Self {
+        Self {
+            id: format!("{prefix}..{pk_range_id}"),
+            version: 0,
+            lease_token: pk_range_id.to_owned(),
+            ..Self::new(prefix, range, continuation)
+        }
+    }
+
+    /// Whether this is a version-0 lease (named by a partition key range id).
+    pub fn names_a_partition(&self) -> bool {
+        self.version == 0
+    }
+
+    /// The same lease (owner, continuation, properties, mode) under another form: version 0
+    /// named by `pk_range_id`, or (with `None`) an EPK lease named by its range — a new
+    /// document id, unwritten.
+    pub fn reshaped(&self, pk_range_id: Option<&str>) -> Option<Self> {
+        let range = self.range()?;
+        let prefix = self.id.strip_suffix(&format!("..{}", self.lease_token))?;
+        let mut shaped = match pk_range_id {
+            Some(id) => Self::for_partition(prefix, id, range, None),
+            None => Self::new(prefix, range, None),
+        };
+        shaped.owner.clone_from(&self.owner);
+        shaped.owner_epoch.clone_from(&self.owner_epoch);
+        shaped.continuation.clone_from(&self.continuation);
+        shaped.properties.clone_from(&self.properties);
+        shaped.mode.clone_from(&self.mode);
+        shaped.timestamp = self.timestamp;
+        shaped.checkpoint_time = self.checkpoint_time;
+        Some(shaped)
+    }
+
+    /// Makes `owner` the lease's owner, in the ownership `epoch` (a new one for every acquisition).
+    pub fn take_for(&mut self, owner: &str, epoch: String) {
+        self.owner = Some(owner.to_owned());
+        self.owner_epoch = Some(epoch);
+    }
+
+    /// Whether the lease is `owner`'s in ownership `epoch` (a lease written before epochs, or by
+    /// a version that writes none, matches an ownership that has none).
+    pub fn is_held_by(&self, owner: &str, epoch: Option<&str>) -> bool {
+        self.owner.as_deref() == Some(owner) && self.owner_epoch.as_deref() == epoch
     }
 
     /// The EPK range of the lease (`None` for version-0 leases, which name a partition key range
@@ -260,17 +318,46 @@ pub trait LeaseStore: Send + Sync {
     /// Whether this processor initialized leases for an earlier container of the same name
     /// (`database/container`), since deleted and created again.
     async fn earlier_incarnation(&self, monitored: &str) -> Result<bool, LeaseStoreError>;
-    /// Records that `instance` is alive now, so that others count it before it owns any lease;
-    /// with `keeps_leases` the heartbeat carries the liveness marker: it keeps the instance's
-    /// leases alive (see [`crate::processor::leases::heartbeat`]).
-    async fn heartbeat(&self, instance: &str, keeps_leases: bool) -> Result<(), LeaseStoreError>;
-    /// Removes the heartbeat of `instance` (graceful shutdown).
-    async fn remove_heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError>;
+    /// Records that `beat.instance` is alive now, so that others count it before it owns any
+    /// lease (see [`Beat`]); returns the heartbeat's new ETag. A beat without `if_match` creates
+    /// the heartbeat and answers [`LeaseStoreError::Changed`] when one exists; one with it
+    /// replaces that version only ([`LeaseStoreError::Changed`] / [`LeaseStoreError::Gone`]).
+    async fn heartbeat(&self, beat: &Beat<'_>) -> Result<String, LeaseStoreError>;
+    /// Reads the heartbeat of `instance`; `None` when there is none.
+    async fn read_heartbeat(&self, instance: &str) -> Result<Option<HeartbeatDoc>, LeaseStoreError>;
+    /// Removes the heartbeat of `instance` (graceful shutdown: only the version `if_match`, the
+    /// instance's own; a stale one of another instance: any). A heartbeat already gone or
+    /// written by someone else since is left as it is.
+    async fn remove_heartbeat(&self, instance: &str, if_match: Option<&str>) -> Result<(), LeaseStoreError>;
     /// Request units charged for this store's requests so far (0 when the store is not billed
     /// in request units).
     fn request_charge(&self) -> f64 {
         0.0
     }
+}
+
+/// One heartbeat write of an instance.
+#[derive(Debug, Clone, Copy)]
+pub struct Beat<'a> {
+    /// The instance name.
+    pub instance: &'a str,
+    /// The process that runs under that name now (random, new at every start): another
+    /// process's heartbeat under the same name is seen for what it is.
+    pub incarnation: &'a str,
+    /// Whether the heartbeat carries the liveness marker: it keeps the instance's leases alive
+    /// (see [`crate::processor::leases::heartbeat`]).
+    pub keeps_leases: bool,
+    /// The version this process wrote last (`None`: create it).
+    pub if_match: Option<&'a str>,
+}
+
+/// An instance's heartbeat as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeartbeatDoc {
+    /// The process that wrote it (`None`: a version that writes no incarnation).
+    pub incarnation: Option<String>,
+    /// Its version.
+    pub etag: String,
 }
 
 /// What an attempt to take the bootstrap lock found.
@@ -401,6 +488,8 @@ fn parse_lease(body: Value, etag: String) -> Result<Lease, LeaseStoreError> {
 const LIVENESS_FIELD: &str = "liveness";
 /// Its value for an instance whose heartbeat keeps all its leases alive.
 const LIVENESS_INSTANCE: &str = "instance";
+/// The heartbeat field that names the process running under the instance name.
+const INCARNATION_FIELD: &str = "incarnation";
 
 fn now() -> OffsetDateTime {
     OffsetDateTime::now_utc()
@@ -575,23 +664,50 @@ impl LeaseStore for CosmosLeaseStore {
         }))
     }
 
-    async fn heartbeat(&self, instance: &str, keeps_leases: bool) -> Result<(), LeaseStoreError> {
-        let id = self.heartbeat_id(instance);
+    async fn heartbeat(&self, beat: &Beat<'_>) -> Result<String, LeaseStoreError> {
+        let id = self.heartbeat_id(beat.instance);
         let stamp = now()
             .format(&time::format_description::well_known::Rfc3339)
             .unwrap_or_default();
-        let mut extra = serde_json::json!({"Owner": instance, "timestamp": stamp});
-        if keeps_leases {
+        let mut extra = serde_json::json!({
+            "Owner": beat.instance, "timestamp": stamp, INCARNATION_FIELD: beat.incarnation,
+        });
+        if beat.keeps_leases {
             extra[LIVENESS_FIELD] = Value::String(LIVENESS_INSTANCE.into());
         }
         let body = self.marker(id.clone(), extra);
-        self.container.upsert(&id, &body).await?;
-        Ok(())
+        let written = match beat.if_match {
+            None => self.container.create(&id, &body).await,
+            Some(etag) => self.container.replace(&id, &body, etag).await,
+        };
+        match written {
+            Ok(doc) => Ok(doc.etag),
+            Err(e) if matches!(e.kind, ErrorKind::Conflict | ErrorKind::PreconditionFailed) => {
+                Err(LeaseStoreError::Changed(id))
+            }
+            Err(e) if e.kind == ErrorKind::NotFound && beat.if_match.is_some() => Err(LeaseStoreError::Gone(id)),
+            Err(e) => Err(e.into()),
+        }
     }
 
-    async fn remove_heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError> {
+    async fn read_heartbeat(&self, instance: &str) -> Result<Option<HeartbeatDoc>, LeaseStoreError> {
         let id = self.heartbeat_id(instance);
-        Ok(self.container.delete(&id, &id, None).await?)
+        Ok(self.container.read(&id, &id).await?.map(|doc| HeartbeatDoc {
+            incarnation: doc
+                .body
+                .get(INCARNATION_FIELD)
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            etag: doc.etag,
+        }))
+    }
+
+    async fn remove_heartbeat(&self, instance: &str, if_match: Option<&str>) -> Result<(), LeaseStoreError> {
+        let id = self.heartbeat_id(instance);
+        match self.container.delete(&id, &id, if_match).await {
+            Err(e) if !matches!(e.kind, ErrorKind::PreconditionFailed | ErrorKind::NotFound) => Err(e.into()),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -625,6 +741,46 @@ mod tests {
         assert_eq!(json["version"], 1);
         assert_eq!(json["timestamp"], "2026-01-02T03:04:05Z");
         assert!(json.get("_etag").is_none(), "system fields are never written");
+    }
+
+    #[test]
+    fn a_whole_partition_lease_is_written_as_the_dotnet_bootstrap_writes_it() {
+        let mut lease = Lease::for_partition("proc", "3", &EpkRange::new("3F", "7F"), Some("\"12\"".into()));
+        lease.take_for("pod-a", "abc.1".into());
+        let json = serde_json::to_value(&lease).unwrap();
+        assert_eq!(json["id"], "proc..3");
+        assert_eq!(json["version"], 0);
+        assert_eq!(json["LeaseToken"], "3");
+        assert_eq!(
+            json["FeedRange"],
+            serde_json::json!({"Range": {"min": "3F", "max": "7F"}})
+        );
+        assert_eq!(json["ContinuationToken"], "\"12\"");
+        assert_eq!(json["ownerEpoch"], "abc.1", "the epoch is an additional field");
+        let back = parse_lease(json, String::new()).unwrap();
+        assert!(back.names_a_partition());
+        assert!(back.is_held_by("pod-a", Some("abc.1")));
+        assert!(
+            !back.is_held_by("pod-a", Some("abc.2")),
+            "another ownership of the same name"
+        );
+    }
+
+    #[test]
+    fn a_lease_reshaped_keeps_its_state_under_the_new_name() {
+        let mut old = Lease::new("proc", &EpkRange::new("", "3F"), Some("\"7\"".into()));
+        old.take_for("pod-a", "e.1".into());
+        old.properties.insert("k".into(), "v".into());
+        let v0 = old.reshaped(Some("0")).unwrap();
+        assert_eq!(
+            (v0.id.as_str(), v0.version, v0.lease_token.as_str()),
+            ("proc..0", 0, "0")
+        );
+        assert_eq!(v0.continuation, old.continuation);
+        assert_eq!(v0.properties, old.properties);
+        assert!(v0.is_held_by("pod-a", Some("e.1")));
+        let back = v0.reshaped(None).unwrap();
+        assert_eq!((back.id.as_str(), back.version), ("proc..-3F", 1));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Leases: the documents (the .NET v3 layout) and their store, the lag report a lease carries, a
-//! lease this instance owns, the instance heartbeat, what this instance has seen of the lease
+//! lease this instance owns, the instance heartbeat and the hold on the instance name, what this instance has seen of the lease
 //! container, bootstrap and adoption. Uses `cosmos` and the processor's options and errors only.
 
 pub mod adopt;
@@ -7,5 +7,6 @@ pub mod bootstrap;
 pub mod heartbeat;
 pub mod lag_report;
 pub mod lease;
+pub mod name_claim;
 pub mod owned;
 pub mod sightings;

@@ -39,6 +39,9 @@ pub struct OwnedLease {
     id: String,
     token: String,
     me: String,
+    /// The ownership epoch this instance's acquisition wrote: its writes hold only while the
+    /// lease still carries it.
+    epoch: Option<String>,
     store: Arc<dyn LeaseStore>,
     cancel: CancellationToken,
     lost: AtomicBool,
@@ -90,6 +93,7 @@ impl OwnedLease {
         Arc::new(Self {
             id: lease.id.clone(),
             token: lease.lease_token.clone(),
+            epoch: lease.owner_epoch.clone(),
             lease: Mutex::new(lease),
             me: me.to_owned(),
             store,
@@ -226,6 +230,15 @@ impl OwnedLease {
         }
     }
 
+    /// Whether `lease` (as read) is still this ownership: this instance's name and epoch. A
+    /// copy of this name without an epoch is one a writer that knows no epochs wrote (an older
+    /// version asking for the lease during a rolling upgrade): still ours, and our next write
+    /// puts the epoch back.
+    fn is_mine(&self, lease: &Lease) -> bool {
+        lease.owner.as_deref() == Some(self.me.as_str())
+            && (lease.owner_epoch.is_none() || lease.owner_epoch == self.epoch)
+    }
+
     /// The latest known copy of the lease.
     pub async fn current(&self) -> Lease {
         self.lease.lock().await.clone()
@@ -268,11 +281,12 @@ impl OwnedLease {
                 Err(LeaseStoreError::Changed(_)) => match self.store.read(&self.id).await? {
                     // A handoff request in it is for the acquire cycle to judge (the requester
                     // may have left), at once; the write keeps it.
-                    Some(current) if current.owner.as_deref() == Some(self.me.as_str()) => {
+                    Some(current) if self.is_mine(&current) => {
                         if current.handoff_request().is_some_and(|(to, _)| to != self.me) {
                             self.requested.notify_one();
                         }
                         *guard = current;
+                        guard.owner_epoch = self.epoch.clone();
                         last_error = Some(LeaseStoreError::Changed(self.id.clone()));
                     }
                     Some(current) => {
@@ -317,7 +331,7 @@ impl OwnedLease {
         }
         let sent = Instant::now();
         match self.store.read(&self.id).await {
-            Ok(Some(current)) if current.owner.as_deref() == Some(self.me.as_str()) => {
+            Ok(Some(current)) if self.is_mine(&current) => {
                 if current.handoff_request().is_some_and(|(to, _)| to != self.me) {
                     self.requested.notify_one();
                 }
@@ -344,7 +358,7 @@ impl OwnedLease {
 
     /// Whether our copy of the lease still names this instance as its owner (not released).
     pub async fn is_held(&self) -> bool {
-        self.lease.lock().await.owner.as_deref() == Some(self.me.as_str())
+        self.is_mine(&*self.lease.lock().await)
     }
 
     /// Whether this instance wrote the lease (renewal or checkpoint) within `window`, on its
@@ -356,9 +370,7 @@ impl OwnedLease {
     /// Writes the lease as it is (a new timestamp: still owned); `None` (nothing written) when
     /// this instance released it meanwhile.
     pub async fn renew(&self) -> Result<Option<Lease>, UpdateError> {
-        let me = self.me.clone();
-        self.update_if(move |lease| lease.owner.as_deref() == Some(me.as_str()))
-            .await
+        self.update_if(|lease| self.is_mine(lease)).await
     }
 
     /// Records the continuation after a handled batch (without a lag report).
@@ -397,11 +409,16 @@ impl OwnedLease {
         Ok(written.is_some())
     }
 
-    /// Gives the lease up, keeping its continuation: to the instance that asked for it, else to
-    /// nobody.
+    /// Gives the lease up, keeping its continuation: to the instance that asked for it (which
+    /// writes an epoch of its own when it takes the lease up; until then the lease keeps this
+    /// ownership's epoch, so that no earlier task of the requester's name takes it for its
+    /// own), else to nobody.
     pub async fn release(&self) -> Result<Lease, UpdateError> {
         let to = self.handoff_target();
         self.update(|lease| {
+            if to.is_none() {
+                lease.owner_epoch = None;
+            }
             lease.owner = to.clone();
             lease.clear_handoff();
         })
@@ -415,7 +432,7 @@ impl OwnedLease {
             match self.store.delete(&guard).await {
                 Ok(()) => return Ok(()),
                 Err(LeaseStoreError::Changed(_)) => match self.store.read(&self.id).await? {
-                    Some(current) if current.owner.as_deref() == Some(self.me.as_str()) => *guard = current,
+                    Some(current) if self.is_mine(&current) => *guard = current,
                     Some(current) => return Err(UpdateError::Lost(current.owner)),
                     None => return Ok(()),
                 },

@@ -412,6 +412,7 @@ pub fn retry_acquisition(acquisition: &Acquisition, mut current: Lease, now: Off
         }
         AcquireStep::Take => {
             current.owner = Some(me);
+            current.owner_epoch = acquisition.write.owner_epoch.clone();
             current.clear_handoff();
             current.timestamp = Some(now);
         }

@@ -14,6 +14,7 @@ use tracing::Instrument;
 
 use crate::processor::error::LeaseError;
 use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError};
+use crate::processor::leases::name_claim::NameError;
 use crate::processor::leases::owned::OwnedLease;
 use crate::processor::leases::sightings::Sightings;
 use crate::processor::policy::cycle_plan::{
@@ -158,18 +159,13 @@ impl Coordinator {
         tracing::info!("processor stopped");
     }
 
-    /// Announces this instance. When it joins a processor that others may be running (another
+    /// When this instance (announced by its first heartbeat as it started) joins a processor that others may be running (another
     /// instance's heartbeat or lease is there: whether it is alive is not judged by the
     /// timestamps other machines' clocks wrote), it waits half to one cycle before its first
     /// acquire so that instances starting together all count each other; a processor nobody ran
     /// yet is started at once.
     async fn join_delay(&self) -> Duration {
         let me = &self.shared.options.instance;
-        let sent = tokio::time::Instant::now();
-        match self.shared.store.heartbeat(me, self.shared.liveness.beats()).await {
-            Ok(()) => self.shared.liveness.beat(sent),
-            Err(error) => self.shared.telemetry.error(None, LeaseError::Heartbeat(error)),
-        }
         let others = match self.shared.store.snapshot().await {
             Ok(snapshot) => {
                 let other = |name: &str| !name.is_empty() && name != me;
@@ -204,11 +200,16 @@ impl Coordinator {
         // With instance liveness the renewer beats every renew interval. Otherwise an instance
         // that owns leases is counted through them; only one that owns none needs a heartbeat
         // for the others to count it (a write per cycle saved on a busy instance).
-        if !self.shared.liveness.beats()
-            && self.shared.owned.count() == 0
-            && let Err(error) = self.shared.store.heartbeat(&me, false).await
-        {
-            self.shared.telemetry.error(None, LeaseError::Heartbeat(error));
+        if !self.shared.liveness.beats() && self.shared.owned.count() == 0 {
+            match self.shared.name.beat(self.shared.store.as_ref(), false).await {
+                Ok(()) => {}
+                Err(NameError::Taken { .. }) => {
+                    let taken = NameError::Taken { instance: me.clone() };
+                    self.shared.health.halt_for(taken.to_string());
+                    return;
+                }
+                Err(NameError::Store(error)) => self.shared.telemetry.error(None, LeaseError::Heartbeat(error)),
+            }
         }
         let sent = tokio::time::Instant::now();
         let snapshot = match self.shared.store.snapshot().await {
@@ -292,11 +293,14 @@ impl Coordinator {
             }
         }
         for name in &plan.remove_heartbeats {
-            if let Err(error) = self.shared.store.remove_heartbeat(name).await {
+            if let Err(error) = self.shared.store.remove_heartbeat(name, None).await {
                 tracing::debug!(instance = %name, %error, "removing a stale heartbeat failed");
             }
         }
-        let writes = plan.acquire.into_iter().map(|acquisition| {
+        let writes = plan.acquire.into_iter().map(|mut acquisition| {
+            if acquisition.step == AcquireStep::Take {
+                acquisition.write.owner_epoch = Some(self.shared.next_epoch());
+            }
             let store = self.shared.store.clone();
             async move { (write_acquisition(store.as_ref(), &acquisition).await, acquisition) }
         });
@@ -524,6 +528,7 @@ async fn adopt_one(shared: &Shared, me: &str, id: &str) -> Adoption {
     }
     let mut next = lease.clone();
     next.clear_handoff();
+    next.take_for(me, shared.next_epoch());
     next.timestamp = Some(OffsetDateTime::now_utc());
     match shared.store.replace(&next).await {
         Ok(acquired) => Adoption::Taken(Box::new(acquired)),

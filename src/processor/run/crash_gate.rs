@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError, LockAttempt};
+use crate::processor::leases::lease::{
+    Beat, HeartbeatDoc, Lease, LeaseSnapshot, LeaseStore, LeaseStoreError, LockAttempt,
+};
 
 /// A lease store that stops answering, for good, once closed.
 pub(crate) struct CrashGate {
@@ -89,13 +91,17 @@ impl LeaseStore for CrashGate {
         self.pass().await;
         self.inner.earlier_incarnation(monitored).await
     }
-    async fn heartbeat(&self, instance: &str, keeps_leases: bool) -> Result<(), LeaseStoreError> {
+    async fn heartbeat(&self, beat: &Beat<'_>) -> Result<String, LeaseStoreError> {
         self.pass().await;
-        self.inner.heartbeat(instance, keeps_leases).await
+        self.inner.heartbeat(beat).await
     }
-    async fn remove_heartbeat(&self, instance: &str) -> Result<(), LeaseStoreError> {
+    async fn read_heartbeat(&self, instance: &str) -> Result<Option<HeartbeatDoc>, LeaseStoreError> {
         self.pass().await;
-        self.inner.remove_heartbeat(instance).await
+        self.inner.read_heartbeat(instance).await
+    }
+    async fn remove_heartbeat(&self, instance: &str, if_match: Option<&str>) -> Result<(), LeaseStoreError> {
+        self.pass().await;
+        self.inner.remove_heartbeat(instance, if_match).await
     }
     fn request_charge(&self) -> f64 {
         self.inner.request_charge()
@@ -147,10 +153,13 @@ mod tests {
         async fn earlier_incarnation(&self, _: &str) -> Result<bool, LeaseStoreError> {
             Ok(false)
         }
-        async fn heartbeat(&self, _: &str, _: bool) -> Result<(), LeaseStoreError> {
-            Ok(())
+        async fn heartbeat(&self, _: &Beat<'_>) -> Result<String, LeaseStoreError> {
+            Ok(String::new())
         }
-        async fn remove_heartbeat(&self, _: &str) -> Result<(), LeaseStoreError> {
+        async fn read_heartbeat(&self, _: &str) -> Result<Option<HeartbeatDoc>, LeaseStoreError> {
+            Ok(None)
+        }
+        async fn remove_heartbeat(&self, _: &str, _: Option<&str>) -> Result<(), LeaseStoreError> {
             Ok(())
         }
     }
@@ -158,12 +167,22 @@ mod tests {
     #[tokio::test]
     async fn a_closed_gate_answers_nothing() {
         let gate = CrashGate::new(Arc::new(Answering));
-        assert!(gate.remove_heartbeat("a").await.is_ok(), "open: passes");
+        assert!(gate.remove_heartbeat("a", None).await.is_ok(), "open: passes");
         gate.close();
         let lease = Lease::new("p", &crate::cosmos::EpkRange::full(), None);
         let wait = std::time::Duration::from_millis(50);
         assert!(tokio::time::timeout(wait, gate.replace(&lease)).await.is_err());
-        assert!(tokio::time::timeout(wait, gate.remove_heartbeat("a")).await.is_err());
-        assert!(tokio::time::timeout(wait, gate.heartbeat("a", true)).await.is_err());
+        assert!(
+            tokio::time::timeout(wait, gate.remove_heartbeat("a", None))
+                .await
+                .is_err()
+        );
+        let beat = Beat {
+            instance: "a",
+            incarnation: "1",
+            keeps_leases: true,
+            if_match: None,
+        };
+        assert!(tokio::time::timeout(wait, gate.heartbeat(&beat)).await.is_err());
     }
 }

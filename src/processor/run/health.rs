@@ -26,8 +26,11 @@ pub(crate) struct Health {
     store_problem: Mutex<Option<String>>,
     /// Whether the monitored container still exists (looked up when its feed answers 404).
     monitored_watch: MonitoredWatch,
-    /// Cancelled when the processor cannot go on (its monitored container was recreated).
+    /// Cancelled when the processor cannot go on (its monitored container was recreated,
+    /// another process took its instance name).
     halt: CancellationToken,
+    /// Why the processor halted, when not for its monitored container.
+    halt_reason: Mutex<Option<String>>,
 }
 
 /// Locks `mutex` even when a panic elsewhere poisoned it (health must stay readable).
@@ -69,6 +72,17 @@ impl Health {
     /// Cancelled when the processor cannot go on.
     pub(crate) fn halt(&self) -> &CancellationToken {
         &self.halt
+    }
+
+    /// Halts the processor: it cannot go on, for `reason`.
+    pub(crate) fn halt_for(&self, reason: String) {
+        lock(&self.halt_reason).get_or_insert(reason);
+        self.halt.cancel();
+    }
+
+    /// Why the processor halted (or what is wrong with its monitored container).
+    pub(crate) fn halt_reason(&self) -> Option<String> {
+        lock(&self.halt_reason).clone().or_else(|| self.monitored_problem())
     }
 
     /// Records that lease `token`'s change feed keeps failing (`Some(error)`) or works again.

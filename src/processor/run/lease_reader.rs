@@ -30,6 +30,10 @@ const FIRST_EMPTY_WAIT: Duration = Duration::from_millis(50);
 /// Processes one owned lease until it is lost, split, or the processor stops; a lease given up
 /// (shutdown, handoff) has its last handled position written first.
 pub(crate) async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
+    if let Some(exit) = crate::processor::run::split::reshape(&shared, &owned).await {
+        owned.close();
+        return exit;
+    }
     let shared_stall_timeout = shared.options.stall_timeout;
     let handler_limit = shared.handler.time_limit();
     let mut reader = LeaseReader {

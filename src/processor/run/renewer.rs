@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::processor::error::LeaseError;
+use crate::processor::leases::name_claim::NameError;
 use crate::processor::leases::owned::{OwnedLease, UpdateError};
 use crate::processor::run::shared::Shared;
 
@@ -45,11 +46,10 @@ pub(crate) async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken) {
     keep_alives.shutdown().await;
     // Only after a graceful stop released the leases: a coordinator that ended otherwise (an
     // abort, as a crash) leaves them, and the heartbeat that keeps them, to expire.
-    if shared.liveness.is_released() {
-        let me = &shared.options.instance;
-        if let Err(error) = shared.store.remove_heartbeat(me).await {
-            tracing::warn!(%error, "removing the heartbeat failed");
-        }
+    if shared.liveness.is_released()
+        && let Err(error) = shared.name.remove(shared.store.as_ref()).await
+    {
+        tracing::warn!(%error, "removing the heartbeat failed");
     }
 }
 
@@ -58,19 +58,23 @@ pub(crate) async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken) {
 /// quarter of the renew interval.
 async fn beat(shared: Arc<Shared>) {
     let interval = shared.options.renew_interval;
-    let me = shared.options.instance.clone();
     let mut failures = 0;
     let mut due = Instant::now() + interval;
     loop {
         tokio::time::sleep_until(due).await;
         let sent = Instant::now();
-        match shared.store.heartbeat(&me, true).await {
+        match shared.name.beat(shared.store.as_ref(), true).await {
             Ok(()) => {
                 shared.liveness.beat(sent);
                 failures = 0;
                 due = sent + interval;
             }
-            Err(error) => {
+            Err(taken @ NameError::Taken { .. }) => {
+                tracing::error!(error = %taken, "stopping: another process took this instance name");
+                shared.health.halt_for(taken.to_string());
+                return;
+            }
+            Err(NameError::Store(error)) => {
                 shared.telemetry.error(None, LeaseError::Heartbeat(error));
                 due = Instant::now() + shared.options.backoff(failures).min(interval / 4);
                 failures += 1;

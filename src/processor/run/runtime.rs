@@ -98,6 +98,7 @@ impl ChangeFeedProcessor {
         bootstrap(self.shared.store.as_ref(), &self.shared.monitored, options)
             .instrument(span.clone())
             .await?;
+        self.claim_name().instrument(span.clone()).await?;
         let shutdown = CancellationToken::new();
         let leases = CancellationToken::new();
         let coordinator = Coordinator::new(self.shared.clone(), leases.clone());
@@ -119,6 +120,23 @@ impl ChangeFeedProcessor {
             task,
             renewer,
         })
+    }
+}
+
+impl ChangeFeedProcessor {
+    /// Writes this process's first heartbeat under its instance name; refuses to start while
+    /// another process writes that name's heartbeat ([`crate::processor::leases::name_claim`]).
+    async fn claim_name(&self) -> Result<(), ProcessorError> {
+        let shared = &self.shared;
+        let sent = tokio::time::Instant::now();
+        let keeps = shared.liveness.beats();
+        let poll = shared.options.renew_interval.min(shared.options.expiration / 4);
+        shared
+            .name
+            .claim(shared.store.as_ref(), keeps, shared.options.expiration, poll)
+            .await?;
+        shared.liveness.beat(sent);
+        Ok(())
     }
 }
 
@@ -161,11 +179,12 @@ impl ProcessorHandle {
         }
     }
 
-    /// Resolves when the processor stopped by itself because it cannot go on (its monitored
+    /// Resolves when the processor stopped by itself because it cannot go on (another process
+    /// took its instance name, its monitored
     /// container was deleted and created again), with the reason; pending until then.
     pub async fn halted(&self) -> String {
         self.shared.health.halt().cancelled().await;
-        self.shared.health.monitored_problem().unwrap_or_default()
+        self.shared.health.halt_reason().unwrap_or_default()
     }
 
     /// Graceful stop: stops reading, lets an in-flight batch finish and checkpoint, releases every

@@ -5,16 +5,20 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use crate::cosmos::MonitoredContainer;
+use crate::cosmos::{EpkRange, MonitoredContainer};
 use crate::processor::handlers::dead_letters::DeadLetterStore;
 use crate::processor::handlers::manual::Handler;
 use crate::processor::leases::heartbeat::Liveness;
 use crate::processor::leases::lease::LeaseStore;
+use crate::processor::leases::name_claim::NameClaim;
 use crate::processor::leases::owned::OwnedLease;
 use crate::processor::options::ProcessorOptions;
 use crate::processor::report::telemetry::Telemetry;
 use crate::processor::run::crash_gate::CrashGate;
 use crate::processor::run::health::Health;
+
+/// The partition key ranges `(id, range)` as listed, and when.
+type PartitionList = (tokio::time::Instant, Vec<(String, EpkRange)>);
 
 /// The processor's parts, shared by the coordinator, the renewer and the lease tasks.
 pub(crate) struct Shared {
@@ -44,6 +48,15 @@ pub(crate) struct Shared {
     pub(crate) liveness: Arc<Liveness>,
     /// The other instances the last listing showed here, sorted.
     pub(crate) others: Mutex<Vec<String>>,
+    /// This process's incarnation of the instance name: random, new at every start. Its
+    /// heartbeat carries it, and every lease it acquires gets an epoch made from it.
+    pub(crate) incarnation: String,
+    /// Acquisitions made so far (the other half of an ownership epoch).
+    acquisitions: AtomicU64,
+    /// This process's hold on its instance name (its heartbeat).
+    pub(crate) name: NameClaim,
+    /// The monitored container's partition key ranges as last listed, and when.
+    partitions: tokio::sync::Mutex<Option<PartitionList>>,
 }
 
 impl Shared {
@@ -56,7 +69,9 @@ impl Shared {
     ) -> Self {
         let liveness = Arc::new(Liveness::new(options.liveness));
         let gate = Arc::new(CrashGate::new(store));
+        let incarnation = format!("{:016x}", fastrand::u64(..));
         Self {
+            name: NameClaim::new(&options.instance, &incarnation),
             monitored,
             store: gate.clone(),
             gate,
@@ -70,6 +85,40 @@ impl Shared {
             requested: Arc::new(tokio::sync::Notify::new()),
             liveness,
             others: Mutex::default(),
+            incarnation,
+            acquisitions: AtomicU64::new(0),
+            partitions: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// A new ownership epoch for a lease acquisition: this incarnation and a counter, so that no
+    /// two acquisitions — of this process or any other — write the same one.
+    pub(crate) fn next_epoch(&self) -> String {
+        let n = self.acquisitions.fetch_add(1, Ordering::SeqCst) + 1;
+        format!("{}.{n}", self.incarnation)
+    }
+
+    /// The id of the partition key range that is exactly `range` (listed again when the last
+    /// listing is older than the acquire interval and does not have it); `None` when none is or
+    /// the listing failed.
+    pub(crate) async fn partition_of(&self, range: &EpkRange) -> Option<String> {
+        let mut cached = self.partitions.lock().await;
+        let find = |list: &[(String, EpkRange)]| list.iter().find(|(_, r)| r == range).map(|(id, _)| id.clone());
+        if let Some((at, list)) = cached.as_ref()
+            && (at.elapsed() < self.options.acquire_interval || find(list).is_some())
+        {
+            return find(list);
+        }
+        match self.monitored.partition_key_ranges().await {
+            Ok(list) => {
+                let found = find(&list);
+                *cached = Some((tokio::time::Instant::now(), list));
+                found
+            }
+            Err(error) => {
+                tracing::debug!(%error, "listing the partition key ranges failed");
+                None
+            }
         }
     }
 

@@ -6,6 +6,7 @@ use time::OffsetDateTime;
 
 use crate::cosmos::{EpkRange, RangeContinuation};
 use crate::processor::error::LeaseError;
+use crate::processor::leases::bootstrap::partition_id;
 use crate::processor::leases::lease::Lease;
 use crate::processor::leases::owned::{OwnedLease, UpdateError};
 use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
@@ -78,10 +79,72 @@ pub(crate) async fn split(
     if pieces.len() < 2 {
         return None;
     }
+    // A version-0 parent gets version-0 children where a child is a whole partition, as the
+    // .NET processor does.
+    let partitions = if parent.names_a_partition() {
+        match shared.monitored.partition_key_ranges().await {
+            Ok(partitions) => partitions,
+            Err(error) => {
+                tracing::debug!(%error, "listing the partition key ranges after a split failed; trying again");
+                return None;
+            }
+        }
+    } else {
+        Vec::new()
+    };
     let mut children = Vec::new();
     for (child_range, continuation) in pieces {
-        children.push(create_child(shared, owned, &parent, &child_range, continuation).await?);
+        let id = partition_id(&partitions, &child_range);
+        children.push(create_child(shared, owned, &parent, (&child_range, id), continuation).await?);
     }
+    finish(shared, owned, children, "lease split").await
+}
+
+/// Rewrites a lease this instance just acquired in the reference format when it is not (an EPK
+/// lease over exactly one physical partition, as versions before 0.2 wrote them at bootstrap
+/// and their splits): a version-0 lease named by the partition key range id takes its place —
+/// same owner, continuation and properties — and the old document is deleted, like a split
+/// into one child. `None` when the lease keeps its form (already version 0, a sub-range, several
+/// leases per partition, or the partitions could not be listed: tried again at its next
+/// acquisition).
+pub(crate) async fn reshape(shared: &Shared, owned: &OwnedLease) -> Option<LeaseExit> {
+    let lease = owned.current().await;
+    if lease.names_a_partition() || shared.options.leases_per_partition > 1 {
+        return None;
+    }
+    let range = lease.range()?.clone();
+    let id = shared.partition_of(&range).await?;
+    let continuation = lease.continuation.clone();
+    let child = create_child(shared, owned, &lease, (&range, Some(&id)), continuation).await?;
+    match owned.delete().await {
+        Ok(()) | Err(UpdateError::Gone) => {}
+        Err(UpdateError::Lost(owner)) => {
+            // Taken meanwhile: the old document stays the lease, the new one goes.
+            tracing::info!(
+                ?owner,
+                "the lease was taken while it was rewritten; keeping its old form"
+            );
+            if let Err(error) = shared.store.delete(&child).await {
+                tracing::warn!(lease = %child.id, %error, "removing the rewritten copy of a lease taken meanwhile failed; delete it by hand");
+            }
+            return Some(LeaseExit::closed(CloseReason::LeaseLost));
+        }
+        Err(error) => {
+            shared
+                .telemetry
+                .error(Some(owned.token()), LeaseError::DeleteSplitParent(error));
+        }
+    }
+    announce(
+        shared,
+        owned,
+        vec![child],
+        "lease rewritten as version 0 (named by its partition key range id)",
+    )
+}
+
+/// Deletes the replaced lease (if still ours) and says which leases took its place.
+async fn finish(shared: &Shared, owned: &OwnedLease, children: Vec<Lease>, what: &str) -> Option<LeaseExit> {
     match owned.delete().await {
         Ok(()) | Err(UpdateError::Gone) => {}
         Err(error) => {
@@ -90,8 +153,13 @@ pub(crate) async fn split(
                 .error(Some(owned.token()), LeaseError::DeleteSplitParent(error));
         }
     }
+    announce(shared, owned, children, what)
+}
+
+/// Says which leases took the place of `owned`: its task ends, theirs start.
+fn announce(shared: &Shared, owned: &OwnedLease, children: Vec<Lease>, what: &str) -> Option<LeaseExit> {
     let tokens: Vec<String> = children.iter().map(|c| c.lease_token.clone()).collect();
-    tracing::info!(children = ?tokens, "lease split");
+    tracing::info!(children = ?tokens, "{what}");
     shared.telemetry.emit(LeaseEvent::Split {
         parent: owned.token().to_owned(),
         children: tokens,
@@ -102,25 +170,40 @@ pub(crate) async fn split(
     })
 }
 
-/// Writes one child lease of `parent` (or takes the one an earlier attempt of this split wrote).
+/// Writes one child lease of `parent` over `range` (version 0 when the range is the partition
+/// key range `pk_range_id`) (or takes the one an earlier attempt of this split wrote).
 async fn create_child(
     shared: &Shared,
     owned: &OwnedLease,
     parent: &Lease,
-    range: &EpkRange,
+    (range, pk_range_id): (&EpkRange, Option<&str>),
     continuation: Option<String>,
 ) -> Option<Lease> {
-    let mut child = Lease::new(shared.store.prefix(), range, continuation);
+    let prefix = shared.store.prefix();
+    let mut child = match pk_range_id {
+        Some(id) => Lease::for_partition(prefix, id, range, continuation),
+        None => Lease::new(prefix, range, continuation),
+    };
     child.properties = parent.properties.clone();
     child.mode = parent.mode.clone();
     child.clear_handoff();
-    child.owner = Some(shared.options.instance.clone());
+    child.take_for(&shared.options.instance, shared.next_epoch());
     child.timestamp = Some(OffsetDateTime::now_utc());
     match shared.store.create(&child).await {
         Ok(Some(created)) => Some(created),
         Ok(None) => match shared.store.read(&child.id).await {
             // Created by an earlier attempt of this split; take it over as it is.
-            Ok(Some(existing)) => Some(existing),
+            Ok(Some(existing))
+                if existing.range() == Some(range) && existing.owner.as_deref() == Some(&shared.options.instance) =>
+            {
+                Some(existing)
+            }
+            // Another document has the id (a .NET v2 lease adopted in place keeps its own):
+            // the lease stays as it is.
+            Ok(Some(_)) => {
+                tracing::debug!(lease = %child.id, "a document of another kind has the child lease's id");
+                None
+            }
             _ => None,
         },
         Err(error) => {
