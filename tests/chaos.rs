@@ -314,7 +314,11 @@ async fn four_workers_survive_kills_freezes_splits_renames_skewed_clocks_and_slo
                 let mut twin = worker_posting_to(&endpoint, &url, &names[victim], None, &acquisitions);
                 let exited = tokio::time::timeout(EXPIRATION * 4, twin.wait()).await;
                 let refused = matches!(exited, Ok(Ok(status)) if !status.success());
-                twins.push(format!("{}: {}", names[victim], if refused { "refused" } else { "RAN" }));
+                twins.push(format!(
+                    "{}: {}",
+                    names[victim],
+                    if refused { "refused" } else { "RAN" }
+                ));
             }
             Action::SlowStore => {
                 let client = reqwest::Client::new();
