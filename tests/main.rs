@@ -16,6 +16,7 @@ mod entra_support;
 mod operator_support;
 
 // The tests.
+mod admission_policy;
 mod autoscaling;
 mod bench;
 mod chaos;
@@ -45,6 +46,7 @@ mod migration;
 mod monitoring;
 mod multi_process;
 mod operator;
+mod operator_claims;
 mod operator_estimation;
 mod operator_rewind;
 mod operator_steady;

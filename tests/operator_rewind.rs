@@ -16,7 +16,7 @@ use crate::common::{cfp_worker, cfp_write, eventually, lease_store, start_emulat
 use crate::operator_support::{Operator, Scene, TIMEOUT, apply_ok, replicas, resource, secret_yaml, wait, wait_event};
 
 /// The leases of processor `orders`.
-async fn leases(account: &CosmosAccount) -> Vec<Lease> {
+pub(crate) async fn leases(account: &CosmosAccount) -> Vec<Lease> {
     match lease_store(account, "orders").await {
         Some(store) => store.snapshot().await.map(|s| s.leases).unwrap_or_default(),
         None => Vec::new(),
@@ -25,7 +25,7 @@ async fn leases(account: &CosmosAccount) -> Vec<Lease> {
 
 /// Runs a `cfp worker` of processor `orders` until its 2 leases hold a checkpoint of the 100
 /// documents written, then stops it (its leases released).
-async fn checkpointed(endpoint: &str, account: &CosmosAccount) {
+pub(crate) async fn checkpointed(endpoint: &str, account: &CosmosAccount) {
     let mut worker = cfp_worker(endpoint)
         .args(["--processor", "orders"])
         .stdout(Stdio::null())
@@ -39,6 +39,32 @@ async fn checkpointed(endpoint: &str, account: &CosmosAccount) {
     .await;
     assert!(done, "the worker checkpointed its leases");
     terminate(&mut worker).await;
+}
+
+/// `cfp emulator` with processor `orders` checkpointed (see [`checkpointed`]): the emulator, its
+/// endpoint, an account on it and `cfp checkpoints export` of the leases.
+pub(crate) async fn checkpointed_emulator() -> (tokio::process::Child, String, CosmosAccount, String) {
+    let (emulator, endpoint) = start_emulator("db/items:/pk:2").await;
+    let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key())
+        .await
+        .unwrap();
+    checkpointed(&endpoint, &account).await;
+    let (_, export, _) = crate::common::cfp_checkpoints(&endpoint, "export", &["--processor", "orders"]).await;
+    (emulator, endpoint, account, export)
+}
+
+/// Creates ConfigMap `orders-checkpoints` in `ns` holding `export` (what `restore-from` names).
+pub(crate) fn export_config_map(plane: &crate::control_plane::ControlPlane, ns: &str, export: &str) {
+    let config_map = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "orders-checkpoints", "namespace": ns},
+        "data": {"export.json": export},
+    });
+    assert!(
+        plane
+            .kubectl_run(&["create", "-f", "-"], Some(&config_map.to_string()))
+            .0
+    );
 }
 
 /// A Pod object `name` with the worker pods' labels (what the ReplicaSet controller would create).
@@ -73,12 +99,7 @@ fn annotations(cfp: &ChangeFeedProcessor) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rewind_annotations_stop_the_workers_move_the_checkpoints_and_restore_them() {
     let Scene { plane, ns, client } = Scene::new("rewind").await;
-    let (mut emulator, endpoint) = start_emulator("db/items:/pk:2").await;
-    let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key())
-        .await
-        .unwrap();
-    checkpointed(&endpoint, &account).await;
-    let (_, export, _) = crate::common::cfp_checkpoints(&endpoint, "export", &["--processor", "orders"]).await;
+    let (mut emulator, endpoint, account, export) = checkpointed_emulator().await;
     let before = leases(&account).await;
     let mut operator = Operator::start(plane, &ns, "op");
     apply_ok(plane, &ns, &secret_yaml());
@@ -186,16 +207,7 @@ async fn the_rewind_annotations_stop_the_workers_move_the_checkpoints_and_restor
     );
 
     // 3. A restore from the export taken before: the checkpoints are back.
-    let config_map = serde_json::json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "orders-checkpoints", "namespace": ns},
-        "data": {"export.json": export},
-    });
-    assert!(
-        plane
-            .kubectl_run(&["create", "-f", "-"], Some(&config_map.to_string()))
-            .0
-    );
+    export_config_map(plane, &ns, &export);
     annotate("changefeed.io/restore-from=orders-checkpoints");
     let restored = wait("the restore recorded", || async {
         let cfp = cfps.get("orders").await.ok()?;

@@ -378,6 +378,10 @@ pub struct OperatorArgs {
     /// Run without leader election (only with a single replica).
     #[arg(long)]
     pub no_leader_election: bool,
+    /// This cluster's identity in lease-set claims (default: the UID of the `kube-system`
+    /// namespace, read at start; set it where the operator may not read that namespace).
+    #[arg(long, env = "CFP_CLUSTER_IDENTITY")]
+    pub cluster_identity: Option<String>,
     /// Namespace of the leader-election Lease (default: --namespace, else `POD_NAMESPACE`, else `default`).
     #[arg(long, env = "CFP_LEADER_ELECTION_NAMESPACE")]
     pub leader_election_namespace: Option<String>,

@@ -38,6 +38,7 @@ pub fn settings(args: &OperatorArgs) -> OperatorSettings {
             )
         }),
         metrics_port: args.metrics_port,
+        cluster_identity: args.cluster_identity.clone().filter(|c| !c.is_empty()),
         secrets_recheck: (!args.secrets.watch_secrets).then_some(args.secrets.secrets_recheck_interval),
     }
 }

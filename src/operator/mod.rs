@@ -9,6 +9,7 @@
 //! apply → publish, with a pure plan and report), [`leader`], [`healthz`] (`/healthz`),
 //! [`metrics`], [`run`] (the `cfp operator` loop).
 
+pub mod claims;
 pub mod config;
 pub mod crd;
 pub mod failover;

@@ -43,6 +43,8 @@ pub struct OperatorSettings {
     /// it). `Some(interval)`: Secrets are never listed or watched; each resource is reconciled
     /// at least this often, reading the Secrets it names with get.
     pub secrets_recheck: Option<Duration>,
+    /// This cluster's identity in lease-set claims (`None`: the UID of `kube-system`).
+    pub cluster_identity: Option<String>,
 }
 
 /// Why the operator stopped with an error.
@@ -179,12 +181,17 @@ async fn lead_one_term(
     } else {
         settings.namespaces.iter().cloned().map(Some).collect()
     };
+    let cluster = match &settings.cluster_identity {
+        Some(identity) => identity.clone(),
+        None => cluster_identity(client).await,
+    };
     let controller = futures::future::join_all(scopes.into_iter().map(|scope| {
         let shared = Shared {
             client: client.clone(),
             accounts: accounts.clone(),
             metrics: metrics.clone(),
             leading: leading.clone(),
+            cluster: cluster.clone(),
         };
         run_controller(shared, settings, scope, shutdown.clone(), lost.clone())
     }));
@@ -216,6 +223,22 @@ struct Shared {
     accounts: Accounts,
     metrics: Arc<OperatorMetrics>,
     leading: Arc<dyn Fn() -> bool + Send + Sync>,
+    cluster: String,
+}
+
+/// This cluster's identity in lease-set claims: the UID of its `kube-system` namespace (the
+/// chart lets the operator read that one namespace object). When it cannot be read, a fixed
+/// name, with a warning: claims then cannot tell this cluster from another that shares the
+/// lease container.
+async fn cluster_identity(client: &Client) -> String {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    match namespaces.get("kube-system").await {
+        Ok(namespace) => namespace.metadata.uid.unwrap_or_else(|| "unidentified-cluster".into()),
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the kube-system namespace (its UID names this cluster in lease-set claims); claims will not tell this cluster from others that share a lease container");
+            "unidentified-cluster".into()
+        }
+    }
 }
 
 async fn run_controller(
@@ -346,6 +369,8 @@ fn context(
         applied: Mutex::new(HashMap::new()),
         failures: Mutex::new(HashMap::new()),
         secrets_recheck: settings.secrets_recheck,
+        cluster: shared.cluster,
+        standings: Mutex::new(HashMap::new()),
     })
 }
 

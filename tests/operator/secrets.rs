@@ -263,7 +263,13 @@ async fn with_secrets_watch_false_the_operator_only_gets_named_secrets_and_a_rot
     let refused_before = refused_secret_reads(plane);
     let kubeconfig = plane.kubeconfig_as(&sa);
     let recheck = Duration::from_secs(2);
-    let args = ["--watch-secrets=false", "--secrets-recheck-interval=2s"];
+    // With watchNamespaces the chart names the cluster itself (its install-time lookup of the
+    // kube-system namespace): the operator needs no cluster-wide read.
+    let args = [
+        "--watch-secrets=false",
+        "--secrets-recheck-interval=2s",
+        "--cluster-identity=test-cluster",
+    ];
     let mut operator = Operator::start_as(&ns, "least", "info,kube=warn", &[], &kubeconfig, &args);
     apply_ok(plane, &ns, &secret_yaml());
     apply_ok(plane, &ns, &resource("orders", FAKE_ENDPOINT, ""));

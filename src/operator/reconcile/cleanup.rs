@@ -95,6 +95,20 @@ pub(super) async fn clean_up(
     cleanup.after_deleting(deleted).await
 }
 
+/// A deleted resource that does not hold its lease set: the leases are another resource's and
+/// stay; the finalizer goes with a Warning Event that says so.
+pub(super) async fn leave_leases(
+    ctx: &Context,
+    cfp: &ChangeFeedProcessor,
+    cfps: &Api<ChangeFeedProcessor>,
+    why: String,
+) -> Result<Action, ReconcileError> {
+    let text = format!("left the lease documents as they are: {why}");
+    publish(ctx, cfp, note(true, "LeaseCleanupRefused", text)).await;
+    set_finalizer(cfps, cfp, false).await?;
+    Ok(Action::await_change())
+}
+
 impl Cleanup<'_> {
     async fn publish(&self, warning: bool, reason: &str, text: String) {
         publish(self.ctx, self.cfp, note(warning, reason, text)).await;

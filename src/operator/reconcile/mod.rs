@@ -9,6 +9,7 @@
 //! accounts and containers to read.
 
 mod apply;
+pub mod claim;
 mod cleanup;
 mod observe;
 mod pace;
@@ -74,7 +75,15 @@ pub struct Context {
     /// Secrets are not watched: each resource is reconciled at least this often, so that a
     /// rotated key is read (`None`: a Secret's change reconciles the resources that name it).
     pub secrets_recheck: Option<Duration>,
+    /// This cluster's identity in lease-set claims (the UID of its `kube-system` namespace).
+    pub cluster: String,
+    /// Each resource's standing with its lease set, when it was read and for which target.
+    pub standings: Mutex<HashMap<ResourceKey, RememberedStanding>>,
 }
+
+/// A resource's standing with its lease set as last read: when, for which target (its
+/// settings), and what it was.
+pub type RememberedStanding = (Instant, Option<String>, claim::Standing);
 
 /// Why a reconciliation failed (it is retried).
 #[derive(Debug, thiserror::Error)]
@@ -146,11 +155,22 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
     if wants_finalizer != cfp.finalizers().iter().any(|f| f == LEASE_FINALIZER) {
         set_finalizer(&cfps, cfp, wants_finalizer).await?;
     }
+    // Only the resource that holds the lease set acts on it (`crate::operator::claims`).
+    let rewinding = rewind_actions::requested(cfp);
+    let standing = claim::standing(ctx, cfp, &found, rewinding).await?;
+    if let claim::Standing::Unknown(why) = &standing {
+        tracing::debug!(namespace, processor = name, %why, "the lease-set claim could not be checked");
+    }
     // A rewind of the checkpoints holds the workers at 0 until it is done (`super::rewind`).
-    if let Some(action) = rewind_actions::step(ctx, cfp, &cfps, &found).await? {
+    if standing == claim::Standing::Held
+        && let Some(action) = rewind_actions::step(ctx, cfp, &cfps, &found).await?
+    {
         return Ok(action);
     }
     let mut outcome = observe_and_plan(ctx, cfp, &key, &found).await?;
+    if let Some(problem) = standing.problem() {
+        refuse(ctx, &key, &mut outcome, problem).await?;
+    }
     apply(ctx, cfp, &key, &found, &mut outcome).await?;
     let now = crate::operator::status::now();
     outcome.remembered_scale_time = remember_scale(ctx, &key, outcome.before, outcome.desired(), &now);
@@ -166,6 +186,27 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
     let requeue = pace::requeue_within(report.requeue, ctx.secrets_recheck);
     write_report(ctx, &cfps, cfp, report).await?;
     Ok(Action::requeue(requeue))
+}
+
+/// A resource that may not run its lease set: no estimate, no plan, its workers (if any) at 0.
+async fn refuse(
+    ctx: &Context,
+    key: &ResourceKey,
+    outcome: &mut Outcome,
+    problem: crate::operator::spec_values::ConfigProblem,
+) -> Result<(), ReconcileError> {
+    ctx.estimators.stop(key);
+    outcome.estimate = None;
+    outcome.plan = None;
+    if outcome.problem.is_none() {
+        outcome.problem = Some(problem);
+    }
+    if outcome.before.is_some_and(|replicas| replicas > 0) {
+        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &key.0);
+        outcome.deployment = Some(hold_replicas(&deployments, &key.1, 0).await?);
+        outcome.held = outcome.before.map(|before| (before, 0));
+    }
+    Ok(())
 }
 
 /// A deleted resource: stop estimating and forget its scaling; clean up the leases when the
@@ -185,7 +226,12 @@ async fn finalize(
         applied.remove(key);
     }
     if cfp.finalizers().iter().any(|f| f == LEASE_FINALIZER) {
-        return cleanup::clean_up(ctx, cfp, cfps, found).await;
+        // Only the holder of the lease set deletes it: another namespace's resource naming the
+        // same lease set must not (`crate::operator::claims`).
+        return match claim::standing(ctx, cfp, found, true).await? {
+            claim::Standing::Refused(why) => cleanup::leave_leases(ctx, cfp, cfps, why).await,
+            _ => cleanup::clean_up(ctx, cfp, cfps, found).await,
+        };
     }
     Ok(Action::await_change())
 }

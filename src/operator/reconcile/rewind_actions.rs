@@ -30,6 +30,11 @@ const HOLDER: &str = "changefeed-operator";
 /// How soon a rewind in progress is looked at again.
 const SOON: Duration = Duration::from_secs(2);
 
+/// Whether a rewind or restore is asked for or under way on `cfp`.
+pub(super) fn requested(cfp: &ChangeFeedProcessor) -> bool {
+    request_of(cfp.annotations()).is_some() || cfp.status.as_ref().is_some_and(|s| s.rewind.is_some())
+}
+
 /// One step of a rewind, when one is asked for or under way (`None`: reconcile as usual).
 pub(super) async fn step(
     ctx: &Context,

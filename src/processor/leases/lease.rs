@@ -432,6 +432,32 @@ impl CosmosLeaseStore {
         Ok(deleted)
     }
 
+    /// Reads the marker document `{prefix}.{name}`: its body and version.
+    pub async fn read_marker(&self, name: &str) -> Result<Option<(Value, String)>, LeaseStoreError> {
+        let id = self.marker_id(name);
+        Ok(self.container.read(&id, &id).await?.map(|doc| (doc.body, doc.etag)))
+    }
+
+    /// Writes the marker document `{prefix}.{name}` with the fields of `body`: created when
+    /// `etag` is `None` ([`LeaseStoreError::Changed`] when it exists), else replaced only at
+    /// that version ([`LeaseStoreError::Changed`] / [`LeaseStoreError::Gone`]).
+    pub async fn write_marker(&self, name: &str, body: Value, etag: Option<&str>) -> Result<(), LeaseStoreError> {
+        let id = self.marker_id(name);
+        let body = self.marker(id.clone(), body);
+        let written = match etag {
+            None => self.container.create(&id, &body).await,
+            Some(etag) => self.container.replace(&id, &body, etag).await,
+        };
+        match written {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(e.kind, ErrorKind::Conflict | ErrorKind::PreconditionFailed) => {
+                Err(LeaseStoreError::Changed(id))
+            }
+            Err(e) if e.kind == ErrorKind::NotFound && etag.is_some() => Err(LeaseStoreError::Gone(id)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn marker_id(&self, name: &str) -> String {
         format!("{}.{name}", self.prefix)
     }
