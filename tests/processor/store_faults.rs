@@ -117,6 +117,47 @@ async fn a_failing_lease_taken_by_another_instance_is_no_longer_reported_here() 
     b.stop().await;
 }
 
+/// A restore or import replaces a running owner's lease with leases of another layout (here two
+/// halves of its range, at its checkpoint) and deletes it: the owner, finding its lease gone,
+/// does not write it back over the replacement (issue 38 §4: it undid the restore for that
+/// range, and the overlap was read twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_replaced_by_a_restore_is_not_written_back_by_its_owner() {
+    let env = Env::new(1).await;
+    let a = env.start_owning_all("a", 1).await;
+    let mut events = a.subscribe();
+    env.write(0..50).await;
+    assert!(env.delivered_within(50, Duration::from_secs(20)).await);
+    let store = env.store().await;
+    let old = env.leases().await.remove(0);
+    let range = old.range().cloned().expect("an EPK range");
+    let mid = "80".to_owned();
+    for half in [
+        changefeed_operator::cosmos::EpkRange::new(range.min.clone(), mid.clone()),
+        changefeed_operator::cosmos::EpkRange::new(mid.clone(), range.max.clone()),
+    ] {
+        let lease = Lease::new(store.prefix(), &half, old.continuation.clone());
+        store.create(&lease).await.unwrap().expect("the half is new");
+    }
+    store.delete(&old).await.expect("delete the replaced lease");
+    env.write(50..100).await;
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Ok(changefeed_operator::processor::LeaseEvent::Closed { reason, .. }) = events.recv().await {
+                return reason;
+            }
+        }
+    })
+    .await
+    .expect("the owner finds its lease gone");
+    assert!(env.delivered_within(100, Duration::from_secs(20)).await);
+    let ids_now: Vec<String> = env.leases().await.into_iter().map(|l| l.lease_token).collect();
+    println!("a lease replaced by a restore: its owner closed it ({closed:?}); leases now {ids_now:?}");
+    a.stop().await;
+    assert_eq!(ids_now.len(), 2, "the replaced lease was written back: {ids_now:?}");
+    assert!(!ids_now.contains(&old.lease_token));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_deleted_while_processed_is_recreated_from_its_checkpoint() {
     let env = Env::new(2).await;

@@ -88,8 +88,21 @@ impl StoreRecovery {
 
     /// Puts back a lease document deleted while this instance processed it, with its last
     /// checkpoint and no owner, so that its range is not left without a lease (nothing lost).
+    /// A lease whose range other leases cover now is not written back: it was replaced on
+    /// purpose (a restore or import put the leases of another layout there), and writing it back
+    /// would undo that and read the overlap twice.
     pub(crate) async fn recreate(&mut self, shared: &Shared, owned: &OwnedLease) {
         let mut lease = owned.current().await;
+        if let Some(range) = lease.range()
+            && let Ok(snapshot) = shared.store.snapshot().await
+            && snapshot
+                .leases
+                .iter()
+                .any(|other| other.id != lease.id && other.range().is_some_and(|r| r.overlaps(range)))
+        {
+            tracing::info!(lease = %lease.lease_token, "the deleted lease's range is covered by other leases now (a restore or an import); not written back");
+            return;
+        }
         lease.owner = None;
         lease.etag.clear();
         lease.clear_handoff();
