@@ -233,6 +233,12 @@ struct JavaProcessor {
 
 impl JavaProcessor {
     async fn start(jar: &str, endpoint: &str, prefix: &str, expect: usize) -> Self {
+        Self::start_with_layout(jar, endpoint, prefix, "epk", expect).await
+    }
+
+    /// Like [`JavaProcessor::start`], with `layout` `pk` (`handleChanges`: partition-key-range
+    /// leases) or `epk` (`handleLatestVersionChanges`).
+    async fn start_with_layout(jar: &str, endpoint: &str, prefix: &str, layout: &str, expect: usize) -> Self {
         let mut child = tokio::process::Command::new("java")
             .arg("-DCOSMOS.HTTP_CONNECTION_WITHOUT_TLS_ALLOWED=true")
             .arg("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
@@ -246,7 +252,7 @@ impl JavaProcessor {
                 "--expect",
                 &expect.to_string(),
             ])
-            .args(["--max-items", "100", "--poll-ms", "200"])
+            .args(["--max-items", "100", "--poll-ms", "200", "--layout", layout])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -412,5 +418,75 @@ async fn the_java_change_feed_processor_runs_on_cfp_emulator_and_cfp_worker_adop
     assert_eq!(distinct.len(), 50);
     assert_eq!(ids.len(), 50, "nothing delivered twice");
     assert_eq!(before_checkpoint, 0, "nothing from before the Java checkpoints");
+    terminate(&mut emulator).await;
+}
+
+/// Leaving without lock-in: our workers handle 300 documents and stop; `cfp checkpoints leave --to
+/// java-pk` writes their checkpoints as the Java v4 processor's partition-key-range leases; the
+/// Java processor (`handleChanges`, lease prefix `p`) then delivers exactly the 50 documents
+/// written after our last checkpoints — nothing from before, nothing missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaving_for_the_java_processor_reads_nothing_again_and_skips_nothing() {
+    let jar = common::java_peer_jar();
+    let (mut emulator, endpoint) = emulator().await;
+    let mut worker = common::cfp_worker(&endpoint)
+        .args(["--key", EMULATOR_KEY, "--processor", "orders", "--instance", "w0"])
+        .args(["--start-from", "beginning", "--poll-interval", "200ms"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(worker.stdout.take().unwrap()).lines();
+    common::cfp_write(&endpoint, 0, 300).await;
+    let mut ours = std::collections::BTreeSet::new();
+    let _ = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Ok(change) = serde_json::from_str::<Value>(&line)
+                && let Some(id) = change["id"].as_str()
+            {
+                ours.insert(id.to_owned());
+                if ours.len() >= 300 {
+                    break;
+                }
+            }
+        }
+    })
+    .await;
+    assert_eq!(ours.len(), 300, "our worker handled the first 300");
+    // A graceful stop: the last checkpoints are written and the leases released.
+    terminate(&mut worker).await;
+    common::cfp_write(&endpoint, 300, 50).await;
+    let (status, out, err) = common::cfp_checkpoints(
+        &endpoint,
+        "leave",
+        &[
+            "--key",
+            EMULATOR_KEY,
+            "--processor",
+            "orders",
+            "--to",
+            "java-pk",
+            "--to-prefix",
+            "p",
+        ],
+    )
+    .await;
+    assert_eq!(status, Some(0), "cfp checkpoints leave: {err}");
+    assert!(out.contains("wrote 8 lease(s) under \"p127.0.0.1_db_items\""), "{out}");
+    let mut java = JavaProcessor::start_with_layout(&jar, &endpoint, "p", "pk", 50).await;
+    let drained = java.event("drained", Duration::from_secs(120)).await;
+    // Anything from before our checkpoints would come within a few polls more.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stopped = java.stop().await;
+    println!(
+        "leaving for the Java processor: {}; Java drained {drained}, stopped {stopped}",
+        out.trim()
+    );
+    assert_eq!(drained["docs"].as_u64(), Some(50));
+    assert_eq!(
+        stopped["docs"].as_u64(),
+        Some(50),
+        "the Java processor read documents our workers had handled"
+    );
     terminate(&mut emulator).await;
 }

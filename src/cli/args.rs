@@ -475,6 +475,29 @@ pub enum CheckpointsCommand {
     Import(CheckpointsImportArgs),
     /// Move every lease (or the --lease / --range ones) to a position.
     Rewind(CheckpointsRewindArgs),
+    /// Write the checkpoints as another processor's leases, for it to start where this one
+    /// stopped (stop this processor's workers first).
+    Leave(CheckpointsLeaveArgs),
+}
+
+/// `cfp checkpoints leave`.
+#[derive(Debug, Args)]
+pub struct CheckpointsLeaveArgs {
+    #[command(flatten)]
+    pub target: CheckpointsTarget,
+    /// The other processor's lease layout.
+    #[arg(long = "to", value_enum)]
+    pub layout: crate::processor::admin::leave::LeaveLayout,
+    /// The other processor's lease prefix (Java: `ChangeFeedProcessorOptions.setLeasePrefix`).
+    #[arg(long = "to-prefix", default_value = "")]
+    pub to_prefix: String,
+    /// This processor's lease expiration: a heartbeat or lease write younger than this is a
+    /// running instance, and the command refuses.
+    #[arg(long, env = "CFP_LEASE_EXPIRATION", default_value = text(defaults::EXPIRATION), value_parser = duration)]
+    pub lease_expiration: Duration,
+    /// Print what would be written; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// The processor whose checkpoints are read.

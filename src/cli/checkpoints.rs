@@ -5,13 +5,13 @@
 use std::io::Read as _;
 use std::time::Duration;
 
-use super::args::{CheckpointsArgs, CheckpointsCommand, CheckpointsTarget};
+use super::args::{CheckpointsArgs, CheckpointsCommand, CheckpointsLeaveArgs, CheckpointsTarget};
 use crate::cosmos::{CosmosAccount, MonitoredContainer};
 use crate::processor::admin::checkpoint_apply::{
-    MoveError, MoveOptions, Moved, Request, move_checkpoints, read_export,
+    MoveError, MoveOptions, Moved, Request, move_checkpoints, read_export, refuse_running,
 };
 use crate::processor::admin::checkpoints::{Export, Selection};
-use crate::processor::{CosmosLeaseStore, ProcessorOptions};
+use crate::processor::{CosmosLeaseStore, LeaseStore as _, ProcessorOptions};
 use crate::worker::{WorkerError, open};
 
 /// Why `cfp checkpoints` failed.
@@ -47,6 +47,9 @@ pub enum CheckpointsError {
     /// Reading or moving the checkpoints failed.
     #[error(transparent)]
     Move(#[from] MoveError),
+    /// Writing the checkpoints as another processor's leases failed.
+    #[error(transparent)]
+    Leave(#[from] crate::processor::admin::leave::LeaveError),
 }
 
 /// Runs `cfp checkpoints ...`.
@@ -67,6 +70,7 @@ pub async fn run(command: &CheckpointsCommand) -> Result<(), CheckpointsError> {
             super::print_out(summary(&moved));
             Ok(())
         }
+        CheckpointsCommand::Leave(args) => leave(args).await,
         CheckpointsCommand::Rewind(args) => {
             let selection = Selection {
                 leases: args.lease.clone(),
@@ -78,6 +82,38 @@ pub async fn run(command: &CheckpointsCommand) -> Result<(), CheckpointsError> {
             Ok(())
         }
     }
+}
+
+/// `cfp checkpoints leave`: refused while an instance runs; the documents, then a summary.
+async fn leave(args: &CheckpointsLeaveArgs) -> Result<(), CheckpointsError> {
+    let (monitored, store) = connect(&args.target).await?;
+    let snapshot = store.snapshot().await.map_err(|e| MoveError::Read(e.to_string()))?;
+    let options = MoveOptions {
+        holder: holder(),
+        force: false,
+        dry_run: true,
+        expiration: args.lease_expiration,
+        watch: Duration::ZERO,
+        on_watch: None,
+    };
+    let snapshot = refuse_running(&store, snapshot, &options).await?;
+    // The account host as the Java SDK names it in its prefix (`URI.getHost()`).
+    let host = azure_core::http::Url::parse(&args.target.connection.endpoint)
+        .ok()
+        .and_then(|url| url.host_str().map(str::to_owned))
+        .unwrap_or_default();
+    let layout = (args.layout, args.to_prefix.as_str(), host.as_str());
+    let left =
+        crate::processor::admin::leave::leave(&store, &monitored, &snapshot.leases, layout, args.dry_run).await?;
+    let verb = if args.dry_run { "would write" } else { "wrote" };
+    super::print_out(format_args!(
+        "{verb} {} lease(s) under {:?} ({} without a checkpoint: the other processor starts those as it is configured to){}\n",
+        left.documents.len(),
+        left.prefix,
+        left.without_checkpoint,
+        if args.dry_run { "; nothing was written" } else { "" }
+    ));
+    Ok(())
 }
 
 async fn connect(args: &CheckpointsTarget) -> Result<(MonitoredContainer, CosmosLeaseStore), CheckpointsError> {

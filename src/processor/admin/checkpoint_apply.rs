@@ -489,7 +489,7 @@ pub struct Moved {
 /// Refuses (unless forced) when an instance of the processor runs: its heartbeat or lease
 /// written within an expiration, or — the timestamps showing none — a heartbeat or lease that
 /// changes while watched. The newest listing.
-async fn refuse_running(
+pub async fn refuse_running(
     store: &dyn LeaseStore,
     snapshot: LeaseSnapshot,
     options: &MoveOptions,

@@ -5,3 +5,4 @@
 pub mod checkpoint_apply;
 pub mod checkpoints;
 pub mod evict;
+pub mod leave;

@@ -432,6 +432,24 @@ impl CosmosLeaseStore {
         Ok(deleted)
     }
 
+    /// How many documents of the lease container have ids starting with `prefix` (another
+    /// processor's leases, say).
+    pub async fn count_with_prefix(&self, prefix: &str) -> Result<usize, LeaseStoreError> {
+        Ok(self.container.list_by_id_prefix(prefix).await?.len())
+    }
+
+    /// Creates `body` (a document with an `id`, another processor's lease) in the lease
+    /// container; [`LeaseStoreError::Changed`] when its id exists.
+    pub async fn create_document(&self, body: &Value) -> Result<(), LeaseStoreError> {
+        let id = body.get("id").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let body = self.marker(id.clone(), body.clone());
+        match self.container.create(&id, &body).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind == ErrorKind::Conflict => Err(LeaseStoreError::Changed(id)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Reads the marker document `{prefix}.{name}`: its body and version.
     pub async fn read_marker(&self, name: &str) -> Result<Option<(Value, String)>, LeaseStoreError> {
         let id = self.marker_id(name);
