@@ -54,6 +54,7 @@ mod operator_without_crd;
 mod ownership;
 mod processor;
 mod python_client;
+mod reference_bugs;
 mod renewals;
 mod stall;
 mod store_recovery;

@@ -42,14 +42,9 @@ async fn a_deposed_task_never_writes_over_its_name_s_newer_ownership() {
         }
     };
     env.write(20..60).await;
-    let closed = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            match events.recv().await {
-                Ok(LeaseEvent::Closed { reason, .. }) => return reason,
-                Ok(_) => {}
-                Err(error) => panic!("event stream ended: {error}"),
-            }
-        }
+    let closed = crate::common::next_event(&mut events, Duration::from_secs(10), |event| match event {
+        LeaseEvent::Closed { reason, .. } => Some(reason),
+        _ => None,
     })
     .await
     .expect("the deposed task stops within 10 s");

@@ -556,3 +556,27 @@ pub async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
     static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     HEAVY.lock().await
 }
+
+/// Waits (at most `timeout`) for the first lease event `pick` accepts; `None` when none came.
+pub async fn next_event<T>(
+    events: &mut tokio::sync::broadcast::Receiver<changefeed_operator::processor::LeaseEvent>,
+    timeout: Duration,
+    mut pick: impl FnMut(changefeed_operator::processor::LeaseEvent) -> Option<T>,
+) -> Option<T> {
+    tokio::time::timeout(timeout, async {
+        loop {
+            match events.recv().await {
+                Ok(event) => {
+                    if let Some(found) = pick(event) {
+                        return Some(found);
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+    .await
+    .ok()
+    .flatten()
+}

@@ -141,12 +141,9 @@ async fn a_lease_replaced_by_a_restore_is_not_written_back_by_its_owner() {
     }
     store.delete(&old).await.expect("delete the replaced lease");
     env.write(50..100).await;
-    let closed = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            if let Ok(changefeed_operator::processor::LeaseEvent::Closed { reason, .. }) = events.recv().await {
-                return reason;
-            }
-        }
+    let closed = common::next_event(&mut events, Duration::from_secs(10), |event| match event {
+        changefeed_operator::processor::LeaseEvent::Closed { reason, .. } => Some(reason),
+        _ => None,
     })
     .await
     .expect("the owner finds its lease gone");
