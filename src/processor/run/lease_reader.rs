@@ -178,7 +178,9 @@ impl LeaseReader {
                 return stop_reason(&self.owned);
             }
             // A reader (re)opens at the last written checkpoint: write what was handled since.
+            tracing::debug!("writing pending checkpoints before opening the reader");
             self.checkpointer.write_pending().await;
+            tracing::debug!("opening the change feed reader");
             let after = match self.open().await {
                 Ok(mut session) => self.read(&mut session).await,
                 Err(after) => after,
@@ -219,6 +221,7 @@ impl LeaseReader {
                 options.max_items,
             )
             .await;
+        tracing::debug!(ok = opened.is_ok(), "change feed reader opened");
         match opened {
             Ok(reader) => Ok(Session {
                 reader,
