@@ -523,8 +523,9 @@ pub struct CheckpointsArgs {
     /// lease that changes (a running instance whose clock is behind writes times that look old).
     #[arg(long, env = "CFP_LEASE_RENEW_INTERVAL", default_value = text(defaults::RENEW_INTERVAL), value_parser = duration)]
     pub lease_renew_interval: Duration,
-    /// Move the checkpoints although instances run (their leases are taken from them), or an
-    /// export is of another container.
+    /// Move the checkpoints although instances of the processor run: their leases are taken
+    /// from them (they stop those leases at their next write and take them again, moved).
+    /// Switches off the running-instance check only.
     #[arg(long)]
     pub force: bool,
     /// Print what would change; write nothing.
@@ -537,6 +538,12 @@ pub struct CheckpointsArgs {
 pub struct CheckpointsImportArgs {
     #[command(flatten)]
     pub common: CheckpointsArgs,
+    /// Import an export of another container, or of this one before it was deleted and created
+    /// again (another resource id): its positions are not this container's, and one beyond the
+    /// container's delivers nothing until the container catches up. Switches off the container
+    /// check only (`--force` does not).
+    #[arg(long)]
+    pub other_container: bool,
     /// The export (`cfp checkpoints export > FILE`); `-` reads standard input.
     pub file: std::path::PathBuf,
 }

@@ -1,7 +1,8 @@
 //! Checkpoints as something to read, save and move: the export format of a processor's leases,
 //! and the plans of `rewind` (every selected lease to one position) and `import` (the leases of
 //! an export, mapped through splits since, as adoption maps foreign checkpoints). Pure: the
-//! reads and the all-or-nothing writes are in [`crate::processor::admin::checkpoint_apply`].
+//! reads and the all-or-nothing writes are in [`crate::processor::admin::checkpoint_requests`] and
+//! [`crate::processor::admin::checkpoint_apply`].
 //!
 //! A position is what a worker reads from: a continuation, or — while a lease has none — its
 //! `startFrom` property (`beginning` or an RFC 3339 time), else the processor's start position.
@@ -255,7 +256,7 @@ pub enum PlanError {
     Format(u32),
     /// The export is of another container.
     #[error(
-        "the export is of container {exported} (resource id {exported_rid}), not of {current} ({current_rid}): its checkpoints do not apply here (--force imports it anyway)"
+        "the export is of container {exported} (resource id {exported_rid}), not of {current} ({current_rid}): its checkpoints do not apply here"
     )]
     OtherContainer {
         /// The exported container's name.
@@ -385,12 +386,18 @@ fn exported_ranges(export: &Export) -> Result<Vec<(EpkRange, Position)>, PlanErr
         .collect())
 }
 
-/// Refuses an export of another container unless `force`: the database, the container's name
-/// and its resource id must all match (a container deleted and created again under its name
-/// gets another resource id; an emulator restarted may hand out the same ones, names differ).
-/// The one check of every import: `cfp checkpoints import` and the operator's restore.
-pub fn check_container(export: &Export, current: &str, current_rid: &str, force: bool) -> Result<(), PlanError> {
-    if force || (export.container == current && export.container_rid == current_rid) {
+/// Refuses an export of another container unless `other_container`: the database, the
+/// container's name and its resource id must all match (a container deleted and created again
+/// under its name gets another resource id; an emulator restarted may hand out the same ones,
+/// names differ). The one check of every import: `cfp checkpoints import` and the operator's
+/// restore (which never passes `other_container`).
+pub fn check_container(
+    export: &Export,
+    current: &str,
+    current_rid: &str,
+    other_container: bool,
+) -> Result<(), PlanError> {
+    if other_container || (export.container == current && export.container_rid == current_rid) {
         return Ok(());
     }
     Err(PlanError::OtherContainer {

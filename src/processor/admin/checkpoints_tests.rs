@@ -244,7 +244,7 @@ fn an_import_refuses_what_is_not_an_export_of_this_container() {
 fn an_import_applies_only_to_the_database_container_and_resource_id_it_was_taken_of() {
     // The export is of db/orders, resource id rid==.
     let export = exported(&[lease("", "FF", Some(1))]);
-    // (current container, its resource id, force, accepted)
+    // (current container, its resource id, other_container, accepted)
     let cases = [
         ("db/orders", "rid==", false, true),
         // Deleted and created again under its name: another resource id.
@@ -253,15 +253,15 @@ fn an_import_applies_only_to_the_database_container_and_resource_id_it_was_taken
         // emulator started again hands out the same ones).
         ("db/items", "rid==", false, false),
         ("other/orders", "rid==", false, false),
-        // --force imports it anyway.
+        // --other-container imports it anyway.
         ("db/orders", "rid2==", true, true),
         ("db/items", "rid==", true, true),
     ];
-    for (current, rid, force, accepted) in cases {
+    for (current, rid, other_container, accepted) in cases {
         assert_eq!(
-            check_container(&export, current, rid, force).is_ok(),
+            check_container(&export, current, rid, other_container).is_ok(),
             accepted,
-            "{current} ({rid}), force {force}"
+            "{current} ({rid}), other_container {other_container}"
         );
     }
 }
