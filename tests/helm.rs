@@ -84,6 +84,8 @@ fn the_chart_lints_and_renders_with_default_and_other_values() {
             "Deployment",
             "PodDisruptionBudget",
             "Role",
+            "Role",
+            "RoleBinding",
             "RoleBinding",
             "Service",
             "ServiceAccount"
@@ -118,6 +120,10 @@ fn the_chart_lints_and_renders_with_default_and_other_values() {
         .filter_map(Value::as_str)
         .collect();
     assert!(args.contains(&"--all-namespaces"), "{args:?}");
+    assert!(
+        args.contains(&"--digest-key-secret=cfp-changefeed-operator-digest-key"),
+        "{args:?}"
+    );
 
     let (ok, other, err) = helm(&[&["template", "cfp", CHART, "--namespace", "ops"][..], &others[..]].concat());
     assert!(ok, "{err}");
@@ -135,7 +141,8 @@ fn the_chart_lints_and_renders_with_default_and_other_values() {
         .filter(|d| d["kind"] == "Role")
         .filter_map(|d| d["metadata"]["namespace"].as_str())
         .collect();
-    assert_eq!(roles, ["team-a", "team-b"]);
+    // The watched namespaces, and the release namespace for the digest key's Secret.
+    assert_eq!(roles, ["team-a", "team-b", "ops"]);
     let operator = docs
         .iter()
         .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "cfp-changefeed-operator")
@@ -261,12 +268,22 @@ fn kubectl(args: &[&str]) -> (bool, String, String) {
 }
 
 /// `kubectl auth can-i` as `sa`; `resource` may name a subresource (`changefeedprocessors.changefeed.io/status`).
+/// Whether `sa` may `verb` `resource` (`kind[.group][/subresource]`, with `:name` for one named
+/// object).
 fn can_i(sa: &str, verb: &str, resource: &str, namespace: Option<&str>) -> bool {
+    let (resource, name) = match resource.split_once(':') {
+        Some((resource, name)) => (resource, Some(name)),
+        None => (resource, None),
+    };
     let (resource, subresource) = match resource.split_once('/') {
         Some((resource, sub)) => (resource, Some(format!("--subresource={sub}"))),
         None => (resource, None),
     };
-    let mut args = vec!["auth", "can-i", verb, resource, "--as", sa];
+    let target = match name {
+        Some(name) => format!("{resource}/{name}"),
+        None => resource.to_owned(),
+    };
+    let mut args = vec!["auth", "can-i", verb, &target, "--as", sa];
     if let Some(sub) = &subresource {
         args.push(sub);
     }
@@ -309,6 +326,7 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
         "serviceaccount/cfp-changefeed-operator",
         "service/cfp-changefeed-operator-metrics",
         "role/cfp-changefeed-operator-leader-election",
+        "role/cfp-changefeed-operator-digest-key",
     ] {
         assert!(kubectl(&["get", object, "-n", ns]).0, "{object} missing");
     }
@@ -359,6 +377,7 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
     for (kind, namespace) in [
         ("clusterrole/cfp-changefeed-operator", None),
         ("role/cfp-changefeed-operator-leader-election", Some(ns)),
+        ("role/cfp-changefeed-operator-digest-key", Some(ns)),
     ] {
         let mut args = vec!["get", kind, "-o", "json"];
         if let Some(ns) = namespace {
@@ -379,6 +398,11 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
                     Some((base, sub)) if !group.is_empty() => format!("{base}.{group}/{sub}"),
                     _ if !group.is_empty() => format!("{resource}.{group}"),
                     _ => resource.to_owned(),
+                };
+                // A rule for named objects grants its verbs on those names.
+                let qualified = match rule["resourceNames"][0].as_str() {
+                    Some(name) => format!("{qualified}:{name}"),
+                    None => qualified,
                 };
                 for verb in rule["verbs"].as_array().unwrap().iter().filter_map(Value::as_str) {
                     let allowed = if names.is_empty() {
@@ -417,6 +441,7 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
     let log = std::fs::File::create(std::env::temp_dir().join("cfp-operator-as-sa.log")).unwrap();
     let mut operator = tokio::process::Command::new(CFP)
         .args(["operator", "--all-namespaces", "--leader-election-namespace", ns])
+        .args(["--digest-key-secret", "cfp-changefeed-operator-digest-key"])
         .args(["--identity", "as-sa", "--worker-image", "cfp:test"])
         .env("KUBECONFIG", &kubeconfig)
         .env("RUST_LOG", "info,kube=warn")

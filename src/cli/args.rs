@@ -403,6 +403,12 @@ pub struct OperatorArgs {
     /// How the operator reads the Secrets resources name.
     #[command(flatten)]
     pub secrets: SecretsArgs,
+    /// The Secret holding the operator's random key of the workers' Secret digest (the pod
+    /// template's `changefeed.io/secrets-digest`, keyed so that it cannot be checked against
+    /// guessed values), in the operator's namespace (`POD_NAMESPACE`, else the leader-election
+    /// namespace); created at the first start, read at every start after (RBAC: get and create).
+    #[arg(long, env = "CFP_DIGEST_KEY_SECRET", default_value = crate::operator::digest_key::DEFAULT_SECRET)]
+    pub digest_key_secret: String,
 }
 
 /// How the operator reads the Secrets resources name.

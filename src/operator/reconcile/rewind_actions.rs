@@ -189,7 +189,7 @@ impl Rewind<'_> {
             let workload = Workload {
                 cfp: self.cfp,
                 image: &self.ctx.worker_image,
-                secrets_digest: config::secrets_digest(self.cfp, found),
+                secrets_digest: config::secrets_digest(self.cfp, found, &self.ctx.digest_key),
             };
             apply_deployment(deployments, workload, 0).await?;
         }
