@@ -51,6 +51,8 @@ async fn import(env: &Env, store: &CosmosLeaseStore, export: &Export) -> Moved {
         holder: "cfp-checkpoints-test".into(),
         take_leases: false,
         other_container: false,
+        // What `cfp checkpoints import` passes: the lease set's mode, else the export's.
+        mode: None,
         dry_run: false,
         expiration: Duration::from_secs(2),
         watch: Duration::from_millis(375),

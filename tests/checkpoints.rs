@@ -30,6 +30,7 @@ fn options(force: bool, dry_run: bool) -> MoveOptions {
         holder: "cfp-checkpoints-test".into(),
         take_leases: force,
         other_container: false,
+        mode: None,
         dry_run,
         expiration: Duration::from_secs(2),
         // The test instances' renew interval (300 ms) and a quarter.

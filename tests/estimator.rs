@@ -537,6 +537,7 @@ async fn after_a_split_and_a_rewind_the_estimate_counts_each_change_once() {
         holder: "rewinder".into(),
         take_leases: true,
         other_container: false,
+        mode: None,
         dry_run: false,
         expiration: Duration::from_secs(2),
         watch: Duration::ZERO,

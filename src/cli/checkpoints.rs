@@ -98,6 +98,7 @@ async fn leave(args: &CheckpointsLeaveArgs) -> Result<(), CheckpointsError> {
         holder: holder(),
         take_leases: false,
         other_container: false,
+        mode: None,
         dry_run: true,
         expiration: args.lease_expiration,
         watch: Duration::ZERO,
@@ -153,6 +154,8 @@ async fn carry_out(args: &CheckpointsArgs, request: Request, other_container: bo
         holder: holder(),
         take_leases: args.force,
         other_container,
+        // The lease set's mode, else the export's.
+        mode: None,
         dry_run: args.dry_run,
         expiration: args.lease_expiration,
         watch: args.lease_renew_interval.mul_f64(1.25),

@@ -259,6 +259,7 @@ impl Rewind<'_> {
             holder: HOLDER.into(),
             take_leases: true,
             other_container: false,
+            mode: Some(settings.options.mode),
             dry_run: false,
             expiration: settings.options.expiration,
             watch: std::time::Duration::ZERO,

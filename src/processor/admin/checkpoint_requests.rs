@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::checkpoint_apply::{Applied, MoveError, apply, now};
-use super::checkpoints::{Export, Plan, Selection, changed_signs, check_container, export, live_signs};
+use super::checkpoints::{Export, Plan, Selection, changed_signs, check_container, export, import_mode, live_signs};
 use crate::cosmos::{FeedMode, MonitoredContainer, StartFrom};
 use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore};
 
@@ -40,6 +40,10 @@ pub struct MoveOptions {
     /// continuation beyond the container's delivers nothing until the container catches up.
     /// Only a person who means it sets it (`--other-container`); the operator never does.
     pub other_container: bool,
+    /// The processor's change feed mode when the caller knows it (the operator: the resource's
+    /// `spec.mode`); `None`: the lease set's, else the export's. An import creates leases in it
+    /// and refuses an export of the other mode.
+    pub mode: Option<FeedMode>,
     /// Plan only: write nothing.
     pub dry_run: bool,
     /// The processor's lease expiration: heartbeats and lease writes younger than that are
@@ -133,7 +137,10 @@ pub async fn move_checkpoints(
             let anchored = anchor(monitored, &snapshot.leases, *to, selection).await?;
             super::checkpoints::plan_rewind(&snapshot.leases, *to, selection, &anchored)?
         }
-        Request::Import(export) => super::checkpoints::plan_import(&snapshot.leases, export, store.prefix())?,
+        Request::Import(export) => {
+            let mode = import_mode(&snapshot.leases, export, options.mode)?;
+            super::checkpoints::plan_import(&snapshot.leases, export, store.prefix(), mode)?
+        }
     };
     let lines = plan.lines();
     tracing::info!(
