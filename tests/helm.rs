@@ -268,22 +268,12 @@ fn kubectl(args: &[&str]) -> (bool, String, String) {
 }
 
 /// `kubectl auth can-i` as `sa`; `resource` may name a subresource (`changefeedprocessors.changefeed.io/status`).
-/// Whether `sa` may `verb` `resource` (`kind[.group][/subresource]`, with `:name` for one named
-/// object).
 fn can_i(sa: &str, verb: &str, resource: &str, namespace: Option<&str>) -> bool {
-    let (resource, name) = match resource.split_once(':') {
-        Some((resource, name)) => (resource, Some(name)),
-        None => (resource, None),
-    };
     let (resource, subresource) = match resource.split_once('/') {
         Some((resource, sub)) => (resource, Some(format!("--subresource={sub}"))),
         None => (resource, None),
     };
-    let target = match name {
-        Some(name) => format!("{resource}/{name}"),
-        None => resource.to_owned(),
-    };
-    let mut args = vec!["auth", "can-i", verb, &target, "--as", sa];
+    let mut args = vec!["auth", "can-i", verb, resource, "--as", sa];
     if let Some(sub) = &subresource {
         args.push(sub);
     }
@@ -399,18 +389,16 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
                     _ if !group.is_empty() => format!("{resource}.{group}"),
                     _ => resource.to_owned(),
                 };
-                // A rule for named objects grants its verbs on those names.
-                let qualified = match rule["resourceNames"][0].as_str() {
-                    Some(name) => format!("{qualified}:{name}"),
-                    None => qualified,
-                };
                 for verb in rule["verbs"].as_array().unwrap().iter().filter_map(Value::as_str) {
                     let allowed = if names.is_empty() {
                         can_i(&sa, verb, &qualified, namespace)
                     } else {
                         names.iter().all(|name| {
-                            let (_, out, _) =
-                                kubectl(&["auth", "can-i", verb, &format!("{qualified}/{name}"), "--as", &sa]);
+                            let object = format!("{qualified}/{name}");
+                            let mut args = vec!["auth", "can-i", verb, &object, "--as", &sa];
+                            // A Role's named objects (the digest key's Secret) are in its namespace.
+                            args.extend(namespace.iter().flat_map(|ns| ["-n", ns]));
+                            let (_, out, _) = kubectl(&args);
                             out.trim() == "yes"
                         })
                     };

@@ -89,33 +89,7 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
     let accounts = Accounts::default();
     let mut background = Vec::new();
     if let Some(port) = settings.metrics_port {
-        let listener = TcpListener::bind(("0.0.0.0", port))
-            .await
-            .map_err(|e| OperatorError::Metrics(e.to_string()))?;
-        let address = listener
-            .local_addr()
-            .map_err(|e| OperatorError::Metrics(e.to_string()))?;
-        tracing::info!(%address, "serving /metrics and /healthz");
-        let metrics = metrics.clone();
-        let liveness = liveness.clone();
-        background.push(tokio::spawn(http_server::serve(
-            listener,
-            shutdown.clone(),
-            move |req| {
-                let metrics = metrics.clone();
-                let health = liveness.check();
-                async move {
-                    match (req.uri().path(), health) {
-                        ("/metrics", _) => http_server::response(200, "text/plain; version=0.0.4", metrics.render()),
-                        ("/healthz" | "/readyz", Ok(())) => http_server::response(200, "text/plain", "ok\n"),
-                        ("/healthz" | "/readyz", Err(why)) => {
-                            http_server::response(503, "text/plain", format!("{why}\n"))
-                        }
-                        _ => http_server::response(404, "text/plain", "not found\n"),
-                    }
-                }
-            },
-        )));
+        background.push(serve_endpoints(port, &metrics, &liveness, &shutdown).await?);
     }
     let elector = settings.election.as_ref().map(|(namespace, election)| {
         Arc::new(LeaderElector::new(
@@ -159,6 +133,39 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
         let _ = task.await;
     }
     Ok(())
+}
+
+/// Serves /metrics, /healthz and /readyz on `port` until `shutdown`.
+async fn serve_endpoints(
+    port: u16,
+    metrics: &Arc<OperatorMetrics>,
+    liveness: &Arc<Liveness>,
+    shutdown: &CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, OperatorError> {
+    let listener = TcpListener::bind(("0.0.0.0", port))
+        .await
+        .map_err(|e| OperatorError::Metrics(e.to_string()))?;
+    let address = listener
+        .local_addr()
+        .map_err(|e| OperatorError::Metrics(e.to_string()))?;
+    tracing::info!(%address, "serving /metrics and /healthz");
+    let (metrics, liveness) = (metrics.clone(), liveness.clone());
+    Ok(tokio::spawn(http_server::serve(
+        listener,
+        shutdown.clone(),
+        move |req| {
+            let metrics = metrics.clone();
+            let health = liveness.check();
+            async move {
+                match (req.uri().path(), health) {
+                    ("/metrics", _) => http_server::response(200, "text/plain; version=0.0.4", metrics.render()),
+                    ("/healthz" | "/readyz", Ok(())) => http_server::response(200, "text/plain", "ok\n"),
+                    ("/healthz" | "/readyz", Err(why)) => http_server::response(503, "text/plain", format!("{why}\n")),
+                    _ => http_server::response(404, "text/plain", "not found\n"),
+                }
+            }
+        },
+    )))
 }
 
 /// What the operator needs before it reconciles: the CRD installed, and the installation's
