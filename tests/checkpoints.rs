@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use changefeed_operator::bench::CountingStore;
 use changefeed_operator::cosmos::{MonitoredContainer, StartFrom};
-use changefeed_operator::processor::admin::checkpoint_apply::{
-    MoveError, MoveOptions, Moved, Request, move_checkpoints, read_export,
+use changefeed_operator::processor::admin::checkpoint_apply::MoveError;
+use changefeed_operator::processor::admin::checkpoint_requests::{
+    MoveOptions, Moved, Request, move_checkpoints, read_export,
 };
-use changefeed_operator::processor::admin::checkpoints::{Export, Selection};
+use changefeed_operator::processor::admin::checkpoints::{Export, PlanError, Selection};
 use changefeed_operator::processor::{CosmosLeaseStore, LeaseStore, ProcessorHandle};
 
 use crate::common::DiesWithTest;
@@ -23,10 +24,13 @@ async fn open(env: &Env) -> (MonitoredContainer, CosmosLeaseStore) {
     (monitored, store)
 }
 
+/// `force`: take the leases of running instances (`--force`), never another container's export.
 fn options(force: bool, dry_run: bool) -> MoveOptions {
     MoveOptions {
         holder: "cfp-checkpoints-test".into(),
-        force,
+        take_leases: force,
+        other_container: false,
+        mode: None,
         dry_run,
         expiration: Duration::from_secs(2),
         // The test instances' renew interval (300 ms) and a quarter.
@@ -455,8 +459,8 @@ async fn the_command_line_exports_refuses_a_running_worker_and_rewinds() {
         "{refused}"
     );
     common::terminate(&mut worker).await;
-    let (code, dry, _) = cfp_checkpoints(&endpoint, &["rewind", "--to", "beginning", "--dry-run"]).await;
-    assert_eq!(code, Some(0));
+    let (code, dry, dry_err) = cfp_checkpoints(&endpoint, &["rewind", "--to", "beginning", "--dry-run"]).await;
+    assert_eq!(code, Some(0), "{dry_err}");
     assert!(dry.contains("dry run: 2 lease(s) would move"), "{dry}");
     let (code, out, err) = cfp_checkpoints(&endpoint, &["rewind", "--to", "now", "--range", "-FF"]).await;
     assert_eq!(code, Some(0), "{err}");
@@ -488,7 +492,12 @@ async fn an_export_of_another_container_is_refused_at_once_even_with_the_same_re
     let started = std::time::Instant::now();
     let result = tokio::time::timeout(
         Duration::from_secs(10),
-        move_checkpoints(&store, &monitored, &Request::Import(Box::new(export)), &watching),
+        move_checkpoints(
+            &store,
+            &monitored,
+            &Request::Import(Box::new(export.clone())),
+            &watching,
+        ),
     )
     .await;
     println!(
@@ -504,6 +513,25 @@ async fn an_export_of_another_container_is_refused_at_once_even_with_the_same_re
         error.contains("db/orders") && error.contains(&format!("{DB}/{ITEMS}")),
         "{error}"
     );
+    // Taking the leases of running instances (--force) is no leave to apply it.
+    let import = Request::Import(Box::new(export));
+    let forced = move_checkpoints(&store, &monitored, &import, &options(true, true)).await;
+    assert!(
+        matches!(forced, Err(MoveError::Plan(PlanError::OtherContainer { .. }))),
+        "{forced:?}"
+    );
+    // Only the switch named for it applies it.
+    let other_container = MoveOptions {
+        other_container: true,
+        ..options(false, true)
+    };
+    let planned = move_checkpoints(&store, &monitored, &import, &other_container).await;
+    println!(
+        "with take_leases: {}; with other_container: {:?}",
+        forced.map(|_| ()).unwrap_err(),
+        planned.as_ref().map(|m| m.plan.lines())
+    );
+    assert!(planned.is_ok_and(|m| m.plan.moves.len() == 2));
 }
 
 /// The resource id of `db/items` on the `cfp emulator` at `endpoint`.

@@ -57,7 +57,19 @@ fn an_export_offers_no_flag_that_does_nothing_for_it() {
     for command in ["import", "rewind"] {
         let moving = help(&["checkpoints", command]);
         assert!(moving.contains("--force") && moving.contains("--dry-run"), "{moving}");
+        // Each switch names the one check it switches off.
+        assert!(
+            moving.contains("Switches off the running-instance check only"),
+            "{moving}"
+        );
     }
+    let import = help(&["checkpoints", "import"]);
+    assert!(
+        import.contains("--other-container") && import.contains("Switches off the container check only"),
+        "{import}"
+    );
+    let rewind = help(&["checkpoints", "rewind"]);
+    assert!(!rewind.contains("--other-container"), "{rewind}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

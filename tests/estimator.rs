@@ -511,7 +511,7 @@ async fn a_lease_that_cannot_be_estimated_does_not_hide_the_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_split_and_a_rewind_the_estimate_counts_each_change_once() {
-    use changefeed_operator::processor::admin::checkpoint_apply::{MoveOptions, Request, move_checkpoints};
+    use changefeed_operator::processor::admin::checkpoint_requests::{MoveOptions, Request, move_checkpoints};
     use changefeed_operator::processor::admin::checkpoints::Selection;
     let env = Env::new(2).await;
     let a = env.start(env.options("a")).await;
@@ -535,7 +535,9 @@ async fn after_a_split_and_a_rewind_the_estimate_counts_each_change_once() {
     };
     let options = MoveOptions {
         holder: "rewinder".into(),
-        force: true,
+        take_leases: true,
+        other_container: false,
+        mode: None,
         dry_run: false,
         expiration: Duration::from_secs(2),
         watch: Duration::ZERO,

@@ -84,6 +84,8 @@ fn the_chart_lints_and_renders_with_default_and_other_values() {
             "Deployment",
             "PodDisruptionBudget",
             "Role",
+            "Role",
+            "RoleBinding",
             "RoleBinding",
             "Service",
             "ServiceAccount"
@@ -118,6 +120,10 @@ fn the_chart_lints_and_renders_with_default_and_other_values() {
         .filter_map(Value::as_str)
         .collect();
     assert!(args.contains(&"--all-namespaces"), "{args:?}");
+    assert!(
+        args.contains(&"--digest-key-secret=cfp-changefeed-operator-digest-key"),
+        "{args:?}"
+    );
 
     let (ok, other, err) = helm(&[&["template", "cfp", CHART, "--namespace", "ops"][..], &others[..]].concat());
     assert!(ok, "{err}");
@@ -135,7 +141,8 @@ fn the_chart_lints_and_renders_with_default_and_other_values() {
         .filter(|d| d["kind"] == "Role")
         .filter_map(|d| d["metadata"]["namespace"].as_str())
         .collect();
-    assert_eq!(roles, ["team-a", "team-b"]);
+    // The watched namespaces, and the release namespace for the digest key's Secret.
+    assert_eq!(roles, ["team-a", "team-b", "ops"]);
     let operator = docs
         .iter()
         .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "cfp-changefeed-operator")
@@ -309,6 +316,7 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
         "serviceaccount/cfp-changefeed-operator",
         "service/cfp-changefeed-operator-metrics",
         "role/cfp-changefeed-operator-leader-election",
+        "role/cfp-changefeed-operator-digest-key",
     ] {
         assert!(kubectl(&["get", object, "-n", ns]).0, "{object} missing");
     }
@@ -359,6 +367,7 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
     for (kind, namespace) in [
         ("clusterrole/cfp-changefeed-operator", None),
         ("role/cfp-changefeed-operator-leader-election", Some(ns)),
+        ("role/cfp-changefeed-operator-digest-key", Some(ns)),
     ] {
         let mut args = vec!["get", kind, "-o", "json"];
         if let Some(ns) = namespace {
@@ -385,8 +394,11 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
                         can_i(&sa, verb, &qualified, namespace)
                     } else {
                         names.iter().all(|name| {
-                            let (_, out, _) =
-                                kubectl(&["auth", "can-i", verb, &format!("{qualified}/{name}"), "--as", &sa]);
+                            let object = format!("{qualified}/{name}");
+                            let mut args = vec!["auth", "can-i", verb, &object, "--as", &sa];
+                            // A Role's named objects (the digest key's Secret) are in its namespace.
+                            args.extend(namespace.iter().flat_map(|ns| ["-n", ns]));
+                            let (_, out, _) = kubectl(&args);
                             out.trim() == "yes"
                         })
                     };
@@ -417,6 +429,7 @@ async fn helm_install_upgrade_and_uninstall_against_the_api_server() {
     let log = std::fs::File::create(std::env::temp_dir().join("cfp-operator-as-sa.log")).unwrap();
     let mut operator = tokio::process::Command::new(CFP)
         .args(["operator", "--all-namespaces", "--leader-election-namespace", ns])
+        .args(["--digest-key-secret", "cfp-changefeed-operator-digest-key"])
         .args(["--identity", "as-sa", "--worker-image", "cfp:test"])
         .env("KUBECONFIG", &kubeconfig)
         .env("RUST_LOG", "info,kube=warn")

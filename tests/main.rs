@@ -20,6 +20,7 @@ mod admission_policy;
 mod autoscaling;
 mod bench;
 mod chaos;
+mod checkpoint_modes;
 mod checkpoints;
 mod clock_skew;
 mod command_line;

@@ -233,3 +233,106 @@ async fn the_rewind_annotations_stop_the_workers_move_the_checkpoints_and_restor
     terminate(&mut operator.child).await;
     terminate(&mut emulator).await;
 }
+
+/// The `Rewound=False` condition once the annotations are gone and no rewind is in progress.
+async fn refused(
+    cfps: &Api<ChangeFeedProcessor>,
+    since: &str,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    wait("the Rewound condition False", || async {
+        let cfp = cfps.get("orders").await.ok()?;
+        let status = cfp.status.clone()?;
+        let condition = status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Rewound" && c.status == "False" && c.message.contains(since))?;
+        (annotations(&cfp).is_empty() && status.rewind.is_none()).then_some(condition)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_refuses_an_export_of_another_container_or_of_one_created_again() {
+    let Scene { plane, ns, client } = Scene::new("restore-foreign").await;
+    let (mut emulator, endpoint) = crate::common::start_emulator_with(&[
+        "--port",
+        "0",
+        "--container",
+        "db/items:/pk:2",
+        "--container",
+        "db/audit:/pk:2",
+    ])
+    .await;
+    let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key())
+        .await
+        .unwrap();
+    checkpointed(&endpoint, &account).await;
+    let (_, text, _) = crate::common::cfp_checkpoints(&endpoint, "export", &["--processor", "orders"]).await;
+    let export: serde_json::Value = serde_json::from_str(&text).unwrap();
+    // The same checkpoints, as an export of db/audit would name them.
+    let audit = account.monitored("db", "audit").await.unwrap();
+    let mut of_audit = export.clone();
+    of_audit["container"] = "db/audit".into();
+    of_audit["containerRid"] = audit.rid().into();
+    let config_map = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "exports", "namespace": ns},
+        "data": {"items.json": text, "audit.json": of_audit.to_string()},
+    });
+    assert!(
+        plane
+            .kubectl_run(&["create", "-f", "-"], Some(&config_map.to_string()))
+            .0
+    );
+    let mut operator = Operator::start(plane, &ns, "op");
+    apply_ok(plane, &ns, &secret_yaml());
+    apply_ok(plane, &ns, &resource("orders", &endpoint, "  replicas: 1\n"));
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
+    let annotate = |value: &str| {
+        let (ok, _, err) = plane.kubectl_run(&["annotate", "-n", &ns, "cfp/orders", value], None);
+        assert!(ok, "kubectl annotate: {err}");
+    };
+    let before = leases(&account).await;
+
+    // 1. Another container's export.
+    annotate("changefeed.io/restore-from=exports/audit.json");
+    let other = refused(&cfps, "db/audit").await;
+    let after_other = leases(&account).await;
+
+    // 2. The container deleted and created again under its name: a new resource id, an empty
+    // lease set (the lease prefix names the resource id), and the old export does not apply.
+    account.delete_container("db", "items").await.unwrap();
+    account.ensure_container("db", "items", "/pk").await.unwrap();
+    let recreated_rid = account.monitored("db", "items").await.unwrap().rid().to_owned();
+    annotate("changefeed.io/restore-from=exports/items.json");
+    let recreated = refused(&cfps, &recreated_rid).await;
+    let after_recreated = leases(&account).await;
+    println!(
+        "restore of db/audit's export: {} ({}); leases moved {} of {}; restore into db/items created again (resource id {} → {recreated_rid}): {} ({}); leases created {}",
+        other.reason,
+        other.message,
+        after_other
+            .iter()
+            .zip(&before)
+            .filter(|(a, b)| a.etag != b.etag)
+            .count(),
+        before.len(),
+        export["containerRid"],
+        recreated.reason,
+        recreated.message,
+        after_recreated.len()
+    );
+    assert_eq!(other.reason, "ForeignExport");
+    assert_eq!(
+        after_other.iter().map(|l| &l.etag).collect::<Vec<_>>(),
+        before.iter().map(|l| &l.etag).collect::<Vec<_>>(),
+        "another container's export moves nothing"
+    );
+    assert_eq!(recreated.reason, "ForeignExport");
+    assert!(
+        after_recreated.is_empty(),
+        "no lease of the old container's positions: {after_recreated:?}"
+    );
+    terminate(&mut operator.child).await;
+    terminate(&mut emulator).await;
+}

@@ -403,6 +403,12 @@ pub struct OperatorArgs {
     /// How the operator reads the Secrets resources name.
     #[command(flatten)]
     pub secrets: SecretsArgs,
+    /// The Secret holding the operator's random key of the workers' Secret digest (the pod
+    /// template's `changefeed.io/secrets-digest`, keyed so that it cannot be checked against
+    /// guessed values), in the operator's namespace (`POD_NAMESPACE`, else the leader-election
+    /// namespace); created at the first start, read at every start after (RBAC: get and create).
+    #[arg(long, env = "CFP_DIGEST_KEY_SECRET", default_value = crate::operator::digest_key::DEFAULT_SECRET)]
+    pub digest_key_secret: String,
 }
 
 /// How the operator reads the Secrets resources name.
@@ -523,8 +529,9 @@ pub struct CheckpointsArgs {
     /// lease that changes (a running instance whose clock is behind writes times that look old).
     #[arg(long, env = "CFP_LEASE_RENEW_INTERVAL", default_value = text(defaults::RENEW_INTERVAL), value_parser = duration)]
     pub lease_renew_interval: Duration,
-    /// Move the checkpoints although instances run (their leases are taken from them), or an
-    /// export is of another container.
+    /// Move the checkpoints although instances of the processor run: their leases are taken
+    /// from them (they stop those leases at their next write and take them again, moved).
+    /// Switches off the running-instance check only.
     #[arg(long)]
     pub force: bool,
     /// Print what would change; write nothing.
@@ -537,6 +544,12 @@ pub struct CheckpointsArgs {
 pub struct CheckpointsImportArgs {
     #[command(flatten)]
     pub common: CheckpointsArgs,
+    /// Import an export of another container, or of this one before it was deleted and created
+    /// again (another resource id): its positions are not this container's, and one beyond the
+    /// container's delivers nothing until the container catches up. Switches off the container
+    /// check only (`--force` does not).
+    #[arg(long)]
+    pub other_container: bool,
     /// The export (`cfp checkpoints export > FILE`); `-` reads standard input.
     pub file: std::path::PathBuf,
 }

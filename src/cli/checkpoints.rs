@@ -1,5 +1,6 @@
 //! `cfp checkpoints export|import|rewind`: a processor's checkpoints as JSON, restored from such
-//! an export, or moved to a position — refused while the processor runs (unless `--force`),
+//! an export, or moved to a position — refused while the processor runs (unless `--force`) and,
+//! for an import, when the export is of another container (unless `--other-container`),
 //! written all or nothing as workers see it, and only planned with `--dry-run`.
 
 use std::io::Read as _;
@@ -7,10 +8,11 @@ use std::time::Duration;
 
 use super::args::{CheckpointsArgs, CheckpointsCommand, CheckpointsLeaveArgs, CheckpointsTarget};
 use crate::cosmos::{CosmosAccount, MonitoredContainer};
-use crate::processor::admin::checkpoint_apply::{
-    MoveError, MoveOptions, Moved, Request, move_checkpoints, read_export, refuse_running,
+use crate::processor::admin::checkpoint_apply::MoveError;
+use crate::processor::admin::checkpoint_requests::{
+    MoveOptions, Moved, Request, move_checkpoints, read_export, refuse_running,
 };
-use crate::processor::admin::checkpoints::{Export, Selection};
+use crate::processor::admin::checkpoints::{Export, PlanError, Selection};
 use crate::processor::{CosmosLeaseStore, LeaseStore as _, ProcessorOptions};
 use crate::worker::{WorkerError, open};
 
@@ -44,6 +46,9 @@ pub enum CheckpointsError {
         /// What is wrong.
         source: serde_json::Error,
     },
+    /// The export is of another container (or of this one before it was created again).
+    #[error("{0} (--other-container imports it anyway, if you mean to apply these positions to this container)")]
+    OtherContainer(PlanError),
     /// Reading or moving the checkpoints failed.
     #[error(transparent)]
     Move(#[from] MoveError),
@@ -66,7 +71,8 @@ pub async fn run(command: &CheckpointsCommand) -> Result<(), CheckpointsError> {
         }
         CheckpointsCommand::Import(args) => {
             let export = read_file(&args.file)?;
-            let moved = carry_out(&args.common, Request::Import(Box::new(export))).await?;
+            let request = Request::Import(Box::new(export));
+            let moved = carry_out(&args.common, request, args.other_container).await?;
             super::print_out(summary(&moved));
             Ok(())
         }
@@ -77,7 +83,7 @@ pub async fn run(command: &CheckpointsCommand) -> Result<(), CheckpointsError> {
                 ranges: args.range.clone(),
             };
             let request = Request::Rewind { to: args.to, selection };
-            let moved = carry_out(&args.common, request).await?;
+            let moved = carry_out(&args.common, request, false).await?;
             super::print_out(summary(&moved));
             Ok(())
         }
@@ -90,7 +96,9 @@ async fn leave(args: &CheckpointsLeaveArgs) -> Result<(), CheckpointsError> {
     let snapshot = store.snapshot().await.map_err(|e| MoveError::Read(e.to_string()))?;
     let options = MoveOptions {
         holder: holder(),
-        force: false,
+        take_leases: false,
+        other_container: false,
+        mode: None,
         dry_run: true,
         expiration: args.lease_expiration,
         watch: Duration::ZERO,
@@ -139,17 +147,24 @@ async fn connect(args: &CheckpointsTarget) -> Result<(MonitoredContainer, Cosmos
         .map_err(WorkerError::when_reading)?)
 }
 
-async fn carry_out(args: &CheckpointsArgs, request: Request) -> Result<Moved, CheckpointsError> {
+/// Carries out `request`; `other_container`: `--other-container` of an import.
+async fn carry_out(args: &CheckpointsArgs, request: Request, other_container: bool) -> Result<Moved, CheckpointsError> {
     let (monitored, store) = connect(&args.target).await?;
     let options = MoveOptions {
         holder: holder(),
-        force: args.force,
+        take_leases: args.force,
+        other_container,
+        // The lease set's mode, else the export's.
+        mode: None,
         dry_run: args.dry_run,
         expiration: args.lease_expiration,
         watch: args.lease_renew_interval.mul_f64(1.25),
         on_watch: Some(show_watch),
     };
-    Ok(move_checkpoints(&store, &monitored, &request, &options).await?)
+    match move_checkpoints(&store, &monitored, &request, &options).await {
+        Err(MoveError::Plan(error @ PlanError::OtherContainer { .. })) => Err(CheckpointsError::OtherContainer(error)),
+        moved => Ok(moved?),
+    }
 }
 
 /// Says at once that the command watches the lease container, and how long: a countdown on a

@@ -18,6 +18,7 @@ pub fn settings(args: &OperatorArgs) -> OperatorSettings {
         .or_else(|| (args.namespace.len() == 1).then(|| args.namespace[0].clone()))
         .or_else(|| std::env::var("POD_NAMESPACE").ok())
         .unwrap_or_else(|| "default".into());
+    let own_namespace = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| election_namespace.clone());
     OperatorSettings {
         namespaces: if args.all_namespaces {
             Vec::new()
@@ -40,6 +41,7 @@ pub fn settings(args: &OperatorArgs) -> OperatorSettings {
         metrics_port: args.metrics_port,
         cluster_identity: args.cluster_identity.clone().filter(|c| !c.is_empty()),
         secrets_recheck: (!args.secrets.watch_secrets).then_some(args.secrets.secrets_recheck_interval),
+        digest_key_secret: (own_namespace, args.digest_key_secret.clone()),
     }
 }
 

@@ -1,11 +1,12 @@
 //! The change feed modes and what the all-versions-and-deletes mode says about each change.
 
 use azure_data_cosmos::models::{ChangeFeedItem, ChangeFeedOperationType};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Which changes the change feed returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Which changes the change feed returns (in JSON: its command-line spelling).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum FeedMode {
     /// The latest version of each created or replaced document ("Incremental Feed").
     #[default]

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::cosmos::AuthMethod;
 use crate::operator::crd::{ChangeFeedProcessor, SecretKeyRef};
+use crate::operator::digest_key::DigestKey;
 use crate::operator::spec_values::ConfigProblem;
 use crate::operator::spec_values::duration;
 use crate::processor::{OptionField, ProcessorOptions};
@@ -39,25 +40,26 @@ fn secret_references(cfp: &ChangeFeedProcessor) -> Vec<(String, &SecretKeyRef)> 
 
 /// A digest of the Secret values the workers read (account keys, handler headers), stamped on
 /// the pod template so that rotating a key rolls the workers onto it; `None` without any. Never
-/// the values themselves.
-pub fn secrets_digest(cfp: &ChangeFeedProcessor, found: &BTreeMap<String, Secret>) -> Option<String> {
-    use sha2::Digest;
+/// the values themselves, and keyed with the installation's `key` (HMAC-SHA256, the first 8
+/// bytes in hex): whoever reads the pod template cannot check guessed values against it.
+pub fn secrets_digest(cfp: &ChangeFeedProcessor, found: &BTreeMap<String, Secret>, key: &DigestKey) -> Option<String> {
+    use hmac::Mac;
     let references = secret_references(cfp);
     if references.is_empty() {
         return None;
     }
-    let mut hasher = sha2::Sha256::new();
+    let mut hasher = key.mac();
     for (field, reference) in references {
         let value = found
             .get(&reference.name)
             .and_then(|s| s.data.as_ref())
             .and_then(|d| d.get(&reference.key));
         hasher.update(field.as_bytes());
-        hasher.update([0]);
+        hasher.update(&[0]);
         hasher.update(value.map(|v| v.0.as_slice()).unwrap_or_default());
-        hasher.update([0]);
+        hasher.update(&[0]);
     }
-    let digest = hasher.finalize();
+    let digest = hasher.finalize().into_bytes();
     Some(digest.iter().take(8).map(|b| format!("{b:02x}")).collect())
 }
 
@@ -205,21 +207,23 @@ mod tests {
     }
 
     #[test]
-    fn the_secrets_digest_follows_the_referenced_values_and_never_shows_them() {
+    fn the_secrets_digest_follows_the_referenced_values_and_the_key_and_never_shows_them() {
         let with = |value: &str| BTreeMap::from([("cosmos".to_owned(), secret("key", value))]);
         let cfp = resource(serde_json::json!({}));
-        let first = secrets_digest(&cfp, &with("key-one")).unwrap();
+        let key = DigestKey::from_bytes([1; 64]);
+        let digest = |cfp: &ChangeFeedProcessor, found: &BTreeMap<String, Secret>| secrets_digest(cfp, found, &key);
+        let first = digest(&cfp, &with("key-one")).unwrap();
+        let identity = resource(serde_json::json!({
+            "connection": {"endpoint": "https://a.documents.azure.com/", "auth": "WorkloadIdentity"}}));
+        let other_key = DigestKey::from_bytes([2; 64]);
         let cases: Vec<(&str, Option<String>, bool)> = vec![
-            ("same value", secrets_digest(&cfp, &with("key-one")), true),
-            ("rotated key", secrets_digest(&cfp, &with("key-two")), false),
-            ("missing Secret", secrets_digest(&cfp, &BTreeMap::new()), false),
+            ("same value", digest(&cfp, &with("key-one")), true),
+            ("rotated key", digest(&cfp, &with("key-two")), false),
+            ("missing Secret", digest(&cfp, &BTreeMap::new()), false),
+            ("no Secret referenced", digest(&identity, &with("key-one")), false),
             (
-                "no Secret referenced",
-                secrets_digest(
-                    &resource(serde_json::json!({
-                        "connection": {"endpoint": "https://a.documents.azure.com/", "auth": "WorkloadIdentity"}})),
-                    &with("key-one"),
-                ),
+                "another installation",
+                secrets_digest(&cfp, &with("key-one"), &other_key),
                 false,
             ),
         ];
@@ -228,14 +232,14 @@ mod tests {
         }
         assert_eq!(first.len(), 16);
         assert!(!first.contains("key-one"));
-        assert_eq!(
-            secrets_digest(
-                &resource(serde_json::json!({
-                    "connection": {"endpoint": "https://a.documents.azure.com/", "auth": "WorkloadIdentity"}})),
-                &BTreeMap::new()
-            ),
-            None
-        );
+        // Not the plain hash of what it covers: that one can be checked against guessed values.
+        let plain = {
+            use sha2::Digest;
+            let hash = sha2::Sha256::digest(b"connection.keySecretRef\0key-one\0");
+            hash.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>()
+        };
+        assert_ne!(first, plain);
+        assert_eq!(digest(&identity, &BTreeMap::new()), None);
     }
 
     #[test]

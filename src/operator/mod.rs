@@ -2,7 +2,8 @@
 //!
 //! [`crd`] (types), [`spec_options`] (the spec as the workers' processor options), [`spec_values`] (field values read as what they mean), [`workload`]
 //! (pure rendering of the Deployment and Service), [`network_policy`] (pure: the workers'
-//! NetworkPolicy), [`config`] (pure configuration check), [`status`] (pure conditions),
+//! NetworkPolicy), [`config`] (pure configuration check, the Secret digest), [`digest_key`] (the
+//! installation's key of that digest, kept in a Secret), [`status`] (pure conditions),
 //! [`scaling`] (everything that decides replicas: the estimates, the policy and its rate
 //! behavior, an external autoscaler, pausing), [`rewind_steps`] (pure: the rewind annotations'
 //! steps), [`failover`] (freeing the leases of gone worker pods), [`reconcile`] (observe → plan →
@@ -12,6 +13,7 @@
 pub mod claims;
 pub mod config;
 pub mod crd;
+pub mod digest_key;
 pub mod failover;
 pub mod healthz;
 pub mod leader;

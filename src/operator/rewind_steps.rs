@@ -157,6 +157,7 @@ mod tests {
             started_at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
             succeeded: None,
             message: None,
+            reason: None,
         }
     }
 

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::http_server;
 use crate::operator::config::referenced_secrets;
 use crate::operator::crd::ChangeFeedProcessor;
+use crate::operator::digest_key::{DigestKey, DigestKeyError, load_or_create};
 use crate::operator::failover::watch_worker_pods;
 use crate::operator::healthz::Liveness;
 use crate::operator::leader::{Election, LeaderElector};
@@ -45,6 +46,8 @@ pub struct OperatorSettings {
     pub secrets_recheck: Option<Duration>,
     /// This cluster's identity in lease-set claims (`None`: the UID of `kube-system`).
     pub cluster_identity: Option<String>,
+    /// The Secret holding the key of the pod template's Secret digest: (namespace, name).
+    pub digest_key_secret: (String, String),
 }
 
 /// Why the operator stopped with an error.
@@ -62,6 +65,9 @@ pub enum OperatorError {
     /// The leader election timings do not work together.
     #[error(transparent)]
     Election(#[from] crate::operator::leader::ElectionError),
+    /// The key of the Secret digest could not be read or created.
+    #[error(transparent)]
+    DigestKey(#[from] DigestKeyError),
     /// The ChangeFeedProcessor CRD is not installed.
     #[error(
         "the ChangeFeedProcessor CRD (changefeedprocessors.changefeed.io) is not installed; install it with `kubectl apply -f crds/` (or `cfp crd | kubectl apply -f -`)"
@@ -75,15 +81,7 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
         election.validate()?;
     }
     let client = Client::try_default().await?;
-    let probe: Api<ChangeFeedProcessor> = match settings.namespaces.first() {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    match probe.list(&kube::api::ListParams::default().limit(1)).await {
-        Err(kube::Error::Api(status)) if status.code == 404 => return Err(OperatorError::CrdMissing),
-        Err(error) => return Err(OperatorError::Client(error)),
-        Ok(_) => {}
-    }
+    let digest_key = prepare(&client, &settings).await?;
     let metrics = OperatorMetrics::new().map_err(|e| OperatorError::Metrics(e.to_string()))?;
     // /healthz fails when the main loop below ends or stops running.
     let liveness = Arc::new(Liveness::default());
@@ -91,33 +89,7 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
     let accounts = Accounts::default();
     let mut background = Vec::new();
     if let Some(port) = settings.metrics_port {
-        let listener = TcpListener::bind(("0.0.0.0", port))
-            .await
-            .map_err(|e| OperatorError::Metrics(e.to_string()))?;
-        let address = listener
-            .local_addr()
-            .map_err(|e| OperatorError::Metrics(e.to_string()))?;
-        tracing::info!(%address, "serving /metrics and /healthz");
-        let metrics = metrics.clone();
-        let liveness = liveness.clone();
-        background.push(tokio::spawn(http_server::serve(
-            listener,
-            shutdown.clone(),
-            move |req| {
-                let metrics = metrics.clone();
-                let health = liveness.check();
-                async move {
-                    match (req.uri().path(), health) {
-                        ("/metrics", _) => http_server::response(200, "text/plain; version=0.0.4", metrics.render()),
-                        ("/healthz" | "/readyz", Ok(())) => http_server::response(200, "text/plain", "ok\n"),
-                        ("/healthz" | "/readyz", Err(why)) => {
-                            http_server::response(503, "text/plain", format!("{why}\n"))
-                        }
-                        _ => http_server::response(404, "text/plain", "not found\n"),
-                    }
-                }
-            },
-        )));
+        background.push(serve_endpoints(port, &metrics, &liveness, &shutdown).await?);
     }
     let elector = settings.election.as_ref().map(|(namespace, election)| {
         Arc::new(LeaderElector::new(
@@ -135,7 +107,19 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
     };
     let main_loop = async {
         loop {
-            if !lead_one_term(&settings, &client, &accounts, &metrics, &elector, &leading, &shutdown).await {
+            let cluster = match &settings.cluster_identity {
+                Some(identity) => identity.clone(),
+                None => cluster_identity(&client).await,
+            };
+            let shared = Shared {
+                client: client.clone(),
+                accounts: accounts.clone(),
+                metrics: metrics.clone(),
+                leading: leading.clone(),
+                cluster,
+                digest_key: digest_key.clone(),
+            };
+            if !lead_one_term(&settings, shared, &elector, &shutdown).await {
                 break;
             }
         }
@@ -151,17 +135,65 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
     Ok(())
 }
 
+/// Serves /metrics, /healthz and /readyz on `port` until `shutdown`.
+async fn serve_endpoints(
+    port: u16,
+    metrics: &Arc<OperatorMetrics>,
+    liveness: &Arc<Liveness>,
+    shutdown: &CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, OperatorError> {
+    let listener = TcpListener::bind(("0.0.0.0", port))
+        .await
+        .map_err(|e| OperatorError::Metrics(e.to_string()))?;
+    let address = listener
+        .local_addr()
+        .map_err(|e| OperatorError::Metrics(e.to_string()))?;
+    tracing::info!(%address, "serving /metrics and /healthz");
+    let (metrics, liveness) = (metrics.clone(), liveness.clone());
+    Ok(tokio::spawn(http_server::serve(
+        listener,
+        shutdown.clone(),
+        move |req| {
+            let metrics = metrics.clone();
+            let health = liveness.check();
+            async move {
+                match (req.uri().path(), health) {
+                    ("/metrics", _) => http_server::response(200, "text/plain; version=0.0.4", metrics.render()),
+                    ("/healthz" | "/readyz", Ok(())) => http_server::response(200, "text/plain", "ok\n"),
+                    ("/healthz" | "/readyz", Err(why)) => http_server::response(503, "text/plain", format!("{why}\n")),
+                    _ => http_server::response(404, "text/plain", "not found\n"),
+                }
+            }
+        },
+    )))
+}
+
+/// What the operator needs before it reconciles: the CRD installed, and the installation's
+/// digest key (read, or made, once per process: every leadership term and replica digests alike).
+async fn prepare(client: &Client, settings: &OperatorSettings) -> Result<DigestKey, OperatorError> {
+    let probe: Api<ChangeFeedProcessor> = match settings.namespaces.first() {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    match probe.list(&kube::api::ListParams::default().limit(1)).await {
+        Err(kube::Error::Api(status)) if status.code == 404 => return Err(OperatorError::CrdMissing),
+        Err(error) => return Err(OperatorError::Client(error)),
+        Ok(_) => {}
+    }
+    let (key_namespace, key_name) = &settings.digest_key_secret;
+    let key_secrets: Api<Secret> = Api::namespaced(client.clone(), key_namespace);
+    Ok(load_or_create(&key_secrets, key_namespace, key_name).await?)
+}
+
 /// One leadership term: wait to lead (with election), reconcile until the term ends. `false`
 /// when the operator is shutting down.
 async fn lead_one_term(
     settings: &OperatorSettings,
-    client: &Client,
-    accounts: &Accounts,
-    metrics: &Arc<OperatorMetrics>,
+    shared: Shared,
     elector: &Option<Arc<LeaderElector>>,
-    leading: &Arc<dyn Fn() -> bool + Send + Sync>,
     shutdown: &CancellationToken,
 ) -> bool {
+    let metrics = &shared.metrics;
     if let Some(elector) = elector {
         tracing::info!("waiting to become the leader");
         if !elector.acquire(shutdown).await {
@@ -181,20 +213,11 @@ async fn lead_one_term(
     } else {
         settings.namespaces.iter().cloned().map(Some).collect()
     };
-    let cluster = match &settings.cluster_identity {
-        Some(identity) => identity.clone(),
-        None => cluster_identity(client).await,
-    };
-    let controller = futures::future::join_all(scopes.into_iter().map(|scope| {
-        let shared = Shared {
-            client: client.clone(),
-            accounts: accounts.clone(),
-            metrics: metrics.clone(),
-            leading: leading.clone(),
-            cluster: cluster.clone(),
-        };
-        run_controller(shared, settings, scope, shutdown.clone(), lost.clone())
-    }));
+    let controller = futures::future::join_all(
+        scopes
+            .into_iter()
+            .map(|scope| run_controller(shared.clone(), settings, scope, shutdown.clone(), lost.clone())),
+    );
     match holder {
         Some(holder) => {
             tokio::join!(controller, async {
@@ -218,12 +241,14 @@ async fn lead_one_term(
 }
 
 /// What the controllers of a leadership term share.
+#[derive(Clone)]
 struct Shared {
     client: Client,
     accounts: Accounts,
     metrics: Arc<OperatorMetrics>,
     leading: Arc<dyn Fn() -> bool + Send + Sync>,
     cluster: String,
+    digest_key: DigestKey,
 }
 
 /// This cluster's identity in lease-set claims: the UID of its `kube-system` namespace (the
@@ -371,6 +396,7 @@ fn context(
         secrets_recheck: settings.secrets_recheck,
         cluster: shared.cluster,
         standings: Mutex::new(HashMap::new()),
+        digest_key: shared.digest_key,
     })
 }
 

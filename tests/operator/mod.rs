@@ -3,6 +3,7 @@
 //! per topic.
 
 mod cleanup;
+mod digest;
 mod leadership;
 mod secrets;
 mod validation;

@@ -80,6 +80,12 @@ pub struct RewindProgress {
     /// What happened (with `Done`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Why nothing was moved (with `Done` and `succeeded: false`), the reason the `Rewound`
+    /// condition gets: `ForeignExport` (the export is of another container, or of this one
+    /// before it was deleted and created again: the operator never restores it) or
+    /// `RewindFailed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// The last rewind or restore that moved the checkpoints.

@@ -123,7 +123,7 @@ impl Cleanup<'_> {
             let workload = Workload {
                 cfp: self.cfp,
                 image: &self.ctx.worker_image,
-                secrets_digest: config::secrets_digest(self.cfp, found),
+                secrets_digest: config::secrets_digest(self.cfp, found, &self.ctx.digest_key),
             };
             apply_deployment(&deployments, workload, 0).await?;
             let note = "scaled the workers to 0 before deleting the leases".into();

@@ -38,6 +38,7 @@ use kube::{Client, ResourceExt};
 
 use crate::operator::config;
 use crate::operator::crd::ChangeFeedProcessor;
+use crate::operator::digest_key::DigestKey;
 use crate::operator::metrics::OperatorMetrics;
 use crate::operator::scaling::estimate_report::EstimateReport;
 use crate::operator::scaling::estimates::{Estimators, ResourceKey};
@@ -79,6 +80,8 @@ pub struct Context {
     pub cluster: String,
     /// Each resource's standing with its lease set, when it was read and for which target.
     pub standings: Mutex<HashMap<ResourceKey, RememberedStanding>>,
+    /// The installation's key of the pod template's Secret digest.
+    pub digest_key: DigestKey,
 }
 
 /// A resource's standing with its lease set as last read: when, for which target (its
@@ -308,7 +311,7 @@ async fn apply(
             Workload {
                 cfp,
                 image: &ctx.worker_image,
-                secrets_digest: config::secrets_digest(cfp, found),
+                secrets_digest: config::secrets_digest(cfp, found, &ctx.digest_key),
             },
             desired,
         );

@@ -22,13 +22,48 @@ use crate::operator::rewind_steps::{
     DONE, Observed, RESTORE_ANNOTATION, REWIND_ANNOTATION, RewindRequest, STOPPING, Step, next_step, request_of,
 };
 use crate::operator::status::{REWOUND, condition};
-use crate::processor::admin::checkpoint_apply::{MoveOptions, Request, move_checkpoints};
-use crate::processor::admin::checkpoints::{Export, Selection};
+use crate::processor::admin::checkpoint_apply::MoveError;
+use crate::processor::admin::checkpoint_requests::{MoveOptions, Request, move_checkpoints};
+use crate::processor::admin::checkpoints::{Export, PlanError, Selection};
 
 /// The name the operator holds leases under while it moves them.
 const HOLDER: &str = "changefeed-operator";
 /// How soon a rewind in progress is looked at again.
 const SOON: Duration = Duration::from_secs(2);
+/// The `Rewound` condition's reason when moving the checkpoints failed.
+const FAILED: &str = "RewindFailed";
+/// The `Rewound` condition's reason when the export is of another container.
+const FOREIGN_EXPORT: &str = "ForeignExport";
+
+/// Why the checkpoints were not moved: the `Rewound` condition's reason, and in words.
+struct NotMoved {
+    reason: &'static str,
+    message: String,
+}
+
+impl From<String> for NotMoved {
+    fn from(message: String) -> Self {
+        Self {
+            reason: FAILED,
+            message,
+        }
+    }
+}
+
+impl From<MoveError> for NotMoved {
+    /// An export of another container gets a reason of its own: the operator never applies it.
+    fn from(error: MoveError) -> Self {
+        match error {
+            MoveError::Plan(error @ PlanError::OtherContainer { .. }) => Self {
+                reason: FOREIGN_EXPORT,
+                message: format!(
+                    "{error}; the operator never restores an export of another container, or of this one before it was deleted and created again (its positions are not this container's): restore an export of this container, or apply that one with `cfp checkpoints import --other-container` if you mean it"
+                ),
+            },
+            error => error.to_string().into(),
+        }
+    }
+}
 
 /// Whether a rewind or restore is asked for or under way on `cfp`.
 pub(super) fn requested(cfp: &ChangeFeedProcessor) -> bool {
@@ -144,6 +179,7 @@ impl Rewind<'_> {
                 started_at: now(),
                 succeeded: None,
                 message: None,
+                reason: None,
             };
             self.patch_status(serde_json::json!({ "rewind": progress })).await?;
             let note = format!("scaling the workers to 0 to move the checkpoints to {request}");
@@ -153,7 +189,7 @@ impl Rewind<'_> {
             let workload = Workload {
                 cfp: self.cfp,
                 image: &self.ctx.worker_image,
-                secrets_digest: config::secrets_digest(self.cfp, found),
+                secrets_digest: config::secrets_digest(self.cfp, found, &self.ctx.digest_key),
             };
             apply_deployment(deployments, workload, 0).await?;
         }
@@ -168,8 +204,9 @@ impl Rewind<'_> {
     ) -> Result<Action, ReconcileError> {
         let result = self.move_checkpoints(&request, found).await;
         if let Err(error) = &result {
-            tracing::warn!(processor = %self.cfp.name_any(), %error, "moving the checkpoints failed");
+            tracing::warn!(processor = %self.cfp.name_any(), error = error.message, "moving the checkpoints failed");
         }
+        let reason = result.as_ref().err().map(|e| e.reason.to_owned());
         let progress = RewindProgress {
             request: request.describe(),
             phase: DONE.into(),
@@ -180,7 +217,8 @@ impl Rewind<'_> {
                 .and_then(|s| s.rewind.as_ref())
                 .map_or_else(now, |p| p.started_at.clone()),
             succeeded: Some(result.is_ok()),
-            message: Some(result.unwrap_or_else(|error| error)),
+            message: Some(result.unwrap_or_else(|error| error.message)),
+            reason,
         };
         self.patch_status(serde_json::json!({ "rewind": progress })).await?;
         Ok(Action::requeue(Duration::from_secs(1)))
@@ -191,7 +229,7 @@ impl Rewind<'_> {
         &self,
         request: &RewindRequest,
         found: &BTreeMap<String, Secret>,
-    ) -> Result<String, String> {
+    ) -> Result<String, NotMoved> {
         let request = match request {
             RewindRequest::To(to) => Request::Rewind {
                 to: *to,
@@ -216,17 +254,18 @@ impl Rewind<'_> {
             .await
             .map_err(|e| e.to_string())?;
         // The worker pods are gone (Kubernetes says so): heartbeats they left are no instances.
+        // Another container's export is never applied.
         let options = MoveOptions {
             holder: HOLDER.into(),
-            force: true,
+            take_leases: true,
+            other_container: false,
+            mode: Some(settings.options.mode),
             dry_run: false,
             expiration: settings.options.expiration,
             watch: std::time::Duration::ZERO,
             on_watch: None,
         };
-        let moved = move_checkpoints(&store, &monitored, &request, &options)
-            .await
-            .map_err(|e| e.to_string())?;
+        let moved = move_checkpoints(&store, &monitored, &request, &options).await?;
         Ok(moved.applied.unwrap_or_default().describe())
     }
 
@@ -286,10 +325,11 @@ impl Rewind<'_> {
             let text = format!(
                 "the checkpoints were not moved to {request}: {message}; the processor goes on from where it was"
             );
-            let conditions = self.conditions_with(false, "RewindFailed", text.clone());
+            let reason = progress.reason.as_deref().unwrap_or(FAILED);
+            let conditions = self.conditions_with(false, reason, text.clone());
             self.patch_status(serde_json::json!({"rewind": null, "conditions": conditions}))
                 .await?;
-            self.publish(true, "RewindFailed", text).await;
+            self.publish(true, reason, text).await;
         }
         Ok(Action::requeue(Duration::from_secs(1)))
     }

@@ -1,7 +1,8 @@
 //! Checkpoints as something to read, save and move: the export format of a processor's leases,
 //! and the plans of `rewind` (every selected lease to one position) and `import` (the leases of
 //! an export, mapped through splits since, as adoption maps foreign checkpoints). Pure: the
-//! reads and the all-or-nothing writes are in [`crate::processor::admin::checkpoint_apply`].
+//! reads and the all-or-nothing writes are in [`crate::processor::admin::checkpoint_requests`] and
+//! [`crate::processor::admin::checkpoint_apply`].
 //!
 //! A position is what a worker reads from: a continuation, or — while a lease has none — its
 //! `startFrom` property (`beginning` or an RFC 3339 time), else the processor's start position.
@@ -13,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::cosmos::{EpkRange, StartFrom, continuation_lsn};
+use crate::cosmos::{EpkRange, FeedMode, StartFrom, continuation_lsn};
 use crate::processor::leases::adopt::{ForeignCheckpoint, Scope};
 use crate::processor::leases::lag_report::LATEST_LSN_PROPERTY;
 use crate::processor::leases::lease::{
@@ -35,6 +36,11 @@ pub struct Export {
     pub container: String,
     /// The monitored container's resource id: continuations apply to it only.
     pub container_rid: String,
+    /// The processor's change feed mode (`latest-version` or `all-versions-and-deletes`): an
+    /// import creates leases in it, and refuses a processor of the other mode. None in exports
+    /// of earlier versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<FeedMode>,
     /// When the export was read.
     #[serde(with = "time::serde::rfc3339")]
     pub exported_at: OffsetDateTime,
@@ -70,8 +76,10 @@ pub struct ExportedLease {
     pub checkpoint_time: Option<OffsetDateTime>,
 }
 
-/// The export of a processor's leases (`prefix` and container identify what they apply to).
+/// The export of a processor's leases (`prefix` and container identify what they apply to, the
+/// leases' mode the mode an import writes).
 pub fn export(leases: &[Lease], prefix: &str, container: &str, container_rid: &str, now: OffsetDateTime) -> Export {
+    let mode = lease_set_mode(leases);
     let mut leases: Vec<ExportedLease> = leases
         .iter()
         .filter_map(|lease| {
@@ -93,6 +101,7 @@ pub fn export(leases: &[Lease], prefix: &str, container: &str, container_rid: &s
         prefix: prefix.to_owned(),
         container: container.to_owned(),
         container_rid: container_rid.to_owned(),
+        mode,
         exported_at: now,
         leases,
     }
@@ -255,7 +264,7 @@ pub enum PlanError {
     Format(u32),
     /// The export is of another container.
     #[error(
-        "the export is of container {exported} (resource id {exported_rid}), not of {current} ({current_rid}): its checkpoints do not apply here (--force imports it anyway)"
+        "the export is of container {exported} (resource id {exported_rid}), not of {current} ({current_rid}): its checkpoints do not apply here"
     )]
     OtherContainer {
         /// The exported container's name.
@@ -266,6 +275,16 @@ pub enum PlanError {
         current: String,
         /// Its resource id.
         current_rid: String,
+    },
+    /// The export is of a processor of another change feed mode.
+    #[error(
+        "the export is of a processor in the {} mode, this one reads the {} mode: its leases would be refused by the workers; export and import within one mode", .exported.as_str(), .current.as_str()
+    )]
+    OtherMode {
+        /// The export's mode.
+        exported: FeedMode,
+        /// The processor's mode.
+        current: FeedMode,
     },
     /// Two exported leases overlap.
     #[error("the export's leases {0} and {1} overlap: the file was edited or is not an export")]
@@ -314,7 +333,8 @@ pub fn plan_rewind(
 /// an exported range split since is leased whole again (the current leases inside it deleted —
 /// the worker reads it across the children and splits the lease as it does after any split);
 /// a current lease outside every exported range is left as it is.
-pub fn plan_import(current: &[Lease], export: &Export, prefix: &str) -> Result<Plan, PlanError> {
+/// The leases created are written in `mode`, the processor's ([`import_mode`]).
+pub fn plan_import(current: &[Lease], export: &Export, prefix: &str, mode: FeedMode) -> Result<Plan, PlanError> {
     let wanted = exported_ranges(export)?;
     let mut plan = Plan::default();
     for (range, to) in &wanted {
@@ -323,7 +343,11 @@ pub fn plan_import(current: &[Lease], export: &Export, prefix: &str) -> Result<P
                 lease: lease.clone(),
                 to: to.clone(),
             }),
-            None => plan.creates.push(to.apply_to(&Lease::new(prefix, range, None))),
+            None => {
+                let mut created = Lease::new(prefix, range, None);
+                created.mode = Some(mode.lease_mode().to_owned());
+                plan.creates.push(to.apply_to(&created));
+            }
         }
     }
     for lease in current {
@@ -340,6 +364,29 @@ pub fn plan_import(current: &[Lease], export: &Export, prefix: &str) -> Result<P
         }
     }
     Ok(plan)
+}
+
+/// The mode of a lease set (its leases share one: the workers' bootstrap refuses others); `None`
+/// without leases.
+fn lease_set_mode(leases: &[Lease]) -> Option<FeedMode> {
+    leases.first().map(|l| FeedMode::of_lease(l.mode.as_deref()))
+}
+
+/// The processor's mode for an import of `export` over `current`: `known` when the caller knows
+/// it (the operator: the resource's spec), else the lease set's, else the export's, else the
+/// latest version. An export recorded in another mode is refused.
+pub fn import_mode(current: &[Lease], export: &Export, known: Option<FeedMode>) -> Result<FeedMode, PlanError> {
+    let mode = known
+        .or_else(|| lease_set_mode(current))
+        .or(export.mode)
+        .unwrap_or_default();
+    match export.mode {
+        Some(exported) if exported != mode => Err(PlanError::OtherMode {
+            exported,
+            current: mode,
+        }),
+        _ => Ok(mode),
+    }
 }
 
 /// The exported ranges and positions, through adoption's mapping (EPK scopes map to themselves;
@@ -385,12 +432,18 @@ fn exported_ranges(export: &Export) -> Result<Vec<(EpkRange, Position)>, PlanErr
         .collect())
 }
 
-/// Refuses an export of another container unless `force`: the database, the container's name
-/// and its resource id must all match (a container deleted and created again under its name
-/// gets another resource id; an emulator restarted may hand out the same ones, names differ).
-/// The one check of every import: `cfp checkpoints import` and the operator's restore.
-pub fn check_container(export: &Export, current: &str, current_rid: &str, force: bool) -> Result<(), PlanError> {
-    if force || (export.container == current && export.container_rid == current_rid) {
+/// Refuses an export of another container unless `other_container`: the database, the
+/// container's name and its resource id must all match (a container deleted and created again
+/// under its name gets another resource id; an emulator restarted may hand out the same ones,
+/// names differ). The one check of every import: `cfp checkpoints import` and the operator's
+/// restore (which never passes `other_container`).
+pub fn check_container(
+    export: &Export,
+    current: &str,
+    current_rid: &str,
+    other_container: bool,
+) -> Result<(), PlanError> {
+    if other_container || (export.container == current && export.container_rid == current_rid) {
         return Ok(());
     }
     Err(PlanError::OtherContainer {

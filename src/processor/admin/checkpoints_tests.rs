@@ -57,6 +57,7 @@ fn an_export_lists_every_lease_with_its_position_and_reads_back() {
     assert_eq!(export.leases[1].start_from.as_deref(), Some("beginning"));
     let json = serde_json::to_string(&export).unwrap();
     assert!(json.contains("\"containerRid\":\"rid==\""), "{json}");
+    assert!(json.contains("\"mode\":\"latest-version\""), "{json}");
     assert_eq!(serde_json::from_str::<Export>(&json).unwrap(), export);
 }
 
@@ -213,7 +214,7 @@ fn import_table() {
         (vec![halves[0].clone()], halves.to_vec(), vec!["-7F"], vec![], vec![], 1),
     ];
     for (from, current, moved, created, deleted, notes) in cases {
-        let plan = plan_import(&current, &exported(&from), "p").unwrap();
+        let plan = plan_import(&current, &exported(&from), "p", FeedMode::LatestVersion).unwrap();
         let label = tokens(&from);
         assert_eq!(tokens(plan.moves.iter().map(|m| &m.lease)), moved, "{label:?}");
         assert_eq!(tokens(&plan.creates), created, "{label:?}");
@@ -224,7 +225,13 @@ fn import_table() {
             assert_eq!(m.to.continuation, source.continuation);
         }
     }
-    let plan = plan_import(&halves, &exported(std::slice::from_ref(&whole)), "p").unwrap();
+    let plan = plan_import(
+        &halves,
+        &exported(std::slice::from_ref(&whole)),
+        "p",
+        FeedMode::LatestVersion,
+    )
+    .unwrap();
     assert_eq!(plan.creates[0].continuation.as_deref(), Some("\"10\""));
     assert_eq!(plan.creates[0].id, "p..-FF");
 }
@@ -233,18 +240,27 @@ fn import_table() {
 fn an_import_refuses_what_is_not_an_export_of_this_container() {
     let mut bad = exported(&[lease("", "FF", Some(1))]);
     bad.leases.push(bad.leases[0].clone());
-    assert!(matches!(plan_import(&[], &bad, "p"), Err(PlanError::Overlap(..))));
+    assert!(matches!(
+        plan_import(&[], &bad, "p", FeedMode::LatestVersion),
+        Err(PlanError::Overlap(..))
+    ));
     bad.leases.clear();
-    assert_eq!(plan_import(&[], &bad, "p"), Err(PlanError::Empty));
+    assert_eq!(
+        plan_import(&[], &bad, "p", FeedMode::LatestVersion),
+        Err(PlanError::Empty)
+    );
     bad.format = 2;
-    assert_eq!(plan_import(&[], &bad, "p"), Err(PlanError::Format(2)));
+    assert_eq!(
+        plan_import(&[], &bad, "p", FeedMode::LatestVersion),
+        Err(PlanError::Format(2))
+    );
 }
 
 #[test]
 fn an_import_applies_only_to_the_database_container_and_resource_id_it_was_taken_of() {
     // The export is of db/orders, resource id rid==.
     let export = exported(&[lease("", "FF", Some(1))]);
-    // (current container, its resource id, force, accepted)
+    // (current container, its resource id, other_container, accepted)
     let cases = [
         ("db/orders", "rid==", false, true),
         // Deleted and created again under its name: another resource id.
@@ -253,15 +269,15 @@ fn an_import_applies_only_to_the_database_container_and_resource_id_it_was_taken
         // emulator started again hands out the same ones).
         ("db/items", "rid==", false, false),
         ("other/orders", "rid==", false, false),
-        // --force imports it anyway.
+        // --other-container imports it anyway.
         ("db/orders", "rid2==", true, true),
         ("db/items", "rid==", true, true),
     ];
-    for (current, rid, force, accepted) in cases {
+    for (current, rid, other_container, accepted) in cases {
         assert_eq!(
-            check_container(&export, current, rid, force).is_ok(),
+            check_container(&export, current, rid, other_container).is_ok(),
             accepted,
-            "{current} ({rid}), force {force}"
+            "{current} ({rid}), other_container {other_container}"
         );
     }
 }
@@ -305,6 +321,7 @@ fn a_plan_says_what_it_changes() {
         &[lease("", "7F", Some(20)), lease("7F", "FF", Some(21))],
         &exported(&[lease("", "FF", Some(10))]),
         "p",
+        FeedMode::LatestVersion,
     )
     .unwrap();
     assert_eq!(
@@ -347,4 +364,59 @@ fn a_running_instance_is_found_by_what_changes_not_by_its_clock() {
             "lease -80 of pod-1 was written within the 21 s watched"
         ]
     );
+}
+
+#[test]
+fn an_import_writes_the_leases_it_creates_in_the_processors_mode_and_refuses_another_modes_export() {
+    use FeedMode::{AllVersionsAndDeletes as All, LatestVersion as Latest};
+    let all_versions = |mut lease: Lease| {
+        lease.mode = Some(All.lease_mode().to_owned());
+        lease
+    };
+    let halves = [lease("", "7F", Some(20)), lease("7F", "FF", Some(21))].map(all_versions);
+    let whole = all_versions(lease("", "FF", Some(10)));
+    let of_all = export(std::slice::from_ref(&whole), "p", "db/orders", "rid==", NOW);
+    let mut unrecorded = of_all.clone();
+    unrecorded.mode = None;
+    let of_latest = export(&[lease("", "FF", Some(10))], "p", "db/orders", "rid==", NOW);
+    // (current leases, export, the mode the caller knows, the mode of the import | the refusal)
+    type Case<'a> = (&'a [Lease], &'a Export, Option<FeedMode>, Result<FeedMode, PlanError>);
+    let cases: Vec<Case> = vec![
+        (&halves, &of_all, None, Ok(All)),
+        (&[], &of_all, None, Ok(All)),
+        (&[], &of_all, Some(All), Ok(All)),
+        // An export of an earlier version records no mode: the lease set's, or the known one.
+        (&halves, &unrecorded, None, Ok(All)),
+        (&[], &unrecorded, Some(All), Ok(All)),
+        (&[], &unrecorded, None, Ok(Latest)),
+        (&[], &of_latest, None, Ok(Latest)),
+        (
+            &halves,
+            &of_latest,
+            None,
+            Err(PlanError::OtherMode {
+                exported: Latest,
+                current: All,
+            }),
+        ),
+        (
+            &[],
+            &of_all,
+            Some(Latest),
+            Err(PlanError::OtherMode {
+                exported: All,
+                current: Latest,
+            }),
+        ),
+    ];
+    for (i, (current, exported, known, expected)) in cases.into_iter().enumerate() {
+        assert_eq!(import_mode(current, exported, known), expected, "case {i}");
+    }
+    assert_eq!(of_all.mode, Some(All));
+    // Across a split since the export, and into an empty lease set: created in the mode.
+    for current in [&halves[..], &[]] {
+        let plan = plan_import(current, &of_all, "p", All).unwrap();
+        assert_eq!(plan.creates.len(), 1);
+        assert_eq!(plan.creates[0].mode.as_deref(), Some("Full-Fidelity Feed"));
+    }
 }

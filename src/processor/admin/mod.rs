@@ -1,8 +1,10 @@
 //! The offline checkpoint tools, which the running processor never calls: export, import and
-//! rewind plans (pure, [`checkpoints`]), writing them ([`checkpoint_apply`]), and freeing a gone
-//! instance's leases ([`evict`]). Uses `leases` and `cosmos`.
+//! rewind plans (pure, [`checkpoints`]), writing them ([`checkpoint_apply`]), a request carried
+//! out with its refusals ([`checkpoint_requests`]), and freeing a gone instance's leases
+//! ([`evict`]). Uses `leases` and `cosmos`.
 
 pub mod checkpoint_apply;
+pub mod checkpoint_requests;
 pub mod checkpoints;
 pub mod evict;
 pub mod leave;
