@@ -38,6 +38,7 @@ mod http_handler;
 mod http_surfaces;
 mod image;
 mod java_sdk;
+mod keda;
 mod liveness;
 mod metadata_rights;
 mod migration;
