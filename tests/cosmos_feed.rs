@@ -205,3 +205,47 @@ async fn the_change_feed_of_an_epk_sub_range_holds_exactly_the_documents_hashed_
     }
     assert_eq!(later, 100);
 }
+
+/// The in-process emulator answers as `cfp emulator` does (one translation serves both): pages of
+/// several documents carry each one's `_lsn`, in order, and the continuation after a page is the
+/// quoted LSN of its last document, which resumes exactly after it.
+#[tokio::test]
+async fn in_process_pages_carry_lsns_and_quoted_lsn_continuations() {
+    let (_emulator, monitored, docs) = setup(2).await;
+    write(&docs, 0..60).await;
+    let mut seen = 0;
+    for range in monitored.feed_ranges(false).await.unwrap() {
+        let mut reader = monitored.reader(&range, None, StartFrom::Beginning, 7).await.unwrap();
+        let mut lsns = Vec::new();
+        loop {
+            let page = reader.next_page(READ).await.unwrap();
+            let continuation = page.continuations[0].continuation.clone();
+            if page.documents.is_empty() {
+                assert_eq!(Some(continuation), lsns.last().map(|l| format!("\"{l}\"")), "{range}");
+                break;
+            }
+            assert!(page.documents.len() <= 7);
+            let page_lsns: Vec<u64> = page.documents.iter().map(|d| d["_lsn"].as_u64().unwrap()).collect();
+            assert_eq!(
+                continuation,
+                format!("\"{}\"", page_lsns[page_lsns.len() - 1]),
+                "{range}"
+            );
+            lsns.extend(page_lsns);
+        }
+        assert!(lsns.windows(2).all(|w| w[0] < w[1]), "{range}: {lsns:?}");
+        // A reader resumed from the quoted LSN of the n-th document starts at the next one.
+        let middle = format!("\"{}\"", lsns[lsns.len() / 2]);
+        let mut resumed = monitored
+            .reader(&range, Some(&middle), StartFrom::Beginning, 1)
+            .await
+            .unwrap();
+        let next = resumed.next_page(READ).await.unwrap();
+        assert_eq!(
+            next.documents[0]["_lsn"].as_u64(),
+            lsns.get(lsns.len() / 2 + 1).copied()
+        );
+        seen += lsns.len();
+    }
+    assert_eq!(seen, 60);
+}

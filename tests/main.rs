@@ -40,6 +40,7 @@ mod http_handler;
 mod http_surfaces;
 mod image;
 mod java_sdk;
+mod keda;
 mod lease_format;
 mod liveness;
 mod metadata_rights;

@@ -52,3 +52,26 @@ async fn the_python_sdk_writes_through_cfp_emulator_and_the_change_feed_sees_it(
     assert_eq!(ids.len(), 25);
     terminate(&mut emulator).await;
 }
+
+/// The Python SDK reads `cfp emulator`'s change feed in the service's formats: `_lsn` on every
+/// document, the quoted-LSN range continuation (resumed from, one document at a time, nothing
+/// skipped), `max_item_count` honoured and the session token of the range read only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_reads_the_change_feed_in_the_services_formats() {
+    let (mut emulator, endpoint) = start_emulator("fmt/cf:/pk:3").await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/change_feed_formats.py");
+    let output = tokio::process::Command::new("python3")
+        .args([script, &endpoint, EMULATOR_KEY, "fmt", "cf", "30"])
+        .output()
+        .await
+        .expect("python3 (with azure-cosmos, see .ci/run) must be installed");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stderr}");
+    assert!(
+        output.status.success(),
+        "the change feed differs from the service's: {stdout}{stderr}"
+    );
+    assert_eq!(stdout.trim(), "ok 30");
+    terminate(&mut emulator).await;
+}

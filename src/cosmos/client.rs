@@ -81,10 +81,11 @@ impl CosmosAccount {
         }
     }
 
-    /// Connects to an in-process SDK emulator whose single region is served at `gateway`.
+    /// Connects to an in-process SDK emulator whose single region is served at `gateway`, through
+    /// the driver runtime `runtime` (whose transport hands requests to the emulator).
     #[cfg(feature = "emulator")]
     pub async fn in_memory(
-        emulator: &std::sync::Arc<azure_data_cosmos_driver::in_memory_emulator::InMemoryEmulatorHttpClient>,
+        runtime: azure_data_cosmos_driver::CosmosDriverRuntimeBuilder,
         gateway: &str,
     ) -> Result<Self, CosmosError> {
         quiet_sdk_backtraces();
@@ -95,9 +96,7 @@ impl CosmosAccount {
             .ok()
             .and_then(|u| u.host_str().map(str::to_owned))
             .unwrap_or_default();
-        let runtime = azure_data_cosmos::CosmosRuntimeBuilder::from(emulator.runtime_builder())
-            .build()
-            .await?;
+        let runtime = azure_data_cosmos::CosmosRuntimeBuilder::from(runtime).build().await?;
         let account = AccountReference::with_authentication_key(endpoint, Secret::new(EMULATOR_KEY.to_owned()));
         let client = CosmosClient::builder()
             .with_runtime(runtime)

@@ -18,8 +18,11 @@
 
 mod addressing;
 mod auth;
+mod edge;
 mod faults;
+pub mod formats;
 mod hangs;
+mod in_process;
 mod metadata;
 mod server;
 
@@ -155,6 +158,8 @@ pub const MAX_REQUEST_BODY: usize = 4 * 1024 * 1024;
 #[derive(Clone)]
 pub struct Emulator {
     client: Arc<InMemoryEmulatorHttpClient>,
+    /// The door every client's request goes through: the service's change feed formats.
+    edge: Arc<edge::Edge>,
     gateway: Url,
     /// Which requests over HTTP are authorized (the key can be regenerated while serving).
     auth: Arc<std::sync::RwLock<RequiredAuth>>,
@@ -179,9 +184,10 @@ impl Emulator {
         })?;
         let config = VirtualAccountConfig::new(vec![VirtualRegion::new("East US", gateway.clone())])
             .map_err(CosmosError::from)?;
-        let client = InMemoryEmulatorHttpClient::try_new(config).map_err(CosmosError::from)?;
+        let client = Arc::new(InMemoryEmulatorHttpClient::try_new(config).map_err(CosmosError::from)?);
         Ok(Self {
-            client: Arc::new(client),
+            edge: Arc::new(edge::Edge::new(client.clone())),
+            client,
             gateway,
             auth: Arc::new(std::sync::RwLock::new(RequiredAuth::Any)),
             faults: Arc::new(FaultInjector::default()),
@@ -283,9 +289,10 @@ impl Emulator {
         self.gateway.to_string()
     }
 
-    /// A client for this account that talks to it in-process (no network).
+    /// A client for this account that talks to it in-process (no network), answered as
+    /// `cfp emulator` answers its clients over HTTP.
     pub async fn account(&self) -> Result<CosmosAccount, CosmosError> {
-        CosmosAccount::in_memory(&self.client, self.gateway.as_str()).await
+        CosmosAccount::in_memory(in_process::runtime_builder(&self.edge), self.gateway.as_str()).await
     }
 
     /// Creates a database (if missing) and a container with `partitions` physical partitions.

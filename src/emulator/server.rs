@@ -155,21 +155,16 @@ impl Emulator {
             }
         }
         request.set_body(body.to_vec());
-        let response = self.client.execute_request(&request).await?;
-        let (status, headers, body) = response.deconstruct();
-        let body = body
-            .collect()
-            .await
-            .map_err(|e| CosmosError::local(ErrorKind::Transient, format!("reading response body: {e}")))?;
-        let mut builder = hyper::Response::builder().status(u16::from(status));
-        for (name, value) in headers.iter() {
+        let reply = self.edge.execute(request).await?;
+        let mut builder = hyper::Response::builder().status(u16::from(reply.status));
+        for (name, value) in reply.headers.iter() {
             builder = builder.header(name.as_str(), value.as_str());
         }
         if let Some(owner) = &resolved.owner {
             builder = builder.header("x-ms-alt-content-path", owner.as_str());
         }
         builder
-            .body(Full::new(body))
+            .body(Full::new(reply.body))
             .map_err(|e| CosmosError::local(ErrorKind::Other, format!("building response: {e}")))
     }
 

@@ -531,12 +531,21 @@ pub async fn cfp_estimate(endpoint: &str, flags: &[&str]) -> std::process::Outpu
 /// share its target directory) and returns the jar.
 pub fn java_peer_jar() -> String {
     static JAR: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
-    let built = JAR.get_or_init(|| {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/java-peer/build.sh");
+    built_once(
+        &JAR,
+        "bench/java-peer/build.sh",
+        "the Java peer (a JDK 17+ and Maven are needed",
+    )
+}
+
+/// Runs the build script `script` (a path in the repository) once per test binary, keeping its
+/// answer in `cell`, and returns the path it printed; panics with its errors, naming `what`.
+pub fn built_once(cell: &'static std::sync::OnceLock<Result<String, String>>, script: &str, what: &str) -> String {
+    let built = cell.get_or_init(|| {
         let output = std::process::Command::new("bash")
-            .arg(script)
+            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(script))
             .output()
-            .expect("bash runs bench/java-peer/build.sh");
+            .unwrap_or_else(|e| panic!("bash runs {script}: {e}"));
         if output.status.success() {
             Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
         } else {
@@ -544,8 +553,8 @@ pub fn java_peer_jar() -> String {
         }
     });
     match built {
-        Ok(jar) => jar.clone(),
-        Err(stderr) => panic!("building the Java peer failed (a JDK 17+ and Maven are needed, see .ci/run): {stderr}"),
+        Ok(path) => path.clone(),
+        Err(stderr) => panic!("building {what}, see .ci/run) failed: {stderr}"),
     }
 }
 
