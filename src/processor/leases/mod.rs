@@ -4,6 +4,7 @@
 
 pub mod adopt;
 pub mod bootstrap;
+pub mod cosmos_store;
 pub mod heartbeat;
 pub mod lag_report;
 pub mod lease;

@@ -1,0 +1,392 @@
+//! The lease store on a Cosmos container: leases, markers (`.info`, `.lock`, `.claim`) and
+//! instance heartbeats of one processor, every update conditional on the document's ETag.
+
+use async_trait::async_trait;
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use crate::cosmos::{DocumentContainer, ErrorKind};
+use crate::processor::leases::lease::{
+    Beat, HeartbeatDoc, Lease, LeaseSnapshot, LeaseStore, LeaseStoreError, LockAttempt,
+};
+
+/// The part of a lease prefix shared by one processor's lease sets on every container of the
+/// account (`{processorName}{accountHost}_`): the prefix without its database and container rids.
+pub(crate) fn processor_family(prefix: &str) -> Option<&str> {
+    let mut cut = prefix.rsplitn(3, '_');
+    let (_, _, family) = (cut.next()?, cut.next()?, cut.next()?);
+    Some(&prefix[..family.len() + 1])
+}
+
+/// The lease-id prefix of the .NET v3 SDK: `{processorName}{accountHost}_{databaseRid}_{containerRid}`.
+pub fn lease_prefix(processor: &str, account_host: &str, database_rid: &str, container_rid: &str) -> String {
+    format!("{processor}{account_host}_{database_rid}_{container_rid}")
+}
+
+/// The lease store on a Cosmos container partitioned on `/id` (or `/partitionKey` holding the id).
+pub struct CosmosLeaseStore {
+    container: DocumentContainer,
+    prefix: String,
+    pk_is_id: bool,
+}
+
+impl CosmosLeaseStore {
+    /// A store for the leases with `prefix` in `container`. Fails when the container's partition
+    /// key is neither `/id` nor `/partitionKey`.
+    pub fn new(container: DocumentContainer, prefix: String) -> Result<Self, LeaseStoreError> {
+        let pk_is_id = match container.partition_key_paths() {
+            [p] if p == "/id" => true,
+            [p] if p == "/partitionKey" => false,
+            other => {
+                return Err(LeaseStoreError::Misconfigured(format!(
+                    "the lease container must be partitioned on /id (or /partitionKey), but its partition key is {}",
+                    if other.is_empty() {
+                        "missing".to_owned()
+                    } else {
+                        other.join(",")
+                    }
+                )));
+            }
+        };
+        Ok(Self {
+            container,
+            prefix,
+            pk_is_id,
+        })
+    }
+
+    /// Deletes every document of this processor (leases, markers, heartbeats); returns how many.
+    pub async fn delete_all(&self) -> Result<usize, LeaseStoreError> {
+        let ours = format!("{}.", self.prefix);
+        let mut deleted = 0;
+        for doc in self.container.list_by_id_prefix(&ours).await? {
+            if let Some(id) = doc.body.get("id").and_then(Value::as_str) {
+                self.container.delete(id, id, None).await?;
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// How many documents of the lease container have ids starting with `prefix` (another
+    /// processor's leases, say).
+    pub async fn count_with_prefix(&self, prefix: &str) -> Result<usize, LeaseStoreError> {
+        Ok(self.container.list_by_id_prefix(prefix).await?.len())
+    }
+
+    /// Creates `body` (a document with an `id`, another processor's lease) in the lease
+    /// container; [`LeaseStoreError::Changed`] when its id exists.
+    pub async fn create_document(&self, body: &Value) -> Result<(), LeaseStoreError> {
+        let id = body.get("id").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let body = self.marker(id.clone(), body.clone());
+        match self.container.create(&id, &body).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind == ErrorKind::Conflict => Err(LeaseStoreError::Changed(id)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Reads the marker document `{prefix}.{name}`: its body and version.
+    pub async fn read_marker(&self, name: &str) -> Result<Option<(Value, String)>, LeaseStoreError> {
+        let id = self.marker_id(name);
+        Ok(self.container.read(&id, &id).await?.map(|doc| (doc.body, doc.etag)))
+    }
+
+    /// Writes the marker document `{prefix}.{name}` with the fields of `body`: created when
+    /// `etag` is `None` ([`LeaseStoreError::Changed`] when it exists), else replaced only at
+    /// that version ([`LeaseStoreError::Changed`] / [`LeaseStoreError::Gone`]).
+    pub async fn write_marker(&self, name: &str, body: Value, etag: Option<&str>) -> Result<(), LeaseStoreError> {
+        let id = self.marker_id(name);
+        let body = self.marker(id.clone(), body);
+        let written = match etag {
+            None => self.container.create(&id, &body).await,
+            Some(etag) => self.container.replace(&id, &body, etag).await,
+        };
+        match written {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(e.kind, ErrorKind::Conflict | ErrorKind::PreconditionFailed) => {
+                Err(LeaseStoreError::Changed(id))
+            }
+            Err(e) if e.kind == ErrorKind::NotFound && etag.is_some() => Err(LeaseStoreError::Gone(id)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn marker_id(&self, name: &str) -> String {
+        format!("{}.{name}", self.prefix)
+    }
+
+    fn heartbeat_id(&self, instance: &str) -> String {
+        format!("{}.instance.{instance}", self.prefix)
+    }
+
+    fn body(&self, lease: &Lease) -> Result<Value, LeaseStoreError> {
+        let mut lease = lease.clone();
+        if !self.pk_is_id {
+            lease.partition_key = Some(lease.id.clone());
+        }
+        serde_json::to_value(&lease).map_err(|e| LeaseStoreError::Invalid {
+            id: lease.id.clone(),
+            reason: e.to_string(),
+        })
+    }
+
+    fn marker(&self, id: String, extra: Value) -> Value {
+        let mut body = serde_json::json!({ "id": id });
+        if !self.pk_is_id {
+            body["partitionKey"] = Value::String(id.clone());
+        }
+        if let (Some(map), Value::Object(extra)) = (body.as_object_mut(), extra) {
+            map.extend(extra);
+        }
+        body
+    }
+
+    async fn create_marker(&self, id: String, extra: Value) -> Result<bool, LeaseStoreError> {
+        let body = self.marker(id.clone(), extra);
+        match self.container.create(&id, &body).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind == ErrorKind::Conflict => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+pub(crate) fn parse_lease(body: Value, etag: String) -> Result<Lease, LeaseStoreError> {
+    let id = body.get("id").and_then(Value::as_str).unwrap_or_default().to_owned();
+    let mut lease: Lease = serde_json::from_value(body).map_err(|e| LeaseStoreError::Invalid {
+        id,
+        reason: e.to_string(),
+    })?;
+    if lease.etag.is_empty() {
+        lease.etag = etag;
+    }
+    Ok(lease)
+}
+
+/// The heartbeat field that says how the instance keeps its leases alive.
+const LIVENESS_FIELD: &str = "liveness";
+/// Its value for an instance whose heartbeat keeps all its leases alive.
+const LIVENESS_INSTANCE: &str = "instance";
+/// The heartbeat field that names the process running under the instance name.
+const INCARNATION_FIELD: &str = "incarnation";
+
+fn now() -> OffsetDateTime {
+    OffsetDateTime::now_utc()
+}
+
+#[async_trait]
+impl LeaseStore for CosmosLeaseStore {
+    fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn request_charge(&self) -> f64 {
+        self.container.request_charge()
+    }
+
+    async fn snapshot(&self) -> Result<LeaseSnapshot, LeaseStoreError> {
+        let docs = self.container.list_by_id_prefix(&self.prefix).await?;
+        let lease_prefix = format!("{}..", self.prefix);
+        let heartbeat_prefix = self.heartbeat_id("");
+        let info = self.marker_id("info");
+        let mut snapshot = LeaseSnapshot::default();
+        for doc in docs {
+            let id = doc
+                .body
+                .get("id")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            if id.starts_with(&lease_prefix) {
+                // One malformed document must not stop the whole processor: skip and report it.
+                match parse_lease(doc.body, doc.etag) {
+                    // A partition-key-range lease (.NET v2, v3 version 0) under our prefix: not
+                    // processed as such; the bootstrap adopts its checkpoint.
+                    Ok(lease) if lease.range().is_none() => snapshot.pk_range_leases.push(lease),
+                    Ok(lease) => snapshot.leases.push(lease),
+                    Err(error) => snapshot.invalid.push((id, error.to_string())),
+                }
+            } else if let Some(instance) = id.strip_prefix(&heartbeat_prefix) {
+                let beat = doc
+                    .body
+                    .get("timestamp")
+                    .and_then(Value::as_str)
+                    .and_then(|t| OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok());
+                if let Some(beat) = beat {
+                    if doc.body.get(LIVENESS_FIELD).and_then(Value::as_str) == Some(LIVENESS_INSTANCE) {
+                        snapshot.keepers.push(instance.to_owned());
+                    }
+                    snapshot.instances.push((instance.to_owned(), beat));
+                }
+            } else if id == info {
+                snapshot.initialized = true;
+                snapshot.leases_per_partition = doc
+                    .body
+                    .get("leasesPerPartition")
+                    .and_then(Value::as_u64)
+                    .and_then(|k| u32::try_from(k).ok());
+            }
+        }
+        snapshot.leases.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(snapshot)
+    }
+
+    async fn read(&self, id: &str) -> Result<Option<Lease>, LeaseStoreError> {
+        match self.container.read(id, id).await? {
+            Some(doc) => Ok(Some(parse_lease(doc.body, doc.etag)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseStoreError> {
+        let body = self.body(lease)?;
+        match self.container.create(&lease.id, &body).await {
+            Ok(doc) => {
+                let mut created = lease.clone();
+                created.etag = doc.etag;
+                Ok(Some(created))
+            }
+            Err(e) if e.kind == ErrorKind::Conflict => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn replace(&self, lease: &Lease) -> Result<Lease, LeaseStoreError> {
+        let body = self.body(lease)?;
+        match self.container.replace(&lease.id, &body, &lease.etag).await {
+            Ok(doc) => {
+                let mut replaced = lease.clone();
+                replaced.etag = doc.etag;
+                Ok(replaced)
+            }
+            Err(e) if e.kind == ErrorKind::PreconditionFailed => Err(LeaseStoreError::Changed(lease.id.clone())),
+            Err(e) if e.kind == ErrorKind::NotFound => Err(LeaseStoreError::Gone(lease.id.clone())),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn delete(&self, lease: &Lease) -> Result<(), LeaseStoreError> {
+        match self.container.delete(&lease.id, &lease.id, Some(&lease.etag)).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind == ErrorKind::PreconditionFailed => Err(LeaseStoreError::Changed(lease.id.clone())),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn try_lock(&self, owner: &str) -> Result<LockAttempt, LeaseStoreError> {
+        let id = self.marker_id("lock");
+        let stamp = now()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        // `ttl` lets the service remove a dead holder's lock where the container expires documents.
+        let body = serde_json::json!({"Owner": owner, "timestamp": stamp, "ttl": 30});
+        if self.create_marker(id.clone(), body).await? {
+            return Ok(LockAttempt::Taken);
+        }
+        Ok(match self.container.read(&id, &id).await? {
+            Some(doc) => LockAttempt::Held { etag: doc.etag },
+            // Removed meanwhile: free again.
+            None => LockAttempt::Free,
+        })
+    }
+
+    async fn break_lock(&self, etag: &str) -> Result<(), LeaseStoreError> {
+        let id = self.marker_id("lock");
+        match self.container.delete(&id, &id, Some(etag)).await {
+            Err(e) if !matches!(e.kind, ErrorKind::PreconditionFailed | ErrorKind::NotFound) => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    async fn unlock(&self) -> Result<(), LeaseStoreError> {
+        let id = self.marker_id("lock");
+        Ok(self.container.delete(&id, &id, None).await?)
+    }
+
+    async fn mark_initialized(&self, monitored: &str, leases_per_partition: u32) -> Result<(), LeaseStoreError> {
+        self.create_marker(
+            self.marker_id("info"),
+            serde_json::json!({ "monitored": monitored, "leasesPerPartition": leases_per_partition }),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn foreign_documents(&self, prefix: &str) -> Result<Vec<Value>, LeaseStoreError> {
+        // Our EPK leases are not foreign; partition-key-range leases under our prefix (a .NET
+        // v2 processor of the same name) are.
+        let ours = format!("{}.", self.prefix);
+        Ok(self
+            .container
+            .list_by_id_prefix(prefix)
+            .await?
+            .into_iter()
+            .map(|doc| doc.body)
+            .filter(|body| {
+                let id = body.get("id").and_then(Value::as_str).unwrap_or_default();
+                !(id.starts_with(&ours) && body.get("FeedRange").is_some())
+            })
+            .collect())
+    }
+
+    async fn earlier_incarnation(&self, monitored: &str) -> Result<bool, LeaseStoreError> {
+        let Some(family) = processor_family(&self.prefix) else {
+            return Ok(false);
+        };
+        let ours = self.marker_id("info");
+        let markers = self.container.list_by_field("monitored", monitored).await?;
+        Ok(markers.iter().any(|doc| {
+            doc.body
+                .get("id")
+                .and_then(Value::as_str)
+                .is_some_and(|id| id != ours && id.starts_with(family) && id.ends_with(".info"))
+        }))
+    }
+
+    async fn heartbeat(&self, beat: &Beat<'_>) -> Result<String, LeaseStoreError> {
+        let id = self.heartbeat_id(beat.instance);
+        let stamp = now()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        let mut extra = serde_json::json!({
+            "Owner": beat.instance, "timestamp": stamp, INCARNATION_FIELD: beat.incarnation,
+        });
+        if beat.keeps_leases {
+            extra[LIVENESS_FIELD] = Value::String(LIVENESS_INSTANCE.into());
+        }
+        let body = self.marker(id.clone(), extra);
+        let written = match beat.if_match {
+            None => self.container.create(&id, &body).await,
+            Some(etag) => self.container.replace(&id, &body, etag).await,
+        };
+        match written {
+            Ok(doc) => Ok(doc.etag),
+            Err(e) if matches!(e.kind, ErrorKind::Conflict | ErrorKind::PreconditionFailed) => {
+                Err(LeaseStoreError::Changed(id))
+            }
+            Err(e) if e.kind == ErrorKind::NotFound && beat.if_match.is_some() => Err(LeaseStoreError::Gone(id)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn read_heartbeat(&self, instance: &str) -> Result<Option<HeartbeatDoc>, LeaseStoreError> {
+        let id = self.heartbeat_id(instance);
+        Ok(self.container.read(&id, &id).await?.map(|doc| HeartbeatDoc {
+            incarnation: doc
+                .body
+                .get(INCARNATION_FIELD)
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            etag: doc.etag,
+        }))
+    }
+
+    async fn remove_heartbeat(&self, instance: &str, if_match: Option<&str>) -> Result<(), LeaseStoreError> {
+        let id = self.heartbeat_id(instance);
+        match self.container.delete(&id, &id, if_match).await {
+            Err(e) if !matches!(e.kind, ErrorKind::PreconditionFailed | ErrorKind::NotFound) => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+}
