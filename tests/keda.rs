@@ -60,13 +60,23 @@ async fn keda(bin: &str, endpoint: &str) -> Keda {
 
 /// `cfp estimate`'s total lag and lease count.
 async fn estimate(endpoint: &str) -> (u64, u64) {
+    match try_estimate(endpoint).await {
+        Ok(figures) => figures,
+        Err(error) => panic!("{error}"),
+    }
+}
+
+/// Like [`estimate`]; the command's error while it fails (no lease container yet, say).
+async fn try_estimate(endpoint: &str) -> Result<(u64, u64), String> {
     let output = cfp_estimate(endpoint, &["-o", "json"]).await;
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("cfp estimate -o json");
-    (
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+    }
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).map_err(|e| e.to_string())?;
+    Ok((
         json["totalLag"].as_u64().unwrap_or(u64::MAX),
         json["leaseCount"].as_u64().unwrap_or(0),
-    )
+    ))
 }
 
 fn start_worker(endpoint: &str) -> tokio::process::Child {
@@ -83,8 +93,9 @@ fn start_worker(endpoint: &str) -> tokio::process::Child {
 /// Runs a worker until `cfp estimate` says it drained `leases` leases, then stops it.
 async fn drain(endpoint: &str, leases: u64) {
     let mut worker = start_worker(endpoint);
+    // Until the worker has created the lease container, `cfp estimate` fails: waited for too.
     let drained = eventually(Duration::from_secs(60), || async {
-        estimate(endpoint).await == (0, leases)
+        try_estimate(endpoint).await == Ok((0, leases))
     })
     .await;
     terminate(&mut worker).await;

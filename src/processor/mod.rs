@@ -32,10 +32,9 @@ pub use handlers::dead_letters::{CosmosDeadLetters, DeadLetter, DeadLetterStore}
 pub use handlers::http::{HttpFormat, HttpHandler, HttpHandlerConfig, HttpHandlerError};
 pub use handlers::manual::{CheckpointError, CheckpointHandle, Handler, ManualCheckpointHandler};
 pub use leases::adopt::{AdoptOptions, ForeignLayout};
+pub use leases::cosmos_store::{CosmosLeaseStore, lease_prefix};
 pub use leases::heartbeat::LeaseLiveness;
-pub use leases::lease::{
-    Beat, CosmosLeaseStore, HeartbeatDoc, Lease, LeaseStore, LeaseStoreError, LockAttempt, lease_prefix,
-};
+pub use leases::lease::{Beat, HeartbeatDoc, Lease, LeaseStore, LeaseStoreError, LockAttempt};
 pub use leases::name_claim::NameError;
 pub use options::{OnExhausted, ProcessorOptions, RetryPolicy};
 pub use policy::checkpoint_policy::CheckpointPolicy;

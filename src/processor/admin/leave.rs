@@ -11,7 +11,8 @@ use time::OffsetDateTime;
 
 use crate::cosmos::{EpkRange, FeedMode, MonitoredContainer};
 use crate::processor::leases::bootstrap::partition_id;
-use crate::processor::leases::lease::{CosmosLeaseStore, Lease, LeaseStoreError};
+use crate::processor::leases::cosmos_store::CosmosLeaseStore;
+use crate::processor::leases::lease::{Lease, LeaseStoreError};
 
 /// The lease layouts this processor's checkpoints can be written in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -390,3 +390,15 @@ impl LeaseStore for CosmosLeaseStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_processor_family_drops_the_rids() {
+        let prefix = lease_prefix("orders", "acct.documents.azure.com", "KmhJAA==", "KmhJAOkGgKQ=");
+        assert_eq!(processor_family(&prefix), Some("ordersacct.documents.azure.com_"));
+        assert_eq!(processor_family("no-underscores"), None);
+    }
+}
