@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds KEDA's own `azure-cosmosdb` scaler (the Go module github.com/kedacore/keda/v2, pinned in
 # go.mod beside this script, its code unchanged) into a small command the KEDA test runs against
-# `cfp emulator` (main.go), into a cache directory; skips the build when the binary is newer
-# than its sources. Prints the binary's path.
+# `cfp emulator` (main.go), into a cache directory; skips the build when the binary was built
+# from these very sources (a hash beside it). Prints the binary's path.
 #
 #   tests/keda/build.sh            # builds into $CFP_KEDA_BIN (default ~/.cache/changefeed-operator/keda-<pin>)
 #   tests/keda/build.sh --print    # prints the binary's path and builds nothing
@@ -13,7 +13,9 @@ dir="${CFP_KEDA_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/changefeed-operator/$pin}"
 bin="$dir/keda-cosmosdb"
 if [[ "${1:-}" == "--print" ]]; then echo "$bin"; exit 0; fi
 command -v go >/dev/null || { echo "keda: go is missing (the test builds KEDA's scaler from its Go module)" >&2; exit 1; }
-if [[ -x $bin && ! $here/main.go -nt $bin && ! $here/go.mod -nt $bin && ! $here/go.sum -nt $bin ]]; then
+# Keyed by the sources' content, not their times (a fresh checkout's files are all new).
+sum=$(cat "$here/main.go" "$here/go.mod" "$here/go.sum" | sha256sum | cut -d' ' -f1)
+if [[ -x $bin && "$(cat "$bin.sum" 2>/dev/null)" == "$sum" ]]; then
   echo "$bin"; exit 0
 fi
 mkdir -p "$dir"
@@ -21,5 +23,6 @@ echo "keda: building KEDA's azure-cosmosdb scaler (a cold build takes minutes on
 started=$SECONDS
 (cd "$here" && CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -trimpath -buildvcs=false" go build -ldflags="-s -w" -o "$bin.partial" .)
 mv "$bin.partial" "$bin"
+echo "$sum" > "$bin.sum"
 echo "keda: built $bin in $((SECONDS - started)) s" >&2
 echo "$bin"
