@@ -337,13 +337,8 @@ async fn four_workers_survive_kills_freezes_splits_renames_skewed_clocks_and_slo
             Action::SlowStore => {
                 let client = reqwest::Client::new();
                 let slow = format!("{endpoint}_emulator/faults?rate=0&kinds=429&latencyMs={SLOW_STORE_LATENCY_MS}");
-                // Opt-in (`CFP_CHAOS_SLOW_STORE=1`): with it, changes are lost — a known defect,
-                // not fixed yet, that the release before this one has too (seed 1795716562 lost
-                // versions in 6 of 11 runs; see docs/concepts/guarantees.md).
-                if std::env::var_os("CFP_CHAOS_SLOW_STORE").is_some() {
-                    let _ = client.post(&slow).send().await;
-                    crashes += 1;
-                }
+                let _ = client.post(&slow).send().await;
+                crashes += 1;
                 tokio::time::sleep(SLOW_STORE).await;
                 let _ = client.delete(format!("{endpoint}_emulator/faults")).send().await;
             }
