@@ -187,6 +187,14 @@ mod tests {
             (410, Some(1007), ErrorKind::RangeGone),
             (500, Some(20206), ErrorKind::SplitInProgress),
             (429, Some(3200), ErrorKind::Transient),
+            // A throughput bucket's budget spent: throttling like any 429.
+            (429, Some(3212), ErrorKind::Transient),
+            // The SDK's own 503s after its recovery failed: a read session not available
+            // (from 404/1002), no write region accepting (403/3), account routing not recovered
+            // (403/1008) — all of them pass with a failover or a refresh: tried again.
+            (503, Some(20310), ErrorKind::Transient),
+            (503, Some(20311), ErrorKind::Transient),
+            (503, Some(20312), ErrorKind::Transient),
             (503, None, ErrorKind::Transient),
             (408, None, ErrorKind::Transient),
             (401, None, ErrorKind::Unauthorized),
