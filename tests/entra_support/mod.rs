@@ -120,6 +120,46 @@ impl TokenEndpoint {
     }
 }
 
+/// An account served on loopback by the test process, as `cfp emulator --entra-token-file` serves
+/// it: over HTTP it accepts only [`ACCESS_TOKEN`] (key auth disabled, database and container
+/// writes refused as by the service), so its containers are provisioned at start. The test reads
+/// it through [`EntraAccount::account`], in-process and unchecked, as an administrator would.
+pub struct EntraAccount {
+    /// The endpoint the operator and workers use (token-only).
+    pub endpoint: String,
+    /// An in-process client of the same account, for the test's own reads.
+    pub account: changefeed_operator::cosmos::CosmosAccount,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl EntraAccount {
+    /// Serves an account with `containers` (`database/container[:/pk[:partitions]]`).
+    pub async fn serve(containers: &[&str]) -> Self {
+        let specs: Vec<changefeed_operator::emulator::ContainerSpec> =
+            containers.iter().map(|spec| spec.parse().unwrap()).collect();
+        let (emulator, listener) = changefeed_operator::emulator::bind(([127, 0, 0, 1], 0).into(), &specs)
+            .await
+            .unwrap();
+        let emulator = emulator.require_entra_token(ACCESS_TOKEN);
+        let account = emulator.account().await.unwrap();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let endpoint = emulator.endpoint();
+        let serving = stop.clone();
+        tokio::spawn(async move { emulator.serve(listener, serving).await });
+        Self {
+            endpoint,
+            account,
+            stop,
+        }
+    }
+}
+
+impl Drop for EntraAccount {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
 /// Entra ID's answer: a token for a well-formed client-assertion request of our app, tenant and
 /// the Cosmos DB scope; `invalid_client` otherwise.
 async fn token_response(
