@@ -144,18 +144,44 @@ async fn api_counters(client: &kube::Client) -> Result<ApiCounters, BenchError> 
     Ok(ApiCounters::parse(&text))
 }
 
-/// Resources, the steady window and the spec changes timed: (resources, window, changes).
-fn sizes(settings: &BenchSettings) -> (usize, Duration, usize) {
+/// The operator at size: its resources, their estimate interval, the steady window and the spec
+/// changes timed.
+struct Sizes {
+    resources: usize,
+    estimate_interval: Duration,
+    window: Duration,
+    changes: usize,
+}
+
+/// The full run's sizes, or the small run's (the same resources and changes, a shorter estimate
+/// interval and steady window: it keeps the figures from rotting, not their precision).
+fn sizes(settings: &BenchSettings) -> Sizes {
     if settings.scale_leases >= 1_000 {
-        (500, Duration::from_secs(120), 100)
+        Sizes {
+            resources: 500,
+            estimate_interval: Duration::from_secs(15),
+            window: Duration::from_secs(120),
+            changes: 100,
+        }
     } else {
-        (50, Duration::from_secs(60), 20)
+        Sizes {
+            resources: 50,
+            estimate_interval: Duration::from_secs(5),
+            window: Duration::from_secs(20),
+            changes: 20,
+        }
     }
 }
 
 /// The operator with many resources: RSS, steady API traffic, spec change → Deployment.
 pub async fn operator_at_scale(k8s_bin: &Path, settings: &BenchSettings) -> Result<Vec<Figure>, BenchError> {
-    let (resources, window, changes) = sizes(settings);
+    let Sizes {
+        resources,
+        estimate_interval,
+        window,
+        changes,
+    } = sizes(settings);
+    let interval = format!("{}s", estimate_interval.as_secs());
     let (_emulator, endpoint) = emulator(&["bench/items:/pk:2"]).await?;
     let plane = ControlPlane::start(k8s_bin).await?;
     let client = plane.client.clone();
@@ -168,7 +194,10 @@ pub async fn operator_at_scale(k8s_bin: &Path, settings: &BenchSettings) -> Resu
     let processors: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), NAMESPACE);
     for n in 0..resources {
         processors
-            .create(&PostParams::default(), &processor(&format!("p{n}"), &endpoint, "15s")?)
+            .create(
+                &PostParams::default(),
+                &processor(&format!("p{n}"), &endpoint, &interval)?,
+            )
             .await
             .map_err(|e| format!("creating ChangeFeedProcessor p{n}: {e}"))?;
     }
@@ -179,7 +208,7 @@ pub async fn operator_at_scale(k8s_bin: &Path, settings: &BenchSettings) -> Resu
     .await
     .ok_or_else(|| format!("the operator did not render and estimate all {resources} resources"))?;
     // Two estimate intervals for everything to settle.
-    tokio::time::sleep(Duration::from_secs(30)).await;
+    tokio::time::sleep(estimate_interval * 2).await;
     let before = api_counters(&client).await?;
     tokio::time::sleep(window).await;
     let steady = api_counters(&client).await?.since(&before);
