@@ -187,6 +187,40 @@ async fn a_merge_of_two_partitions_leaves_one_covering_both_and_every_document_r
     assert_eq!((found_before, found_after), (40, 40));
 }
 
+/// A raw write of document `id` to the region at `endpoint` (not retried): its status and
+/// sub-status.
+async fn raw_write(endpoint: &str, id: &str) -> (u16, String) {
+    let answer = reqwest::Client::new()
+        .post(format!("{endpoint}dbs/{DB}/colls/{ITEMS}/docs"))
+        .header("x-ms-version", "2020-07-15")
+        .header("x-ms-documentdb-partitionkey", format!("[\"{id}\"]"))
+        .header("content-type", "application/json")
+        .body(json!({"id": id, "pk": id}).to_string())
+        .send()
+        .await
+        .expect("the emulator answers");
+    let sub_status = answer
+        .headers()
+        .get("x-ms-substatus")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    (answer.status().as_u16(), sub_status)
+}
+
+/// A raw read of document `id` from the region at `endpoint`: its status.
+async fn raw_read(endpoint: &str, id: &str) -> u16 {
+    reqwest::Client::new()
+        .get(format!("{endpoint}dbs/{DB}/colls/{ITEMS}/docs/{id}"))
+        .header("x-ms-version", "2020-07-15")
+        .header("x-ms-documentdb-partitionkey", format!("[\"{id}\"]"))
+        .send()
+        .await
+        .expect("the emulator answers")
+        .status()
+        .as_u16()
+}
+
 /// The account metadata's write regions, as `GET /` reports them to every SDK.
 async fn writable_locations(endpoint: &str) -> Vec<String> {
     let body = reqwest::get(endpoint)
@@ -216,7 +250,7 @@ async fn a_failover_moves_the_write_region_and_writes_keep_landing() {
         "--region",
         "West US",
         "--replication-delay-ms",
-        "20",
+        "300",
     ])
     .await;
     let regions = emulator_control(&endpoint, reqwest::Method::GET, "regions").await;
@@ -226,6 +260,17 @@ async fn a_failover_moves_the_write_region_and_writes_keep_landing() {
         .to_owned();
     assert_ne!(west, endpoint, "each region has an endpoint of its own");
     assert_eq!(writable_locations(&endpoint).await, ["East US"]);
+    // A write reaches the other region after the replication delay.
+    assert_eq!(raw_write(&endpoint, "replicated").await.0, 201);
+    let unreplicated = raw_read(&west, "replicated").await;
+    let written = Instant::now();
+    let replicated = common::eventually(Duration::from_secs(3), || async {
+        raw_read(&west, "replicated").await == 200
+    })
+    .await;
+    let lag = written.elapsed();
+    assert_eq!(unreplicated, 404, "not in West US before the replication delay");
+    assert!(replicated, "in West US after the replication delay");
     let items = items(&endpoint).await;
     let before = ids("east", 20);
     assert!(write_all(&items, &before, 4).await.is_empty());
@@ -233,6 +278,7 @@ async fn a_failover_moves_the_write_region_and_writes_keep_landing() {
     let topology = emulator_control(&endpoint, reqwest::Method::POST, "failover?region=West%20US").await;
     assert_eq!(topology["writeRegion"], "West US", "{topology}");
     let reported = (writable_locations(&endpoint).await, writable_locations(&west).await);
+    let old_region_write = raw_write(&endpoint, "to-the-old-write-region").await;
     let after = ids("west", 20);
     let started = Instant::now();
     let failures = write_all(&items, &after, 4).await;
@@ -241,18 +287,24 @@ async fn a_failover_moves_the_write_region_and_writes_keep_landing() {
     let offline = emulator_control(&west, reqwest::Method::POST, "region-offline?region=East%20US").await;
     let readable_started = Instant::now();
     let all: Vec<String> = before.iter().chain(&after).cloned().collect();
-    let read_back = common::eventually(Duration::from_secs(8), || async { readable(&items, &all).await == 40 }).await;
+    let read_back = common::eventually(Duration::from_secs(5), || async { readable(&items, &all).await == 40 }).await;
     let read_took = readable_started.elapsed();
     let reported_offline = writable_locations(&west).await;
     println!(
-        "failover East US -> West US: writable locations {:?} / {:?}; 20 writes after it in {writes_took:.1?} ({} failed); East US offline: online {}, writable {reported_offline:?}, 40/40 readable {read_back} in {read_took:.1?}",
+        "replication delay 300 ms: 404 in West US right after the write, 200 after {lag:.1?}; failover East US -> West US: writable locations {:?} / {:?}, a raw write to East US {:?}; 20 SDK writes after it in {writes_took:.1?} ({} failed); East US offline: online {}, writable {reported_offline:?}, 40/40 readable {read_back} in {read_took:.1?}",
         reported.0,
         reported.1,
+        old_region_write,
         failures.len(),
         offline["regions"][0]["online"]
     );
     assert_eq!(reported.0, ["West US"]);
     assert_eq!(reported.1, ["West US"]);
+    assert_eq!(
+        old_region_write,
+        (403, "3".to_owned()),
+        "the old write region refuses writes"
+    );
     assert!(
         failures.is_empty(),
         "writes keep landing after the failover: {failures:?}"
