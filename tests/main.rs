@@ -30,6 +30,7 @@ mod demo;
 mod deposed_owner;
 mod docs;
 mod docs_commands;
+mod emulator_conditions;
 mod end_to_end;
 mod entra_auth;
 mod estimator;

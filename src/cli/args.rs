@@ -95,6 +95,20 @@ pub struct EmulatorArgs {
     /// (default partition key `/id`, 4 partitions). Repeatable.
     #[arg(long = "container", value_name = "SPEC")]
     pub containers: Vec<crate::emulator::ContainerSpec>,
+    /// Provisioned throughput of a `--container`: `database/container=RU` (RU/s, at least 400).
+    /// Its writes are charged request units, each physical partition gets an equal share per
+    /// second, and a write past it gets 429 with `x-ms-retry-after-ms`, as on the service.
+    /// Repeatable.
+    #[arg(long = "throughput", value_name = "DB/COLL=RU")]
+    pub throughput: Vec<crate::emulator::ThroughputSpec>,
+    /// A region of the account (repeatable; the first takes writes; default: one region, `East
+    /// US`). Each region is served on a port of its own: the next ports after `--port` (any free
+    /// port when it is 0), and the account metadata names each region's endpoint.
+    #[arg(long = "region", value_name = "NAME")]
+    pub regions: Vec<String>,
+    /// How long a write takes to reach the other regions, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub replication_delay_ms: u64,
 }
 
 /// `cfp bench`.

@@ -1,10 +1,27 @@
 //! The Cosmos SDK's in-memory emulator as a local Cosmos DB: in-process for tests, and served over
-//! loopback HTTP/1.1 and cleartext HTTP/2 by `cfp emulator`, with a small control API:
+//! loopback HTTP/1.1 and cleartext HTTP/2 by `cfp emulator`.
+//!
+//! The account ([`AccountOptions`], `cfp emulator` options):
+//!
+//! - `--container db/coll[:/pk[:partitions]]` — a container created at start.
+//! - `--throughput db/coll=RU` — that container's provisioned throughput (RU/s, at least 400 as
+//!   on the service): its writes are charged request units as the SDK emulator models them,
+//!   each physical partition gets an equal share per second, and a write past the budget gets
+//!   429/3200 with `x-ms-retry-after-ms` (reads are not charged).
+//! - `--region NAME` (repeatable; the first takes writes) — the account's regions, each served on
+//!   a listener of its own (the ports after `--port`), as the account metadata's
+//!   `readableLocations` / `writableLocations` name them; `--replication-delay-ms N` — how long
+//!   a write takes to reach the other regions.
+//!
+//! The control API, on every region's endpoint:
 //!
 //! - `GET  /_emulator/ranges?database=D&container=C` — the physical partitions (id, min, max).
 //! - `POST /_emulator/split?database=D&container=C[&partition=ID][&lockMs=N]` — splits one
 //!   physical partition at its midpoint (the first one when `partition` is not given) and answers
 //!   with the partitions after the split.
+//! - `POST /_emulator/merge?database=D&container=C&partitions=ID1,ID2[&lockMs=N]` — merges two
+//!   adjacent physical partitions into one and answers with the partitions after the merge (the
+//!   merged partition's LSNs start again at 1, unlike the service's).
 //! - `POST /_emulator/faults?rate=R&kinds=429,503,408,reset[&latencyMs=N]` — fails a share `R` of
 //!   the Cosmos requests as the service does (and answers each after N/2 to 3N/2 ms); `POST /_emulator/outage?ms=N` fails every request for `N` ms;
 //!   `DELETE /_emulator/faults` stops; `GET /_emulator/faults` reports what was injected.
@@ -12,37 +29,51 @@
 //!   partition hang, unanswered, until `DELETE /_emulator/hang` (`GET` reports them).
 //! - `POST /_emulator/key?value=K` — regenerates the account key as `K` (base64), as a key
 //!   rotation does: requests signed with the old key get 401 from then on (needs `--key`).
-//! - `POST /_emulator/containers?database=D&container=C[&partitionKey=/id][&partitions=N]` —
+//! - `POST /_emulator/containers?database=D&container=C[&partitionKey=/id][&partitions=N][&throughput=RU]` —
 //!   creates a container (and its database) as the management plane does (`az cosmosdb sql
-//!   container create`), also where the data plane refuses metadata writes.
+//!   container create`), also where the data plane refuses metadata writes; `throughput` as
+//!   `--throughput`.
+//! - `GET /_emulator/regions` — the regions: the write region, each region's endpoint, whether
+//!   it is online and takes writes ([`RegionTopology`]).
+//! - `POST /_emulator/failover?region=R[&windowMs=N]` — moves the write region to `R`, as a
+//!   manual failover: the old write region refuses writes (403/3) at once, and for `windowMs`
+//!   the account still advertises both as writable, then only `R`.
+//! - `POST /_emulator/region-offline?region=R` — takes `R` out of service: it leaves the account
+//!   metadata and its endpoint resets every connection (if it took writes, the next region does);
+//!   `DELETE` brings it back (writes stay where they are).
+//!
+//! A bad parameter is answered 400 with a message saying what is expected.
 
 mod addressing;
 mod auth;
+mod controls;
 mod edge;
 mod faults;
 pub mod formats;
 mod hangs;
 mod in_process;
 mod metadata;
+mod partitions;
+mod regions;
 mod server;
 
 pub use auth::RequiredAuth;
 pub use faults::{Fault, FaultInjector};
+pub use regions::{AccountOptions, RegionTopology, RegionView};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use azure_core::http::{Method, Request, Url};
-use azure_data_cosmos_driver::in_memory_emulator::{
-    ContainerConfig, InMemoryEmulatorHttpClient, VirtualAccountConfig, VirtualRegion,
-};
+use azure_data_cosmos_driver::in_memory_emulator::{ContainerConfig, InMemoryEmulatorHttpClient};
 use bytes::Bytes;
 use http_body_util::Full;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
 use crate::cosmos::{CosmosAccount, CosmosError, EpkRange, ErrorKind};
+pub use regions::ThroughputSpec;
 
 /// Why the account key could not be rotated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -72,6 +103,12 @@ pub enum EmulatorError {
     /// The partition does not exist or cannot be split.
     #[error("cannot split: {0}")]
     Split(String),
+    /// The partitions could not be merged.
+    #[error("cannot merge: {0}")]
+    Merge(String),
+    /// A control request or an option names something that does not fit (answered with 400).
+    #[error("{0}")]
+    BadRequest(String),
     /// The listening socket could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -172,23 +209,38 @@ pub struct Emulator {
     /// Refuse database and container writes signed with a key, as an account with
     /// `disableKeyBasedMetadataWriteAccess` does (Entra ID tokens are always refused them).
     deny_key_metadata_writes: Arc<std::sync::atomic::AtomicBool>,
+    /// The account's regions in the order given, each with the endpoint it is served at.
+    regions: Arc<Vec<regions::RegionEndpoint>>,
+    /// How long a write takes to reach the other regions.
+    replication_delay: Duration,
 }
 
 impl Emulator {
     /// A new, empty account whose one region is reachable at `gateway`
     /// (for example `http://127.0.0.1:8081/`).
     pub fn new(gateway: &str) -> Result<Self, EmulatorError> {
-        let gateway = Url::parse(gateway).map_err(|e| EmulatorError::InvalidSpec {
-            spec: gateway.to_owned(),
-            reason: e.to_string(),
-        })?;
-        let config = VirtualAccountConfig::new(vec![VirtualRegion::new("East US", gateway.clone())])
-            .map_err(CosmosError::from)?;
-        let client = Arc::new(InMemoryEmulatorHttpClient::try_new(config).map_err(CosmosError::from)?);
+        Self::with_regions(&[(regions::DEFAULT_REGION, gateway)], Duration::ZERO)
+    }
+
+    /// A new, empty account with `regions` (name, gateway URL), the first its write region;
+    /// writes reach the other regions after `replication_delay`. Containers given a provisioned
+    /// throughput answer 429 past it.
+    pub fn with_regions(regions: &[(&str, &str)], replication_delay: Duration) -> Result<Self, EmulatorError> {
+        let endpoints = regions::endpoints(regions)?;
+        let gateway = endpoints
+            .first()
+            .map(|r| r.gateway.clone())
+            .ok_or_else(|| EmulatorError::BadRequest("an account needs at least one region".into()))?;
+        let client = Arc::new(
+            InMemoryEmulatorHttpClient::try_new(regions::account_config(&endpoints, replication_delay)?)
+                .map_err(CosmosError::from)?,
+        );
         Ok(Self {
             edge: Arc::new(edge::Edge::new(client.clone())),
             client,
             gateway,
+            regions: Arc::new(endpoints),
+            replication_delay,
             auth: Arc::new(std::sync::RwLock::new(RequiredAuth::Any)),
             faults: Arc::new(FaultInjector::default()),
             hangs: Arc::default(),
@@ -297,6 +349,27 @@ impl Emulator {
 
     /// Creates a database (if missing) and a container with `partitions` physical partitions.
     pub async fn create_container(&self, spec: &ContainerSpec) -> Result<(), EmulatorError> {
+        self.create_container_with_throughput(spec, None).await
+    }
+
+    /// Like [`Self::create_container`], with a provisioned throughput in RU/s (at least 400, as
+    /// on the service): the container's writes are charged request units as the SDK emulator
+    /// models them, each physical partition gets an equal share of the budget per second, and a
+    /// write past it is answered 429/3200 with `x-ms-retry-after-ms`. An existing container is
+    /// left as it is.
+    pub async fn create_container_with_throughput(
+        &self,
+        spec: &ContainerSpec,
+        throughput: Option<u64>,
+    ) -> Result<(), EmulatorError> {
+        let mut config = ContainerConfig::new().with_partition_count(spec.partitions);
+        if let Some(ru) = throughput {
+            config = config.with_throughput(ru);
+        }
+        let config = config.build().map_err(|e| EmulatorError::InvalidSpec {
+            spec: format!("{}/{}", spec.database, spec.container),
+            reason: e.to_string(),
+        })?;
         let store = self.client.store();
         if !self.exists(&format!("dbs/{}", spec.database)).await? {
             store.create_database(&spec.database);
@@ -311,12 +384,7 @@ impl Emulator {
             "paths": [spec.partition_key], "kind": "Hash", "version": 2
         }))
         .map_err(CosmosError::from)?;
-        store.create_container_with_config(
-            &spec.database,
-            &spec.container,
-            pk,
-            ContainerConfig::new().with_partition_count(spec.partitions),
-        );
+        store.create_container_with_config(&spec.database, &spec.container, pk, config);
         Ok(())
     }
 
@@ -331,7 +399,7 @@ impl Emulator {
         for _ in 0..=fastrand::u16(..) {
             store.create_database(THROWAWAY);
         }
-        let mut url = self.gateway.clone();
+        let mut url = self.store_url();
         url.set_path(&format!("dbs/{THROWAWAY}"));
         let mut request = Request::new(url, Method::Delete);
         request.insert_header("x-ms-version", "2020-07-15");
@@ -341,7 +409,7 @@ impl Emulator {
 
     /// Sends a GET for a resource path straight to the store: status and body.
     async fn get(&self, path: &str) -> Result<(u16, Bytes), EmulatorError> {
-        let mut url = self.gateway.clone();
+        let mut url = self.store_url();
         url.set_path(path);
         let mut request = Request::new(url, Method::Get);
         request.insert_header("x-ms-version", "2020-07-15");
@@ -358,68 +426,6 @@ impl Emulator {
     async fn exists(&self, path: &str) -> Result<bool, EmulatorError> {
         Ok(self.get(path).await?.0 == 200)
     }
-
-    /// The physical partitions of a container, sorted by EPK.
-    pub async fn partitions(&self, database: &str, container: &str) -> Result<Vec<PhysicalPartition>, EmulatorError> {
-        let (status, body) = self.get(&format!("dbs/{database}/colls/{container}/pkranges")).await?;
-        if status == 404 {
-            return Err(EmulatorError::NoSuchContainer(format!("{database}/{container}")));
-        }
-        #[derive(Deserialize)]
-        struct Ranges {
-            #[serde(rename = "PartitionKeyRanges")]
-            ranges: Vec<RawRange>,
-        }
-        #[derive(Deserialize)]
-        struct RawRange {
-            id: String,
-            #[serde(rename = "minInclusive")]
-            min: String,
-            #[serde(rename = "maxExclusive")]
-            max: String,
-        }
-        let parsed: Ranges = serde_json::from_slice(&body).map_err(CosmosError::from)?;
-        let mut out: Vec<PhysicalPartition> = parsed
-            .ranges
-            .into_iter()
-            .map(|r| PhysicalPartition {
-                id: r.id,
-                range: EpkRange::new(r.min, r.max),
-            })
-            .collect();
-        out.sort_by(|a, b| a.range.cmp(&b.range));
-        Ok(out)
-    }
-
-    /// Splits a physical partition at its midpoint and waits for the split to complete; during
-    /// `lock` reads of the partition fail as they do on the service. Returns the partitions after.
-    pub async fn split(
-        &self,
-        database: &str,
-        container: &str,
-        partition: Option<&str>,
-        lock: Duration,
-    ) -> Result<Vec<PhysicalPartition>, EmulatorError> {
-        let before = self.partitions(database, container).await?;
-        let target = match partition {
-            Some(id) => before.iter().find(|p| p.id == id),
-            None => before.first(),
-        }
-        .ok_or_else(|| EmulatorError::Split(format!("no partition {partition:?} in {database}/{container}")))?;
-        let id: u32 = target
-            .id
-            .parse()
-            .map_err(|_| EmulatorError::Split(format!("partition id {:?} is not numeric", target.id)))?;
-        let store = self.client.store();
-        let epk = store
-            .midpoint_split_epk(database, container, id)
-            .map_err(|e| EmulatorError::Split(e.to_string()))?;
-        store
-            .split_partition_and_wait(database, container, id, epk, lock)
-            .await
-            .map_err(|e| EmulatorError::Split(e.to_string()))?;
-        self.partitions(database, container).await
-    }
 }
 
 /// Binds `addr`, builds an emulator whose gateway is the bound address, and creates `containers`.
@@ -433,20 +439,17 @@ pub async fn bind_advertised(
     advertise: Option<&str>,
     containers: &[ContainerSpec],
 ) -> Result<(Emulator, TcpListener), EmulatorError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| EmulatorError::Bind { addr, source })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| EmulatorError::Bind { addr, source })?;
-    let gateway = advertise.map_or_else(|| format!("http://{local}/"), str::to_owned);
-    let emulator = Emulator::new(&gateway)?;
-    emulator.vary_resource_ids().await?;
-    for spec in containers {
-        emulator.create_container(spec).await?;
-    }
+    let mut options = AccountOptions::new(addr);
+    options.advertise = advertise.map(str::to_owned);
+    options.containers = containers.to_vec();
+    let (emulator, mut listeners) = regions::bind_account(&options).await?;
+    let listener = listeners
+        .pop()
+        .ok_or_else(|| EmulatorError::BadRequest("an account needs at least one region".into()))?;
     Ok((emulator, listener))
 }
+
+pub use regions::bind_account;
 
 #[cfg(test)]
 mod tests {

@@ -1,6 +1,6 @@
 //! The emulator's HTTP face: serving the account on a listener, refusing what the service
 //! refuses (credentials, metadata writes to Entra tokens), forwarding the rest to the SDK's
-//! in-memory emulator, and the `/_emulator/*` control endpoints (faults, splits, containers).
+//! in-memory emulator; each region of the account on a listener of its own.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -11,22 +11,35 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 
 impl Emulator {
-    /// Serves this account over HTTP on `listener` until `shutdown` is cancelled.
+    /// Serves this account's first region over HTTP on `listener` until `shutdown` is cancelled.
     pub async fn serve(&self, listener: TcpListener, shutdown: CancellationToken) {
+        self.serve_at(listener, self.gateway.clone(), shutdown).await;
+    }
+
+    /// Serves the region whose endpoint is `gateway` on `listener` until `shutdown` is cancelled.
+    pub(super) async fn serve_at(&self, listener: TcpListener, gateway: Url, shutdown: CancellationToken) {
         let emulator = self.clone();
+        let gateway = std::sync::Arc::new(gateway);
         crate::http_server::serve(listener, shutdown, move |req| {
             let emulator = emulator.clone();
-            async move { emulator.handle(req).await }
+            let gateway = gateway.clone();
+            async move { emulator.handle(&gateway, req).await }
         })
         .await;
     }
 
-    async fn handle(&self, req: hyper::Request<Incoming>) -> hyper::Response<Full<Bytes>> {
+    async fn handle(&self, gateway: &Url, req: hyper::Request<Incoming>) -> hyper::Response<Full<Bytes>> {
         let path = req.uri().path().to_owned();
         if let Some(control) = path.strip_prefix("/_emulator/") {
             let control = control.trim_end_matches('/').to_owned();
             let query = req.uri().query().unwrap_or_default().to_owned();
             return self.control(req.method().clone(), &control, &query).await;
+        }
+        if self.region_offline(gateway) {
+            // The service withdraws an offline region's DNS record: nothing answers there.
+            let mut response = crate::http_server::json(503, &serde_json::json!({}));
+            response.extensions_mut().insert(crate::http_server::ResetConnection);
+            return response;
         }
         let delay = self.faults.delay();
         if !delay.is_zero() {
@@ -53,7 +66,7 @@ impl Emulator {
             return refusal;
         }
         let method = req.method().clone();
-        let response = match self.forward(req, &resolved).await {
+        let response = match self.forward(gateway, req, &resolved).await {
             Ok(response) => response,
             Err(error) => crate::http_server::json(
                 503,
@@ -112,6 +125,7 @@ impl Emulator {
     /// Passes a Cosmos REST request to the in-memory store.
     async fn forward(
         &self,
+        gateway: &Url,
         req: hyper::Request<Incoming>,
         resolved: &addressing::ResolvedPath,
     ) -> Result<hyper::Response<Full<Bytes>>, CosmosError> {
@@ -135,7 +149,7 @@ impl Emulator {
                 ));
             }
         };
-        let mut url = self.gateway.clone();
+        let mut url = gateway.clone();
         // Names, without the trailing slash the Python SDK sends (the store expects none).
         url.set_path(&format!("/{}", resolved.path));
         url.set_query(parts.uri.query());
@@ -166,131 +180,5 @@ impl Emulator {
         builder
             .body(Full::new(reply.body))
             .map_err(|e| CosmosError::local(ErrorKind::Other, format!("building response: {e}")))
-    }
-
-    /// The fault-injection endpoints; `None` for other actions.
-    fn fault_control(
-        &self,
-        method: &hyper::Method,
-        action: &str,
-        params: &std::collections::HashMap<String, String>,
-    ) -> Option<hyper::Response<Full<Bytes>>> {
-        let bad = |message: String| crate::http_server::json(400, &serde_json::json!({ "message": message }));
-        match (method, action) {
-            (&hyper::Method::POST, "faults") => {
-                let rate = params.get("rate").map_or(Ok(0.1), |r| r.parse::<f64>());
-                let kinds: Option<Vec<Fault>> = params
-                    .get("kinds")
-                    .map_or("429,503,408", String::as_str)
-                    .split(',')
-                    .map(Fault::parse)
-                    .collect();
-                let latency = params.get("latencyMs").map_or(Ok(0), |ms| ms.parse::<u64>());
-                match (rate, kinds, latency) {
-                    (Ok(rate), Some(kinds), Ok(latency)) if (0.0..=1.0).contains(&rate) => {
-                        self.faults.configure(rate, kinds);
-                        self.faults.slow_down(Duration::from_millis(latency));
-                    }
-                    _ => {
-                        return Some(bad(
-                            "rate must be 0..1, kinds a list of 429, 503, 408, reset and latencyMs a number of milliseconds"
-                                .into(),
-                        ));
-                    }
-                }
-            }
-            (&hyper::Method::POST, "outage") => match params.get("ms").and_then(|ms| ms.parse::<u64>().ok()) {
-                Some(ms) => self.faults.outage(Duration::from_millis(ms)),
-                None => return Some(bad("ms (the outage's length in milliseconds) is required".into())),
-            },
-            (&hyper::Method::DELETE, "faults") => self.faults.clear(),
-            (&hyper::Method::GET, "faults") => {}
-            _ => return None,
-        }
-        Some(crate::http_server::json(200, &self.faults.report()))
-    }
-
-    /// `/_emulator/hang`: change feed reads of a partition that never return.
-    fn hang_control(
-        &self,
-        method: &hyper::Method,
-        action: &str,
-        params: &std::collections::HashMap<String, String>,
-    ) -> Option<hyper::Response<Full<Bytes>>> {
-        match (method, action) {
-            (&hyper::Method::POST, "hang") => match params.get("partition") {
-                Some(partition) => self.hangs.hang(partition, params.get("container").map(String::as_str)),
-                None => {
-                    let message = "partition (a physical partition id, see /_emulator/ranges) is required";
-                    return Some(crate::http_server::json(
-                        400,
-                        &serde_json::json!({ "message": message }),
-                    ));
-                }
-            },
-            (&hyper::Method::DELETE, "hang") => self.hangs.lift(),
-            (&hyper::Method::GET, "hang") => {}
-            _ => return None,
-        }
-        Some(crate::http_server::json(200, &self.hangs.report()))
-    }
-
-    async fn control(&self, method: hyper::Method, action: &str, query: &str) -> hyper::Response<Full<Bytes>> {
-        let params: std::collections::HashMap<String, String> =
-            url::form_urlencoded::parse(query.as_bytes()).into_owned().collect();
-        if let Some(response) = self.fault_control(&method, action, &params) {
-            return response;
-        }
-        if let Some(response) = self.hang_control(&method, action, &params) {
-            return response;
-        }
-        if (&method, action) == (&hyper::Method::POST, "key") {
-            let value = params.get("value").map(String::as_str).unwrap_or_default();
-            return match self.regenerate_key(value) {
-                Ok(()) => {
-                    tracing::info!("account key regenerated");
-                    crate::http_server::json(200, &serde_json::json!({"message": "key regenerated"}))
-                }
-                Err(error) => crate::http_server::json(409, &serde_json::json!({ "message": error.to_string() })),
-            };
-        }
-        let (Some(database), Some(container)) = (params.get("database"), params.get("container")) else {
-            return crate::http_server::json(
-                400,
-                &serde_json::json!({"message": "database and container are required"}),
-            );
-        };
-        let result = match (method, action) {
-            (hyper::Method::GET, "ranges") => self.partitions(database, container).await,
-            (hyper::Method::POST, "containers") => {
-                let partition_key = params.get("partitionKey").map_or("/id", String::as_str);
-                let partitions = params.get("partitions").map_or("1", String::as_str);
-                match format!("{database}/{container}:{partition_key}:{partitions}").parse::<ContainerSpec>() {
-                    Ok(spec) => match self.create_container(&spec).await {
-                        Ok(()) => self.partitions(database, container).await,
-                        Err(error) => Err(error),
-                    },
-                    Err(error) => Err(error),
-                }
-            }
-            (hyper::Method::POST, "split") => {
-                let lock_ms = params.get("lockMs").and_then(|v| v.parse().ok()).unwrap_or(100);
-                let partition = params.get("partition").map(String::as_str);
-                self.split(database, container, partition, Duration::from_millis(lock_ms))
-                    .await
-            }
-            _ => return crate::http_server::json(404, &serde_json::json!({"message": "unknown control endpoint"})),
-        };
-        match result {
-            Ok(partitions) => crate::http_server::json(200, &serde_json::json!({ "partitions": partitions })),
-            Err(EmulatorError::NoSuchContainer(name)) => crate::http_server::json(
-                404,
-                &serde_json::json!({"message": format!("container {name} does not exist")}),
-            ),
-            Err(error @ EmulatorError::InvalidSpec { .. }) => {
-                crate::http_server::json(400, &serde_json::json!({"message": error.to_string()}))
-            }
-            Err(error) => crate::http_server::json(409, &serde_json::json!({"message": error.to_string()})),
-        }
     }
 }

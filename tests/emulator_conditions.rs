@@ -1,0 +1,388 @@
+//! The service's own conditions on `cfp emulator` (issue 40 §1), against the real binary: a
+//! container's provisioned throughput (429s with a retry-after under a burst, and the SDK's
+//! writes still all land), a merge of two physical partitions (one partition covering both
+//! ranges, every document readable), a failover of the write region (the account reports the new
+//! one, writes keep landing, a region taken offline leaves the account), and the 400s that
+//! bad parameters get.
+
+use std::time::{Duration, Instant};
+
+use changefeed_operator::cosmos::{AccountAuth, CosmosAccount, DocumentContainer};
+use futures::StreamExt as _;
+use serde_json::{Value, json};
+
+use crate::common::{self, DB, ITEMS, emulator_control, start_emulator_with};
+
+/// The account's `db/items` through our SDK client.
+async fn items(endpoint: &str) -> DocumentContainer {
+    let account = CosmosAccount::connect(endpoint, &AccountAuth::emulator_key())
+        .await
+        .expect("connect to cfp emulator");
+    account.documents(DB, ITEMS).await.expect("db/items")
+}
+
+/// Writes `ids` (partition key = id) through the SDK, `concurrency` at a time; the failures.
+async fn write_all(items: &DocumentContainer, ids: &[String], concurrency: usize) -> Vec<String> {
+    futures::stream::iter(ids.iter().cloned())
+        .map(|id| async move {
+            let body = json!({"id": id, "pk": id, "payload": "x".repeat(200)});
+            items.upsert(&id, &body).await.err().map(|e| format!("{id}: {e}"))
+        })
+        .buffer_unordered(concurrency)
+        .filter_map(|failure| async move { failure })
+        .collect()
+        .await
+}
+
+/// How many of `ids` read back through the SDK.
+async fn readable(items: &DocumentContainer, ids: &[String]) -> usize {
+    let mut found = 0;
+    for id in ids {
+        if matches!(items.read(id, id).await, Ok(Some(_))) {
+            found += 1;
+        }
+    }
+    found
+}
+
+/// A control request expected to fail: its status and message.
+async fn control_status(endpoint: &str, method: reqwest::Method, action: &str) -> (u16, String) {
+    let answer = reqwest::Client::new()
+        .request(method, format!("{endpoint}_emulator/{action}"))
+        .send()
+        .await
+        .expect("the control API answers");
+    let status = answer.status().as_u16();
+    let body: Value = serde_json::from_slice(&answer.bytes().await.unwrap_or_default()).unwrap_or(Value::Null);
+    (status, body["message"].as_str().unwrap_or_default().to_owned())
+}
+
+fn ids(prefix: &str, count: usize) -> Vec<String> {
+    (0..count).map(|n| format!("{prefix}-{n}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_at_400_rus_answers_a_burst_with_429s_and_every_sdk_write_lands() {
+    let (_emulator, endpoint) = start_emulator_with(&[
+        "--port",
+        "0",
+        "--container",
+        "db/items:/pk:1",
+        "--throughput",
+        "db/items=400",
+    ])
+    .await;
+    // A burst of raw writes, not retried: the budget of the second is spent and the rest are
+    // throttled as on the service.
+    let http = reqwest::Client::new();
+    let url = format!("{endpoint}dbs/{DB}/colls/{ITEMS}/docs");
+    let answers: Vec<(u16, Option<u64>)> = futures::stream::iter(0..120)
+        .map(|n| {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                let answer = http
+                    .post(&url)
+                    .header("x-ms-version", "2020-07-15")
+                    .header("x-ms-documentdb-partitionkey", format!("[\"raw-{n}\"]"))
+                    .header("content-type", "application/json")
+                    .body(
+                        json!({"id": format!("raw-{n}"), "pk": format!("raw-{n}"), "payload": "x".repeat(200)})
+                            .to_string(),
+                    )
+                    .send()
+                    .await
+                    .expect("the emulator answers");
+                let retry_after = answer
+                    .headers()
+                    .get("x-ms-retry-after-ms")
+                    .and_then(|v| v.to_str().ok()?.parse().ok());
+                (answer.status().as_u16(), retry_after)
+            }
+        })
+        .buffer_unordered(30)
+        .collect()
+        .await;
+    let created = answers.iter().filter(|(s, _)| *s == 201).count();
+    let throttled: Vec<u64> = answers
+        .iter()
+        .filter(|(s, _)| *s == 429)
+        .map(|(_, r)| r.expect("a 429 carries x-ms-retry-after-ms"))
+        .collect();
+    // Through the SDK: every write lands, however often it is throttled on the way.
+    let items = items(&endpoint).await;
+    let sdk = ids("sdk", 150);
+    let started = Instant::now();
+    let failures = write_all(&items, &sdk, 16).await;
+    let took = started.elapsed();
+    let charged = items.request_charge();
+    let found = readable(&items, &sdk).await;
+    println!(
+        "400 RU/s, 1 partition: raw burst of 120 writes: {created} created, {} throttled (429, retry-after {}..{} ms); SDK: 150 writes, {} failed, {found} readable, {took:.1?}, {charged:.0} RU charged ({:.0} RU/s)",
+        throttled.len(),
+        throttled.iter().min().unwrap_or(&0),
+        throttled.iter().max().unwrap_or(&0),
+        failures.len(),
+        charged / took.as_secs_f64()
+    );
+    assert!(!throttled.is_empty(), "a burst past 400 RU/s is throttled");
+    assert_eq!(
+        created + throttled.len(),
+        120,
+        "every answer is 201 or 429: {answers:?}"
+    );
+    assert!(
+        throttled.iter().all(|ms| (1..=1000).contains(ms)),
+        "retry-after within the second"
+    );
+    assert!(failures.is_empty(), "the SDK's writes all land: {failures:?}");
+    assert_eq!(found, sdk.len());
+    assert!(
+        charged / took.as_secs_f64() < 400.0 * 1.5,
+        "the writes kept to about the budget"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_of_two_partitions_leaves_one_covering_both_and_every_document_readable() {
+    let (_emulator, endpoint) = start_emulator_with(&["--port", "0", "--container", "db/items:/pk:2"]).await;
+    let items = items(&endpoint).await;
+    let before = ids("before", 40);
+    assert!(write_all(&items, &before, 8).await.is_empty());
+    let ranges = emulator_control(&endpoint, reqwest::Method::GET, "ranges?database=db&container=items").await;
+    let partitions = ranges["partitions"].as_array().expect("partitions").clone();
+    assert_eq!(partitions.len(), 2, "{ranges}");
+    let started = Instant::now();
+    let merged = emulator_control(
+        &endpoint,
+        reqwest::Method::POST,
+        "merge?database=db&container=items&partitions=0,1&lockMs=50",
+    )
+    .await;
+    let merge_took = started.elapsed();
+    let after_ranges = emulator_control(&endpoint, reqwest::Method::GET, "ranges?database=db&container=items").await;
+    assert_eq!(
+        merged["partitions"], after_ranges["partitions"],
+        "the merge answers with the partitions after it"
+    );
+    let after_partitions = after_ranges["partitions"].as_array().expect("partitions");
+    assert_eq!(after_partitions.len(), 1, "{after_ranges}");
+    assert_eq!(after_partitions[0]["min"], partitions[0]["min"]);
+    assert_eq!(after_partitions[0]["max"], partitions[1]["max"]);
+    let after = ids("after", 40);
+    let failures = write_all(&items, &after, 8).await;
+    let found_before = readable(&items, &before).await;
+    let found_after = readable(&items, &after).await;
+    println!(
+        "merge of partitions 0 [{}, {}) and 1 [{}, {}): {merge_took:.1?}, now {} [{}, {}); readable: {found_before}/40 written before, {found_after}/40 after ({} writes failed)",
+        partitions[0]["min"],
+        partitions[0]["max"],
+        partitions[1]["min"],
+        partitions[1]["max"],
+        after_partitions[0]["id"],
+        after_partitions[0]["min"],
+        after_partitions[0]["max"],
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!((found_before, found_after), (40, 40));
+}
+
+/// A raw write of document `id` to the region at `endpoint` (not retried): its status and
+/// sub-status.
+async fn raw_write(endpoint: &str, id: &str) -> (u16, String) {
+    let answer = reqwest::Client::new()
+        .post(format!("{endpoint}dbs/{DB}/colls/{ITEMS}/docs"))
+        .header("x-ms-version", "2020-07-15")
+        .header("x-ms-documentdb-partitionkey", format!("[\"{id}\"]"))
+        .header("content-type", "application/json")
+        .body(json!({"id": id, "pk": id}).to_string())
+        .send()
+        .await
+        .expect("the emulator answers");
+    let sub_status = answer
+        .headers()
+        .get("x-ms-substatus")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    (answer.status().as_u16(), sub_status)
+}
+
+/// A raw read of document `id` from the region at `endpoint`: its status.
+async fn raw_read(endpoint: &str, id: &str) -> u16 {
+    reqwest::Client::new()
+        .get(format!("{endpoint}dbs/{DB}/colls/{ITEMS}/docs/{id}"))
+        .header("x-ms-version", "2020-07-15")
+        .header("x-ms-documentdb-partitionkey", format!("[\"{id}\"]"))
+        .send()
+        .await
+        .expect("the emulator answers")
+        .status()
+        .as_u16()
+}
+
+/// The account metadata's write regions, as `GET /` reports them to every SDK.
+async fn writable_locations(endpoint: &str) -> Vec<String> {
+    let body = reqwest::get(endpoint)
+        .await
+        .expect("GET /")
+        .bytes()
+        .await
+        .expect("body");
+    let account: Value = serde_json::from_slice(&body).expect("JSON");
+    account["writableLocations"]
+        .as_array()
+        .expect("writableLocations")
+        .iter()
+        .map(|l| l["name"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_moves_the_write_region_and_writes_keep_landing() {
+    let (_emulator, endpoint) = start_emulator_with(&[
+        "--port",
+        "0",
+        "--container",
+        "db/items:/pk:1",
+        "--region",
+        "East US",
+        "--region",
+        "West US",
+        "--replication-delay-ms",
+        "300",
+    ])
+    .await;
+    let regions = emulator_control(&endpoint, reqwest::Method::GET, "regions").await;
+    let west = regions["regions"][1]["endpoint"]
+        .as_str()
+        .expect("West US endpoint")
+        .to_owned();
+    assert_ne!(west, endpoint, "each region has an endpoint of its own");
+    assert_eq!(writable_locations(&endpoint).await, ["East US"]);
+    // A write reaches the other region after the replication delay.
+    assert_eq!(raw_write(&endpoint, "replicated").await.0, 201);
+    let unreplicated = raw_read(&west, "replicated").await;
+    let written = Instant::now();
+    let replicated = common::eventually(Duration::from_secs(3), || async {
+        raw_read(&west, "replicated").await == 200
+    })
+    .await;
+    let lag = written.elapsed();
+    assert_eq!(unreplicated, 404, "not in West US before the replication delay");
+    assert!(replicated, "in West US after the replication delay");
+    let items = items(&endpoint).await;
+    let before = ids("east", 20);
+    assert!(write_all(&items, &before, 4).await.is_empty());
+
+    let topology = emulator_control(&endpoint, reqwest::Method::POST, "failover?region=West%20US").await;
+    assert_eq!(topology["writeRegion"], "West US", "{topology}");
+    let reported = (writable_locations(&endpoint).await, writable_locations(&west).await);
+    let old_region_write = raw_write(&endpoint, "to-the-old-write-region").await;
+    let after = ids("west", 20);
+    let started = Instant::now();
+    let failures = write_all(&items, &after, 4).await;
+    let writes_took = started.elapsed();
+    // The old write region goes offline: it leaves the account, and reads go elsewhere.
+    let offline = emulator_control(&west, reqwest::Method::POST, "region-offline?region=East%20US").await;
+    let readable_started = Instant::now();
+    let all: Vec<String> = before.iter().chain(&after).cloned().collect();
+    let read_back = common::eventually(Duration::from_secs(5), || async { readable(&items, &all).await == 40 }).await;
+    let read_took = readable_started.elapsed();
+    let reported_offline = writable_locations(&west).await;
+    println!(
+        "replication delay 300 ms: 404 in West US right after the write, 200 after {lag:.1?}; failover East US -> West US: writable locations {:?} / {:?}, a raw write to East US {:?}; 20 SDK writes after it in {writes_took:.1?} ({} failed); East US offline: online {}, writable {reported_offline:?}, 40/40 readable {read_back} in {read_took:.1?}",
+        reported.0,
+        reported.1,
+        old_region_write,
+        failures.len(),
+        offline["regions"][0]["online"]
+    );
+    assert_eq!(reported.0, ["West US"]);
+    assert_eq!(reported.1, ["West US"]);
+    assert_eq!(
+        old_region_write,
+        (403, "3".to_owned()),
+        "the old write region refuses writes"
+    );
+    assert!(
+        failures.is_empty(),
+        "writes keep landing after the failover: {failures:?}"
+    );
+    assert_eq!(offline["regions"][0]["online"], false);
+    assert_eq!(reported_offline, ["West US"]);
+    assert!(read_back, "every document is readable with the old region offline");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_parameters_get_a_400_that_says_what_is_expected() {
+    let (_emulator, endpoint) = start_emulator_with(&["--port", "0", "--container", "db/items:/pk:4"]).await;
+    let post = reqwest::Method::POST;
+    let cases = [
+        (
+            "merge?database=db&container=items&partitions=0",
+            "two adjacent physical partitions",
+        ),
+        ("merge?database=db&container=items&partitions=0,2", "not adjacent"),
+        (
+            "merge?database=db&container=items&partitions=0,9",
+            "not both partitions",
+        ),
+        ("merge?database=db&container=items&partitions=0,1&lockMs=soon", "lockMs"),
+        ("split?database=db&container=items&lockMs=soon", "lockMs"),
+        ("containers?database=db&container=slow&throughput=300", "at least 400"),
+        ("containers?database=db&container=slow&throughput=lots", "at least 400"),
+        ("failover?region=Nowhere", "Nowhere"),
+        ("failover", "region is required"),
+        ("region-offline?region=East%20US", "East US"),
+        (
+            "merge?container=items&partitions=0,1",
+            "database and container are required",
+        ),
+    ];
+    let mut seen = Vec::new();
+    for (action, expected) in cases {
+        let (status, message) = control_status(&endpoint, post.clone(), action).await;
+        println!("POST {action}: {status} {message}");
+        seen.push((action, status, message.contains(expected), message));
+    }
+    // The command line refuses what does not fit, naming it.
+    let (code, _, stderr) = common::cfp_output(
+        &[
+            "emulator",
+            "--port",
+            "0",
+            "--container",
+            "db/items",
+            "--throughput",
+            "db/other=400",
+        ],
+        &[],
+        "warn",
+    )
+    .await;
+    let (low_code, _, low_stderr) = common::cfp_output(
+        &[
+            "emulator",
+            "--port",
+            "0",
+            "--container",
+            "db/items",
+            "--throughput",
+            "db/items=100",
+        ],
+        &[],
+        "warn",
+    )
+    .await;
+    println!("--throughput of no container: {code:?} {}", stderr.trim());
+    println!("--throughput 100: {low_code:?} {}", low_stderr.trim());
+    for (action, status, explained, message) in &seen {
+        assert_eq!(*status, 400, "{action}: {message}");
+        assert!(explained, "{action}: {message}");
+    }
+    assert_ne!(code, Some(0));
+    assert!(stderr.contains("no --container creates db/other"), "{stderr}");
+    assert_ne!(low_code, Some(0));
+    assert!(low_stderr.contains("at least 400"), "{low_stderr}");
+}
