@@ -38,7 +38,7 @@ impl Emulator {
                     }
                     _ => {
                         return Some(bad(
-                            "rate must be 0..1, kinds a list of 429, 503, 408, reset and latencyMs a number of milliseconds"
+                            "rate must be 0..1, kinds a list of 429, 503, 408, reset, 429/3212, 404/1002, 403/3, 403/1008 and latencyMs a number of milliseconds"
                                 .into(),
                         ));
                     }

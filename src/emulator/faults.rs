@@ -1,6 +1,10 @@
 //! Service faults `cfp emulator` can inject, as the service answers them: a share of requests
-//! throttled (429 with a retry-after), unavailable (503) or timed out (408), and outages during
-//! which every request fails. For testing what clients do under faults, over the control API.
+//! throttled (429 with a retry-after; 429/3212 when a throughput bucket is spent), unavailable
+//! (503) or timed out (408); reads whose session is not available (404/1002), writes refused by a
+//! region that no longer takes them (403/3), an account the region does not know (403/1008) —
+//! the answers the SDK turns into its own 503/20310–20312 after its recovery fails — and outages
+//! during which every request fails. For testing what clients do under faults, over the control
+//! API.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -19,27 +23,44 @@ pub enum Fault {
     Timeout,
     /// The connection is reset before an answer.
     Reset,
+    /// 429/3212: a throughput bucket's budget is spent, retry after a short delay.
+    BucketThrottled,
+    /// 404/1002 (reads only): the read session is not available on this replica.
+    ReadSessionUnavailable,
+    /// 403/3 (writes only): this region does not take writes (any more).
+    WriteForbidden,
+    /// 403/1008: the region does not know the database account.
+    AccountNotFound,
 }
 
 impl Fault {
-    /// Parses a status code (`429`, `503`, `408`).
+    /// Every kind, in the order the control API lists them.
+    pub const ALL: [Fault; 8] = [
+        Fault::Throttled,
+        Fault::Unavailable,
+        Fault::Timeout,
+        Fault::Reset,
+        Fault::BucketThrottled,
+        Fault::ReadSessionUnavailable,
+        Fault::WriteForbidden,
+        Fault::AccountNotFound,
+    ];
+
+    /// Parses a kind's name (`429`, `503`, `408`, `reset`, `429/3212`, `404/1002`, `403/3`,
+    /// `403/1008`).
     pub fn parse(code: &str) -> Option<Self> {
-        match code.trim() {
-            "429" => Some(Fault::Throttled),
-            "503" => Some(Fault::Unavailable),
-            "408" => Some(Fault::Timeout),
-            "reset" => Some(Fault::Reset),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|f| f.name() == code.trim())
     }
 
     /// The status code (0 for a reset connection).
     pub fn code(self) -> u16 {
         match self {
-            Fault::Throttled => 429,
+            Fault::Throttled | Fault::BucketThrottled => 429,
             Fault::Unavailable => 503,
             Fault::Timeout => 408,
             Fault::Reset => 0,
+            Fault::ReadSessionUnavailable => 404,
+            Fault::WriteForbidden | Fault::AccountNotFound => 403,
         }
     }
 
@@ -50,6 +71,20 @@ impl Fault {
             Fault::Unavailable => "503",
             Fault::Timeout => "408",
             Fault::Reset => "reset",
+            Fault::BucketThrottled => "429/3212",
+            Fault::ReadSessionUnavailable => "404/1002",
+            Fault::WriteForbidden => "403/3",
+            Fault::AccountNotFound => "403/1008",
+        }
+    }
+
+    /// Whether the service answers a read (`read`) or a write this way: a session is missing
+    /// only for a read, and only a write is refused by a region that takes none.
+    pub fn applies_to(self, read: bool) -> bool {
+        match self {
+            Fault::ReadSessionUnavailable => read,
+            Fault::WriteForbidden => !read,
+            _ => true,
         }
     }
 
@@ -63,6 +98,26 @@ impl Fault {
             ),
             Fault::Unavailable => ("ServiceUnavailable", "The service is currently unavailable.", "0"),
             Fault::Timeout => ("RequestTimeout", "The request timed out.", "0"),
+            Fault::BucketThrottled => (
+                "TooManyRequests",
+                "Request rate is large: the throughput bucket's budget is spent.",
+                "3212",
+            ),
+            Fault::ReadSessionUnavailable => (
+                "NotFound",
+                "The read session is not available for the input session token.",
+                "1002",
+            ),
+            Fault::WriteForbidden => (
+                "Forbidden",
+                "The requested operation cannot be performed at this region.",
+                "3",
+            ),
+            Fault::AccountNotFound => (
+                "Forbidden",
+                "The database account does not exist in this region.",
+                "1008",
+            ),
             Fault::Reset => {
                 let mut response = crate::http_server::response(500, "text/plain", "");
                 response.extensions_mut().insert(crate::http_server::ResetConnection);
@@ -75,7 +130,7 @@ impl Fault {
         );
         let headers = response.headers_mut();
         headers.insert("x-ms-substatus", hyper::header::HeaderValue::from_static(sub_status));
-        if self == Fault::Throttled {
+        if matches!(self, Fault::Throttled | Fault::BucketThrottled) {
             headers.insert("x-ms-retry-after-ms", hyper::header::HeaderValue::from_static("50"));
         }
         response
@@ -138,14 +193,15 @@ impl FaultInjector {
         }
     }
 
-    /// The fault for the next request, if it is to fail.
-    pub fn next(&self) -> Option<Fault> {
+    /// The fault for the next request (a read or a write), if it is to fail: one of the kinds
+    /// that the service answers such a request with.
+    pub fn next(&self, read: bool) -> Option<Fault> {
         let mut state = self.state.lock().ok()?;
         let fault = if state.outage_until.is_some_and(|until| Instant::now() < until) {
             Some(Fault::Unavailable)
         } else if state.rate > 0.0 && fastrand::f64() < state.rate {
-            let pick = fastrand::usize(0..state.kinds.len());
-            state.kinds.get(pick).copied()
+            let kinds: Vec<Fault> = state.kinds.iter().copied().filter(|k| k.applies_to(read)).collect();
+            fastrand::choice(kinds)
         } else {
             None
         }?;
@@ -179,12 +235,15 @@ mod tests {
     #[test]
     fn rates_outages_and_counts() {
         let faults = FaultInjector::default();
-        assert!((0..100).all(|_| faults.next().is_none()), "nothing injected by default");
+        assert!(
+            (0..100).all(|_| faults.next(true).is_none()),
+            "nothing injected by default"
+        );
         faults.configure(1.0, vec![Fault::Throttled]);
-        assert_eq!(faults.next(), Some(Fault::Throttled));
+        assert_eq!(faults.next(true), Some(Fault::Throttled));
         faults.configure(0.0, vec![Fault::Throttled]);
         faults.outage(Duration::from_secs(60));
-        assert_eq!(faults.next(), Some(Fault::Unavailable));
+        assert_eq!(faults.next(true), Some(Fault::Unavailable));
         faults.slow_down(Duration::from_millis(100));
         let delay = faults.delay();
         assert!(
@@ -193,7 +252,7 @@ mod tests {
         );
         assert_eq!(faults.report()["latencyMs"], 100);
         faults.clear();
-        assert_eq!(faults.next(), None);
+        assert_eq!(faults.next(true), None);
         assert_eq!(faults.delay(), Duration::ZERO);
         assert_eq!(faults.report()["injected"]["429"], 1);
         assert_eq!(faults.report()["injected"]["503"], 1);
@@ -202,5 +261,19 @@ mod tests {
         assert_eq!(throttled.headers()["x-ms-retry-after-ms"], "50");
         assert_eq!(Fault::parse("408"), Some(Fault::Timeout));
         assert_eq!(Fault::parse("500"), None);
+        for fault in Fault::ALL {
+            assert_eq!(Fault::parse(fault.name()), Some(fault));
+        }
+        assert_eq!(Fault::parse("403/1008"), Some(Fault::AccountNotFound));
+        // A session is missing only for a read; only a write is refused by a read region.
+        let faults = FaultInjector::default();
+        faults.configure(1.0, vec![Fault::WriteForbidden]);
+        assert_eq!(faults.next(true), None);
+        assert_eq!(faults.next(false), Some(Fault::WriteForbidden));
+        faults.configure(1.0, vec![Fault::ReadSessionUnavailable]);
+        assert_eq!(faults.next(false), None);
+        let refused = Fault::ReadSessionUnavailable.response();
+        assert_eq!(refused.status(), 404);
+        assert_eq!(refused.headers()["x-ms-substatus"], "1002");
     }
 }

@@ -45,7 +45,9 @@ impl Emulator {
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
-        if let Some(fault) = self.faults.next() {
+        // Reads: point and change feed reads (GET) and queries (a POST that says it is one).
+        let read = req.method() == hyper::Method::GET || req.headers().contains_key("x-ms-documentdb-isquery");
+        if let Some(fault) = self.faults.next(read) {
             return fault.response();
         }
         let resolved = self.resolve(&path).await;
