@@ -58,6 +58,7 @@ mod ownership;
 mod processor;
 mod python_client;
 mod reference_bugs;
+mod regions;
 mod renewals;
 mod stall;
 mod store_recovery;

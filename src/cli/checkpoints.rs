@@ -130,9 +130,13 @@ async fn connect(args: &CheckpointsTarget) -> Result<(MonitoredContainer, Cosmos
         let endpoint = endpoint.to_owned();
         move |source| CheckpointsError::Connect { endpoint, source }
     };
-    let account = CosmosAccount::connect(&connection.endpoint, &connection.account_auth())
-        .await
-        .map_err(connect_error(&connection.endpoint))?;
+    let account = CosmosAccount::connect_preferring(
+        &connection.endpoint,
+        &connection.account_auth(),
+        &connection.preferred_regions,
+    )
+    .await
+    .map_err(connect_error(&connection.endpoint))?;
     let lease_endpoint = args.leases.lease_endpoint.as_deref().unwrap_or(&connection.endpoint);
     let lease_account = args
         .leases

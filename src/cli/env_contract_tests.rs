@@ -39,6 +39,7 @@ fn worker_variables() -> BTreeSet<String> {
 fn everything() -> ChangeFeedProcessor {
     let spec = serde_json::json!({
         "connection": {"endpoint": "https://acct.documents.azure.com:443/", "keySecretRef": {"name": "k"}},
+        "preferredRegions": ["West Europe", "North Europe"],
         "monitored": {"database": "db", "container": "orders"},
         "leases": {
             "database": "leasedb",
@@ -61,6 +62,16 @@ fn everything() -> ChangeFeedProcessor {
         "startFrom": "Now",
     });
     ChangeFeedProcessor::new("orders", serde_json::from_value(spec).expect("a valid spec"))
+}
+
+#[test]
+fn preferred_regions_reach_the_worker_as_one_comma_separated_variable() {
+    let env = worker_env(&everything());
+    let regions = env
+        .iter()
+        .find(|v| v.name == "CFP_PREFERRED_REGIONS")
+        .and_then(|v| v.value.clone());
+    assert_eq!(regions.as_deref(), Some("West Europe,North Europe"));
 }
 
 #[test]

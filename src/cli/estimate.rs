@@ -32,9 +32,13 @@ pub enum EstimateError {
 
 /// Estimates a processor's leases.
 pub async fn estimate(args: &EstimateArgs) -> Result<ProcessorEstimate, EstimateError> {
-    let account = CosmosAccount::connect(&args.connection.endpoint, &args.connection.account_auth())
-        .await
-        .map_err(|e| EstimateError::Failed(format!("cannot connect to {}: {e}", args.connection.endpoint)))?;
+    let account = CosmosAccount::connect_preferring(
+        &args.connection.endpoint,
+        &args.connection.account_auth(),
+        &args.connection.preferred_regions,
+    )
+    .await
+    .map_err(|e| EstimateError::Failed(format!("cannot connect to {}: {e}", args.connection.endpoint)))?;
     let options = ProcessorOptions::new(args.leases.processor.clone(), "cfp-estimate");
     let settings = args.connection.settings(&args.leases, false, options);
     let lease_account = args

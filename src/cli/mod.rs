@@ -6,6 +6,7 @@ pub mod args;
 pub mod bench;
 pub mod checkpoints;
 pub mod config_file;
+pub mod connection_args;
 pub mod deadletter;
 #[cfg(feature = "emulator")]
 pub mod emulator;

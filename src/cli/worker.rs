@@ -185,12 +185,16 @@ async fn open(
     settings: &WorkerSettings,
 ) -> Result<crate::processor::ChangeFeedProcessor, WorkerCommandError> {
     let endpoint = &args.connection.endpoint;
-    let account = CosmosAccount::connect(endpoint, &args.connection.account_auth())
-        .await
-        .map_err(|source| WorkerCommandError::Connect {
-            endpoint: endpoint.clone(),
-            source,
-        })?;
+    let account = CosmosAccount::connect_preferring(
+        endpoint,
+        &args.connection.account_auth(),
+        &args.connection.preferred_regions,
+    )
+    .await
+    .map_err(|source| WorkerCommandError::Connect {
+        endpoint: endpoint.clone(),
+        source,
+    })?;
     let source = event_source(&account, &settings.database, &settings.container);
     let handler = super::handler::build(&args.handler, source).map_err(WorkerCommandError::Handler)?;
     let lease_account = args

@@ -7,7 +7,12 @@ use crate::cosmos::{CosmosAccount, CosmosError, ErrorKind};
 
 /// Writes the documents and prints how many were written.
 pub async fn run(args: &WriteArgs) -> Result<(), CosmosError> {
-    let account = CosmosAccount::connect(&args.connection.endpoint, &args.connection.account_auth()).await?;
+    let account = CosmosAccount::connect_preferring(
+        &args.connection.endpoint,
+        &args.connection.account_auth(),
+        &args.connection.preferred_regions,
+    )
+    .await?;
     let container = account
         .documents(&args.connection.database, &args.connection.container)
         .await?;

@@ -47,9 +47,20 @@ fn quiet_sdk_backtraces() {
 
 impl CosmosAccount {
     /// Connects to `endpoint` (for example `https://acct.documents.azure.com:443/` or the
-    /// loopback `cfp emulator`) with `auth`. Fails on a malformed endpoint or an Entra ID
-    /// credential the environment does not configure.
+    /// loopback `cfp emulator`) with `auth`, reading from the regions in the account's own order.
+    /// Fails on a malformed endpoint or an Entra ID credential the environment does not configure.
     pub async fn connect(endpoint: &str, auth: &AccountAuth) -> Result<Self, CosmosError> {
+        Self::connect_preferring(endpoint, auth, &[]).await
+    }
+
+    /// [`connect`](Self::connect), reading from `preferred_regions` in that order (the SDK's
+    /// preferred regions, for example `["West Europe", "North Europe"]`; writes always go to the
+    /// account's write region); empty: the account's own order.
+    pub async fn connect_preferring(
+        endpoint: &str,
+        auth: &AccountAuth,
+        preferred_regions: &[String],
+    ) -> Result<Self, CosmosError> {
         quiet_sdk_backtraces();
         let parsed: AccountEndpoint = endpoint.parse().map_err(|e| {
             CosmosError::local(ErrorKind::BadRequest, format!("invalid endpoint URL {endpoint:?}: {e}"))
@@ -63,8 +74,9 @@ impl CosmosAccount {
         let mut attempt = 0;
         loop {
             let account = auth.reference(parsed.clone())?;
+            let regions = preferred_regions.iter().cloned().map(Region::from).collect();
             let built = CosmosClient::builder()
-                .build(account, RoutingStrategy::ProximityTo(Region::EAST_US))
+                .build(account, RoutingStrategy::PreferredRegions(regions))
                 .await;
             match built {
                 Ok(client) => return Ok(Self { client, host }),

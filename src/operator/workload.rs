@@ -121,6 +121,9 @@ pub fn worker_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
     let spec = &cfp.spec;
     let mut vars = vec![env("CFP_ENDPOINT", spec.connection.endpoint.clone())];
     vars.extend(auth_env("", &spec.connection));
+    if !spec.preferred_regions.is_empty() {
+        vars.push(env("CFP_PREFERRED_REGIONS", spec.preferred_regions.join(",")));
+    }
     vars.extend([
         env("CFP_DATABASE", spec.monitored.database.clone()),
         env("CFP_CONTAINER", spec.monitored.container.clone()),

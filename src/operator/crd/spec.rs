@@ -80,6 +80,12 @@ use super::{
 pub struct ChangeFeedProcessorSpec {
     /// How to reach the Cosmos DB account of the monitored container.
     pub connection: Connection,
+    /// Regions the workers read from, in order (the SDK's preferred regions, for example
+    /// `["West Europe", "North Europe"]`), for the monitored and the lease account alike; writes
+    /// go to each account's write region. Default: the account's own order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub preferred_regions: Vec<String>,
     /// The container whose changes are processed. Immutable: create a new resource for another
     /// container.
     #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("monitored is immutable: create a new resource for another container"))]
