@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use changefeed_operator::cosmos::{EpkRange, StartFrom};
-use changefeed_operator::processor::{Lease, ProcessorEstimate, estimate_leases};
+use changefeed_operator::processor::{Lease, LeaseStore, ProcessorEstimate, estimate_leases};
 
 use crate::common::{self, Env, eventually, fair, ids, upsert_doc};
 
@@ -43,6 +43,7 @@ fn epk_over(leases: &[Lease], merged: &EpkRange) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_merge_while_writing_keeps_the_leases_as_epk_leases_and_loses_nothing() {
+    let started = std::time::Instant::now();
     let env = Env::new(2).await;
     let a = env.start(env.options("a")).await;
     let b = env.start(env.options("b")).await;
@@ -119,11 +120,12 @@ async fn a_merge_while_writing_keeps_the_leases_as_epk_leases_and_loses_nothing(
         })
         .collect();
     println!(
-        "merge of partitions 0+1 into {} while writing: written 1300 before, 1000 during, 300 after; delivered {} distinct, {duplicates} duplicates, lost {} (after the merge: {}); leases after {shown:?}; estimate of 300 pending before the merge {estimate_before}, after it {estimate_after}; lease count for the autoscaler {lease_count}",
+        "merge of partitions 0+1 into {} while writing: written 1300 before, 1000 during, 300 after; delivered {} distinct, {duplicates} duplicates, lost {} (after the merge: {}); leases after {shown:?}; estimate of 300 pending before the merge {estimate_before}, after it {estimate_after}; lease count for the autoscaler {lease_count}; {:.1} s",
         partitions[0].id,
         env.deliveries.distinct(),
         missing.len(),
-        missing_after.len()
+        missing_after.len(),
+        started.elapsed().as_secs_f64()
     );
     assert!(delivered && missing.is_empty(), "lost {missing:?}");
     assert!(
@@ -155,4 +157,120 @@ async fn a_merge_while_writing_keeps_the_leases_as_epk_leases_and_loses_nothing(
     assert_eq!(estimate_after, 300);
     a.stop().await;
     b.stop().await;
+}
+
+/// `cfp worker` of processor `merge` posting its batches to `receiver`.
+fn worker(endpoint: &str, receiver: &str, instance: &str) -> tokio::process::Child {
+    common::cfp_worker(endpoint)
+        .args(["--processor", "merge", "--instance", instance, "--handler", "http"])
+        .args(["--handler-url", receiver, "--poll-interval", "100ms"])
+        .args(common::FAST_LEASES)
+        .spawn()
+        .expect("spawn cfp worker")
+}
+
+/// `cfp estimate -o json` of processor `merge`: (total lag, lease count).
+async fn cli_estimate(endpoint: &str) -> (u64, u64) {
+    let output = common::cfp_estimate(endpoint, &["--processor", "merge", "-o", "json"]).await;
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("cfp estimate JSON");
+    (
+        json["totalLag"].as_u64().unwrap_or(u64::MAX),
+        json["leaseCount"].as_u64().unwrap_or(u64::MAX),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_0_leases_released_before_a_merge_become_epk_leases_when_a_cfp_worker_takes_them() {
+    let started = std::time::Instant::now();
+    let (mut emulator, endpoint) = common::start_emulator("db/items:/pk:2").await;
+    let deliveries = common::Deliveries::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let receiver = format!("http://{}/w", listener.local_addr().unwrap());
+    common::receive_batches(listener, {
+        let deliveries = deliveries.clone();
+        move |_, body| {
+            let ids = body["documents"].as_array().into_iter().flatten();
+            deliveries.record("w", ids.filter_map(|d| d["id"].as_str().map(str::to_owned)));
+        }
+    });
+    let account = changefeed_operator::cosmos::CosmosAccount::connect(
+        &endpoint,
+        &changefeed_operator::cosmos::AccountAuth::emulator_key(),
+    )
+    .await
+    .unwrap();
+    let delivered = |n: usize| {
+        let deliveries = deliveries.clone();
+        async move { eventually(Duration::from_secs(10), || async { deliveries.distinct() >= n }).await }
+    };
+    let leases = || async {
+        common::lease_store(&account, "merge")
+            .await
+            .unwrap()
+            .snapshot()
+            .await
+            .unwrap()
+            .leases
+    };
+
+    let mut first = worker(&endpoint, &receiver, "w1");
+    common::cfp_write(&endpoint, 0, 500).await;
+    assert!(delivered(500).await);
+    common::terminate(&mut first).await;
+    let before = leases().await;
+    common::cfp_write(&endpoint, 500, 300).await;
+    let estimate_before = cli_estimate(&endpoint).await;
+    let url = format!("{endpoint}_emulator/merge?database=db&container=items&partitions=0,1");
+    let merged = reqwest::Client::new().post(url).send().await.unwrap();
+    assert!(merged.status().is_success());
+    let ranges = common::emulator_control(&endpoint, reqwest::Method::GET, "ranges?database=db&container=items").await
+        ["partitions"]
+        .clone();
+    // The leases still hold continuations of the partitions before the merge; the emulator
+    // numbered the merged partition's LSNs from 1, so they do not apply to it (see below).
+    let estimate_merged = cli_estimate(&endpoint).await;
+    common::cfp_write(&endpoint, 800, 200).await;
+
+    let mut second = worker(&endpoint, &receiver, "w2");
+    let all = delivered(1000).await;
+    let reshaped = eventually(Duration::from_secs(10), || async {
+        let leases = leases().await;
+        tiles(&leases).1 && epk_over(&leases, &EpkRange::full())
+    })
+    .await;
+    let after = leases().await;
+    // Once everything is handled, stop the worker and write 300 more: the estimate counts them.
+    eventually(Duration::from_secs(5), || async {
+        cli_estimate(&endpoint).await.0 == 0
+    })
+    .await;
+    common::terminate(&mut second).await;
+    common::cfp_write(&endpoint, 1000, 300).await;
+    let estimate_after = cli_estimate(&endpoint).await;
+    let show = |leases: &[Lease]| -> Vec<String> {
+        leases
+            .iter()
+            .map(|l| format!("{} v{} {:?}", l.lease_token, l.version, l.owner))
+            .collect()
+    };
+    let missing_after_merge = deliveries.missing(ids(800..1000));
+    println!(
+        "merge with no worker running, then a cfp worker: partitions after {ranges}; leases before {:?}, after {:?}; written 800 before the merge, 200 after; delivered {} distinct ({all}), {} duplicates, missing {} (after the merge {}); cfp estimate (lag, leases) of 300 pending before the merge {estimate_before:?}, right after it {estimate_merged:?}, of 300 pending later {estimate_after:?}; {:.1} s",
+        show(&before),
+        show(&after),
+        deliveries.distinct(),
+        deliveries.duplicates().len(),
+        deliveries.missing(ids(0..1000)).len(),
+        missing_after_merge.len(),
+        started.elapsed().as_secs_f64()
+    );
+    common::terminate(&mut emulator).await;
+    assert!(
+        missing_after_merge.is_empty(),
+        "written after the merge, lost: {missing_after_merge:?}"
+    );
+    assert!(reshaped, "leases after: {:?}", show(&after));
+    assert_eq!(estimate_before, (300, 2));
+    assert_eq!(estimate_after, (300, 2));
 }
