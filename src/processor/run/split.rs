@@ -131,14 +131,21 @@ pub(crate) async fn reshape(shared: &Shared, owned: &OwnedLease) -> Option<Lease
 /// Rewrites a version-0 lease whose partition merged (its range is now a strict part of one
 /// partition, whose id is another) as an EPK lease over the same range — same owner,
 /// continuation and properties — as the .NET processor does when a read of it finds the
-/// partition gone; the reader then reads its EPK range of the merged partition. `fresh` lists
-/// the partitions again (after a 410). `None` when the lease keeps its form.
+/// partition gone; the reader then reads its EPK range of the merged partition. The partitions
+/// are listed again to decide (without `fresh`, only when the cached listing shows a merge).
+/// `None` when the lease keeps its form.
 pub(crate) async fn unname_merged(shared: &Shared, owned: &OwnedLease, fresh: bool) -> Option<LeaseExit> {
     let lease = owned.current().await;
     if !lease.names_a_partition() {
         return None;
     }
-    let (merged, _) = shared.partition_around(lease.range()?, fresh).await?;
+    let range = lease.range()?;
+    // A listing from before a split also shows a larger partition around a child's range: the
+    // cached one only says whether to look, a fresh one decides.
+    if !fresh {
+        shared.partition_around(range, false).await?;
+    }
+    let (merged, _) = shared.partition_around(range, true).await?;
     tracing::info!(lease = %lease.lease_token, %merged, "the lease's partition merged");
     rewrite(
         shared,
