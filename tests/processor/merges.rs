@@ -41,6 +41,45 @@ fn epk_over(leases: &[Lease], merged: &EpkRange) -> bool {
         .all(|l| l.version == 1 && l.range().is_some_and(|r| merged.contains(r)))
 }
 
+/// Writes `docs` one by one while partitions 0 and 1 merge; the partitions after the merge.
+async fn merge_while_writing(
+    env: &Env,
+    docs: std::ops::Range<usize>,
+) -> Vec<changefeed_operator::emulator::PhysicalPartition> {
+    let writes = tokio::spawn({
+        let items = env.items.clone();
+        async move {
+            for n in docs {
+                upsert_doc(&items, n).await;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let partitions = env
+        .emulator
+        .merge(common::DB, common::ITEMS, ["0", "1"], Duration::from_millis(200))
+        .await
+        .unwrap();
+    writes.await.unwrap();
+    partitions
+}
+
+/// Each lease as `token vN [min,max) owner`.
+fn show(leases: &[Lease]) -> Vec<String> {
+    leases
+        .iter()
+        .map(|l| {
+            let range = l.range().map(|r| format!("[{},{})", r.min, r.max)).unwrap_or_default();
+            format!(
+                "{} v{} {range} {}",
+                l.lease_token,
+                l.version,
+                l.owner.as_deref().unwrap_or("-")
+            )
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_merge_while_writing_keeps_the_leases_as_epk_leases_and_loses_nothing() {
     let started = std::time::Instant::now();
@@ -61,21 +100,7 @@ async fn a_merge_while_writing_keeps_the_leases_as_epk_leases_and_loses_nothing(
     env.write(1000..1300).await;
     let estimate_before = lag_of(&env, &before_leases).await;
 
-    let writes = tokio::spawn({
-        let items = env.items.clone();
-        async move {
-            for n in 1300..2300 {
-                upsert_doc(&items, n).await;
-            }
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let partitions = env
-        .emulator
-        .merge(common::DB, common::ITEMS, ["0", "1"], Duration::from_millis(200))
-        .await
-        .unwrap();
-    writes.await.unwrap();
+    let partitions = merge_while_writing(&env, 1300..2300).await;
     assert_eq!(partitions.len(), 1, "{partitions:?}");
     let merged = partitions[0].range.clone();
     let delivered = env.delivered_within(2300, Duration::from_secs(10)).await;
@@ -107,18 +132,7 @@ async fn a_merge_while_writing_keeps_the_leases_as_epk_leases_and_loses_nothing(
     .lease_count;
     let delivered_after = env.delivered_within(2600, Duration::from_secs(10)).await;
     let missing_after = env.deliveries.missing(ids(2300..2600));
-    let shown: Vec<String> = leases
-        .iter()
-        .map(|l| {
-            let range = l.range().map(|r| format!("[{},{})", r.min, r.max)).unwrap_or_default();
-            format!(
-                "{} v{} {range} {}",
-                l.lease_token,
-                l.version,
-                l.owner.as_deref().unwrap_or("-")
-            )
-        })
-        .collect();
+    let shown = show(&leases);
     println!(
         "merge of partitions 0+1 into {} while writing: written 1300 before, 1000 during, 300 after; delivered {} distinct, {duplicates} duplicates, lost {} (after the merge: {}); leases after {shown:?}; estimate of 300 pending before the merge {estimate_before}, after it {estimate_after}; lease count for the autoscaler {lease_count}; {:.1} s",
         partitions[0].id,
@@ -169,6 +183,21 @@ fn worker(endpoint: &str, receiver: &str, instance: &str) -> tokio::process::Chi
         .expect("spawn cfp worker")
 }
 
+/// What `cfp worker --handler http` posts to the URL returned, recorded by document id.
+async fn receiver() -> (common::Deliveries, String) {
+    let deliveries = common::Deliveries::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/w", listener.local_addr().unwrap());
+    common::receive_batches(listener, {
+        let deliveries = deliveries.clone();
+        move |_, body| {
+            let ids = body["documents"].as_array().into_iter().flatten();
+            deliveries.record("w", ids.filter_map(|d| d["id"].as_str().map(str::to_owned)));
+        }
+    });
+    (deliveries, url)
+}
+
 /// `cfp estimate -o json` of processor `merge`: (total lag, lease count).
 async fn cli_estimate(endpoint: &str) -> (u64, u64) {
     let output = common::cfp_estimate(endpoint, &["--processor", "merge", "-o", "json"]).await;
@@ -184,16 +213,7 @@ async fn cli_estimate(endpoint: &str) -> (u64, u64) {
 async fn version_0_leases_released_before_a_merge_become_epk_leases_when_a_cfp_worker_takes_them() {
     let started = std::time::Instant::now();
     let (mut emulator, endpoint) = common::start_emulator("db/items:/pk:2").await;
-    let deliveries = common::Deliveries::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let receiver = format!("http://{}/w", listener.local_addr().unwrap());
-    common::receive_batches(listener, {
-        let deliveries = deliveries.clone();
-        move |_, body| {
-            let ids = body["documents"].as_array().into_iter().flatten();
-            deliveries.record("w", ids.filter_map(|d| d["id"].as_str().map(str::to_owned)));
-        }
-    });
+    let (deliveries, receiver) = receiver().await;
     let account = changefeed_operator::cosmos::CosmosAccount::connect(
         &endpoint,
         &changefeed_operator::cosmos::AccountAuth::emulator_key(),
@@ -248,12 +268,6 @@ async fn version_0_leases_released_before_a_merge_become_epk_leases_when_a_cfp_w
     common::terminate(&mut second).await;
     common::cfp_write(&endpoint, 1000, 300).await;
     let estimate_after = cli_estimate(&endpoint).await;
-    let show = |leases: &[Lease]| -> Vec<String> {
-        leases
-            .iter()
-            .map(|l| format!("{} v{} {:?}", l.lease_token, l.version, l.owner))
-            .collect()
-    };
     let missing_after_merge = deliveries.missing(ids(800..1000));
     println!(
         "merge with no worker running, then a cfp worker: partitions after {ranges}; leases before {:?}, after {:?}; written 800 before the merge, 200 after; delivered {} distinct ({all}), {} duplicates, missing {} (after the merge {}); cfp estimate (lag, leases) of 300 pending before the merge {estimate_before:?}, right after it {estimate_merged:?}, of 300 pending later {estimate_after:?}; {:.1} s",
