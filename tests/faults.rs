@@ -112,6 +112,38 @@ pub(crate) async fn metric_sum(port: u16, metric: &str) -> f64 {
         .sum()
 }
 
+/// Change feed reads the workers on `ports` retried or saw fail (their metrics).
+async fn read_retries_and_errors(ports: &[u16]) -> f64 {
+    let mut retried = 0.0;
+    for port in ports {
+        retried += metric_sum(*port, "cfp_feed_read_retries_total").await
+            + metric_sum(*port, "cfp_feed_read_errors_total").await;
+    }
+    retried
+}
+
+/// The owner of every lease of processor `faults`.
+async fn lease_owners(account: &CosmosAccount) -> Vec<Option<String>> {
+    let store = lease_store(account, "faults").await.expect("lease store");
+    store
+        .snapshot()
+        .await
+        .unwrap()
+        .leases
+        .into_iter()
+        .map(|l| l.owner)
+        .collect()
+}
+
+/// How many of `workers` still run.
+fn running(workers: &mut [Child]) -> usize {
+    workers
+        .iter_mut()
+        .map(|w| w.try_wait())
+        .filter(|status| matches!(status, Ok(None)))
+        .count()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn workers_ride_out_throttling_errors_timeouts_and_an_outage_without_losing_anything() {
     let (mut emulator, endpoint) = start_emulator("db/items:/pk:4").await;
@@ -135,11 +167,7 @@ async fn workers_ride_out_throttling_errors_timeouts_and_an_outage_without_losin
     write(&items, 300..1000).await;
     let through_faults = wait_delivered(&seen, 1000, Duration::from_secs(90)).await;
     let faults_took = started.elapsed();
-    let mut retried = 0.0;
-    for port in ports {
-        retried += metric_sum(port, "cfp_feed_read_retries_total").await
-            + metric_sum(port, "cfp_feed_read_errors_total").await;
-    }
+    let retried = read_retries_and_errors(&ports).await;
     // The estimator (the operator's code path) answers through the same faults.
     let estimate = common::cfp_estimate(&endpoint, &["--processor", "faults", "-o", "json"]).await;
     let estimated: serde_json::Value = serde_json::from_slice(&estimate.stdout).unwrap_or_default();
@@ -153,21 +181,9 @@ async fn workers_ride_out_throttling_errors_timeouts_and_an_outage_without_losin
     write(&items, 1000..1300).await;
     let after_outage = wait_delivered(&seen, 1300, Duration::from_secs(60)).await;
     let recovery = recovered_from.elapsed();
-    let store = lease_store(&account, "faults").await.expect("lease store");
-    let owners: Vec<Option<String>> = store
-        .snapshot()
-        .await
-        .unwrap()
-        .leases
-        .into_iter()
-        .map(|l| l.owner)
-        .collect();
+    let owners = lease_owners(&account).await;
     let outage = common::emulator_control(&endpoint, reqwest::Method::GET, "faults").await;
-    let alive = workers
-        .iter_mut()
-        .map(|w| w.try_wait())
-        .filter(|status| matches!(status, Ok(None)))
-        .count();
+    let alive = running(&mut workers);
     for child in &mut workers {
         terminate(child).await;
     }
@@ -382,25 +398,9 @@ async fn workers_ride_out_the_sdk_s_synthetic_unavailability_and_bucket_throttli
     let took = started.elapsed();
     let injected = common::emulator_control(&endpoint, reqwest::Method::GET, "faults").await;
     common::emulator_control(&endpoint, reqwest::Method::DELETE, "faults").await;
-    let mut retried = 0.0;
-    for port in ports {
-        retried += metric_sum(port, "cfp_feed_read_retries_total").await
-            + metric_sum(port, "cfp_feed_read_errors_total").await;
-    }
-    let store = lease_store(&account, "faults").await.expect("lease store");
-    let owners: Vec<Option<String>> = store
-        .snapshot()
-        .await
-        .unwrap()
-        .leases
-        .into_iter()
-        .map(|l| l.owner)
-        .collect();
-    let alive = workers
-        .iter_mut()
-        .map(|w| w.try_wait())
-        .filter(|status| matches!(status, Ok(None)))
-        .count();
+    let retried = read_retries_and_errors(&ports).await;
+    let owners = lease_owners(&account).await;
+    let alive = running(&mut workers);
     for child in &mut workers {
         terminate(child).await;
     }
