@@ -13,7 +13,6 @@ mod balancing;
 mod checkpoints;
 mod failover;
 mod handlers;
-mod merges;
 mod splits;
 mod store_faults;
 
