@@ -35,9 +35,14 @@ async fn the_admission_policy_limits_images_and_service_accounts() {
 
     let with = |name: &str, worker: &str| resource(name, FAKE_ENDPOINT, &format!("  worker:\n{worker}"));
     let foreign_image = with("foreign-image", "    image: docker.io/someone/miner:1\n");
-    // The policy takes effect once the API server has loaded it: bounded wait for the refusal.
+    // The policy takes effect once the API server has loaded it: bounded wait for the refusal. A
+    // resource created before that is deleted again (applying it unchanged sends no request, so
+    // the policy would never see it).
     let refused = wait("the policy refuses a foreign image", || async {
         let (ok, _, err) = apply(plane, &ns, &foreign_image);
+        if ok {
+            plane.kubectl_run(&["delete", "-n", &ns, "cfp/foreign-image", "--wait=false"], None);
+        }
         (!ok && err.contains("must start with one of registry.example.com/team/")).then_some(err)
     })
     .await;
