@@ -94,6 +94,9 @@ struct Session {
     position: Option<String>,
     /// The batches with the handler, settled in the order they were read.
     window: FuturesOrdered<InFlight>,
+    /// Batches of the window that finished while an earlier one was being settled, in read order:
+    /// settled before the window's next.
+    finished: std::collections::VecDeque<(ChangePage, bool)>,
     /// The window's batches: id, documents, since when (for the report of a stall), and span.
     handling: std::collections::VecDeque<(String, usize, Instant, Span)>,
     /// Since when a read is under way.
@@ -150,6 +153,22 @@ async fn timed_read(
         page.as_ref().map(|p| p.request_charge).unwrap_or_default(),
     );
     (page, span)
+}
+
+/// The next batch to settle: one that finished early, else the window's next.
+async fn next_finished(
+    window: &mut FuturesOrdered<InFlight>,
+    finished: &mut std::collections::VecDeque<(ChangePage, bool)>,
+) -> Option<(ChangePage, bool)> {
+    match finished.pop_front() {
+        Some(done) => Some(done),
+        None => window.next().await,
+    }
+}
+
+/// Whether every batch read was settled.
+fn is_settled(s: &Session) -> bool {
+    s.window.is_empty() && s.finished.is_empty()
 }
 
 impl LeaseReader {
@@ -228,6 +247,7 @@ impl LeaseReader {
                 range,
                 position: lease.continuation,
                 window: FuturesOrdered::new(),
+                finished: Default::default(),
                 handling: Default::default(),
                 reading_since: None,
                 read_ahead: None,
@@ -267,7 +287,7 @@ impl LeaseReader {
             }
             tokio::select! {
                 biased;
-                Some((page, delivered)) = s.window.next(), if !s.window.is_empty() => {
+                Some((page, delivered)) = next_finished(&mut s.window, &mut s.finished), if !is_settled(s) => {
                     if let Some(after) = self.on_settled(s, page, delivered).await {
                         return after;
                     }
@@ -303,12 +323,21 @@ impl LeaseReader {
     }
 
     /// Settles the oldest batch of the window (batches settle in read order), under its span.
+    /// The later batches of the window are polled meanwhile: one of them may hold the lease's
+    /// lock, confirming the lease by a renewal before it goes to the handler, and the checkpoint
+    /// waits for that lock — a lease whose reader awaited it without polling them stopped for
+    /// good, silently (found by the soak: a batch handled, its checkpoint never written).
     async fn settle_oldest(&mut self, s: &mut Session, page: ChangePage, delivered: bool) -> Flow {
         let span = s.handling.pop_front().map_or_else(Span::none, |(.., span)| span);
-        self.checkpointer
-            .settle(&s.range, page, delivered)
-            .instrument(span)
-            .await
+        let settle = self.checkpointer.settle(&s.range, page, delivered).instrument(span);
+        tokio::pin!(settle);
+        loop {
+            tokio::select! {
+                biased;
+                flow = &mut settle => return flow,
+                Some(done) = s.window.next(), if !s.window.is_empty() => s.finished.push_back(done),
+            }
+        }
     }
 
     /// A batch finished: settle it, then hand over the page read ahead.
@@ -321,7 +350,7 @@ impl LeaseReader {
                 if let Some((page, id, read)) = s.read_ahead.take() {
                     self.send(s, page, id, read);
                 }
-                if s.window.is_empty() {
+                if is_settled(s) {
                     s.hold_reads = false;
                 }
                 None
@@ -461,12 +490,13 @@ impl LeaseReader {
     /// Lets every batch with the handler finish and settles them in order; `Err` when the lease
     /// must stop (a batch stopped unfinished, the lease was lost or split).
     async fn drain(&mut self, s: &mut Session) -> Result<(), LeaseExit> {
-        while let Some((page, delivered)) = s.window.next().await {
+        while let Some((page, delivered)) = next_finished(&mut s.window, &mut s.finished).await {
             match self.settle_oldest(s, page, delivered).await {
                 Flow::Go => {}
                 // The reader is rebuilt anyway after a drain; later batches are delivered again.
                 Flow::Rebuild => {
                     s.window.clear();
+                    s.finished.clear();
                     s.handling.clear();
                     return Ok(());
                 }
