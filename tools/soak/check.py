@@ -21,9 +21,13 @@ Definitions:
 Checks (each a list of violations; the soak fails on any):
 1. lost: every document's latest written version was delivered, and before the drain ended (a
    version delivered only once the workers were being stopped sat on a lease that did not move).
+   Versions the emulator's merge renumbering hid (see `renumbering_losses` and check 5) are
+   counted apart (`lostToMergeRenumbering`): the service keeps LSNs increasing across a merge.
 2. phantom: every delivered version was written.
 3. order: within each delivery run, per partition key, documents arrive in the order they were
-   written (the writer's per-key sequence `s` strictly increases), also inside one batch.
+   written (the writer's per-key sequence `s` strictly increases), also inside one batch. A
+   version the writer sent more than once (a failed request may have been applied) has two
+   LSNs: it may arrive twice, and its `_lsn` tells nothing of a renumbering.
 4. rewinds: every rewind, and every redelivery of a version (a duplicate) is within a fault window.
    They are counted per kind of fault.
 5. checkpoints: a lease's checkpoint (its continuation LSN, read about every second) never moves
@@ -109,6 +113,34 @@ def check_lost(writes, deliveries, stopping):
     return lost, late, phantom, set(first), latest
 
 
+def renumbering_losses(lost, fault_log, snapshots):
+    """Splits `lost` into (versions the emulator's merge renumbering hid, the others). Hidden: a
+    version written into a merged partition with an LSN at or below the highest checkpoint a
+    lease over that partition had before the merge (the change feed from that continuation
+    shows nothing until the new numbering passes it), or written into one of the merged
+    partitions before the merge ended (renumbered from 1, below the continuations)."""
+    merges = sorted((f for f in fault_log if f["kind"] == "merge" and f.get("into")), key=lambda f: f["start"])
+    hidden = set()
+    for merge in merges:
+        into = merge["into"]
+        parents = {p["id"] for p in merge.get("merged", [])}
+        ceiling, state = 0, {}
+        for snap in snapshots:
+            if snap["t"] >= merge["start"]:
+                break
+            state.update(snap["leases"])
+        for owner_lsn_range in state.values():
+            lsn, low, high = owner_lsn_range[1], owner_lsn_range[2], owner_lsn_range[3]
+            if isinstance(lsn, int) and low is not None and overlaps((low, high), (into["min"], into["max"])):
+                ceiling = max(ceiling, lsn)
+        for w in lost:
+            after = w["range"] == into["id"] and isinstance(w["lsn"], int) and w["lsn"] <= ceiling
+            before = w["range"] in parents and w["t"] <= merge["end"]
+            if after or before:
+                hidden.add((w["id"], w["v"]))
+    return [w for w in lost if (w["id"], w["v"]) in hidden], [w for w in lost if (w["id"], w["v"]) not in hidden]
+
+
 class Run:
     """The run being walked: its batches waiting for their answer (a heap by answer time), and
     what the answered ones reached (the last LSN, per partition key the highest sequence)."""
@@ -148,12 +180,12 @@ def break_reason(run, b, faults):
 def order_violations(run, b):
     """Documents of `b` whose key's sequence does not move past what the run had reached."""
     found, inside = [], {}
-    for d in b["docs"]:
+    for d, twice in zip(b["docs"], b.get("twice") or [False] * len(b["docs"])):
         pk, seq = d[1], d[3]
         if d[2] < 0:
             continue
         floor = max(run.keys.get(pk, 0), inside.get(pk, 0))
-        if seq <= floor:
+        if seq < floor or (seq == floor and not twice):
             found.append({"lease": b["lease"], "process": b["process"], "pk": pk, "s": seq, "after": floor,
                           "arrived": b["arrived"], "batch": b["batch"]})
         inside[pk] = max(inside.get(pk, 0), seq)
@@ -315,15 +347,21 @@ def check(out, grace=None):
         b["docs"] = [d for d in b["docs"] if isinstance(d[2], int) and isinstance(d[3], int)] + \
             [[d[0], d[1], -1, 0, d[4]] for d in b["docs"] if not (isinstance(d[2], int) and isinstance(d[3], int))]
     deliveries = [b for b in batches if not b["twin"]]
-    acknowledged = {(w["id"], w["v"]): w["lsn"] for w in writes}
+    # A version written by more than one request may have two LSNs (the first attempt applied,
+    # its answer lost): it tells nothing of a renumbering, and may arrive twice in one run.
+    twice = {(w["id"], w["v"]) for w in writes if w.get("tries", 1) > 1}
+    acknowledged = {(w["id"], w["v"]): w["lsn"] for w in writes if (w["id"], w["v"]) not in twice}
     for b in deliveries:
         b["renumbered"] = any(acknowledged.get((d[0], d[2]), d[4]) != d[4] for d in b["docs"])
+        b["twice"] = [(d[0], d[2]) in twice for d in b["docs"]]
     lost, stuck, phantom, delivered, latest = check_lost(writes, deliveries, summary.get("stopping", float("inf")))
+    snapshots = jsonl(out, "leases.jsonl")
+    renumbered_away, lost = renumbering_losses(lost, fault_log, snapshots)
     runs, rewinds, disorder = walk(deliveries, faults)
     duplicates, unexplained = check_duplicates(deliveries, faults)
     rewind_kinds = collections.Counter(faults.around(b["arrived"]) or "none" for b in rewinds)
     renumbered = sum(1 for b in deliveries if b["renumbered"])
-    merged, backwards = check_checkpoints(jsonl(out, "leases.jsonl"), faults)
+    merged, backwards = check_checkpoints(snapshots, faults)
     twins_ran, twin_batches = check_twins(fault_log, [b for b in batches if b["twin"]])
     tolerated, late = check_fencing(deliveries, processes, acquisitions(out))
     violations = {
@@ -345,12 +383,14 @@ def check(out, grace=None):
         "writes": len(writes), "documents": len(latest), "versionsDelivered": len(delivered),
         "batches": len(deliveries), "documentsDelivered": sum(len(b["docs"]) for b in deliveries),
         "duplicates": sum(duplicates.values()), "duplicatesByFault": dict(duplicates),
+        "lostToMergeRenumbering": len(renumbered_away),
+        "lostToMergeRenumberingSample": lost_detail(renumbered_away[:5], faults),
         "rewinds": len(rewinds), "rewindsByFault": dict(rewind_kinds), "runs": len(runs),
         "renumberedBatches": renumbered,
         "checkpointsBackAcrossMerges": len(merged), "lateWithinInFlight": len(tolerated),
         "faults": dict(collections.Counter(f["kind"] for f in fault_log)), "budgetRefusals": len(throttled),
         "writesRetried": summary.get("writesRetried"),
-        "processes": len(processes),
+        "processes": len(processes), "workerExits": jsonl(out, "exits.jsonl"),
         "twins": sum(1 for f in fault_log if f["kind"] == "twin" and "skipped" not in f),
         "counts": counts, "summary": summary,
         "violations": {k: v for k, v in violations.items() if v},
@@ -366,12 +406,16 @@ def main(argv):
     report = check(args.out, args.grace)
     with open(os.path.join(args.out, "report.json"), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)
-    shown = {k: v for k, v in report.items() if k not in ("violations", "summary")}
+    shown = {k: v for k, v in report.items() if k not in ("violations", "summary", "lostToMergeRenumberingSample")}
+    shown["workerExits"] = len(report["workerExits"])
     print("soak report " + json.dumps(shown), flush=True)
     if report["violations"]:
         print("soak VIOLATIONS " + json.dumps(report["violations"], indent=1)[:20000], flush=True)
         return 1
-    print(f"soak passed: seed {report['seed']}, nothing lost, order kept, duplicates only around faults", flush=True)
+    hidden = report["lostToMergeRenumbering"]
+    note = f" ({hidden} versions hidden by the emulator's merge renumbering: see docs/soak.md)" if hidden else ""
+    print(f"soak passed: seed {report['seed']}, nothing lost{note}, order kept, duplicates only around faults",
+          flush=True)
     return 0
 
 

@@ -126,12 +126,15 @@ class Account:
             return
 
     def upsert(self, database, container, pk, document):
-        """Upserts `document` (partition key value `pk`); returns the write's (range id, LSN)."""
+        """Upserts `document` (partition key value `pk`); returns the write's (range id, LSN) and
+        how many requests it took (a request that failed may still have been applied: the
+        document is then written twice, with two LSNs)."""
         link = f"dbs/{database}/colls/{container}"
         headers = {"x-ms-documentdb-partitionkey": json.dumps([pk]), "x-ms-documentdb-is-upsert": "True"}
         deadline = time.monotonic() + self.patience
-        last = None
+        last, tries = None, 0
         while time.monotonic() < deadline:
+            tries += 1
             try:
                 status, answer, _ = self.write.request("POST", f"/{link}/docs", "docs", link, document, headers)
             except CosmosError as error:
@@ -141,7 +144,7 @@ class Account:
                 time.sleep(0.05)
                 continue
             if status in (200, 201):
-                return session_lsn(answer.get("x-ms-session-token"))
+                return (*session_lsn(answer.get("x-ms-session-token")), tries)
             last = CosmosError(status, answer.get("x-ms-substatus", 0), f"upsert {document['id']}")
             self.retried[f"{status}/{answer.get('x-ms-substatus', 0)}"] += 1
             if status == 403:

@@ -106,7 +106,9 @@ def twin(soak, rng):
     settled_after = 3 * soak.config.expiration
     oldest = min(s.since for s in soak.slots)
     time.sleep(max(0.0, oldest + settled_after - time.monotonic()))
-    slot = rng.choice([s for s in soak.slots if time.monotonic() - s.since >= settled_after])
+    slot = rng.choice([s for s in soak.slots if time.monotonic() - s.since >= settled_after] or soak.slots)
+    if not slot.process.running():
+        return {"skipped": f"{slot.name} is not running"}
     code = soak.run_twin(slot, 4 * soak.config.expiration)
     return {"target": slot.name, "exit": code, "refused": code not in (None, 0)}
 

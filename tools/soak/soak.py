@@ -12,6 +12,7 @@ logs it kept in `--out`:
 - `leases.jsonl`     the lease container, read about every second (changes only)
 - `faults.jsonl`     the schedule: kind, start, end, details
 - `processes.jsonl`  every worker process: name, process tag, skew, in-flight batches, start
+- `exits.jsonl`      every worker that exited by itself (restarted then, as Kubernetes would)
 - `workers/`, `emulator.log`   their logs, each line prefixed with the soak's wall-clock time
 
 Exit code 0 when the checker found nothing, 1 when it did, 2 when the soak itself failed.
@@ -163,8 +164,26 @@ class Soak:
             twin.kill()
         return code
 
+    def supervise(self):
+        """Restarts, as Kubernetes restarts a pod's container, every worker whose process exited
+        by itself (not by a fault: those are restarted by the fault); logs each exit with the last
+        line of its log."""
+        for slot in self.slots:
+            code = slot.process.popen.poll() if slot.process is not None else None
+            if code is None:
+                continue
+            last = ""
+            with open(slot.process.log_path, encoding="utf-8", errors="replace") as log:
+                for line in log:
+                    last = line.strip()
+            self.log("exits.jsonl", {"t": time.time(), "name": slot.name, "exit": code, "last": last[-300:]})
+            print(f"{time.time() - self.started_at:7.1f}s worker {slot.name} exited ({code}): {last[-160:]}",
+                  flush=True)
+            self.start_worker(slot)
+
     def fault(self, kind, action, rng):
-        """Runs one fault of the schedule and logs it."""
+        """Runs one fault of the schedule (after restarting workers that exited) and logs it."""
+        self.supervise()
         start = time.time()
         try:
             detail = action(self, rng)
@@ -216,6 +235,7 @@ class Soak:
         """Stops writing, ends every fault still on, and waits until every document's latest
         version was delivered; answers (seconds waited, versions still missing)."""
         self.writer.stop()
+        self.supervise()
         for slot in self.slots:
             slot.process.signal(signal.SIGCONT)  # a worker a failed fault left frozen
         for action in ("faults", "hang"):

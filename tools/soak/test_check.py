@@ -99,6 +99,15 @@ class CheckerTest(unittest.TestCase):
         self.assertEqual(report["violations"], {})
         self.assertEqual(report["duplicatesByFault"], {"kill": 1})
 
+    def test_a_version_written_twice_may_arrive_twice_in_a_run(self):
+        logs = clean()
+        logs.files["writes"][1]["tries"] = 2
+        logs.files["deliveries"].append(batch(T0 + 4, "w0/1", [("b", "k", 1, 2, 3)]))
+        logs.files["faults"].append({"kind": "flaky", "start": T0, "end": T0 + 1})
+        report = logs.report()
+        self.assertEqual(report["violations"], {})
+        self.assertEqual(report["duplicatesByFault"], {"flaky": 1})
+
     def test_a_rewind_outside_a_fault_fails(self):
         logs = clean()
         logs.files["deliveries"].append(batch(T0 + 60, "w0/1", [("b", "k", 1, 2, 2)]))
@@ -112,6 +121,18 @@ class CheckerTest(unittest.TestCase):
         report = logs.report()
         self.assertEqual(report["violations"], {})
         self.assertEqual((report["duplicatesByFault"], report["renumberedBatches"]), ({"merge": 2}, 1))
+
+    def test_a_version_below_a_pre_merge_checkpoint_in_the_merged_partition_is_counted_apart(self):
+        logs = clean()
+        logs.files["writes"].append({"t": T0 + 10, "sent": T0 + 10, "id": "c", "pk": "j", "v": 1, "s": 1,
+                                     "range": "9", "lsn": 5})
+        logs.files["leases"] = [{"t": T0 + 1, "leases": {LEASE: ["w0", 9, "00", "10"]}, "gone": []}]
+        self.assertEqual(len(logs.report()["violations"]["lost"]), 1)
+        logs.files["faults"].append({"kind": "merge", "start": T0 + 5, "end": T0 + 5.5, "merged": [],
+                                     "into": {"id": "9", "min": "", "max": "20"}})
+        report = logs.report()
+        self.assertNotIn("lost", report["violations"])
+        self.assertEqual(report["lostToMergeRenumbering"], 1)
 
     def test_a_checkpoint_may_go_back_only_across_a_merge(self):
         logs = clean()

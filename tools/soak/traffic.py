@@ -59,9 +59,10 @@ class Writer:
             while not self.stopped.is_set():
                 doc = self.next_document(rng, number, ids, sequence)
                 sent = time.time()
-                range_id, lsn = account.upsert(DB, ITEMS, doc["pk"], doc)
+                range_id, lsn, tries = account.upsert(DB, ITEMS, doc["pk"], doc)
                 self.latest[doc["id"]] = doc["v"]
-                line = json.dumps({"sent": sent, "t": time.time(), **doc, "range": range_id, "lsn": lsn},
+                line = json.dumps({"sent": sent, "t": time.time(), **doc, "range": range_id, "lsn": lsn,
+                                   "tries": tries},
                                   separators=(",", ":"))
                 with self.lock:
                     if not self.log.closed:
