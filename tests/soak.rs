@@ -10,9 +10,9 @@
 //! backwards, duplicates only around faults and counted, twins refused, no late deliveries by a
 //! deposed owner past its batches in flight. See docs/soak.md.
 //!
-//! One round of the schedule (each fault once, ≈ 2–3 minutes). `CFP_SOAK_SEED=<n>` replays a
-//! schedule (default 40), `CFP_SOAK_DURATION=30m` makes it the long run; the logs stay in
-//! `/tmp/soak-<seed>-<time>` when it fails.
+//! One round of the schedule (each fault once; 104 s on an idle machine). `CFP_SOAK_SEED=<n>`
+//! replays a schedule (default 40), `CFP_SOAK_DURATION=30m` makes it the long run; the logs stay
+//! in `/tmp/soak-<seed>-<time>` when it fails.
 
 use std::process::Stdio;
 use std::time::Duration;

@@ -9,7 +9,8 @@ Definitions:
   `_lsn` of a batch of the run answered before it arrived is a *rewind* and starts a new run.
   (Batches in flight together, `--max-in-flight-batches 2`, may arrive in any order: a batch is
   compared with those answered before it arrived.) A *renumbered* batch — one holding a version
-  whose `_lsn` is not the LSN its write was acknowledged with (the write's session token) — was
+  whose `_lsn` is not within `CONCURRENT_WRITES` below the LSN its write was acknowledged with
+  (the write's session token: the partition's LSN when the answer was made) — was
   read after a merge renumbered its partition (the SDK emulator numbers a merged partition's LSNs
   from 1 again): it starts a new run after batches that were not, since what the partition held
   is read again, out of order with what came before; its redeliveries count as the merge's.
@@ -37,9 +38,9 @@ Checks (each a list of violations; the soak fails on any):
    service does not.
 6. twins: every second process started under a live worker's name exited non-zero and delivered
    nothing.
-7. fencing: once another process delivered a lease, its previous one delivers at most the
-   batches it had in flight (its `--max-in-flight-batches`), unless its log says it acquired the
-   lease again in between.
+7. fencing: once another process acquired a lease (its log says so), the previous owner delivers
+   at most the batches it had in flight (its `--max-in-flight-batches`) — unless its log says it
+   acquired the lease again since.
 
 Usage: check.py OUT_DIR [--grace SECONDS]
 """
@@ -139,6 +140,20 @@ def renumbering_losses(lost, fault_log, snapshots):
             if after or before:
                 hidden.add((w["id"], w["v"]))
     return [w for w in lost if (w["id"], w["v"]) in hidden], [w for w in lost if (w["id"], w["v"]) not in hidden]
+
+
+# A write's session token names the partition's LSN when the answer was made: other writes to
+# the partition (the writer's other threads) may have come in between, so a version's `_lsn` is
+# at most this much below it without any renumbering.
+CONCURRENT_WRITES = 16
+
+
+def renumbered(acknowledged, lsn):
+    """Whether a version delivered with `_lsn` `lsn` was numbered otherwise than when its write
+    was acknowledged at `acknowledged` (None: unknown)."""
+    if not isinstance(acknowledged, int) or not isinstance(lsn, int):
+        return False
+    return not acknowledged - CONCURRENT_WRITES <= lsn <= acknowledged
 
 
 class Run:
@@ -286,33 +301,35 @@ def acquisitions(out):
     return found
 
 
+def owner_at(acquisitions, t):
+    """Of `acquisitions` (time, process) sorted by time, the process that acquired last by `t`."""
+    owner = None
+    for at, process in acquisitions:
+        if at > t:
+            break
+        owner = process
+    return owner
+
+
 def check_fencing(deliveries, processes, acquired):
-    """Late deliveries by a lease's previous process after another one delivered it (see the
-    module's check 7): (late runs within the in-flight bound, violations)."""
+    """Late deliveries (see the module's check 7): a batch is late when another process acquired
+    its lease after its own process did (by their logs); the late batches of one process in a row
+    are an episode, tolerated up to its batches in flight. Answers (tolerated, violations)."""
     in_flight = {p["process"]: p["in_flight"] for p in processes}
     by_lease = collections.defaultdict(list)
-    for b in deliveries:
-        by_lease[b["lease"]].append(b)
+    for (process, lease), times in acquired.items():
+        by_lease[lease].extend((t, process) for t in times)
+    episodes = {}  # (lease, process, new owner) -> [first arrival, batches]
+    for b in sorted(deliveries, key=lambda b: b["arrived"]):
+        owner = owner_at(sorted(by_lease.get(b["lease"], [])), b["arrived"])
+        key = (b["lease"], b["process"], owner)
+        if owner is None or owner == b["process"]:
+            continue
+        episodes.setdefault(key, [b["arrived"], 0])[1] += 1
     tolerated, violations = [], []
-    for lease, batches in by_lease.items():
-        batches.sort(key=lambda b: b["arrived"])
-        segments = []  # [process, first arrived, last arrived, batches]
-        for b in batches:
-            if segments and segments[-1][0] == b["process"]:
-                segments[-1][2], segments[-1][3] = b["arrived"], segments[-1][3] + 1
-            else:
-                segments.append([b["process"], b["arrived"], b["arrived"], 1])
-        for k in range(2, len(segments)):
-            process, start, _, count = segments[k]
-            earlier = [s for s in segments[:k - 1] if s[0] == process]
-            if not earlier:
-                continue
-            since = earlier[-1][2]
-            again = any(since < t <= start + 1.0 for t in acquired.get((process, lease), []))
-            if again:
-                continue
-            entry = {"lease": lease, "process": process, "batches": count, "after": segments[k - 1][0], "at": start}
-            (tolerated if count <= in_flight.get(process, 1) else violations).append(entry)
+    for (lease, process, owner), (at, count) in sorted(episodes.items()):
+        entry = {"lease": lease, "process": process, "batches": count, "after": owner, "at": at}
+        (tolerated if count <= in_flight.get(process, 1) else violations).append(entry)
     return tolerated, violations
 
 
@@ -352,7 +369,7 @@ def check(out, grace=None):
     twice = {(w["id"], w["v"]) for w in writes if w.get("tries", 1) > 1}
     acknowledged = {(w["id"], w["v"]): w["lsn"] for w in writes if (w["id"], w["v"]) not in twice}
     for b in deliveries:
-        b["renumbered"] = any(acknowledged.get((d[0], d[2]), d[4]) != d[4] for d in b["docs"])
+        b["renumbered"] = any(renumbered(acknowledged.get((d[0], d[2])), d[4]) for d in b["docs"])
         b["twice"] = [(d[0], d[2]) in twice for d in b["docs"]]
     lost, stuck, phantom, delivered, latest = check_lost(writes, deliveries, summary.get("stopping", float("inf")))
     snapshots = jsonl(out, "leases.jsonl")
@@ -360,7 +377,7 @@ def check(out, grace=None):
     runs, rewinds, disorder = walk(deliveries, faults)
     duplicates, unexplained = check_duplicates(deliveries, faults)
     rewind_kinds = collections.Counter(faults.around(b["arrived"]) or "none" for b in rewinds)
-    renumbered = sum(1 for b in deliveries if b["renumbered"])
+    renumbered_batches = sum(1 for b in deliveries if b["renumbered"])
     merged, backwards = check_checkpoints(snapshots, faults)
     twins_ran, twin_batches = check_twins(fault_log, [b for b in batches if b["twin"]])
     tolerated, late = check_fencing(deliveries, processes, acquisitions(out))
@@ -386,7 +403,7 @@ def check(out, grace=None):
         "lostToMergeRenumbering": len(renumbered_away),
         "lostToMergeRenumberingSample": lost_detail(renumbered_away[:5], faults),
         "rewinds": len(rewinds), "rewindsByFault": dict(rewind_kinds), "runs": len(runs),
-        "renumberedBatches": renumbered,
+        "renumberedBatches": renumbered_batches,
         "checkpointsBackAcrossMerges": len(merged), "lateWithinInFlight": len(tolerated),
         "faults": dict(collections.Counter(f["kind"] for f in fault_log)), "budgetRefusals": len(throttled),
         "writesRetried": summary.get("writesRetried"),

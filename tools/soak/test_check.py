@@ -160,10 +160,17 @@ class CheckerTest(unittest.TestCase):
                                      batch(T0 + 5, "w0/1", [("c", "j", 1, 1, 3)]),
                                      batch(T0 + 6, "w0/1", [("d", "i", 1, 1, 4)])]
         logs.files["faults"].append({"kind": "freeze", "start": T0, "end": T0 + 2})
+        acquired("w0.1", T0 - 10, logs)
+        acquired("w1.2", T0 + 3.5, logs)
         self.assertEqual(len(logs.report()["violations"]["lateDeliveriesPastInFlight"]), 1)
-        with open(os.path.join(logs.out, "workers", "w0.1.log"), "w", encoding="utf-8") as log:
-            log.write(f"{T0 + 4.5} 2026-01-01T00:00:00Z INFO lease acquired lease={LEASE} previous_owner=Some(\"w1\")\n")
+        acquired("w0.1", T0 + 4.5, logs)
         self.assertEqual(logs.report()["violations"], {})
+
+
+def acquired(log, t, logs):
+    """Appends a `lease acquired` line at `t` to worker log `log` (`<name>.<n>`)."""
+    with open(os.path.join(logs.out, "workers", f"{log}.log"), "a", encoding="utf-8") as out:
+        out.write(f"{t} 2026-01-01T00:00:00Z INFO lease acquired lease={LEASE} previous_owner=None\n")
 
 
 if __name__ == "__main__":
