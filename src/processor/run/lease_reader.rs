@@ -9,6 +9,7 @@ use futures::StreamExt;
 use futures::stream::FuturesOrdered;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, Span};
 
 use crate::cosmos::{ChangePage, CosmosError, EpkRange, ErrorKind, FeedReader};
@@ -394,8 +395,7 @@ impl LeaseReader {
         };
         s.handling
             .push_back((id.clone(), documents, Instant::now(), span.clone()));
-        s.window
-            .push_back(Box::pin(self.deliver(&s.range, page, id).instrument(span)));
+        s.window.push_back(self.deliver(&s.range, page, id, span));
     }
 
     /// Judges whether the lease stalled, and acts on it: `Some` when the reader restarts or the
@@ -435,26 +435,40 @@ impl LeaseReader {
         }
     }
 
-    /// Hands a page's documents to the handler (an empty page is done at once).
-    fn deliver(&self, range: &EpkRange, page: ChangePage, batch_id: String) -> InFlight {
+    /// Hands a page's documents to the handler (an empty page is done at once) in a task of
+    /// its own, so that the delivery goes on while the reader settles the batch before it: a
+    /// delivery confirming ownership may hold the lease's lock, which that batch's checkpoint
+    /// waits for — polled by the reader alone, the two waited on each other for good. The task
+    /// ends with the window (dropped: aborted).
+    fn deliver(&self, range: &EpkRange, page: ChangePage, batch_id: String, span: Span) -> InFlight {
+        if page.documents.is_empty() {
+            return Box::pin(std::future::ready((page, true)));
+        }
         let shared = self.shared.clone();
         let owned = self.owned.clone();
         let range = range.clone();
-        Box::pin(async move {
-            if page.documents.is_empty() {
-                return (page, true);
-            }
-            let checkpoint_to = page.single_continuation(Some(&range)).map(str::to_owned);
+        let page = Arc::new(page);
+        let handed = page.clone();
+        let task = async move {
+            let checkpoint_to = handed.single_continuation(Some(&range)).map(str::to_owned);
             let delivery = Delivery {
                 shared: &shared,
                 owned: &owned,
                 range: &range,
                 batch_id,
                 checkpoint_to,
-                changes: &page.changes,
+                changes: &handed.changes,
             };
-            let delivered = delivery.run(&page.documents).await;
-            (page, delivered)
+            delivery.run(&handed.documents).await
+        };
+        let task = AbortOnDropHandle::new(tokio::spawn(task.instrument(span)));
+        Box::pin(async move {
+            let delivered = match task.await {
+                Ok(delivered) => delivered,
+                Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+                Err(_) => false,
+            };
+            (Arc::try_unwrap(page).unwrap_or_else(|page| (*page).clone()), delivered)
         })
     }
 
