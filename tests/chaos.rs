@@ -87,14 +87,12 @@ async fn receiver() -> (String, Arc<Mutex<Vec<Post>>>) {
     (url, posts)
 }
 
-/// When a worker said it acquired a lease (as the test read its log line): instance, lease and
-/// the previous owner.
+/// When a worker said it acquired a lease (as the test read its log line): instance and lease.
 #[derive(Clone, Debug)]
 struct Acquired {
     at: SystemTime,
     instance: String,
     lease: String,
-    previous_owner: String,
 }
 
 type Acquisitions = Arc<Mutex<Vec<Acquired>>>;
@@ -171,7 +169,6 @@ fn worker_posting_to(
                     at: SystemTime::now(),
                     instance: instance.clone(),
                     lease: lease.to_owned(),
-                    previous_owner: log_field(&line, "previous_owner").unwrap_or_default().to_owned(),
                 });
             }
         }
