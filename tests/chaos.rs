@@ -382,21 +382,26 @@ async fn four_workers_survive_kills_freezes_splits_renames_skewed_clocks_and_slo
     let versions: usize = written.values().map(|v| *v as usize).sum();
 
     // Per lease, in arrival order: once another instance delivered it, the previous owner may
-    // deliver at most one more batch (the one it had in flight) — unless it acquired the lease
-    // back from that instance (a worker back from a freeze takes its fair share again, and may
-    // take the very lease it lost), which its log says.
+    // deliver at most one more batch (the one it had in flight) — unless its log says it
+    // acquired the lease after that instance last did (a worker back from a freeze takes its
+    // fair share again, and may take the very lease it lost; or the other's batch was the late
+    // one, sent before a freeze and arriving in the middle of the new owner's run).
     let acquisitions = acquisitions.lock().unwrap().clone();
-    let took_back = |lease: &str, x: &str, from: &str, after: SystemTime, by: SystemTime| {
+    // When `instance` last acquired `lease` by `by` (its log line may be read a little after the
+    // batch it led to arrived).
+    let last_acquired = |lease: &str, instance: &str, by: SystemTime| {
         acquisitions
             .iter()
-            .any(|a| a.lease == lease && a.instance == x && a.previous_owner == from && a.at > after && a.at <= by)
+            .filter(|a| a.lease == lease && a.instance == instance && a.at <= by + Duration::from_secs(1))
+            .map(|a| a.at)
+            .max()
     };
     let mut by_lease: BTreeMap<&str, Vec<&Post>> = BTreeMap::new();
     for post in &posts {
         by_lease.entry(post.lease.as_str()).or_default().push(post);
     }
     // (lease, instance, batches) of each late run: X, then Y, then X again within a renew
-    // interval, without X acquiring the lease from Y in between.
+    // interval, without X acquiring the lease after Y last did.
     let mut late: Vec<(String, String, usize)> = Vec::new();
     let mut taken_back = 0;
     for (lease, list) in &mut by_lease {
@@ -412,10 +417,11 @@ async fn four_workers_survive_kills_freezes_splits_renames_skewed_clocks_and_slo
         for k in 2..runs.len() {
             let (x, start, _, batches) = runs[k];
             let (y, taken_over, _, _) = runs[k - 1];
-            // The log line may be read a little after the batch it led to arrived.
-            let reacquired = took_back(lease, x, y, runs[k - 2].2, start + Duration::from_secs(1));
+            // X holds the newer acquisition: X took the lease back, or Y's batch was the late
+            // one (Y frozen with it in flight after X took the lease from Y).
+            let newer = last_acquired(lease, x, start) > last_acquired(lease, y, start);
             if runs[k - 2].0 == x && start.duration_since(taken_over).unwrap_or_default() < RENEW {
-                if reacquired {
+                if newer {
                     taken_back += 1;
                 } else {
                     late.push(((*lease).to_owned(), x.to_owned(), batches));
@@ -431,7 +437,7 @@ async fn four_workers_survive_kills_freezes_splits_renames_skewed_clocks_and_slo
         log.join("; ")
     );
     println!(
-        "documents {} ({versions} versions written, {} POSTs), latest versions missing {}, duplicate deliveries {duplicates} (bound {lease_moves_bound}: {crashes} crashes/freezes × 8 leases × {IN_FLIGHT} batches in flight × {MAX_ITEMS}), leases delivered by a previous owner after the new one: {late:?} ({taken_back} taken back by it, acquired from the new one; {} acquisitions logged)",
+        "documents {} ({versions} versions written, {} POSTs), latest versions missing {}, duplicate deliveries {duplicates} (bound {lease_moves_bound}: {crashes} crashes/freezes × 8 leases × {IN_FLIGHT} batches in flight × {MAX_ITEMS}), leases delivered by a previous owner after the new one: {late:?} ({taken_back} not late: acquired by it after the other; {} acquisitions logged)",
         written.len(),
         posts.len(),
         missing.len(),
