@@ -13,6 +13,7 @@ mod balancing;
 mod checkpoints;
 mod failover;
 mod handlers;
+mod merges;
 mod splits;
 mod store_faults;
 

@@ -17,7 +17,7 @@ use crate::processor::leases::owned::{OwnedLease, UpdateError};
 use crate::processor::policy::checkpoint_policy::Deferred;
 use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
 use crate::processor::run::shared::Shared;
-use crate::processor::run::split::split;
+use crate::processor::run::split::{split, unname_merged};
 
 /// Empty pages in a row after which a lease whose last report showed lag reports that it is
 /// caught up (one write per quiet spell, not one per batch of a trickle).
@@ -65,6 +65,9 @@ pub(crate) struct LeaseCheckpointer {
     report: Option<(String, u64)>,
     /// Empty pages settled in a row.
     quiet_pages: u32,
+    /// Whether the lease is version 0 (named by a partition key range id), once known: its
+    /// pages are then checked for another partition serving it (a merge).
+    version_0: Option<bool>,
 }
 
 impl LeaseCheckpointer {
@@ -74,6 +77,7 @@ impl LeaseCheckpointer {
             deferred: Deferred::new(shared.options.checkpoint, std::time::Instant::now()),
             report: None,
             quiet_pages: 0,
+            version_0: None,
             shared,
             owned,
         }
@@ -102,7 +106,32 @@ impl LeaseCheckpointer {
         } else {
             tracing::info_span!("checkpoint")
         };
-        self.checkpoint(&page, continuation).instrument(span).await
+        let flow = self.checkpoint(&page, continuation).instrument(span).await;
+        if matches!(flow, Flow::Go) && self.served_by_another_partition(&page).await {
+            if let Some(exit) = unname_merged(&self.shared, &self.owned, true).await {
+                return Flow::Return(exit);
+            }
+            // Not rewritten (not a merge, or the partitions could not be listed): not tried on
+            // every page; the lease's next acquisition tries again.
+            self.version_0 = Some(false);
+        }
+        flow
+    }
+
+    /// Whether a version-0 lease's page came from a partition other than the one the lease
+    /// names: its partition merged (the reader reads by EPK range, so it sees no 410 for it).
+    async fn served_by_another_partition(&mut self, page: &ChangePage) -> bool {
+        if page.range_id.as_deref().is_none_or(|id| id == self.owned.token()) {
+            return false;
+        }
+        match self.version_0 {
+            Some(known) => known,
+            None => {
+                let known = self.owned.current().await.names_a_partition();
+                self.version_0 = Some(known);
+                known
+            }
+        }
     }
 
     /// The SDK followed a split of the range inside one stream: each child's position is known —

@@ -102,9 +102,23 @@ impl Shared {
     /// listing is older than the acquire interval and does not have it); `None` when none is or
     /// the listing failed.
     pub(crate) async fn partition_of(&self, range: &EpkRange) -> Option<String> {
+        self.find_partition(|r| r == range, false).await.map(|(id, _)| id)
+    }
+
+    /// The partition key range that `range` is a strict part of, as after a merge (listed again
+    /// when `fresh`, or when the last listing is older than the acquire interval and does not
+    /// have it); `None` when none is or the listing failed.
+    pub(crate) async fn partition_around(&self, range: &EpkRange, fresh: bool) -> Option<(String, EpkRange)> {
+        self.find_partition(|r| r != range && r.contains(range), fresh).await
+    }
+
+    /// The first partition key range `pick` accepts, from the cached listing when it is recent
+    /// (or has one) and `fresh` is not asked for.
+    async fn find_partition(&self, pick: impl Fn(&EpkRange) -> bool, fresh: bool) -> Option<(String, EpkRange)> {
         let mut cached = self.partitions.lock().await;
-        let find = |list: &[(String, EpkRange)]| list.iter().find(|(_, r)| r == range).map(|(id, _)| id.clone());
+        let find = |list: &[(String, EpkRange)]| list.iter().find(|(_, r)| pick(r)).cloned();
         if let Some((at, list)) = cached.as_ref()
+            && !fresh
             && (at.elapsed() < self.options.acquire_interval || find(list).is_some())
         {
             return find(list);

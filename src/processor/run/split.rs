@@ -32,7 +32,8 @@ pub(crate) async fn split_from_checkpoint(shared: &Shared, owned: &OwnedLease, r
         })
         .collect();
     if children.len() < 2 {
-        return None;
+        // One partition serves the range: merged, if it is larger than the lease's.
+        return unname_merged(shared, owned, true).await;
     }
     split(shared, owned, range, &children).await
 }
@@ -104,18 +105,65 @@ pub(crate) async fn split(
 /// lease over exactly one physical partition, as versions before 0.2 wrote them at bootstrap
 /// and their splits): a version-0 lease named by the partition key range id takes its place —
 /// same owner, continuation and properties — and the old document is deleted, like a split
-/// into one child. `None` when the lease keeps its form (already version 0, a sub-range, several
+/// into one child. A version-0 lease whose partition merged becomes an EPK lease instead
+/// ([`unname_merged`]). `None` when the lease keeps its form (already in it, a sub-range, several
 /// leases per partition, or the partitions could not be listed: tried again at its next
 /// acquisition).
 pub(crate) async fn reshape(shared: &Shared, owned: &OwnedLease) -> Option<LeaseExit> {
     let lease = owned.current().await;
-    if lease.names_a_partition() || shared.options.leases_per_partition > 1 {
+    if lease.names_a_partition() {
+        return unname_merged(shared, owned, false).await;
+    }
+    if shared.options.leases_per_partition > 1 {
         return None;
     }
     let range = lease.range()?.clone();
     let id = shared.partition_of(&range).await?;
+    rewrite(
+        shared,
+        owned,
+        Some(&id),
+        "lease rewritten as version 0 (named by its partition key range id)",
+    )
+    .await
+}
+
+/// Rewrites a version-0 lease whose partition merged (its range is now a strict part of one
+/// partition, whose id is another) as an EPK lease over the same range — same owner,
+/// continuation and properties — as the .NET processor does when a read of it finds the
+/// partition gone; the reader then reads its EPK range of the merged partition. The partitions
+/// are listed again to decide (without `fresh`, only when the cached listing shows a merge).
+/// `None` when the lease keeps its form.
+pub(crate) async fn unname_merged(shared: &Shared, owned: &OwnedLease, fresh: bool) -> Option<LeaseExit> {
+    let lease = owned.current().await;
+    if !lease.names_a_partition() {
+        return None;
+    }
+    let range = lease.range()?;
+    // A listing from before a split also shows a larger partition around a child's range: the
+    // cached one only says whether to look, a fresh one decides.
+    if !fresh {
+        shared.partition_around(range, false).await?;
+    }
+    let (merged, _) = shared.partition_around(range, true).await?;
+    tracing::info!(lease = %lease.lease_token, %merged, "the lease's partition merged");
+    rewrite(
+        shared,
+        owned,
+        None,
+        "lease rewritten as an EPK lease (its partition merged)",
+    )
+    .await
+}
+
+/// Replaces the lease by the same lease (range, owner, continuation, properties) under another
+/// id: version 0 named by `pk_range_id`, or (with `None`) an EPK lease; the old document is
+/// deleted, like a split into one child.
+async fn rewrite(shared: &Shared, owned: &OwnedLease, pk_range_id: Option<&str>, what: &str) -> Option<LeaseExit> {
+    let lease = owned.current().await;
+    let range = lease.range()?.clone();
     let continuation = lease.continuation.clone();
-    let child = create_child(shared, owned, &lease, (&range, Some(&id)), continuation).await?;
+    let child = create_child(shared, owned, &lease, (&range, pk_range_id), continuation).await?;
     match owned.delete().await {
         Ok(()) | Err(UpdateError::Gone) => {}
         Err(UpdateError::Lost(owner)) => {
@@ -135,12 +183,7 @@ pub(crate) async fn reshape(shared: &Shared, owned: &OwnedLease) -> Option<Lease
                 .error(Some(owned.token()), LeaseError::DeleteSplitParent(error));
         }
     }
-    announce(
-        shared,
-        owned,
-        vec![child],
-        "lease rewritten as version 0 (named by its partition key range id)",
-    )
+    announce(shared, owned, vec![child], what)
 }
 
 /// Deletes the replaced lease (if still ours) and says which leases took its place.
