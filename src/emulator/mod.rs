@@ -35,7 +35,8 @@
 //!   container create`), also where the data plane refuses metadata writes; `throughput` as
 //!   `--throughput`.
 //! - `GET /_emulator/regions` — the regions: the write region, each region's endpoint, whether
-//!   it is online and takes writes ([`RegionTopology`]).
+//!   it is online and takes writes, and what it answered over HTTP: reads, and document writes
+//!   by container, accepted and refused ([`RegionTopology`], [`Traffic`]).
 //! - `POST /_emulator/failover?region=R[&windowMs=N]` — moves the write region to `R`, as a
 //!   manual failover: the old write region refuses writes (403/3) at once, and for `windowMs`
 //!   the account still advertises both as writable, then only `R`.
@@ -55,11 +56,13 @@ mod hangs;
 mod in_process;
 mod metadata;
 mod partitions;
+mod region_traffic;
 mod regions;
 mod server;
 
 pub use auth::RequiredAuth;
 pub use faults::{Fault, FaultInjector};
+pub use region_traffic::{Traffic, WriteCounts};
 pub use regions::{AccountOptions, RegionTopology, RegionView};
 
 use std::net::SocketAddr;
@@ -214,6 +217,8 @@ pub struct Emulator {
     regions: Arc<Vec<regions::RegionEndpoint>>,
     /// How long a write takes to reach the other regions.
     replication_delay: Duration,
+    /// What each region answered over HTTP.
+    traffic: Arc<region_traffic::RegionTraffic>,
 }
 
 impl Emulator {
@@ -242,6 +247,7 @@ impl Emulator {
             gateway,
             regions: Arc::new(endpoints),
             replication_delay,
+            traffic: Arc::default(),
             auth: Arc::new(std::sync::RwLock::new(RequiredAuth::Any)),
             faults: Arc::new(FaultInjector::default()),
             hangs: Arc::default(),

@@ -259,6 +259,9 @@ pub struct RegionView {
     pub online: bool,
     /// Whether it takes writes now.
     pub writable: bool,
+    /// What it answered over HTTP so far: reads, and document writes by container.
+    #[serde(flatten)]
+    pub traffic: super::Traffic,
 }
 
 impl Emulator {
@@ -279,6 +282,7 @@ impl Emulator {
                     endpoint: r.gateway.to_string(),
                     online: !snapshot.offline.contains(&r.name),
                     writable: config.is_write_region(&r.name),
+                    traffic: self.traffic.of(&r.name),
                 })
                 .collect(),
         }
