@@ -11,7 +11,8 @@
 //! - `--region NAME` (repeatable; the first takes writes) — the account's regions, each served on
 //!   a listener of its own (the ports after `--port`), as the account metadata's
 //!   `readableLocations` / `writableLocations` name them; `--replication-delay-ms N` — how long
-//!   a write takes to reach the other regions.
+//!   a write takes to reach the other regions (each has every partition's writes in their
+//!   order: see `lag.rs`).
 //!
 //! The control API, on every region's endpoint:
 //!
@@ -38,8 +39,9 @@
 //!   it is online and takes writes, and what it answered over HTTP: reads, and document writes
 //!   by container, accepted and refused ([`RegionTopology`], [`Traffic`]).
 //! - `POST /_emulator/failover?region=R[&windowMs=N]` — moves the write region to `R`, as a
-//!   manual failover: the old write region refuses writes (403/3) at once, and for `windowMs`
-//!   the account still advertises both as writable, then only `R`.
+//!   manual failover: `R` has every write the old one took, the old write region refuses writes
+//!   (403/3) at once, and for `windowMs` the account still advertises both as writable, then
+//!   only `R`.
 //! - `POST /_emulator/region-offline?region=R` — takes `R` out of service: it leaves the account
 //!   metadata and its endpoint resets every connection (if it took writes, the next region does);
 //!   `DELETE` brings it back (writes stay where they are).
@@ -54,6 +56,7 @@ mod faults;
 pub mod formats;
 mod hangs;
 mod in_process;
+mod lag;
 mod metadata;
 mod partitions;
 mod region_traffic;
@@ -219,6 +222,8 @@ pub struct Emulator {
     replication_delay: Duration,
     /// What each region answered over HTTP.
     traffic: Arc<region_traffic::RegionTraffic>,
+    /// What each region has of the others' writes (the replication delay).
+    lag: Arc<lag::Lag>,
 }
 
 impl Emulator {
@@ -238,11 +243,12 @@ impl Emulator {
             .map(|r| r.gateway.clone())
             .ok_or_else(|| EmulatorError::BadRequest("an account needs at least one region".into()))?;
         let client = Arc::new(
-            InMemoryEmulatorHttpClient::try_new(regions::account_config(&endpoints, replication_delay)?)
-                .map_err(CosmosError::from)?,
+            InMemoryEmulatorHttpClient::try_new(regions::account_config(&endpoints)?).map_err(CosmosError::from)?,
         );
+        let lag = Arc::new(lag::Lag::new(replication_delay));
         Ok(Self {
-            edge: Arc::new(edge::Edge::new(client.clone())),
+            edge: Arc::new(edge::Edge::new(client.clone(), lag.clone())),
+            lag,
             client,
             gateway,
             regions: Arc::new(endpoints),
