@@ -184,12 +184,14 @@ fn signal(child: &Child, signal: &str) {
     }
 }
 
-/// Creates and replaces documents until stopped; returns the latest version written per id.
-async fn write_continuously(
+/// Creates and replaces documents (`{"id", "pk", "v"}`) until stopped, retrying what the account
+/// refuses; returns the latest version written per id and how many attempts were refused.
+pub(crate) async fn write_continuously(
     items: DocumentContainer,
     stop: Arc<std::sync::atomic::AtomicBool>,
-) -> BTreeMap<String, u64> {
+) -> (BTreeMap<String, u64>, usize) {
     let mut written: BTreeMap<String, u64> = BTreeMap::new();
+    let mut refused = 0;
     let mut rng = fastrand::Rng::with_seed(7);
     let mut next = 0usize;
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -208,13 +210,25 @@ async fn write_continuously(
             match items.upsert(&pk, &doc).await {
                 Ok(_) => break,
                 Err(e) if attempt >= 200 => panic!("writing {id}: {e}"),
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(_) => {
+                    refused += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
         }
         written.insert(id, version);
         tokio::time::sleep(Duration::from_millis(8)).await;
     }
+    (written, refused)
+}
+
+/// The latest versions in `written` (id → version) that are not among the `delivered` ones.
+pub(crate) fn undelivered(written: &BTreeMap<String, u64>, delivered: &BTreeSet<(String, u64)>) -> Vec<(String, u64)> {
     written
+        .iter()
+        .filter(|(id, v)| !delivered.contains(&((*id).clone(), **v)))
+        .map(|(id, v)| (id.clone(), *v))
+        .collect()
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -342,7 +356,7 @@ async fn four_workers_survive_kills_freezes_splits_renames_skewed_clocks_and_slo
         }
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let written = writer.await.unwrap();
+    let (written, _) = writer.await.unwrap();
 
     // Every latest version delivered (bounded wait).
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -353,11 +367,7 @@ async fn four_workers_survive_kills_freezes_splits_renames_skewed_clocks_and_slo
             .iter()
             .flat_map(|p| p.documents.iter().cloned())
             .collect();
-        let missing: Vec<(String, u64)> = written
-            .iter()
-            .filter(|(id, v)| !delivered.contains(&((*id).clone(), **v)))
-            .map(|(id, v)| (id.clone(), *v))
-            .collect();
+        let missing = undelivered(&written, &delivered);
         if missing.is_empty() || Instant::now() > deadline {
             break missing;
         }

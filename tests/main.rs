@@ -59,6 +59,7 @@ mod processor;
 mod python_client;
 mod reference_bugs;
 mod regions;
+mod regions_failover;
 mod renewals;
 mod stall;
 mod store_recovery;
