@@ -253,21 +253,13 @@ async fn drained_workers_scale_down_only_after_the_stabilization_window() {
     }
     // (seconds, lag, replicas) at every change, until the minimum is reached.
     let started = Instant::now();
-    let mut timeline: Vec<(f64, Option<i64>, Option<i32>)> = Vec::new();
-    let (mut drained_at, mut down_at) = (None, None);
+    let mut timeline: Timeline = Vec::new();
     let deadline = started + Duration::from_secs(60);
     while Instant::now() < deadline {
         let lag = setup.status().await.and_then(|s| s.estimated_lag);
         let replicas = setup.replicas().await;
-        let now = started.elapsed().as_secs_f64();
         if timeline.last().is_none_or(|(_, l, r)| (*l, *r) != (lag, replicas)) {
-            timeline.push((now, lag, replicas));
-        }
-        if lag == Some(0) && drained_at.is_none() {
-            drained_at = Some(now);
-        }
-        if replicas.is_some_and(|r| r < 4) && down_at.is_none() {
-            down_at = Some(now);
+            timeline.push((started.elapsed().as_secs_f64(), lag, replicas));
         }
         if replicas == Some(1) {
             break;
@@ -282,17 +274,68 @@ async fn drained_workers_scale_down_only_after_the_stabilization_window() {
     for worker in &mut workers {
         terminate(&mut worker.child).await;
     }
-    let (drained_at, down_at) = (drained_at.expect("lag reached 0"), down_at.expect("replicas went down"));
+    assert!(timeline.iter().any(|(_, lag, _)| *lag == Some(0)), "lag reached 0");
     assert_eq!(setup.replicas().await, Some(1), "down to minReplicas");
-    assert!(
-        down_at - drained_at >= WINDOW.as_secs_f64() - 2.0,
-        "scaled down {:.1} s after the lag reached 0 (window {WINDOW:?})",
-        down_at - drained_at
-    );
+    let downs = scale_downs_after_asked_more(&timeline, 500, 4);
+    assert!(!downs.is_empty(), "replicas went down: {timeline:?}");
+    for (to, after) in downs {
+        // The status is polled every 200 ms and written once per 1 s estimate.
+        assert!(
+            after >= WINDOW.as_secs_f64() - 2.0,
+            "scaled down to {to} {after:.1} s after an estimate last asked for more (window {WINDOW:?}): {timeline:?}"
+        );
+    }
     assert_eq!(delivered.len(), 2000);
     let events = setup.events("ScaledDown").await;
     assert!(!events.is_empty(), "a ScaledDown Event");
     setup.stop().await;
+}
+
+/// What a test saw, at every change: (seconds since the start, estimated lag, replicas).
+type Timeline = Vec<(f64, Option<i64>, Option<i32>)>;
+
+/// For every scale-down in `timeline`: the replicas it went to and how long before it the
+/// status last showed a lag asking for more (`ceil(lag / target)` capped at `leases`), counted
+/// from when that lag was replaced.
+fn scale_downs_after_asked_more(timeline: &Timeline, target: i64, leases: i64) -> Vec<(i32, f64)> {
+    let asks = |lag: i64| (lag + target - 1).div_euclid(target).clamp(1, leases);
+    let mut downs = Vec::new();
+    for (i, pair) in timeline.windows(2).enumerate() {
+        let (Some(before), (at, _, Some(to))) = (pair[0].2, pair[1]) else {
+            continue;
+        };
+        if to >= before {
+            continue;
+        }
+        // The entry after the last one asking for more than `to` is when that ask was last seen.
+        let last_ask = timeline[..=i + 1]
+            .iter()
+            .rposition(|(_, lag, _)| lag.is_some_and(|lag| asks(lag) > i64::from(to)));
+        let since = match last_ask {
+            None => 0.0,
+            Some(k) if k > i => at,
+            Some(k) => timeline[k + 1].0,
+        };
+        downs.push((to, at - since));
+    }
+    downs
+}
+
+#[test]
+fn a_scale_down_is_timed_from_the_last_estimate_asking_for_more() {
+    let timeline: Timeline = vec![
+        (0.0, Some(2000), Some(4)),
+        (1.1, Some(800), Some(4)),
+        (2.0, Some(0), Some(4)),
+        (6.2, Some(0), Some(2)),
+        (7.0, Some(0), Some(1)),
+    ];
+    let downs = scale_downs_after_asked_more(&timeline, 500, 4);
+    let rounded: Vec<(i32, i64)> = downs.iter().map(|(to, s)| (*to, (s * 10.0).round() as i64)).collect();
+    // To 2: 2000 (asking 4) was replaced at 1.1 s; to 1: 800 (asking 2) was replaced at 2.0 s.
+    assert_eq!(rounded, [(2, 51), (1, 50)]);
+    let early: Timeline = vec![(0.0, Some(2000), Some(4)), (0.5, Some(1500), Some(3))];
+    assert_eq!(scale_downs_after_asked_more(&early, 500, 4), [(3, 0.0)]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -423,3 +423,61 @@ async fn workers_ride_out_the_sdk_s_synthetic_unavailability_and_bucket_throttli
         "every lease owned by a live worker: {owners:?}"
     );
 }
+
+/// A worker reading ahead (two batches with the handler at once) on an account slower than
+/// half the lease expiration: the next batch's ownership check (a renewal, holding the lease's
+/// lock while it writes) and the checkpoint of the batch before never wait on each other. They
+/// did: the reader settled one batch while the next batch's delivery, which held the lock, was
+/// not polled, so the checkpoint waited on the lock for good and the lease stopped, silently,
+/// while its owner lived on (chaos seeds 1795735195, 1795736222, 1795737903: a lease stuck at
+/// the start of a slow-store step).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_reading_ahead_on_a_slow_account_never_stops_a_lease() {
+    const DOCS: usize = 200;
+    let (mut emulator, endpoint) = start_emulator("db/items:/pk:4").await;
+    let (_account, items) = connect(&endpoint).await;
+    write(&items, 0..DOCS).await;
+    let (url, seen, _) = receiver().await;
+    let mut worker = Command::new(CFP)
+        .args([
+            "worker",
+            "--endpoint",
+            &endpoint,
+            "--database",
+            DB,
+            "--container",
+            ITEMS,
+        ])
+        .args(["--processor", "ahead", "--instance", "ahead", "--handler", "http"])
+        .args(["--handler-url", &url, "--poll-interval", "100ms", "--max-items", "10"])
+        .args(["--max-in-flight-batches", "2", "--lease-acquire-interval", "500ms"])
+        .args(["--lease-renew-interval", "300ms", "--lease-expiration", "1s"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .dies_with_test()
+        .spawn()
+        .expect("spawn cfp worker");
+    // Once it runs, every request is answered after 0.3 to 0.9 s: every ownership check before
+    // a batch is a renewal (nothing kept the lease alive for half the expiration).
+    assert!(
+        wait_delivered(&seen, 1, Duration::from_secs(30)).await,
+        "the worker delivers"
+    );
+    common::emulator_control(
+        &endpoint,
+        reqwest::Method::POST,
+        "faults?rate=0&kinds=429&latencyMs=600",
+    )
+    .await;
+    let started = Instant::now();
+    let delivered = wait_delivered(&seen, DOCS, Duration::from_secs(60)).await;
+    let got = seen.lock().unwrap().len();
+    terminate(&mut worker).await;
+    terminate(&mut emulator).await;
+    println!(
+        "slow account, 2 batches in flight: {got} of {DOCS} delivered ({:.1} s)",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(delivered, "a lease stopped: {got} of {DOCS} delivered");
+}

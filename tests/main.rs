@@ -58,6 +58,7 @@ mod processor;
 mod python_client;
 mod reference_bugs;
 mod regions;
+mod regions_failover;
 mod renewals;
 mod soak;
 mod stall;

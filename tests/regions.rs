@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::common::{self, cfp_worker, cfp_write, eventually, http_get, start_emulator_with};
+use crate::common::{self, cfp_worker, cfp_write, eventually, http_get};
 
 const DELAY: Duration = Duration::from_millis(2000);
 
@@ -54,20 +54,8 @@ fn arrival(lines: &Mutex<Vec<(Instant, String)>>, id: &str) -> Option<Instant> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_reads_from_its_preferred_region_and_one_without_from_the_account_s_first() {
-    let delay = DELAY.as_millis().to_string();
-    let (_emulator, endpoint) = start_emulator_with(&[
-        "--port",
-        "0",
-        "--container",
-        "db/items:/pk:1",
-        "--region",
-        "East US",
-        "--region",
-        "West US",
-        "--replication-delay-ms",
-        &delay,
-    ])
-    .await;
+    let delay = u64::try_from(DELAY.as_millis()).unwrap();
+    let (_emulator, endpoint) = common::start_two_regions(&["db/items:/pk:1"], delay).await;
     cfp_write(&endpoint, 0, 1).await;
     let (mut near, near_port, near_lines) = worker(&endpoint, "near", &[]);
     let (mut far, far_port, far_lines) = worker(&endpoint, "far", &["--preferred-regions", "West US"]);

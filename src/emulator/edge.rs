@@ -2,10 +2,14 @@
 //! of in-process clients passes through [`Edge::execute`], which answers change feed reads in
 //! the service's formats ([`super::formats`]): `_lsn` on every document, quoted-LSN ETags (and
 //! quoted LSNs accepted as `If-None-Match`), `x-ms-max-item-count` without cutting one LSN's
-//! documents apart, and the session token of the range read.
+//! documents apart, and the session token of the range read — and, on an account of several
+//! regions, what each region has (`lag.rs`): a region reading another's writes within the
+//! replication delay answers the change feed up to the first of them and a point read of a
+//! document created there 404.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use azure_core::http::headers::{HeaderName, Headers};
 use azure_core::http::{Method, Request, StatusCode};
@@ -14,6 +18,7 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use super::formats;
+use super::lag::{Lag, Write};
 
 type DriverResult<T> = azure_data_cosmos_driver::error::Result<T>;
 
@@ -25,6 +30,8 @@ const RANGE_ID: HeaderName = HeaderName::from_static("x-ms-documentdb-partitionk
 const ITEM_COUNT: HeaderName = HeaderName::from_static("x-ms-item-count");
 const ITEM_LSN: HeaderName = HeaderName::from_static("x-ms-item-lsn");
 const CONTENT_LENGTH: HeaderName = HeaderName::from_static("content-length");
+const LSN: HeaderName = HeaderName::from_static("lsn");
+const IS_QUERY: HeaderName = HeaderName::from_static("x-ms-documentdb-isquery");
 
 /// A buffered answer of the emulator.
 #[derive(Debug, Clone)]
@@ -43,30 +50,134 @@ pub struct Edge {
     client: Arc<InMemoryEmulatorHttpClient>,
     /// Partition key paths by container (path and resource id), for the look-ups of `_lsn`.
     partition_keys: Mutex<HashMap<String, Arc<Vec<String>>>>,
+    /// What each region has of the others' writes.
+    lag: Arc<Lag>,
+}
+
+/// What a request does to the documents of a container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// Reads a range's change feed.
+    ChangeFeed,
+    /// Reads one document.
+    PointRead,
+    /// Creates, replaces, upserts, patches or deletes documents.
+    Write,
+    /// Anything else (queries, metadata).
+    Other,
+}
+
+impl Access {
+    fn of(request: &Request) -> Self {
+        let header = |name: &HeaderName| request.headers().get_optional_str(name).is_some();
+        let path = request.url().path().trim_matches('/');
+        if request.method() == Method::Get && header(&HeaderName::from_static("a-im")) && path.ends_with("/docs") {
+            return Access::ChangeFeed;
+        }
+        let segments: Vec<&str> = path.split('/').collect();
+        let document = match segments.as_slice() {
+            ["dbs", _, "colls", _, "docs"] => false,
+            ["dbs", _, "colls", _, "docs", _] => true,
+            _ => return Access::Other,
+        };
+        match request.method() {
+            Method::Get if document => Access::PointRead,
+            Method::Post if header(&IS_QUERY) => Access::Other,
+            Method::Post | Method::Put | Method::Delete | Method::Patch => Access::Write,
+            _ => Access::Other,
+        }
+    }
 }
 
 impl Edge {
-    /// The edge of `client`.
-    pub fn new(client: Arc<InMemoryEmulatorHttpClient>) -> Self {
+    /// The edge of `client`, whose regions have each other's writes as `lag` says.
+    pub fn new(client: Arc<InMemoryEmulatorHttpClient>, lag: Arc<Lag>) -> Self {
         Self {
             client,
             partition_keys: Mutex::default(),
+            lag,
         }
     }
 
     /// Serves one request as the service would.
     pub async fn execute(&self, request: Request) -> DriverResult<Reply> {
-        let change_feed = request.method() == Method::Get
-            && request
-                .headers()
-                .get_optional_str(&HeaderName::from_static("a-im"))
-                .is_some()
-            && request.url().path().trim_end_matches('/').ends_with("/docs");
-        if change_feed {
-            self.change_feed(request).await
-        } else {
-            self.send(&request).await
+        match Access::of(&request) {
+            Access::ChangeFeed => self.change_feed(request).await,
+            Access::PointRead if self.hides(&request) => Ok(not_found()),
+            Access::Write => {
+                let reply = self.send(&request).await?;
+                self.record(&request, &reply);
+                Ok(reply)
+            }
+            Access::PointRead | Access::Other => self.send(&request).await,
         }
+    }
+
+    /// The region a request is addressed to (by its endpoint).
+    fn region(&self, request: &Request) -> Option<String> {
+        let store = self.client.store();
+        store.config().region_for_url(request.url()).map(|r| r.name)
+    }
+
+    /// Keeps a write the account took, for the regions that have it only after the delay.
+    fn record(&self, request: &Request, reply: &Reply) {
+        if !self.lag.is_active() || !reply.status.is_success() {
+            return;
+        }
+        let token = reply.headers.get_optional_str(&SESSION_TOKEN).unwrap_or_default();
+        let partition = token.split(',').next().and_then(|t| t.split_once(':')).map(|(p, _)| p);
+        let lsn = reply.headers.get_optional_str(&LSN).and_then(|l| l.parse().ok());
+        let (Some(partition), Some(lsn), Some(region)) = (partition, lsn, self.region(request)) else {
+            return;
+        };
+        let created = (reply.status == StatusCode::Created)
+            .then(|| created_id(request, reply))
+            .flatten();
+        let write = Write {
+            container: &container_of(request),
+            partition,
+            lsn,
+            region: &region,
+            created: created.as_deref(),
+        };
+        self.lag.record(&write, Instant::now());
+    }
+
+    /// Whether the document a point read names has not reached the region read yet.
+    fn hides(&self, request: &Request) -> bool {
+        if !self.lag.is_active() {
+            return false;
+        }
+        let Some(region) = self.region(request) else {
+            return false;
+        };
+        let path = request.url().path().trim_matches('/');
+        let id = path.rsplit('/').next().unwrap_or_default();
+        let id = percent_encoding::percent_decode_str(id).decode_utf8_lossy();
+        let token = request
+            .headers()
+            .get_optional_string(&SESSION_TOKEN)
+            .unwrap_or_default();
+        let session_lsn = |partition: &str| {
+            token
+                .split(',')
+                .find(|part| part.trim().split_once(':').is_some_and(|(p, _)| p == partition))
+                .and_then(crate::cosmos::session_token_lsn)
+        };
+        self.lag
+            .hides(&container_of(request), &id, &region, session_lsn, Instant::now())
+    }
+
+    /// The highest LSN of the range a change feed request reads that its region has, if it
+    /// lacks any.
+    fn visible_limit(&self, request: &Request) -> Option<u64> {
+        if !self.lag.is_active() {
+            return None;
+        }
+        let partition = request.headers().get_optional_string(&RANGE_ID)?;
+        let region = self.region(request)?;
+        self.lag
+            .visible_limit(&container_of(request), &partition, &region, Instant::now())
     }
 
     /// Passes a request to the emulator as it is.
@@ -85,6 +196,10 @@ impl Edge {
     /// A change feed read: the client's continuation and page size in the emulator's terms, the
     /// answer in the service's.
     async fn change_feed(&self, mut request: Request) -> DriverResult<Reply> {
+        let requested = request
+            .headers()
+            .get_optional_str(&IF_NONE_MATCH)
+            .and_then(formats::service_lsn);
         let wanted = request
             .headers()
             .get_optional_str(&MAX_ITEM_COUNT)
@@ -113,6 +228,9 @@ impl Edge {
             reply
                 .headers
                 .insert(SESSION_TOKEN, formats::range_session_token(&token, &range));
+        }
+        if let Some(limit) = self.visible_limit(&request) {
+            hold_back(&mut reply, limit, requested);
         }
         Ok(reply)
     }
@@ -269,6 +387,82 @@ impl Edge {
     }
 }
 
+/// A change feed answer as a region that has its range up to LSN `limit` gives it: the documents
+/// after that held back (none left: 304), the continuation, the `lsn` header and the session
+/// token no further than `limit` — unless the reader's own continuation, `requested`, is.
+fn hold_back(reply: &mut Reply, limit: u64, requested: Option<u64>) {
+    if reply.status == StatusCode::Ok
+        && let Ok(mut page) = serde_json::from_slice::<Value>(&reply.body)
+        && let Some(items) = page.get_mut("Documents").and_then(Value::as_array_mut)
+    {
+        let kept = items
+            .iter()
+            .take_while(|item| formats::item_lsn(item).is_some_and(|lsn| lsn <= limit))
+            .count();
+        let last = kept.checked_sub(1).and_then(|i| formats::item_lsn(&items[i]));
+        if kept < items.len() {
+            items.truncate(kept);
+            page["_count"] = kept.into();
+            reply.headers.insert(ITEM_COUNT, kept.to_string());
+            reply.body = Bytes::from(serde_json::to_vec(&page).unwrap_or_default());
+            let through = last.or(requested).unwrap_or(limit);
+            reply.headers.insert(ETAG, formats::quoted(through));
+        }
+        if kept == 0 {
+            reply.status = StatusCode::NotModified;
+            reply.body = Bytes::new();
+        }
+    } else if reply.status == StatusCode::NotModified && requested.is_none() {
+        // A read from now: now in this region.
+        let etag = reply.headers.get_optional_str(&ETAG).and_then(formats::service_lsn);
+        if etag.is_some_and(|lsn| lsn > limit) {
+            reply.headers.insert(ETAG, formats::quoted(limit));
+        }
+    }
+    if let Some(token) = reply.headers.get_optional_string(&SESSION_TOKEN) {
+        reply
+            .headers
+            .insert(SESSION_TOKEN, formats::clamp_session_lsn(&token, limit));
+    }
+    if let Some(lsn) = reply.headers.get_optional_str(&LSN).and_then(|l| l.parse::<u64>().ok())
+        && lsn > limit
+    {
+        reply.headers.insert(LSN, limit.to_string());
+    }
+}
+
+/// The service's answer to a read of a document it does not have.
+fn not_found() -> Reply {
+    let mut headers = Headers::new();
+    headers.insert("content-type", "application/json");
+    headers.insert("x-ms-substatus", "0");
+    let body = serde_json::json!({"code": "NotFound", "message": "Entity with the specified id does not exist in the system."});
+    Reply {
+        status: StatusCode::NotFound,
+        headers,
+        body: Bytes::from(body.to_string()),
+    }
+}
+
+/// The container a request addresses, by its path (`dbs/db/colls/c`).
+fn container_of(request: &Request) -> String {
+    let path = request.url().path().trim_matches('/');
+    path.split('/').take(4).collect::<Vec<_>>().join("/")
+}
+
+/// The id of the document a write created: from the answer, else from the request.
+fn created_id(request: &Request, reply: &Reply) -> Option<String> {
+    let id_in = |bytes: &[u8]| {
+        serde_json::from_slice::<Value>(bytes)
+            .ok()
+            .and_then(|v| v.get("id")?.as_str().map(str::to_owned))
+    };
+    id_in(&reply.body).or_else(|| match request.body() {
+        azure_core::http::Body::Bytes(bytes) => id_in(bytes),
+        _ => None,
+    })
+}
+
 /// Copies header `name` of `from` to `to` (the API version, which the emulator expects).
 fn copy_header(from: &Request, to: &mut Request, name: &'static str) {
     let value = from
@@ -276,4 +470,109 @@ fn copy_header(from: &Request, to: &mut Request, name: &'static str) {
         .get_optional_string(&HeaderName::from_static(name))
         .unwrap_or_else(|| "2020-07-15".to_owned());
     to.insert_header(name, value);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(lsns: &[u64], etag: u64) -> Reply {
+        let documents: Vec<Value> = lsns
+            .iter()
+            .map(|lsn| serde_json::json!({"id": format!("d{lsn}"), "_lsn": lsn}))
+            .collect();
+        let mut headers = Headers::new();
+        headers.insert(ETAG, formats::quoted(etag));
+        headers.insert(SESSION_TOKEN, format!("0:0#{etag}#0={etag}"));
+        headers.insert(LSN, etag.to_string());
+        let body = serde_json::json!({"_rid": "r", "Documents": documents, "_count": lsns.len()});
+        Reply {
+            status: StatusCode::Ok,
+            headers,
+            body: Bytes::from(body.to_string()),
+        }
+    }
+
+    fn lsns_of(reply: &Reply) -> Vec<u64> {
+        let page: Value = serde_json::from_slice(&reply.body).unwrap_or_default();
+        page["Documents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(formats::item_lsn)
+            .collect()
+    }
+
+    fn header(reply: &Reply, name: &HeaderName) -> String {
+        reply.headers.get_optional_string(name).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_lagging_region_answers_the_change_feed_up_to_what_it_has() {
+        let mut cut = page(&[4, 5, 7], 7);
+        hold_back(&mut cut, 5, Some(3));
+        assert_eq!(lsns_of(&cut), [4, 5]);
+        assert_eq!(
+            (header(&cut, &ETAG), header(&cut, &ITEM_COUNT)),
+            ("\"5\"".into(), "2".into())
+        );
+        assert_eq!(
+            (header(&cut, &SESSION_TOKEN), header(&cut, &LSN)),
+            ("0:0#5#0=7".into(), "5".into())
+        );
+
+        let mut whole = page(&[4, 5], 5);
+        hold_back(&mut whole, 9, Some(3));
+        assert_eq!((lsns_of(&whole), header(&whole, &ETAG)), (vec![4, 5], "\"5\"".into()));
+
+        // Nothing it has yet: 304, the reader's own continuation (or the region's LSN from the
+        // start) kept.
+        let mut ahead = page(&[8, 9], 9);
+        hold_back(&mut ahead, 5, Some(7));
+        assert_eq!(
+            (ahead.status, header(&ahead, &ETAG)),
+            (StatusCode::NotModified, "\"7\"".into())
+        );
+        let mut from_start = page(&[8, 9], 9);
+        hold_back(&mut from_start, 5, None);
+        assert_eq!(header(&from_start, &ETAG), "\"5\"");
+
+        // A read from now starts at what the region has.
+        let mut now = page(&[], 9);
+        now.status = StatusCode::NotModified;
+        hold_back(&mut now, 5, None);
+        assert_eq!(header(&now, &ETAG), "\"5\"");
+    }
+
+    #[test]
+    fn requests_are_told_apart_by_what_they_do_to_documents() {
+        let request = |method: Method, path: &str, headers: &[(&'static str, &str)]| {
+            let mut request = Request::new(format!("http://127.0.0.1:1/{path}").parse().unwrap(), method);
+            for (name, value) in headers {
+                request.insert_header(*name, (*value).to_owned());
+            }
+            Access::of(&request)
+        };
+        let docs = "dbs/db/colls/items/docs";
+        assert_eq!(
+            request(Method::Get, docs, &[("a-im", "Incremental feed")]),
+            Access::ChangeFeed
+        );
+        assert_eq!(
+            request(Method::Get, "dbs/db/colls/items/docs/a", &[]),
+            Access::PointRead
+        );
+        assert_eq!(request(Method::Post, docs, &[]), Access::Write);
+        assert_eq!(request(Method::Put, "dbs/db/colls/items/docs/a", &[]), Access::Write);
+        assert_eq!(
+            request(Method::Delete, "dbs/db/colls/items/docs/a/", &[]),
+            Access::Write
+        );
+        assert_eq!(
+            request(Method::Post, docs, &[("x-ms-documentdb-isquery", "true")]),
+            Access::Other
+        );
+        assert_eq!(request(Method::Get, docs, &[]), Access::Other, "a listing");
+        assert_eq!(request(Method::Post, "dbs/db/colls", &[]), Access::Other);
+    }
 }

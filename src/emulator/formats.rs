@@ -79,6 +79,29 @@ pub fn document_of(item: &Value) -> &Value {
     item.get("current").filter(|c| c.is_object()).unwrap_or(item)
 }
 
+/// The LSN a change feed item was stamped with ([`stamp_lsn`]).
+pub fn item_lsn(item: &Value) -> Option<u64> {
+    item.pointer("/metadata/lsn")
+        .or_else(|| document_of(item).get("_lsn"))
+        .and_then(Value::as_u64)
+}
+
+/// A session token of one range (`1:0#12#0=12`, or the older `1:12`) that names LSN `limit`
+/// where it named a later one.
+pub fn clamp_session_lsn(token: &str, limit: u64) -> String {
+    let Some((range, rest)) = token.split_once(':') else {
+        return token.to_owned();
+    };
+    let mut segments: Vec<String> = rest.split('#').map(str::to_owned).collect();
+    let at = usize::from(segments.len() > 1);
+    if let Some(lsn) = segments.get(at).and_then(|s| s.parse::<u64>().ok())
+        && lsn > limit
+    {
+        segments[at] = limit.to_string();
+    }
+    format!("{range}:{}", segments.join("#"))
+}
+
 /// Writes `lsn` into a change feed item as the service does: `_lsn` on the document (an
 /// envelope's `current` image) and, in an envelope, `metadata.lsn`.
 pub fn stamp_lsn(item: &mut Value, lsn: u64) {
@@ -182,6 +205,25 @@ mod tests {
         assert_eq!(range_session_token("0:0#12#0=12, 1:0#8#0=8", "0"), "0:0#12#0=12");
         assert_eq!(range_session_token("0:0#12#0=12", "3"), "0:0#12#0=12");
         assert_eq!(range_session_token("10:0#5,1:0#8", "1"), "1:0#8");
+    }
+
+    #[test]
+    fn a_session_token_is_clamped_to_what_a_region_has() {
+        assert_eq!(clamp_session_lsn("1:0#12#0=12", 9), "1:0#9#0=12");
+        assert_eq!(clamp_session_lsn("1:0#8#0=8", 9), "1:0#8#0=8");
+        assert_eq!(clamp_session_lsn("1:12", 9), "1:9");
+        assert_eq!(clamp_session_lsn("nonsense", 9), "nonsense");
+        assert_eq!(item_lsn(&json!({"id": "a", "_lsn": 5})), Some(5));
+        assert_eq!(
+            item_lsn(&json!({"current": {"_lsn": 6}, "metadata": {"lsn": 6}})),
+            Some(6)
+        );
+        assert_eq!(
+            item_lsn(&json!({"metadata": {"lsn": 7}})),
+            Some(7),
+            "a delete's envelope"
+        );
+        assert_eq!(item_lsn(&json!({"id": "a"})), None);
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! - `--region NAME` (repeatable; the first takes writes) — the account's regions, each served on
 //!   a listener of its own (the ports after `--port`), as the account metadata's
 //!   `readableLocations` / `writableLocations` name them; `--replication-delay-ms N` — how long
-//!   a write takes to reach the other regions.
+//!   a write takes to reach the other regions (each has every partition's writes in their
+//!   order: see `lag.rs`).
 //!
 //! The control API, on every region's endpoint:
 //!
@@ -35,10 +36,12 @@
 //!   container create`), also where the data plane refuses metadata writes; `throughput` as
 //!   `--throughput`.
 //! - `GET /_emulator/regions` — the regions: the write region, each region's endpoint, whether
-//!   it is online and takes writes ([`RegionTopology`]).
+//!   it is online and takes writes, and what it answered over HTTP: reads, and document writes
+//!   by container, accepted and refused ([`RegionTopology`], [`Traffic`]).
 //! - `POST /_emulator/failover?region=R[&windowMs=N]` — moves the write region to `R`, as a
-//!   manual failover: the old write region refuses writes (403/3) at once, and for `windowMs`
-//!   the account still advertises both as writable, then only `R`.
+//!   manual failover: `R` has every write the old one took, the old write region refuses writes
+//!   (403/3) at once, and for `windowMs` the account still advertises both as writable, then
+//!   only `R`.
 //! - `POST /_emulator/region-offline?region=R` — takes `R` out of service: it leaves the account
 //!   metadata and its endpoint resets every connection (if it took writes, the next region does);
 //!   `DELETE` brings it back (writes stay where they are).
@@ -53,13 +56,16 @@ mod faults;
 pub mod formats;
 mod hangs;
 mod in_process;
+mod lag;
 mod metadata;
 mod partitions;
+mod region_traffic;
 mod regions;
 mod server;
 
 pub use auth::RequiredAuth;
 pub use faults::{Fault, FaultInjector};
+pub use region_traffic::{Traffic, WriteCounts};
 pub use regions::{AccountOptions, RegionTopology, RegionView};
 
 use std::net::SocketAddr;
@@ -214,6 +220,10 @@ pub struct Emulator {
     regions: Arc<Vec<regions::RegionEndpoint>>,
     /// How long a write takes to reach the other regions.
     replication_delay: Duration,
+    /// What each region answered over HTTP.
+    traffic: Arc<region_traffic::RegionTraffic>,
+    /// What each region has of the others' writes (the replication delay).
+    lag: Arc<lag::Lag>,
 }
 
 impl Emulator {
@@ -233,15 +243,17 @@ impl Emulator {
             .map(|r| r.gateway.clone())
             .ok_or_else(|| EmulatorError::BadRequest("an account needs at least one region".into()))?;
         let client = Arc::new(
-            InMemoryEmulatorHttpClient::try_new(regions::account_config(&endpoints, replication_delay)?)
-                .map_err(CosmosError::from)?,
+            InMemoryEmulatorHttpClient::try_new(regions::account_config(&endpoints)?).map_err(CosmosError::from)?,
         );
+        let lag = Arc::new(lag::Lag::new(replication_delay));
         Ok(Self {
-            edge: Arc::new(edge::Edge::new(client.clone())),
+            edge: Arc::new(edge::Edge::new(client.clone(), lag.clone())),
+            lag,
             client,
             gateway,
             regions: Arc::new(endpoints),
             replication_delay,
+            traffic: Arc::default(),
             auth: Arc::new(std::sync::RwLock::new(RequiredAuth::Any)),
             faults: Arc::new(FaultInjector::default()),
             hangs: Arc::default(),

@@ -61,25 +61,18 @@ pub fn endpoints(regions: &[(&str, &str)]) -> Result<Vec<RegionEndpoint>, Emulat
     Ok(out)
 }
 
-/// The SDK emulator's account: these regions (the first writes), writes replicated to the others
-/// after `replication_delay`, and the throughput of containers that have one enforced.
-pub fn account_config(
-    endpoints: &[RegionEndpoint],
-    replication_delay: Duration,
-) -> Result<VirtualAccountConfig, EmulatorError> {
+/// The SDK emulator's account: these regions (the first writes), every write replicated to the
+/// others at once (the edge shows each region the others' writes only after the replication
+/// delay, in order: `lag.rs`), and the throughput of containers that have one enforced.
+pub fn account_config(endpoints: &[RegionEndpoint]) -> Result<VirtualAccountConfig, EmulatorError> {
     let regions = endpoints
         .iter()
         .map(|r| VirtualRegion::new(&r.name, r.gateway.clone()))
         .collect();
-    let replication = if replication_delay.is_zero() {
-        ReplicationConfig::immediate()
-    } else {
-        ReplicationConfig::fixed(replication_delay)
-    };
     Ok(VirtualAccountConfig::new(regions)
         .map_err(CosmosError::from)?
         .with_throttling_enabled(true)
-        .with_replication_config(replication))
+        .with_replication_config(ReplicationConfig::immediate()))
 }
 
 /// Provisioned throughput for a container created at start: `database/container=RU` (RU/s, at
@@ -259,6 +252,9 @@ pub struct RegionView {
     pub online: bool,
     /// Whether it takes writes now.
     pub writable: bool,
+    /// What it answered over HTTP so far: reads, and document writes by container.
+    #[serde(flatten)]
+    pub traffic: super::Traffic,
 }
 
 impl Emulator {
@@ -279,17 +275,20 @@ impl Emulator {
                     endpoint: r.gateway.to_string(),
                     online: !snapshot.offline.contains(&r.name),
                     writable: config.is_write_region(&r.name),
+                    traffic: self.traffic.of(&r.name),
                 })
                 .collect(),
         }
     }
 
-    /// Moves the write region to `region`, as a manual failover does: writes to the old write
-    /// region are refused (403/3) at once while the account still advertises both as writable;
-    /// after `window` (or at once) it advertises only the new one.
+    /// Moves the write region to `region`, as a manual failover does: the new write region has
+    /// every write the old one took (a manual failover waits for that), writes to the old one
+    /// are refused (403/3) at once while the account still advertises both as writable; after
+    /// `window` (or at once) it advertises only the new one.
     pub fn fail_over(&self, region: &str, window: Duration) -> Result<RegionTopology, EmulatorError> {
         let store = self.client.store();
         store.begin_failover(region).map_err(region_error)?;
+        self.lag.settle();
         if window.is_zero() {
             store.complete_failover();
         } else {
@@ -304,15 +303,20 @@ impl Emulator {
 
     /// Takes `region` out of service (`offline`), as the service's offline-region operation does
     /// — it leaves the account metadata, its endpoint stops answering, and if it was the write
-    /// region the next region takes writes — or brings it back (writes stay where they are).
+    /// region the next region takes writes (with every write the old one took) — or brings it
+    /// back (writes stay where they are).
     pub fn set_region_offline(&self, region: &str, offline: bool) -> Result<RegionTopology, EmulatorError> {
         let store = self.client.store();
+        let took_writes = store.config().is_write_region(region);
         let changed = if offline {
             store.set_region_offline(region)
         } else {
             store.set_region_online(region)
         };
         changed.map_err(region_error)?;
+        if offline && took_writes {
+            self.lag.settle();
+        }
         tracing::info!(region, offline, "region availability changed");
         Ok(self.topology())
     }

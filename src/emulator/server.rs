@@ -76,7 +76,15 @@ impl Emulator {
             ),
         };
         tracing::debug!(%method, path, status = response.status().as_u16(), "request");
+        self.count(gateway, read, &resolved.path, response.status().as_u16());
         response
+    }
+
+    /// Counts a request the region served at `gateway` answered with `status`.
+    fn count(&self, gateway: &Url, read: bool, path: &str, status: u16) {
+        if let Some(region) = self.regions.iter().find(|r| &r.gateway == gateway) {
+            self.traffic.record(&region.name, read, path, status);
+        }
     }
 
     /// The 401 the service answers for a request its authorization does not cover.

@@ -16,6 +16,7 @@ use changefeed_operator::worker::{WorkerSettings, build_processor};
 use serde_json::json;
 
 pub mod processes;
+pub mod writer;
 pub use processes::DiesWithTest;
 
 pub const DB: &str = "db";
@@ -322,6 +323,19 @@ pub async fn start_emulator_with(args: &[&str]) -> (tokio::process::Child, Strin
     .expect("emulator endpoint within 20 s");
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     (child, endpoint)
+}
+
+/// Starts `cfp emulator` with two regions, East US (which takes writes) and West US, which has
+/// each write `delay_ms` later, and the `--container` specs `containers`; returns it with East
+/// US's endpoint.
+pub async fn start_two_regions(containers: &[&str], delay_ms: u64) -> (tokio::process::Child, String) {
+    let delay = delay_ms.to_string();
+    let mut args = vec!["--port", "0", "--region", "East US", "--region", "West US"];
+    args.extend(["--replication-delay-ms", &delay]);
+    for container in containers {
+        args.extend(["--container", container]);
+    }
+    start_emulator_with(&args).await
 }
 
 /// Asks the `cfp emulator` at `endpoint` for a control action (`GET faults`, `POST outage?ms=N`,

@@ -170,7 +170,7 @@ class CheckerTest(unittest.TestCase):
 def acquired(log, t, logs):
     """Appends a `lease acquired` line at `t` to worker log `log` (`<name>.<n>`)."""
     with open(os.path.join(logs.out, "workers", f"{log}.log"), "a", encoding="utf-8") as out:
-        out.write(f"{t} 2026-01-01T00:00:00Z INFO lease acquired lease={LEASE} previous_owner=None\n")
+        out.write(f"{t} 2026-01-01T00:00:00Z INFO lease acquired lease={LEASE}\n")
 
 
 if __name__ == "__main__":

@@ -80,9 +80,9 @@ use super::{
 pub struct ChangeFeedProcessorSpec {
     /// How to reach the Cosmos DB account of the monitored container.
     pub connection: Connection,
-    /// Regions the workers read from, in order (the SDK's preferred regions, for example
-    /// `["West Europe", "North Europe"]`), for the monitored and the lease account alike; writes
-    /// go to each account's write region. Default: the account's own order.
+    /// Regions the workers and the operator's estimate read from, in order (the SDK's preferred
+    /// regions, for example `["West Europe", "North Europe"]`), for the monitored and the lease
+    /// account alike; writes go to each account's write region. Default: the account's own order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub preferred_regions: Vec<String>,

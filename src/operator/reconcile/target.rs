@@ -43,14 +43,17 @@ pub fn estimate_target(
     found: &BTreeMap<String, Secret>,
 ) -> Result<EstimateTarget, TargetError> {
     let spec = &cfp.spec;
+    // The estimate reads where the workers read: both accounts in the resource's regions.
     let account = AccountRef {
         endpoint: spec.connection.endpoint.clone(),
         auth: account_auth(found, &spec.connection)?,
+        preferred_regions: spec.preferred_regions.clone(),
     };
     let lease_account = match &spec.leases.connection {
         Some(connection) => Some(AccountRef {
             endpoint: connection.endpoint.clone(),
             auth: account_auth(found, connection)?,
+            preferred_regions: spec.preferred_regions.clone(),
         }),
         None => None,
     };
@@ -148,5 +151,23 @@ mod tests {
         let missing = estimate_target(&keyed, &BTreeMap::new()).err().map(|e| e.to_string());
         assert_eq!(missing.as_deref(), Some("Secret \"cosmos\" key \"key\" is needed"));
         assert!(estimate_target(&keyed, &with_key("k1")).is_ok());
+    }
+
+    #[test]
+    fn the_estimate_reads_both_accounts_in_the_resource_s_regions() {
+        let endpoint = "https://a.documents.azure.com/";
+        let mut cfp = resource(serde_json::json!({"endpoint": endpoint, "auth": "WorkloadIdentity"}));
+        let default = estimate_target(&cfp, &BTreeMap::new()).unwrap();
+        assert!(default.account.preferred_regions.is_empty(), "the account's own order");
+        cfp.spec.preferred_regions = vec!["West Europe".into(), "North Europe".into()];
+        cfp.spec.leases.connection = Some(cfp.spec.connection.clone());
+        let target = estimate_target(&cfp, &BTreeMap::new()).unwrap();
+        let lease_account = target.lease_account.expect("a lease account");
+        assert_eq!(target.account.preferred_regions, ["West Europe", "North Europe"]);
+        assert_eq!(lease_account.preferred_regions, ["West Europe", "North Europe"]);
+        assert_ne!(
+            target.account, default.account,
+            "another client: the accounts are keyed by regions too"
+        );
     }
 }

@@ -34,13 +34,17 @@ pub const MAX_CONCURRENT_ESTIMATES: usize = 8;
 /// A resource, by namespace and name.
 pub type ResourceKey = (String, String);
 
-/// An account endpoint and its credential (whose `Debug` output never shows a key).
+/// An account endpoint, its credential (whose `Debug` output never shows a key) and the regions
+/// to read it from.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct AccountRef {
     /// The account endpoint.
     pub endpoint: String,
     /// The account key, or the operator's own Entra ID identity.
     pub auth: AccountAuth,
+    /// The regions to read from, in order (the resource's `preferredRegions`, as its workers
+    /// read); empty: the account's own order.
+    pub preferred_regions: Vec<String>,
 }
 
 /// What to estimate for one resource, and how often.
@@ -104,7 +108,7 @@ impl Accounts {
         if let Some(client) = self.clients.lock().ok().and_then(|m| m.get(account).cloned()) {
             return Ok(client);
         }
-        let client = CosmosAccount::connect(&account.endpoint, &account.auth)
+        let client = CosmosAccount::connect_preferring(&account.endpoint, &account.auth, &account.preferred_regions)
             .await
             .map_err(|e| EstimateFailure::new("connect", format!("cannot connect to {}: {e}", account.endpoint)))?;
         if let Ok(mut clients) = self.clients.lock() {

@@ -9,6 +9,7 @@ use futures::StreamExt;
 use futures::stream::FuturesOrdered;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, Span};
 
 use crate::cosmos::{ChangePage, CosmosError, EpkRange, ErrorKind, FeedReader};
@@ -94,9 +95,6 @@ struct Session {
     position: Option<String>,
     /// The batches with the handler, settled in the order they were read.
     window: FuturesOrdered<InFlight>,
-    /// Batches of the window that finished while an earlier one was being settled, in read order:
-    /// settled before the window's next.
-    finished: std::collections::VecDeque<(ChangePage, bool)>,
     /// The window's batches: id, documents, since when (for the report of a stall), and span.
     handling: std::collections::VecDeque<(String, usize, Instant, Span)>,
     /// Since when a read is under way.
@@ -153,22 +151,6 @@ async fn timed_read(
         page.as_ref().map(|p| p.request_charge).unwrap_or_default(),
     );
     (page, span)
-}
-
-/// The next batch to settle: one that finished early, else the window's next.
-async fn next_finished(
-    window: &mut FuturesOrdered<InFlight>,
-    finished: &mut std::collections::VecDeque<(ChangePage, bool)>,
-) -> Option<(ChangePage, bool)> {
-    match finished.pop_front() {
-        Some(done) => Some(done),
-        None => window.next().await,
-    }
-}
-
-/// Whether every batch read was settled.
-fn is_settled(s: &Session) -> bool {
-    s.window.is_empty() && s.finished.is_empty()
 }
 
 impl LeaseReader {
@@ -247,7 +229,6 @@ impl LeaseReader {
                 range,
                 position: lease.continuation,
                 window: FuturesOrdered::new(),
-                finished: Default::default(),
                 handling: Default::default(),
                 reading_since: None,
                 read_ahead: None,
@@ -287,7 +268,7 @@ impl LeaseReader {
             }
             tokio::select! {
                 biased;
-                Some((page, delivered)) = next_finished(&mut s.window, &mut s.finished), if !is_settled(s) => {
+                Some((page, delivered)) = s.window.next(), if !s.window.is_empty() => {
                     if let Some(after) = self.on_settled(s, page, delivered).await {
                         return after;
                     }
@@ -323,21 +304,12 @@ impl LeaseReader {
     }
 
     /// Settles the oldest batch of the window (batches settle in read order), under its span.
-    /// The later batches of the window are polled meanwhile: one of them may hold the lease's
-    /// lock, confirming the lease by a renewal before it goes to the handler, and the checkpoint
-    /// waits for that lock — a lease whose reader awaited it without polling them stopped for
-    /// good, silently (found by the soak: a batch handled, its checkpoint never written).
     async fn settle_oldest(&mut self, s: &mut Session, page: ChangePage, delivered: bool) -> Flow {
         let span = s.handling.pop_front().map_or_else(Span::none, |(.., span)| span);
-        let settle = self.checkpointer.settle(&s.range, page, delivered).instrument(span);
-        tokio::pin!(settle);
-        loop {
-            tokio::select! {
-                biased;
-                flow = &mut settle => return flow,
-                Some(done) = s.window.next(), if !s.window.is_empty() => s.finished.push_back(done),
-            }
-        }
+        self.checkpointer
+            .settle(&s.range, page, delivered)
+            .instrument(span)
+            .await
     }
 
     /// A batch finished: settle it, then hand over the page read ahead.
@@ -350,7 +322,7 @@ impl LeaseReader {
                 if let Some((page, id, read)) = s.read_ahead.take() {
                     self.send(s, page, id, read);
                 }
-                if is_settled(s) {
+                if s.window.is_empty() {
                     s.hold_reads = false;
                 }
                 None
@@ -423,8 +395,7 @@ impl LeaseReader {
         };
         s.handling
             .push_back((id.clone(), documents, Instant::now(), span.clone()));
-        s.window
-            .push_back(Box::pin(self.deliver(&s.range, page, id).instrument(span)));
+        s.window.push_back(self.deliver(&s.range, page, id, span));
     }
 
     /// Judges whether the lease stalled, and acts on it: `Some` when the reader restarts or the
@@ -464,39 +435,52 @@ impl LeaseReader {
         }
     }
 
-    /// Hands a page's documents to the handler (an empty page is done at once).
-    fn deliver(&self, range: &EpkRange, page: ChangePage, batch_id: String) -> InFlight {
+    /// Hands a page's documents to the handler (an empty page is done at once) in a task of
+    /// its own, so that the delivery goes on while the reader settles the batch before it: a
+    /// delivery confirming ownership may hold the lease's lock, which that batch's checkpoint
+    /// waits for — polled by the reader alone, the two waited on each other for good. The task
+    /// ends with the window (dropped: aborted).
+    fn deliver(&self, range: &EpkRange, page: ChangePage, batch_id: String, span: Span) -> InFlight {
+        if page.documents.is_empty() {
+            return Box::pin(std::future::ready((page, true)));
+        }
         let shared = self.shared.clone();
         let owned = self.owned.clone();
         let range = range.clone();
-        Box::pin(async move {
-            if page.documents.is_empty() {
-                return (page, true);
-            }
-            let checkpoint_to = page.single_continuation(Some(&range)).map(str::to_owned);
+        let page = Arc::new(page);
+        let handed = page.clone();
+        let task = async move {
+            let checkpoint_to = handed.single_continuation(Some(&range)).map(str::to_owned);
             let delivery = Delivery {
                 shared: &shared,
                 owned: &owned,
                 range: &range,
                 batch_id,
                 checkpoint_to,
-                changes: &page.changes,
+                changes: &handed.changes,
             };
-            let delivered = delivery.run(&page.documents).await;
-            (page, delivered)
+            delivery.run(&handed.documents).await
+        };
+        let task = AbortOnDropHandle::new(tokio::spawn(task.instrument(span)));
+        Box::pin(async move {
+            let delivered = match task.await {
+                Ok(delivered) => delivered,
+                Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+                Err(_) => false,
+            };
+            (Arc::try_unwrap(page).unwrap_or_else(|page| (*page).clone()), delivered)
         })
     }
 
     /// Lets every batch with the handler finish and settles them in order; `Err` when the lease
     /// must stop (a batch stopped unfinished, the lease was lost or split).
     async fn drain(&mut self, s: &mut Session) -> Result<(), LeaseExit> {
-        while let Some((page, delivered)) = next_finished(&mut s.window, &mut s.finished).await {
+        while let Some((page, delivered)) = s.window.next().await {
             match self.settle_oldest(s, page, delivered).await {
                 Flow::Go => {}
                 // The reader is rebuilt anyway after a drain; later batches are delivered again.
                 Flow::Rebuild => {
                     s.window.clear();
-                    s.finished.clear();
                     s.handling.clear();
                     return Ok(());
                 }
