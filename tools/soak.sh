@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long soak with an independent checker (docs/operating/soak.md):
+# The long soak with an independent checker (docs/soak.md):
 #
 #   tools/soak.sh --seed 40 --duration 30m [--release] [more tools/soak/soak.py options]
 #
