@@ -438,24 +438,13 @@ async fn a_worker_reading_ahead_on_a_slow_account_never_stops_a_lease() {
     let (_account, items) = connect(&endpoint).await;
     write(&items, 0..DOCS).await;
     let (url, seen, _) = receiver().await;
-    let mut worker = Command::new(CFP)
-        .args([
-            "worker",
-            "--endpoint",
-            &endpoint,
-            "--database",
-            DB,
-            "--container",
-            ITEMS,
-        ])
+    let mut worker = common::cfp_worker(&endpoint)
         .args(["--processor", "ahead", "--instance", "ahead", "--handler", "http"])
         .args(["--handler-url", &url, "--poll-interval", "100ms", "--max-items", "10"])
         .args(["--max-in-flight-batches", "2", "--lease-acquire-interval", "500ms"])
         .args(["--lease-renew-interval", "300ms", "--lease-expiration", "1s"])
-        .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .dies_with_test()
         .spawn()
         .expect("spawn cfp worker");
     // Once it runs, every request is answered after 0.3 to 0.9 s: every ownership check before
