@@ -93,10 +93,7 @@ async fn a_container_at_400_rus_answers_a_burst_with_429s_and_every_sdk_write_la
                     .send()
                     .await
                     .expect("the emulator answers");
-                let retry_after = answer
-                    .headers()
-                    .get("x-ms-retry-after-ms")
-                    .and_then(|v| v.to_str().ok()?.parse().ok());
+                let retry_after = header(&answer, "x-ms-retry-after-ms").and_then(|v| v.parse().ok());
                 (answer.status().as_u16(), retry_after)
             }
         })
@@ -194,6 +191,11 @@ async fn raw_write(endpoint: &str, id: &str) -> (u16, String) {
     raw_write_by(&reqwest::Client::new(), endpoint, id).await
 }
 
+/// The value of header `name` of `answer`, when it has one in ASCII.
+fn header(answer: &reqwest::Response, name: &str) -> Option<String> {
+    Some(answer.headers().get(name)?.to_str().ok()?.to_owned())
+}
+
 /// [`raw_write`] on `client`'s connections.
 async fn raw_write_by(client: &reqwest::Client, endpoint: &str, id: &str) -> (u16, String) {
     let answer = client
@@ -205,12 +207,7 @@ async fn raw_write_by(client: &reqwest::Client, endpoint: &str, id: &str) -> (u1
         .send()
         .await
         .expect("the emulator answers");
-    let sub_status = answer
-        .headers()
-        .get("x-ms-substatus")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let sub_status = header(&answer, "x-ms-substatus").unwrap_or_default();
     (answer.status().as_u16(), sub_status)
 }
 
@@ -320,12 +317,7 @@ async fn feed_from(endpoint: &str, from: &str) -> (Vec<String>, String) {
         .send()
         .await
         .expect("the emulator answers");
-    let etag = answer
-        .headers()
-        .get("etag")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or(from)
-        .to_owned();
+    let etag = header(&answer, "etag").unwrap_or_else(|| from.to_owned());
     let page: Value = serde_json::from_slice(&answer.bytes().await.expect("body")).unwrap_or_default();
     let ids = page["Documents"]
         .as_array()

@@ -93,9 +93,14 @@ pub(crate) async fn receiver() -> (String, Arc<Mutex<BTreeSet<String>>>, Arc<Mut
 }
 
 pub(crate) async fn wait_delivered(seen: &Mutex<BTreeSet<String>>, count: usize, timeout: Duration) -> bool {
+    wait_delivered_from(seen, 0..count, timeout).await
+}
+
+/// Whether `doc-<n>` for every n of `docs` was seen within `timeout`.
+async fn wait_delivered_from(seen: &Mutex<BTreeSet<String>>, docs: std::ops::Range<usize>, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
-        if (0..count).all(|n| seen.lock().unwrap().contains(&format!("doc-{n}"))) {
+        if docs.clone().all(|n| seen.lock().unwrap().contains(&format!("doc-{n}"))) {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -438,24 +443,13 @@ async fn a_worker_reading_ahead_on_a_slow_account_never_stops_a_lease() {
     let (_account, items) = connect(&endpoint).await;
     write(&items, 0..DOCS).await;
     let (url, seen, _) = receiver().await;
-    let mut worker = Command::new(CFP)
-        .args([
-            "worker",
-            "--endpoint",
-            &endpoint,
-            "--database",
-            DB,
-            "--container",
-            ITEMS,
-        ])
+    let mut worker = common::cfp_worker(&endpoint)
         .args(["--processor", "ahead", "--instance", "ahead", "--handler", "http"])
         .args(["--handler-url", &url, "--poll-interval", "100ms", "--max-items", "10"])
         .args(["--max-in-flight-batches", "2", "--lease-acquire-interval", "500ms"])
         .args(["--lease-renew-interval", "300ms", "--lease-expiration", "1s"])
-        .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .dies_with_test()
         .spawn()
         .expect("spawn cfp worker");
     // Once it runs, every request is answered after 0.3 to 0.9 s: every ownership check before
@@ -480,4 +474,62 @@ async fn a_worker_reading_ahead_on_a_slow_account_never_stops_a_lease() {
         started.elapsed().as_secs_f64()
     );
     assert!(delivered, "a lease stopped: {got} of {DOCS} delivered");
+}
+
+/// A worker started while the account takes no writes (a failover under way: 403/3, which the
+/// SDK answers with 503/20311 once its own recovery failed) keeps trying to start and processes
+/// once writes land again. It exited at once (the soak, seed 40: a worker restarted between two
+/// failovers exited 1 — a crash loop under Kubernetes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_started_while_the_account_takes_no_writes_starts_once_it_does() {
+    const DOCS: usize = 50;
+    let (mut emulator, endpoint) = start_emulator("db/items:/pk:2").await;
+    let (_account, items) = connect(&endpoint).await;
+    write(&items, 0..DOCS).await;
+    let (url, seen, _) = receiver().await;
+    let worker = |instance: &str| {
+        common::cfp_worker(&endpoint)
+            .args(["--processor", "nowrites", "--instance", instance, "--handler", "http"])
+            .args(["--handler-url", &url, "--poll-interval", "100ms"])
+            .args(common::FAST_LEASES)
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::File::create(std::env::temp_dir().join(format!("cfp-faults-{instance}.log"))).expect("log"),
+            )
+            .spawn()
+            .expect("spawn cfp worker")
+    };
+    // A first worker bootstraps the leases and stops: what the next start writes first is its
+    // heartbeat (as a worker restarted during a failover does).
+    let mut first = worker("nowrites-first");
+    assert!(
+        wait_delivered(&seen, DOCS, Duration::from_secs(30)).await,
+        "the first worker delivers"
+    );
+    terminate(&mut first).await;
+    seen.lock().unwrap().clear();
+    common::emulator_control(&endpoint, reqwest::Method::POST, "faults?rate=1&kinds=403/3").await;
+    let mut worker = worker("nowrites");
+    // Until its start's writes were refused many times over (the SDK retries each a few times).
+    let refused = || async {
+        let faults = common::emulator_control(&endpoint, reqwest::Method::GET, "faults").await;
+        faults["injected"]["403/3"].as_u64().unwrap_or(0)
+    };
+    let mut exited = None;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while refused().await < 8 && exited.is_none() && Instant::now() < deadline {
+        exited = worker.try_wait().expect("the worker's status");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let refused_writes = refused().await;
+    common::emulator_control(&endpoint, reqwest::Method::DELETE, "faults").await;
+    write(&items, DOCS..2 * DOCS).await;
+    let delivered = wait_delivered_from(&seen, DOCS..2 * DOCS, Duration::from_secs(30)).await;
+    let exited = exited.or(worker.try_wait().expect("the worker's status"));
+    let got = seen.lock().unwrap().len();
+    terminate(&mut worker).await;
+    terminate(&mut emulator).await;
+    println!("no writes at start: {refused_writes} writes refused; exited {exited:?}; {got} of {DOCS} delivered after");
+    assert_eq!(exited, None, "the worker exited instead of starting once writes landed");
+    assert!(delivered, "{got} of {DOCS} written after delivered");
 }

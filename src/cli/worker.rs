@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::args::WorkerArgs;
 use crate::cosmos::CosmosAccount;
+use crate::processor::policy::start_retry::retry_delay;
 use crate::processor::{CosmosDeadLetters, OnExhausted};
 use crate::worker::metrics::WorkerMetrics;
 use crate::worker::{WorkerError, WorkerSettings, build_processor};
@@ -108,27 +109,28 @@ impl WorkerCommandError {
     }
 }
 
-/// Transient startup failures retried before `cfp worker` gives up (about ten seconds; then
-/// Kubernetes restarts it with its own back-off).
-const STARTUP_ATTEMPTS: u32 = 2;
-
 /// Runs the worker until a termination signal.
 pub async fn run(args: &WorkerArgs) -> Result<(), WorkerCommandError> {
     let settings = settings(args);
-    let mut attempt = 0;
+    // Transient failures (a failover under way, throttling, an outage) are tried again for a
+    // while; then Kubernetes restarts the worker with its own back-off.
+    let (began, mut attempt) = (tokio::time::Instant::now(), 0);
     let mut processor = loop {
-        match open(args, &settings).await {
+        let error = match open(args, &settings).await {
             Ok(processor) => break processor,
-            Err(error) if error.is_transient() && attempt < STARTUP_ATTEMPTS => {
+            Err(error) if error.is_transient() => error,
+            Err(error) => return Err(error),
+        };
+        match retry_delay(attempt, began.elapsed()) {
+            None => return Err(error),
+            Some(delay) => {
                 attempt += 1;
-                let delay = std::time::Duration::from_millis(500 << attempt.min(5));
                 tracing::warn!(%error, attempt, ?delay, "starting failed; retrying");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = crate::signals::terminated() => return Ok(()),
                 }
             }
-            Err(error) => return Err(error),
         }
     };
     let shutdown = CancellationToken::new();

@@ -419,6 +419,12 @@ pub async fn lease_store(
     lease_store_of(account, processor, ITEMS).await
 }
 
+/// The leases of processor `processor` for `db/items` in `db/leases` of `account`, listed now.
+pub async fn leases_of(account: &CosmosAccount, processor: &str) -> Vec<Lease> {
+    let store = lease_store(account, processor).await.expect("the lease store");
+    store.snapshot().await.expect("a listing of the leases").leases
+}
+
 /// The lease store of processor `processor` for `db/<container>` in `db/leases` of `account`.
 pub async fn lease_store_of(
     account: &CosmosAccount,

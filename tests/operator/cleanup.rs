@@ -5,12 +5,13 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use changefeed_operator::operator::ChangeFeedProcessor;
+use changefeed_operator::processor::LeaseStore;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, DeleteParams};
 use tokio::process::Command;
 
 use crate::common::DiesWithTest;
-use crate::common::{CFP, eventually, lease_store, start_emulator, terminate};
+use crate::common::{CFP, eventually, lease_store, leases_of, start_emulator, terminate};
 use crate::operator_support::{
     FAKE_ENDPOINT, Operator, Scene, TIMEOUT, apply_ok, replicas, resource, secret_yaml, wait, wait_event, wait_up_to,
 };
@@ -46,10 +47,7 @@ async fn deleting_a_resource_that_asks_for_it_removes_its_lease_documents() {
             .unwrap();
         let created = eventually(TIMEOUT, || async {
             match lease_store(&account, processor).await {
-                Some(store) => {
-                    use changefeed_operator::processor::LeaseStore;
-                    store.snapshot().await.map(|s| s.leases.len() == 3).unwrap_or(false)
-                }
+                Some(store) => store.snapshot().await.map(|s| s.leases.len() == 3).unwrap_or(false),
                 None => false,
             }
         })
@@ -93,15 +91,7 @@ async fn deleting_a_resource_that_asks_for_it_removes_its_lease_documents() {
     })
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    use changefeed_operator::processor::LeaseStore;
-    let while_running = lease_store(&account, "orders")
-        .await
-        .unwrap()
-        .snapshot()
-        .await
-        .unwrap()
-        .leases
-        .len();
+    let while_running = leases_of(&account, "orders").await.len();
     assert!(
         cfps.get_opt("orders").await.unwrap().is_some(),
         "the resource waits for the pods"

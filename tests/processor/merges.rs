@@ -6,9 +6,10 @@
 use std::time::Duration;
 
 use changefeed_operator::cosmos::{EpkRange, StartFrom};
-use changefeed_operator::processor::{Lease, LeaseStore, ProcessorEstimate, estimate_leases};
+use changefeed_operator::processor::{Lease, ProcessorEstimate, estimate_leases};
 
-use crate::common::{self, Env, eventually, fair, ids, upsert_doc};
+use super::while_writing;
+use crate::common::{self, Env, eventually, fair, ids};
 
 /// The estimated total lag of `leases` (as they were when taken) against the feed now.
 async fn lag_of(env: &Env, leases: &[Lease]) -> u64 {
@@ -39,29 +40,6 @@ fn epk_over(leases: &[Lease], merged: &EpkRange) -> bool {
     leases
         .iter()
         .all(|l| l.version == 1 && l.range().is_some_and(|r| merged.contains(r)))
-}
-
-/// Writes `docs` one by one while partitions 0 and 1 merge; the partitions after the merge.
-async fn merge_while_writing(
-    env: &Env,
-    docs: std::ops::Range<usize>,
-) -> Vec<changefeed_operator::emulator::PhysicalPartition> {
-    let writes = tokio::spawn({
-        let items = env.items.clone();
-        async move {
-            for n in docs {
-                upsert_doc(&items, n).await;
-            }
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let partitions = env
-        .emulator
-        .merge(common::DB, common::ITEMS, ["0", "1"], Duration::from_millis(200))
-        .await
-        .unwrap();
-    writes.await.unwrap();
-    partitions
 }
 
 /// Each lease as `token vN [min,max) owner`.
@@ -100,7 +78,14 @@ async fn a_merge_while_writing_keeps_the_leases_as_epk_leases_and_loses_nothing(
     env.write(1000..1300).await;
     let estimate_before = lag_of(&env, &before_leases).await;
 
-    let partitions = merge_while_writing(&env, 1300..2300).await;
+    let partitions = while_writing(
+        &env,
+        1300..2300,
+        env.emulator
+            .merge(common::DB, common::ITEMS, ["0", "1"], Duration::from_millis(200)),
+    )
+    .await
+    .unwrap();
     assert_eq!(partitions.len(), 1, "{partitions:?}");
     let merged = partitions[0].range.clone();
     let delivered = env.delivered_within(2300, Duration::from_secs(10)).await;
@@ -224,15 +209,7 @@ async fn version_0_leases_released_before_a_merge_become_epk_leases_when_a_cfp_w
         let deliveries = deliveries.clone();
         async move { eventually(Duration::from_secs(10), || async { deliveries.distinct() >= n }).await }
     };
-    let leases = || async {
-        common::lease_store(&account, "merge")
-            .await
-            .unwrap()
-            .snapshot()
-            .await
-            .unwrap()
-            .leases
-    };
+    let leases = || common::leases_of(&account, "merge");
 
     let mut first = worker(&endpoint, &receiver, "w1");
     common::cfp_write(&endpoint, 0, 500).await;

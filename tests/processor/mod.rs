@@ -17,6 +17,23 @@ mod merges;
 mod splits;
 mod store_faults;
 
+/// Writes `docs` one by one and, 200 ms in, runs `change` (a split or a merge of the emulator's
+/// partitions) while they are written; what `change` answered, once every write landed.
+async fn while_writing<T>(env: &Env, docs: std::ops::Range<usize>, change: impl Future<Output = T>) -> T {
+    let writes = tokio::spawn({
+        let items = env.items.clone();
+        async move {
+            for n in docs {
+                common::upsert_doc(&items, n).await;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let changed = change.await;
+    writes.await.unwrap();
+    changed
+}
+
 /// A [`common::RecordingHandler`] that takes its time per batch (a batch in flight most of the
 /// time, as a real handler's would be).
 struct SlowHandler(Duration, common::RecordingHandler);

@@ -4,30 +4,8 @@ use std::time::Duration;
 
 use changefeed_operator::processor::LeaseEvent;
 
-use crate::common::{self, Env, eventually, fair, ids, upsert_doc};
-
-/// Writes `docs` one by one while the first partition splits; the partitions after the split.
-async fn split_while_writing(
-    env: &Env,
-    docs: std::ops::Range<usize>,
-) -> Vec<changefeed_operator::emulator::PhysicalPartition> {
-    let writes = tokio::spawn({
-        let items = env.items.clone();
-        async move {
-            for n in docs {
-                upsert_doc(&items, n).await;
-            }
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let partitions = env
-        .emulator
-        .split(common::DB, common::ITEMS, None, Duration::from_millis(200))
-        .await
-        .unwrap();
-    writes.await.unwrap();
-    partitions
-}
+use super::while_writing;
+use crate::common::{self, Env, eventually, fair, ids};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_split_while_writing_replaces_the_parent_lease_and_loses_nothing() {
@@ -40,7 +18,14 @@ async fn a_split_while_writing_replaces_the_parent_lease_and_loses_nothing() {
     assert!(eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 2, 2) }).await);
     tokio::time::sleep(Duration::from_millis(1200)).await;
     env.write(0..1000).await;
-    let partitions = split_while_writing(&env, 1000..4000).await;
+    let partitions = while_writing(
+        &env,
+        1000..4000,
+        env.emulator
+            .split(common::DB, common::ITEMS, None, Duration::from_millis(200)),
+    )
+    .await
+    .unwrap();
     assert_eq!(partitions.len(), 3);
     let replaced = eventually(Duration::from_secs(20), || async {
         let leases = env.leases().await;
@@ -162,7 +147,14 @@ async fn three_leases_per_partition_let_six_instances_share_two_partitions_throu
     let shared = eventually(Duration::from_secs(20), || async { fair(&env.owners().await, 6, 6) }).await;
     let owners = env.owners().await;
     env.write(0..1000).await;
-    let partitions = split_while_writing(&env, 1000..2000).await;
+    let partitions = while_writing(
+        &env,
+        1000..2000,
+        env.emulator
+            .split(common::DB, common::ITEMS, None, Duration::from_millis(200)),
+    )
+    .await
+    .unwrap();
     let delivered = env.delivered_within(2000, Duration::from_secs(40)).await;
     let missing = env.deliveries.missing(ids(0..2000));
     // The lease across the split point is split when it next reads (a recording that fails is
