@@ -116,14 +116,16 @@ def check_lost(writes, deliveries, stopping):
 
 def renumbering_losses(lost, fault_log, snapshots):
     """Splits `lost` into (versions the emulator's merge renumbering hid, the others). Hidden: a
-    version written into a merged partition with an LSN at or below the highest checkpoint a
-    lease over that partition had before the merge (the change feed from that continuation
+    version written into a merged partition (or a partition split from it since: the children go
+    on with its numbering) with an LSN at or below the highest checkpoint a lease over that
+    partition had before the merge (the change feed from that continuation
     shows nothing until the new numbering passes it), or written into one of the merged
     partitions before the merge ended (renumbered from 1, below the continuations)."""
     merges = sorted((f for f in fault_log if f["kind"] == "merge" and f.get("into")), key=lambda f: f["start"])
     hidden = set()
     for merge in merges:
         into = merge["into"]
+        numbered = renumbered_lineage(into["id"], merge["start"], fault_log)
         parents = {p["id"] for p in merge.get("merged", [])}
         ceiling, state = 0, {}
         for snap in snapshots:
@@ -135,11 +137,21 @@ def renumbering_losses(lost, fault_log, snapshots):
             if isinstance(lsn, int) and low is not None and overlaps((low, high), (into["min"], into["max"])):
                 ceiling = max(ceiling, lsn)
         for w in lost:
-            after = w["range"] == into["id"] and isinstance(w["lsn"], int) and w["lsn"] <= ceiling
+            after = w["range"] in numbered and isinstance(w["lsn"], int) and w["lsn"] <= ceiling
             before = w["range"] in parents and w["t"] <= merge["end"]
             if after or before:
                 hidden.add((w["id"], w["v"]))
     return [w for w in lost if (w["id"], w["v"]) in hidden], [w for w in lost if (w["id"], w["v"]) not in hidden]
+
+
+def renumbered_lineage(merged, since, fault_log):
+    """The partition `merged` and the partitions split from it (and from those) after `since`:
+    a split's children go on with their parent's LSNs, so they keep its renumbering."""
+    lineage = {merged}
+    for split in sorted((f for f in fault_log if f["kind"] == "split"), key=lambda f: f["start"]):
+        if split["start"] > since and split.get("partition", {}).get("id") in lineage:
+            lineage.update(child["id"] for child in split.get("children", []))
+    return lineage
 
 
 # A write's session token names the partition's LSN when the answer was made: other writes to

@@ -72,7 +72,9 @@ def split(soak, rng):
     partitions = soak.partitions()
     chosen = rng.choice(partitions)
     after = soak.control("POST", f"split?database=db&container=items&partition={chosen['id']}")
-    return {"partition": chosen, "partitions": len(after.get("partitions", []))}
+    before = {p["id"] for p in partitions}
+    children = [p for p in after.get("partitions", []) if p["id"] not in before]
+    return {"partition": chosen, "children": children, "partitions": len(after.get("partitions", []))}
 
 
 def merge(soak, rng):

@@ -134,6 +134,25 @@ class CheckerTest(unittest.TestCase):
         self.assertNotIn("lost", report["violations"])
         self.assertEqual(report["lostToMergeRenumbering"], 1)
 
+    def test_a_split_child_of_a_merged_partition_keeps_its_numbering(self):
+        logs = clean()
+        logs.files["writes"].append({"t": T0 + 20, "sent": T0 + 20, "id": "c", "pk": "j", "v": 1, "s": 1,
+                                     "range": "12", "lsn": 5})
+        logs.files["leases"] = [{"t": T0 + 1, "leases": {LEASE: ["w0", 9, "00", "10"]}, "gone": []}]
+        logs.files["faults"].append({"kind": "merge", "start": T0 + 5, "end": T0 + 5.5, "merged": [],
+                                     "into": {"id": "9", "min": "", "max": "20"}})
+        # A split of another partition passes nothing on; one of the merged partition does.
+        logs.files["faults"].append({"kind": "split", "start": T0 + 8, "end": T0 + 9,
+                                     "partition": {"id": "3", "min": "20", "max": "40"},
+                                     "children": [{"id": "12", "min": "20", "max": "30"}]})
+        self.assertEqual(len(logs.report()["violations"]["lost"]), 1)
+        logs.files["faults"].append({"kind": "split", "start": T0 + 10, "end": T0 + 11,
+                                     "partition": {"id": "9", "min": "", "max": "20"},
+                                     "children": [{"id": "11", "min": "", "max": "10"}, {"id": "12", "min": "10", "max": "20"}]})
+        report = logs.report()
+        self.assertNotIn("lost", report["violations"])
+        self.assertEqual(report["lostToMergeRenumbering"], 1)
+
     def test_a_checkpoint_may_go_back_only_across_a_merge(self):
         logs = clean()
         logs.files["leases"] = [{"t": T0 + 1, "leases": {LEASE: ["w0", 9, "00", "10"]}, "gone": []},
