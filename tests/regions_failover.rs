@@ -261,7 +261,7 @@ async fn missing_after(
             .iter()
             .map(|d| (d.id.clone(), d.version))
             .collect();
-        (crate::chaos::undelivered(written, &delivered), delivered.len())
+        (crate::common::writer::undelivered(written, &delivered), delivered.len())
     };
     eventually(timeout, || async { missing().0.is_empty() }).await;
     missing()
@@ -326,7 +326,7 @@ async fn a_failover_and_a_read_region_offline_while_workers_run_lose_nothing_and
     ];
     let started = Instant::now();
     let stop_writing = Arc::new(AtomicBool::new(false));
-    let writer = tokio::spawn(crate::chaos::write_continuously(items, stop_writing.clone()));
+    let writer = tokio::spawn(crate::common::writer::write_continuously(items, stop_writing.clone()));
     let (store, stop_watching, watch) = watcher(&account, &deliveries).await;
     let running = eventually(Duration::from_secs(30), || async {
         let (rows, _) = leases(&store).await;
@@ -432,7 +432,7 @@ async fn a_worker_reading_a_lagging_region_is_killed_and_its_leases_lose_nothing
     let mut lagging = worker(&endpoint, &receiver, "lagging", &far);
     let started = Instant::now();
     let stop_writing = Arc::new(AtomicBool::new(false));
-    let writer = tokio::spawn(crate::chaos::write_continuously(items, stop_writing.clone()));
+    let writer = tokio::spawn(crate::common::writer::write_continuously(items, stop_writing.clone()));
     let (store, stop_watching, watch) = watcher(&account, &deliveries).await;
     let reading = every_lease_moves_on(&deliveries, &endpoint, PARTITIONS, Duration::from_secs(30)).await;
     assert!(reading.is_some(), "the lagging worker delivers");

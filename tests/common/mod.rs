@@ -16,6 +16,7 @@ use changefeed_operator::worker::{WorkerSettings, build_processor};
 use serde_json::json;
 
 pub mod processes;
+pub mod writer;
 pub use processes::DiesWithTest;
 
 pub const DB: &str = "db";
