@@ -167,6 +167,6 @@ def run(soak, rng, until, most=None):
         rng.shuffle(order)
         for kind in order:
             soak.fault(kind, FAULTS[kind], rng)
-            time.sleep(rng.uniform(1.0, 2.5))
+            time.sleep(rng.uniform(soak.config.gap, 2.5 * soak.config.gap))
         rounds += 1
     return rounds
