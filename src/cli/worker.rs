@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::args::WorkerArgs;
 use crate::cosmos::CosmosAccount;
-use crate::processor::policy::start_retry::retry_delay;
+use crate::processor::policy::start_retry::retrying;
 use crate::processor::{CosmosDeadLetters, OnExhausted};
 use crate::worker::metrics::WorkerMetrics;
 use crate::worker::{WorkerError, WorkerSettings, build_processor};
@@ -114,24 +114,10 @@ pub async fn run(args: &WorkerArgs) -> Result<(), WorkerCommandError> {
     let settings = settings(args);
     // Transient failures (a failover under way, throttling, an outage) are tried again for a
     // while; then Kubernetes restarts the worker with its own back-off.
-    let (began, mut attempt) = (tokio::time::Instant::now(), 0);
-    let mut processor = loop {
-        let error = match open(args, &settings).await {
-            Ok(processor) => break processor,
-            Err(error) if error.is_transient() => error,
-            Err(error) => return Err(error),
-        };
-        match retry_delay(attempt, began.elapsed()) {
-            None => return Err(error),
-            Some(delay) => {
-                attempt += 1;
-                tracing::warn!(%error, attempt, ?delay, "starting failed; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = crate::signals::terminated() => return Ok(()),
-                }
-            }
-        }
+    let opened = retrying("starting", WorkerCommandError::is_transient, || open(args, &settings));
+    let mut processor = tokio::select! {
+        opened = opened => opened?,
+        _ = crate::signals::terminated() => return Ok(()),
     };
     let shutdown = CancellationToken::new();
     let mut background = Vec::new();

@@ -10,6 +10,7 @@ use crate::processor::error::ProcessorError;
 use crate::processor::leases::adopt::AdoptOptions;
 use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LockAttempt};
 use crate::processor::options::ProcessorOptions;
+use crate::processor::policy::start_retry::retrying;
 
 /// The bootstrap lock as this instance saw it: its version and since when, on this instance's
 /// monotonic clock — never the holder's wall clock, which may differ from ours by any amount.
@@ -32,30 +33,17 @@ impl LockWatch {
     }
 }
 
-/// Transient failures (throttling, 503, timeouts) retried before the bootstrap gives up.
-const TRANSIENT_ATTEMPTS: u32 = 8;
-
 /// Waits until the lease store is initialized, initializing it when this instance gets the lock.
-/// Transient failures are retried with backoff.
+/// Transient failures are retried with backoff ([`retrying`]).
 pub async fn bootstrap(
     store: &dyn LeaseStore,
     monitored: &MonitoredContainer,
     options: &ProcessorOptions,
 ) -> Result<(), ProcessorError> {
-    let me = options.instance.as_str();
-    let mut failures = 0;
-    loop {
-        match bootstrap_once(store, monitored, options).await {
-            Ok(()) => return Ok(()),
-            Err(error) if error.is_transient() && failures < TRANSIENT_ATTEMPTS => {
-                failures += 1;
-                let delay = Duration::from_millis(250 << failures.min(6));
-                tracing::warn!(instance = me, %error, attempt = failures, "bootstrapping the leases failed; retrying");
-                tokio::time::sleep(delay).await;
-            }
-            Err(error) => return Err(error),
-        }
-    }
+    retrying("bootstrapping the leases", ProcessorError::is_transient, || {
+        bootstrap_once(store, monitored, options)
+    })
+    .await
 }
 
 async fn bootstrap_once(

@@ -2,7 +2,8 @@
 //! unavailable account): at growing intervals, for a bounded time, then the error is answered
 //! (and under Kubernetes the container is restarted with its own back-off). A failed start
 //! writes nothing that a second try cannot take over: bootstrap is idempotent and the name
-//! claim recognises its own heartbeat.
+//! claim recognises its own heartbeat. [`retry_delay`] is the decision; [`retrying`] applies it
+//! (opening the containers, the bootstrap, the name claim).
 
 use std::time::Duration;
 
@@ -18,6 +19,29 @@ const LONGEST_WAIT: Duration = Duration::from_secs(8);
 pub fn retry_delay(attempt: u32, elapsed: Duration) -> Option<Duration> {
     let delay = FIRST_WAIT.saturating_mul(1u32 << attempt.min(5)).min(LONGEST_WAIT);
     (elapsed + delay <= START_PATIENCE).then_some(delay)
+}
+
+/// Runs `attempt` until it succeeds, fails for good (`transient` says no) or [`retry_delay`]
+/// gives up; each retry is logged with `what`.
+pub async fn retrying<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(
+    what: &str,
+    transient: impl Fn(&E) -> bool,
+    mut attempt: impl FnMut() -> F,
+) -> Result<T, E> {
+    let began = tokio::time::Instant::now();
+    let mut retries = 0;
+    loop {
+        let error = match attempt().await {
+            Err(error) if transient(&error) => error,
+            done => return done,
+        };
+        let Some(delay) = retry_delay(retries, began.elapsed()) else {
+            return Err(error);
+        };
+        retries += 1;
+        tracing::warn!(%error, attempt = retries, ?delay, "{what} failed; retrying");
+        tokio::time::sleep(delay).await;
+    }
 }
 
 #[cfg(test)]

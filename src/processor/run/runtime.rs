@@ -17,7 +17,7 @@ use crate::processor::handlers::manual::Handler;
 use crate::processor::leases::bootstrap::bootstrap;
 use crate::processor::leases::lease::LeaseStore;
 use crate::processor::options::{OnExhausted, ProcessorOptions};
-use crate::processor::policy::start_retry::retry_delay;
+use crate::processor::policy::start_retry::retrying;
 use crate::processor::report::estimator::{DEFAULT_CONCURRENCY, LeaseEstimate, estimate_leases};
 use crate::processor::report::events::LeaseEvent;
 use crate::processor::report::observer::ProcessorObserver;
@@ -96,7 +96,14 @@ impl ChangeFeedProcessor {
         }
         let options = &self.shared.options;
         let span = tracing::info_span!("processor", processor = %options.processor_name, instance = %options.instance);
-        self.bootstrap_and_claim().instrument(span.clone()).await?;
+        bootstrap(self.shared.store.as_ref(), &self.shared.monitored, options)
+            .instrument(span.clone())
+            .await?;
+        retrying("claiming the instance name", ProcessorError::is_transient, || {
+            self.claim_name()
+        })
+        .instrument(span.clone())
+        .await?;
         let shutdown = CancellationToken::new();
         let leases = CancellationToken::new();
         let coordinator = Coordinator::new(self.shared.clone(), leases.clone());
@@ -122,31 +129,6 @@ impl ChangeFeedProcessor {
 }
 
 impl ChangeFeedProcessor {
-    /// Bootstraps the lease store and claims the instance name, tried again after transient
-    /// failures (a failover under way, throttling, an outage) for
-    /// [`START_PATIENCE`](crate::processor::policy::start_retry::START_PATIENCE).
-    async fn bootstrap_and_claim(&self) -> Result<(), ProcessorError> {
-        let began = tokio::time::Instant::now();
-        let mut attempt = 0;
-        loop {
-            let tried = match bootstrap(self.shared.store.as_ref(), &self.shared.monitored, &self.shared.options).await
-            {
-                Ok(()) => self.claim_name().await,
-                Err(error) => Err(error),
-            };
-            let error = match tried {
-                Err(error) if error.is_transient() => error,
-                done => return done,
-            };
-            let Some(delay) = retry_delay(attempt, began.elapsed()) else {
-                return Err(error);
-            };
-            tracing::warn!(%error, attempt, ?delay, "starting failed; retrying");
-            tokio::time::sleep(delay).await;
-            attempt += 1;
-        }
-    }
-
     /// Writes this process's first heartbeat under its instance name; refuses to start while
     /// another process writes that name's heartbeat ([`crate::processor::leases::name_claim`]).
     async fn claim_name(&self) -> Result<(), ProcessorError> {
