@@ -168,14 +168,16 @@ async fn rebalance(
     };
     let started = Instant::now();
     let mut events = Vec::new();
-    for i in 1..instances {
-        let (handle, store) = world
-            .start_counted(options(&format!("s{i}"), per_partition, scale), received.clone())
-            .await?;
+    // All at once, as a Deployment scaled from 1 to N starts its pods.
+    let starts =
+        (1..instances).map(|i| world.start_counted(options(&format!("s{i}"), per_partition, scale), received.clone()));
+    for start in futures::future::join_all(starts).await {
+        let (handle, store) = start?;
         events.push(handle.subscribe());
         fleet.handles.push(handle);
         fleet.stores.push(store);
     }
+    tracing::info!(seconds = started.elapsed().as_secs_f64(), "newcomers started");
     let progress = std::sync::Mutex::new(Instant::now());
     let fair = wait_until(PATIENCE, || async {
         let share = leases / instances;
@@ -222,7 +224,17 @@ fn log_progress(fleet: &Fleet, share: usize, started: Instant, last: &std::sync:
     *last = Instant::now();
     let owned: Vec<usize> = fleet.handles.iter().map(|h| h.owned_leases().len()).collect();
     let cycles: Vec<u64> = fleet.handles[1..].iter().map(|h| h.acquire_cycles()).collect();
+    let count = |kind: fn(&super::StoreRequests) -> &std::sync::atomic::AtomicU64| -> u64 {
+        fleet
+            .stores
+            .iter()
+            .map(|s| kind(&s.requests).load(Ordering::SeqCst))
+            .sum()
+    };
     tracing::info!(
+        listings = count(|r| &r.listings),
+        reads = count(|r| &r.reads),
+        replaces = count(|r| &r.replaces),
         seconds = started.elapsed().as_secs(),
         first = owned[0],
         below_share = owned.iter().filter(|n| **n < share).count(),

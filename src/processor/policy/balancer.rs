@@ -22,7 +22,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::cosmos::EpkRange;
+pub use crate::processor::policy::range_overlaps::{overlapping, superseded};
 
 /// What the balancer needs to know about one lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,43 +171,10 @@ pub fn leases_to_acquire_steal_one(leases: &[LeaseState], me: &str) -> Vec<Strin
     }
 }
 
-/// Ids of leases whose range is fully covered by narrower leases: the parent of a split whose
-/// children exist. They are never balanced or acquired; once free they are deleted.
-pub fn superseded(leases: &[(String, EpkRange)]) -> Vec<String> {
-    let mut out = Vec::new();
-    for (id, range) in leases {
-        let mut inside: Vec<&EpkRange> = leases
-            .iter()
-            .filter(|(other, r)| other != id && r != range && range.contains(r))
-            .map(|(_, r)| r)
-            .collect();
-        inside.sort();
-        let mut cursor = range.min.as_str();
-        for r in inside {
-            if r.min.as_str() <= cursor && r.max.as_str() > cursor {
-                cursor = r.max.as_str();
-            }
-        }
-        if cursor >= range.max.as_str() {
-            out.push(id.clone());
-        }
-    }
-    out
-}
-
-/// Leases whose range overlaps another lease's (split parents in `superseded` aside): a lease
-/// container edited by hand or by another tool. Both are processed (duplicates, never a loss).
-pub fn overlapping(leases: &[(String, EpkRange)], superseded: &[String]) -> Vec<String> {
-    let live: Vec<&(String, EpkRange)> = leases.iter().filter(|(id, _)| !superseded.contains(id)).collect();
-    live.iter()
-        .filter(|(id, range)| live.iter().any(|(other, r)| other != id && r.overlaps(range)))
-        .map(|(id, _)| id.clone())
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cosmos::EpkRange;
     use std::collections::BTreeSet;
 
     fn leases(owners: &[(&str, usize)], free: usize) -> Vec<LeaseState> {

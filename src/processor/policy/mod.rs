@@ -6,6 +6,7 @@ pub mod balancer;
 pub mod checkpoint_policy;
 pub mod cycle_plan;
 pub mod listing_schedule;
+pub mod range_overlaps;
 pub mod stall;
 pub mod start_retry;
 pub mod validation;
