@@ -29,6 +29,19 @@ async fn a_crashed_instance_leases_are_taken_over_after_expiry() {
         .collect();
     let crashed_at = Instant::now();
     a.abort();
+    // An abort leaves a's heartbeat as it was; read now, before b removes it as stale (five
+    // expirations, 10 s: a loaded machine can take that long to write the next 2,000 documents).
+    let last_beat = env
+        .store()
+        .await
+        .snapshot()
+        .await
+        .unwrap()
+        .instances
+        .iter()
+        .find(|(name, _)| name == "a")
+        .map(|(_, beat)| *beat)
+        .expect("a's heartbeat is kept after a crash");
     env.write(2000..4000).await;
     let taken = eventually(Duration::from_secs(15), || async {
         env.owners().await.get("b") == Some(&4)
@@ -36,16 +49,10 @@ async fn a_crashed_instance_leases_are_taken_over_after_expiry() {
     .await;
     let after_crash = crashed_at.elapsed();
     assert!(taken, "b did not take a's leases: {:?}", env.owners().await);
-    // Timed from a's last beat (the heartbeat an abort leaves as it was) to b's takes (the
-    // timestamps b wrote into the leases): b counts the expiration from when it saw that beat,
-    // which is after it was written, so no take comes sooner than an expiration after it.
+    // Timed from a's last beat to b's takes (the timestamps b wrote into the leases): b counts
+    // the expiration from when it saw that beat, which is after it was written, so no take comes
+    // sooner than an expiration after it.
     let snapshot = env.store().await.snapshot().await.unwrap();
-    let last_beat = snapshot
-        .instances
-        .iter()
-        .find(|(name, _)| name == "a")
-        .map(|(_, beat)| *beat)
-        .expect("a's heartbeat is kept after a crash");
     let takes: Vec<time::Duration> = snapshot
         .leases
         .iter()
