@@ -579,8 +579,11 @@ pub fn built_once(cell: &'static std::sync::OnceLock<Result<String, String>>, sc
 }
 
 /// Held by each test that loads the whole machine for minutes (the end-to-end cluster, the
-/// benchmark) while it runs, so that no two of them overlap: as separate test binaries they never
-/// did, and together on 2 cores they starve each other (and the benchmark's figures mean nothing).
+/// benchmark, the soak) or times renewals to a quarter second (renewals::) while it runs, so that
+/// no two of them overlap: together on 2 cores they starve each other (and the benchmark's
+/// figures mean nothing). A test waiting here holds a test thread idle, so these are named to
+/// sort far apart (tests run in the order of their names): `long_soak` runs in the middle of the
+/// suite, not last with the other thread out of work.
 pub async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
     static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     HEAVY.lock().await
