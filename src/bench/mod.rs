@@ -251,11 +251,39 @@ impl From<&str> for BenchError {
     }
 }
 
+/// The figure groups, in the order they run.
+const GROUPS: [&str; 13] = [
+    "throughput",
+    "busy handler",
+    "rebalance",
+    "failover",
+    "latency",
+    "resources",
+    "worker processes",
+    "operator",
+    "lease-store cost",
+    "scale",
+    "scale: operator estimate",
+    "scale: operator at size",
+    "java v4 peer",
+];
+
+/// Whether `--only only` selects group `name`: the group of that exact name if there is one
+/// (`scale` is the scale group alone, not also `scale: operator …`), else every group whose
+/// name contains it.
+fn selects(only: &str, name: &str) -> bool {
+    if GROUPS.contains(&only) {
+        name == only
+    } else {
+        name.contains(only)
+    }
+}
+
 /// Runs every figure; a figure that fails is reported, the others still run.
 pub async fn run(settings: &BenchSettings, progress: impl Fn(&str)) -> BenchReport {
     let mut figures = Vec::new();
     let mut failed = Vec::new();
-    let wanted = |name: &str| settings.only.as_deref().is_none_or(|only| name.contains(only));
+    let wanted = |name: &str| settings.only.as_deref().is_none_or(|only| selects(only, name));
     macro_rules! measure {
         ($name:expr, $call:expr) => {{
             if wanted($name) {
@@ -357,6 +385,19 @@ pub fn table(report: &BenchReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_selects_the_group_of_that_name_or_every_group_containing_it() {
+        let selected = |only: &str| GROUPS.iter().filter(|g| selects(only, g)).copied().collect::<Vec<_>>();
+        assert_eq!(selected("scale"), ["scale"]);
+        assert_eq!(selected("operator"), ["operator"]);
+        assert_eq!(
+            selected("scale: operator"),
+            ["scale: operator estimate", "scale: operator at size"]
+        );
+        assert_eq!(selected("busy"), ["busy handler"]);
+        assert!(selected("nothing").is_empty());
+    }
 
     #[test]
     fn goals_are_checked_on_the_value_or_the_ratio() {

@@ -5,6 +5,7 @@
 //! and the longest time a lease went unrenewed with 500 leases on one instance under injected
 //! faults (`cfp emulator` on loopback).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -66,8 +67,13 @@ pub async fn scale(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError> 
 /// How a fleet reached its fair share.
 struct Rebalanced {
     fleet: Fleet,
-    /// The new instances' acquire cycles until the fair share.
+    /// The latest of the new instances' own acquire cycles that took a lease.
     cycles: u64,
+    /// The most acquire cycles a new instance ran until the fair share (re-listings while
+    /// handoffs were under way included).
+    ran: u64,
+    /// Leases the new instances took in their first acquire cycle.
+    in_first: usize,
     /// Leases acquired by the new instances.
     moves: usize,
     seconds: f64,
@@ -82,6 +88,8 @@ async fn rebalance_and_cost(settings: &BenchSettings) -> Result<Vec<Figure>, Ben
     let Rebalanced {
         fleet,
         cycles,
+        ran,
+        in_first,
         moves,
         seconds,
     } = rebalance(&world, &received, settings, per_partition, leases).await?;
@@ -101,7 +109,10 @@ async fn rebalance_and_cost(settings: &BenchSettings) -> Result<Vec<Figure>, Ben
     let name = format!("{leases} leases, 1 → {instances} instances");
     Ok(vec![
         Figure::ratio(
-            &format!("rebalance {name}: acquire cycles to fair share"),
+            &format!(
+                "rebalance {name}: acquire cycles to fair share (the newcomers' cycle that took or asked for each lease, {in_first} of {moves} in their first; the busiest ran {ran} cycles in {seconds:.1} s, {:.1} acquire intervals)",
+                seconds / options("s0", per_partition, scale).acquire_interval.as_secs_f64()
+            ),
             cycles as f64,
             "steal-one: one lease per instance a cycle (its rule)",
             share as f64,
@@ -190,29 +201,43 @@ async fn rebalance(
     })
     .await;
     let seconds = started.elapsed().as_secs_f64();
-    let cycles = fleet.handles[1..]
+    let ran = fleet.handles[1..]
         .iter()
         .map(|h| h.acquire_cycles())
         .max()
         .unwrap_or_default();
-    let moves: usize = events
-        .iter_mut()
-        .map(|rx| {
-            std::iter::from_fn(|| rx.try_recv().ok())
-                .filter(|e| matches!(e, LeaseEvent::Acquired { .. }))
-                .count()
-        })
-        .sum();
+    let by_cycle = taken_by_cycle(&mut events);
+    tracing::info!(
+        seconds,
+        ?by_cycle,
+        "fair share: leases the newcomers took, by the cycle that took them"
+    );
     if fair.is_none() {
         fleet.stop().await;
         return Err(format!("no fair share of {leases} leases over {instances} instances in time").into());
     }
     Ok(Rebalanced {
         fleet,
-        cycles,
-        moves,
+        cycles: by_cycle.keys().max().copied().unwrap_or_default(),
+        ran,
+        in_first: by_cycle.get(&1).copied().unwrap_or_default(),
+        moves: by_cycle.values().sum(),
         seconds,
     })
+}
+
+/// The leases the newcomers took, by their own acquire cycle that took each, counted as the
+/// balancing tests count (for a lease its owner handed over, the cycle that asked for it).
+fn taken_by_cycle(events: &mut [tokio::sync::broadcast::Receiver<LeaseEvent>]) -> BTreeMap<u64, usize> {
+    let mut by_cycle = BTreeMap::new();
+    for rx in events {
+        while let Ok(event) = rx.try_recv() {
+            if let LeaseEvent::Acquired { cycle, .. } = event {
+                *by_cycle.entry(cycle).or_default() += 1;
+            }
+        }
+    }
+    by_cycle
 }
 
 /// Every 10 s while the fleet rebalances: where it stands (`RUST_LOG=changefeed_operator::bench=info`).

@@ -135,9 +135,10 @@ pub struct BenchArgs {
     /// what `tools/k8s/build.sh --print` names, when run from the checkout and built).
     #[arg(long, env = "CFP_K8S_BIN")]
     pub k8s_bin: Option<std::path::PathBuf>,
-    /// Measure only the figure groups whose name contains this: throughput, busy handler,
-    /// rebalance, failover, latency, resources, worker processes, operator, lease-store cost, scale,
-    /// java v4 peer.
+    /// Measure only the figure group of this name (throughput, busy handler, rebalance,
+    /// failover, latency, resources, worker processes, operator, lease-store cost, scale, scale:
+    /// operator estimate, scale: operator at size, java v4 peer), or, when no group has this
+    /// name, every group whose name contains it.
     #[arg(long)]
     pub only: Option<String>,
 }

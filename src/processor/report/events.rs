@@ -55,7 +55,8 @@ pub enum LeaseEvent {
         lease: String,
         /// The owner before, when the lease was taken from a live owner.
         previous_owner: Option<String>,
-        /// The acquire cycle of this instance that took it (1 = the first).
+        /// The acquire cycle of this instance that took it (1 = the first): for a lease its
+        /// owner handed over, the cycle that asked for it.
         cycle: u64,
     },
     /// This instance stopped processing the lease.

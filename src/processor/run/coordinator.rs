@@ -51,9 +51,9 @@ pub(crate) struct Coordinator {
     tasks: JoinSet<(Arc<OwnedLease>, LeaseExit)>,
     /// Invalid lease documents already reported (each is logged and counted once).
     reported_invalid: HashSet<String>,
-    /// Leases this instance asked their owners for: (lease id, owner asked), adopted as soon as
-    /// the owner hands them over.
-    awaiting: Vec<(String, Option<String>)>,
+    /// Leases this instance asked their owners for: (lease id, owner asked, the acquire cycle
+    /// that asked), adopted as soon as the owner hands them over.
+    awaiting: Vec<(String, Option<String>, u64)>,
     /// The lease container's disappearance and return.
     recovery: StoreRecovery,
     /// When another instance's unrenewed lease expires before the next cycle: an extra acquire
@@ -355,14 +355,14 @@ impl Coordinator {
         match (step, result) {
             (AcquireStep::AskHandoff, Ok(asked)) => {
                 tracing::debug!(lease = %asked.lease_token, owner = ?previous_owner, "asked the owner to hand the lease over");
-                if !self.awaiting.iter().any(|(id, _)| *id == asked.id) {
-                    self.awaiting.push((asked.id, previous_owner));
+                if !self.awaiting.iter().any(|(id, _, _)| *id == asked.id) {
+                    self.awaiting.push((asked.id, previous_owner, self.shared.cycle()));
                 }
             }
             (AcquireStep::AskHandoff, Err(error)) => {
                 tracing::debug!(lease = %write.lease_token, %error, "asking for a handoff failed")
             }
-            (AcquireStep::Take, Ok(acquired)) => self.acquired(acquired, previous_owner),
+            (AcquireStep::Take, Ok(acquired)) => self.acquired(acquired, previous_owner, self.shared.cycle()),
             (AcquireStep::Take, Err(LeaseStoreError::Changed(_) | LeaseStoreError::Gone(_))) => {
                 tracing::debug!(lease = %write.lease_token, "another instance moved first");
             }
@@ -383,29 +383,30 @@ impl Coordinator {
         let awaiting = std::mem::take(&mut self.awaiting);
         let shared = self.shared.clone();
         let outcomes: Vec<_> = futures::stream::iter(awaiting)
-            .map(|(id, previous_owner)| {
+            .map(|(id, previous_owner, asked_in)| {
                 let (shared, me) = (shared.clone(), me.clone());
-                async move { (adopt_one(&shared, &me, &id).await, id, previous_owner) }
+                async move { (adopt_one(&shared, &me, &id).await, id, previous_owner, asked_in) }
             })
             .buffer_unordered(ADOPT_CONCURRENCY)
             .collect()
             .await;
-        for (outcome, id, previous_owner) in outcomes {
+        for (outcome, id, previous_owner, asked_in) in outcomes {
             match outcome {
-                Adoption::Taken(acquired) => self.acquired(*acquired, previous_owner),
-                Adoption::Waiting => self.awaiting.push((id, previous_owner)),
+                Adoption::Taken(acquired) => self.acquired(*acquired, previous_owner, asked_in),
+                Adoption::Waiting => self.awaiting.push((id, previous_owner, asked_in)),
                 Adoption::Gone => {}
             }
         }
     }
 
-    /// Starts processing a lease this instance just wrote itself into.
-    fn acquired(&mut self, acquired: Lease, previous_owner: Option<String>) {
-        tracing::info!(lease = %acquired.lease_token, previous_owner = ?previous_owner, "lease acquired");
+    /// Starts processing a lease this instance just wrote itself into, taken by acquire cycle
+    /// `cycle` (the one that asked for it, when its owner handed it over).
+    fn acquired(&mut self, acquired: Lease, previous_owner: Option<String>, cycle: u64) {
+        tracing::info!(lease = %acquired.lease_token, previous_owner = ?previous_owner, cycle, "lease acquired");
         self.shared.telemetry.emit(LeaseEvent::Acquired {
             lease: acquired.lease_token.clone(),
             previous_owner,
-            cycle: self.shared.cycle(),
+            cycle,
         });
         self.start_lease(acquired);
     }
