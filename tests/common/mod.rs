@@ -582,8 +582,10 @@ pub fn built_once(cell: &'static std::sync::OnceLock<Result<String, String>>, sc
 /// benchmark, the soak) or times renewals to a quarter second (renewals::) while it runs, so that
 /// no two of them overlap: together on 2 cores they starve each other (and the benchmark's
 /// figures mean nothing). A test waiting here holds a test thread idle, so these are named to
-/// sort far apart (tests run in the order of their names): `long_soak` runs in the middle of the
-/// suite, not last with the other thread out of work.
+/// sort far apart (tests run in the order of their names; two test threads on 2 cores): the soak
+/// is `overlapping_faults_soak`, reached well after the end-to-end test ends and done before
+/// `renewals::` (as `soak::` it ran last, the other thread out of work for most of it; as
+/// `long_soak::` it waited over a minute for the end-to-end test).
 pub async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
     static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     HEAVY.lock().await

@@ -1,5 +1,5 @@
 """The checker finds each kind of violation in logs made for it, and nothing in clean ones
-(`python3 -m unittest test_check` in tools/soak; run by `long_soak::the_soak_checker_finds…`)."""
+(`python3 -m unittest test_check` in tools/soak; run by `overlapping_faults_soak::the_soak_checker_finds…`)."""
 import json
 import os
 import tempfile
