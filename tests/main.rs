@@ -19,6 +19,7 @@ mod operator_support;
 mod admission_policy;
 mod autoscaling;
 mod bench;
+mod budgets;
 mod checkpoint_modes;
 mod checkpoints;
 mod clock_skew;

@@ -97,6 +97,9 @@ impl Emulator {
                 Err(error) => crate::http_server::json(409, &serde_json::json!({ "message": error.to_string() })),
             };
         }
+        if (&method, action) == (&hyper::Method::GET, "load") {
+            return crate::http_server::json(200, &serde_json::json!(self.edge.throttles().report()));
+        }
         if !matches!(action, "ranges" | "containers" | "split" | "merge") {
             return crate::http_server::json(404, &serde_json::json!({"message": "unknown control endpoint"}));
         }

@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use super::formats;
 use super::lag::{Lag, Write};
+use super::throttles::Throttles;
 
 type DriverResult<T> = azure_data_cosmos_driver::error::Result<T>;
 
@@ -52,6 +53,8 @@ pub struct Edge {
     partition_keys: Mutex<HashMap<String, Arc<Vec<String>>>>,
     /// What each region has of the others' writes.
     lag: Arc<Lag>,
+    /// The 429s and request units of every answer, by container.
+    throttles: Arc<Throttles>,
 }
 
 /// What a request does to the documents of a container.
@@ -96,11 +99,26 @@ impl Edge {
             client,
             partition_keys: Mutex::default(),
             lag,
+            throttles: Arc::default(),
         }
     }
 
-    /// Serves one request as the service would.
+    /// The 429s and request units of every answer so far, by container.
+    pub fn throttles(&self) -> &Arc<Throttles> {
+        &self.throttles
+    }
+
+    /// Serves one request as the service would, and counts its answer.
     pub async fn execute(&self, request: Request) -> DriverResult<Reply> {
+        let path = request.url().path().to_owned();
+        let write = Access::of(&request) == Access::Write;
+        let reply = self.serve(request).await?;
+        self.throttles.record(&path, write, reply.status, &reply.headers);
+        Ok(reply)
+    }
+
+    /// Serves one request as the service would.
+    async fn serve(&self, request: Request) -> DriverResult<Reply> {
         match Access::of(&request) {
             Access::ChangeFeed => self.change_feed(request).await,
             Access::PointRead if self.hides(&request) => Ok(not_found()),

@@ -35,6 +35,9 @@
 //!   creates a container (and its database) as the management plane does (`az cosmosdb sql
 //!   container create`), also where the data plane refuses metadata writes; `throughput` as
 //!   `--throughput`.
+//! - `GET /_emulator/load` — per container (`database/container`): the requests answered, the
+//!   429s its provisioned throughput answered (also those the client retried by itself) and
+//!   the request units charged.
 //! - `GET /_emulator/regions` — the regions: the write region, each region's endpoint, whether
 //!   it is online and takes writes, and what it answered over HTTP: reads, and document writes
 //!   by container, accepted and refused ([`RegionTopology`], [`Traffic`]).
@@ -62,11 +65,13 @@ mod partitions;
 mod region_traffic;
 mod regions;
 mod server;
+mod throttles;
 
 pub use auth::RequiredAuth;
 pub use faults::{Fault, FaultInjector};
 pub use region_traffic::{Traffic, WriteCounts};
 pub use regions::{AccountOptions, RegionTopology, RegionView};
+pub use throttles::ContainerLoad;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -347,6 +352,13 @@ impl Emulator {
             RequiredAuth::Key(_) => Err(KeyRotationError::NotBase64),
             _ => Err(KeyRotationError::NoKeyChecked),
         }
+    }
+
+    /// What `database/container` answered so far: requests, the 429s of its provisioned
+    /// throughput, and the request units charged (counted at the edge, so also the 429s a client
+    /// retried by itself; injected faults are not counted here).
+    pub fn load(&self, database: &str, container: &str) -> ContainerLoad {
+        self.edge.throttles().of(database, container)
     }
 
     /// The endpoint clients use.

@@ -228,12 +228,17 @@ impl Env {
 
     /// Lease count per owner in the store (unowned under "").
     pub async fn owners(&self) -> BTreeMap<String, usize> {
-        let mut counts = BTreeMap::new();
-        for lease in self.leases().await {
-            *counts.entry(lease.owner.unwrap_or_default()).or_default() += 1;
-        }
-        counts
+        owner_counts(self.leases().await)
     }
+}
+
+/// Lease count per owner among `leases` (unowned under "").
+pub fn owner_counts(leases: impl IntoIterator<Item = Lease>) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for lease in leases {
+        *counts.entry(lease.owner.unwrap_or_default()).or_default() += 1;
+    }
+    counts
 }
 
 /// Upserts `doc-<n>` (partition key `pk-<n % 97>`), retrying what a client retries: throttling,

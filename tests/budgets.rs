@@ -1,0 +1,232 @@
+//! Request-unit budgets (issue 40 §2): a lease container at its provisioned throughput must not
+//! cost a lease. `cfp emulator --throughput db/leases=400` (the SDK emulator's own budget: each
+//! of the lease container's 4 physical partitions gets 100 RU a second, a write past it is
+//! answered 429 with a retry-after; reads are charged, never debited); two instances share the
+//! leases while documents keep every lease checkpointing far beyond what the budget admits. The
+//! heartbeats that keep the leases alive must still get through with room to spare: no lease is
+//! lost or moves, and no heartbeat goes unwritten for half a lease expiration (a gap near the
+//! expiration is one slow answer away from every lease of the instance being taken); and the
+//! lease container did refuse writes (else nothing was tested). The figures are printed.
+//!
+//! 2,000 leases cannot be set up at 400 RU/s within the suite's budget for one test: creating a
+//! lease is charged about 9 RU and acquiring it about 12, so 2,000 leases spend the whole budget
+//! for about 100 s before anything is tested (and the SDK emulator does not apply a changed
+//! offer to its budget, so it cannot be raised for the setup). The test takes 200 (the same
+//! leases per partition and checkpoint pressure per lease).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use changefeed_operator::bench::CountingStore;
+use changefeed_operator::cosmos::{AccountAuth, CosmosAccount, DocumentContainer};
+use changefeed_operator::processor::{
+    ChangeFeedProcessor, CloseReason, LeaseEvent, LeaseStore, ProcessorHandle, ProcessorOptions,
+};
+use changefeed_operator::worker::WorkerSettings;
+
+use crate::common::{self, DB, ITEMS, LEASES, PROCESSOR, RecordingHandler, eventually, fair};
+
+/// The lease container's provisioned throughput (RU/s): the service's smallest.
+const BUDGET: u64 = 400;
+
+/// One run: the monitored container's partitions, leases per partition, and lease timings.
+struct Size {
+    partitions: u32,
+    per_partition: u32,
+    renew: Duration,
+    expiration: Duration,
+    poll: Duration,
+}
+
+impl Size {
+    fn leases(&self) -> usize {
+        (self.partitions * self.per_partition) as usize
+    }
+}
+
+/// One instance with its counted lease store and its lease events.
+struct Instance {
+    handle: ProcessorHandle,
+    store: Arc<CountingStore>,
+    events: tokio::sync::broadcast::Receiver<LeaseEvent>,
+}
+
+fn options(size: &Size, name: &str) -> ProcessorOptions {
+    let mut options = ProcessorOptions::new(PROCESSOR, name);
+    options.leases_per_partition = size.per_partition;
+    options.renew_interval = size.renew;
+    options.acquire_interval = size.renew;
+    options.expiration = size.expiration;
+    options.poll_interval = size.poll;
+    options.start_from = changefeed_operator::cosmos::StartFrom::Beginning;
+    options
+}
+
+async fn start(account: &CosmosAccount, size: &Size, name: &str, deliveries: &common::Deliveries) -> Instance {
+    let settings = WorkerSettings {
+        database: DB.into(),
+        container: ITEMS.into(),
+        lease_database: DB.into(),
+        lease_container: LEASES.into(),
+        create_leases: false,
+        options: options(size, name),
+    };
+    let (monitored, store) = changefeed_operator::worker::open(account, account, &settings)
+        .await
+        .expect("open the worker");
+    let store = Arc::new(CountingStore::new(Arc::new(store)));
+    let handler = Arc::new(RecordingHandler {
+        instance: name.into(),
+        deliveries: deliveries.clone(),
+    });
+    let handle = ChangeFeedProcessor::new(monitored, store.clone(), handler, settings.options)
+        .start()
+        .await
+        .expect("start the processor");
+    let events = handle.subscribe();
+    Instance { handle, store, events }
+}
+
+/// Leases lost (closed as taken by another instance) and acquired among `events` so far, and
+/// the errors reported.
+fn tally(events: &mut tokio::sync::broadcast::Receiver<LeaseEvent>) -> (usize, usize, Vec<String>) {
+    let (mut lost, mut acquired, mut errors) = (0, 0, Vec::new());
+    while let Ok(event) = events.try_recv() {
+        match event {
+            LeaseEvent::Closed {
+                reason: CloseReason::LeaseLost,
+                ..
+            } => lost += 1,
+            LeaseEvent::Acquired { .. } => acquired += 1,
+            LeaseEvent::Error { message, .. } => errors.push(message),
+            _ => {}
+        }
+    }
+    (lost, acquired, errors)
+}
+
+/// The lease container's 429s and request units so far (`GET /_emulator/load`).
+async fn lease_load(endpoint: &str) -> (u64, f64) {
+    let load = common::emulator_control(endpoint, reqwest::Method::GET, "load").await;
+    let leases = &load[format!("{DB}/{LEASES}")];
+    (
+        leases["throttled"].as_u64().unwrap_or_default(),
+        leases["requestUnits"].as_f64().unwrap_or_default(),
+    )
+}
+
+/// Lease owners by instance, as the lease container holds them.
+async fn owners(account: &CosmosAccount) -> std::collections::BTreeMap<String, usize> {
+    let store = common::lease_store(account, PROCESSOR).await.expect("the lease store");
+    let snapshot = store.snapshot().await.expect("list the leases");
+    common::owner_counts(snapshot.leases)
+}
+
+/// Writes documents on every lease, 64 at a time, until `stop`.
+fn write_until(items: DocumentContainer, stop: tokio_util::sync::CancellationToken) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        use futures::StreamExt;
+        for chunk in 0.. {
+            if stop.is_cancelled() {
+                return;
+            }
+            futures::stream::iter(chunk * 64..(chunk + 1) * 64)
+                .for_each_concurrent(16, |n| common::upsert_doc(&items, n))
+                .await;
+            tokio::task::yield_now().await;
+        }
+    })
+}
+
+/// Two instances over `size`'s leases on a lease container at 400 RU/s, busy for three lease
+/// expirations: no lease lost, moved or expired, and the budget was exceeded.
+async fn no_lease_lost_at_the_budget(size: Size) {
+    let items = format!("{DB}/{ITEMS}:/pk:{}", size.partitions);
+    let leases = format!("{DB}/{LEASES}:/id:4");
+    let throughput = format!("{DB}/{LEASES}={BUDGET}");
+    let args = ["--port", "0", "--container", &items, "--container", &leases];
+    let (_emulator, endpoint) =
+        common::start_emulator_with(&[&args[..], &["--throughput", &throughput]].concat()).await;
+    let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key())
+        .await
+        .expect("connect to cfp emulator");
+    let deliveries = common::Deliveries::default();
+    let count = size.leases();
+    let started = Instant::now();
+    let mut a = start(&account, &size, "a", &deliveries).await;
+    let owns_all = eventually(Duration::from_secs(300), || async {
+        a.handle.owned_leases().len() == count
+    })
+    .await;
+    assert!(owns_all, "a took {} of {count} leases", a.handle.owned_leases().len());
+    let bootstrap = started.elapsed();
+    let mut b = start(&account, &size, "b", &deliveries).await;
+    let shared = eventually(Duration::from_secs(300), || async {
+        fair(&owners(&account).await, 2, count)
+            && a.handle.owned_leases().len() + b.handle.owned_leases().len() == count
+    })
+    .await;
+    assert!(shared, "no fair share: {:?}", owners(&account).await);
+    let before = owners(&account).await;
+    let _ = (tally(&mut a.events), tally(&mut b.events));
+
+    // Documents on every lease, far more checkpoints than the budget admits, for three expirations.
+    let (throttled_before, units_before) = lease_load(&endpoint).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let writing = write_until(account.documents(DB, ITEMS).await.expect("items"), stop.clone());
+    for instance in [&a, &b] {
+        instance.store.beats.restart();
+    }
+    let watched = size.expiration * 3;
+    tokio::time::sleep(watched).await;
+    stop.cancel();
+    let _ = writing.await;
+    let (throttled_after, units_after) = lease_load(&endpoint).await;
+    let gaps: Vec<Duration> = [&a, &b].iter().map(|i| i.store.beats.longest_gap()).collect();
+    let (lost_a, moved_a, errors_a) = tally(&mut a.events);
+    let (lost_b, moved_b, errors_b) = tally(&mut b.events);
+    let after = owners(&account).await;
+    let throttled = throttled_after - throttled_before;
+    println!(
+        "{count} leases on a {BUDGET} RU/s lease container (cfp emulator; set up in {bootstrap:.1?}), 2 instances, \
+         {watched:?} busy: {throttled} writes throttled, {:.0} RU/s charged; {} documents handled; longest \
+         heartbeat gaps {gaps:?} (expiration {:?}); leases lost {}, acquired {}; owners before {before:?}, after \
+         {after:?}; errors reported: {} ({:?})",
+        (units_after - units_before) / watched.as_secs_f64(),
+        deliveries.distinct(),
+        size.expiration,
+        lost_a + lost_b,
+        moved_a + moved_b,
+        errors_a.len() + errors_b.len(),
+        errors_a.iter().chain(&errors_b).take(3).collect::<Vec<_>>()
+    );
+    a.handle.abort();
+    b.handle.abort();
+    assert!(
+        throttled > 0,
+        "the lease container was never over its budget: nothing was tested"
+    );
+    assert_eq!((lost_a, lost_b), (0, 0), "leases lost");
+    assert_eq!((moved_a, moved_b), (0, 0), "leases moved");
+    assert_eq!(before, after, "the owners changed");
+    for gap in gaps {
+        assert!(
+            gap <= size.expiration / 2,
+            "a heartbeat went {gap:?} unwritten: more than half the expiration ({:?})",
+            size.expiration
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_container_at_its_budget_loses_no_lease_and_its_heartbeats_keep_within_half_the_expiration() {
+    let _heavy = common::heavy().await;
+    no_lease_lost_at_the_budget(Size {
+        partitions: 4,
+        per_partition: 50,
+        renew: Duration::from_secs(2),
+        expiration: Duration::from_secs(8),
+        poll: Duration::from_millis(100),
+    })
+    .await;
+}
