@@ -3,7 +3,8 @@
 //! instance's lease, a crashed instance's leases are taken one expiration after its last beat,
 //! a fleet in the middle of an upgrade (instances that judge leases one by one beside ones that
 //! keep them by heartbeat) moves no lease and loses nothing, and an owner cut off from the lease
-//! store hands no batch to its handler once nothing kept its lease alive.
+//! store hands no batch to its handler once nothing kept its lease alive, and a graceful stop
+//! while a heartbeat's answer is on its way leaves no heartbeat behind.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -204,4 +205,44 @@ async fn an_owner_cut_off_from_the_lease_store_delivers_nothing_once_its_lease_m
     );
     assert_eq!(env.owners().await.get("usurper"), Some(&1));
     handle.stop().await;
+}
+
+/// A graceful stop that comes while a heartbeat was written and its answer is still on its way
+/// leaves no heartbeat behind: the stop waits for that answer before it removes the heartbeat
+/// (removing it with the ETag of the beat before was refused, and the fresh heartbeat kept the
+/// instance "running" for `cfp checkpoints` and its leases for an expiration).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_while_a_heartbeats_answer_is_on_its_way_leaves_no_heartbeat() {
+    let env = Env::new(1).await;
+    let options = env.options("late");
+    let settings = env.settings(options.clone());
+    let (monitored, leases) = changefeed_operator::worker::open(&env.account, &env.account, &settings)
+        .await
+        .unwrap();
+    let late = options.renew_interval * 4 / 5;
+    let store = Arc::new(CountingStore::new(Arc::new(leases)).with_late_heartbeat_answers(late));
+    let handle = ChangeFeedProcessor::new(monitored, store.clone(), env.recorder("late"), options)
+        .start()
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            env.owners().await.get("late") == Some(&1)
+        })
+        .await
+    );
+    // Stop just after a heartbeat was written, while its answer is still on its way.
+    let before = store.beats.last_written("late");
+    let beaten = eventually(Duration::from_secs(5), || async {
+        store.beats.last_written("late") != before
+    })
+    .await;
+    assert!(beaten, "no heartbeat written");
+    handle.stop().await;
+    let left = beats(&env).await;
+    println!("heartbeats after the stop: {left:?}");
+    assert!(
+        !left.contains_key("late"),
+        "a graceful stop left its heartbeat: {left:?}"
+    );
 }

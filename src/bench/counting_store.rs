@@ -86,6 +86,11 @@ impl LeaseWrites {
         self.state().slowest
     }
 
+    /// When lease `id` (or instance `id`'s heartbeat) was last written.
+    pub fn last_written(&self, id: &str) -> Option<Instant> {
+        self.state().last.get(id).copied()
+    }
+
     /// The leases written so far.
     pub fn leases(&self) -> usize {
         self.state().last.len()
@@ -105,6 +110,8 @@ pub struct CountingStore {
     listing_delay: Duration,
     /// When each instance's heartbeat was written.
     pub beats: Arc<LeaseWrites>,
+    /// How long a heartbeat's answer takes after it was written.
+    beat_answer_delay: Duration,
     /// While set, every request fails as an unreachable store's would (503).
     unreachable: AtomicBool,
 }
@@ -119,6 +126,7 @@ impl CountingStore {
             latency: Duration::ZERO,
             listing_delay: Duration::ZERO,
             beats: Arc::new(LeaseWrites::default()),
+            beat_answer_delay: Duration::ZERO,
             unreachable: AtomicBool::new(false),
         }
     }
@@ -134,11 +142,31 @@ impl CountingStore {
         self
     }
 
+    /// Heartbeats are written at once and answered `delay` later, as a request that reached the
+    /// service is: a caller that stops waiting for the answer does not take the write back.
+    pub fn with_late_heartbeat_answers(mut self, delay: Duration) -> Self {
+        self.beat_answer_delay = delay;
+        self
+    }
+
     /// Listings answer `delay` after they read the documents, as listing thousands of lease
     /// documents page by page does: what they show is that much older when it arrives.
     pub fn with_slow_listings(mut self, delay: Duration) -> Self {
         self.listing_delay = delay;
         self
+    }
+
+    /// Replaces `lease` (`deferrable`: as a write that can wait), counted and timed.
+    async fn replace_counted(&self, lease: &Lease, deferrable: bool) -> Result<Lease, LeaseStoreError> {
+        self.count(&self.requests.replaces).await?;
+        let sent = Instant::now();
+        let replaced = if deferrable {
+            self.inner.replace_deferrable(lease).await
+        } else {
+            self.inner.replace(lease).await
+        };
+        self.writes.record(&lease.id, sent, replaced.is_ok());
+        replaced
     }
 
     async fn count(&self, counter: &AtomicU64) -> Result<(), LeaseStoreError> {
@@ -186,11 +214,11 @@ impl LeaseStore for CountingStore {
     }
 
     async fn replace(&self, lease: &Lease) -> Result<Lease, LeaseStoreError> {
-        self.count(&self.requests.replaces).await?;
-        let sent = Instant::now();
-        let replaced = self.inner.replace(lease).await;
-        self.writes.record(&lease.id, sent, replaced.is_ok());
-        replaced
+        self.replace_counted(lease, false).await
+    }
+
+    async fn replace_deferrable(&self, lease: &Lease) -> Result<Lease, LeaseStoreError> {
+        self.replace_counted(lease, true).await
     }
 
     async fn delete(&self, lease: &Lease) -> Result<(), LeaseStoreError> {
@@ -233,6 +261,9 @@ impl LeaseStore for CountingStore {
         let sent = Instant::now();
         let written = self.inner.heartbeat(beat).await;
         self.beats.record(beat.instance, sent, written.is_ok());
+        if !self.beat_answer_delay.is_zero() {
+            tokio::time::sleep(self.beat_answer_delay).await;
+        }
         written
     }
 

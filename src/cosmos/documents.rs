@@ -5,7 +5,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use azure_data_cosmos::clients::ContainerClient;
 use azure_data_cosmos::models::ResponseHeaders;
-use azure_data_cosmos::options::{ItemWriteOptions, Precondition};
+use azure_data_cosmos::options::{
+    ItemWriteOptions, OperationOptionsBuilder, Precondition, PriorityLevel, ThrottlingRetryOptionsBuilder,
+    ThroughputControlOptionsBuilder,
+};
 use azure_data_cosmos::{FeedScope, Query};
 use futures::StreamExt;
 use serde_json::Value;
@@ -117,8 +120,41 @@ impl DocumentContainer {
     /// Replaces a document only if its ETag is still `if_match`; `PreconditionFailed` otherwise,
     /// `NotFound` when it was deleted.
     pub async fn replace(&self, partition_key: &str, body: &Value, if_match: &str) -> Result<Document, CosmosError> {
-        let id = id_of(body)?;
         let options = ItemWriteOptions::default().with_precondition(Precondition::if_match(if_match.to_owned()));
+        self.replace_with(partition_key, body, options).await
+    }
+
+    /// Like [`Self::replace`], for a write that can wait (a checkpoint): sent at low priority
+    /// (where the account has priority-based execution, the service throttles it before the
+    /// others), and a 429 is returned at once (with its retry-after) instead of being retried by
+    /// the SDK, so that the caller decides when to send it again.
+    pub async fn replace_deferrable(
+        &self,
+        partition_key: &str,
+        body: &Value,
+        if_match: &str,
+    ) -> Result<Document, CosmosError> {
+        let operation = OperationOptionsBuilder::new()
+            .with_throttling_retry_options(ThrottlingRetryOptionsBuilder::new().with_max_retry_count(0).build())
+            .with_throughput_control(
+                ThroughputControlOptionsBuilder::new()
+                    .with_priority_level(PriorityLevel::Low)
+                    .build(),
+            )
+            .build();
+        let options = ItemWriteOptions::default()
+            .with_precondition(Precondition::if_match(if_match.to_owned()))
+            .with_operation_options(operation);
+        self.replace_with(partition_key, body, options).await
+    }
+
+    async fn replace_with(
+        &self,
+        partition_key: &str,
+        body: &Value,
+        options: ItemWriteOptions,
+    ) -> Result<Document, CosmosError> {
+        let id = id_of(body)?;
         let response = self.charge(
             self.client
                 .replace_item(partition_key.to_owned(), &id, body, Some(options))

@@ -65,6 +65,9 @@ pub struct CosmosError {
     pub sub_status: Option<u32>,
     /// The SDK's message.
     pub message: String,
+    /// How long the service asked the client to wait before trying again, in milliseconds (a
+    /// 429's `x-ms-retry-after-ms`), when it said (milliseconds keep the error small).
+    pub retry_after_ms: Option<u32>,
 }
 
 impl fmt::Display for CosmosError {
@@ -85,7 +88,19 @@ impl CosmosError {
             status: 0,
             sub_status: None,
             message: message.into(),
+            retry_after_ms: None,
         }
+    }
+
+    /// Whether the service refused the request for its provisioned throughput (429).
+    pub fn is_throttled(&self) -> bool {
+        self.status == 429
+    }
+
+    /// How long the service asked the client to wait before trying again, when it said.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        self.retry_after_ms
+            .map(|ms| std::time::Duration::from_millis(ms.into()))
     }
 
     /// Classifies a status / sub-status pair.
@@ -120,11 +135,16 @@ impl From<azure_data_cosmos::CosmosError> for CosmosError {
             }
             cause = inner.source();
         }
+        let retry_after_ms = err
+            .response()
+            .and_then(|r| r.headers().retry_after_ms)
+            .map(|ms| u32::try_from(ms).unwrap_or(u32::MAX));
         Self {
             kind: Self::classify(code, sub_status),
             status: code,
             sub_status,
             message,
+            retry_after_ms,
         }
     }
 }

@@ -35,6 +35,7 @@ pub struct WorkerMetrics {
     stalls: IntCounterVec,
     dead_lettered: IntCounterVec,
     lease_errors: IntCounterVec,
+    lease_writes_throttled: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
@@ -185,6 +186,12 @@ impl WorkerMetrics {
                 "Problems found in the lease container, by reason (invalid_document: skipped).",
                 &["processor", "reason"],
             )?,
+            lease_writes_throttled: counter(
+                &registry,
+                "cfp_lease_writes_throttled_total",
+                "Checkpoints the lease container refused for its provisioned throughput (429); each waits and is sent again, heartbeats first.",
+                p,
+            )?,
             registry,
             processor: processor.to_owned(),
         };
@@ -270,6 +277,12 @@ impl ProcessorObserver for WorkerMetrics {
         self.lease_errors
             .with_label_values(&[self.processor.as_str(), reason])
             .inc();
+    }
+
+    fn lease_writes_throttled(&self, count: u64) {
+        self.lease_writes_throttled
+            .with_label_values(&[self.processor.as_str()])
+            .inc_by(count);
     }
 
     fn feed_read_retried(&self, _lease: &str, retries: u32) {

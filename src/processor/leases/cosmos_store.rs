@@ -112,6 +112,26 @@ impl CosmosLeaseStore {
         }
     }
 
+    /// Replaces `lease` (If-Match its ETag); `deferrable`: as a write that can wait.
+    async fn replace_as(&self, lease: &Lease, deferrable: bool) -> Result<Lease, LeaseStoreError> {
+        let body = self.body(lease)?;
+        let written = if deferrable {
+            self.container.replace_deferrable(&lease.id, &body, &lease.etag).await
+        } else {
+            self.container.replace(&lease.id, &body, &lease.etag).await
+        };
+        match written {
+            Ok(doc) => {
+                let mut replaced = lease.clone();
+                replaced.etag = doc.etag;
+                Ok(replaced)
+            }
+            Err(e) if e.kind == ErrorKind::PreconditionFailed => Err(LeaseStoreError::Changed(lease.id.clone())),
+            Err(e) if e.kind == ErrorKind::NotFound => Err(LeaseStoreError::Gone(lease.id.clone())),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn marker_id(&self, name: &str) -> String {
         format!("{}.{name}", self.prefix)
     }
@@ -253,17 +273,11 @@ impl LeaseStore for CosmosLeaseStore {
     }
 
     async fn replace(&self, lease: &Lease) -> Result<Lease, LeaseStoreError> {
-        let body = self.body(lease)?;
-        match self.container.replace(&lease.id, &body, &lease.etag).await {
-            Ok(doc) => {
-                let mut replaced = lease.clone();
-                replaced.etag = doc.etag;
-                Ok(replaced)
-            }
-            Err(e) if e.kind == ErrorKind::PreconditionFailed => Err(LeaseStoreError::Changed(lease.id.clone())),
-            Err(e) if e.kind == ErrorKind::NotFound => Err(LeaseStoreError::Gone(lease.id.clone())),
-            Err(e) => Err(e.into()),
-        }
+        self.replace_as(lease, false).await
+    }
+
+    async fn replace_deferrable(&self, lease: &Lease) -> Result<Lease, LeaseStoreError> {
+        self.replace_as(lease, true).await
     }
 
     async fn delete(&self, lease: &Lease) -> Result<(), LeaseStoreError> {

@@ -261,6 +261,19 @@ impl LeaseStoreError {
         matches!(self, LeaseStoreError::Cosmos(e) if e.kind.is_retryable())
     }
 
+    /// Whether the lease container refused the request for its provisioned throughput (429).
+    pub fn is_throttled(&self) -> bool {
+        matches!(self, LeaseStoreError::Cosmos(e) if e.is_throttled())
+    }
+
+    /// How long the lease container asked to wait before the request is sent again.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            LeaseStoreError::Cosmos(e) => e.retry_after(),
+            _ => None,
+        }
+    }
+
     /// Whether the lease container itself does not exist (a request on it answered 404).
     pub fn is_container_missing(&self) -> bool {
         matches!(self, LeaseStoreError::Cosmos(e) if e.kind == crate::cosmos::ErrorKind::NotFound)
@@ -302,6 +315,12 @@ pub trait LeaseStore: Send + Sync {
     async fn create(&self, lease: &Lease) -> Result<Option<Lease>, LeaseStoreError>;
     /// Replaces a lease if its ETag is still `lease.etag`; returns the new version.
     async fn replace(&self, lease: &Lease) -> Result<Lease, LeaseStoreError>;
+    /// Like [`LeaseStore::replace`], for a write that can wait (a checkpoint): at low priority,
+    /// and a throttled write (429) is answered at once for the caller to send again later
+    /// ([`crate::processor::leases::write_budget`]). Stores without a budget just replace.
+    async fn replace_deferrable(&self, lease: &Lease) -> Result<Lease, LeaseStoreError> {
+        self.replace(lease).await
+    }
     /// Deletes a lease if its ETag is still `lease.etag`.
     async fn delete(&self, lease: &Lease) -> Result<(), LeaseStoreError>;
     /// Creates the bootstrap lock for `owner`, or says which version of it another instance holds.

@@ -11,3 +11,4 @@ pub mod lease;
 pub mod name_claim;
 pub mod owned;
 pub mod sightings;
+pub(crate) mod write_budget;

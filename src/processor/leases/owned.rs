@@ -14,10 +14,26 @@ use tokio_util::sync::CancellationToken;
 use crate::processor::leases::heartbeat::Liveness;
 use crate::processor::leases::lag_report::record_report;
 use crate::processor::leases::lease::{Lease, LeaseStore, LeaseStoreError, STALLED_PROPERTY};
+use crate::processor::leases::write_budget::WriteBudget;
 
 /// How many times an update is re-applied after a 412 while the lease is still ours (as the
 /// reference SDK does).
 const MAX_CONFLICT_RETRIES: usize = 6;
+
+/// How long a write that can wait (a checkpoint) waits for the lease container's budget, 429
+/// after 429, before it is sent as any other write: a checkpoint is never put off for ever.
+const DEFER_AT_MOST: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How a write of the lease spends the lease container's budget ([`WriteBudget`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Spend {
+    /// It keeps the lease alive (a renewal): checkpoints wait while it is under way.
+    Vital,
+    /// Anything else that cannot wait (an acquisition's follow-up, a release, a request cleared).
+    Plain,
+    /// It can wait (a checkpoint): admitted by the budget, at low priority, a 429 answered at once.
+    Deferrable,
+}
 
 /// Why an update of an owned lease did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +79,8 @@ pub struct OwnedLease {
     ended: CancellationToken,
     /// Whether this instance's heartbeat keeps the lease alive.
     liveness: Arc<Liveness>,
+    /// How this instance spends the lease container's request units.
+    budget: Arc<WriteBudget>,
     /// When the handler last answered a batch of this lease with an error (a failing handler is
     /// not a stalled lease).
     handler_failed_at: std::sync::Mutex<Option<Instant>>,
@@ -81,14 +99,15 @@ fn advance(at: &std::sync::Mutex<Instant>, to: Instant) {
 
 impl OwnedLease {
     /// Wraps a lease this instance just acquired; `requested` is woken when a write of it meets
-    /// another instance's handoff request; `liveness` says whether the heartbeat keeps it alive.
+    /// another instance's handoff request; `liveness` says whether the heartbeat keeps it alive;
+    /// `budget` how its writes spend the lease container's request units.
     pub(crate) fn new(
         lease: Lease,
         me: &str,
         store: Arc<dyn LeaseStore>,
         parent: &CancellationToken,
         requested: Arc<tokio::sync::Notify>,
-        liveness: Arc<Liveness>,
+        (liveness, budget): (Arc<Liveness>, Arc<WriteBudget>),
     ) -> Arc<Self> {
         Arc::new(Self {
             id: lease.id.clone(),
@@ -109,6 +128,7 @@ impl OwnedLease {
             renewed: AtomicBool::new(false),
             ended: CancellationToken::new(),
             liveness,
+            budget,
             handler_failed_at: std::sync::Mutex::new(None),
         })
     }
@@ -253,15 +273,51 @@ impl OwnedLease {
                 true
             })
             .await?;
+        Ok(self.written_or_current(written).await)
+    }
+
+    /// What a write that always writes wrote (else the latest copy).
+    async fn written_or_current(&self, written: Option<Lease>) -> Lease {
         match written {
-            Some(lease) => Ok(lease),
-            None => Ok(self.current().await),
+            Some(lease) => lease,
+            None => self.current().await,
         }
     }
 
     /// Like [`OwnedLease::update`], where `change` may decide (on each copy it is applied to,
     /// under the lease's lock) that there is nothing to write: `Ok(None)` then.
     pub async fn update_if(&self, change: impl Fn(&mut Lease) -> bool) -> Result<Option<Lease>, UpdateError> {
+        self.update_if_as(Spend::Plain, &change).await
+    }
+
+    /// Like [`OwnedLease::update_if`], for a write that can wait (a checkpoint): it waits until
+    /// the lease container's budget admits it — never holding the lease's lock, so that a
+    /// renewal of the lease is not held up — and after a 429 waits again, until it is written or
+    /// the lease is lost; once the lease's processing is cancelled (a release or handoff follows),
+    /// or after [`DEFER_AT_MOST`], it is written at once, as any other write (with the SDK's own
+    /// retries of a 429).
+    async fn update_deferrable(&self, change: impl Fn(&mut Lease) -> bool) -> Result<Option<Lease>, UpdateError> {
+        let deadline = tokio::time::Instant::now() + DEFER_AT_MOST;
+        loop {
+            let admitted = tokio::select! {
+                _ = self.cancel.cancelled() => false,
+                _ = tokio::time::sleep_until(deadline) => false,
+                _ = self.budget.admit() => true,
+            };
+            let spend = if admitted { Spend::Deferrable } else { Spend::Plain };
+            match self.update_if_as(spend, &change).await {
+                Err(UpdateError::Store(error)) if admitted && error.is_throttled() => continue,
+                written => return written,
+            }
+        }
+    }
+
+    /// Writes `change` (see [`OwnedLease::update_if`]) spending the budget as `spend` says.
+    async fn update_if_as(
+        &self,
+        spend: Spend,
+        change: &impl Fn(&mut Lease) -> bool,
+    ) -> Result<Option<Lease>, UpdateError> {
         let mut guard = self.lease.lock().await;
         let mut last_error = None;
         for _ in 0..MAX_CONFLICT_RETRIES {
@@ -271,7 +327,7 @@ impl OwnedLease {
             }
             next.timestamp = Some(OffsetDateTime::now_utc());
             let sent = Instant::now();
-            match self.store.replace(&next).await {
+            match self.replace(spend, &next).await {
                 Ok(written) => {
                     *guard = written.clone();
                     advance(&self.written_at, sent);
@@ -310,6 +366,26 @@ impl OwnedLease {
         ))
     }
 
+    /// Sends one write of the lease as `spend` says, telling the budget how it went.
+    async fn replace(&self, spend: Spend, next: &Lease) -> Result<Lease, LeaseStoreError> {
+        match spend {
+            Spend::Vital => {
+                let _vital = self.budget.vital();
+                self.store.replace(next).await
+            }
+            Spend::Plain => self.store.replace(next).await,
+            Spend::Deferrable => {
+                let written = self.store.replace_deferrable(next).await;
+                match &written {
+                    Err(error) if error.is_throttled() => self.budget.throttled(error.retry_after()),
+                    Err(_) => {}
+                    Ok(_) => self.budget.passed(),
+                }
+                written
+            }
+        }
+    }
+
     /// Makes sure the lease is still this instance's before a batch is handed to the handler,
     /// once the last confirmation (a write, or a read) is older than a tenth of `expiration`:
     /// whoever deposed this owner by a write (an operator freeing the lease, another instance
@@ -324,7 +400,9 @@ impl OwnedLease {
             return Ok(());
         }
         if !self.kept_alive_within(expiration / 2) {
-            return match self.renew().await? {
+            // Its heartbeat is late (a throttled lease container?): a renewal of each lease must
+            // not crowd the heartbeat out — it waits its turn as checkpoints do.
+            return match self.update_deferrable(|lease| self.is_mine(lease)).await? {
                 Some(_) => Ok(()),
                 None => Err(UpdateError::Lost(None)),
             };
@@ -367,10 +445,11 @@ impl OwnedLease {
         moment(&self.written_at).elapsed() < window
     }
 
-    /// Writes the lease as it is (a new timestamp: still owned); `None` (nothing written) when
-    /// this instance released it meanwhile.
+    /// Writes the lease as it is (a new timestamp: still owned), ahead of checkpoints; `None`
+    /// (nothing written) when this instance released it meanwhile.
     pub async fn renew(&self) -> Result<Option<Lease>, UpdateError> {
-        self.update_if(|lease| self.is_mine(lease)).await
+        self.update_if_as(Spend::Vital, &|lease: &mut Lease| self.is_mine(lease))
+            .await
     }
 
     /// Records the continuation after a handled batch (without a lag report).
@@ -381,11 +460,14 @@ impl OwnedLease {
     /// Records the continuation after a handled batch with the lag report of its page
     /// ([`lag_report`](crate::processor::leases::lag_report)).
     pub async fn checkpoint_reporting(&self, continuation: &str, report: Option<u64>) -> Result<Lease, UpdateError> {
-        self.update(|lease| {
-            record_checkpoint(lease, continuation);
-            record_report(lease, report);
-        })
-        .await
+        let written = self
+            .update_deferrable(|lease| {
+                record_checkpoint(lease, continuation);
+                record_report(lease, report);
+                true
+            })
+            .await?;
+        Ok(self.written_or_current(written).await)
     }
 
     /// Records `continuation` only while `forward(lease's continuation)` says it moves the lease
@@ -397,7 +479,7 @@ impl OwnedLease {
         forward: impl Fn(Option<&str>) -> bool,
     ) -> Result<bool, UpdateError> {
         let written = self
-            .update_if(|lease| {
+            .update_deferrable(|lease| {
                 let ahead = forward(lease.continuation.as_deref());
                 if ahead {
                     record_checkpoint(lease, continuation);

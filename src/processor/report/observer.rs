@@ -15,6 +15,9 @@ pub trait ProcessorObserver: Send + Sync + 'static {
     fn feed_read_retried(&self, _lease: &str, _retries: u32) {}
     /// The handler finished a batch of `documents` after `elapsed`.
     fn handler_done(&self, _lease: &str, _elapsed: Duration, _ok: bool, _documents: usize) {}
+    /// `count` checkpoints were refused by the lease container's provisioned throughput (429):
+    /// each waits and is sent again (the heartbeat goes first), so this is throttling, not an error.
+    fn lease_writes_throttled(&self, _count: u64) {}
     /// A checkpoint was written after `elapsed`.
     fn checkpointed(&self, _lease: &str, _elapsed: Duration) {}
     /// The number of leases this instance owns changed.

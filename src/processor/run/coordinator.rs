@@ -420,7 +420,7 @@ impl Coordinator {
             self.shared.store.clone(),
             &self.leases,
             self.shared.requested.clone(),
-            self.shared.liveness.clone(),
+            (self.shared.liveness.clone(), self.shared.budget.clone()),
         );
         if !self.shared.owned.insert(owned.clone()) {
             tracing::debug!(lease = owned.token(), "lease already processed here");

@@ -63,6 +63,10 @@ impl LeaseStore for CrashGate {
         self.pass().await;
         self.inner.replace(lease).await
     }
+    async fn replace_deferrable(&self, lease: &Lease) -> Result<Lease, LeaseStoreError> {
+        self.pass().await;
+        self.inner.replace_deferrable(lease).await
+    }
     async fn delete(&self, lease: &Lease) -> Result<(), LeaseStoreError> {
         self.pass().await;
         self.inner.delete(lease).await

@@ -27,14 +27,19 @@ pub(crate) async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(look);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut keep_alives = JoinSet::new();
-    if shared.liveness.beats() {
-        keep_alives.spawn(beat(shared.clone()).in_current_span());
-    }
+    let beating = shared
+        .liveness
+        .beats()
+        .then(|| tokio::spawn(beat(shared.clone(), stop.clone()).in_current_span()));
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = tick.tick() => {}
             Some(_) = keep_alives.join_next(), if !keep_alives.is_empty() => continue,
+        }
+        let throttles = shared.budget.take_throttles();
+        if throttles > 0 {
+            shared.telemetry.observer().lease_writes_throttled(throttles);
         }
         for owned in shared.owned.all() {
             if owned.claim_renewal() {
@@ -44,6 +49,19 @@ pub(crate) async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken) {
         }
     }
     keep_alives.shutdown().await;
+    if let Some(beating) = beating {
+        // A heartbeat already sent lands whether or not its answer is awaited: removing the
+        // heartbeat before that answer could see it written again after the removal (a graceful
+        // stop that leaves a fresh heartbeat: its leases wait out an expiration, and `cfp
+        // checkpoints` refuses). The heartbeat task ends after its write; a hung one is left.
+        let abort = beating.abort_handle();
+        if tokio::time::timeout(shared.options.renew_interval, beating)
+            .await
+            .is_err()
+        {
+            abort.abort();
+        }
+    }
     // Only after a graceful stop released the leases: a coordinator that ended otherwise (an
     // abort, as a crash) leaves them, and the heartbeat that keeps them, to expire.
     if shared.liveness.is_released()
@@ -55,15 +73,22 @@ pub(crate) async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken) {
 
 /// Writes this instance's heartbeat (with the liveness marker) one renew interval after the
 /// last one succeeded; a failed one is retried with backoff, never waiting longer than a
-/// quarter of the renew interval.
-async fn beat(shared: Arc<Shared>) {
+/// quarter of the renew interval. Ends at `stop` between writes (a write under way is finished).
+async fn beat(shared: Arc<Shared>, stop: CancellationToken) {
     let interval = shared.options.renew_interval;
     let mut failures = 0;
     let mut due = Instant::now() + interval;
     loop {
-        tokio::time::sleep_until(due).await;
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep_until(due) => {}
+        }
         let sent = Instant::now();
-        match shared.name.beat(shared.store.as_ref(), true).await {
+        // Checkpoints of this instance wait while it is under way: the budget goes to it first.
+        let vital = shared.budget.vital();
+        let beaten = shared.name.beat(shared.store.as_ref(), true).await;
+        drop(vital);
+        match beaten {
             Ok(()) => {
                 shared.liveness.beat(sent);
                 failures = 0;

@@ -12,6 +12,7 @@ use crate::processor::leases::heartbeat::Liveness;
 use crate::processor::leases::lease::LeaseStore;
 use crate::processor::leases::name_claim::NameClaim;
 use crate::processor::leases::owned::OwnedLease;
+use crate::processor::leases::write_budget::WriteBudget;
 use crate::processor::options::ProcessorOptions;
 use crate::processor::report::telemetry::Telemetry;
 use crate::processor::run::crash_gate::CrashGate;
@@ -46,6 +47,8 @@ pub(crate) struct Shared {
     pub(crate) requested: Arc<tokio::sync::Notify>,
     /// Whether the heartbeat keeps the leases alive or each lease is renewed on its own.
     pub(crate) liveness: Arc<Liveness>,
+    /// How this instance spends the lease container's request units (heartbeats before checkpoints).
+    pub(crate) budget: Arc<WriteBudget>,
     /// The other instances the last listing showed here, sorted.
     pub(crate) others: Mutex<Vec<String>>,
     /// This process's incarnation of the instance name: random, new at every start. Its
@@ -84,6 +87,7 @@ impl Shared {
             cycles: AtomicU64::new(0),
             requested: Arc::new(tokio::sync::Notify::new()),
             liveness,
+            budget: Arc::default(),
             others: Mutex::default(),
             incarnation,
             acquisitions: AtomicU64::new(0),

@@ -1,0 +1,388 @@
+//! How this instance spends the lease container's request units when they run short. A lease
+//! container has a provisioned budget (RU/s, each physical partition an equal share); a write
+//! past it is answered 429. Writes that keep leases alive — the heartbeat, a lease's own
+//! renewal — must get through within the lease expiration, whatever else is written: a lease
+//! lost to throttling is redelivered work, for nothing. Checkpoints can wait (the next one
+//! carries a later position; waiting only slows the lease down), so they yield:
+//!
+//! - once a checkpoint was throttled (until [`CALM`] passes without a 429), no checkpoint of this
+//!   instance is sent while a write that keeps leases alive is under way (without throttling
+//!   nothing waits for them);
+//! - a checkpoint is sent at low priority (`x-ms-cosmos-priority-level: Low`: where the account
+//!   has priority-based execution, the service throttles it first) and a 429 comes back at once
+//!   rather than after the SDK's own retries, which would spend the next second's budget first;
+//! - after a 429, checkpoints pause for the retry-after and go on at a rate cut (at most once a
+//!   second) by the part of the budget's window the retry-after says is spent — by half when
+//!   the budget ran out early in its window, by a tenth when it is back almost at once — which
+//!   grows again by half a second (at least two checkpoints a second more) and is lifted after [`CALM`] without a 429 (increase and
+//!   multiplicative decrease, as TCP shares a link): several instances sharing one budget each
+//!   leave room for the others' heartbeats instead of spending every window at its start, and
+//!   throttling that comes and goes does not starve the checkpoints;
+//! - checkpoints wait their turn in order (a FIFO turnstile), so that none waits for ever.
+//!
+//! [`BudgetState::delay`] is the decision, tested on its own.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// How much of itself the rate grows a second while checkpoints go through, and at least how
+/// many checkpoints a second it grows by.
+const GROWTH: f64 = 0.5;
+const MIN_GROWTH: f64 = 2.0;
+/// The least rate checkpoints are cut to (writes a second).
+const MIN_RATE: f64 = 1.0;
+/// The rate is cut at most once per this (one budget window: the 429s of one window are one
+/// signal).
+const CUT_EVERY: Duration = Duration::from_secs(1);
+/// How long without a 429 before checkpoints are no longer rate-limited.
+pub const CALM: Duration = Duration::from_secs(30);
+/// The pause after a 429 without a retry-after, and the bounds of any pause.
+const DEFAULT_PAUSE: Duration = Duration::from_millis(500);
+const MIN_PAUSE: Duration = Duration::from_millis(20);
+const MAX_PAUSE: Duration = Duration::from_secs(5);
+/// How often a checkpoint waiting behind a write that keeps leases alive looks again.
+const RECHECK: Duration = Duration::from_millis(100);
+
+/// The most of its rate a 429 leaves checkpoints (one that says the budget is back almost at
+/// once): with the rate's growth of half a second, throttling that comes and goes (a busy
+/// moment, a fault) slows checkpoints down without starving them.
+const MAX_KEPT: f64 = 0.9;
+
+/// The share of their rate a 429 whose retry-after is `pause` leaves checkpoints: the part of the
+/// budget's window (a second) that was left when the budget ran out — a budget spent early in
+/// its window was asked for far more than it has — between a half and [`MAX_KEPT`].
+fn kept_after(pause: Duration) -> f64 {
+    (1.0 - pause.as_secs_f64() / CUT_EVERY.as_secs_f64()).clamp(0.5, MAX_KEPT)
+}
+
+/// What this instance knows of the lease container's budget.
+#[derive(Debug)]
+struct BudgetState {
+    /// Writes that keep leases alive under way.
+    vital: usize,
+    /// No checkpoint before this (a 429's retry-after).
+    paused_until: Option<Instant>,
+    /// Checkpoints a second allowed; `None`: not limited (nothing throttled lately).
+    rate: Option<f64>,
+    /// Checkpoints that may be sent now at `rate` (at most one second's worth, at least one).
+    tokens: f64,
+    /// When `tokens` was last topped up.
+    refilled: Instant,
+    /// When the last 429 cut the rate.
+    cut_at: Option<Instant>,
+    /// When checkpoints were last answered 429.
+    throttled_at: Option<Instant>,
+    /// When the checkpoints of the last second were admitted.
+    recent: VecDeque<Instant>,
+    /// Checkpoints answered 429 since the count was last taken.
+    throttles: u64,
+}
+
+/// The lease container's budget as this instance spends it (shared by its lease tasks, its
+/// renewer and its heartbeat).
+#[derive(Debug)]
+pub(crate) struct WriteBudget {
+    state: Mutex<BudgetState>,
+    /// Checkpoints wait here in order.
+    turnstile: tokio::sync::Mutex<()>,
+}
+
+impl Default for WriteBudget {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new(BudgetState {
+                vital: 0,
+                paused_until: None,
+                rate: None,
+                tokens: 0.0,
+                refilled: Instant::now(),
+                cut_at: None,
+                throttled_at: None,
+                recent: VecDeque::new(),
+                throttles: 0,
+            }),
+            turnstile: tokio::sync::Mutex::new(()),
+        }
+    }
+}
+
+/// A write that keeps leases alive, under way: checkpoints wait until it is dropped.
+pub(crate) struct VitalWrite<'a>(&'a WriteBudget);
+
+impl Drop for VitalWrite<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.vital = state.vital.saturating_sub(1);
+    }
+}
+
+impl BudgetState {
+    /// How long a checkpoint must still wait at `now`; `None`: it may go (and it is counted).
+    fn delay(&mut self, now: Instant) -> Option<Duration> {
+        if self.throttled_at.is_some_and(|at| now.duration_since(at) >= CALM) {
+            self.rate = None;
+        }
+        if self.vital > 0 && self.rate.is_some() {
+            return Some(RECHECK);
+        }
+        if let Some(until) = self.paused_until {
+            if until > now {
+                return Some(until - now);
+            }
+            self.paused_until = None;
+        }
+        if let Some(rate) = self.rate {
+            let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+            self.tokens = (self.tokens + elapsed * rate).min(rate.max(1.0));
+            self.refilled = now;
+            if self.tokens < 1.0 {
+                return Some(Duration::from_secs_f64((1.0 - self.tokens) / rate));
+            }
+            self.tokens -= 1.0;
+        }
+        while self
+            .recent
+            .front()
+            .is_some_and(|at| now.duration_since(*at) >= CUT_EVERY)
+        {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(now);
+        None
+    }
+
+    /// A checkpoint was answered 429 at `now`, to be retried after `retry_after`.
+    fn throttled(&mut self, now: Instant, retry_after: Option<Duration>) {
+        let pause = retry_after.unwrap_or(DEFAULT_PAUSE).clamp(MIN_PAUSE, MAX_PAUSE);
+        self.throttles += 1;
+        let until = self.paused_until.map_or(now + pause, |until| until.max(now + pause));
+        self.paused_until = Some(until);
+        self.throttled_at = Some(now);
+        // Paced from the end of the pause, not in a burst of what would have been sent during it.
+        self.tokens = 0.0;
+        self.refilled = until;
+        if self.cut_at.is_some_and(|at| now.duration_since(at) < CUT_EVERY) {
+            return;
+        }
+        // What went through in the last second (or the rate, when that was lower), cut by the
+        // part of the budget's window the 429 says is spent.
+        let sent = self
+            .recent
+            .iter()
+            .filter(|at| now.duration_since(**at) < CUT_EVERY)
+            .count() as f64;
+        let base = self.rate.unwrap_or(sent);
+        self.rate = Some((base * kept_after(pause)).max(MIN_RATE));
+        self.cut_at = Some(now);
+    }
+
+    /// A checkpoint went through: the rate grows by half (at least two) a second — a rate cut
+    /// while this instance sent little (just started, a quiet moment) is soon back to its need.
+    fn passed(&mut self) {
+        if let Some(rate) = self.rate {
+            // `rate` checkpoints a second, each adding its part of the second's growth.
+            self.rate = Some(rate + (rate * GROWTH).max(MIN_GROWTH) / rate.max(1.0));
+        }
+    }
+}
+
+impl WriteBudget {
+    fn state(&self) -> std::sync::MutexGuard<'_, BudgetState> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Marks a write that keeps leases alive as under way until the guard is dropped.
+    pub(crate) fn vital(&self) -> VitalWrite<'_> {
+        self.state().vital += 1;
+        VitalWrite(self)
+    }
+
+    /// Waits until a checkpoint may be sent (its turn, no write that keeps leases alive under
+    /// way, no pause, the rate). Callers that may be cancelled race it against their token.
+    pub(crate) async fn admit(&self) {
+        let _turn = self.turnstile.lock().await;
+        loop {
+            let delay = self.state().delay(Instant::now());
+            match delay {
+                None => return,
+                Some(wait) => tokio::time::sleep(wait.min(MAX_PAUSE)).await,
+            }
+        }
+    }
+
+    /// A checkpoint was answered 429, to be retried after `retry_after` (when the answer said).
+    pub(crate) fn throttled(&self, retry_after: Option<Duration>) {
+        self.state().throttled(Instant::now(), retry_after);
+    }
+
+    /// A checkpoint went through.
+    pub(crate) fn passed(&self) {
+        self.state().passed();
+    }
+
+    /// Checkpoints answered 429 since the last call (for the metrics).
+    pub(crate) fn take_throttles(&self) -> u64 {
+        std::mem::take(&mut self.state().throttles)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(now: Instant) -> BudgetState {
+        BudgetState {
+            vital: 0,
+            paused_until: None,
+            rate: None,
+            tokens: 0.0,
+            refilled: now,
+            cut_at: None,
+            throttled_at: None,
+            recent: VecDeque::new(),
+            throttles: 0,
+        }
+    }
+
+    #[test]
+    fn checkpoints_go_freely_until_throttled_then_pause_and_are_paced_at_half() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut s = state(t0);
+        for n in 0..40 {
+            assert_eq!(s.delay(ms(n * 10)), None, "unlimited before any 429");
+        }
+        s.throttled(ms(400), Some(Duration::from_millis(600)));
+        assert_eq!(s.delay(ms(500)), Some(Duration::from_millis(500)), "the retry-after");
+        assert_eq!(s.rate, Some(20.0), "half of the 40 sent in the last second");
+        // A second 429 of the same window pauses again but does not cut twice.
+        s.throttled(ms(450), Some(Duration::from_millis(700)));
+        assert_eq!(s.rate, Some(20.0));
+        assert_eq!(s.delay(ms(1149)), Some(Duration::from_millis(1)));
+        // Paced from the end of the pause: a token every 50 ms at 20/s.
+        let near = |d: Option<Duration>, want: u64| {
+            d.is_some_and(|d| d.abs_diff(Duration::from_millis(want)) < Duration::from_micros(10))
+        };
+        assert!(near(s.delay(ms(1150)), 50));
+        assert_eq!(s.delay(ms(1201)), None);
+        assert!(near(s.delay(ms(1211)), 39), "0.02 + 0.2 of a token");
+        s.passed();
+        assert_eq!(
+            s.rate,
+            Some(20.5),
+            "half of 20 a second, a twentieth of it per checkpoint"
+        );
+        // Calm for long enough: no limit any more.
+        assert_eq!(s.delay(ms(450) + CALM), None);
+        assert_eq!(s.rate, None);
+    }
+
+    #[test]
+    fn a_write_that_keeps_leases_alive_holds_checkpoints_back_once_they_were_throttled() {
+        let budget = WriteBudget::default();
+        let now = Instant::now();
+        let vital = budget.vital();
+        assert_eq!(budget.state().delay(now), None, "nothing throttled: nothing waits");
+        budget.state().throttled(now, Some(Duration::from_millis(100)));
+        let later = now + Duration::from_millis(200);
+        assert_eq!(
+            budget.state().delay(later),
+            Some(RECHECK),
+            "throttled: the heartbeat first"
+        );
+        drop(vital);
+        assert_ne!(budget.state().delay(later), Some(RECHECK), "then only the pace");
+        let vital = budget.vital();
+        assert_eq!(budget.state().delay(later + CALM), None, "calm again: nothing waits");
+        drop(vital);
+    }
+
+    #[test]
+    fn a_429_cuts_the_rate_by_the_part_of_the_window_its_retry_after_says_is_spent() {
+        for (retry_after_ms, kept) in [
+            (None, 0.5),
+            (Some(900), 0.5),
+            (Some(500), 0.5),
+            (Some(300), 0.7),
+            (Some(50), MAX_KEPT),
+            (Some(0), MAX_KEPT),
+        ] {
+            let t0 = Instant::now();
+            let mut s = state(t0);
+            for n in 0..20 {
+                assert_eq!(s.delay(t0 + Duration::from_millis(n * 10)), None);
+            }
+            s.throttled(
+                t0 + Duration::from_millis(300),
+                retry_after_ms.map(Duration::from_millis),
+            );
+            let rate = s.rate.expect("limited after a 429");
+            assert!((rate - 20.0 * kept).abs() < 1e-9, "{retry_after_ms:?}: {rate}");
+        }
+    }
+
+    #[test]
+    fn throttling_that_comes_and_goes_does_not_starve_checkpoints() {
+        // A 429 with a short retry-after every second (a fault, a busy moment), 20 checkpoints
+        // admitted a second: the rate does not fall to the floor.
+        let t0 = Instant::now();
+        let mut s = state(t0);
+        let mut now = t0;
+        for _second in 0..30 {
+            let mut admitted = 0;
+            let end = now + CUT_EVERY;
+            while now < end {
+                match s.delay(now) {
+                    None => {
+                        s.passed();
+                        admitted += 1;
+                        now += Duration::from_millis(1);
+                    }
+                    Some(wait) => now += wait.max(Duration::from_millis(1)),
+                }
+                if admitted == 3 {
+                    s.throttled(now, Some(Duration::from_millis(50)));
+                    admitted += 1;
+                }
+            }
+        }
+        assert!(s.rate.is_some_and(|rate| rate >= 10.0), "{:?}", s.rate);
+    }
+
+    #[test]
+    fn the_rate_is_never_cut_below_the_floor_and_pauses_are_bounded() {
+        let t0 = Instant::now();
+        let mut s = state(t0);
+        for n in 0..10u64 {
+            s.throttled(t0 + CUT_EVERY * (n as u32 + 1), Some(Duration::from_secs(60)));
+        }
+        assert_eq!(s.rate, Some(MIN_RATE));
+        let until = s.paused_until.expect("paused");
+        assert!(until <= t0 + CUT_EVERY * 10 + MAX_PAUSE);
+        s.throttled(t0, Some(Duration::ZERO));
+        assert!(s.paused_until.is_some());
+    }
+
+    #[tokio::test]
+    async fn checkpoints_are_admitted_in_order_at_the_rate() {
+        let budget = std::sync::Arc::new(WriteBudget::default());
+        for _ in 0..10 {
+            budget.admit().await;
+        }
+        // The budget's window was spent 400 ms into it: the rate is cut by half.
+        budget.throttled(Some(Duration::from_millis(600)));
+        let started = Instant::now();
+        for _ in 0..5 {
+            budget.admit().await;
+        }
+        let took = started.elapsed();
+        // A pause of 600 ms, then 5 at 5 a second (half of the 10 sent): about 1.6 s.
+        assert!(
+            took >= Duration::from_millis(1500) && took <= Duration::from_secs(5),
+            "{took:?}"
+        );
+    }
+}
