@@ -220,7 +220,6 @@ async fn no_lease_lost_at_the_budget(size: Size) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_container_at_its_budget_loses_no_lease_and_its_heartbeats_keep_within_half_the_expiration() {
-    let _heavy = common::heavy().await;
     no_lease_lost_at_the_budget(Size {
         partitions: 4,
         per_partition: 50,
