@@ -16,7 +16,7 @@ use crate::common::DiesWithTest;
 use crate::common::{CFP, http_get};
 use crate::control_plane::ControlPlane;
 
-pub const TIMEOUT: Duration = Duration::from_secs(30);
+pub const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The shared control plane with the CRD installed (from `crds/`, as a user would).
 pub async fn plane() -> &'static ControlPlane {

@@ -10,7 +10,11 @@
 //!    leases from owners above their share, the most loaded first — and takes only its own part,
 //!    so instances acting in the same cycle do not race for the same lease;
 //! 4. an owner at or below its share is never robbed, and shares depend only on counts, so two
-//!    instances never trade a lease back and forth.
+//!    instances never trade a lease back and forth;
+//! 5. a lease on its way to an instance that asked its owner for it (a handoff request not yet
+//!    handed over) counts as the requester's and is given to nobody else: instances that list
+//!    while handovers complete (newcomers starting a few seconds apart) split the rest as those
+//!    before them did, and each asks for its whole share in its first cycle.
 //!
 //! An instance that joins a running processor announces itself (heartbeat) and waits half to one
 //! acquire interval before its first acquire, so that instances starting together all count each other.
@@ -20,7 +24,7 @@
 //! moment (`takeover_in` in [`crate::processor::policy::cycle_plan`]) instead of up to a cycle later, as the reference
 //! processors do.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 pub use crate::processor::policy::range_overlaps::{overlapping, superseded};
 
@@ -31,6 +35,27 @@ pub struct LeaseState {
     pub id: String,
     /// The owner, when the lease is owned and not expired.
     pub live_owner: Option<String>,
+    /// The instance that asked the live owner to hand the lease over, while its request counts
+    /// (seen for less than a lease expiration): the lease is on its way to it.
+    pub requested_by: Option<String>,
+}
+
+impl LeaseState {
+    /// A lease with `live_owner` and no request on it.
+    pub fn owned_by(id: impl Into<String>, live_owner: Option<String>) -> Self {
+        Self {
+            id: id.into(),
+            live_owner,
+            requested_by: None,
+        }
+    }
+
+    /// The counted instance the lease is on its way to, if any: a requester other than the live
+    /// owner, among `counted`.
+    fn on_its_way_to<'a>(&'a self, counted: &BTreeSet<&str>) -> Option<&'a str> {
+        let to = self.requested_by.as_deref()?;
+        (self.live_owner.is_some() && self.live_owner.as_deref() != Some(to) && counted.contains(to)).then_some(to)
+    }
 }
 
 /// The leases `me` should try to acquire now, free ones first, then ones to steal.
@@ -42,11 +67,21 @@ pub fn leases_to_acquire(leases: &[LeaseState], me: &str, live_instances: &[Stri
     for name in live_instances.iter().map(String::as_str).chain([me]) {
         held.entry(name).or_default();
     }
+    let counted: BTreeSet<&str> = held
+        .keys()
+        .copied()
+        .chain(leases.iter().filter_map(|l| l.live_owner.as_deref()))
+        .collect();
     let mut free: Vec<&str> = Vec::new();
+    let mut on_their_way: BTreeSet<&str> = BTreeSet::new();
     for lease in leases {
-        match &lease.live_owner {
-            Some(owner) => held.entry(owner.as_str()).or_default().push(&lease.id),
-            None => free.push(&lease.id),
+        match (&lease.live_owner, lease.on_its_way_to(&counted)) {
+            (Some(_), Some(to)) => {
+                held.entry(to).or_default().push(&lease.id);
+                on_their_way.insert(&lease.id);
+            }
+            (Some(owner), None) => held.entry(owner.as_str()).or_default().push(&lease.id),
+            (None, _) => free.push(&lease.id),
         }
     }
     free.sort_unstable();
@@ -77,7 +112,10 @@ pub fn leases_to_acquire(leases: &[LeaseState], me: &str, live_instances: &[Stri
     let mut donors: Vec<(&str, Vec<&str>)> = held
         .iter()
         .filter(|(w, ids)| ids.len() > share[*w])
-        .map(|(w, ids)| (*w, ids[share[w]..].to_vec()))
+        .map(|(w, ids)| {
+            let given = ids[share[w]..].iter().filter(|id| !on_their_way.contains(*id));
+            (*w, given.copied().collect::<Vec<&str>>())
+        })
         .collect();
     donors.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
 
@@ -131,11 +169,21 @@ impl std::str::FromStr for Balancing {
 pub fn leases_to_acquire_steal_one(leases: &[LeaseState], me: &str) -> Vec<String> {
     let mut held: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     held.entry(me).or_default();
+    let counted: BTreeSet<&str> = held
+        .keys()
+        .copied()
+        .chain(leases.iter().filter_map(|l| l.live_owner.as_deref()))
+        .collect();
     let mut free: Vec<&str> = Vec::new();
+    let mut on_their_way: BTreeSet<&str> = BTreeSet::new();
     for lease in leases {
-        match &lease.live_owner {
-            Some(owner) => held.entry(owner.as_str()).or_default().push(&lease.id),
-            None => free.push(&lease.id),
+        match (&lease.live_owner, lease.on_its_way_to(&counted)) {
+            (Some(_), Some(to)) => {
+                held.entry(to).or_default().push(&lease.id);
+                on_their_way.insert(&lease.id);
+            }
+            (Some(owner), None) => held.entry(owner.as_str()).or_default().push(&lease.id),
+            (None, _) => free.push(&lease.id),
         }
     }
     let workers = held.len();
@@ -175,23 +223,16 @@ pub fn leases_to_acquire_steal_one(leases: &[LeaseState], me: &str) -> Vec<Strin
 mod tests {
     use super::*;
     use crate::cosmos::EpkRange;
-    use std::collections::BTreeSet;
 
     fn leases(owners: &[(&str, usize)], free: usize) -> Vec<LeaseState> {
         let mut out = Vec::new();
         for (owner, n) in owners {
             for i in 0..*n {
-                out.push(LeaseState {
-                    id: format!("{owner}-{i}"),
-                    live_owner: Some((*owner).to_owned()),
-                });
+                out.push(LeaseState::owned_by(format!("{owner}-{i}"), Some((*owner).to_owned())));
             }
         }
         for i in 0..free {
-            out.push(LeaseState {
-                id: format!("free-{i}"),
-                live_owner: None,
-            });
+            out.push(LeaseState::owned_by(format!("free-{i}"), None));
         }
         out
     }
@@ -462,6 +503,73 @@ mod tests {
         assert_eq!(counts.get("a"), Some(&12));
         assert_eq!(counts.get("b"), Some(&12));
         assert!(cycles <= 1);
+    }
+
+    #[test]
+    fn leases_on_their_way_to_a_requester_count_as_its_own_and_go_to_nobody_else() {
+        // 100 leases on a; b asked for 20 of them; c owns 10 handed over and asked for 10 more;
+        // d and e own nothing: every share is 20.
+        let mut state = leases(&[("a", 90), ("c", 10)], 0);
+        for (n, lease) in state.iter_mut().take(30).enumerate() {
+            lease.requested_by = Some(if n < 20 { "b" } else { "c" }.to_owned());
+        }
+        let live = instances(&["a", "b", "c", "d", "e"]);
+        let asked: BTreeSet<String> = state.iter().take(30).map(|l| l.id.clone()).collect();
+        for (me, want) in [("a", 0), ("b", 0), ("c", 0), ("d", 20), ("e", 20)] {
+            let picked = leases_to_acquire(&state, me, &live);
+            assert_eq!(picked.len(), want, "{me}: {picked:?}");
+            assert!(
+                picked.iter().all(|id| !asked.contains(id)),
+                "{me} picked a lease asked for: {picked:?}"
+            );
+        }
+        let (d, e) = (
+            leases_to_acquire(&state, "d", &live),
+            leases_to_acquire(&state, "e", &live),
+        );
+        assert!(d.iter().all(|id| !e.contains(id)), "d and e pick the same lease");
+        // A request of an instance nobody counts (gone) holds nothing back.
+        state[0].requested_by = Some("gone".to_owned());
+        assert!(leases_to_acquire(&state, "d", &live).len() == 20);
+        assert_eq!(leases_to_acquire(&state, "b", &live).len(), 1, "b is one short again");
+    }
+
+    proptest::proptest! {
+        /// Newcomers that list one after the other while the owner hands over some of the
+        /// leases asked for (any order, any handovers between listings) never pick a lease
+        /// another asked for, and each asks for (or holds) its whole share after its first
+        /// listing: every lease beyond the owner's share moves once, in the first cycle.
+        #[test]
+        fn newcomers_listing_while_handovers_complete_ask_for_their_share_in_their_first_cycle(
+            newcomers in 2usize..8,
+            per in 1usize..20,
+            order in proptest::collection::vec(0u32..1000, 8),
+            handed in proptest::collection::vec(proptest::bool::ANY, 8 * 160),
+        ) {
+            let names: Vec<String> = std::iter::once("a".to_owned()).chain((0..newcomers).map(|i| format!("n{i}"))).collect();
+            let total = per * names.len() + per / 2;
+            let mut state = leases(&[("a", total)], 0);
+            let mut listing: Vec<usize> = (1..names.len()).collect();
+            listing.sort_by_key(|i| order[*i]);
+            let mut coin = handed.into_iter();
+            for me in listing {
+                for lease in &mut state {
+                    if lease.requested_by.is_some() && coin.next().unwrap_or(false) {
+                        lease.live_owner = lease.requested_by.take();
+                    }
+                }
+                for id in leases_to_acquire(&state, &names[me], &names) {
+                    let lease = state.iter_mut().find(|l| l.id == id).unwrap();
+                    proptest::prop_assert!(lease.requested_by.is_none(), "{} picked {id}, asked for by {:?}", names[me], lease.requested_by);
+                    lease.requested_by = Some(names[me].clone());
+                }
+            }
+            let (floor, ceil) = (total / names.len(), total.div_ceil(names.len()));
+            for name in &names[1..] {
+                let mine = state.iter().filter(|l| l.requested_by.as_ref().or(l.live_owner.as_ref()) == Some(name)).count();
+                proptest::prop_assert!(mine >= floor && mine <= ceil, "{name} holds or asked for {mine}, share {floor}..={ceil}");
+            }
+        }
     }
 
     proptest::proptest! {

@@ -146,13 +146,7 @@ pub fn plan_cycle(
     let obsolete = superseded(&ranges);
     let balanced: Vec<&Lease> = snapshot.leases.iter().filter(|l| !obsolete.contains(&l.id)).collect();
     let expired = |l: &Lease| observations.sightings.is_expired(l, observations.at, expiration);
-    let states: Vec<LeaseState> = balanced
-        .iter()
-        .map(|l| LeaseState {
-            id: l.id.clone(),
-            live_owner: if expired(l) { None } else { l.owner.clone() },
-        })
-        .collect();
+    let states = lease_states(&balanced, observations, expiration);
     let live = live_instances(snapshot, observations, options);
     let wanted = wanted(&balanced, &states, &live, observations, me, options.balancing);
     let mut listed_ids: Vec<String> = snapshot.leases.iter().map(|l| l.id.clone()).collect();
@@ -206,6 +200,36 @@ pub fn plan_cycle(
             .filter(|name| name != me && !name.is_empty())
             .collect(),
     }
+}
+
+/// What the balancer knows of each of `balanced`: its live owner (none once expired) and, while
+/// it counts, the instance that asked that owner for it — for as long as its requester waits
+/// before it takes the lease ([`acquisition`]'s patience).
+fn lease_states(balanced: &[&Lease], observations: &Observations, expiration: Duration) -> Vec<LeaseState> {
+    let at = observations.at;
+    balanced
+        .iter()
+        .map(|l| {
+            let live_owner = if observations.sightings.is_expired(l, at, expiration) {
+                None
+            } else {
+                l.owner.clone()
+            };
+            let asked = |_: &(&str, OffsetDateTime)| {
+                observations.sightings.unchanged_for(&Seen::Request(l.id.clone()), at) < expiration
+            };
+            let requested_by = live_owner
+                .as_ref()
+                .and(l.handoff_request())
+                .filter(asked)
+                .map(|(to, _)| to.to_owned());
+            LeaseState {
+                id: l.id.clone(),
+                live_owner,
+                requested_by,
+            }
+        })
+        .collect()
 }
 
 /// Whether `me` holds more than its share while an instance that arrived within the last two

@@ -84,10 +84,7 @@ mod tests {
         owners
             .iter()
             .enumerate()
-            .map(|(i, owner)| LeaseState {
-                id: format!("l{i}"),
-                live_owner: owner.map(str::to_owned),
-            })
+            .map(|(i, owner)| LeaseState::owned_by(format!("l{i}"), owner.map(str::to_owned)))
             .collect()
     }
 

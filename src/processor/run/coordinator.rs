@@ -362,7 +362,16 @@ impl Coordinator {
             (AcquireStep::AskHandoff, Err(error)) => {
                 tracing::debug!(lease = %write.lease_token, %error, "asking for a handoff failed")
             }
-            (AcquireStep::Take, Ok(acquired)) => self.acquired(acquired, previous_owner, self.shared.cycle()),
+            (AcquireStep::Take, Ok(acquired)) => {
+                // A lease handed over here that a listing showed before the adoption poll read
+                // it: taken as asked for by the cycle that asked.
+                let awaited = self.awaiting.iter().position(|(id, _, _)| *id == acquired.id);
+                let (previous_owner, cycle) = match awaited.map(|at| self.awaiting.remove(at)) {
+                    Some((_, handed_by, asked_in)) => (handed_by.or(previous_owner), asked_in),
+                    None => (previous_owner, self.shared.cycle()),
+                };
+                self.acquired(acquired, previous_owner, cycle)
+            }
             (AcquireStep::Take, Err(LeaseStoreError::Changed(_) | LeaseStoreError::Gone(_))) => {
                 tracing::debug!(lease = %write.lease_token, "another instance moved first");
             }
