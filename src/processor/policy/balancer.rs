@@ -169,21 +169,11 @@ impl std::str::FromStr for Balancing {
 pub fn leases_to_acquire_steal_one(leases: &[LeaseState], me: &str) -> Vec<String> {
     let mut held: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     held.entry(me).or_default();
-    let counted: BTreeSet<&str> = held
-        .keys()
-        .copied()
-        .chain(leases.iter().filter_map(|l| l.live_owner.as_deref()))
-        .collect();
     let mut free: Vec<&str> = Vec::new();
-    let mut on_their_way: BTreeSet<&str> = BTreeSet::new();
     for lease in leases {
-        match (&lease.live_owner, lease.on_its_way_to(&counted)) {
-            (Some(_), Some(to)) => {
-                held.entry(to).or_default().push(&lease.id);
-                on_their_way.insert(&lease.id);
-            }
-            (Some(owner), None) => held.entry(owner.as_str()).or_default().push(&lease.id),
-            (None, _) => free.push(&lease.id),
+        match &lease.live_owner {
+            Some(owner) => held.entry(owner.as_str()).or_default().push(&lease.id),
+            None => free.push(&lease.id),
         }
     }
     let workers = held.len();
