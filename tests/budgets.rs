@@ -139,27 +139,40 @@ fn write_until(items: DocumentContainer, stop: tokio_util::sync::CancellationTok
     })
 }
 
-/// Two instances over `size`'s leases on a lease container at 400 RU/s, busy for three lease
-/// expirations: no lease lost, moved or expired, and the budget was exceeded.
-async fn no_lease_lost_at_the_budget(size: Size) {
+/// `cfp emulator` with the monitored container of `size` and a lease container of 4 physical
+/// partitions at [`BUDGET`]; its endpoint and an account on it.
+async fn budgeted_emulator(size: &Size) -> (tokio::process::Child, String, CosmosAccount) {
     let items = format!("{DB}/{ITEMS}:/pk:{}", size.partitions);
     let leases = format!("{DB}/{LEASES}:/id:4");
     let throughput = format!("{DB}/{LEASES}={BUDGET}");
     let args = ["--port", "0", "--container", &items, "--container", &leases];
-    let (_emulator, endpoint) =
-        common::start_emulator_with(&[&args[..], &["--throughput", &throughput]].concat()).await;
+    let (emulator, endpoint) = common::start_emulator_with(&[&args[..], &["--throughput", &throughput]].concat()).await;
     let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key())
         .await
         .expect("connect to cfp emulator");
-    let deliveries = common::Deliveries::default();
+    (emulator, endpoint, account)
+}
+
+/// Instance `a`, once it created and took every lease of `size`.
+async fn owner_of_all(account: &CosmosAccount, size: &Size, deliveries: &common::Deliveries) -> Instance {
     let count = size.leases();
-    let started = Instant::now();
-    let mut a = start(&account, &size, "a", &deliveries).await;
+    let a = start(account, size, "a", deliveries).await;
     let owns_all = eventually(Duration::from_secs(300), || async {
         a.handle.owned_leases().len() == count
     })
     .await;
     assert!(owns_all, "a took {} of {count} leases", a.handle.owned_leases().len());
+    a
+}
+
+/// Two instances over `size`'s leases on a lease container at 400 RU/s, busy for three lease
+/// expirations: no lease lost, moved or expired, and the budget was exceeded.
+async fn no_lease_lost_at_the_budget(size: Size) {
+    let (_emulator, endpoint, account) = budgeted_emulator(&size).await;
+    let deliveries = common::Deliveries::default();
+    let count = size.leases();
+    let started = Instant::now();
+    let mut a = owner_of_all(&account, &size, &deliveries).await;
     let bootstrap = started.elapsed();
     let mut b = start(&account, &size, "b", &deliveries).await;
     let shared = eventually(Duration::from_secs(300), || async {
@@ -233,4 +246,75 @@ async fn a_lease_container_at_its_budget_loses_no_lease_and_its_heartbeats_keep_
         poll: Duration::from_millis(100),
     })
     .await;
+}
+
+/// One instance over every lease, then seven more started at once (a Deployment scaled 1 → 8)
+/// on a lease container at 400 RU/s, where the handoffs' writes (requests, final checkpoints,
+/// releases, take-ups: some 700) need about 20 s of the whole budget: no heartbeat goes
+/// unwritten for half an expiration while they flood it (main before the fix: gaps of 11 and
+/// 12 s against an 8 s expiration — every lease of those instances could have been taken), a
+/// write answered 429 waits and is sent again rather than failing (nothing is reported as an
+/// error), and the fleet reaches its fair share. A lease whose owner could not hand it over
+/// within the requester's patience (an expiration) is taken by the requester, as the protocol
+/// says: those are counted and printed, not failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scaling_out_on_a_lease_container_at_its_budget_keeps_every_heartbeat_and_reports_no_error() {
+    let size = Size {
+        partitions: 4,
+        per_partition: 50,
+        renew: Duration::from_secs(2),
+        expiration: Duration::from_secs(8),
+        poll: Duration::from_millis(100),
+    };
+    let (_emulator, endpoint, account) = budgeted_emulator(&size).await;
+    let deliveries = common::Deliveries::default();
+    let count = size.leases();
+    let mut fleet = vec![owner_of_all(&account, &size, &deliveries).await];
+    let _ = tally(&mut fleet[0].events);
+    let (throttled_before, _) = lease_load(&endpoint).await;
+    fleet[0].store.beats.restart();
+    let started = Instant::now();
+    let names: Vec<String> = (1..8).map(|n| format!("n{n}")).collect();
+    let newcomers: Vec<Instance> =
+        futures::future::join_all(names.iter().map(|name| start(&account, &size, name, &deliveries))).await;
+    fleet.extend(newcomers);
+    let shared = eventually(Duration::from_secs(240), || async {
+        fair(&owners(&account).await, fleet.len(), count)
+            && fleet.iter().map(|i| i.handle.owned_leases().len()).sum::<usize>() == count
+    })
+    .await;
+    let took = started.elapsed();
+    let (throttled_after, _) = lease_load(&endpoint).await;
+    let gaps: Vec<Duration> = fleet.iter().map(|i| i.store.beats.longest_gap()).collect();
+    let (mut lost, mut acquired, mut errors) = (0, 0, Vec::new());
+    for instance in &mut fleet {
+        let (l, a, e) = tally(&mut instance.events);
+        (lost, acquired) = (lost + l, acquired + a);
+        errors.extend(e);
+    }
+    println!(
+        "1 → 8 over {count} leases on a {BUDGET} RU/s lease container: fair share in {took:.1?} ({shared}), \
+         {} writes throttled, {acquired} leases acquired ({} the fewest), {lost} taken after the requester's \
+         patience; longest heartbeat gaps {gaps:?}; errors reported: {} ({:?})",
+        throttled_after - throttled_before,
+        count - count.div_ceil(8),
+        errors.len(),
+        errors.iter().take(3).collect::<Vec<_>>()
+    );
+    for instance in fleet {
+        instance.handle.abort();
+    }
+    assert!(shared, "no fair share in {took:?}: {:?}", owners(&account).await);
+    assert!(
+        throttled_after > throttled_before,
+        "the lease container was never over its budget: nothing was tested"
+    );
+    assert!(errors.is_empty(), "throttling surfaced as errors: {errors:?}");
+    for gap in gaps {
+        assert!(
+            gap <= size.expiration / 2,
+            "a heartbeat went {gap:?} unwritten: more than half the expiration ({:?})",
+            size.expiration
+        );
+    }
 }
