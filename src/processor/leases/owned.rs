@@ -31,7 +31,8 @@ enum Spend {
     Vital,
     /// Anything else that cannot wait (an acquisition's follow-up, a release, a request cleared).
     Plain,
-    /// It can wait (a checkpoint): admitted by the budget, at low priority, a 429 answered at once.
+    /// It can wait (a checkpoint, a release): admitted by the budget, at low priority, a 429
+    /// answered at once.
     Deferrable,
 }
 
@@ -47,6 +48,15 @@ pub enum UpdateError {
     /// The store failed (retry later).
     #[error(transparent)]
     Store(#[from] LeaseStoreError),
+}
+
+impl crate::processor::leases::write_budget::Throttled for UpdateError {
+    fn throttled(&self) -> Option<Option<Duration>> {
+        match self {
+            UpdateError::Store(error) => error.throttled(),
+            _ => None,
+        }
+    }
 }
 
 /// A lease owned by this instance.
@@ -290,26 +300,21 @@ impl OwnedLease {
         self.update_if_as(Spend::Plain, &change).await
     }
 
-    /// Like [`OwnedLease::update_if`], for a write that can wait (a checkpoint): it waits until
-    /// the lease container's budget admits it — never holding the lease's lock, so that a
-    /// renewal of the lease is not held up — and after a 429 waits again, until it is written or
-    /// the lease is lost; once the lease's processing is cancelled (a release or handoff follows),
-    /// or after [`DEFER_AT_MOST`], it is written at once, as any other write (with the SDK's own
-    /// retries of a 429).
+    /// Like [`OwnedLease::update_if`], for a write that can wait (a checkpoint): paced by the
+    /// lease container's budget ([`WriteBudget::paced`]) — admitted before the lease's lock is
+    /// taken, so that a renewal of the lease is not held up — until it is written or the lease
+    /// is lost. Once the lease's processing is cancelled (a release or handoff follows, and a
+    /// requester waits), it no longer waits its turn, only each 429's retry-after; after
+    /// [`DEFER_AT_MOST`] it is sent as any other write (with the SDK's own retries of a 429): a
+    /// checkpoint is never put off for ever.
     async fn update_deferrable(&self, change: impl Fn(&mut Lease) -> bool) -> Result<Option<Lease>, UpdateError> {
-        let deadline = tokio::time::Instant::now() + DEFER_AT_MOST;
-        loop {
-            let admitted = tokio::select! {
-                _ = self.cancel.cancelled() => false,
-                _ = tokio::time::sleep_until(deadline) => false,
-                _ = self.budget.admit() => true,
-            };
-            let spend = if admitted { Spend::Deferrable } else { Spend::Plain };
-            match self.update_if_as(spend, &change).await {
-                Err(UpdateError::Store(error)) if admitted && error.is_throttled() => continue,
-                written => return written,
-            }
-        }
+        let change = &change;
+        self.budget
+            .paced(DEFER_AT_MOST, &self.cancel, |deferrable| {
+                let spend = if deferrable { Spend::Deferrable } else { Spend::Plain };
+                self.update_if_as(spend, change)
+            })
+            .await
     }
 
     /// Writes `change` (see [`OwnedLease::update_if`]) spending the budget as `spend` says.
@@ -374,15 +379,7 @@ impl OwnedLease {
                 self.store.replace(next).await
             }
             Spend::Plain => self.store.replace(next).await,
-            Spend::Deferrable => {
-                let written = self.store.replace_deferrable(next).await;
-                match &written {
-                    Err(error) if error.is_throttled() => self.budget.throttled(error.retry_after()),
-                    Err(_) => {}
-                    Ok(_) => self.budget.passed(),
-                }
-                written
-            }
+            Spend::Deferrable => self.store.replace_deferrable(next).await,
         }
     }
 
@@ -495,16 +492,23 @@ impl OwnedLease {
     /// writes an epoch of its own when it takes the lease up; until then the lease keeps this
     /// ownership's epoch, so that no earlier task of the requester's name takes it for its
     /// own), else to nobody.
+    ///
+    /// Written as a checkpoint is ([`OwnedLease::update_deferrable`]; the lease's processing has
+    /// ended): a release answered 429 is sent again after the retry-after, rather than failing
+    /// after the SDK's few retries and leaving the lease to expire.
     pub async fn release(&self) -> Result<Lease, UpdateError> {
         let to = self.handoff_target();
-        self.update(|lease| {
-            if to.is_none() {
-                lease.owner_epoch = None;
-            }
-            lease.owner = to.clone();
-            lease.clear_handoff();
-        })
-        .await
+        let written = self
+            .update_deferrable(|lease| {
+                if to.is_none() {
+                    lease.owner_epoch = None;
+                }
+                lease.owner = to.clone();
+                lease.clear_handoff();
+                true
+            })
+            .await?;
+        Ok(self.written_or_current(written).await)
     }
 
     /// Deletes the lease (after a split created its children), if it is still ours.

@@ -27,6 +27,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// How much of itself the rate grows a second while checkpoints go through, and at least how
 /// many checkpoints a second it grows by.
@@ -106,6 +107,18 @@ impl Default for WriteBudget {
             }),
             turnstile: tokio::sync::Mutex::new(()),
         }
+    }
+}
+
+/// An error that may be a 429 (the lease container's budget refused the write).
+pub(crate) trait Throttled {
+    /// `Some(retry-after)` for a 429 (the retry-after when the answer said); `None` otherwise.
+    fn throttled(&self) -> Option<Option<Duration>>;
+}
+
+impl Throttled for crate::processor::leases::lease::LeaseStoreError {
+    fn throttled(&self) -> Option<Option<Duration>> {
+        self.is_throttled().then(|| self.retry_after())
     }
 }
 
@@ -204,6 +217,70 @@ impl WriteBudget {
     /// way, no pause, the rate). Callers that may be cancelled race it against their token.
     pub(crate) async fn admit(&self) {
         let _turn = self.turnstile.lock().await;
+        loop {
+            let delay = self.state().delay(Instant::now());
+            match delay {
+                None => return,
+                Some(wait) => tokio::time::sleep(wait.min(MAX_PAUSE)).await,
+            }
+        }
+    }
+
+    /// Sends a write that can wait its turn until it is not answered 429 or `patience` has
+    /// passed: each attempt is admitted by the budget ([`WriteBudget::admit`]) and sent as
+    /// `send(true)` — at low priority, a 429 answered at once — and a 429 tells the budget (the
+    /// pace slows) and sends it again in its turn. Once `urgent` is cancelled (someone waits for
+    /// the write: a handoff) it goes ahead of the writes waiting their turn
+    /// ([`WriteBudget::admit_urgent`]); once
+    /// `patience` has passed it is sent as `send(false)`, as any other write (with the SDK's own
+    /// retries). Checkpoints, and the writes that move leases (acquisitions, requests,
+    /// releases), go this way: an instance that floods the budget with them crowds out every
+    /// instance's heartbeat, and a write that fails after the SDK's few retries leaves a lease
+    /// to expire.
+    pub(crate) async fn paced<T, E, F, Fut>(
+        &self,
+        patience: Duration,
+        urgent: &CancellationToken,
+        mut send: F,
+    ) -> Result<T, E>
+    where
+        E: Throttled,
+        F: FnMut(bool) -> Fut,
+        Fut: std::future::Future<Output = Result<T, E>>,
+    {
+        let deadline = Instant::now() + patience;
+        loop {
+            let admitted = tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(deadline) => false,
+                _ = async {
+                    urgent.cancelled().await;
+                    self.admit_urgent().await;
+                } => true,
+                _ = self.admit() => true,
+            };
+            if !admitted {
+                return send(false).await;
+            }
+            let retry_after = match send(true).await {
+                Err(error) => match error.throttled() {
+                    Some(retry_after) => retry_after,
+                    None => return Err(error),
+                },
+                Ok(written) => {
+                    self.passed();
+                    return Ok(written);
+                }
+            };
+            self.throttled(retry_after);
+        }
+    }
+
+    /// Waits until an urgent write may be sent: ahead of the writes waiting their turn, at the
+    /// same pace (an owner handing over hundreds of leases at once would crowd out the other
+    /// instances' heartbeats), and not while a write that keeps leases alive is under way (once
+    /// throttled) or a 429's retry-after runs.
+    pub(crate) async fn admit_urgent(&self) {
         loop {
             let delay = self.state().delay(Instant::now());
             match delay {
@@ -383,6 +460,105 @@ mod tests {
         assert!(
             took >= Duration::from_millis(1500) && took <= Duration::from_secs(5),
             "{took:?}"
+        );
+    }
+
+    /// A store's answer in the `paced` tests: a 429 with a retry-after, or written.
+    #[derive(Debug)]
+    struct Refused(Option<Duration>);
+
+    impl Throttled for Refused {
+        fn throttled(&self) -> Option<Option<Duration>> {
+            Some(self.0)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_paced_write_answered_429_is_sent_again_after_its_retry_after_until_written() {
+        let budget = WriteBudget::default();
+        let pacing = CancellationToken::new();
+        let sent = std::sync::Mutex::new(Vec::new());
+        let started = Instant::now();
+        let written = budget
+            .paced(Duration::from_secs(30), &pacing, |deferrable| {
+                let mut sent = sent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                sent.push(deferrable);
+                let attempt = sent.len();
+                async move {
+                    match attempt {
+                        1..=3 => Err(Refused(Some(Duration::from_millis(100)))),
+                        _ => Ok(attempt),
+                    }
+                }
+            })
+            .await;
+        assert_eq!(written.ok(), Some(4), "written at the fourth attempt");
+        let sent = sent.into_inner().unwrap_or_default();
+        assert_eq!(
+            sent, [true; 4],
+            "every attempt as a write that can wait (no SDK retries)"
+        );
+        assert!(started.elapsed() >= Duration::from_millis(300), "three retry-afters");
+        assert_eq!(budget.take_throttles(), 3, "each 429 counted as throttling");
+    }
+
+    #[tokio::test]
+    async fn a_paced_write_past_its_patience_is_sent_as_any_other_write() {
+        let budget = WriteBudget::default();
+        let pacing = CancellationToken::new();
+        let sent = std::sync::Mutex::new(Vec::new());
+        let written: Result<bool, Refused> = budget
+            .paced(Duration::from_millis(300), &pacing, |deferrable| {
+                sent.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(deferrable);
+                async move {
+                    if deferrable {
+                        Err(Refused(Some(Duration::from_millis(100))))
+                    } else {
+                        Ok(true)
+                    }
+                }
+            })
+            .await;
+        assert_eq!(written.ok(), Some(true));
+        let sent = sent.into_inner().unwrap_or_default();
+        assert_eq!(
+            sent.last(),
+            Some(&false),
+            "the last one with the SDK's own retries: {sent:?}"
+        );
+        assert!(sent[..sent.len() - 1].iter().all(|d| *d), "{sent:?}");
+    }
+
+    #[tokio::test]
+    async fn an_urgent_write_goes_ahead_of_the_writes_waiting_their_turn() {
+        let budget = std::sync::Arc::new(WriteBudget::default());
+        for _ in 0..4 {
+            budget.admit().await;
+        }
+        // Two a second from the end of a 500 ms pause.
+        budget.throttled(Some(Duration::from_millis(500)));
+        let waiting = {
+            let budget = budget.clone();
+            tokio::spawn(async move {
+                for _ in 0..3 {
+                    budget.admit().await;
+                }
+                Instant::now()
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let urgent = CancellationToken::new();
+        urgent.cancel();
+        let written: Result<Instant, Refused> = budget
+            .paced(Duration::from_secs(30), &urgent, |_| async { Ok(Instant::now()) })
+            .await;
+        let urgent_at = written.expect("written");
+        let waiting_done = waiting.await.expect("the waiting writes");
+        assert!(
+            urgent_at < waiting_done,
+            "the urgent write did not wait behind the queue"
         );
     }
 }

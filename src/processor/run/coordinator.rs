@@ -297,12 +297,22 @@ impl Coordinator {
                 tracing::debug!(instance = %name, %error, "removing a stale heartbeat failed");
             }
         }
+        // Paced by the budget, never urgent: a newcomer's requests and acquisitions can wait
+        // their turn behind the heartbeats.
+        let (patience, pacing) = (self.shared.options.acquire_interval, CancellationToken::new());
         let writes = plan.acquire.into_iter().map(|mut acquisition| {
             if acquisition.step == AcquireStep::Take {
                 acquisition.write.owner_epoch = Some(self.shared.next_epoch());
             }
-            let store = self.shared.store.clone();
-            async move { (write_acquisition(store.as_ref(), &acquisition).await, acquisition) }
+            let (store, budget, pacing) = (self.shared.store.clone(), self.shared.budget.clone(), &pacing);
+            async move {
+                let written = budget
+                    .paced(patience, pacing, |deferrable| {
+                        write_acquisition(store.as_ref(), &acquisition, deferrable)
+                    })
+                    .await;
+                (written, acquisition)
+            }
         });
         for (result, acquisition) in futures::future::join_all(writes).await {
             self.acquire_written(result, acquisition);
@@ -374,6 +384,9 @@ impl Coordinator {
             }
             (AcquireStep::Take, Err(LeaseStoreError::Changed(_) | LeaseStoreError::Gone(_))) => {
                 tracing::debug!(lease = %write.lease_token, "another instance moved first");
+            }
+            (AcquireStep::Take, Err(error)) if error.is_throttled() => {
+                tracing::debug!(lease = %write.lease_token, %error, "the lease container's budget is spent; the lease is left for the next cycle");
             }
             (AcquireStep::Take, Err(error)) => self
                 .shared
@@ -491,11 +504,20 @@ impl Coordinator {
 /// or the take after the owner ignored one for a lease expiration) re-reads the lease on a 412 and
 /// tries again while the reason holds, a few times (as the reference processors do): an owner
 /// that checkpoints often changes the lease between every listing and write, and would keep it.
-async fn write_acquisition(store: &dyn LeaseStore, acquisition: &Acquisition) -> Result<Lease, LeaseStoreError> {
+async fn write_acquisition(
+    store: &dyn LeaseStore,
+    acquisition: &Acquisition,
+    deferrable: bool,
+) -> Result<Lease, LeaseStoreError> {
     let mut write = acquisition.write.clone();
     let mut retries = 0;
     loop {
-        match store.replace(&write).await {
+        let written = if deferrable {
+            store.replace_deferrable(&write).await
+        } else {
+            store.replace(&write).await
+        };
+        match written {
             Err(LeaseStoreError::Changed(id)) if acquisition.previous_owner.is_some() && retries < ACQUIRE_RETRIES => {
                 let current = store.read(&id).await?;
                 match current.and_then(|current| retry_acquisition(acquisition, current, OffsetDateTime::now_utc())) {
@@ -540,7 +562,23 @@ async fn adopt_one(shared: &Shared, me: &str, id: &str) -> Adoption {
     next.clear_handoff();
     next.take_for(me, shared.next_epoch());
     next.timestamp = Some(OffsetDateTime::now_utc());
-    match shared.store.replace(&next).await {
+    // Urgent: the lease was handed over to this instance, whose processing of it waits.
+    let urgent = CancellationToken::new();
+    urgent.cancel();
+    let written = shared
+        .budget
+        .paced(shared.options.acquire_interval, &urgent, |deferrable| {
+            let next = &next;
+            async move {
+                if deferrable {
+                    shared.store.replace_deferrable(next).await
+                } else {
+                    shared.store.replace(next).await
+                }
+            }
+        })
+        .await;
+    match written {
         Ok(acquired) => Adoption::Taken(Box::new(acquired)),
         Err(error) => {
             tracing::debug!(lease = %lease.lease_token, %error, "taking up a handed-over lease failed");

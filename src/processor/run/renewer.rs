@@ -72,7 +72,8 @@ pub(crate) async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken) {
 }
 
 /// Writes this instance's heartbeat (with the liveness marker) one renew interval after the
-/// last one succeeded; a failed one is retried with backoff, never waiting longer than a
+/// last one succeeded; a failed one is retried with backoff (a throttled one after its
+/// retry-after, counted as throttling, not reported as an error), never waiting longer than a
 /// quarter of the renew interval. Ends at `stop` between writes (a write under way is finished).
 async fn beat(shared: Arc<Shared>, stop: CancellationToken) {
     let interval = shared.options.renew_interval;
@@ -98,6 +99,15 @@ async fn beat(shared: Arc<Shared>, stop: CancellationToken) {
                 tracing::error!(error = %taken, "stopping: another process took this instance name");
                 shared.health.halt_for(taken.to_string());
                 return;
+            }
+            Err(NameError::Store(error)) if error.is_throttled() => {
+                // The budget is spent (after the SDK's own retries): throttling, not an error —
+                // sent again after the retry-after, and this instance's other writes slow down.
+                tracing::debug!(%error, "the heartbeat was throttled; sending it again");
+                shared.budget.throttled(error.retry_after());
+                let wait = error.retry_after().unwrap_or(shared.options.backoff(failures));
+                due = Instant::now() + wait.min(interval / 4);
+                failures += 1;
             }
             Err(NameError::Store(error)) => {
                 shared.telemetry.error(None, LeaseError::Heartbeat(error));
