@@ -13,21 +13,18 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::processor::error::LeaseError;
-use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError};
+use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStoreError};
 use crate::processor::leases::name_claim::NameError;
 use crate::processor::leases::owned::OwnedLease;
 use crate::processor::leases::sightings::Sightings;
 use crate::processor::policy::cycle_plan::{
-    AcquireStep, Acquisition, CycleOptions, CyclePlan, Observations, plan_cycle, retry_acquisition,
+    AcquireStep, Acquisition, CycleOptions, CyclePlan, Observations, plan_cycle,
 };
 use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
+use crate::processor::run::acquisition_writes::{Adoption, adopt_one, write_acquisition};
 use crate::processor::run::lease_reader;
 use crate::processor::run::shared::Shared;
 use crate::processor::run::store_recovery::StoreRecovery;
-
-/// How many times a write asking a live owner for a lease, or taking it from one that ignored the
-/// request, is tried again after a 412 within one cycle.
-const ACQUIRE_RETRIES: u32 = 5;
 
 /// Leases awaited from their owners that are read (and taken up) at once.
 const ADOPT_CONCURRENCY: usize = 16;
@@ -497,93 +494,6 @@ impl Coordinator {
         let base = self.shared.options.acquire_interval;
         self.listing_interval = base;
         self.next_listing = self.next_listing.min(tokio::time::Instant::now() + base);
-    }
-}
-
-/// Writes one acquisition (If-Match the listed ETag). One from a live owner (a handoff request,
-/// or the take after the owner ignored one for a lease expiration) re-reads the lease on a 412 and
-/// tries again while the reason holds, a few times (as the reference processors do): an owner
-/// that checkpoints often changes the lease between every listing and write, and would keep it.
-async fn write_acquisition(
-    store: &dyn LeaseStore,
-    acquisition: &Acquisition,
-    deferrable: bool,
-) -> Result<Lease, LeaseStoreError> {
-    let mut write = acquisition.write.clone();
-    let mut retries = 0;
-    loop {
-        let written = if deferrable {
-            store.replace_deferrable(&write).await
-        } else {
-            store.replace(&write).await
-        };
-        match written {
-            Err(LeaseStoreError::Changed(id)) if acquisition.previous_owner.is_some() && retries < ACQUIRE_RETRIES => {
-                let current = store.read(&id).await?;
-                match current.and_then(|current| retry_acquisition(acquisition, current, OffsetDateTime::now_utc())) {
-                    Some(next) => write = next,
-                    None => return Err(LeaseStoreError::Changed(id)),
-                }
-                retries += 1;
-            }
-            written => return written,
-        }
-    }
-}
-
-/// What became of a lease this instance awaits.
-enum Adoption {
-    /// Handed over and taken up.
-    Taken(Box<Lease>),
-    /// Still asked for (or its read failed): looked at again.
-    Waiting,
-    /// Deleted, given to another, or the request is gone.
-    Gone,
-}
-
-/// Reads lease `id`, which `me` asked for, and takes it up when its owner handed it over.
-async fn adopt_one(shared: &Shared, me: &str, id: &str) -> Adoption {
-    let lease = match shared.store.read(id).await {
-        Ok(Some(lease)) => lease,
-        Ok(None) => return Adoption::Gone,
-        Err(error) => {
-            tracing::debug!(lease = %id, %error, "reading a lease asked for failed");
-            return Adoption::Waiting;
-        }
-    };
-    let handed_over = lease.owner.as_deref() == Some(me) && !shared.owned.contains(id);
-    if !handed_over {
-        return match lease.handoff_request() {
-            Some((to, _)) if to == me => Adoption::Waiting,
-            _ => Adoption::Gone,
-        };
-    }
-    let mut next = lease.clone();
-    next.clear_handoff();
-    next.take_for(me, shared.next_epoch());
-    next.timestamp = Some(OffsetDateTime::now_utc());
-    // Urgent: the lease was handed over to this instance, whose processing of it waits.
-    let urgent = CancellationToken::new();
-    urgent.cancel();
-    let written = shared
-        .budget
-        .paced(shared.options.acquire_interval, &urgent, |deferrable| {
-            let next = &next;
-            async move {
-                if deferrable {
-                    shared.store.replace_deferrable(next).await
-                } else {
-                    shared.store.replace(next).await
-                }
-            }
-        })
-        .await;
-    match written {
-        Ok(acquired) => Adoption::Taken(Box::new(acquired)),
-        Err(error) => {
-            tracing::debug!(lease = %lease.lease_token, %error, "taking up a handed-over lease failed");
-            Adoption::Gone
-        }
     }
 }
 

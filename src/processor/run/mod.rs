@@ -3,6 +3,7 @@
 //! delivery with retries, splits, store recovery, health and what a reader does about a stall.
 //! Uses every other room.
 
+pub(crate) mod acquisition_writes;
 pub(crate) mod coordinator;
 pub(crate) mod crash_gate;
 pub mod delivery;
