@@ -61,6 +61,10 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
         "idle lease-container requests per minute",
         "busy lease-container requests per minute",
         "without a sign of life",
+        "scale run on a lease container at 400 RU/s",
+        "idle lease-container request units a second",
+        "busy: leases lost or moved while checkpoints exceed the budget",
+        "drain of that backlog",
     ] {
         assert!(
             names.iter().any(|n| n.contains(wanted)),

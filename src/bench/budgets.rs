@@ -172,7 +172,9 @@ pub async fn lease_container(settings: &BenchSettings) -> Result<Vec<Figure>, Be
     world.provision(LEASES, "/id", 1, BUDGET as u64).await?;
     let received = Arc::new(Received::default());
     let started = Instant::now();
-    let rebalanced = rebalance(&world, &received, settings, per_partition, leases).await?;
+    // The budget, not the balancing, sets the pace: every lease moved is a few writes of it.
+    let patience = PATIENCE * 3;
+    let rebalanced = rebalance(&world, &received, settings, (per_partition, leases), patience).await?;
     let run = Run {
         seconds: started.elapsed().as_secs_f64(),
         rebalance_seconds: rebalanced.seconds,

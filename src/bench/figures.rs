@@ -25,17 +25,22 @@ pub struct RawRead {
     pub from_first_page: f64,
 }
 
-/// Reads the whole backlog of `bench/items` with the SDK directly (a task per feed range, as the
-/// processor runs a task per lease; pages of 1000).
-pub async fn raw_read(account: &CosmosAccount, documents: usize) -> Result<RawRead, BenchError> {
-    let monitored = account.monitored(DB, ITEMS).await?;
+/// Reads the whole backlog of `bench/<container>` with the SDK directly (a task per feed range,
+/// as the processor runs a task per lease; pages of `page`).
+pub async fn raw_read(
+    account: &CosmosAccount,
+    container: &str,
+    documents: usize,
+    page: u32,
+) -> Result<RawRead, BenchError> {
+    let monitored = account.monitored(DB, container).await?;
     let ranges = monitored.feed_ranges(true).await?;
     let first_page = Arc::new(std::sync::OnceLock::new());
     let started = Instant::now();
     let counts = futures::future::join_all(ranges.into_iter().map(|range| {
         let (monitored, first_page) = (monitored.clone(), first_page.clone());
         tokio::spawn(async move {
-            let mut reader = monitored.reader(&range, None, StartFrom::Beginning, 1000).await?;
+            let mut reader = monitored.reader(&range, None, StartFrom::Beginning, page).await?;
             let (mut count, mut last) = (0, None);
             loop {
                 let page = reader.next_page(Duration::from_secs(65)).await?;
@@ -95,7 +100,11 @@ pub async fn throughput(settings: &BenchSettings) -> Result<Vec<Figure>, BenchEr
     world.write(0..settings.documents).await?;
     let (mut raw, mut ours, mut first) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..settings.rounds {
-        raw.push(raw_read(&world.account, settings.documents).await?.from_start);
+        raw.push(
+            raw_read(&world.account, ITEMS, settings.documents, 1000)
+                .await?
+                .from_start,
+        );
         let (rate, first_delivery) = processor_read(&world, round, settings.documents).await?;
         ours.push(rate);
         first.push(first_delivery.as_secs_f64());

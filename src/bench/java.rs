@@ -162,7 +162,11 @@ pub async fn against_java(settings: &BenchSettings, jar: &Path) -> Result<Vec<Fi
     let (mut ours, mut java, mut java_own_first, mut raw) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // Two rounds more than the other figures: a drain here lasts well under a second.
     for round in 0..settings.rounds + 2 {
-        raw.push(raw_read(&account, documents).await?.from_first_page);
+        raw.push(
+            raw_read(&account, super::world::ITEMS, documents, 1000)
+                .await?
+                .from_first_page,
+        );
         ours.push(workers_round(&endpoint, &format!("cfp-tp{round}-"), 1, documents).await?);
         let (round, own) = java_round(jar, &endpoint, round, documents).await?;
         java.push(round);

@@ -3,6 +3,7 @@
 //! emulator` on loopback for the worker-process figures). Prints a table and writes JSON.
 //! Ratios, not absolute times, are what compare across machines.
 
+mod budgets;
 pub mod control_plane;
 mod counting_store;
 mod estimation_cost;
@@ -252,7 +253,7 @@ impl From<&str> for BenchError {
 }
 
 /// The figure groups, in the order they run.
-const GROUPS: [&str; 13] = [
+const GROUPS: [&str; 15] = [
     "throughput",
     "busy handler",
     "rebalance",
@@ -264,6 +265,8 @@ const GROUPS: [&str; 13] = [
     "lease-store cost",
     "scale",
     "scale: operator estimate",
+    "budgets: lease container",
+    "budgets: monitored container",
     "scale: operator at size",
     "java v4 peer",
 ];
@@ -313,6 +316,8 @@ pub async fn run(settings: &BenchSettings, progress: impl Fn(&str)) -> BenchRepo
     measure!("lease-store cost", figures::lease_cost(settings));
     measure!("scale", scale::scale(settings));
     measure!("scale: operator estimate", estimation_cost::estimation_cost(settings));
+    measure!("budgets: lease container", budgets::lease_container(settings));
+    measure!("budgets: monitored container", budgets::monitored_container(settings));
     match &settings.k8s_bin {
         Some(bin) => measure!(
             "scale: operator at size",

@@ -24,9 +24,9 @@ const REFERENCE_RENEW_S: f64 = 17.0;
 const REFERENCE_LIST_S: f64 = 13.0;
 
 /// Instances of one processor over many leases, each with its counted lease store.
-struct Fleet {
-    handles: Vec<ProcessorHandle>,
-    stores: Vec<Arc<CountingStore>>,
+pub(super) struct Fleet {
+    pub(super) handles: Vec<ProcessorHandle>,
+    pub(super) stores: Vec<Arc<CountingStore>>,
 }
 
 impl Fleet {
@@ -37,21 +37,21 @@ impl Fleet {
         (requests, charged)
     }
 
-    async fn stop(self) {
+    pub(super) async fn stop(self) {
         futures::future::join_all(self.handles.into_iter().map(ProcessorHandle::stop)).await;
     }
 }
 
 /// Physical partitions and leases per partition (at most 50) that make about `leases` leases;
 /// how many leases that is.
-fn layout(leases: usize) -> (u32, u32, usize) {
+pub(super) fn layout(leases: usize) -> (u32, u32, usize) {
     let partitions = leases.div_ceil(50).max(1);
     let per_partition = (leases / partitions).max(1);
     (partitions as u32, per_partition as u32, partitions * per_partition)
 }
 
 /// Options of instance `name` over `per_partition` leases per partition, timings scaled.
-fn options(name: &str, per_partition: u32, scale: f64) -> ProcessorOptions {
+pub(super) fn options(name: &str, per_partition: u32, scale: f64) -> ProcessorOptions {
     let mut options = World::options("scale", name, scale);
     options.leases_per_partition = per_partition;
     options
@@ -65,18 +65,19 @@ pub async fn scale(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError> 
 }
 
 /// How a fleet reached its fair share.
-struct Rebalanced {
-    fleet: Fleet,
+pub(super) struct Rebalanced {
+    pub(super) fleet: Fleet,
     /// The latest of the new instances' own acquire cycles that took a lease.
-    cycles: u64,
+    pub(super) cycles: u64,
     /// The most acquire cycles a new instance ran until the fair share (re-listings while
     /// handoffs were under way included).
-    ran: u64,
+    pub(super) ran: u64,
     /// Leases the new instances took in their first acquire cycle.
-    in_first: usize,
+    pub(super) in_first: usize,
     /// Leases acquired by the new instances.
-    moves: usize,
-    seconds: f64,
+    pub(super) moves: usize,
+    /// Seconds from the newcomers' start to the fair share.
+    pub(super) seconds: f64,
 }
 
 /// Rebalances 1 → N over the leases, then watches the fleet idle and busy.
@@ -92,7 +93,7 @@ async fn rebalance_and_cost(settings: &BenchSettings) -> Result<Vec<Figure>, Ben
         in_first,
         moves,
         seconds,
-    } = rebalance(&world, &received, settings, per_partition, leases).await?;
+    } = rebalance(&world, &received, settings, (per_partition, leases), PATIENCE).await?;
     let watch = Duration::from_secs(settings.idle_seconds);
     let idle = per_minute(&fleet, watch, || async {}).await;
     let batches_before = received.batches.load(Ordering::SeqCst);
@@ -159,18 +160,18 @@ async fn rebalance_and_cost(settings: &BenchSettings) -> Result<Vec<Figure>, Ben
 
 /// Starts one instance over every lease, then `settings.scale_instances - 1` more, and waits for
 /// the fair share.
-async fn rebalance(
+pub(super) async fn rebalance(
     world: &World,
     received: &Arc<Received>,
     settings: &BenchSettings,
-    per_partition: u32,
-    leases: usize,
+    (per_partition, leases): (u32, usize),
+    patience: Duration,
 ) -> Result<Rebalanced, BenchError> {
     let (instances, scale) = (settings.scale_instances.max(2), settings.scale_timing_scale);
     let (first, first_store) = world
         .start_counted(options("s0", per_partition, scale), received.clone())
         .await?;
-    wait_until(PATIENCE, || async { first.owned_leases().len() == leases })
+    wait_until(patience, || async { first.owned_leases().len() == leases })
         .await
         .ok_or("the first instance did not take every lease")?;
     let mut fleet = Fleet {
@@ -190,7 +191,7 @@ async fn rebalance(
     }
     tracing::info!(seconds = started.elapsed().as_secs_f64(), "newcomers started");
     let progress = std::sync::Mutex::new(Instant::now());
-    let fair = wait_until(PATIENCE, || async {
+    let fair = wait_until(patience, || async {
         let share = leases / instances;
         log_progress(&fleet, share, started, &progress);
         fleet.handles.iter().all(|h| h.owned_leases().len() >= share)
@@ -272,20 +273,22 @@ fn log_progress(fleet: &Fleet, share: usize, started: Instant, last: &std::sync:
 }
 
 /// The reference processors' lease-container schedule for a fleet.
-struct Reference {
-    leases: f64,
-    instances: f64,
+pub(super) struct Reference {
+    /// Leases of the fleet.
+    pub(super) leases: f64,
+    /// Instances of the fleet.
+    pub(super) instances: f64,
 }
 
 impl Reference {
     /// Requests a minute at the default timings scaled by `scale`, plus `batches` checkpoints.
-    fn requests(&self, scale: f64, batches: f64) -> f64 {
+    pub(super) fn requests(&self, scale: f64, batches: f64) -> f64 {
         (self.leases * 60.0 / REFERENCE_RENEW_S + self.instances * 60.0 / REFERENCE_LIST_S) / scale + batches
     }
 
     /// Request units a minute at the default timings, priced at `renewal` and `listing`, plus
     /// `batches` checkpoints priced as renewals.
-    fn units(&self, renewal: f64, listing: f64, batches: f64) -> f64 {
+    pub(super) fn units(&self, renewal: f64, listing: f64, batches: f64) -> f64 {
         (self.leases * 60.0 / REFERENCE_RENEW_S + batches) * renewal
             + self.instances * 60.0 / REFERENCE_LIST_S * listing
     }
@@ -306,7 +309,7 @@ where
 }
 
 /// Writes `rate` documents a second for `watch`.
-async fn write_steadily(world: &World, rate: u32, watch: Duration) {
+pub(super) async fn write_steadily(world: &World, rate: u32, watch: Duration) {
     let mut tick = tokio::time::interval(Duration::from_secs(1) / rate.max(1));
     let started = Instant::now();
     let mut n = 0;

@@ -28,8 +28,8 @@ pub const LEASES: &str = "leases";
 
 /// An emulator with a monitored container of `partitions` physical partitions.
 pub struct World {
-    /// Keeps the in-memory account alive.
-    _emulator: Emulator,
+    /// The in-memory account.
+    emulator: Emulator,
     /// The account.
     pub account: CosmosAccount,
     /// The monitored container, for writes.
@@ -131,10 +131,34 @@ impl World {
         let (emulator, account) = Emulator::in_process_with(DB, ITEMS, partitions).await?;
         let items = account.documents(DB, ITEMS).await?;
         Ok(Self {
-            _emulator: emulator,
+            emulator,
             account,
             items,
         })
+    }
+
+    /// Creates `container` in [`DB`] with `partitions` physical partitions, partitioned on
+    /// `partition_key`, at a provisioned throughput of `ru` RU/s as the SDK emulator models it:
+    /// writes past each partition's share of it in a second are answered 429.
+    pub async fn provision(
+        &self,
+        container: &str,
+        partition_key: &str,
+        partitions: u32,
+        ru: u64,
+    ) -> Result<(), BenchError> {
+        let spec = crate::emulator::ContainerSpec {
+            database: DB.into(),
+            container: container.into(),
+            partition_key: partition_key.into(),
+            partitions,
+        };
+        Ok(self.emulator.create_container_with_throughput(&spec, Some(ru)).await?)
+    }
+
+    /// What `container` of [`DB`] answered so far (requests, 429s, request units).
+    pub fn load(&self, container: &str) -> crate::emulator::ContainerLoad {
+        self.emulator.load(DB, container)
     }
 
     /// Writes documents `range` (64 at a time), spread over 997 logical partitions.

@@ -123,6 +123,13 @@ pub struct BenchArgs {
     /// Backlog size (default: 100 000; 2 000 with --small).
     #[arg(long)]
     pub documents: Option<usize>,
+    /// Leases of the scale and budgets groups' fleet (default: 2 000; 64 with --small): measure
+    /// at your own size.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub leases: Option<u32>,
+    /// Instances of the scale and budgets groups' fleet (default: 50; 4 with --small; at least 2).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(2..=1_000))]
+    pub instances: Option<u32>,
     /// Also write the figures as JSON to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,

@@ -36,6 +36,12 @@ pub async fn run(args: &BenchArgs) -> Result<(), BenchCommandError> {
     if let Some(documents) = args.documents {
         settings.documents = documents.max(1);
     }
+    if let Some(leases) = args.leases {
+        settings.scale_leases = leases as usize;
+    }
+    if let Some(instances) = args.instances {
+        settings.scale_instances = instances as usize;
+    }
     settings.only = args.only.clone();
     settings.java_peer = match &args.java_peer {
         Some(jar) if !jar.is_file() => return Err(BenchCommandError::NoJavaPeer(jar.clone())),

@@ -354,6 +354,17 @@ impl Emulator {
         }
     }
 
+    /// What `database/container` answered so far: requests, the 429s of its provisioned
+    /// throughput, and the request units charged (counted at the edge, so also the 429s a client
+    /// retried by itself; injected faults are not counted here).
+    pub fn load(&self, database: &str, container: &str) -> ContainerLoad {
+        self.edge
+            .throttles()
+            .report()
+            .remove(&format!("{database}/{container}"))
+            .unwrap_or_default()
+    }
+
     /// The endpoint clients use.
     pub fn endpoint(&self) -> String {
         self.gateway.to_string()

@@ -15,7 +15,7 @@ use tracing::Instrument;
 use crate::processor::error::LeaseError;
 use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStoreError};
 use crate::processor::leases::name_claim::NameError;
-use crate::processor::leases::owned::OwnedLease;
+use crate::processor::leases::owned::{OwnedLease, UpdateError};
 use crate::processor::leases::sightings::Sightings;
 use crate::processor::policy::cycle_plan::{
     AcquireStep, Acquisition, CycleOptions, CyclePlan, Observations, plan_cycle,
@@ -519,9 +519,21 @@ async fn lease_task(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> (Arc<OwnedLe
     if matches!(
         exit.reason,
         CloseReason::Shutdown | CloseReason::Panicked | CloseReason::HandedOver | CloseReason::Stalled
-    ) && let Err(error) = owned.release().await
-    {
-        tracing::warn!(%error, "releasing the lease failed; it frees itself on expiry");
+    ) {
+        match owned.release().await {
+            Ok(_) => {}
+            // Taken meanwhile (a requester whose patience ran out while the lease container's
+            // budget held the release back): nothing to free.
+            Err(UpdateError::Lost(owner)) => {
+                tracing::info!(new_owner = ?owner, "the lease was taken by another instance before its release")
+            }
+            // Held back past its patience by the lease container's budget: the requester takes
+            // the lease after its own patience, anyone else on expiry. Throttling, not a failure.
+            Err(UpdateError::Store(error)) if error.is_throttled() => {
+                tracing::info!(%error, "the lease container's budget held the release back; the lease frees itself on expiry")
+            }
+            Err(error) => tracing::warn!(%error, "releasing the lease failed; it frees itself on expiry"),
+        }
     }
     (owned, exit)
 }

@@ -198,9 +198,16 @@ impl LeaseCheckpointer {
                 Err(UpdateError::Gone) => return Flow::Return(LeaseExit::closed(CloseReason::LeaseGone)),
                 Err(UpdateError::Store(error)) => {
                     // The batch was handled; keep trying to record it rather than re-reading it.
-                    self.shared
-                        .telemetry
-                        .error(Some(self.owned.token()), LeaseError::Checkpoint(error));
+                    if error.is_throttled() {
+                        // Refused past its patience and the SDK's retries: the budget is spent
+                        // for longer than a checkpoint waits. Throttling (counted), not an error.
+                        tracing::debug!(%error, "the checkpoint was throttled; sending it again");
+                        self.shared.budget.throttled(error.retry_after());
+                    } else {
+                        self.shared
+                            .telemetry
+                            .error(Some(self.owned.token()), LeaseError::Checkpoint(error));
+                    }
                     if !pause(self.owned.cancelled(), self.shared.options.backoff(attempt)).await {
                         return Flow::Return(stop_reason(&self.owned));
                     }
