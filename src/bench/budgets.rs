@@ -345,7 +345,7 @@ const PAGE: u32 = 100;
 /// A backlog on a monitored container at 400 RU/s (one physical partition): written at what
 /// the budget admits, then drained by one processor and by a raw SDK read, in the same run.
 pub async fn monitored_container(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError> {
-    let documents = (settings.documents / 30).max(300);
+    let documents = (settings.documents / 30).max(120);
     let world = World::new(1).await?;
     world.provision(BUDGETED, "/pk", 1, BUDGET as u64).await?;
     // Each round's worker (a processor of its own) has its lease before the backlog exists,

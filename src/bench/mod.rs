@@ -96,7 +96,7 @@ impl BenchSettings {
             rounds: 1,
             rate: 100,
             latency_seconds: 2,
-            idle_seconds: 5,
+            idle_seconds: 3,
             timing_scale: 0.1,
             java_peer: None,
             k8s_bin: None,

@@ -207,6 +207,11 @@ impl WriteBudget {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Whether a write of this instance was answered 429 within [`CALM`].
+    pub(crate) fn throttled_lately(&self) -> bool {
+        self.state().throttled_at.is_some_and(|at| at.elapsed() < CALM)
+    }
+
     /// Marks a write that keeps leases alive as under way until the guard is dropped.
     pub(crate) fn vital(&self) -> VitalWrite<'_> {
         self.state().vital += 1;
@@ -560,5 +565,15 @@ mod tests {
             urgent_at < waiting_done,
             "the urgent write did not wait behind the queue"
         );
+    }
+
+    #[test]
+    fn a_429_marks_the_budget_throttled_until_calm() {
+        let budget = WriteBudget::default();
+        assert!(!budget.throttled_lately());
+        budget.throttled(Some(Duration::from_millis(100)));
+        assert!(budget.throttled_lately());
+        budget.state().throttled_at = Some(Instant::now() - CALM);
+        assert!(!budget.throttled_lately(), "calm again");
     }
 }
