@@ -189,7 +189,7 @@ impl WorkerMetrics {
             lease_writes_throttled: counter(
                 &registry,
                 "cfp_lease_writes_throttled_total",
-                "Checkpoints the lease container refused for its provisioned throughput (429); each waits and is sent again, heartbeats first.",
+                "Lease writes (checkpoints, lease moves, heartbeats) the lease container refused for its provisioned throughput (429); each waits and is sent again, heartbeats first.",
                 p,
             )?,
             registry,
