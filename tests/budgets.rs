@@ -6,8 +6,9 @@
 //! heartbeats that keep the leases alive must still get through with room to spare: no lease is
 //! lost or moves, and no heartbeat goes unwritten for half a lease expiration (a gap near the
 //! expiration is one slow answer away from every lease of the instance being taken); and the
-//! lease container did refuse writes (else nothing was tested); and no error is reported (a
-//! throttled checkpoint waits and is counted, it is not an error). The figures are printed.
+//! budget held the instances back — they spent most of it, each its share, or were refused
+//! (else nothing was tested); and no error is reported (a throttled checkpoint waits and is
+//! counted, it is not an error). The figures are printed.
 //!
 //! 2,000 leases cannot be set up at 400 RU/s within the suite's budget for one test: creating a
 //! lease is charged about 9 RU and acquiring it about 12, so 2,000 leases spend the whole budget
@@ -15,7 +16,7 @@
 //! offer to its budget, so it cannot be raised for the setup). The test takes 200 (the same
 //! leases per partition and checkpoint pressure per lease).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use changefeed_operator::bench::CountingStore;
@@ -45,11 +46,46 @@ impl Size {
     }
 }
 
-/// One instance with its counted lease store and its lease events.
+/// One instance with its counted lease store and the tally of its lease events.
 struct Instance {
     handle: ProcessorHandle,
     store: Arc<CountingStore>,
-    events: tokio::sync::broadcast::Receiver<LeaseEvent>,
+    events: Arc<Mutex<Tally>>,
+}
+
+/// Leases lost (closed as taken by another instance) and acquired, errors reported, and lease
+/// events missed: counted by a task of their own as they come (a receiver read only now and
+/// then falls behind the thousands of checkpoint events and misses some).
+#[derive(Debug, Default)]
+struct Tally {
+    lost: usize,
+    acquired: usize,
+    errors: Vec<String>,
+    missed: u64,
+}
+
+/// Counts `events` into a tally until the processor stops.
+fn count_events(mut events: tokio::sync::broadcast::Receiver<LeaseEvent>) -> Arc<Mutex<Tally>> {
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let counting = tally.clone();
+    tokio::spawn(async move {
+        loop {
+            let event = events.recv().await;
+            let mut tally = counting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match event {
+                Ok(LeaseEvent::Closed {
+                    reason: CloseReason::LeaseLost,
+                    ..
+                }) => tally.lost += 1,
+                Ok(LeaseEvent::Acquired { .. }) => tally.acquired += 1,
+                Ok(LeaseEvent::Error { message, .. }) => tally.errors.push(message),
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => tally.missed += missed,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    });
+    tally
 }
 
 fn options(size: &Size, name: &str) -> ProcessorOptions {
@@ -84,26 +120,13 @@ async fn start(account: &CosmosAccount, size: &Size, name: &str, deliveries: &co
         .start()
         .await
         .expect("start the processor");
-    let events = handle.subscribe();
+    let events = count_events(handle.subscribe());
     Instance { handle, store, events }
 }
 
-/// Leases lost (closed as taken by another instance) and acquired among `events` so far, and
-/// the errors reported.
-fn tally(events: &mut tokio::sync::broadcast::Receiver<LeaseEvent>) -> (usize, usize, Vec<String>) {
-    let (mut lost, mut acquired, mut errors) = (0, 0, Vec::new());
-    while let Ok(event) = events.try_recv() {
-        match event {
-            LeaseEvent::Closed {
-                reason: CloseReason::LeaseLost,
-                ..
-            } => lost += 1,
-            LeaseEvent::Acquired { .. } => acquired += 1,
-            LeaseEvent::Error { message, .. } => errors.push(message),
-            _ => {}
-        }
-    }
-    (lost, acquired, errors)
+/// The tally of `events` since the last call (it starts again from nothing).
+fn tally(events: &Mutex<Tally>) -> Tally {
+    std::mem::take(&mut *events.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
 }
 
 /// The lease container's 429s and request units so far (`GET /_emulator/load`).
@@ -172,9 +195,9 @@ async fn no_lease_lost_at_the_budget(size: Size) {
     let deliveries = common::Deliveries::default();
     let count = size.leases();
     let started = Instant::now();
-    let mut a = owner_of_all(&account, &size, &deliveries).await;
+    let a = owner_of_all(&account, &size, &deliveries).await;
     let bootstrap = started.elapsed();
-    let mut b = start(&account, &size, "b", &deliveries).await;
+    let b = start(&account, &size, "b", &deliveries).await;
     let shared = eventually(Duration::from_secs(300), || async {
         fair(&owners(&account).await, 2, count)
             && a.handle.owned_leases().len() + b.handle.owned_leases().len() == count
@@ -182,7 +205,7 @@ async fn no_lease_lost_at_the_budget(size: Size) {
     .await;
     assert!(shared, "no fair share: {:?}", owners(&account).await);
     let before = owners(&account).await;
-    let _ = (tally(&mut a.events), tally(&mut b.events));
+    let _ = (tally(&a.events), tally(&b.events));
 
     // Documents on every lease, far more checkpoints than the budget admits, for three expirations.
     let (throttled_before, units_before) = lease_load(&endpoint).await;
@@ -197,34 +220,29 @@ async fn no_lease_lost_at_the_budget(size: Size) {
     let _ = writing.await;
     let (throttled_after, units_after) = lease_load(&endpoint).await;
     let gaps: Vec<Duration> = [&a, &b].iter().map(|i| i.store.beats.longest_gap()).collect();
-    let (lost_a, moved_a, errors_a) = tally(&mut a.events);
-    let (lost_b, moved_b, errors_b) = tally(&mut b.events);
+    let (tally_a, tally_b) = (tally(&a.events), tally(&b.events));
     let after = owners(&account).await;
     let throttled = throttled_after - throttled_before;
+    let charged = (units_after - units_before) / watched.as_secs_f64();
     println!(
         "{count} leases on a {BUDGET} RU/s lease container (cfp emulator; set up in {bootstrap:.1?}), 2 instances, \
-         {watched:?} busy: {throttled} writes throttled, {:.0} RU/s charged; {} documents handled; longest \
-         heartbeat gaps {gaps:?} (expiration {:?}); leases lost {}, acquired {}; owners before {before:?}, after \
-         {after:?}; errors reported: {} ({:?})",
-        (units_after - units_before) / watched.as_secs_f64(),
+         {watched:?} busy: {throttled} writes throttled, {charged:.0} RU/s charged; {} documents handled; longest \
+         heartbeat gaps {gaps:?} (expiration {:?}); a: {tally_a:?}, b: {tally_b:?}; owners before {before:?}, \
+         after {after:?}",
         deliveries.distinct(),
         size.expiration,
-        lost_a + lost_b,
-        moved_a + moved_b,
-        errors_a.len() + errors_b.len(),
-        errors_a.iter().chain(&errors_b).take(3).collect::<Vec<_>>()
     );
     a.handle.abort();
     b.handle.abort();
     assert!(
-        throttled > 0,
-        "the lease container was never over its budget: nothing was tested"
+        throttled > 0 || charged >= BUDGET as f64 * 0.6,
+        "the instances neither spent most of the budget nor were refused: nothing was tested"
     );
-    assert_eq!((lost_a, lost_b), (0, 0), "leases lost");
-    assert_eq!((moved_a, moved_b), (0, 0), "leases moved");
+    assert_eq!((tally_a.lost, tally_b.lost), (0, 0), "leases lost");
+    assert_eq!((tally_a.acquired, tally_b.acquired), (0, 0), "leases moved");
     assert!(
-        errors_a.is_empty() && errors_b.is_empty(),
-        "throttling surfaced as errors: {errors_a:?} {errors_b:?}"
+        tally_a.errors.is_empty() && tally_b.errors.is_empty(),
+        "throttling surfaced as errors: {tally_a:?} {tally_b:?}"
     );
     assert_eq!(before, after, "the owners changed");
     for gap in gaps {
@@ -251,8 +269,9 @@ async fn a_lease_container_at_its_budget_loses_no_lease_and_its_heartbeats_keep_
 /// One instance over every lease, then seven more started at once (a Deployment scaled 1 → 8)
 /// on a lease container at 400 RU/s, where the handoffs' writes (requests, final checkpoints,
 /// releases, take-ups: some 700) need about 20 s of the whole budget: no heartbeat goes
-/// unwritten for (nearly) an expiration while they flood it (main before the fix: gaps of 11 and
-/// 12 s against an 8 s expiration — every lease of those instances could have been taken), a
+/// unwritten for (nearly) an expiration while they flood it (before the budget paced them: gaps
+/// of 11 and 12 s against an 8 s expiration — every lease of those instances could have been
+/// taken), the budget held the fleet back (it spent half the budget or more, or was refused), a
 /// write answered 429 waits and is sent again rather than failing (nothing is reported as an
 /// error), and the fleet reaches its fair share. A lease whose owner could not hand it over
 /// within the requester's patience (an expiration) is taken by the requester, as the protocol
@@ -270,8 +289,8 @@ async fn scaling_out_on_a_lease_container_at_its_budget_keeps_every_heartbeat_an
     let deliveries = common::Deliveries::default();
     let count = size.leases();
     let mut fleet = vec![owner_of_all(&account, &size, &deliveries).await];
-    let _ = tally(&mut fleet[0].events);
-    let (throttled_before, _) = lease_load(&endpoint).await;
+    let _ = tally(&fleet[0].events);
+    let (throttled_before, units_before) = lease_load(&endpoint).await;
     fleet[0].store.beats.restart();
     let started = Instant::now();
     let names: Vec<String> = (1..8).map(|n| format!("n{n}")).collect();
@@ -284,19 +303,27 @@ async fn scaling_out_on_a_lease_container_at_its_budget_keeps_every_heartbeat_an
     })
     .await;
     let took = started.elapsed();
-    let (throttled_after, _) = lease_load(&endpoint).await;
+    let (throttled_after, units_after) = lease_load(&endpoint).await;
+    let (throttled, charged) = (
+        throttled_after - throttled_before,
+        (units_after - units_before) / took.as_secs_f64(),
+    );
     let gaps: Vec<Duration> = fleet.iter().map(|i| i.store.beats.longest_gap()).collect();
-    let (mut lost, mut acquired, mut errors) = (0, 0, Vec::new());
-    for instance in &mut fleet {
-        let (l, a, e) = tally(&mut instance.events);
-        (lost, acquired) = (lost + l, acquired + a);
-        errors.extend(e);
+    let (mut lost, mut acquired, mut missed, mut errors) = (0, 0, 0, Vec::new());
+    for instance in &fleet {
+        let counted = tally(&instance.events);
+        (lost, acquired, missed) = (
+            lost + counted.lost,
+            acquired + counted.acquired,
+            missed + counted.missed,
+        );
+        errors.extend(counted.errors);
     }
     println!(
         "1 → 8 over {count} leases on a {BUDGET} RU/s lease container: fair share in {took:.1?} ({shared}), \
-         {} writes throttled, {acquired} leases acquired ({} the fewest), {lost} taken after the requester's \
-         patience; longest heartbeat gaps {gaps:?}; errors reported: {} ({:?})",
-        throttled_after - throttled_before,
+         {throttled} writes throttled, {charged:.0} RU/s charged, {acquired} leases acquired ({} the fewest), \
+         {lost} taken after the requester's patience ({missed} lease events missed); longest heartbeat gaps \
+         {gaps:?}; errors reported: {} ({:?})",
         count - count.div_ceil(8),
         errors.len(),
         errors.iter().take(3).collect::<Vec<_>>()
@@ -306,8 +333,8 @@ async fn scaling_out_on_a_lease_container_at_its_budget_keeps_every_heartbeat_an
     }
     assert!(shared, "no fair share in {took:?}: {:?}", owners(&account).await);
     assert!(
-        throttled_after > throttled_before,
-        "the lease container was never over its budget: nothing was tested"
+        throttled > 0 || charged >= BUDGET as f64 * 0.5,
+        "the instances neither spent half the budget nor were refused: nothing was tested"
     );
     assert!(errors.is_empty(), "throttling surfaced as errors: {errors:?}");
     // Within the expiration — none of their leases could be taken as expired (the busy test

@@ -194,6 +194,10 @@ impl LeaseStore for CountingStore {
         self.inner.request_charge()
     }
 
+    async fn provisioned_throughput(&self) -> Result<Option<u64>, LeaseStoreError> {
+        self.inner.provisioned_throughput().await
+    }
+
     async fn snapshot(&self) -> Result<LeaseSnapshot, LeaseStoreError> {
         self.count(&self.requests.listings).await?;
         let snapshot = self.inner.snapshot().await;

@@ -91,6 +91,14 @@ impl DocumentContainer {
         &self.pk_paths
     }
 
+    /// The container's provisioned request units a second — its manual throughput, or the
+    /// maximum of its autoscale throughput; `None` when it has none of its own (it shares its
+    /// database's, or the account is serverless).
+    pub async fn provisioned_throughput(&self) -> Result<Option<u64>, CosmosError> {
+        let offer = self.client.read_throughput(None).await?;
+        Ok(offer.and_then(|offer| offer.throughput().or_else(|| offer.autoscale_maximum())))
+    }
+
     /// Creates a document; `Conflict` when the id exists in that partition.
     pub async fn create(&self, partition_key: &str, body: &Value) -> Result<Document, CosmosError> {
         let id = id_of(body)?;

@@ -8,7 +8,8 @@ use tokio::time::Instant;
 use crate::cosmos::{EpkRange, FeedMode, MonitoredContainer, StartFrom};
 use crate::processor::error::ProcessorError;
 use crate::processor::leases::adopt::AdoptOptions;
-use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LockAttempt};
+use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError, LockAttempt};
+use crate::processor::leases::write_budget::{Turn, WriteBudget};
 use crate::processor::options::ProcessorOptions;
 use crate::processor::policy::start_retry::retrying;
 
@@ -33,6 +34,9 @@ impl LockWatch {
     }
 }
 
+/// How long a lease creation waits for the lease container's budget before it is sent anyway.
+const CREATE_PATIENCE: Duration = Duration::from_secs(60);
+
 /// Waits until the lease store is initialized, initializing it when this instance gets the lock.
 /// Transient failures are retried with backoff ([`retrying`]).
 pub async fn bootstrap(
@@ -40,14 +44,37 @@ pub async fn bootstrap(
     monitored: &MonitoredContainer,
     options: &ProcessorOptions,
 ) -> Result<(), ProcessorError> {
+    bootstrap_paced(store, &WriteBudget::default(), monitored, options).await
+}
+
+/// Like [`bootstrap`], the leases created as `budget` admits them (thousands of creations at
+/// once would spend every window of a lease container's budget, other processors' heartbeats
+/// among them).
+pub(crate) async fn bootstrap_paced(
+    store: &dyn LeaseStore,
+    budget: &WriteBudget,
+    monitored: &MonitoredContainer,
+    options: &ProcessorOptions,
+) -> Result<(), ProcessorError> {
     retrying("bootstrapping the leases", ProcessorError::is_transient, || {
-        bootstrap_once(store, monitored, options)
+        bootstrap_once((store, budget), monitored, options)
     })
     .await
 }
 
-async fn bootstrap_once(
+/// Creates `lease` when `budget` admits it; `None` when a lease with that id exists already.
+async fn create_paced(
     store: &dyn LeaseStore,
+    budget: &WriteBudget,
+    lease: &Lease,
+) -> Result<Option<Lease>, LeaseStoreError> {
+    budget
+        .paced(CREATE_PATIENCE, Turn::InOrder, |_| store.create(lease))
+        .await
+}
+
+async fn bootstrap_once(
+    (store, budget): (&dyn LeaseStore, &WriteBudget),
     monitored: &MonitoredContainer,
     options: &ProcessorOptions,
 ) -> Result<(), ProcessorError> {
@@ -75,7 +102,7 @@ async fn bootstrap_once(
                 continue;
             }
         }
-        let created = initialize(store, monitored, options, &snapshot, &uncovered).await?;
+        let created = initialize((store, budget), monitored, options, &snapshot, &uncovered).await?;
         store
             .mark_initialized(monitored.name(), options.leases_per_partition)
             .await?;
@@ -128,7 +155,7 @@ fn uncovered<'a>(ranges: &'a [EpkRange], snapshot: &LeaseSnapshot) -> Vec<&'a Ep
 /// Creates the leases of the `uncovered` ranges (adopting foreign checkpoints first, when
 /// asked or found under our prefix), holding the bootstrap lock; returns how many were created.
 async fn initialize(
-    store: &dyn LeaseStore,
+    (store, budget): (&dyn LeaseStore, &WriteBudget),
     monitored: &MonitoredContainer,
     options: &ProcessorOptions,
     snapshot: &LeaseSnapshot,
@@ -141,7 +168,7 @@ async fn initialize(
             "the lease store is initialized but feed ranges have no lease (lease documents deleted?); creating them from the start position"
         );
     }
-    let (mut created, adopted) = adopt_existing(store, monitored, options, snapshot).await?;
+    let (mut created, adopted) = adopt_existing((store, budget), monitored, options, snapshot).await?;
     let per_partition = options.leases_per_partition;
     let mut pieces = Vec::new();
     for range in uncovered.iter().filter(|r| !adopted.iter().any(|a| a.overlaps(r))) {
@@ -173,7 +200,7 @@ async fn initialize(
         if recreated {
             lease = lease.start_from_beginning();
         }
-        if store.create(&lease).await?.is_some() {
+        if create_paced(store, budget, &lease).await?.is_some() {
             created += 1;
         }
     }
@@ -212,7 +239,7 @@ async fn is_recreated(
 /// prefix: a .NET v2 / v3 version-0 processor of the same name); returns the leases created and
 /// the ranges they cover. The bootstrap lock is given back when the adoption fails.
 async fn adopt_existing(
-    store: &dyn LeaseStore,
+    (store, budget): (&dyn LeaseStore, &WriteBudget),
     monitored: &MonitoredContainer,
     options: &ProcessorOptions,
     snapshot: &LeaseSnapshot,
@@ -239,7 +266,7 @@ async fn adopt_existing(
     let (mut created, mut adopted) = (0, Vec::new());
     for lease in leases {
         adopted.extend(lease.range().cloned());
-        if store.create(&lease).await?.is_some() {
+        if create_paced(store, budget, &lease).await?.is_some() {
             created += 1;
         }
     }

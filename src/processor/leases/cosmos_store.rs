@@ -205,6 +205,10 @@ impl LeaseStore for CosmosLeaseStore {
         self.container.request_charge()
     }
 
+    async fn provisioned_throughput(&self) -> Result<Option<u64>, LeaseStoreError> {
+        Ok(self.container.provisioned_throughput().await?)
+    }
+
     async fn snapshot(&self) -> Result<LeaseSnapshot, LeaseStoreError> {
         let docs = self.container.list_by_id_prefix(&self.prefix).await?;
         let lease_prefix = format!("{}..", self.prefix);

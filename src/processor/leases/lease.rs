@@ -245,6 +245,10 @@ pub enum LeaseStoreError {
     /// A Cosmos request failed.
     #[error(transparent)]
     Cosmos(#[from] CosmosError),
+    /// The lease container's budget held a write that could wait back for its whole patience:
+    /// it was not sent (an acquisition is left for the next acquire cycle).
+    #[error("the lease container's budget held the write back; it was not sent")]
+    HeldBack,
     /// A lease document could not be parsed.
     #[error("lease document {id} is not a valid lease: {reason}")]
     Invalid {
@@ -258,12 +262,13 @@ pub enum LeaseStoreError {
 impl LeaseStoreError {
     /// Whether retrying later can succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, LeaseStoreError::Cosmos(e) if e.kind.is_retryable())
+        matches!(self, LeaseStoreError::HeldBack) || matches!(self, LeaseStoreError::Cosmos(e) if e.kind.is_retryable())
     }
 
-    /// Whether the lease container refused the request for its provisioned throughput (429).
+    /// Whether the lease container refused the request for its provisioned throughput (429), or
+    /// this instance's share of it held the request back ([`LeaseStoreError::HeldBack`]).
     pub fn is_throttled(&self) -> bool {
-        matches!(self, LeaseStoreError::Cosmos(e) if e.is_throttled())
+        matches!(self, LeaseStoreError::HeldBack) || matches!(self, LeaseStoreError::Cosmos(e) if e.is_throttled())
     }
 
     /// How long the lease container asked to wait before the request is sent again.
@@ -348,6 +353,12 @@ pub trait LeaseStore: Send + Sync {
     /// instance's own; a stale one of another instance: any). A heartbeat already gone or
     /// written by someone else since is left as it is.
     async fn remove_heartbeat(&self, instance: &str, if_match: Option<&str>) -> Result<(), LeaseStoreError>;
+    /// The lease container's provisioned request units a second (an autoscale container's
+    /// maximum); `None` when it has no throughput of its own (it shares its database's, the
+    /// account is serverless) or the store is not billed in request units.
+    async fn provisioned_throughput(&self) -> Result<Option<u64>, LeaseStoreError> {
+        Ok(None)
+    }
     /// Request units charged for this store's requests so far (0 when the store is not billed
     /// in request units).
     fn request_charge(&self) -> f64 {

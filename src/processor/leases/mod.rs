@@ -11,4 +11,5 @@ pub mod lease;
 pub mod name_claim;
 pub mod owned;
 pub mod sightings;
+pub(crate) mod throughput_share;
 pub(crate) mod write_budget;

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::processor::leases::heartbeat::Liveness;
 use crate::processor::leases::lag_report::record_report;
 use crate::processor::leases::lease::{Lease, LeaseStore, LeaseStoreError, STALLED_PROPERTY};
-use crate::processor::leases::write_budget::WriteBudget;
+use crate::processor::leases::write_budget::{Turn, WriteBudget};
 
 /// How many times an update is re-applied after a 412 while the lease is still ours (as the
 /// reference SDK does).
@@ -310,7 +310,7 @@ impl OwnedLease {
     async fn update_deferrable(&self, change: impl Fn(&mut Lease) -> bool) -> Result<Option<Lease>, UpdateError> {
         let change = &change;
         self.budget
-            .paced(DEFER_AT_MOST, &self.cancel, |deferrable| {
+            .paced(DEFER_AT_MOST, Turn::AheadOnce(&self.cancel), |deferrable| {
                 let spend = if deferrable { Spend::Deferrable } else { Spend::Plain };
                 self.update_if_as(spend, change)
             })

@@ -18,16 +18,22 @@
 //!   multiplicative decrease, as TCP shares a link): several instances sharing one budget each
 //!   leave room for the others' heartbeats instead of spending every window at its start, and
 //!   throttling that comes and goes does not starve the checkpoints;
-//! - checkpoints wait their turn in order (a FIFO turnstile), so that none waits for ever.
+//! - checkpoints wait their turn in order (a FIFO turnstile), so that none waits for ever;
+//! - where the container's provisioned throughput is known, they also wait for this instance's
+//!   share of it ([`crate::processor::leases::throughput_share`]), so that the fleet's writes
+//!   stay under the budget before any 429.
 //!
 //! [`BudgetState::delay`] is the decision, tested on its own.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use crate::processor::leases::lease::LeaseStore;
+use crate::processor::leases::throughput_share::ThroughputShare;
 
 /// How much of itself the rate grows a second while checkpoints go through, and at least how
 /// many checkpoints a second it grows by.
@@ -80,34 +86,67 @@ struct BudgetState {
     recent: VecDeque<Instant>,
     /// Checkpoints answered 429 since the count was last taken.
     throttles: u64,
+    /// This instance's share of the container's provisioned throughput.
+    share: ThroughputShare,
+}
+
+impl BudgetState {
+    fn new(now: Instant) -> Self {
+        Self {
+            vital: 0,
+            paused_until: None,
+            rate: None,
+            tokens: 0.0,
+            refilled: now,
+            cut_at: None,
+            throttled_at: None,
+            recent: VecDeque::new(),
+            throttles: 0,
+            share: ThroughputShare::new(now),
+        }
+    }
 }
 
 /// The lease container's budget as this instance spends it (shared by its lease tasks, its
 /// renewer and its heartbeat).
-#[derive(Debug)]
 pub(crate) struct WriteBudget {
     state: Mutex<BudgetState>,
     /// Checkpoints wait here in order.
     turnstile: tokio::sync::Mutex<()>,
+    /// The lease store whose request charge this instance's share is spent on (`None`: none
+    /// counted).
+    meter: Option<Arc<dyn LeaseStore>>,
+}
+
+impl std::fmt::Debug for WriteBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteBudget")
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for WriteBudget {
     fn default() -> Self {
         Self {
-            state: Mutex::new(BudgetState {
-                vital: 0,
-                paused_until: None,
-                rate: None,
-                tokens: 0.0,
-                refilled: Instant::now(),
-                cut_at: None,
-                throttled_at: None,
-                recent: VecDeque::new(),
-                throttles: 0,
-            }),
+            state: Mutex::new(BudgetState::new(Instant::now())),
             turnstile: tokio::sync::Mutex::new(()),
+            meter: None,
         }
     }
+}
+
+/// How a paced write takes its turn among this instance's writes that can wait.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Turn<'a> {
+    /// In order, behind the writes waiting before it (a newcomer's requests and acquisitions).
+    InOrder,
+    /// Ahead of the writes waiting their turn, at the same pace (the take-up of a lease handed
+    /// over to this instance, whose processing waits for it).
+    Ahead,
+    /// In order until the token is cancelled, then ahead (a lease's checkpoints and release:
+    /// once its processing is cancelled a handoff follows, and a requester waits).
+    AheadOnce(&'a CancellationToken),
 }
 
 /// An error that may be a 429 (the lease container's budget refused the write).
@@ -122,6 +161,16 @@ impl Throttled for crate::processor::leases::lease::LeaseStoreError {
     }
 }
 
+/// An admitted write under way: once it is dropped (answered, or given up) its estimate no
+/// longer counts against the share — its actual charge does.
+struct Settle<'a>(&'a WriteBudget);
+
+impl Drop for Settle<'_> {
+    fn drop(&mut self) {
+        self.0.state().share.settle();
+    }
+}
+
 /// A write that keeps leases alive, under way: checkpoints wait until it is dropped.
 pub(crate) struct VitalWrite<'a>(&'a WriteBudget);
 
@@ -133,11 +182,28 @@ impl Drop for VitalWrite<'_> {
 }
 
 impl BudgetState {
-    /// How long a checkpoint must still wait at `now`; `None`: it may go (and it is counted).
-    fn delay(&mut self, now: Instant) -> Option<Duration> {
+    /// Lifts the rate once [`CALM`] passed without a 429 since the last.
+    fn calm_down(&mut self, now: Instant) {
         if self.throttled_at.is_some_and(|at| now.duration_since(at) >= CALM) {
             self.rate = None;
         }
+    }
+
+    /// Whether nothing limits a checkpoint at `now` (no 429 lately, no share known): it may go
+    /// at once, without waiting its turn (and it is counted).
+    fn unlimited(&mut self, now: Instant) -> bool {
+        self.calm_down(now);
+        let unlimited = self.rate.is_none() && self.share.rate().is_none();
+        if unlimited {
+            self.sent(now);
+        }
+        unlimited
+    }
+
+    /// How long a checkpoint must still wait at `now`, the store having charged `charged`
+    /// request units so far; `None`: it may go (and it is counted).
+    fn delay(&mut self, now: Instant, charged: f64) -> Option<Duration> {
+        self.calm_down(now);
         if self.vital > 0 && self.rate.is_some() {
             return Some(RECHECK);
         }
@@ -146,6 +212,9 @@ impl BudgetState {
                 return Some(until - now);
             }
             self.paused_until = None;
+        }
+        if let Some(wait) = self.share.wait(now, charged) {
+            return Some(wait);
         }
         if let Some(rate) = self.rate {
             let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
@@ -156,6 +225,13 @@ impl BudgetState {
             }
             self.tokens -= 1.0;
         }
+        self.share.reserve();
+        self.sent(now);
+        None
+    }
+
+    /// A checkpoint was admitted at `now`: counted in the last second's.
+    fn sent(&mut self, now: Instant) {
         while self
             .recent
             .front()
@@ -164,7 +240,6 @@ impl BudgetState {
             self.recent.pop_front();
         }
         self.recent.push_back(now);
-        None
     }
 
     /// A checkpoint was answered 429 at `now`, to be retried after `retry_after`.
@@ -218,36 +293,62 @@ impl WriteBudget {
         VitalWrite(self)
     }
 
+    /// A budget that counts what `store` charged against this instance's share of the
+    /// container's provisioned throughput (once [`WriteBudget::share_out`] says what it is).
+    pub(crate) fn metered(store: Arc<dyn LeaseStore>) -> Self {
+        Self {
+            meter: Some(store),
+            ..Self::default()
+        }
+    }
+
+    /// The container's provisioned request units a second (`None`: not known) and how many
+    /// live instances share them (this one included).
+    pub(crate) fn share_out(&self, provisioned: Option<f64>, instances: usize) {
+        let mut state = self.state();
+        let before = state.share.rate();
+        state.share.set(provisioned, instances);
+        if state.share.rate() != before {
+            tracing::debug!(share = ?state.share.rate(), instances, "this instance's share of the lease container's throughput (RU/s)");
+        }
+    }
+
     /// Waits until a checkpoint may be sent (its turn, no write that keeps leases alive under
-    /// way, no pause, the rate). Callers that may be cancelled race it against their token.
-    pub(crate) async fn admit(&self) {
+    /// way, no pause, the rate, this instance's share). Callers that may be cancelled race it
+    /// against their token.
+    async fn admit(&self) {
+        if self.state().unlimited(Instant::now()) {
+            return;
+        }
         let _turn = self.turnstile.lock().await;
-        loop {
-            let delay = self.state().delay(Instant::now());
-            match delay {
-                None => return,
-                Some(wait) => tokio::time::sleep(wait.min(MAX_PAUSE)).await,
-            }
+        self.admit_urgent().await;
+    }
+
+    /// Waits until a write may be sent in `turn`.
+    async fn admit_in(&self, turn: Turn<'_>) {
+        match turn {
+            Turn::InOrder => self.admit().await,
+            Turn::Ahead => self.admit_urgent().await,
+            Turn::AheadOnce(token) => tokio::select! {
+                biased;
+                _ = async {
+                    token.cancelled().await;
+                    self.admit_urgent().await;
+                } => {}
+                _ = self.admit() => {}
+            },
         }
     }
 
     /// Sends a write that can wait its turn until it is not answered 429 or `patience` has
-    /// passed: each attempt is admitted by the budget ([`WriteBudget::admit`]) and sent as
-    /// `send(true)` — at low priority, a 429 answered at once — and a 429 tells the budget (the
-    /// pace slows) and sends it again in its turn. Once `urgent` is cancelled (someone waits for
-    /// the write: a handoff) it goes ahead of the writes waiting their turn
-    /// ([`WriteBudget::admit_urgent`]); once
-    /// `patience` has passed it is sent as `send(false)`, as any other write (with the SDK's own
-    /// retries). Checkpoints, and the writes that move leases (acquisitions, requests,
-    /// releases), go this way: an instance that floods the budget with them crowds out every
-    /// instance's heartbeat, and a write that fails after the SDK's few retries leaves a lease
-    /// to expire.
-    pub(crate) async fn paced<T, E, F, Fut>(
-        &self,
-        patience: Duration,
-        urgent: &CancellationToken,
-        mut send: F,
-    ) -> Result<T, E>
+    /// passed: each attempt is admitted by the budget in its `turn` and sent as `send(true)` —
+    /// at low priority, a 429 answered at once — and a 429 tells the budget (the pace slows)
+    /// and sends it again in its turn; once `patience` has passed it is sent as `send(false)`,
+    /// as any other write (with the SDK's own retries). Checkpoints, and the writes that move
+    /// leases (acquisitions, requests, releases), go this way: an instance that floods the
+    /// budget with them crowds out every instance's heartbeat, and a write that fails after
+    /// the SDK's few retries leaves a lease to expire.
+    pub(crate) async fn paced<T, E, F, Fut>(&self, patience: Duration, turn: Turn<'_>, mut send: F) -> Result<T, E>
     where
         E: Throttled,
         F: FnMut(bool) -> Fut,
@@ -258,16 +359,16 @@ impl WriteBudget {
             let admitted = tokio::select! {
                 biased;
                 _ = tokio::time::sleep_until(deadline) => false,
-                _ = async {
-                    urgent.cancelled().await;
-                    self.admit_urgent().await;
-                } => true,
-                _ = self.admit() => true,
+                _ = self.admit_in(turn) => true,
             };
             if !admitted {
                 return send(false).await;
             }
-            let retry_after = match send(true).await {
+            let answered = {
+                let _settle = Settle(self);
+                send(true).await
+            };
+            let retry_after = match answered {
                 Err(error) => match error.throttled() {
                     Some(retry_after) => retry_after,
                     None => return Err(error),
@@ -281,13 +382,14 @@ impl WriteBudget {
         }
     }
 
-    /// Waits until an urgent write may be sent: ahead of the writes waiting their turn, at the
-    /// same pace (an owner handing over hundreds of leases at once would crowd out the other
+    /// Waits until a write may be sent ahead of the writes waiting their turn, at the same
+    /// pace (an owner handing over hundreds of leases at once would crowd out the other
     /// instances' heartbeats), and not while a write that keeps leases alive is under way (once
     /// throttled) or a 429's retry-after runs.
-    pub(crate) async fn admit_urgent(&self) {
+    async fn admit_urgent(&self) {
         loop {
-            let delay = self.state().delay(Instant::now());
+            let charged = self.meter.as_ref().map_or(0.0, |store| store.request_charge());
+            let delay = self.state().delay(Instant::now(), charged);
             match delay {
                 None => return,
                 Some(wait) => tokio::time::sleep(wait.min(MAX_PAUSE)).await,
@@ -316,17 +418,17 @@ mod tests {
     use super::*;
 
     fn state(now: Instant) -> BudgetState {
-        BudgetState {
-            vital: 0,
-            paused_until: None,
-            rate: None,
-            tokens: 0.0,
-            refilled: now,
-            cut_at: None,
-            throttled_at: None,
-            recent: VecDeque::new(),
-            throttles: 0,
+        BudgetState::new(now)
+    }
+
+    /// A budget that admitted `sent` checkpoints, then was answered 429 with `retry_after`.
+    async fn throttled_after(sent: usize, retry_after: Duration) -> std::sync::Arc<WriteBudget> {
+        let budget = std::sync::Arc::new(WriteBudget::default());
+        for _ in 0..sent {
+            budget.admit().await;
         }
+        budget.throttled(Some(retry_after));
+        budget
     }
 
     #[test]
@@ -335,22 +437,26 @@ mod tests {
         let ms = |n: u64| t0 + Duration::from_millis(n);
         let mut s = state(t0);
         for n in 0..40 {
-            assert_eq!(s.delay(ms(n * 10)), None, "unlimited before any 429");
+            assert_eq!(s.delay(ms(n * 10), 0.0), None, "unlimited before any 429");
         }
         s.throttled(ms(400), Some(Duration::from_millis(600)));
-        assert_eq!(s.delay(ms(500)), Some(Duration::from_millis(500)), "the retry-after");
+        assert_eq!(
+            s.delay(ms(500), 0.0),
+            Some(Duration::from_millis(500)),
+            "the retry-after"
+        );
         assert_eq!(s.rate, Some(20.0), "half of the 40 sent in the last second");
         // A second 429 of the same window pauses again but does not cut twice.
         s.throttled(ms(450), Some(Duration::from_millis(700)));
         assert_eq!(s.rate, Some(20.0));
-        assert_eq!(s.delay(ms(1149)), Some(Duration::from_millis(1)));
+        assert_eq!(s.delay(ms(1149), 0.0), Some(Duration::from_millis(1)));
         // Paced from the end of the pause: a token every 50 ms at 20/s.
         let near = |d: Option<Duration>, want: u64| {
             d.is_some_and(|d| d.abs_diff(Duration::from_millis(want)) < Duration::from_micros(10))
         };
-        assert!(near(s.delay(ms(1150)), 50));
-        assert_eq!(s.delay(ms(1201)), None);
-        assert!(near(s.delay(ms(1211)), 39), "0.02 + 0.2 of a token");
+        assert!(near(s.delay(ms(1150), 0.0), 50));
+        assert_eq!(s.delay(ms(1201), 0.0), None);
+        assert!(near(s.delay(ms(1211), 0.0), 39), "0.02 + 0.2 of a token");
         s.passed();
         assert_eq!(
             s.rate,
@@ -358,7 +464,7 @@ mod tests {
             "half of 20 a second, a twentieth of it per checkpoint"
         );
         // Calm for long enough: no limit any more.
-        assert_eq!(s.delay(ms(450) + CALM), None);
+        assert_eq!(s.delay(ms(450) + CALM, 0.0), None);
         assert_eq!(s.rate, None);
     }
 
@@ -367,18 +473,22 @@ mod tests {
         let budget = WriteBudget::default();
         let now = Instant::now();
         let vital = budget.vital();
-        assert_eq!(budget.state().delay(now), None, "nothing throttled: nothing waits");
+        assert_eq!(budget.state().delay(now, 0.0), None, "nothing throttled: nothing waits");
         budget.state().throttled(now, Some(Duration::from_millis(100)));
         let later = now + Duration::from_millis(200);
         assert_eq!(
-            budget.state().delay(later),
+            budget.state().delay(later, 0.0),
             Some(RECHECK),
             "throttled: the heartbeat first"
         );
         drop(vital);
-        assert_ne!(budget.state().delay(later), Some(RECHECK), "then only the pace");
+        assert_ne!(budget.state().delay(later, 0.0), Some(RECHECK), "then only the pace");
         let vital = budget.vital();
-        assert_eq!(budget.state().delay(later + CALM), None, "calm again: nothing waits");
+        assert_eq!(
+            budget.state().delay(later + CALM, 0.0),
+            None,
+            "calm again: nothing waits"
+        );
         drop(vital);
     }
 
@@ -395,7 +505,7 @@ mod tests {
             let t0 = Instant::now();
             let mut s = state(t0);
             for n in 0..20 {
-                assert_eq!(s.delay(t0 + Duration::from_millis(n * 10)), None);
+                assert_eq!(s.delay(t0 + Duration::from_millis(n * 10), 0.0), None);
             }
             s.throttled(
                 t0 + Duration::from_millis(300),
@@ -417,7 +527,7 @@ mod tests {
             let mut admitted = 0;
             let end = now + CUT_EVERY;
             while now < end {
-                match s.delay(now) {
+                match s.delay(now, 0.0) {
                     None => {
                         s.passed();
                         admitted += 1;
@@ -450,12 +560,8 @@ mod tests {
 
     #[tokio::test]
     async fn checkpoints_are_admitted_in_order_at_the_rate() {
-        let budget = std::sync::Arc::new(WriteBudget::default());
-        for _ in 0..10 {
-            budget.admit().await;
-        }
         // The budget's window was spent 400 ms into it: the rate is cut by half.
-        budget.throttled(Some(Duration::from_millis(600)));
+        let budget = throttled_after(10, Duration::from_millis(600)).await;
         let started = Instant::now();
         for _ in 0..5 {
             budget.admit().await;
@@ -481,11 +587,10 @@ mod tests {
     #[tokio::test]
     async fn a_paced_write_answered_429_is_sent_again_after_its_retry_after_until_written() {
         let budget = WriteBudget::default();
-        let pacing = CancellationToken::new();
         let sent = std::sync::Mutex::new(Vec::new());
         let started = Instant::now();
         let written = budget
-            .paced(Duration::from_secs(30), &pacing, |deferrable| {
+            .paced(Duration::from_secs(30), Turn::InOrder, |deferrable| {
                 let mut sent = sent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 sent.push(deferrable);
                 let attempt = sent.len();
@@ -510,10 +615,9 @@ mod tests {
     #[tokio::test]
     async fn a_paced_write_past_its_patience_is_sent_as_any_other_write() {
         let budget = WriteBudget::default();
-        let pacing = CancellationToken::new();
         let sent = std::sync::Mutex::new(Vec::new());
         let written: Result<bool, Refused> = budget
-            .paced(Duration::from_millis(300), &pacing, |deferrable| {
+            .paced(Duration::from_millis(300), Turn::InOrder, |deferrable| {
                 sent.lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .push(deferrable);
@@ -538,12 +642,8 @@ mod tests {
 
     #[tokio::test]
     async fn an_urgent_write_goes_ahead_of_the_writes_waiting_their_turn() {
-        let budget = std::sync::Arc::new(WriteBudget::default());
-        for _ in 0..4 {
-            budget.admit().await;
-        }
         // Two a second from the end of a 500 ms pause.
-        budget.throttled(Some(Duration::from_millis(500)));
+        let budget = throttled_after(4, Duration::from_millis(500)).await;
         let waiting = {
             let budget = budget.clone();
             tokio::spawn(async move {
@@ -554,16 +654,52 @@ mod tests {
             })
         };
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let urgent = CancellationToken::new();
-        urgent.cancel();
         let written: Result<Instant, Refused> = budget
-            .paced(Duration::from_secs(30), &urgent, |_| async { Ok(Instant::now()) })
+            .paced(Duration::from_secs(30), Turn::Ahead, |_| async { Ok(Instant::now()) })
             .await;
         let urgent_at = written.expect("written");
         let waiting_done = waiting.await.expect("the waiting writes");
         assert!(
             urgent_at < waiting_done,
             "the urgent write did not wait behind the queue"
+        );
+    }
+
+    #[test]
+    fn with_a_known_share_checkpoints_wait_for_it_before_any_429() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut s = state(t0);
+        assert!(s.unlimited(at(0)), "no 429, no share: nothing waits");
+        s.share.set(Some(400.0), 30); // 10 RU/s
+        assert!(!s.unlimited(at(0)), "a known share: writes wait their turn");
+        assert_eq!(s.delay(at(0), 0.0), None);
+        let wait = s.delay(at(0), 0.0).expect("the first write's estimate spent the share");
+        assert_eq!(wait, Duration::from_secs(1), "10 RU reckoned at 10 RU/s");
+        s.share.settle();
+        // It was charged 13 RU, and a heartbeat 7 more: two seconds' worth of the share.
+        let wait = s.delay(at(100), 20.0).expect("spent ahead");
+        assert!(
+            wait.abs_diff(Duration::from_millis(1900)) < Duration::from_millis(1),
+            "{wait:?}"
+        );
+        assert_eq!(s.delay(at(2000), 20.0), None);
+        assert_eq!(s.rate, None, "no 429 was needed");
+    }
+
+    #[tokio::test]
+    async fn an_answered_write_no_longer_counts_as_reckoned() {
+        let budget = WriteBudget::default();
+        budget.share_out(Some(400.0), 30); // 10 RU/s: one write reckoned fills it
+        let written: Result<(), Refused> = budget
+            .paced(Duration::from_secs(30), Turn::InOrder, |_| async { Ok(()) })
+            .await;
+        assert!(written.is_ok());
+        assert_eq!(budget.state().share.rate(), Some(10.0));
+        assert_eq!(
+            budget.state().delay(Instant::now(), 0.0),
+            None,
+            "the estimate was settled"
         );
     }
 

@@ -3,9 +3,9 @@
 //! container's budget ([`crate::processor::leases::write_budget`]).
 
 use time::OffsetDateTime;
-use tokio_util::sync::CancellationToken;
 
 use crate::processor::leases::lease::{Lease, LeaseStore, LeaseStoreError};
+use crate::processor::leases::write_budget::Turn;
 use crate::processor::policy::cycle_plan::{Acquisition, retry_acquisition};
 use crate::processor::run::shared::Shared;
 
@@ -13,24 +13,19 @@ use crate::processor::run::shared::Shared;
 /// request, is tried again after a 412 within one cycle.
 const ACQUIRE_RETRIES: u32 = 5;
 
-/// Writes one acquisition (If-Match the listed ETag). One from a live owner (a handoff request,
+/// Writes one acquisition (If-Match the listed ETag), as a write that can wait (at low priority,
+/// a 429 answered at once: [`LeaseStore::replace_deferrable`]). One from a live owner (a handoff request,
 /// or the take after the owner ignored one for a lease expiration) re-reads the lease on a 412 and
 /// tries again while the reason holds, a few times (as the reference processors do): an owner
 /// that checkpoints often changes the lease between every listing and write, and would keep it.
 pub(crate) async fn write_acquisition(
     store: &dyn LeaseStore,
     acquisition: &Acquisition,
-    deferrable: bool,
 ) -> Result<Lease, LeaseStoreError> {
     let mut write = acquisition.write.clone();
     let mut retries = 0;
     loop {
-        let written = if deferrable {
-            store.replace_deferrable(&write).await
-        } else {
-            store.replace(&write).await
-        };
-        match written {
+        match store.replace_deferrable(&write).await {
             Err(LeaseStoreError::Changed(id)) if acquisition.previous_owner.is_some() && retries < ACQUIRE_RETRIES => {
                 let current = store.read(&id).await?;
                 match current.and_then(|current| retry_acquisition(acquisition, current, OffsetDateTime::now_utc())) {
@@ -76,11 +71,9 @@ pub(crate) async fn adopt_one(shared: &Shared, me: &str, id: &str) -> Adoption {
     next.take_for(me, shared.next_epoch());
     next.timestamp = Some(OffsetDateTime::now_utc());
     // Urgent: the lease was handed over to this instance, whose processing of it waits.
-    let urgent = CancellationToken::new();
-    urgent.cancel();
     let written = shared
         .budget
-        .paced(shared.options.acquire_interval, &urgent, |deferrable| {
+        .paced(shared.options.acquire_interval, Turn::Ahead, |deferrable| {
             let next = &next;
             async move {
                 if deferrable {

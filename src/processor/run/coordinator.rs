@@ -17,6 +17,7 @@ use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStoreError};
 use crate::processor::leases::name_claim::NameError;
 use crate::processor::leases::owned::{OwnedLease, UpdateError};
 use crate::processor::leases::sightings::Sightings;
+use crate::processor::leases::write_budget::Turn;
 use crate::processor::policy::cycle_plan::{
     AcquireStep, Acquisition, CycleOptions, CyclePlan, Observations, plan_cycle,
 };
@@ -224,6 +225,13 @@ impl Coordinator {
             return;
         }
         let plan = self.plan(&snapshot, sent, &me, previous_interval);
+        // This instance's share of the container's budget: among itself and the others listed.
+        let others = self
+            .shared
+            .others
+            .lock()
+            .map_or_else(|e| e.into_inner().len(), |o| o.len());
+        self.shared.share_budget(others + 1).await;
         self.perform(plan).await;
     }
 
@@ -295,17 +303,25 @@ impl Coordinator {
             }
         }
         // Paced by the budget, never urgent: a newcomer's requests and acquisitions can wait
-        // their turn behind the heartbeats.
-        let (patience, pacing) = (self.shared.options.acquire_interval, CancellationToken::new());
+        // their turn behind the heartbeats; those the budget did not admit within the acquire
+        // interval are not sent, but left for the next cycle (a newcomer planning hundreds at
+        // once would otherwise send them all past its share).
+        let patience = self.shared.options.acquire_interval;
         let writes = plan.acquire.into_iter().map(|mut acquisition| {
             if acquisition.step == AcquireStep::Take {
                 acquisition.write.owner_epoch = Some(self.shared.next_epoch());
             }
-            let (store, budget, pacing) = (self.shared.store.clone(), self.shared.budget.clone(), &pacing);
+            let (store, budget) = (self.shared.store.clone(), self.shared.budget.clone());
             async move {
                 let written = budget
-                    .paced(patience, pacing, |deferrable| {
-                        write_acquisition(store.as_ref(), &acquisition, deferrable)
+                    .paced(patience, Turn::InOrder, |admitted| {
+                        let (store, acquisition) = (store.as_ref(), &acquisition);
+                        async move {
+                            match admitted {
+                                true => write_acquisition(store, acquisition).await,
+                                false => Err(LeaseStoreError::HeldBack),
+                            }
+                        }
                     })
                     .await;
                 (written, acquisition)

@@ -110,6 +110,10 @@ impl LeaseStore for CrashGate {
     fn request_charge(&self) -> f64 {
         self.inner.request_charge()
     }
+    async fn provisioned_throughput(&self) -> Result<Option<u64>, LeaseStoreError> {
+        self.pass().await;
+        self.inner.provisioned_throughput().await
+    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use crate::processor::error::ProcessorError;
 use crate::processor::handlers::change_handler::ChangeHandler;
 use crate::processor::handlers::dead_letters::DeadLetterStore;
 use crate::processor::handlers::manual::Handler;
-use crate::processor::leases::bootstrap::bootstrap;
+use crate::processor::leases::bootstrap::bootstrap_paced;
 use crate::processor::leases::lease::LeaseStore;
 use crate::processor::options::{OnExhausted, ProcessorOptions};
 use crate::processor::policy::start_retry::retrying;
@@ -96,9 +96,16 @@ impl ChangeFeedProcessor {
         }
         let options = &self.shared.options;
         let span = tracing::info_span!("processor", processor = %options.processor_name, instance = %options.instance);
-        bootstrap(self.shared.store.as_ref(), &self.shared.monitored, options)
-            .instrument(span.clone())
-            .await?;
+        // Alone as far as this instance knows: only the holder of the bootstrap lock writes.
+        self.shared.share_budget(1).await;
+        bootstrap_paced(
+            self.shared.store.as_ref(),
+            &self.shared.budget,
+            &self.shared.monitored,
+            options,
+        )
+        .instrument(span.clone())
+        .await?;
         retrying("claiming the instance name", ProcessorError::is_transient, || {
             self.claim_name()
         })

@@ -12,6 +12,7 @@ use crate::processor::leases::heartbeat::Liveness;
 use crate::processor::leases::lease::LeaseStore;
 use crate::processor::leases::name_claim::NameClaim;
 use crate::processor::leases::owned::OwnedLease;
+use crate::processor::leases::throughput_share::ProvisionedThroughput;
 use crate::processor::leases::write_budget::WriteBudget;
 use crate::processor::options::ProcessorOptions;
 use crate::processor::report::telemetry::Telemetry;
@@ -49,6 +50,8 @@ pub(crate) struct Shared {
     pub(crate) liveness: Arc<Liveness>,
     /// How this instance spends the lease container's request units (heartbeats before checkpoints).
     pub(crate) budget: Arc<WriteBudget>,
+    /// The lease container's provisioned throughput, as last read.
+    throughput: tokio::sync::Mutex<ProvisionedThroughput>,
     /// The other instances the last listing showed here, sorted.
     pub(crate) others: Mutex<Vec<String>>,
     /// This process's incarnation of the instance name: random, new at every start. Its
@@ -73,6 +76,8 @@ impl Shared {
         let liveness = Arc::new(Liveness::new(options.liveness));
         let gate = Arc::new(CrashGate::new(store));
         let incarnation = format!("{:016x}", fastrand::u64(..));
+        // Counts what the store charged against this instance's share of the container's budget.
+        let budget = Arc::new(WriteBudget::metered(gate.clone()));
         Self {
             name: NameClaim::new(&options.instance, &incarnation),
             monitored,
@@ -87,12 +92,20 @@ impl Shared {
             cycles: AtomicU64::new(0),
             requested: Arc::new(tokio::sync::Notify::new()),
             liveness,
-            budget: Arc::default(),
+            budget,
+            throughput: tokio::sync::Mutex::default(),
             others: Mutex::default(),
             incarnation,
             acquisitions: AtomicU64::new(0),
             partitions: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// Shares the lease container's provisioned throughput (read again now and then) out among
+    /// `instances` live instances, this one included.
+    pub(crate) async fn share_budget(&self, instances: usize) {
+        let provisioned = self.throughput.lock().await.current(self.store.as_ref()).await;
+        self.budget.share_out(provisioned, instances);
     }
 
     /// A new ownership epoch for a lease acquisition: this incarnation and a counter, so that no

@@ -24,7 +24,7 @@
 use std::time::Duration;
 
 use crate::processor::error::LeaseError;
-use crate::processor::leases::bootstrap::bootstrap;
+use crate::processor::leases::bootstrap::bootstrap_paced;
 use crate::processor::leases::lease::{Lease, LeaseStore, LeaseStoreError, START_FROM_PROPERTY};
 use crate::processor::leases::owned::OwnedLease;
 use crate::processor::options::ProcessorOptions;
@@ -80,7 +80,14 @@ impl StoreRecovery {
             return false;
         }
         self.bootstrap_at = None;
-        if let Err(error) = bootstrap(shared.store.as_ref(), &shared.monitored, &shared.options).await {
+        if let Err(error) = bootstrap_paced(
+            shared.store.as_ref(),
+            &shared.budget,
+            &shared.monitored,
+            &shared.options,
+        )
+        .await
+        {
             shared.telemetry.error(None, LeaseError::CreateMissing(Box::new(error)));
         }
         true

@@ -1,0 +1,316 @@
+//! This instance's share of the lease container's provisioned throughput, spent before the
+//! container says no. A 429 is how a throttled lease container says its budget is spent — by
+//! then every instance's writes of that second are refused together, heartbeats among them.
+//! Where the container's provisioned request units a second are known (its own offer; an
+//! autoscale offer's maximum), each instance spends at most its part of them, [`MARGIN`] of
+//! the budget divided among the live instances, counting every request it sent there (reads,
+//! heartbeats and renewals too, at what the container charged for them): writes that can wait
+//! wait until this instance's share has room for them. The 429-driven pace
+//! ([`crate::processor::leases::write_budget`]) stays on top, for what a share cannot know (the
+//! other processors of a shared lease container, a hot physical partition).
+//!
+//! [`ThroughputShare::wait`] is the decision, tested on its own.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::processor::leases::lease::LeaseStore;
+
+/// The part of the provisioned throughput the instances share out among themselves: the rest
+/// is room for the moments they spend together (each instance's writes come at their own
+/// times, several in one second of the budget's window).
+pub const MARGIN: f64 = 0.75;
+/// What a write is reckoned to cost before the container says (request units): about a lease
+/// replace. The actual charge replaces the estimate once the write is answered.
+const ESTIMATE: f64 = 10.0;
+/// At most how long an instance's unspent share is kept for later (seconds' worth): an instance
+/// idle for a while does not then spend several seconds' worth of its share in one.
+const KEEP: f64 = 0.25;
+/// At most how long an instance that spent past its share (writes sent after their patience, a
+/// burst of reads) waits it off (seconds' worth), or four writes' estimate if more: the
+/// container's budget is a one-second window, a second spent past it leaves the next one whole.
+const OWE_AT_MOST: f64 = 1.0;
+
+/// How often the lease container's provisioned throughput is read again (it can be changed).
+const READ_EVERY: Duration = Duration::from_secs(600);
+
+/// The lease container's provisioned throughput as last read.
+#[derive(Debug, Default)]
+pub(crate) struct ProvisionedThroughput {
+    /// When it was last read.
+    read_at: Option<Instant>,
+    /// Request units a second; `None`: not known.
+    units: Option<f64>,
+}
+
+impl ProvisionedThroughput {
+    /// The lease container's provisioned request units a second, read again once the last
+    /// reading is [`READ_EVERY`] old; `None`: not known ([`LeaseStore::provisioned_throughput`]).
+    /// A read that fails (an identity without the right to read it, say) leaves the last value:
+    /// the writes are then paced by the container's 429s alone.
+    pub(crate) async fn current(&mut self, store: &dyn LeaseStore) -> Option<f64> {
+        let now = Instant::now();
+        if self.read_at.is_some_and(|at| now.duration_since(at) < READ_EVERY) {
+            return self.units;
+        }
+        let first = self.read_at.replace(now).is_none();
+        match store.provisioned_throughput().await {
+            Ok(units) => {
+                if units.map(|u| u as f64) != self.units {
+                    tracing::info!(units, "the lease container's provisioned throughput (RU/s)");
+                }
+                self.units = units.map(|units| units as f64);
+            }
+            Err(error) if first => tracing::info!(
+                %error,
+                "the lease container's provisioned throughput could not be read: its writes are paced by its 429s alone"
+            ),
+            Err(error) => tracing::debug!(%error, "reading the lease container's provisioned throughput failed"),
+        }
+        self.units
+    }
+}
+
+/// This instance's share of the lease container's provisioned throughput.
+#[derive(Debug)]
+pub(crate) struct ThroughputShare {
+    /// The container's provisioned request units a second; `None`: not known (no offer of its
+    /// own, serverless, not readable): no share, only the 429-driven pace.
+    provisioned: Option<f64>,
+    /// The live instances sharing it (this one included).
+    instances: usize,
+    /// Request units this instance may spend now (negative: spent ahead of its share).
+    level: f64,
+    /// When `level` was brought up to date.
+    at: Instant,
+    /// The store's request charge so far, when `level` was brought up to date.
+    charged: f64,
+    /// What the writes admitted and not answered yet are reckoned to cost.
+    reserved: f64,
+}
+
+impl ThroughputShare {
+    /// No share known yet, at `now`.
+    pub(crate) fn new(now: Instant) -> Self {
+        Self {
+            provisioned: None,
+            instances: 1,
+            level: 0.0,
+            at: now,
+            charged: 0.0,
+            reserved: 0.0,
+        }
+    }
+
+    /// Request units a second this instance may spend; `None`: no share known.
+    pub(crate) fn rate(&self) -> Option<f64> {
+        self.provisioned
+            .map(|provisioned| provisioned * MARGIN / self.instances.max(1) as f64)
+    }
+
+    /// The container's provisioned throughput (`None`: not known) and the live instances.
+    pub(crate) fn set(&mut self, provisioned: Option<f64>, instances: usize) {
+        self.provisioned = provisioned.filter(|ru| ru.is_finite() && *ru > 0.0);
+        self.instances = instances.max(1);
+    }
+
+    /// How long a write must still wait at `now`, the store having charged `charged` request
+    /// units so far; `None`: it may go (then [`ThroughputShare::reserve`] it).
+    pub(crate) fn wait(&mut self, now: Instant, charged: f64) -> Option<Duration> {
+        // The writes read the total before they take turns here, in any order: only a later
+        // total than the last counted spends anything.
+        let spent = (charged - self.charged).max(0.0);
+        self.charged = self.charged.max(charged);
+        let rate = self.rate()?;
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        // What is kept is capped, not what the writes under way are reckoned at: a share spent
+        // on writes still unanswered goes on filling up.
+        self.level = ((self.level + elapsed * rate).min(rate * KEEP + self.reserved) - spent)
+            .max(-(rate * OWE_AT_MOST).max(4.0 * ESTIMATE));
+        self.at = now;
+        let short = self.reserved - self.level;
+        (short > 0.0).then(|| Duration::from_secs_f64(short / rate))
+    }
+
+    /// A write was admitted: reckoned at [`ESTIMATE`] until it is answered.
+    pub(crate) fn reserve(&mut self) {
+        if self.provisioned.is_some() {
+            self.reserved += ESTIMATE;
+        }
+    }
+
+    /// An admitted write was answered: its actual charge is in the store's total now.
+    pub(crate) fn settle(&mut self) {
+        self.reserved = (self.reserved - ESTIMATE).max(0.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A share of a 400 RU/s container among `instances`, from now.
+    fn sharing(instances: usize) -> (Instant, ThroughputShare) {
+        let t0 = Instant::now();
+        let mut share = ThroughputShare::new(t0);
+        share.set(Some(400.0), instances);
+        (t0, share)
+    }
+
+    /// Admits writes of `charge` request units as fast as the share lets them for `seconds`,
+    /// each answered at once; returns what was spent.
+    fn spend_for(share: &mut ThroughputShare, t0: Instant, seconds: u64, charge: f64) -> f64 {
+        let (mut now, mut charged) = (t0, 0.0);
+        let end = t0 + Duration::from_secs(seconds);
+        while now < end {
+            match share.wait(now, charged) {
+                None => {
+                    share.reserve();
+                    charged += charge;
+                    share.settle();
+                }
+                Some(wait) => now += wait.max(Duration::from_millis(1)),
+            }
+        }
+        charged
+    }
+
+    #[test]
+    fn without_a_known_budget_nothing_waits() {
+        let t0 = Instant::now();
+        let mut share = ThroughputShare::new(t0);
+        assert_eq!(share.wait(t0, 1e9), None);
+        share.set(Some(0.0), 4);
+        assert_eq!(share.rate(), None, "no budget of zero");
+        assert_eq!(share.wait(t0, 2e9), None);
+    }
+
+    #[test]
+    fn an_instance_spends_its_part_of_the_margin_whatever_a_write_costs() {
+        for (provisioned, instances, charge) in [
+            (400.0, 1, 13.0),
+            (400.0, 50, 13.0),
+            (400.0, 8, 6.0),
+            (10_000.0, 3, 40.0),
+        ] {
+            let t0 = Instant::now();
+            let mut share = ThroughputShare::new(t0);
+            share.set(Some(provisioned), instances);
+            let rate = provisioned * MARGIN / instances as f64;
+            let spent = spend_for(&mut share, t0, 60, charge) / 60.0;
+            assert!(
+                spent <= rate + charge / 60.0 && spent >= rate * 0.9,
+                "{provisioned} RU/s, {instances} instances, {charge} RU a write: {spent} RU/s of {rate}"
+            );
+        }
+    }
+
+    #[test]
+    fn what_else_the_instance_sent_counts_against_its_share() {
+        let (t0, mut share) = sharing(10); // 30 RU/s
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        assert_eq!(share.wait(at(0), 0.0), None);
+        // A heartbeat and a listing charged 30 RU in the meantime: a second's worth.
+        let wait = share.wait(at(100), 30.0).expect("spent ahead");
+        assert!(
+            wait.abs_diff(Duration::from_millis(900)) < Duration::from_millis(1),
+            "27 RU short at 30 RU/s: {wait:?}"
+        );
+        assert_eq!(share.wait(at(1000), 30.0), None);
+    }
+
+    #[test]
+    fn spending_far_past_the_share_is_waited_off_for_a_second_at_most() {
+        for (instances, most) in [(1, 1000), (4, 1000), (10, 1_333), (50, 6_667)] {
+            let t0 = Instant::now();
+            let mut share = ThroughputShare::new(t0);
+            share.set(Some(400.0), instances);
+            // Writes sent past their patience charged 5,000 RU at once.
+            let wait = share.wait(t0, 5_000.0).expect("spent ahead");
+            assert!(
+                wait.abs_diff(Duration::from_millis(most)) < Duration::from_millis(1),
+                "{instances} instances: {wait:?} (a second, or four writes' estimate if more)"
+            );
+        }
+    }
+
+    #[test]
+    fn writes_under_way_are_reckoned_before_their_charge_is_known() {
+        let (t0, mut share) = sharing(1); // 300 RU/s, 75 RU kept at most
+        let later = t0 + Duration::from_secs(10);
+        let mut admitted = 0;
+        while share.wait(later, 0.0).is_none() {
+            share.reserve();
+            admitted += 1;
+        }
+        assert_eq!(
+            admitted, 8,
+            "75 RU kept: eight admitted before what they are reckoned at passes it"
+        );
+        share.settle();
+        assert_eq!(
+            share.wait(later, 0.0),
+            None,
+            "one answered (charged nothing): room again"
+        );
+    }
+
+    #[test]
+    fn the_share_goes_on_filling_while_writes_are_under_way() {
+        // Writes of 13 RU answered 200 ms after they were sent, as many under way as the share
+        // lets: the instance still spends its whole share.
+        let (t0, mut share) = sharing(2); // 150 RU/s
+        let (mut now, mut charged) = (t0, 0.0);
+        let mut under_way: std::collections::VecDeque<Instant> = Default::default();
+        let end = t0 + Duration::from_secs(60);
+        while now < end {
+            while under_way.front().is_some_and(|answered| *answered <= now) {
+                under_way.pop_front();
+                charged += 13.0;
+                share.settle();
+            }
+            match share.wait(now, charged) {
+                None => {
+                    share.reserve();
+                    under_way.push_back(now + Duration::from_millis(200));
+                }
+                Some(wait) => now += wait.clamp(Duration::from_millis(1), Duration::from_millis(5)),
+            }
+        }
+        let spent = charged / 60.0;
+        assert!((150.0 * 0.95..=151.0).contains(&spent), "{spent} RU/s of 150");
+    }
+
+    #[test]
+    fn a_total_read_before_a_later_one_is_not_counted_twice() {
+        // Writes under way read the store's total each, and take turns at the share in any
+        // order: an older total after a newer one spends nothing again.
+        let (t0, mut share) = sharing(1); // 300 RU/s
+        assert_eq!(share.wait(t0, 0.0), None);
+        assert!(share.wait(t0, 13.0).is_some(), "13 RU spent");
+        let level = share.level;
+        assert!(share.wait(t0, 0.0).is_some());
+        assert!(share.wait(t0, 13.0).is_some());
+        assert_eq!(share.level, level, "the 13 RU were counted once");
+    }
+
+    #[test]
+    fn an_idle_instance_keeps_only_a_quarter_second_of_its_share() {
+        let (t0, mut share) = sharing(2); // 150 RU/s
+        assert_eq!(share.wait(t0 + Duration::from_secs(600), 0.0), None);
+        assert!((share.level - 150.0 * KEEP).abs() < 1e-9, "{}", share.level);
+    }
+
+    #[test]
+    fn fewer_instances_make_each_share_bigger() {
+        let (_, mut share) = sharing(4);
+        assert_eq!(share.rate(), Some(75.0));
+        share.set(Some(400.0), 1);
+        assert_eq!(share.rate(), Some(300.0));
+        share.set(Some(400.0), 0);
+        assert_eq!(share.rate(), Some(300.0), "never fewer than this one");
+        share.set(None, 4);
+        assert_eq!(share.rate(), None);
+    }
+}
