@@ -2,8 +2,9 @@
 //! container says no. A 429 is how a throttled lease container says its budget is spent — by
 //! then every instance's writes of that second are refused together, heartbeats among them.
 //! Where the container's provisioned request units a second are known (its own offer; an
-//! autoscale offer's maximum), each instance spends at most its part of them, [`MARGIN`] of
-//! the budget divided among the live instances, counting every request it sent there (reads,
+//! autoscale offer's maximum), each instance spends at most its part of them — of [`MARGIN`] of
+//! the budget, a part that grows with the leases it owns ([`part_of`]) — counting every request
+//! it sent there (reads,
 //! heartbeats and renewals too, at what the container charged for them): writes that can wait
 //! wait until this instance's share has room for them. The 429-driven pace
 //! ([`crate::processor::leases::write_budget`]) stays on top, for what a share cannot know (the
@@ -31,6 +32,23 @@ const KEEP: f64 = 0.25;
 /// burst of reads) waits it off (seconds' worth), or four writes' estimate if more: the
 /// container's budget is a one-second window, a second spent past it leaves the next one whole.
 const OWE_AT_MOST: f64 = 1.0;
+
+/// The part of the budget of an instance that owns `owned` of the `leases` listed, among
+/// `instances` live instances: as much for each instance as for the fair share of leases it is
+/// due, and as much again for each lease it owns — what an instance writes grows with its leases
+/// (checkpoints, renewals, the final checkpoint and release of each lease it hands over), and
+/// what a newcomer writes to get its share (a request and a take-up a lease) with that share.
+/// An owner handing over most of its leases gets most of the budget, the newcomers taking them
+/// enough for their requests; once the leases are shared fairly, the parts are equal. Without
+/// leases, equal parts.
+pub(crate) fn part_of(owned: usize, leases: usize, instances: usize) -> f64 {
+    let instances = instances.max(1) as f64;
+    if leases == 0 {
+        return 1.0 / instances;
+    }
+    let leases = leases as f64;
+    ((owned as f64).min(leases) + leases / instances) / (2.0 * leases)
+}
 
 /// How often the lease container's provisioned throughput is read again (it can be changed).
 const READ_EVERY: Duration = Duration::from_secs(600);
@@ -78,8 +96,8 @@ pub(crate) struct ThroughputShare {
     /// The container's provisioned request units a second; `None`: not known (no offer of its
     /// own, serverless, not readable): no share, only the 429-driven pace.
     provisioned: Option<f64>,
-    /// The live instances sharing it (this one included).
-    instances: usize,
+    /// This instance's part of it (of [`MARGIN`] of it), between 0 and 1.
+    part: f64,
     /// Request units this instance may spend now (negative: spent ahead of its share).
     level: f64,
     /// When `level` was brought up to date.
@@ -95,7 +113,7 @@ impl ThroughputShare {
     pub(crate) fn new(now: Instant) -> Self {
         Self {
             provisioned: None,
-            instances: 1,
+            part: 1.0,
             level: 0.0,
             at: now,
             charged: 0.0,
@@ -105,14 +123,14 @@ impl ThroughputShare {
 
     /// Request units a second this instance may spend; `None`: no share known.
     pub(crate) fn rate(&self) -> Option<f64> {
-        self.provisioned
-            .map(|provisioned| provisioned * MARGIN / self.instances.max(1) as f64)
+        self.provisioned.map(|provisioned| provisioned * MARGIN * self.part)
     }
 
-    /// The container's provisioned throughput (`None`: not known) and the live instances.
-    pub(crate) fn set(&mut self, provisioned: Option<f64>, instances: usize) {
+    /// The container's provisioned throughput (`None`: not known) and this instance's part of
+    /// it ([`part_of`]).
+    pub(crate) fn set(&mut self, provisioned: Option<f64>, part: f64) {
         self.provisioned = provisioned.filter(|ru| ru.is_finite() && *ru > 0.0);
-        self.instances = instances.max(1);
+        self.part = if part.is_finite() { part.clamp(0.01, 1.0) } else { 1.0 };
     }
 
     /// How long a write must still wait at `now`, the store having charged `charged` request
@@ -154,7 +172,7 @@ mod tests {
     fn sharing(instances: usize) -> (Instant, ThroughputShare) {
         let t0 = Instant::now();
         let mut share = ThroughputShare::new(t0);
-        share.set(Some(400.0), instances);
+        share.set(Some(400.0), 1.0 / instances as f64);
         (t0, share)
     }
 
@@ -181,7 +199,7 @@ mod tests {
         let t0 = Instant::now();
         let mut share = ThroughputShare::new(t0);
         assert_eq!(share.wait(t0, 1e9), None);
-        share.set(Some(0.0), 4);
+        share.set(Some(0.0), 0.25);
         assert_eq!(share.rate(), None, "no budget of zero");
         assert_eq!(share.wait(t0, 2e9), None);
     }
@@ -196,7 +214,7 @@ mod tests {
         ] {
             let t0 = Instant::now();
             let mut share = ThroughputShare::new(t0);
-            share.set(Some(provisioned), instances);
+            share.set(Some(provisioned), 1.0 / instances as f64);
             let rate = provisioned * MARGIN / instances as f64;
             let spent = spend_for(&mut share, t0, 60, charge) / 60.0;
             assert!(
@@ -225,7 +243,7 @@ mod tests {
         for (instances, most) in [(1, 1000), (4, 1000), (10, 1_333), (50, 6_667)] {
             let t0 = Instant::now();
             let mut share = ThroughputShare::new(t0);
-            share.set(Some(400.0), instances);
+            share.set(Some(400.0), 1.0 / instances as f64);
             // Writes sent past their patience charged 5,000 RU at once.
             let wait = share.wait(t0, 5_000.0).expect("spent ahead");
             assert!(
@@ -303,14 +321,42 @@ mod tests {
     }
 
     #[test]
-    fn fewer_instances_make_each_share_bigger() {
+    fn a_part_grows_with_the_leases_owned_and_the_parts_add_up_to_the_whole() {
+        // (owned, leases, instances): the part.
+        for (owned, leases, instances, part) in [
+            (0, 0, 4, 0.25),
+            (50, 200, 4, 0.25),
+            (200, 200, 8, 0.5625),
+            (0, 200, 8, 0.0625),
+            (2_000, 2_000, 50, 0.51),
+            (0, 2_000, 50, 0.01),
+            (1, 1, 1, 1.0),
+            (300, 200, 2, 0.75),
+        ] {
+            let got = part_of(owned, leases, instances);
+            assert!(
+                (got - part).abs() < 1e-9,
+                "{owned} of {leases} among {instances}: {got}"
+            );
+        }
+        // One owner handing over to seven newcomers, then the leases shared fairly: the parts
+        // of all eight add up to the whole either way.
+        let handing_over = part_of(200, 200, 8) + 7.0 * part_of(0, 200, 8);
+        let shared = 8.0 * part_of(25, 200, 8);
+        assert!((handing_over - 1.0).abs() < 1e-9 && (shared - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_part_is_a_share_of_three_quarters_of_the_budget() {
         let (_, mut share) = sharing(4);
         assert_eq!(share.rate(), Some(75.0));
-        share.set(Some(400.0), 1);
+        share.set(Some(400.0), 1.0);
         assert_eq!(share.rate(), Some(300.0));
-        share.set(Some(400.0), 0);
-        assert_eq!(share.rate(), Some(300.0), "never fewer than this one");
-        share.set(None, 4);
+        share.set(Some(400.0), 0.0);
+        assert_eq!(share.rate(), Some(3.0), "never less than a hundredth");
+        share.set(Some(400.0), f64::NAN);
+        assert_eq!(share.rate(), Some(300.0));
+        share.set(None, 0.25);
         assert_eq!(share.rate(), None);
     }
 }

@@ -302,15 +302,12 @@ impl WriteBudget {
         }
     }
 
-    /// The container's provisioned request units a second (`None`: not known) and how many
-    /// live instances share them (this one included).
-    pub(crate) fn share_out(&self, provisioned: Option<f64>, instances: usize) {
+    /// The container's provisioned request units a second (`None`: not known) and this
+    /// instance's part of them ([`crate::processor::leases::throughput_share::part_of`]).
+    pub(crate) fn share_out(&self, provisioned: Option<f64>, part: f64) {
         let mut state = self.state();
-        let before = state.share.rate();
-        state.share.set(provisioned, instances);
-        if state.share.rate() != before {
-            tracing::debug!(share = ?state.share.rate(), instances, "this instance's share of the lease container's throughput (RU/s)");
-        }
+        state.share.set(provisioned, part);
+        tracing::trace!(share = ?state.share.rate(), part, "this instance's share of the lease container's throughput (RU/s)");
     }
 
     /// Waits until a checkpoint may be sent (its turn, no write that keeps leases alive under
@@ -671,7 +668,7 @@ mod tests {
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut s = state(t0);
         assert!(s.unlimited(at(0)), "no 429, no share: nothing waits");
-        s.share.set(Some(400.0), 30); // 10 RU/s
+        s.share.set(Some(400.0), 1.0 / 30.0); // 10 RU/s
         assert!(!s.unlimited(at(0)), "a known share: writes wait their turn");
         assert_eq!(s.delay(at(0), 0.0), None);
         let wait = s.delay(at(0), 0.0).expect("the first write's estimate spent the share");
@@ -690,7 +687,7 @@ mod tests {
     #[tokio::test]
     async fn an_answered_write_no_longer_counts_as_reckoned() {
         let budget = WriteBudget::default();
-        budget.share_out(Some(400.0), 30); // 10 RU/s: one write reckoned fills it
+        budget.share_out(Some(400.0), 1.0 / 30.0); // 10 RU/s: one write reckoned fills it
         let written: Result<(), Refused> = budget
             .paced(Duration::from_secs(30), Turn::InOrder, |_| async { Ok(()) })
             .await;

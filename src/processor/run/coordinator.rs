@@ -17,6 +17,7 @@ use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStoreError};
 use crate::processor::leases::name_claim::NameError;
 use crate::processor::leases::owned::{OwnedLease, UpdateError};
 use crate::processor::leases::sightings::Sightings;
+use crate::processor::leases::throughput_share::part_of;
 use crate::processor::leases::write_budget::Turn;
 use crate::processor::policy::cycle_plan::{
     AcquireStep, Acquisition, CycleOptions, CyclePlan, Observations, plan_cycle,
@@ -225,13 +226,14 @@ impl Coordinator {
             return;
         }
         let plan = self.plan(&snapshot, sent, &me, previous_interval);
-        // This instance's share of the container's budget: among itself and the others listed.
+        // This instance's part of the container's budget, among itself and the others listed.
         let others = self
             .shared
             .others
             .lock()
             .map_or_else(|e| e.into_inner().len(), |o| o.len());
-        self.shared.share_budget(others + 1).await;
+        let part = part_of(self.shared.owned.count(), snapshot.leases.len(), others + 1);
+        self.shared.share_budget(part).await;
         self.perform(plan).await;
     }
 

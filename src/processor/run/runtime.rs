@@ -97,7 +97,7 @@ impl ChangeFeedProcessor {
         let options = &self.shared.options;
         let span = tracing::info_span!("processor", processor = %options.processor_name, instance = %options.instance);
         // Alone as far as this instance knows: only the holder of the bootstrap lock writes.
-        self.shared.share_budget(1).await;
+        self.shared.share_budget(1.0).await;
         bootstrap_paced(
             self.shared.store.as_ref(),
             &self.shared.budget,

@@ -101,11 +101,11 @@ impl Shared {
         }
     }
 
-    /// Shares the lease container's provisioned throughput (read again now and then) out among
-    /// `instances` live instances, this one included.
-    pub(crate) async fn share_budget(&self, instances: usize) {
+    /// Gives this instance `part` of the lease container's provisioned throughput (read again
+    /// now and then): see [`crate::processor::leases::throughput_share::part_of`].
+    pub(crate) async fn share_budget(&self, part: f64) {
         let provisioned = self.throughput.lock().await.current(self.store.as_ref()).await;
-        self.budget.share_out(provisioned, instances);
+        self.budget.share_out(provisioned, part);
     }
 
     /// A new ownership epoch for a lease acquisition: this incarnation and a counter, so that no
