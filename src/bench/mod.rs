@@ -101,7 +101,7 @@ impl BenchSettings {
             java_peer: None,
             k8s_bin: None,
             only: None,
-            scale_leases: 64,
+            scale_leases: 32,
             scale_instances: 4,
             scale_timing_scale: 0.1,
             gap_leases: 50,

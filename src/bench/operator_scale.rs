@@ -165,10 +165,10 @@ fn sizes(settings: &BenchSettings) -> Sizes {
         }
     } else {
         Sizes {
-            resources: 50,
+            resources: 25,
             estimate_interval: Duration::from_secs(5),
-            window: Duration::from_secs(20),
-            changes: 20,
+            window: Duration::from_secs(10),
+            changes: 10,
         }
     }
 }
