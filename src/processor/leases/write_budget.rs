@@ -318,19 +318,19 @@ impl WriteBudget {
             return;
         }
         let _turn = self.turnstile.lock().await;
-        self.admit_urgent().await;
+        self.admit_ahead().await;
     }
 
     /// Waits until a write may be sent in `turn`.
     async fn admit_in(&self, turn: Turn<'_>) {
         match turn {
             Turn::InOrder => self.admit().await,
-            Turn::Ahead => self.admit_urgent().await,
+            Turn::Ahead => self.admit_ahead().await,
             Turn::AheadOnce(token) => tokio::select! {
                 biased;
                 _ = async {
                     token.cancelled().await;
-                    self.admit_urgent().await;
+                    self.admit_ahead().await;
                 } => {}
                 _ = self.admit() => {}
             },
@@ -383,7 +383,7 @@ impl WriteBudget {
     /// pace (an owner handing over hundreds of leases at once would crowd out the other
     /// instances' heartbeats), and not while a write that keeps leases alive is under way (once
     /// throttled) or a 429's retry-after runs.
-    async fn admit_urgent(&self) {
+    async fn admit_ahead(&self) {
         loop {
             let charged = self.meter.as_ref().map_or(0.0, |store| store.request_charge());
             let delay = self.state().delay(Instant::now(), charged);
