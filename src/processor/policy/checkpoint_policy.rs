@@ -57,8 +57,11 @@ impl Deferred {
     /// The pending position, when the policy says to write it now.
     pub fn due(&self, now: Instant) -> Option<&str> {
         let pending = self.pending.as_deref()?;
-        // Every batch (the default) also writes a position an empty page moved.
-        let by_count = self.policy.every_batches <= 1 || self.batches >= self.policy.every_batches;
+        // A position only empty pages moved is not counted as a batch: it waits for the next
+        // batch, the interval, a release, or the lease's caught-up report
+        // ([`caught_up_report_due`]) — not one write per poll of a lease narrower than its
+        // partition, whose position the other sub-ranges' writes move.
+        let by_count = self.batches >= self.policy.every_batches.max(1);
         let by_time = self
             .policy
             .interval
@@ -77,6 +80,19 @@ impl Deferred {
         self.batches = 0;
         self.last_write = now;
     }
+}
+
+/// Empty pages in a row after which a quiet lease may report that it caught up.
+pub const CAUGHT_UP_PAGES: u32 = 3;
+
+/// Whether an empty page writes the lease's position with a report that it caught up: the lease
+/// was quiet for [`CAUGHT_UP_PAGES`] pages and at least a `poll` interval (`quiet_for`, since its
+/// last batch), and the report stored with its checkpoint (`stored_lag`) does not already say
+/// so. One write per quiet spell; a lease with a batch every poll interval or more often writes
+/// only its batches' checkpoints (the reference processors' cost), and the operator reads such a
+/// lease's change feed when its report is not exact.
+pub fn caught_up_report_due(quiet_pages: u32, quiet_for: Duration, poll: Duration, stored_lag: Option<u64>) -> bool {
+    quiet_pages >= CAUGHT_UP_PAGES && quiet_for >= poll && stored_lag != Some(0)
 }
 
 #[cfg(test)]
@@ -107,10 +123,53 @@ mod tests {
             let due = deferred.due(t0 + Duration::from_secs(later)).is_some();
             assert_eq!(due, want, "{name}");
         }
+        let mut deferred = Deferred::new(every(1, None), t0);
+        deferred.record("\"8\"".into(), false);
+        assert_eq!(deferred.due(t0), None, "a position only an empty page moved waits");
+        deferred.record("\"9\"".into(), true);
+        assert_eq!(deferred.due(t0), Some("\"9\""), "until a batch follows");
+        let mut timed = Deferred::new(every(1, Some(5)), t0);
+        timed.record("\"8\"".into(), false);
+        assert_eq!(
+            timed.due(t0 + Duration::from_secs(6)),
+            Some("\"8\""),
+            "or the interval passed"
+        );
         let mut deferred = Deferred::new(every(5, None), t0);
         deferred.record("\"7\"".into(), true);
         assert_eq!(deferred.pending(), Some("\"7\""), "a release writes what is pending");
         deferred.written(t0);
         assert!(!deferred.is_pending());
+    }
+
+    #[test]
+    fn a_caught_up_report_is_due_once_per_quiet_spell() {
+        let (s, ms) = (Duration::from_secs, Duration::from_millis);
+        // (case, quiet pages, quiet for, poll, stored lag, due)
+        let cases = [
+            ("quiet long enough, lag stored", 3, s(5), s(5), Some(7), true),
+            ("no report stored", 4, s(6), s(5), None, true),
+            ("already reported caught up", 9, s(60), s(5), Some(0), false),
+            (
+                "between two batches of a trickle (pages)",
+                2,
+                s(9),
+                s(5),
+                Some(7),
+                false,
+            ),
+            (
+                "between two batches of a trickle (time)",
+                5,
+                ms(2100),
+                s(5),
+                Some(7),
+                false,
+            ),
+            ("a short poll interval", 3, ms(700), ms(100), Some(1), true),
+        ];
+        for (case, pages, quiet_for, poll, stored, due) in cases {
+            assert_eq!(caught_up_report_due(pages, quiet_for, poll, stored), due, "{case}");
+        }
     }
 }

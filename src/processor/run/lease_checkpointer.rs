@@ -5,23 +5,20 @@
 //! per-lease loop and its settling share: [`Flow`], [`stop_reason`] and [`pause`].
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::cosmos::{ChangePage, EpkRange, RangeContinuation};
 use crate::processor::error::LeaseError;
-use crate::processor::leases::lag_report::{LATEST_LSN_PROPERTY, reported_lsn};
+use crate::processor::leases::lag_report::{reported_lag, reported_lsn};
+use crate::processor::leases::lease::Lease;
 use crate::processor::leases::owned::{OwnedLease, UpdateError};
-use crate::processor::policy::checkpoint_policy::Deferred;
+use crate::processor::policy::checkpoint_policy::{Deferred, caught_up_report_due};
 use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
 use crate::processor::run::shared::Shared;
 use crate::processor::run::split::{split, unname_merged};
-
-/// Empty pages in a row after which a lease whose last report showed lag reports that it is
-/// caught up (one write per quiet spell, not one per batch of a trickle).
-const CAUGHT_UP_PAGES: u32 = 3;
 
 /// What the lease loop does after a batch is settled.
 pub(crate) enum Flow {
@@ -65,6 +62,8 @@ pub(crate) struct LeaseCheckpointer {
     report: Option<(String, u64)>,
     /// Empty pages settled in a row.
     quiet_pages: u32,
+    /// When the last batch was settled (or the lease taken up): since when the lease is quiet.
+    last_batch: Instant,
     /// Whether the lease is version 0 (named by a partition key range id), once known: its
     /// pages are then checked for another partition serving it (a merge).
     version_0: Option<bool>,
@@ -74,9 +73,10 @@ impl LeaseCheckpointer {
     /// The checkpointer of `owned`, nothing handled yet.
     pub(crate) fn new(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> Self {
         Self {
-            deferred: Deferred::new(shared.options.checkpoint, std::time::Instant::now()),
+            deferred: Deferred::new(shared.options.checkpoint, Instant::now()),
             report: None,
             quiet_pages: 0,
+            last_batch: Instant::now(),
             version_0: None,
             shared,
             owned,
@@ -150,37 +150,62 @@ impl LeaseCheckpointer {
             .collect()
     }
 
-    /// Records `continuation` as handled and writes it when the checkpoint policy says so,
-    /// retrying a failed write rather than reading the batch again.
+    /// Records `continuation` as handled and writes it when the checkpoint policy says so (an
+    /// empty page: see [`LeaseCheckpointer::after_empty_page`]), retrying a failed write rather
+    /// than reading the batch again.
     async fn checkpoint(&mut self, page: &ChangePage, continuation: String) -> Flow {
         let report = reported_lsn(page, &continuation);
         self.report = report.map(|lsn| (continuation.clone(), lsn));
-        let current = self.owned.current().await;
-        let unchanged = current.continuation.as_deref() == Some(continuation.as_str());
-        self.quiet_pages = if page.documents.is_empty() {
-            self.quiet_pages.saturating_add(1)
+        let started = Instant::now();
+        let position = if page.documents.is_empty() {
+            let current = self.owned.current().await;
+            self.after_empty_page(&current, continuation, report.is_some(), started)
         } else {
-            0
+            self.quiet_pages = 0;
+            self.last_batch = started;
+            self.deferred.record(continuation, true);
+            // `None`: the policy defers this checkpoint (checkpoint.every).
+            self.deferred.due(started).map(str::to_owned)
         };
-        if page.documents.is_empty() && unchanged && !self.deferred.is_pending() {
-            let reported = current.properties.get(LATEST_LSN_PROPERTY).map(String::as_str);
-            self.report_caught_up(reported, &continuation, report).await;
-            return Flow::Go;
+        match position {
+            Some(position) => self.write(page, &position, started).await,
+            None => Flow::Go,
         }
-        if !(page.documents.is_empty() && unchanged) {
-            self.deferred.record(continuation, !page.documents.is_empty());
+    }
+
+    /// The position an empty page writes, if any: what it moved, when the policy's interval
+    /// says so; the lease's position with a report that it caught up, once it was quiet for a
+    /// while ([`caught_up_report_due`]); else nothing — a position only empty pages moved waits
+    /// for the next batch, a release or that report.
+    fn after_empty_page(
+        &mut self,
+        current: &Lease,
+        continuation: String,
+        reported: bool,
+        now: Instant,
+    ) -> Option<String> {
+        self.quiet_pages = self.quiet_pages.saturating_add(1);
+        if current.continuation.as_deref() != Some(continuation.as_str()) {
+            self.deferred.record(continuation.clone(), false);
         }
-        let started = std::time::Instant::now();
-        let Some(continuation) = self.deferred.due(started).map(str::to_owned) else {
-            // The policy defers this checkpoint (checkpoint.every).
-            return Flow::Go;
-        };
+        if let Some(due) = self.deferred.due(now) {
+            return Some(due.to_owned());
+        }
+        let quiet_for = now.saturating_duration_since(self.last_batch);
+        let poll = self.shared.options.poll_interval;
+        let report_due = reported && caught_up_report_due(self.quiet_pages, quiet_for, poll, reported_lag(current));
+        report_due.then_some(continuation)
+    }
+
+    /// Writes `position` (the page's, or one handled before it), until it is written or the
+    /// lease is lost.
+    async fn write(&mut self, page: &ChangePage, position: &str, started: Instant) -> Flow {
         let mut attempt = 0;
-        let report = self.report_for(&continuation);
+        let report = self.report_for(position);
         loop {
-            match self.owned.checkpoint_reporting(&continuation, report).await {
+            match self.owned.checkpoint_reporting(position, report).await {
                 Ok(_) => {
-                    self.deferred.written(std::time::Instant::now());
+                    self.deferred.written(Instant::now());
                     let token = self.owned.token();
                     self.shared.telemetry.observer().checkpointed(token, started.elapsed());
                     if !page.documents.is_empty() {
@@ -223,30 +248,15 @@ impl LeaseCheckpointer {
         let Some(continuation) = self.deferred.pending().map(str::to_owned) else {
             return;
         };
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let report = self.report_for(&continuation);
         match self.owned.checkpoint_reporting(&continuation, report).await {
             Ok(_) => {
-                self.deferred.written(std::time::Instant::now());
+                self.deferred.written(Instant::now());
                 let token = self.owned.token();
                 self.shared.telemetry.observer().checkpointed(token, started.elapsed());
             }
             Err(error) => tracing::debug!(%error, "writing the deferred checkpoint failed"),
-        }
-    }
-
-    /// Writes that the lease caught up (`report`, at the unchanged `continuation`) once it was
-    /// quiet for a few polls — not between two batches of a trickle — when the lease's last
-    /// report (`reported`) says otherwise.
-    async fn report_caught_up(&mut self, reported: Option<&str>, continuation: &str, report: Option<u64>) {
-        let Some(lsn) = report else {
-            return;
-        };
-        if self.quiet_pages < CAUGHT_UP_PAGES || reported == Some(lsn.to_string().as_str()) {
-            return;
-        }
-        if let Err(error) = self.owned.checkpoint_reporting(continuation, report).await {
-            tracing::debug!(%error, "writing the caught-up report failed");
         }
     }
 
