@@ -9,7 +9,7 @@ use crate::cosmos::{EpkRange, FeedMode, MonitoredContainer, StartFrom};
 use crate::processor::error::ProcessorError;
 use crate::processor::leases::adopt::AdoptOptions;
 use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError, LockAttempt};
-use crate::processor::leases::write_budget::{Turn, WriteBudget};
+use crate::processor::leases::write_budget::{Late, Turn, WriteBudget};
 use crate::processor::options::ProcessorOptions;
 use crate::processor::policy::start_retry::retrying;
 
@@ -69,7 +69,7 @@ async fn create_paced(
     lease: &Lease,
 ) -> Result<Option<Lease>, LeaseStoreError> {
     budget
-        .paced(CREATE_PATIENCE, Turn::InOrder, |_| store.create(lease))
+        .paced((CREATE_PATIENCE, Late::Ahead), Turn::InOrder, |_| store.create(lease))
         .await
 }
 

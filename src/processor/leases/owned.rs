@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::processor::leases::heartbeat::Liveness;
 use crate::processor::leases::lag_report::record_report;
 use crate::processor::leases::lease::{Lease, LeaseStore, LeaseStoreError, STALLED_PROPERTY};
-use crate::processor::leases::write_budget::{Turn, WriteBudget};
+use crate::processor::leases::write_budget::{Late, Turn, WriteBudget};
 
 /// How many times an update is re-applied after a 412 while the lease is still ours (as the
 /// reference SDK does).
@@ -304,16 +304,21 @@ impl OwnedLease {
     /// lease container's budget ([`WriteBudget::paced`]) — admitted before the lease's lock is
     /// taken, so that a renewal of the lease is not held up — until it is written or the lease
     /// is lost. Once the lease's processing is cancelled (a release or handoff follows, and a
-    /// requester waits), it no longer waits its turn, only each 429's retry-after; after
-    /// [`DEFER_AT_MOST`] it is sent as any other write (with the SDK's own retries of a 429): a
-    /// checkpoint is never put off for ever.
+    /// requester waits), it no longer waits its turn, only each 429's retry-after and the
+    /// instance's share; after [`DEFER_AT_MOST`] it goes ahead of the queue, within the share,
+    /// as any other write (with the SDK's own retries of a 429): a checkpoint is never put off
+    /// for ever.
     async fn update_deferrable(&self, change: impl Fn(&mut Lease) -> bool) -> Result<Option<Lease>, UpdateError> {
         let change = &change;
         self.budget
-            .paced(DEFER_AT_MOST, Turn::AheadOnce(&self.cancel), |deferrable| {
-                let spend = if deferrable { Spend::Deferrable } else { Spend::Plain };
-                self.update_if_as(spend, change)
-            })
+            .paced(
+                (DEFER_AT_MOST, Late::Ahead),
+                Turn::AheadOnce(&self.cancel),
+                |deferrable| {
+                    let spend = if deferrable { Spend::Deferrable } else { Spend::Plain };
+                    self.update_if_as(spend, change)
+                },
+            )
             .await
     }
 

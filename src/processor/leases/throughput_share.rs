@@ -3,7 +3,7 @@
 //! then every instance's writes of that second are refused together, heartbeats among them.
 //! Where the container's provisioned request units a second are known (its own offer; an
 //! autoscale offer's maximum), each instance spends at most its part of them — of [`MARGIN`] of
-//! the budget, a part that grows with the leases it owns ([`part_of`]) — counting every request
+//! the budget, a part that grows with the leases it owns and hands over ([`part_of`]) — counting every request
 //! it sent there (reads,
 //! heartbeats and renewals too, at what the container charged for them): writes that can wait
 //! wait until this instance's share has room for them. The 429-driven pace
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::processor::leases::lease::LeaseStore;
+use crate::processor::leases::lease::{Lease, LeaseStore};
 
 /// The part of the provisioned throughput the instances share out among themselves: the rest
 /// is room for the moments they spend together (each instance's writes come at their own
@@ -33,21 +33,63 @@ const KEEP: f64 = 0.25;
 /// container's budget is a one-second window, a second spent past it leaves the next one whole.
 const OWE_AT_MOST: f64 = 1.0;
 
-/// The part of the budget of an instance that owns `owned` of the `leases` listed, among
-/// `instances` live instances: as much for each instance as for the fair share of leases it is
-/// due, and as much again for each lease it owns — what an instance writes grows with its leases
-/// (checkpoints, renewals, the final checkpoint and release of each lease it hands over), and
-/// what a newcomer writes to get its share (a request and a take-up a lease) with that share.
-/// An owner handing over most of its leases gets most of the budget, the newcomers taking them
-/// enough for their requests; once the leases are shared fairly, the parts are equal. Without
-/// leases, equal parts.
-pub(crate) fn part_of(owned: usize, leases: usize, instances: usize) -> f64 {
-    let instances = instances.max(1) as f64;
-    if leases == 0 {
-        return 1.0 / instances;
+/// What one instance holds of the leases listed, as its part of the budget weighs it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Holding {
+    /// Leases it owns.
+    pub(crate) owned: usize,
+    /// Of those, the leases another instance asked for: a release each to write.
+    pub(crate) asked: usize,
+    /// Leases it asked another instance for and awaits: a take-up each to write.
+    pub(crate) awaiting: usize,
+}
+
+/// What `me` holds of `leases` (its owned count as it knows it: `owned`), and how many of them
+/// are asked for by an instance other than their owner (handoffs under way).
+pub(crate) fn holding_in(leases: &[Lease], me: &str, owned: usize) -> (Holding, usize) {
+    let mut holding = Holding {
+        owned,
+        ..Holding::default()
+    };
+    let mut handoffs = 0;
+    for lease in leases {
+        let owner = lease.owner.as_deref().unwrap_or_default();
+        let Some((to, _)) = lease.handoff_request() else {
+            continue;
+        };
+        if owner.is_empty() || owner == to {
+            continue;
+        }
+        handoffs += 1;
+        holding.asked += usize::from(owner == me);
+        holding.awaiting += usize::from(to == me);
     }
-    let leases = leases as f64;
-    ((owned as f64).min(leases) + leases / instances) / (2.0 * leases)
+    (holding, handoffs)
+}
+
+/// The part of the budget of an instance holding `mine` of the `leases` listed, among
+/// `instances` live instances, `handoffs` of the leases being handed over. In steady state, as
+/// much for each instance as for the fair share of leases it is due, and as much again for each
+/// lease it owns — what an instance writes grows with its leases (checkpoints, renewals) — so
+/// that once the leases are shared fairly the parts are equal (without leases too). While
+/// leases are handed over, half the budget goes by those handoffs instead: each needs a release
+/// from its owner and a take-up from its requester, so an owner handing over most of its leases
+/// keeps half of the budget to the end of it (weighted by owned leases alone, its part shrank
+/// with every lease it handed over, and its last releases waited on a sliver). The parts add
+/// up to the whole.
+pub(crate) fn part_of(mine: Holding, leases: usize, instances: usize, handoffs: usize) -> f64 {
+    let instances = instances.max(1) as f64;
+    let steady = if leases == 0 {
+        1.0 / instances
+    } else {
+        let leases = leases as f64;
+        ((mine.owned as f64).min(leases) + leases / instances) / (2.0 * leases)
+    };
+    if handoffs == 0 {
+        return steady;
+    }
+    let moving = ((mine.asked + mine.awaiting) as f64 / (2.0 * handoffs as f64)).min(1.0);
+    (steady + moving) / 2.0
 }
 
 /// How often the lease container's provisioned throughput is read again (it can be changed).
@@ -106,18 +148,26 @@ pub(crate) struct ThroughputShare {
     charged: f64,
     /// What the writes admitted and not answered yet are reckoned to cost.
     reserved: f64,
+    /// This instance's phase (0 to 1): how far below what it may keep its level starts, and
+    /// starts again after an idle spell (at most a write's [`ESTIMATE`] short of sending) — so that instances started together, or
+    /// idle until a moment they share (an acquire cycle, a burst of changes), do not all send a
+    /// write in the same second of the budget's window: 50 instances with a share of 6 RU/s
+    /// each would send 500 RU at once.
+    phase: f64,
 }
 
 impl ThroughputShare {
-    /// No share known yet, at `now`.
-    pub(crate) fn new(now: Instant) -> Self {
+    /// No share known yet, at `now`; `phase` (0 to 1, random per instance): see the field.
+    pub(crate) fn new(now: Instant, phase: f64) -> Self {
+        let phase = if phase.is_finite() { phase.clamp(0.0, 1.0) } else { 0.0 };
         Self {
             provisioned: None,
             part: 1.0,
-            level: 0.0,
+            level: -phase * ESTIMATE,
             at: now,
             charged: 0.0,
             reserved: 0.0,
+            phase,
         }
     }
 
@@ -143,9 +193,16 @@ impl ThroughputShare {
         let rate = self.rate()?;
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
         // What is kept is capped, not what the writes under way are reckoned at: a share spent
-        // on writes still unanswered goes on filling up.
-        self.level = ((self.level + elapsed * rate).min(rate * KEEP + self.reserved) - spent)
-            .max(-(rate * OWE_AT_MOST).max(4.0 * ESTIMATE));
+        // on writes still unanswered goes on filling up. An instance idle long enough to keep
+        // all it may starts again its phase's way below that.
+        let most = rate * KEEP + self.reserved;
+        let refilled = self.level + elapsed * rate;
+        let kept = if refilled > most {
+            most - self.phase * (rate * KEEP + ESTIMATE)
+        } else {
+            refilled
+        };
+        self.level = (kept - spent).max(-(rate * OWE_AT_MOST).max(4.0 * ESTIMATE));
         self.at = now;
         let short = self.reserved - self.level;
         (short > 0.0).then(|| Duration::from_secs_f64(short / rate))
@@ -171,7 +228,7 @@ mod tests {
     /// A share of a 400 RU/s container among `instances`, from now.
     fn sharing(instances: usize) -> (Instant, ThroughputShare) {
         let t0 = Instant::now();
-        let mut share = ThroughputShare::new(t0);
+        let mut share = ThroughputShare::new(t0, 0.0);
         share.set(Some(400.0), 1.0 / instances as f64);
         (t0, share)
     }
@@ -179,7 +236,12 @@ mod tests {
     /// Admits writes of `charge` request units as fast as the share lets them for `seconds`,
     /// each answered at once; returns what was spent.
     fn spend_for(share: &mut ThroughputShare, t0: Instant, seconds: u64, charge: f64) -> f64 {
-        let (mut now, mut charged) = (t0, 0.0);
+        spend_more(share, t0, seconds, charge, 0.0)
+    }
+
+    /// Like [`spend_for`], the store having charged `before` so far.
+    fn spend_more(share: &mut ThroughputShare, t0: Instant, seconds: u64, charge: f64, before: f64) -> f64 {
+        let (mut now, mut charged) = (t0, before);
         let end = t0 + Duration::from_secs(seconds);
         while now < end {
             match share.wait(now, charged) {
@@ -191,13 +253,13 @@ mod tests {
                 Some(wait) => now += wait.max(Duration::from_millis(1)),
             }
         }
-        charged
+        charged - before
     }
 
     #[test]
     fn without_a_known_budget_nothing_waits() {
         let t0 = Instant::now();
-        let mut share = ThroughputShare::new(t0);
+        let mut share = ThroughputShare::new(t0, 0.0);
         assert_eq!(share.wait(t0, 1e9), None);
         share.set(Some(0.0), 0.25);
         assert_eq!(share.rate(), None, "no budget of zero");
@@ -212,15 +274,24 @@ mod tests {
             (400.0, 8, 6.0),
             (10_000.0, 3, 40.0),
         ] {
-            let t0 = Instant::now();
-            let mut share = ThroughputShare::new(t0);
-            share.set(Some(provisioned), 1.0 / instances as f64);
-            let rate = provisioned * MARGIN / instances as f64;
-            let spent = spend_for(&mut share, t0, 60, charge) / 60.0;
-            assert!(
-                spent <= rate + charge / 60.0 && spent >= rate * 0.9,
-                "{provisioned} RU/s, {instances} instances, {charge} RU a write: {spent} RU/s of {rate}"
-            );
+            for phase in [0.0, 0.5, 1.0] {
+                let t0 = Instant::now();
+                let mut share = ThroughputShare::new(t0, phase);
+                share.set(Some(provisioned), 1.0 / instances as f64);
+                let rate = provisioned * MARGIN / instances as f64;
+                let total = spend_for(&mut share, t0, 60, charge);
+                let spent = total / 60.0;
+                assert!(
+                    spent <= rate + charge / 60.0 && spent >= rate * 0.9,
+                    "{provisioned} RU/s, {instances} instances, {charge} RU a write, phase {phase}: {spent} RU/s of {rate}"
+                );
+                // Idle for a minute, then busy again: its share again, less its phase's wait.
+                let again = spend_more(&mut share, t0 + Duration::from_secs(120), 60, charge, total) / 60.0;
+                assert!(
+                    again >= rate * 0.9,
+                    "after an idle spell, phase {phase}: {again} RU/s of {rate}"
+                );
+            }
         }
     }
 
@@ -242,7 +313,7 @@ mod tests {
     fn spending_far_past_the_share_is_waited_off_for_a_second_at_most() {
         for (instances, most) in [(1, 1000), (4, 1000), (10, 1_333), (50, 6_667)] {
             let t0 = Instant::now();
-            let mut share = ThroughputShare::new(t0);
+            let mut share = ThroughputShare::new(t0, 0.0);
             share.set(Some(400.0), 1.0 / instances as f64);
             // Writes sent past their patience charged 5,000 RU at once.
             let wait = share.wait(t0, 5_000.0).expect("spent ahead");
@@ -322,7 +393,11 @@ mod tests {
 
     #[test]
     fn a_part_grows_with_the_leases_owned_and_the_parts_add_up_to_the_whole() {
-        // (owned, leases, instances): the part.
+        let owning = |owned| Holding {
+            owned,
+            ..Holding::default()
+        };
+        // (owned, leases, instances): the part, no handoff under way.
         for (owned, leases, instances, part) in [
             (0, 0, 4, 0.25),
             (50, 200, 4, 0.25),
@@ -333,17 +408,69 @@ mod tests {
             (1, 1, 1, 1.0),
             (300, 200, 2, 0.75),
         ] {
-            let got = part_of(owned, leases, instances);
+            let got = part_of(owning(owned), leases, instances, 0);
             assert!(
                 (got - part).abs() < 1e-9,
                 "{owned} of {leases} among {instances}: {got}"
             );
         }
-        // One owner handing over to seven newcomers, then the leases shared fairly: the parts
-        // of all eight add up to the whole either way.
-        let handing_over = part_of(200, 200, 8) + 7.0 * part_of(0, 200, 8);
-        let shared = 8.0 * part_of(25, 200, 8);
-        assert!((handing_over - 1.0).abs() < 1e-9 && (shared - 1.0).abs() < 1e-9);
+        let shared = 8.0 * part_of(owning(25), 200, 8, 0);
+        assert!((shared - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn an_owner_handing_over_keeps_half_the_budget_to_the_end_of_its_handoffs() {
+        // One owner of 2,000 leases, 49 newcomers; `left` leases still to hand over, each
+        // asked for by a newcomer, the newcomers owning the rest evenly.
+        for left in [1_960, 1_000, 100, 10] {
+            let taken = 1_960 - left;
+            let owner = Holding {
+                owned: 40 + left,
+                asked: left,
+                awaiting: 0,
+            };
+            let newcomer = |i: usize| Holding {
+                owned: taken / 49 + usize::from(i < taken % 49),
+                asked: 0,
+                awaiting: left / 49 + usize::from(i < left % 49),
+            };
+            let mine = part_of(owner, 2_000, 50, left);
+            let all = mine + (0..49).map(|i| part_of(newcomer(i), 2_000, 50, left)).sum::<f64>();
+            assert!((all - 1.0).abs() < 1e-9, "{left} left: the parts add up to {all}");
+            assert!(mine >= 0.25, "{left} left: the owner's part {mine}");
+        }
+    }
+
+    #[test]
+    fn handoffs_are_counted_from_the_listing() {
+        let at = time::OffsetDateTime::now_utc();
+        let lease = |owner: &str, to: Option<&str>| {
+            let mut lease = Lease::new("p", &crate::cosmos::EpkRange::full(), None);
+            lease.owner = Some(owner.to_owned()).filter(|o| !o.is_empty());
+            if let Some(to) = to {
+                lease.request_handoff(to, at);
+            }
+            lease
+        };
+        let leases = [
+            lease("a", Some("b")),
+            lease("a", Some("c")),
+            lease("a", None),
+            lease("c", Some("a")),
+            lease("", Some("b")),
+            lease("b", Some("b")),
+        ];
+        let (a, handoffs) = holding_in(&leases, "a", 3);
+        assert_eq!(handoffs, 3, "asked of a live owner by another instance");
+        assert_eq!(
+            a,
+            Holding {
+                owned: 3,
+                asked: 2,
+                awaiting: 1
+            }
+        );
+        assert_eq!(holding_in(&leases, "b", 1).0.awaiting, 1);
     }
 
     #[test]
@@ -358,5 +485,42 @@ mod tests {
         assert_eq!(share.rate(), Some(300.0));
         share.set(None, 0.25);
         assert_eq!(share.rate(), None);
+    }
+
+    #[test]
+    fn instances_idle_until_the_same_moment_spread_their_first_writes_over_their_phases() {
+        // 50 instances at 6 RU/s each (300 RU/s in all), idle, then each with a write at the
+        // same moment: without phases all 50 would go at once (500 RU in one second of a
+        // 400 RU/s budget). With phases spread over 0..1, what goes in any second leaves room
+        // in the budget for the heartbeats (50 × 10 RU every 17 s).
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_secs(60);
+        let mut sent_at = Vec::new();
+        for i in 0..50 {
+            let mut share = ThroughputShare::new(t0, i as f64 / 50.0);
+            share.set(Some(400.0), 1.0 / 50.0);
+            assert!(
+                share.wait(t0, 0.0).is_some() || i == 0,
+                "instance {i} starts short of a write"
+            );
+            let mut now = later;
+            while let Some(wait) = share.wait(now, 0.0) {
+                now += wait.max(Duration::from_micros(1));
+            }
+            sent_at.push(now.duration_since(later).as_secs_f64());
+        }
+        for start in 0..4 {
+            let start = start as f64;
+            let in_second = sent_at.iter().filter(|at| (start..start + 1.0).contains(*at)).count();
+            assert!(
+                in_second as f64 * ESTIMATE <= 340.0,
+                "{in_second} writes in second {start}: {sent_at:?}"
+            );
+        }
+        assert!(
+            sent_at.iter().all(|at| *at <= KEEP + ESTIMATE / 6.0 + 1e-3),
+            "each within one write's time at its share: {sent_at:?}"
+        );
+        assert!(sent_at.iter().filter(|at| **at == 0.0).count() < 10, "{sent_at:?}");
     }
 }

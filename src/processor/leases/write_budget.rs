@@ -91,7 +91,9 @@ struct BudgetState {
 }
 
 impl BudgetState {
-    fn new(now: Instant) -> Self {
+    /// Nothing spent at `now`; `phase`: this instance's phase in its share
+    /// ([`ThroughputShare::new`]).
+    fn new(now: Instant, phase: f64) -> Self {
         Self {
             vital: 0,
             paused_until: None,
@@ -102,7 +104,7 @@ impl BudgetState {
             throttled_at: None,
             recent: VecDeque::new(),
             throttles: 0,
-            share: ThroughputShare::new(now),
+            share: ThroughputShare::new(now, phase),
         }
     }
 }
@@ -129,7 +131,7 @@ impl std::fmt::Debug for WriteBudget {
 impl Default for WriteBudget {
     fn default() -> Self {
         Self {
-            state: Mutex::new(BudgetState::new(Instant::now())),
+            state: Mutex::new(BudgetState::new(Instant::now(), fastrand::f64())),
             turnstile: tokio::sync::Mutex::new(()),
             meter: None,
         }
@@ -147,6 +149,19 @@ pub(crate) enum Turn<'a> {
     /// In order until the token is cancelled, then ahead (a lease's checkpoints and release:
     /// once its processing is cancelled a handoff follows, and a requester waits).
     AheadOnce(&'a CancellationToken),
+}
+
+/// What a paced write does once its patience has passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Late {
+    /// Goes ahead of the writes waiting their turn, still within the instance's share and its
+    /// pauses, and is sent as any other write (`send(false)`, with the SDK's own retries): a
+    /// write is never put off for ever, and never sent past the share (what 50 instances had
+    /// waiting past its patience, sent at once, would be far more than the budget).
+    Ahead,
+    /// Gives up at once: `send(false)` is told, and sends nothing (an acquisition left for the
+    /// next acquire cycle).
+    GiveUp,
 }
 
 /// An error that may be a 429 (the lease container's budget refused the write).
@@ -340,12 +355,16 @@ impl WriteBudget {
     /// Sends a write that can wait its turn until it is not answered 429 or `patience` has
     /// passed: each attempt is admitted by the budget in its `turn` and sent as `send(true)` —
     /// at low priority, a 429 answered at once — and a 429 tells the budget (the pace slows)
-    /// and sends it again in its turn; once `patience` has passed it is sent as `send(false)`,
-    /// as any other write (with the SDK's own retries). Checkpoints, and the writes that move
-    /// leases (acquisitions, requests, releases), go this way: an instance that floods the
-    /// budget with them crowds out every instance's heartbeat, and a write that fails after
-    /// the SDK's few retries leaves a lease to expire.
-    pub(crate) async fn paced<T, E, F, Fut>(&self, patience: Duration, turn: Turn<'_>, mut send: F) -> Result<T, E>
+    /// and sends it again in its turn; once `patience` has passed, what `late` says. Checkpoints,
+    /// and the writes that move leases (acquisitions, requests, releases), go this way: an
+    /// instance that floods the budget with them crowds out every instance's heartbeat, and a
+    /// write that fails after the SDK's few retries leaves a lease to expire.
+    pub(crate) async fn paced<T, E, F, Fut>(
+        &self,
+        (patience, late): (Duration, Late),
+        turn: Turn<'_>,
+        mut send: F,
+    ) -> Result<T, E>
     where
         E: Throttled,
         F: FnMut(bool) -> Fut,
@@ -359,6 +378,11 @@ impl WriteBudget {
                 _ = self.admit_in(turn) => true,
             };
             if !admitted {
+                if late == Late::Ahead {
+                    self.admit_ahead().await;
+                    let _settle = Settle(self);
+                    return send(false).await;
+                }
                 return send(false).await;
             }
             let answered = {
@@ -415,7 +439,7 @@ mod tests {
     use super::*;
 
     fn state(now: Instant) -> BudgetState {
-        BudgetState::new(now)
+        BudgetState::new(now, 0.0)
     }
 
     /// A budget that admitted `sent` checkpoints, then was answered 429 with `retry_after`.
@@ -587,7 +611,7 @@ mod tests {
         let sent = std::sync::Mutex::new(Vec::new());
         let started = Instant::now();
         let written = budget
-            .paced(Duration::from_secs(30), Turn::InOrder, |deferrable| {
+            .paced((Duration::from_secs(30), Late::Ahead), Turn::InOrder, |deferrable| {
                 let mut sent = sent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 sent.push(deferrable);
                 let attempt = sent.len();
@@ -614,7 +638,7 @@ mod tests {
         let budget = WriteBudget::default();
         let sent = std::sync::Mutex::new(Vec::new());
         let written: Result<bool, Refused> = budget
-            .paced(Duration::from_millis(300), Turn::InOrder, |deferrable| {
+            .paced((Duration::from_millis(300), Late::Ahead), Turn::InOrder, |deferrable| {
                 sent.lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .push(deferrable);
@@ -638,6 +662,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn past_its_patience_a_write_still_waits_for_the_share_unless_it_gives_up() {
+        let budget = WriteBudget {
+            state: Mutex::new(state(Instant::now())),
+            ..WriteBudget::default()
+        };
+        budget.share_out(Some(400.0), 1.0 / 30.0); // 10 RU/s
+        budget.state().share.reserve(); // a write under way: 10 RU, a second of the share
+        let started = Instant::now();
+        let sent = std::sync::Mutex::new(Vec::new());
+        let send = |deferrable: bool| {
+            sent.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push((deferrable, started.elapsed()));
+            async { Ok::<(), Refused>(()) }
+        };
+        let patience = Duration::from_millis(200);
+        budget.paced((patience, Late::GiveUp), Turn::InOrder, send).await.ok();
+        budget.paced((patience, Late::Ahead), Turn::InOrder, send).await.ok();
+        let sent = sent.into_inner().unwrap_or_default();
+        assert_eq!(sent.len(), 2, "{sent:?}");
+        assert!(
+            !sent[0].0 && sent[0].1 < Duration::from_millis(400),
+            "given up at its patience: {sent:?}"
+        );
+        assert!(
+            !sent[1].0 && sent[1].1 >= Duration::from_millis(900),
+            "sent as any other write once the share had room, not at its patience: {sent:?}"
+        );
+    }
+
+    #[tokio::test]
     async fn an_urgent_write_goes_ahead_of_the_writes_waiting_their_turn() {
         // Two a second from the end of a 500 ms pause.
         let budget = throttled_after(4, Duration::from_millis(500)).await;
@@ -652,7 +707,9 @@ mod tests {
         };
         tokio::time::sleep(Duration::from_millis(50)).await;
         let written: Result<Instant, Refused> = budget
-            .paced(Duration::from_secs(30), Turn::Ahead, |_| async { Ok(Instant::now()) })
+            .paced((Duration::from_secs(30), Late::Ahead), Turn::Ahead, |_| async {
+                Ok(Instant::now())
+            })
             .await;
         let urgent_at = written.expect("written");
         let waiting_done = waiting.await.expect("the waiting writes");
@@ -686,10 +743,15 @@ mod tests {
 
     #[tokio::test]
     async fn an_answered_write_no_longer_counts_as_reckoned() {
-        let budget = WriteBudget::default();
+        let budget = WriteBudget {
+            state: Mutex::new(state(Instant::now())),
+            ..WriteBudget::default()
+        };
         budget.share_out(Some(400.0), 1.0 / 30.0); // 10 RU/s: one write reckoned fills it
         let written: Result<(), Refused> = budget
-            .paced(Duration::from_secs(30), Turn::InOrder, |_| async { Ok(()) })
+            .paced((Duration::from_secs(30), Late::Ahead), Turn::InOrder, |_| async {
+                Ok(())
+            })
             .await;
         assert!(written.is_ok());
         assert_eq!(budget.state().share.rate(), Some(10.0));

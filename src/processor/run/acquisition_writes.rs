@@ -5,7 +5,7 @@
 use time::OffsetDateTime;
 
 use crate::processor::leases::lease::{Lease, LeaseStore, LeaseStoreError};
-use crate::processor::leases::write_budget::Turn;
+use crate::processor::leases::write_budget::{Late, Turn};
 use crate::processor::policy::cycle_plan::{Acquisition, retry_acquisition};
 use crate::processor::run::shared::Shared;
 
@@ -73,16 +73,20 @@ pub(crate) async fn adopt_one(shared: &Shared, me: &str, id: &str) -> Adoption {
     // Urgent: the lease was handed over to this instance, whose processing of it waits.
     let written = shared
         .budget
-        .paced(shared.options.acquire_interval, Turn::Ahead, |deferrable| {
-            let next = &next;
-            async move {
-                if deferrable {
-                    shared.store.replace_deferrable(next).await
-                } else {
-                    shared.store.replace(next).await
+        .paced(
+            (shared.options.acquire_interval, Late::Ahead),
+            Turn::Ahead,
+            |deferrable| {
+                let next = &next;
+                async move {
+                    if deferrable {
+                        shared.store.replace_deferrable(next).await
+                    } else {
+                        shared.store.replace(next).await
+                    }
                 }
-            }
-        })
+            },
+        )
         .await;
     match written {
         Ok(acquired) => Adoption::Taken(Box::new(acquired)),

@@ -17,8 +17,8 @@ use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStoreError};
 use crate::processor::leases::name_claim::NameError;
 use crate::processor::leases::owned::{OwnedLease, UpdateError};
 use crate::processor::leases::sightings::Sightings;
-use crate::processor::leases::throughput_share::part_of;
-use crate::processor::leases::write_budget::Turn;
+use crate::processor::leases::throughput_share::{holding_in, part_of};
+use crate::processor::leases::write_budget::{Late, Turn};
 use crate::processor::policy::cycle_plan::{
     AcquireStep, Acquisition, CycleOptions, CyclePlan, Observations, plan_cycle,
 };
@@ -118,7 +118,9 @@ impl Coordinator {
         // Handed-over leases are looked for several times per cycle (point reads of the few
         // leases asked for), so that a handoff completes within the cycle that asked for it.
         let poll = (self.shared.options.acquire_interval / 8).clamp(Duration::from_millis(50), Duration::from_secs(2));
-        let mut handoff_poll = tokio::time::interval(poll);
+        // At a random phase: newcomers started together would take up their leases together.
+        let first = tokio::time::Instant::now() + poll.mul_f64(fastrand::f64());
+        let mut handoff_poll = tokio::time::interval_at(first, poll);
         handoff_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.shared.health.set_ready(true);
         loop {
@@ -232,7 +234,8 @@ impl Coordinator {
             .others
             .lock()
             .map_or_else(|e| e.into_inner().len(), |o| o.len());
-        let part = part_of(self.shared.owned.count(), snapshot.leases.len(), others + 1);
+        let (mine, handoffs) = holding_in(&snapshot.leases, &me, self.shared.owned.count());
+        let part = part_of(mine, snapshot.leases.len(), others + 1, handoffs);
         self.shared.share_budget(part).await;
         self.perform(plan).await;
     }
@@ -316,7 +319,7 @@ impl Coordinator {
             let (store, budget) = (self.shared.store.clone(), self.shared.budget.clone());
             async move {
                 let written = budget
-                    .paced(patience, Turn::InOrder, |admitted| {
+                    .paced((patience, Late::GiveUp), Turn::InOrder, |admitted| {
                         let (store, acquisition) = (store.as_ref(), &acquisition);
                         async move {
                             match admitted {

@@ -72,13 +72,16 @@ pub(crate) async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken) {
 }
 
 /// Writes this instance's heartbeat (with the liveness marker) one renew interval after the
-/// last one succeeded (three quarters of it while the lease container throttles); a failed one is retried with backoff (a throttled one after its
+/// last one succeeded (the first one sooner, at a random point) (three quarters of it while the lease container throttles); a failed one is retried with backoff (a throttled one after its
 /// retry-after, counted as throttling, not reported as an error), never waiting longer than a
 /// quarter of the renew interval. Ends at `stop` between writes (a write under way is finished).
 async fn beat(shared: Arc<Shared>, stop: CancellationToken) {
     let interval = shared.options.renew_interval;
     let mut failures = 0;
-    let mut due = Instant::now() + interval;
+    // The first beat after the start's at a random point of the interval's second half: the
+    // instances of a Deployment scaled out start together, and beating in the same second of
+    // the lease container's budget window for ever, 50 of them would ask 500 RU at once.
+    let mut due = Instant::now() + interval.mul_f64(0.5 + 0.5 * fastrand::f64());
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
