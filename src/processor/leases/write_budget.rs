@@ -378,11 +378,11 @@ impl WriteBudget {
                 _ = self.admit_in(turn) => true,
             };
             if !admitted {
-                if late == Late::Ahead {
-                    self.admit_ahead().await;
-                    let _settle = Settle(self);
+                if late == Late::GiveUp {
                     return send(false).await;
                 }
+                self.admit_ahead().await;
+                let _settle = Settle(self);
                 return send(false).await;
             }
             let answered = {

@@ -205,9 +205,8 @@ impl LeaseCheckpointer {
         loop {
             match self.owned.checkpoint_reporting(position, report).await {
                 Ok(_) => {
-                    self.deferred.written(Instant::now());
+                    self.written(started);
                     let token = self.owned.token();
-                    self.shared.telemetry.observer().checkpointed(token, started.elapsed());
                     if !page.documents.is_empty() {
                         self.shared.telemetry.emit(LeaseEvent::Checkpointed {
                             lease: token.to_owned(),
@@ -251,13 +250,17 @@ impl LeaseCheckpointer {
         let started = Instant::now();
         let report = self.report_for(&continuation);
         match self.owned.checkpoint_reporting(&continuation, report).await {
-            Ok(_) => {
-                self.deferred.written(Instant::now());
-                let token = self.owned.token();
-                self.shared.telemetry.observer().checkpointed(token, started.elapsed());
-            }
+            Ok(_) => self.written(started),
             Err(error) => tracing::debug!(%error, "writing the deferred checkpoint failed"),
         }
+    }
+
+    /// A position was written (its write started at `started`): nothing is pending, and the
+    /// observer hears of it.
+    fn written(&mut self, started: Instant) {
+        self.deferred.written(Instant::now());
+        let token = self.owned.token();
+        self.shared.telemetry.observer().checkpointed(token, started.elapsed());
     }
 
     /// The lag report of the page `continuation` is the position after, if it was the last one.
