@@ -462,9 +462,27 @@ impl OwnedLease {
     /// Records the continuation after a handled batch with the lag report of its page
     /// ([`lag_report`](crate::processor::leases::lag_report)).
     pub async fn checkpoint_reporting(&self, continuation: &str, report: Option<u64>) -> Result<Lease, UpdateError> {
+        self.write_position(continuation, report, Progress::Made).await
+    }
+
+    /// Records a position handled before the reader stopped (written before it is opened
+    /// again or the lease is given up): like [`OwnedLease::checkpoint_reporting`], except that
+    /// a stall recorded on the lease stays — a reader restarted after a stall writes what the
+    /// empty pages before the stalled batch moved, which is no sign that the stall is over.
+    pub async fn checkpoint_pending(&self, continuation: &str, report: Option<u64>) -> Result<Lease, UpdateError> {
+        self.write_position(continuation, report, Progress::Unknown).await
+    }
+
+    /// Writes `continuation` and its lag `report` as a checkpoint.
+    async fn write_position(
+        &self,
+        continuation: &str,
+        report: Option<u64>,
+        progress: Progress,
+    ) -> Result<Lease, UpdateError> {
         let written = self
             .update_deferrable(|lease| {
-                record_checkpoint(lease, continuation);
+                record_checkpoint(lease, continuation, progress);
                 record_report(lease, report);
                 true
             })
@@ -484,7 +502,7 @@ impl OwnedLease {
             .update_deferrable(|lease| {
                 let ahead = forward(lease.continuation.as_deref());
                 if ahead {
-                    record_checkpoint(lease, continuation);
+                    record_checkpoint(lease, continuation, Progress::Made);
                     record_report(lease, None);
                 }
                 ahead
@@ -534,10 +552,20 @@ impl OwnedLease {
     }
 }
 
+/// What a checkpoint says of the lease's progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Progress {
+    /// A batch was handled (or the lease caught up): a stall recorded on the lease is over.
+    Made,
+    /// A position handled before the reader stopped: a stall recorded stays.
+    Unknown,
+}
+
 /// Writes `continuation` into `lease` as its checkpoint, stamped now.
-fn record_checkpoint(lease: &mut Lease, continuation: &str) {
+fn record_checkpoint(lease: &mut Lease, continuation: &str, progress: Progress) {
     lease.continuation = Some(continuation.to_owned());
     lease.checkpoint_time = Some(OffsetDateTime::now_utc());
-    // A checkpoint is progress: a stall reported on the lease is over.
-    lease.properties.remove(STALLED_PROPERTY);
+    if progress == Progress::Made {
+        lease.properties.remove(STALLED_PROPERTY);
+    }
 }

@@ -249,7 +249,7 @@ impl LeaseCheckpointer {
         };
         let started = Instant::now();
         let report = self.report_for(&continuation);
-        match self.owned.checkpoint_reporting(&continuation, report).await {
+        match self.owned.checkpoint_pending(&continuation, report).await {
             Ok(_) => self.written(started),
             Err(error) => tracing::debug!(%error, "writing the deferred checkpoint failed"),
         }
