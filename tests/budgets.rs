@@ -6,7 +6,8 @@
 //! heartbeats that keep the leases alive must still get through with room to spare: no lease is
 //! lost or moves, and no heartbeat goes unwritten for half a lease expiration (a gap near the
 //! expiration is one slow answer away from every lease of the instance being taken); and the
-//! budget held the instances back — they spent most of it, each its share, or were refused
+//! budget held the instances back — they spent at least half of it, each its share (they share
+//! out 60 % of a 400 RU/s budget), or were refused
 //! (else nothing was tested); and no error is reported (a throttled checkpoint waits and is
 //! counted, it is not an error). The figures are printed.
 //!
@@ -235,8 +236,8 @@ async fn no_lease_lost_at_the_budget(size: Size) {
     a.handle.abort();
     b.handle.abort();
     assert!(
-        throttled > 0 || charged >= BUDGET as f64 * 0.6,
-        "the instances neither spent most of the budget nor were refused: nothing was tested"
+        throttled > 0 || charged >= BUDGET as f64 * 0.5,
+        "the instances neither spent half the budget nor were refused: nothing was tested"
     );
     assert_eq!((tally_a.lost, tally_b.lost), (0, 0), "leases lost");
     assert_eq!((tally_a.acquired, tally_b.acquired), (0, 0), "leases moved");

@@ -2,8 +2,8 @@
 //! container says no. A 429 is how a throttled lease container says its budget is spent — by
 //! then every instance's writes of that second are refused together, heartbeats among them.
 //! Where the container's provisioned request units a second are known (its own offer; an
-//! autoscale offer's maximum), each instance spends at most its part of them — of [`MARGIN`] of
-//! the budget, a part that grows with the leases it owns and hands over ([`part_of`]) — counting every request
+//! autoscale offer's maximum), each instance spends at most its part of them — of the [`margin`]
+//! of the budget, a part that grows with the leases it owns and hands over ([`part_of`]) — counting every request
 //! it sent there (reads,
 //! heartbeats and renewals too, at what the container charged for them): writes that can wait
 //! wait until this instance's share has room for them. The 429-driven pace
@@ -18,10 +18,30 @@ use tokio::time::Instant;
 
 use crate::processor::leases::lease::{Lease, LeaseStore};
 
-/// The part of the provisioned throughput the instances share out among themselves: the rest
-/// is room for the moments they spend together (each instance's writes come at their own
-/// times, several in one second of the budget's window).
-pub const MARGIN: f64 = 0.75;
+/// How many standard deviations of a second's writes the room left in the budget covers
+/// ([`margin`]).
+const SPREAD: f64 = 3.0;
+/// What a lease write is charged (request units), as the room left in the budget counts it.
+const WRITE_CHARGE: f64 = 12.0;
+/// The most of a budget the instances share out, however large it is.
+const MOST_SHARED: f64 = 0.9;
+
+/// The part of `provisioned` request units a second the instances share out among themselves:
+/// the rest is room for their writes that meet in one second of the budget's window. Each
+/// instance writes at its own times, so the request units of one second vary about the mean
+/// as a count of independent writes does (a standard deviation of √(charge × mean)); the room
+/// left is [`SPREAD`] of those. At 400 RU/s, the service's smallest, the instances share 60 %
+/// (held to 75 %, the busiest seconds of a 50-instance rebalance reached 418 RU and were
+/// answered 429); at 1,000 RU/s 72 %, from about 10,000 RU/s [`MOST_SHARED`].
+pub fn margin(provisioned: f64) -> f64 {
+    if !provisioned.is_finite() || provisioned <= 0.0 {
+        return 0.0;
+    }
+    // budget × (1 − m) = SPREAD × √(charge × m × budget), solved for √m.
+    let spread = SPREAD * (WRITE_CHARGE * provisioned).sqrt();
+    let root = (-spread + (spread * spread + 4.0 * provisioned * provisioned).sqrt()) / (2.0 * provisioned);
+    (root * root).min(MOST_SHARED)
+}
 /// What a write is reckoned to cost before the container says (request units): about a lease
 /// replace. The actual charge replaces the estimate once the write is answered.
 const ESTIMATE: f64 = 10.0;
@@ -44,51 +64,68 @@ pub(crate) struct Holding {
     pub(crate) awaiting: usize,
 }
 
-/// What `me` holds of `leases` (its owned count as it knows it: `owned`), and how many of them
-/// are asked for by an instance other than their owner (handoffs under way).
-pub(crate) fn holding_in(leases: &[Lease], me: &str, owned: usize) -> (Holding, usize) {
+/// What a listing shows of the leases the instances share out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Listed {
+    /// Leases listed.
+    pub(crate) leases: usize,
+    /// Of those, leases nobody owns: to be taken, by any instance alike.
+    pub(crate) free: usize,
+    /// Leases asked of their owner by another instance: handoffs under way.
+    pub(crate) handoffs: usize,
+}
+
+/// What `me` holds of `leases` (its owned count as it knows it: `owned`), and what the listing
+/// shows of them all.
+pub(crate) fn holding_in(leases: &[Lease], me: &str, owned: usize) -> (Holding, Listed) {
     let mut holding = Holding {
         owned,
         ..Holding::default()
     };
-    let mut handoffs = 0;
+    let mut listed = Listed {
+        leases: leases.len(),
+        ..Listed::default()
+    };
     for lease in leases {
         let owner = lease.owner.as_deref().unwrap_or_default();
+        listed.free += usize::from(owner.is_empty());
         let Some((to, _)) = lease.handoff_request() else {
             continue;
         };
         if owner.is_empty() || owner == to {
             continue;
         }
-        handoffs += 1;
+        listed.handoffs += 1;
         holding.asked += usize::from(owner == me);
         holding.awaiting += usize::from(to == me);
     }
-    (holding, handoffs)
+    (holding, listed)
 }
 
-/// The part of the budget of an instance holding `mine` of the `leases` listed, among
-/// `instances` live instances, `handoffs` of the leases being handed over. In steady state, as
-/// much for each instance as for the fair share of leases it is due, and as much again for each
-/// lease it owns — what an instance writes grows with its leases (checkpoints, renewals) — so
-/// that once the leases are shared fairly the parts are equal (without leases too). While
-/// leases are handed over, half the budget goes by those handoffs instead: each needs a release
-/// from its owner and a take-up from its requester, so an owner handing over most of its leases
+/// The part of the budget of an instance holding `mine` of the leases `listed`, among
+/// `instances` live instances. In steady state, as much for each instance as for the fair share
+/// of leases it is due, and as much again for each lease it owns, or may take (its share of the
+/// leases nobody owns) — what an instance writes grows with its leases (checkpoints, renewals,
+/// acquisitions) — so that once the leases are shared fairly the parts are equal (without
+/// leases too), and an instance alone has the whole budget for taking them all. While leases
+/// are handed over, half the budget goes by those handoffs instead: each needs a release from
+/// its owner and a take-up from its requester, so an owner handing over most of its leases
 /// keeps half of the budget to the end of it (weighted by owned leases alone, its part shrank
 /// with every lease it handed over, and its last releases waited on a sliver). The parts add
 /// up to the whole.
-pub(crate) fn part_of(mine: Holding, leases: usize, instances: usize, handoffs: usize) -> f64 {
+pub(crate) fn part_of(mine: Holding, listed: Listed, instances: usize) -> f64 {
     let instances = instances.max(1) as f64;
-    let steady = if leases == 0 {
+    let steady = if listed.leases == 0 {
         1.0 / instances
     } else {
-        let leases = leases as f64;
-        ((mine.owned as f64).min(leases) + leases / instances) / (2.0 * leases)
+        let leases = listed.leases as f64;
+        let holds = mine.owned as f64 + listed.free as f64 / instances;
+        (holds.min(leases) + leases / instances) / (2.0 * leases)
     };
-    if handoffs == 0 {
+    if listed.handoffs == 0 {
         return steady;
     }
-    let moving = ((mine.asked + mine.awaiting) as f64 / (2.0 * handoffs as f64)).min(1.0);
+    let moving = ((mine.asked + mine.awaiting) as f64 / (2.0 * listed.handoffs as f64)).min(1.0);
     (steady + moving) / 2.0
 }
 
@@ -135,10 +172,11 @@ impl ProvisionedThroughput {
 /// This instance's share of the lease container's provisioned throughput.
 #[derive(Debug)]
 pub(crate) struct ThroughputShare {
-    /// The container's provisioned request units a second; `None`: not known (no offer of its
-    /// own, serverless, not readable): no share, only the 429-driven pace.
-    provisioned: Option<f64>,
-    /// This instance's part of it (of [`MARGIN`] of it), between 0 and 1.
+    /// The request units a second the instances share out (the [`margin`] of the container's
+    /// provisioned throughput); `None`: not known (no offer of its own, serverless, not
+    /// readable): no share, only the 429-driven pace.
+    shared: Option<f64>,
+    /// This instance's part of them, between 0 and 1.
     part: f64,
     /// Request units this instance may spend now (negative: spent ahead of its share).
     level: f64,
@@ -161,7 +199,7 @@ impl ThroughputShare {
     pub(crate) fn new(now: Instant, phase: f64) -> Self {
         let phase = if phase.is_finite() { phase.clamp(0.0, 1.0) } else { 0.0 };
         Self {
-            provisioned: None,
+            shared: None,
             part: 1.0,
             level: -phase * ESTIMATE,
             at: now,
@@ -173,13 +211,20 @@ impl ThroughputShare {
 
     /// Request units a second this instance may spend; `None`: no share known.
     pub(crate) fn rate(&self) -> Option<f64> {
-        self.provisioned.map(|provisioned| provisioned * MARGIN * self.part)
+        self.shared.map(|shared| shared * self.part)
     }
 
     /// The container's provisioned throughput (`None`: not known) and this instance's part of
     /// it ([`part_of`]).
     pub(crate) fn set(&mut self, provisioned: Option<f64>, part: f64) {
-        self.provisioned = provisioned.filter(|ru| ru.is_finite() && *ru > 0.0);
+        let provisioned = provisioned.filter(|ru| ru.is_finite() && *ru > 0.0);
+        self.set_shared(provisioned.map(|ru| ru * margin(ru)), part);
+    }
+
+    /// The request units a second the instances share out (`None`: not known) and this
+    /// instance's part of them.
+    fn set_shared(&mut self, shared: Option<f64>, part: f64) {
+        self.shared = shared.filter(|ru| ru.is_finite() && *ru > 0.0);
         self.part = if part.is_finite() { part.clamp(0.01, 1.0) } else { 1.0 };
     }
 
@@ -210,7 +255,7 @@ impl ThroughputShare {
 
     /// A write was admitted: reckoned at [`ESTIMATE`] until it is answered.
     pub(crate) fn reserve(&mut self) {
-        if self.provisioned.is_some() {
+        if self.shared.is_some() {
             self.reserved += ESTIMATE;
         }
     }
@@ -225,11 +270,11 @@ impl ThroughputShare {
 mod tests {
     use super::*;
 
-    /// A share of a 400 RU/s container among `instances`, from now.
+    /// A share of 300 RU/s among `instances`, from now.
     fn sharing(instances: usize) -> (Instant, ThroughputShare) {
         let t0 = Instant::now();
         let mut share = ThroughputShare::new(t0, 0.0);
-        share.set(Some(400.0), 1.0 / instances as f64);
+        share.set_shared(Some(300.0), 1.0 / instances as f64);
         (t0, share)
     }
 
@@ -278,7 +323,7 @@ mod tests {
                 let t0 = Instant::now();
                 let mut share = ThroughputShare::new(t0, phase);
                 share.set(Some(provisioned), 1.0 / instances as f64);
-                let rate = provisioned * MARGIN / instances as f64;
+                let rate = provisioned * margin(provisioned) / instances as f64;
                 let total = spend_for(&mut share, t0, 60, charge);
                 let spent = total / 60.0;
                 assert!(
@@ -314,7 +359,7 @@ mod tests {
         for (instances, most) in [(1, 1000), (4, 1000), (10, 1_333), (50, 6_667)] {
             let t0 = Instant::now();
             let mut share = ThroughputShare::new(t0, 0.0);
-            share.set(Some(400.0), 1.0 / instances as f64);
+            share.set_shared(Some(300.0), 1.0 / instances as f64);
             // Writes sent past their patience charged 5,000 RU at once.
             let wait = share.wait(t0, 5_000.0).expect("spent ahead");
             assert!(
@@ -397,25 +442,38 @@ mod tests {
             owned,
             ..Holding::default()
         };
-        // (owned, leases, instances): the part, no handoff under way.
-        for (owned, leases, instances, part) in [
-            (0, 0, 4, 0.25),
-            (50, 200, 4, 0.25),
-            (200, 200, 8, 0.5625),
-            (0, 200, 8, 0.0625),
-            (2_000, 2_000, 50, 0.51),
-            (0, 2_000, 50, 0.01),
-            (1, 1, 1, 1.0),
-            (300, 200, 2, 0.75),
+        let listed = |leases, free| Listed {
+            leases,
+            free,
+            handoffs: 0,
+        };
+        // (owned, leases, free, instances): the part, no handoff under way.
+        for (owned, leases, free, instances, part) in [
+            (0, 0, 0, 4, 0.25),
+            (50, 200, 0, 4, 0.25),
+            (200, 200, 0, 8, 0.5625),
+            (0, 200, 0, 8, 0.0625),
+            (2_000, 2_000, 0, 50, 0.51),
+            (0, 2_000, 0, 50, 0.01),
+            (1, 1, 0, 1, 1.0),
+            (300, 200, 0, 2, 0.75),
+            // Alone, taking the leases nobody owns: the whole budget from the first.
+            (0, 2_000, 2_000, 1, 1.0),
+            (500, 2_000, 1_500, 1, 1.0),
+            // Two, one lease in four free: each may take half of them.
+            (750, 2_000, 500, 2, 0.5),
         ] {
-            let got = part_of(owning(owned), leases, instances, 0);
+            let got = part_of(owning(owned), listed(leases, free), instances);
             assert!(
                 (got - part).abs() < 1e-9,
-                "{owned} of {leases} among {instances}: {got}"
+                "{owned} of {leases} ({free} free) among {instances}: {got}"
             );
         }
-        let shared = 8.0 * part_of(owning(25), 200, 8, 0);
+        let shared = 8.0 * part_of(owning(25), listed(200, 0), 8);
         assert!((shared - 1.0).abs() < 1e-9);
+        // Some owned, the rest free: the parts still add up to the whole.
+        let free = 4.0 * part_of(owning(20), listed(200, 120), 4);
+        assert!((free - 1.0).abs() < 1e-9, "{free}");
     }
 
     #[test]
@@ -434,15 +492,20 @@ mod tests {
                 asked: 0,
                 awaiting: left / 49 + usize::from(i < left % 49),
             };
-            let mine = part_of(owner, 2_000, 50, left);
-            let all = mine + (0..49).map(|i| part_of(newcomer(i), 2_000, 50, left)).sum::<f64>();
+            let listed = Listed {
+                leases: 2_000,
+                free: 0,
+                handoffs: left,
+            };
+            let mine = part_of(owner, listed, 50);
+            let all = mine + (0..49).map(|i| part_of(newcomer(i), listed, 50)).sum::<f64>();
             assert!((all - 1.0).abs() < 1e-9, "{left} left: the parts add up to {all}");
             assert!(mine >= 0.25, "{left} left: the owner's part {mine}");
         }
     }
 
     #[test]
-    fn handoffs_are_counted_from_the_listing() {
+    fn handoffs_and_free_leases_are_counted_from_the_listing() {
         let at = time::OffsetDateTime::now_utc();
         let lease = |owner: &str, to: Option<&str>| {
             let mut lease = Lease::new("p", &crate::cosmos::EpkRange::full(), None);
@@ -460,8 +523,9 @@ mod tests {
             lease("", Some("b")),
             lease("b", Some("b")),
         ];
-        let (a, handoffs) = holding_in(&leases, "a", 3);
-        assert_eq!(handoffs, 3, "asked of a live owner by another instance");
+        let (a, listed) = holding_in(&leases, "a", 3);
+        assert_eq!(listed.handoffs, 3, "asked of a live owner by another instance");
+        assert_eq!((listed.leases, listed.free), (6, 1));
         assert_eq!(
             a,
             Holding {
@@ -474,17 +538,44 @@ mod tests {
     }
 
     #[test]
-    fn a_part_is_a_share_of_three_quarters_of_the_budget() {
+    fn a_part_is_a_share_of_the_margin_of_the_budget() {
         let (_, mut share) = sharing(4);
         assert_eq!(share.rate(), Some(75.0));
+        let shared = 400.0 * margin(400.0);
         share.set(Some(400.0), 1.0);
-        assert_eq!(share.rate(), Some(300.0));
+        assert_eq!(share.rate(), Some(shared));
         share.set(Some(400.0), 0.0);
-        assert_eq!(share.rate(), Some(3.0), "never less than a hundredth");
+        assert_eq!(share.rate(), Some(shared / 100.0), "never less than a hundredth");
         share.set(Some(400.0), f64::NAN);
-        assert_eq!(share.rate(), Some(300.0));
+        assert_eq!(share.rate(), Some(shared));
         share.set(None, 0.25);
         assert_eq!(share.rate(), None);
+        share.set(Some(0.0), 0.25);
+        assert_eq!(share.rate(), None, "no budget of zero");
+    }
+
+    #[test]
+    fn the_room_left_covers_three_deviations_of_a_seconds_writes() {
+        // (provisioned RU/s, the part shared out, roughly)
+        for (provisioned, part) in [(400.0, 0.598), (1_000.0, 0.721), (4_000.0, 0.849), (10_000.0, 0.9)] {
+            let got = margin(provisioned);
+            assert!((got - part).abs() < 1e-3, "{provisioned} RU/s: {got}");
+        }
+        let mut last = 0.0;
+        for provisioned in [400.0, 600.0, 1_000.0, 2_500.0, 4_000.0, 6_000.0] {
+            let m = margin(provisioned);
+            let room = provisioned * (1.0 - m);
+            let deviation = (WRITE_CHARGE * m * provisioned).sqrt();
+            assert!(
+                (room - SPREAD * deviation).abs() < 1e-6,
+                "{provisioned} RU/s: {room} RU left"
+            );
+            assert!(m > last, "a larger budget shares out more of itself");
+            last = m;
+        }
+        assert_eq!(margin(1e9), MOST_SHARED);
+        assert_eq!(margin(0.0), 0.0);
+        assert_eq!(margin(f64::NAN), 0.0);
     }
 
     #[test]
@@ -498,7 +589,7 @@ mod tests {
         let mut sent_at = Vec::new();
         for i in 0..50 {
             let mut share = ThroughputShare::new(t0, i as f64 / 50.0);
-            share.set(Some(400.0), 1.0 / 50.0);
+            share.set_shared(Some(300.0), 1.0 / 50.0);
             assert!(
                 share.wait(t0, 0.0).is_some() || i == 0,
                 "instance {i} starts short of a write"

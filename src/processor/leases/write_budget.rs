@@ -437,6 +437,7 @@ impl WriteBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::processor::leases::throughput_share::margin;
 
     fn state(now: Instant) -> BudgetState {
         BudgetState::new(now, 0.0)
@@ -667,7 +668,7 @@ mod tests {
             state: Mutex::new(state(Instant::now())),
             ..WriteBudget::default()
         };
-        budget.share_out(Some(400.0), 1.0 / 30.0); // 10 RU/s
+        budget.share_out(Some(400.0), 10.0 / (400.0 * margin(400.0))); // 10 RU/s
         budget.state().share.reserve(); // a write under way: 10 RU, a second of the share
         let started = Instant::now();
         let sent = std::sync::Mutex::new(Vec::new());
@@ -725,7 +726,7 @@ mod tests {
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut s = state(t0);
         assert!(s.unlimited(at(0)), "no 429, no share: nothing waits");
-        s.share.set(Some(400.0), 1.0 / 30.0); // 10 RU/s
+        s.share.set(Some(400.0), 10.0 / (400.0 * margin(400.0))); // 10 RU/s
         assert!(!s.unlimited(at(0)), "a known share: writes wait their turn");
         assert_eq!(s.delay(at(0), 0.0), None);
         let wait = s.delay(at(0), 0.0).expect("the first write's estimate spent the share");
@@ -747,7 +748,7 @@ mod tests {
             state: Mutex::new(state(Instant::now())),
             ..WriteBudget::default()
         };
-        budget.share_out(Some(400.0), 1.0 / 30.0); // 10 RU/s: one write reckoned fills it
+        budget.share_out(Some(400.0), 10.0 / (400.0 * margin(400.0))); // 10 RU/s: one write reckoned fills it
         let written: Result<(), Refused> = budget
             .paced((Duration::from_secs(30), Late::Ahead), Turn::InOrder, |_| async {
                 Ok(())

@@ -5,6 +5,7 @@
 pub mod balancer;
 pub mod checkpoint_policy;
 pub mod cycle_plan;
+pub mod in_step;
 pub mod listing_schedule;
 pub mod range_overlaps;
 pub mod stall;

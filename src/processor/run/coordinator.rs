@@ -22,6 +22,7 @@ use crate::processor::leases::write_budget::{Late, Turn};
 use crate::processor::policy::cycle_plan::{
     AcquireStep, Acquisition, CycleOptions, CyclePlan, Observations, plan_cycle,
 };
+use crate::processor::policy::in_step;
 use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
 use crate::processor::run::acquisition_writes::{Adoption, adopt_one, write_acquisition};
 use crate::processor::run::lease_reader;
@@ -131,7 +132,9 @@ impl Coordinator {
                     let started = tokio::time::Instant::now();
                     self.shared.cycles.fetch_add(1, Ordering::SeqCst);
                     self.acquire_cycle().await;
-                    self.next_listing = started + self.listing_interval;
+                    // Drawn a little short of the interval: instances whose listings fell into
+                    // step (started together, a stall) come apart again.
+                    self.next_listing = started + in_step::period(self.listing_interval, fastrand::f64());
                 }
                 _ = sleep_until(self.takeover_at), if self.takeover_at.is_some() => {
                     self.takeover_at = None;
@@ -234,8 +237,8 @@ impl Coordinator {
             .others
             .lock()
             .map_or_else(|e| e.into_inner().len(), |o| o.len());
-        let (mine, handoffs) = holding_in(&snapshot.leases, &me, self.shared.owned.count());
-        let part = part_of(mine, snapshot.leases.len(), others + 1, handoffs);
+        let (mine, listed) = holding_in(&snapshot.leases, &me, self.shared.owned.count());
+        let part = part_of(mine, listed, others + 1);
         self.shared.share_budget(part).await;
         self.perform(plan).await;
     }

@@ -16,6 +16,7 @@ use tracing::Instrument;
 use crate::processor::error::LeaseError;
 use crate::processor::leases::name_claim::NameError;
 use crate::processor::leases::owned::{OwnedLease, UpdateError};
+use crate::processor::policy::in_step;
 use crate::processor::run::shared::Shared;
 
 /// Starts a keep-alive for every lease this instance comes to own, and beats, until `stop`; then
@@ -71,8 +72,8 @@ pub(crate) async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
-/// Writes this instance's heartbeat (with the liveness marker) one renew interval after the
-/// last one succeeded (the first one sooner, at a random point) (three quarters of it while the lease container throttles); a failed one is retried with backoff (a throttled one after its
+/// Writes this instance's heartbeat (with the liveness marker) within a renew interval after the
+/// last one succeeded ([`in_step::period`]; the first one sooner, at a random point) (three quarters of it while the lease container throttles); a failed one is retried with backoff (a throttled one after its
 /// retry-after, counted as throttling, not reported as an error), never waiting longer than a
 /// quarter of the renew interval. Ends at `stop` between writes (a write under way is finished).
 async fn beat(shared: Arc<Shared>, stop: CancellationToken) {
@@ -97,13 +98,14 @@ async fn beat(shared: Arc<Shared>, stop: CancellationToken) {
                 shared.liveness.beat(sent);
                 failures = 0;
                 // While the lease container throttles, a quarter of the interval early: a beat
-                // that waits on its retry-after still lands within the interval.
-                due = sent
-                    + if shared.budget.throttled_lately() {
-                        interval * 3 / 4
-                    } else {
-                        interval
-                    };
+                // that waits on its retry-after still lands within the interval. Drawn a little
+                // short of it, so that instances whose beats fell into step come apart.
+                let period = if shared.budget.throttled_lately() {
+                    interval * 3 / 4
+                } else {
+                    interval
+                };
+                due = sent + in_step::period(period, fastrand::f64());
             }
             Err(taken @ NameError::Taken { .. }) => {
                 tracing::error!(error = %taken, "stopping: another process took this instance name");
