@@ -22,7 +22,6 @@ use crate::processor::leases::write_budget::{Late, Turn};
 use crate::processor::policy::cycle_plan::{
     AcquireStep, Acquisition, CycleOptions, CyclePlan, Observations, plan_cycle,
 };
-use crate::processor::policy::in_step;
 use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
 use crate::processor::run::acquisition_writes::{Adoption, adopt_one, write_acquisition};
 use crate::processor::run::lease_reader;
@@ -132,9 +131,7 @@ impl Coordinator {
                     let started = tokio::time::Instant::now();
                     self.shared.cycles.fetch_add(1, Ordering::SeqCst);
                     self.acquire_cycle().await;
-                    // Drawn a little short of the interval: instances whose listings fell into
-                    // step (started together, a stall) come apart again.
-                    self.next_listing = started + in_step::period(self.listing_interval, fastrand::f64());
+                    self.next_listing = started + self.listing_interval;
                 }
                 _ = sleep_until(self.takeover_at), if self.takeover_at.is_some() => {
                     self.takeover_at = None;
