@@ -42,6 +42,7 @@ pub fn margin(provisioned: f64) -> f64 {
     let root = (-spread + (spread * spread + 4.0 * provisioned * provisioned).sqrt()) / (2.0 * provisioned);
     (root * root).min(MOST_SHARED)
 }
+
 /// What a write is reckoned to cost before the container says (request units): about a lease
 /// replace. The actual charge replaces the estimate once the write is answered.
 const ESTIMATE: f64 = 10.0;
@@ -217,7 +218,7 @@ impl ThroughputShare {
     /// The container's provisioned throughput (`None`: not known) and this instance's part of
     /// it ([`part_of`]).
     pub(crate) fn set(&mut self, provisioned: Option<f64>, part: f64) {
-        let provisioned = provisioned.filter(|ru| ru.is_finite() && *ru > 0.0);
+        // `margin` is 0 for a budget that is not one: nothing shared, filtered out below.
         self.set_shared(provisioned.map(|ru| ru * margin(ru)), part);
     }
 
