@@ -472,6 +472,7 @@ async fn an_owner_that_ignores_a_handoff_request_loses_the_lease_after_an_expira
                     instance: "old-version",
                     incarnation: "old",
                     keeps_leases: false,
+                    leaving: false,
                     if_match: beat_etag.as_deref(),
                 };
                 beat_etag = store.heartbeat(&beat).await.ok().or(beat_etag);

@@ -15,6 +15,7 @@ mod failover;
 mod handlers;
 mod merges;
 mod splits;
+mod stopping;
 mod store_faults;
 
 /// Writes `docs` one by one and, 200 ms in, runs `change` (a split or a merge of the emulator's

@@ -188,6 +188,8 @@ pub(crate) fn parse_lease(body: Value, etag: String) -> Result<Lease, LeaseStore
 const LIVENESS_FIELD: &str = "liveness";
 /// Its value for an instance whose heartbeat keeps all its leases alive.
 const LIVENESS_INSTANCE: &str = "instance";
+/// The heartbeat field that says the instance is stopping (`true`).
+const LEAVING_FIELD: &str = "leaving";
 /// The heartbeat field that names the process running under the instance name.
 const INCARNATION_FIELD: &str = "incarnation";
 
@@ -240,6 +242,9 @@ impl LeaseStore for CosmosLeaseStore {
                 if let Some(beat) = beat {
                     if doc.body.get(LIVENESS_FIELD).and_then(Value::as_str) == Some(LIVENESS_INSTANCE) {
                         snapshot.keepers.push(instance.to_owned());
+                    }
+                    if doc.body.get(LEAVING_FIELD).and_then(Value::as_bool) == Some(true) {
+                        snapshot.leaving.push(instance.to_owned());
                     }
                     snapshot.instances.push((instance.to_owned(), beat));
                 }
@@ -372,6 +377,9 @@ impl LeaseStore for CosmosLeaseStore {
         });
         if beat.keeps_leases {
             extra[LIVENESS_FIELD] = Value::String(LIVENESS_INSTANCE.into());
+        }
+        if beat.leaving {
+            extra[LEAVING_FIELD] = Value::Bool(true);
         }
         let body = self.marker(id.clone(), extra);
         let written = match beat.if_match {

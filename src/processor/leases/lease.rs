@@ -295,6 +295,8 @@ pub struct LeaseSnapshot {
     /// The instances among them whose heartbeat keeps their leases alive (it carries the
     /// liveness marker, see [`crate::processor::leases::heartbeat`]).
     pub keepers: Vec<String>,
+    /// The instances among them whose heartbeat says they are stopping ([`Beat::leaving`]).
+    pub leaving: Vec<String>,
     /// Whether the `.info` marker exists (bootstrap completed).
     pub initialized: bool,
     /// How many leases per physical partition the bootstrap created (from `.info`; `None` when
@@ -377,6 +379,9 @@ pub struct Beat<'a> {
     /// Whether the heartbeat carries the liveness marker: it keeps the instance's leases alive
     /// (see [`crate::processor::leases::heartbeat`]).
     pub keeps_leases: bool,
+    /// Whether the instance is stopping: it releases its leases and takes none, and the others
+    /// count it out of the fair shares.
+    pub leaving: bool,
     /// The version this process wrote last (`None`: create it).
     pub if_match: Option<&'a str>,
 }

@@ -41,6 +41,8 @@ pub struct NameClaim {
     instance: String,
     incarnation: String,
     etag: Mutex<Option<String>>,
+    /// Set once the process stops ([`NameClaim::leave`]): its heartbeats say so from then on.
+    leaving: tokio::sync::watch::Sender<bool>,
 }
 
 impl NameClaim {
@@ -50,7 +52,19 @@ impl NameClaim {
             instance: instance.to_owned(),
             incarnation: incarnation.to_owned(),
             etag: Mutex::new(None),
+            leaving: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// Records that this process stops: its heartbeats from now on say it is leaving, so that
+    /// the other instances count it out of the fair shares and take the leases it releases.
+    pub fn leave(&self) {
+        self.leaving.send_replace(true);
+    }
+
+    /// Told when this process starts leaving ([`NameClaim::leave`]).
+    pub fn leaving(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.leaving.subscribe()
     }
 
     fn etag(&self) -> Option<String> {
@@ -69,6 +83,7 @@ impl NameClaim {
             instance: &self.instance,
             incarnation: &self.incarnation,
             keeps_leases,
+            leaving: *self.leaving.borrow(),
             if_match,
         }
     }

@@ -58,8 +58,15 @@ impl LeaseState {
     }
 }
 
-/// The leases `me` should try to acquire now, free ones first, then ones to steal.
-pub fn leases_to_acquire(leases: &[LeaseState], me: &str, live_instances: &[String]) -> Vec<String> {
+/// The leases `me` should try to acquire now, free ones first, then ones to steal. Instances
+/// `leaving` (stopping) have no share: every lease they free goes to those that stay, and none
+/// of theirs is asked for (they release them all on their own).
+pub fn leases_to_acquire(
+    leases: &[LeaseState],
+    me: &str,
+    live_instances: &[String],
+    leaving: &[String],
+) -> Vec<String> {
     if leases.is_empty() {
         return Vec::new();
     }
@@ -89,11 +96,20 @@ pub fn leases_to_acquire(leases: &[LeaseState], me: &str, live_instances: &[Stri
         ids.sort_unstable();
     }
 
-    // Shares: the floor for everyone, one more for the `extra` instances holding the most.
-    let workers = held.len();
+    // Shares among the instances that stay: the floor for each, one more for the `extra`
+    // holding the most.
+    let stays = |w: &str| !leaving.iter().any(|l| l == w);
+    let workers = held.keys().filter(|w| stays(w)).count();
+    if workers == 0 {
+        return Vec::new();
+    }
     let floor = leases.len() / workers;
     let extra = leases.len() % workers;
-    let mut by_load: Vec<(&str, usize)> = held.iter().map(|(w, ids)| (*w, ids.len())).collect();
+    let mut by_load: Vec<(&str, usize)> = held
+        .iter()
+        .filter(|(w, _)| stays(w))
+        .map(|(w, ids)| (*w, ids.len()))
+        .collect();
     by_load.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     let share: BTreeMap<&str, usize> = by_load
         .iter()
@@ -104,18 +120,23 @@ pub fn leases_to_acquire(leases: &[LeaseState], me: &str, live_instances: &[Stri
     // Who needs how many, the largest deficit first.
     let mut needy: Vec<(&str, usize)> = held
         .iter()
-        .filter_map(|(w, ids)| share[w].checked_sub(ids.len()).filter(|n| *n > 0).map(|n| (*w, n)))
+        .filter_map(|(w, ids)| {
+            let share = share.get(w)?;
+            share.checked_sub(ids.len()).filter(|n| *n > 0).map(|n| (*w, n))
+        })
         .collect();
     needy.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
 
-    // Donors give from the end of their sorted list, the most loaded donor first.
+    // Donors give from the end of their sorted list, the most loaded donor first (an instance
+    // that leaves gives nothing: it frees every lease itself).
     let mut donors: Vec<(&str, Vec<&str>)> = held
         .iter()
-        .filter(|(w, ids)| ids.len() > share[*w])
-        .map(|(w, ids)| {
-            let given = ids[share[w]..].iter().filter(|id| !on_their_way.contains(*id));
-            (*w, given.copied().collect::<Vec<&str>>())
+        .filter_map(|(w, ids)| {
+            let share = *share.get(w)?;
+            let given = ids.get(share..)?.iter().filter(|id| !on_their_way.contains(*id));
+            Some((*w, given.copied().collect::<Vec<&str>>()))
         })
+        .filter(|(_, given)| !given.is_empty())
         .collect();
     donors.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
 
@@ -235,7 +256,7 @@ mod tests {
     /// conflicting steal going to the first claimant) until nothing moves; returns (cycles, moves,
     /// final counts).
     fn simulate(state: Vec<LeaseState>, names: &[&str]) -> (usize, usize, BTreeMap<String, usize>) {
-        simulate_with(state, names, leases_to_acquire)
+        simulate_with(state, names, |state, me, live| leases_to_acquire(state, me, live, &[]))
     }
 
     /// [`simulate`] with another policy.
@@ -275,6 +296,43 @@ mod tests {
             }
         }
         panic!("did not converge");
+    }
+
+    /// An instance that leaves (its heartbeat says it stops) has no share: the leases it freed
+    /// go to the instances that stay, whatever they hold, and none of its own is asked for.
+    #[test]
+    fn an_instance_that_leaves_has_no_share_and_is_asked_for_nothing() {
+        // (owners, free leases, me, leaving, how many me takes, of which free)
+        type Case<'a> = (&'a [(&'a str, usize)], usize, &'a str, &'a [&'a str], usize, usize);
+        let cases: &[Case] = &[
+            // b and c at their share of 3 each while a counted; a freed 1 of its 2.
+            (&[("a", 1), ("b", 2), ("c", 2)], 1, "b", &[], 0, 0),
+            (&[("a", 1), ("b", 2), ("c", 2)], 1, "b", &["a"], 1, 1),
+            (&[("a", 1), ("b", 2), ("c", 2)], 1, "c", &["a"], 0, 0),
+            // Nothing freed yet: a's leases are not asked for.
+            (&[("a", 4), ("b", 4), ("c", 4)], 0, "b", &["a"], 0, 0),
+            // A newcomer waits for the leases of the one that leaves to come free.
+            (&[("a", 4), ("b", 4), ("c", 4)], 0, "d", &["a"], 0, 0),
+            (&[("a", 2), ("b", 4), ("c", 4)], 2, "d", &["a"], 2, 2),
+            // Everyone leaves: nobody takes anything.
+            (&[("a", 1), ("b", 1)], 2, "b", &["a", "b"], 0, 0),
+        ];
+        for (owners, free, me, leaving, want, want_free) in cases {
+            let state = leases(owners, *free);
+            let mut live: Vec<&str> = owners.iter().map(|(name, _)| *name).collect();
+            live.push(me);
+            let got = leases_to_acquire(&state, me, &instances(&live), &instances(leaving));
+            let free_taken = got.iter().filter(|id| id.starts_with("free-")).count();
+            assert_eq!(
+                (got.len(), free_taken),
+                (*want, *want_free),
+                "{owners:?} + {free} free, {me} with {leaving:?} leaving: {got:?}"
+            );
+            assert!(
+                got.iter().all(|id| !id.starts_with("a-") || leaving.is_empty()),
+                "asked a leaving instance: {got:?}"
+            );
+        }
     }
 
     #[test]
@@ -390,7 +448,7 @@ mod tests {
         ];
         for case in cases {
             let state = leases(case.owners, case.free);
-            let got = leases_to_acquire(&state, case.me, &instances(case.live));
+            let got = leases_to_acquire(&state, case.me, &instances(case.live), &[]);
             assert_eq!(got.len(), case.want, "{}: {got:?}", case.name);
             let unique: BTreeSet<_> = got.iter().collect();
             assert_eq!(unique.len(), got.len(), "{}: duplicates", case.name);
@@ -445,7 +503,7 @@ mod tests {
         let live = instances(&["a", "b", "c", "d"]);
         let mut seen = BTreeSet::new();
         for me in ["b", "c", "d"] {
-            for id in leases_to_acquire(&state, me, &live) {
+            for id in leases_to_acquire(&state, me, &live, &[]) {
                 assert!(seen.insert(id.clone()), "{id} planned twice");
             }
         }
@@ -506,7 +564,7 @@ mod tests {
         let live = instances(&["a", "b", "c", "d", "e"]);
         let asked: BTreeSet<String> = state.iter().take(30).map(|l| l.id.clone()).collect();
         for (me, want) in [("a", 0), ("b", 0), ("c", 0), ("d", 20), ("e", 20)] {
-            let picked = leases_to_acquire(&state, me, &live);
+            let picked = leases_to_acquire(&state, me, &live, &[]);
             assert_eq!(picked.len(), want, "{me}: {picked:?}");
             assert!(
                 picked.iter().all(|id| !asked.contains(id)),
@@ -514,14 +572,18 @@ mod tests {
             );
         }
         let (d, e) = (
-            leases_to_acquire(&state, "d", &live),
-            leases_to_acquire(&state, "e", &live),
+            leases_to_acquire(&state, "d", &live, &[]),
+            leases_to_acquire(&state, "e", &live, &[]),
         );
         assert!(d.iter().all(|id| !e.contains(id)), "d and e pick the same lease");
         // A request of an instance nobody counts (gone) holds nothing back.
         state[0].requested_by = Some("gone".to_owned());
-        assert!(leases_to_acquire(&state, "d", &live).len() == 20);
-        assert_eq!(leases_to_acquire(&state, "b", &live).len(), 1, "b is one short again");
+        assert!(leases_to_acquire(&state, "d", &live, &[]).len() == 20);
+        assert_eq!(
+            leases_to_acquire(&state, "b", &live, &[]).len(),
+            1,
+            "b is one short again"
+        );
     }
 
     proptest::proptest! {
@@ -548,7 +610,7 @@ mod tests {
                         lease.live_owner = lease.requested_by.take();
                     }
                 }
-                for id in leases_to_acquire(&state, &names[me], &names) {
+                for id in leases_to_acquire(&state, &names[me], &names, &[]) {
                     let lease = state.iter_mut().find(|l| l.id == id).unwrap();
                     proptest::prop_assert!(lease.requested_by.is_none(), "{} picked {id}, asked for by {:?}", names[me], lease.requested_by);
                     lease.requested_by = Some(names[me].clone());

@@ -148,7 +148,14 @@ pub fn plan_cycle(
     let expired = |l: &Lease| observations.sightings.is_expired(l, observations.at, expiration);
     let states = lease_states(&balanced, observations, expiration);
     let live = live_instances(snapshot, observations, options);
-    let wanted = wanted(&balanced, &states, &live, observations, me, options.balancing);
+    let wanted = wanted(
+        &balanced,
+        &states,
+        (&live, &snapshot.leaving),
+        observations,
+        me,
+        options.balancing,
+    );
     let mut listed_ids: Vec<String> = snapshot.leases.iter().map(|l| l.id.clone()).collect();
     listed_ids.sort_unstable();
     let view = ListingView {
@@ -302,7 +309,7 @@ fn live_instances(snapshot: &LeaseSnapshot, observations: &Observations, options
 fn wanted(
     balanced: &[&Lease],
     states: &[LeaseState],
-    live: &[String],
+    (live, leaving): (&[String], &[String]),
     observations: &Observations,
     me: &str,
     balancing: Balancing,
@@ -313,7 +320,7 @@ fn wanted(
         .map(|l| l.id.clone())
         .collect();
     let picked = match balancing {
-        Balancing::Fair => leases_to_acquire(states, me, live),
+        Balancing::Fair => leases_to_acquire(states, me, live, leaving),
         Balancing::StealOne => leases_to_acquire_steal_one(states, me),
     };
     // Each lease is written once a cycle (a second write would only meet a 412).

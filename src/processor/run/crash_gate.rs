@@ -189,6 +189,7 @@ mod tests {
             instance: "a",
             incarnation: "1",
             keeps_leases: true,
+            leaving: false,
             if_match: None,
         };
         assert!(tokio::time::timeout(wait, gate.heartbeat(&beat)).await.is_err());

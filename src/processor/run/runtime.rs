@@ -202,6 +202,9 @@ impl ProcessorHandle {
     /// Graceful stop: stops reading, lets an in-flight batch finish and checkpoint, releases every
     /// owned lease (keeping its continuation) and removes this instance's heartbeat.
     pub async fn stop(self) {
+        // Said first, in a heartbeat written at once: the others count this instance out of
+        // the fair shares and take each lease as it is released.
+        self.shared.name.leave();
         self.shutdown.cancel();
         self.leases.cancel();
         let _ = self.task.await;
