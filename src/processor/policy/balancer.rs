@@ -96,26 +96,9 @@ pub fn leases_to_acquire(
         ids.sort_unstable();
     }
 
-    // Shares among the instances that stay: the floor for each, one more for the `extra`
-    // holding the most.
-    let stays = |w: &str| !leaving.iter().any(|l| l == w);
-    let workers = held.keys().filter(|w| stays(w)).count();
-    if workers == 0 {
+    let Some(share) = shares(&held, leases.len(), leaving) else {
         return Vec::new();
-    }
-    let floor = leases.len() / workers;
-    let extra = leases.len() % workers;
-    let mut by_load: Vec<(&str, usize)> = held
-        .iter()
-        .filter(|(w, _)| stays(w))
-        .map(|(w, ids)| (*w, ids.len()))
-        .collect();
-    by_load.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    let share: BTreeMap<&str, usize> = by_load
-        .iter()
-        .enumerate()
-        .map(|(rank, (w, _))| (*w, floor + usize::from(rank < extra)))
-        .collect();
+    };
 
     // Who needs how many, the largest deficit first.
     let mut needy: Vec<(&str, usize)> = held
@@ -127,18 +110,7 @@ pub fn leases_to_acquire(
         .collect();
     needy.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
 
-    // Donors give from the end of their sorted list, the most loaded donor first (an instance
-    // that leaves gives nothing: it frees every lease itself).
-    let mut donors: Vec<(&str, Vec<&str>)> = held
-        .iter()
-        .filter_map(|(w, ids)| {
-            let share = *share.get(w)?;
-            let given = ids.get(share..)?.iter().filter(|id| !on_their_way.contains(*id));
-            Some((*w, given.copied().collect::<Vec<&str>>()))
-        })
-        .filter(|(_, given)| !given.is_empty())
-        .collect();
-    donors.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
+    let mut donors = donors(&held, &share, &on_their_way);
 
     let mut free = free.into_iter();
     let mut mine = Vec::new();
@@ -158,6 +130,54 @@ pub fn leases_to_acquire(
         }
     }
     mine
+}
+
+/// What each instance above its share may give, from the end of its sorted list (not the
+/// leases on their way to a requester), the most loaded first. An instance that leaves gives
+/// nothing: it frees every lease itself.
+fn donors<'a>(
+    held: &BTreeMap<&'a str, Vec<&'a str>>,
+    share: &BTreeMap<&str, usize>,
+    on_their_way: &BTreeSet<&str>,
+) -> Vec<(&'a str, Vec<&'a str>)> {
+    let mut donors: Vec<(&str, Vec<&str>)> = held
+        .iter()
+        .filter_map(|(w, ids)| {
+            let share = *share.get(w)?;
+            let given = ids.get(share..)?.iter().filter(|id| !on_their_way.contains(*id));
+            Some((*w, given.copied().collect::<Vec<&str>>()))
+        })
+        .filter(|(_, given)| !given.is_empty())
+        .collect();
+    donors.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(b.0)));
+    donors
+}
+
+/// Each instance's fair share of `leases` among those in `held` that stay (not `leaving`): the
+/// floor for each, one more for the `extra` holding the most; `None` when every one leaves.
+fn shares<'a>(
+    held: &BTreeMap<&'a str, Vec<&str>>,
+    leases: usize,
+    leaving: &[String],
+) -> Option<BTreeMap<&'a str, usize>> {
+    let stays = |w: &str| !leaving.iter().any(|l| l == w);
+    let mut by_load: Vec<(&str, usize)> = held
+        .iter()
+        .filter(|(w, _)| stays(w))
+        .map(|(w, ids)| (*w, ids.len()))
+        .collect();
+    if by_load.is_empty() {
+        return None;
+    }
+    let (floor, extra) = (leases / by_load.len(), leases % by_load.len());
+    by_load.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    Some(
+        by_load
+            .iter()
+            .enumerate()
+            .map(|(rank, (w, _))| (*w, floor + usize::from(rank < extra)))
+            .collect(),
+    )
 }
 
 /// How leases are balanced among instances.
