@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use changefeed_operator::cosmos::{AccountAuth, CosmosAccount, DocumentContainer};
+use changefeed_operator::cosmos::{AccountAuth, CosmosAccount, DocumentContainer, ErrorKind};
 use changefeed_operator::processor::LeaseStore;
 use tokio::process::{Child, Command};
 
@@ -66,8 +66,17 @@ pub(crate) async fn connect(endpoint: &str) -> (CosmosAccount, DocumentContainer
     let account = CosmosAccount::connect(endpoint, &AccountAuth::emulator_key())
         .await
         .unwrap();
-    let items = account.documents(DB, ITEMS).await.unwrap();
-    (account, items)
+    // The emulator's injected faults may answer the metadata reads too: transient, retried.
+    for attempt in 0.. {
+        match account.documents(DB, ITEMS).await {
+            Ok(items) => return (account, items),
+            Err(e) if e.kind == ErrorKind::Transient && attempt < 50 => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("opening {DB}/{ITEMS}: {e}"),
+        }
+    }
+    unreachable!("the loop returns or panics")
 }
 
 /// Delivered document ids and the number of deliveries.

@@ -42,7 +42,7 @@ pub struct NameClaim {
     incarnation: String,
     etag: Mutex<Option<String>>,
     /// Set once the process stops ([`NameClaim::leave`]): its heartbeats say so from then on.
-    leaving: tokio::sync::watch::Sender<bool>,
+    leaving: std::sync::atomic::AtomicBool,
 }
 
 impl NameClaim {
@@ -52,19 +52,14 @@ impl NameClaim {
             instance: instance.to_owned(),
             incarnation: incarnation.to_owned(),
             etag: Mutex::new(None),
-            leaving: tokio::sync::watch::Sender::new(false),
+            leaving: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     /// Records that this process stops: its heartbeats from now on say it is leaving, so that
     /// the other instances count it out of the fair shares and take the leases it releases.
     pub fn leave(&self) {
-        self.leaving.send_replace(true);
-    }
-
-    /// Told when this process starts leaving ([`NameClaim::leave`]).
-    pub fn leaving(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.leaving.subscribe()
+        self.leaving.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn etag(&self) -> Option<String> {
@@ -83,7 +78,7 @@ impl NameClaim {
             instance: &self.instance,
             incarnation: &self.incarnation,
             keeps_leases,
-            leaving: *self.leaving.borrow(),
+            leaving: self.leaving.load(std::sync::atomic::Ordering::SeqCst),
             if_match,
         }
     }

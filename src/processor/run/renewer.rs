@@ -83,19 +83,10 @@ async fn beat(shared: Arc<Shared>, stop: CancellationToken) {
     // instances of a Deployment scaled out start together, and beating in the same second of
     // the lease container's budget window for ever, 50 of them would ask 500 RU at once.
     let mut due = Instant::now() + interval.mul_f64(0.5 + 0.5 * fastrand::f64());
-    // Beats at once when the instance starts leaving (a graceful stop), to say so.
-    let mut leaving = shared.name.leaving();
-    let mut told = *leaving.borrow();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep_until(due) => {}
-            changed = leaving.changed(), if !told => {
-                told = true;
-                if changed.is_err() {
-                    continue;
-                }
-            }
         }
         let sent = Instant::now();
         // Checkpoints of this instance wait while it is under way: the budget goes to it first.

@@ -202,8 +202,10 @@ impl ProcessorHandle {
     /// Graceful stop: stops reading, lets an in-flight batch finish and checkpoint, releases every
     /// owned lease (keeping its continuation) and removes this instance's heartbeat.
     pub async fn stop(self) {
-        // Said first, in a heartbeat written at once: the others count this instance out of
-        // the fair shares and take each lease as it is released.
+        // Said in its next heartbeat (a renew interval at most): the others count this instance
+        // out of the fair shares and take each lease as it is released. Not in a beat of its
+        // own: a beat whose answer is still on its way when the stop ends outlasts the wait for
+        // it, and the heartbeat would be left behind.
         self.shared.name.leave();
         self.shutdown.cancel();
         self.leases.cancel();
