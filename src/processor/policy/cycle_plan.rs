@@ -334,9 +334,11 @@ fn wanted(
 
 /// Owned leases the listing shows as another's (or not at all), and those shown as this
 /// instance's with another instance's handoff request.
-/// An instance that asked for a lease and is gone (no live heartbeat, no lease it renews) is not
-/// handed it: its request is cleared.
+/// An instance that asked for a lease and is gone (no live heartbeat, no lease it renews), or
+/// says it is leaving (it would only free the lease again), is not handed it: its request is
+/// cleared.
 fn owned_fates(snapshot: &LeaseSnapshot, observations: &Observations, me: &str, present: &[String]) -> OwnedFates {
+    let staying = |to: &str| present.iter().any(|p| p == to) && !snapshot.leaving.iter().any(|l| l == to);
     let mut fates = OwnedFates::default();
     // By id: an owner of 2,000 leases looked each up in the whole listing (quadratic).
     let listed: std::collections::HashMap<&str, &Lease> = snapshot.leases.iter().map(|l| (l.id.as_str(), l)).collect();
@@ -347,9 +349,7 @@ fn owned_fates(snapshot: &LeaseSnapshot, observations: &Observations, me: &str, 
             .filter(|l| l.owner.as_deref() == Some(me));
         match mine.map(Lease::handoff_request) {
             None => fates.lost.push(id.clone()),
-            Some(Some((to, _))) if to != me && present.iter().any(|p| p == to) => {
-                fates.hand_over.push((id.clone(), to.to_owned()))
-            }
+            Some(Some((to, _))) if to != me && staying(to) => fates.hand_over.push((id.clone(), to.to_owned())),
             Some(Some((to, _))) if to != me => fates.clear_requests.push(id.clone()),
             Some(_) => {}
         }

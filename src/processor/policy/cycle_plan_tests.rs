@@ -490,16 +490,22 @@ fn a_request_is_honoured_only_for_an_instance_that_is_here() {
         lease.request_handoff(who, NOW - SECOND);
         lease
     };
-    // (requester, its heartbeat's age, handed over)
+    // (requester, its heartbeat's age, whether it says it is leaving, handed over)
     let cases = [
-        ("joining", Some(SECOND), true),
-        ("left", Some(400 * SECOND), false),
-        ("never-seen", None, false),
+        ("joining", Some(SECOND), false, true),
+        ("left", Some(400 * SECOND), false, false),
+        ("never-seen", None, false, false),
+        // Stopping: it would only free the lease again.
+        ("stopping", Some(SECOND), true, false),
     ];
-    for (who, beat, handed) in cases {
+    for (who, beat, leaving, handed) in cases {
         let mine = asked_by(who);
         let beats: Vec<(&str, Duration)> = beat.map(|age| (who, age)).into_iter().collect();
-        let plan = plan_for(&snapshot(vec![mine.clone()], &beats), &[&mine], options());
+        let mut listed = snapshot(vec![mine.clone()], &beats);
+        if leaving {
+            listed.leaving.push(who.to_owned());
+        }
+        let plan = plan_for(&listed, &[&mine], options());
         assert_eq!(!plan.hand_over.is_empty(), handed, "{who}");
         assert_eq!(plan.clear_requests == vec![mine.id.clone()], !handed, "{who}");
     }

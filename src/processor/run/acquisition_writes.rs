@@ -41,7 +41,7 @@ pub(crate) async fn write_acquisition(
 
 /// What became of a lease this instance awaits.
 pub(crate) enum Adoption {
-    /// Handed over and taken up.
+    /// Handed over and written: taken up ([`Handed::TakeUp`]) or freed ([`Handed::Free`]).
     Taken(Box<Lease>),
     /// Still asked for (or its read failed): looked at again.
     Waiting,
@@ -49,8 +49,18 @@ pub(crate) enum Adoption {
     Gone,
 }
 
-/// Reads lease `id`, which `me` asked for, and takes it up when its owner handed it over.
-pub(crate) async fn adopt_one(shared: &Shared, me: &str, id: &str) -> Adoption {
+/// What this instance does with a lease handed over to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Handed {
+    /// Takes it up (writes an epoch of its own) to process it.
+    TakeUp,
+    /// Frees it (no owner): this instance is stopping, and the others take it up.
+    Free,
+}
+
+/// Reads lease `id`, which `me` asked for, and, when its owner handed it over, takes it up or
+/// frees it as `handed` says.
+pub(crate) async fn adopt_one(shared: &Shared, me: &str, id: &str, handed: Handed) -> Adoption {
     let lease = match shared.store.read(id).await {
         Ok(Some(lease)) => lease,
         Ok(None) => return Adoption::Gone,
@@ -68,9 +78,16 @@ pub(crate) async fn adopt_one(shared: &Shared, me: &str, id: &str) -> Adoption {
     }
     let mut next = lease.clone();
     next.clear_handoff();
-    next.take_for(me, shared.next_epoch());
+    match handed {
+        Handed::TakeUp => next.take_for(me, shared.next_epoch()),
+        Handed::Free => {
+            next.owner = None;
+            next.owner_epoch = None;
+        }
+    }
     next.timestamp = Some(OffsetDateTime::now_utc());
-    // Urgent: the lease was handed over to this instance, whose processing of it waits.
+    // Urgent: the lease was handed over to this instance, whose processing of it waits (or,
+    // freed, the others').
     let written = shared
         .budget
         .paced(
@@ -89,7 +106,7 @@ pub(crate) async fn adopt_one(shared: &Shared, me: &str, id: &str) -> Adoption {
         )
         .await;
     match written {
-        Ok(acquired) => Adoption::Taken(Box::new(acquired)),
+        Ok(written) => Adoption::Taken(Box::new(written)),
         Err(error) => {
             tracing::debug!(lease = %lease.lease_token, %error, "taking up a handed-over lease failed");
             Adoption::Gone

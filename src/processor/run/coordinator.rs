@@ -23,7 +23,7 @@ use crate::processor::policy::cycle_plan::{
     AcquireStep, Acquisition, CycleOptions, CyclePlan, Observations, plan_cycle,
 };
 use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
-use crate::processor::run::acquisition_writes::{Adoption, adopt_one, write_acquisition};
+use crate::processor::run::acquisition_writes::{Adoption, Handed, adopt_one, write_acquisition};
 use crate::processor::run::lease_reader;
 use crate::processor::run::shared::Shared;
 use crate::processor::run::store_recovery::StoreRecovery;
@@ -137,7 +137,7 @@ impl Coordinator {
                     self.takeover_at = None;
                     self.acquire_cycle().await;
                 }
-                _ = handoff_poll.tick(), if !self.awaiting.is_empty() => self.adopt_handed_over().await,
+                _ = handoff_poll.tick(), if !self.awaiting.is_empty() => self.adopt_handed_over(Handed::TakeUp).await,
                 // An owned lease carries a handoff request: judge it now, not at the next listing.
                 _ = self.shared.requested.notified() => {
                     self.listing_changed();
@@ -146,16 +146,32 @@ impl Coordinator {
                 Some(joined) = self.tasks.join_next() => self.on_exit(joined).await,
             }
         }
-        self.stop().await;
+        // Halted, the name is another process's: what is handed to it is that process's.
+        if !shutdown.is_cancelled() {
+            self.awaiting.clear();
+        }
+        self.stop(poll).await;
     }
 
     /// Stops every lease task (each releases its lease); the renewer then removes the heartbeat.
-    async fn stop(&mut self) {
+    /// A lease asked for that its owner hands over meanwhile is freed, every `poll` until the
+    /// last task ended and once more then: owned by this name while its heartbeat still beats,
+    /// nobody else would take it up before the stop ended (seen: a lease handed over 60 ms
+    /// before the stop, still this instance's 4 s later).
+    async fn stop(&mut self, poll: Duration) {
         self.shared.health.set_ready(false);
         self.leases.cancel();
-        while let Some(joined) = self.tasks.join_next().await {
-            self.on_exit(joined).await;
+        let mut handoff_poll = tokio::time::interval(poll);
+        loop {
+            tokio::select! {
+                joined = self.tasks.join_next() => match joined {
+                    Some(joined) => self.on_exit(joined).await,
+                    None => break,
+                },
+                _ = handoff_poll.tick(), if !self.awaiting.is_empty() => self.adopt_handed_over(Handed::Free).await,
+            }
         }
+        self.adopt_handed_over(Handed::Free).await;
         self.shared.liveness.all_released();
         tracing::info!("processor stopped");
     }
@@ -417,7 +433,8 @@ impl Coordinator {
     /// read, and taken up when handed over, [`ADOPT_CONCURRENCY`] at a time — one after another,
     /// a newcomer awaiting 40 leases on a loaded lease container spent tens of seconds a pass
     /// with its acquire cycles waiting behind it.
-    async fn adopt_handed_over(&mut self) {
+    /// While stopping (`handed` [`Handed::Free`]), a lease handed over is freed instead.
+    async fn adopt_handed_over(&mut self, handed: Handed) {
         use futures::StreamExt;
         let me = self.shared.options.instance.clone();
         let awaiting = std::mem::take(&mut self.awaiting);
@@ -425,14 +442,19 @@ impl Coordinator {
         let outcomes: Vec<_> = futures::stream::iter(awaiting)
             .map(|(id, previous_owner, asked_in)| {
                 let (shared, me) = (shared.clone(), me.clone());
-                async move { (adopt_one(&shared, &me, &id).await, id, previous_owner, asked_in) }
+                async move { (adopt_one(&shared, &me, &id, handed).await, id, previous_owner, asked_in) }
             })
             .buffer_unordered(ADOPT_CONCURRENCY)
             .collect()
             .await;
         for (outcome, id, previous_owner, asked_in) in outcomes {
             match outcome {
-                Adoption::Taken(acquired) => self.acquired(*acquired, previous_owner, asked_in),
+                Adoption::Taken(acquired) if handed == Handed::TakeUp => {
+                    self.acquired(*acquired, previous_owner, asked_in)
+                }
+                Adoption::Taken(freed) => {
+                    tracing::info!(lease = %freed.lease_token, "freed a lease handed over as this instance stopped")
+                }
                 Adoption::Waiting => self.awaiting.push((id, previous_owner, asked_in)),
                 Adoption::Gone => {}
             }
