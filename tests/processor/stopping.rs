@@ -215,7 +215,19 @@ async fn a_lease_handed_over_to_an_instance_that_is_stopping_is_freed_and_taken_
 
     // The first is handed over after its batch, and the newcomer holds a batch of it.
     leaves_handler.holding.store(true, Ordering::SeqCst);
+    let given_epoch = lease_of(&env, first).await.owner_epoch;
     stays_handler.release(first);
+    // Written once the newcomer took it up (an epoch of its own), so that they are its to read.
+    let taken_up = eventually(Duration::from_secs(10), || async {
+        let lease = lease_of(&env, first).await;
+        lease.owner.as_deref() == Some("leaves") && lease.owner_epoch != given_epoch
+    })
+    .await;
+    assert!(
+        taken_up,
+        "the first lease was not taken up: {:?}",
+        lease_of(&env, first).await
+    );
     env.write(40..80).await;
     assert!(
         leaves_handler.wait_held(std::slice::from_ref(first)).await,
