@@ -23,6 +23,11 @@ use kube::api::{Api, ListParams};
 use crate::cluster::{self, CFP_IMAGE, Cluster, HANDLER_IMAGE, HOST_IP};
 use crate::common::{self, CFP, lease_store, terminate, upsert_doc};
 
+/// An account endpoint on the node where nothing listens: a worker pointed at it cannot start.
+fn unreachable_account() -> String {
+    format!("http://{HOST_IP}:1/")
+}
+
 /// The SDK client of this test reaches the emulator at the bridge address over plain HTTP, which
 /// the SDK allows only for the host named by `AZURE_COSMOS_EMULATOR_HOST` (and loopback). The
 /// variable is set before `main`, while the test binary has a single thread: set by this test, it
@@ -360,6 +365,21 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
     let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), NS);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
 
+    // The accounts (`cfp emulator` on the node's address, and a port nothing listens on) the
+    // operator is allowed to reach over plain http for the test's namespace, as a cluster admin
+    // lists a development emulator.
+    let (mut emulator, endpoint) = common::start_emulator_with(&[
+        "--host",
+        HOST_IP,
+        "--port",
+        "0",
+        "--container",
+        &format!("db/items:/pk:{PARTITIONS}"),
+        "--container",
+        &format!("db/{RELAY}:/pk:{RELAY_PARTITIONS}"),
+    ])
+    .await;
+
     // 1. helm install: the operator runs as pods, one leads, `kubectl get cfp` works.
     let started = Instant::now();
     let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/changefeed-operator");
@@ -393,6 +413,13 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
             "--set-string",
             "extraEnv[1].name=COSMOS_DISABLE_IMDS,extraEnv[1].value=true",
         ])
+        .args([
+            "--set-string",
+            &format!(
+                "allowedAccounts[0].endpoint={endpoint},allowedAccounts[0].namespaces[0]={NS},allowedAccounts[1].endpoint={},allowedAccounts[1].namespaces[0]={NS}",
+                unreachable_account()
+            ),
+        ])
         .output()
         .expect("run helm");
     assert!(
@@ -416,17 +443,6 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
 
     // 2. A processor over 8 partitions with a backlog: worker pods take every lease, evenly, and
     //    deliver every document to the receiver.
-    let (mut emulator, endpoint) = common::start_emulator_with(&[
-        "--host",
-        HOST_IP,
-        "--port",
-        "0",
-        "--container",
-        &format!("db/items:/pk:{PARTITIONS}"),
-        "--container",
-        &format!("db/{RELAY}:/pk:{RELAY_PARTITIONS}"),
-    ])
-    .await;
     let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key())
         .await
         .expect("account");
@@ -676,12 +692,7 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
     kubectl(
         &cluster,
         &["apply", "-f", "-"],
-        Some(&resource(
-            "broken",
-            &format!("http://{HOST_IP}:1/"),
-            &handler,
-            "  replicas: 1\n",
-        )),
+        Some(&resource("broken", &unreachable_account(), &handler, "  replicas: 1\n")),
     );
     let crash_loop = tokio::spawn({
         let (cfps, started) = (cfps.clone(), Instant::now());

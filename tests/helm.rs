@@ -80,6 +80,7 @@ fn the_chart_lints_and_renders_with_default_and_other_values() {
         [
             "ClusterRole",
             "ClusterRoleBinding",
+            "ConfigMap",
             "CustomResourceDefinition",
             "Deployment",
             "PodDisruptionBudget",

@@ -67,4 +67,5 @@ mod store_recovery;
 mod structure;
 mod takeover;
 mod traces;
+mod trust_boundary;
 mod worker_errors;

@@ -305,7 +305,7 @@ async fn a_restore_refuses_an_export_of_another_container_or_of_one_created_agai
     account.ensure_container("db", "items", "/pk").await.unwrap();
     let recreated_rid = account.monitored("db", "items").await.unwrap().rid().to_owned();
     annotate("changefeed.io/restore-from=exports/items.json");
-    let recreated = refused(&cfps, &recreated_rid).await;
+    let recreated = refused(&cfps, "export is of container db/items").await;
     let after_recreated = leases(&account).await;
     println!(
         "restore of db/audit's export: {} ({}); leases moved {} of {}; restore into db/items created again (resource id {} → {recreated_rid}): {} ({}); leases created {}",
@@ -329,6 +329,12 @@ async fn a_restore_refuses_an_export_of_another_container_or_of_one_created_agai
         "another container's export moves nothing"
     );
     assert_eq!(recreated.reason, "ForeignExport");
+    for message in [&other.message, &recreated.message] {
+        assert!(
+            !message.contains(&recreated_rid) && !message.contains(export["containerRid"].as_str().unwrap_or("-")),
+            "a refusal names no container's resource id (part of its lease prefix): {message}"
+        );
+    }
     assert!(
         after_recreated.is_empty(),
         "no lease of the old container's positions: {after_recreated:?}"

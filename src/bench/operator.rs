@@ -33,7 +33,7 @@ pub async fn operator_memory(k8s_bin: &Path) -> Result<Vec<Figure>, BenchError> 
     let plane = ControlPlane::start(k8s_bin).await?;
     let client = plane.client.clone();
     install(&client).await?;
-    let (operator, port) = start_operator(&plane, &[])?;
+    let (operator, port) = start_operator(&plane, &endpoint, &[])?;
     let pid = operator.0.id().ok_or("the operator exited")?;
     wait_for_metric(port, "cfp_operator_leader", 1.0, PATIENCE)
         .await
@@ -121,12 +121,20 @@ pub(super) fn processor(name: &str, endpoint: &str, interval: &str) -> Result<Ch
     .map_err(|e| BenchError::from(format!("the benchmark's ChangeFeedProcessor: {e}")))
 }
 
-/// `cfp operator` for [`NAMESPACE`] against the control plane (with `extra` arguments); the
-/// process and its metrics port.
-pub(super) fn start_operator(plane: &ControlPlane, extra: &[&str]) -> Result<(Owned, u16), BenchError> {
+/// `cfp operator` for [`NAMESPACE`] against the control plane (with `extra` arguments), allowed
+/// to reach the emulator at `endpoint` over plain http; the process and its metrics port.
+pub(super) fn start_operator(plane: &ControlPlane, endpoint: &str, extra: &[&str]) -> Result<(Owned, u16), BenchError> {
     let port = free_port()?;
+    let allowed = plane.kubeconfig.with_file_name("allowed-accounts.yaml");
+    std::fs::write(
+        &allowed,
+        format!("- endpoint: {endpoint}\n  namespaces: [{NAMESPACE}]\n"),
+    )
+    .map_err(|e| format!("writing the operator's allowed accounts: {e}"))?;
     let child = cfp()?
         .args(["operator", "--namespace", NAMESPACE, "--identity", "bench"])
+        .arg("--allowed-accounts")
+        .arg(&allowed)
         .args(["--metrics-port", &port.to_string(), "--worker-image", "cfp:bench"])
         .args(extra)
         .env("KUBECONFIG", &plane.kubeconfig)

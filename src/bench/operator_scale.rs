@@ -186,7 +186,7 @@ pub async fn operator_at_scale(k8s_bin: &Path, settings: &BenchSettings) -> Resu
     let plane = ControlPlane::start(k8s_bin).await?;
     let client = plane.client.clone();
     install(&client).await?;
-    let (operator, port) = start_operator(&plane, &["--no-leader-election"])?;
+    let (operator, port) = start_operator(&plane, &endpoint, &["--no-leader-election"])?;
     let pid = operator.0.id().ok_or("the operator exited")?;
     wait_for_metric(port, "cfp_operator_leader", 1.0, PATIENCE)
         .await

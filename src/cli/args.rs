@@ -346,6 +346,14 @@ pub struct OperatorArgs {
     /// namespace); created at the first start, read at every start after (RBAC: get and create).
     #[arg(long, env = "CFP_DIGEST_KEY_SECRET", default_value = crate::operator::digest_key::DEFAULT_SECRET)]
     pub digest_key_secret: String,
+    /// A YAML file listing the accounts the operator may reach with its own identity (workload
+    /// or managed identity), and the plain-http endpoints (development emulators) it may reach at
+    /// all, each with the namespaces whose resources may use it: `- endpoint:
+    /// https://acct.documents.azure.com:443/` / `namespaces: [team-a]` (`"*"`: every
+    /// namespace). Read again whenever it changes. Without it, only the resources' own keys over
+    /// https are used.
+    #[arg(long, env = "CFP_ALLOWED_ACCOUNTS")]
+    pub allowed_accounts: Option<std::path::PathBuf>,
 }
 
 /// How the operator reads the Secrets resources name.

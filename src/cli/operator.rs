@@ -42,6 +42,7 @@ pub fn settings(args: &OperatorArgs) -> OperatorSettings {
         cluster_identity: args.cluster_identity.clone().filter(|c| !c.is_empty()),
         secrets_recheck: (!args.secrets.watch_secrets).then_some(args.secrets.secrets_recheck_interval),
         digest_key_secret: (own_namespace, args.digest_key_secret.clone()),
+        allowed_accounts: args.allowed_accounts.clone(),
     }
 }
 

@@ -225,6 +225,12 @@ impl DocumentContainer {
         self.list(query).await
     }
 
+    /// Every document whose id ends with `suffix`.
+    pub async fn list_by_id_suffix(&self, suffix: &str) -> Result<Vec<Document>, CosmosError> {
+        let query = Query::from("SELECT * FROM c WHERE ENDSWITH(c.id, @suffix)").with_parameter("@suffix", suffix)?;
+        self.list(query).await
+    }
+
     /// Every document whose top-level string property `field` (a name from code, not input)
     /// equals `value`.
     pub async fn list_by_field(&self, field: &'static str, value: &str) -> Result<Vec<Document>, CosmosError> {

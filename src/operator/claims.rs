@@ -14,6 +14,10 @@ use serde::{Deserialize, Serialize};
 /// handover; the named resource takes the claim once the holder's workers are gone.
 pub const HAND_OVER_ANNOTATION: &str = "changefeed.io/hand-over-lease-set-to";
 
+/// The annotation with which a resource asks for the lease set whose claim a deleted resource
+/// of another namespace left (`<namespace>/<name>` of that resource): without it the claim stays.
+pub const TAKE_OVER_ANNOTATION: &str = "changefeed.io/take-over-lease-set-from";
+
 /// A resource that claims (or may claim) a lease set.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

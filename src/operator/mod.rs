@@ -1,6 +1,6 @@
 //! The Kubernetes operator: the `ChangeFeedProcessor` resource, its reconciler, leader election.
 //!
-//! [`crd`] (types), [`spec_options`] (the spec as the workers' processor options), [`spec_values`] (field values read as what they mean), [`workload`]
+//! [`boundary`] (the trust boundary: the accounts the admin allows), [`crd`] (types), [`spec_options`] (the spec as the workers' processor options), [`spec_values`] (field values read as what they mean), [`workload`]
 //! (pure rendering of the Deployment and Service), [`network_policy`] (pure: the workers'
 //! NetworkPolicy), [`config`] (pure configuration check, the Secret digest), [`digest_key`] (the
 //! installation's key of that digest, kept in a Secret), [`status`] (pure conditions),
@@ -10,6 +10,7 @@
 //! apply → publish, with a pure plan and report), [`leader`], [`healthz`] (`/healthz`),
 //! [`metrics`], [`run`] (the `cfp operator` loop).
 
+pub mod boundary;
 pub mod claims;
 pub mod config;
 pub mod crd;

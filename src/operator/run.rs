@@ -19,6 +19,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::http_server;
+use crate::operator::boundary::accounts::AllowListFile;
 use crate::operator::config::referenced_secrets;
 use crate::operator::crd::ChangeFeedProcessor;
 use crate::operator::digest_key::{DigestKey, DigestKeyError, load_or_create};
@@ -48,6 +49,9 @@ pub struct OperatorSettings {
     pub cluster_identity: Option<String>,
     /// The Secret holding the key of the pod template's Secret digest: (namespace, name).
     pub digest_key_secret: (String, String),
+    /// The file of the accounts the operator may reach per namespace (`None`: none with its own
+    /// identity, none over plain http).
+    pub allowed_accounts: Option<std::path::PathBuf>,
 }
 
 /// Why the operator stopped with an error.
@@ -82,11 +86,16 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
     }
     let client = Client::try_default().await?;
     let digest_key = prepare(&client, &settings).await?;
+    let cluster = cluster_identity(&client, &settings).await?;
     let metrics = OperatorMetrics::new().map_err(|e| OperatorError::Metrics(e.to_string()))?;
     // /healthz fails when the main loop below ends or stops running.
     let liveness = Arc::new(Liveness::default());
     // One Cosmos client per account, kept across leadership terms.
     let accounts = Accounts::default();
+    let allowed_accounts = Arc::new(AllowListFile::new(settings.allowed_accounts.clone()));
+    if let Err(error) = allowed_accounts.current() {
+        tracing::error!(%error, "the allowed accounts cannot be read; resources that need them are refused until they can");
+    }
     let mut background = Vec::new();
     if let Some(port) = settings.metrics_port {
         background.push(serve_endpoints(port, &metrics, &liveness, &shutdown).await?);
@@ -107,17 +116,14 @@ pub async fn run(settings: OperatorSettings, shutdown: CancellationToken) -> Res
     };
     let main_loop = async {
         loop {
-            let cluster = match &settings.cluster_identity {
-                Some(identity) => identity.clone(),
-                None => cluster_identity(&client).await,
-            };
             let shared = Shared {
                 client: client.clone(),
                 accounts: accounts.clone(),
                 metrics: metrics.clone(),
                 leading: leading.clone(),
-                cluster,
+                cluster: cluster.clone(),
                 digest_key: digest_key.clone(),
+                allowed_accounts: allowed_accounts.clone(),
             };
             if !lead_one_term(&settings, shared, &elector, &shutdown).await {
                 break;
@@ -249,20 +255,33 @@ struct Shared {
     leading: Arc<dyn Fn() -> bool + Send + Sync>,
     cluster: String,
     digest_key: DigestKey,
+    allowed_accounts: Arc<AllowListFile>,
 }
 
-/// This cluster's identity in lease-set claims: the UID of its `kube-system` namespace (the
-/// chart lets the operator read that one namespace object). When it cannot be read, a fixed
-/// name, with a warning: claims then cannot tell this cluster from another that shares the
-/// lease container.
-async fn cluster_identity(client: &Client) -> String {
+/// This cluster's identity in lease-set claims: `--cluster-identity`, else the UID of its
+/// `kube-system` namespace, else (an operator that may not read it, rendered without Helm's
+/// lookup) the UID of this installation's digest-key Secret — a UUID no other cluster has, so
+/// claims never take two clusters for one.
+async fn cluster_identity(client: &Client, settings: &OperatorSettings) -> Result<String, OperatorError> {
+    if let Some(identity) = &settings.cluster_identity {
+        return Ok(identity.clone());
+    }
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    match namespaces.get("kube-system").await {
-        Ok(namespace) => namespace.metadata.uid.unwrap_or_else(|| "unidentified-cluster".into()),
-        Err(error) => {
-            tracing::warn!(%error, "cannot read the kube-system namespace (its UID names this cluster in lease-set claims); claims will not tell this cluster from others that share a lease container");
-            "unidentified-cluster".into()
+    let error = match namespaces.get("kube-system").await.map(|n| n.metadata.uid) {
+        Ok(Some(uid)) => return Ok(uid),
+        Ok(None) => "the kube-system namespace has no UID".to_owned(),
+        Err(error) => error.to_string(),
+    };
+    let (key_namespace, key_name) = &settings.digest_key_secret;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), key_namespace);
+    match secrets.get_metadata(key_name).await.map(|s| s.metadata.uid) {
+        Ok(Some(uid)) => {
+            tracing::info!(%error, "the kube-system namespace cannot be read: this installation's digest-key Secret names the cluster in lease-set claims");
+            Ok(format!("installation-{uid}"))
         }
+        _ => Err(OperatorError::Config(format!(
+            "this cluster's identity in lease-set claims cannot be read ({error}): grant get on namespaces/kube-system or set --cluster-identity"
+        ))),
     }
 }
 
@@ -397,6 +416,7 @@ fn context(
         cluster: shared.cluster,
         standings: Mutex::new(HashMap::new()),
         digest_key: shared.digest_key,
+        allowed_accounts: shared.allowed_accounts,
     })
 }
 

@@ -7,7 +7,7 @@ use crate::operator::spec_values::{ConfigProblem, count, duration, invalid};
 use crate::processor::{AdoptOptions, CheckpointPolicy, ProcessorOptions, RetryPolicy};
 
 /// The instance name the options carry: each worker runs under its pod's name.
-pub const POD_NAME: &str = "(the pod's name)";
+pub const POD_NAME: &str = "the-pod-s-name";
 
 impl TryFrom<&ChangeFeedProcessor> for ProcessorOptions {
     type Error = ConfigProblem;

@@ -327,7 +327,31 @@ pub async fn start_emulator_with(args: &[&str]) -> (tokio::process::Child, Strin
     .await
     .expect("emulator endpoint within 20 s");
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    allow_emulator(&endpoint);
     (child, endpoint)
+}
+
+/// The allowed-accounts file of every `cfp operator` the tests start: each emulator a test
+/// starts is listed in it (plain http, every namespace), as a cluster admin lists a development
+/// emulator; anything else a resource names is not.
+pub fn allowed_accounts_file() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("cfp-tests-{}-allowed-accounts.yaml", std::process::id()))
+}
+
+/// Adds `endpoint` to [`allowed_accounts_file`] (rewritten whole, then renamed into place, so
+/// that an operator never reads half of it).
+pub fn allow_emulator(endpoint: &str) {
+    static LISTED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut listed = LISTED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    listed.push(endpoint.to_owned());
+    let yaml: String = listed
+        .iter()
+        .map(|e| format!("- endpoint: {e}\n  namespaces: ['*']\n"))
+        .collect();
+    let file = allowed_accounts_file();
+    let written = file.with_extension("yaml.new");
+    std::fs::write(&written, yaml).expect("write the allowed accounts");
+    std::fs::rename(&written, &file).expect("move the allowed accounts into place");
 }
 
 /// Starts `cfp emulator` with two regions, East US (which takes writes) and West US, which has

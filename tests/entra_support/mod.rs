@@ -146,6 +146,7 @@ impl EntraAccount {
         let endpoint = emulator.endpoint();
         let serving = stop.clone();
         tokio::spawn(async move { emulator.serve(listener, serving).await });
+        crate::common::allow_emulator(&endpoint);
         Self {
             endpoint,
             account,

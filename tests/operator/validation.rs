@@ -14,7 +14,9 @@ use crate::operator_support::{
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_resources_are_rejected_and_a_missing_secret_blocks_until_created() {
     let Scene { plane, ns, client } = Scene::new("invalid").await;
-    let endpoint = FAKE_ENDPOINT;
+    // An account whose lease-set claim the operator can read: the workers start only then.
+    let (_emulator, endpoint) = crate::common::start_emulator("db/items:/pk:2").await;
+    let endpoint = endpoint.as_str();
     let (ok, _, err) = apply(
         plane,
         &ns,
@@ -204,6 +206,8 @@ async fn the_status_says_why_the_workers_do_not_run() {
         ns,
         mut operator,
         deployments,
+        endpoint,
+        emulator: _emulator,
     } = deployed("truth").await;
     let client = plane.client().await;
     let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
@@ -294,7 +298,7 @@ async fn the_status_says_why_the_workers_do_not_run() {
 
     // The API server refuses the rendered Deployment: condition and Warning Event with its message.
     let bad = "  worker:\n    volumes:\n    - name: Bad_Volume\n      emptyDir: {}\n";
-    apply_ok(plane, &ns, &resource("orders", FAKE_ENDPOINT, bad));
+    apply_ok(plane, &ns, &resource("orders", &endpoint, bad));
     let refused_apply = ready("ApplyFailed").await;
     let event = wait_event(&client, &ns, "ApplyFailed").await;
     println!(

@@ -16,13 +16,11 @@ use crate::operator_support::{
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn applying_a_resource_creates_the_rendered_workload_and_status() {
     let Scene { plane, ns, client } = Scene::new("create").await;
+    // An account whose lease-set claim the operator can read: the workers start only then.
+    let (_emulator, endpoint) = start_emulator("db/items:/pk:2").await;
     let mut operator = Operator::start(plane, &ns, "op");
     apply_ok(plane, &ns, &secret_yaml());
-    let (ok, out, err) = apply(
-        plane,
-        &ns,
-        &resource("orders", "https://acct.documents.azure.com:443/", "  replicas: 2\n"),
-    );
+    let (ok, out, err) = apply(plane, &ns, &resource("orders", &endpoint, "  replicas: 2\n"));
     assert!(ok, "{err}");
     assert!(out.contains("created"), "{out}");
 
@@ -153,10 +151,12 @@ async fn spec_changes_roll_out_and_drift_is_reverted() {
         ns,
         mut operator,
         deployments,
+        endpoint,
+        emulator: _emulator,
     } = deployed("update").await;
 
     let changed = "  replicas: 3\n  pollInterval: 1s\n  worker:\n    resources:\n      limits:\n        memory: 64Mi\n";
-    apply_ok(plane, &ns, &resource("orders", FAKE_ENDPOINT, changed));
+    apply_ok(plane, &ns, &resource("orders", &endpoint, changed));
     let updated = wait("the changed Deployment", || async {
         let d = deployments.get("orders").await.ok()?;
         let env = worker_env(&d);
@@ -202,6 +202,8 @@ async fn kubectl_scale_drives_the_deployment_through_the_scale_subresource() {
         ns,
         mut operator,
         deployments,
+        emulator: _emulator,
+        ..
     } = deployed("scale").await;
     let (ok, out, err) = plane.kubectl_run(&["scale", "cfp/orders", "-n", &ns, "--replicas=3"], None);
     assert!(ok, "{err}");
@@ -370,6 +372,8 @@ async fn the_rendered_worker_pod_passes_the_restricted_pod_security_standard() {
         ns,
         mut operator,
         deployments,
+        endpoint,
+        emulator: _emulator,
     } = deployed("pss-worker").await;
     let restricted = namespace(plane, "pss-restricted");
     let (ok, _, err) = plane.kubectl_run(
@@ -384,7 +388,7 @@ async fn the_rendered_worker_pod_passes_the_restricted_pod_security_standard() {
     assert!(ok, "{err}");
     // With a sidecar that sets no security context of its own: it gets the worker's.
     let sidecar = "  worker:\n    sidecars:\n    - name: handler\n      image: example.com/handler:1\n";
-    apply_ok(plane, &ns, &resource("orders", FAKE_ENDPOINT, sidecar));
+    apply_ok(plane, &ns, &resource("orders", &endpoint, sidecar));
     let deployment = wait("the Deployment with the sidecar", || async {
         let d = deployments.get("orders").await.ok()?;
         let sidecars = d.spec.as_ref()?.template.spec.as_ref()?.init_containers.as_ref()?.len();

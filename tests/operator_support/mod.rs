@@ -146,6 +146,8 @@ impl Operator {
                 "500ms",
             ])
             .args(more_args)
+            // As a variable, which builds without it ignore (`CFP_OPERATOR_BIN`).
+            .env("CFP_ALLOWED_ACCOUNTS", crate::common::allowed_accounts_file())
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", rust_log)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
@@ -241,20 +243,27 @@ where
     }
 }
 
-/// A namespace with an operator, the Secret and a resource `orders` whose Deployment exists.
+/// A namespace with an operator, the Secret and a resource `orders` whose Deployment exists, on
+/// an emulator (the operator reads the resource's lease-set claim there: workers start only
+/// where it can).
 pub struct Deployed {
     pub plane: &'static ControlPlane,
     pub ns: String,
     pub operator: Operator,
     pub deployments: Api<Deployment>,
+    /// The account endpoint of `orders`.
+    pub endpoint: String,
+    /// The emulator serving it.
+    pub emulator: Child,
 }
 
 pub async fn deployed(name: &str) -> Deployed {
     let plane = plane().await;
     let ns = namespace(plane, name);
+    let (emulator, endpoint) = crate::common::start_emulator("db/items:/pk:2").await;
     let operator = Operator::start(plane, &ns, "op");
     assert!(apply(plane, &ns, &secret_yaml()).0);
-    assert!(apply(plane, &ns, &resource("orders", FAKE_ENDPOINT, "")).0);
+    assert!(apply(plane, &ns, &resource("orders", &endpoint, "")).0);
     let deployments: Api<Deployment> = Api::namespaced(plane.client().await, &ns);
     wait("deployment", || async {
         deployments.get_opt("orders").await.ok().flatten()
@@ -265,6 +274,8 @@ pub async fn deployed(name: &str) -> Deployed {
         ns,
         operator,
         deployments,
+        endpoint,
+        emulator,
     }
 }
 

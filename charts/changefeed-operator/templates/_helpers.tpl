@@ -62,11 +62,12 @@ app.kubernetes.io/component: operator
   verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["list", "watch", "create", "patch"]
+  # get: an object of the resource's name is applied only when the resource owns it.
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  # One worker at a time may be evicted (server-side apply).
-  verbs: ["create", "patch"]
+  # One worker at a time may be evicted (server-side apply); get: the ownership check.
+  verbs: ["get", "create", "patch"]
 - apiGroups: [""]
   resources: ["secrets"]
   {{- if .Values.secrets.watch }}
@@ -79,8 +80,8 @@ app.kubernetes.io/component: operator
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   # The workers' NetworkPolicy (spec.worker.networkPolicy): server-side apply, and delete when a
-  # resource turns it off.
-  verbs: ["create", "patch", "delete"]
+  # resource turns it off; get: only one the resource owns is applied or deleted.
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
   # Fast failover: a gone worker pod's leases are freed at once.

@@ -53,7 +53,7 @@ pub struct Autoscaling {
     #[schemars(range(min = 1, max = 100))]
     pub fallback_after_failures: u32,
     /// How often the operator estimates the remaining work (also while autoscaling is off, for
-    /// the status and metrics).
+    /// the status and metrics); at least `500ms` (shorter is taken as that).
     #[serde(default = "default_estimate_interval")]
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
     #[schemars(length(max = 32))]
@@ -122,6 +122,7 @@ pub struct ScalingRules {
     pub select_policy: Option<SelectPolicyKind>,
     /// Rate policies (default: this direction's default).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
     pub policies: Vec<ScalingPolicy>,
 }
 

@@ -33,10 +33,11 @@ pub struct Connection {
 #[serde(rename_all = "camelCase")]
 pub struct SecretKeyRef {
     /// The Secret's name.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 253))]
     pub name: String,
     /// The key within the Secret.
     #[serde(default = "default_secret_key")]
+    #[schemars(length(max = 253))]
     pub key: String,
 }
 

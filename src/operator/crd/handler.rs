@@ -88,6 +88,7 @@ pub struct HttpHeader {
     pub name: String,
     /// A literal value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 8192))]
     pub value: Option<String>,
     /// The value from a Secret key in the resource's namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -148,9 +149,10 @@ fn default_max_backoff() -> String {
 pub struct DeadLetterSpec {
     /// Its database (default: the lease database).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
     pub database: Option<String>,
     /// The container, created with partition key `/id` when missing.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 256))]
     pub container: String,
 }
 

@@ -95,8 +95,12 @@ pub struct ChangeFeedProcessorSpec {
     pub leases: LeaseSettings,
     /// The processor (deployment unit) name that prefixes lease ids. Defaults to the resource
     /// name. Changing it starts over with new leases.
+    /// Letters, digits, `-` and `_`, with single dots between them (lease ids are
+    /// `{processorName}{account}_{database}_{container}..{range}`: no name may reach into
+    /// another's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 128))]
+    #[schemars(length(min = 1, max = 128))]
+    #[x_kube(validation = kube::core::Rule::new("self.matches('^[A-Za-z0-9_-]+([.][A-Za-z0-9_-]+)*$')").message("processorName must be letters, digits, '-' and '_' with single dots between them (it prefixes lease ids)"))]
     pub processor_name: Option<String>,
     /// Where leases without a checkpoint start reading: `Beginning`, `Now` (anchored when the
     /// leases are first created), or an RFC 3339 time such as `2026-01-31T12:00:00Z`.

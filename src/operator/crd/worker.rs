@@ -23,9 +23,11 @@ use serde::Serialize;
 pub struct WorkerTemplate {
     /// The worker image (default: the operator's `--worker-image`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
     pub image: Option<String>,
     /// The image pull policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
     pub image_pull_policy: Option<String>,
     /// Compute resources of the worker container (default: requests of 100m CPU and 64Mi memory,
     /// so that workers are not BestEffort).
@@ -37,12 +39,14 @@ pub struct WorkerTemplate {
     /// stop still reaches its handler. Those without a securityContext get the worker's
     /// restricted one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
     pub sidecars: Vec<Container>,
     /// Node labels the worker pods must run on.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
     /// Tolerations of the worker pods.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
     pub tolerations: Vec<Toleration>,
     /// Annotations added to the worker pods.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -54,30 +58,38 @@ pub struct WorkerTemplate {
     /// Service account of the worker pods, for example one federated for workload identity (its
     /// API token is not mounted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
     pub service_account_name: Option<String>,
     /// Extra environment variables of the worker container (the operator's `CFP_*` win).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128))]
     pub env: Vec<EnvVar>,
     /// Environment variables of the worker container from ConfigMaps or Secrets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
     pub env_from: Vec<EnvFromSource>,
     /// Volumes of the worker pods (for the worker's `volumeMounts` and the sidecars').
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
     pub volumes: Vec<Volume>,
     /// Volume mounts of the worker container.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
     pub volume_mounts: Vec<VolumeMount>,
     /// Secrets to pull the worker and sidecar images.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
     pub image_pull_secrets: Vec<LocalObjectReference>,
     /// Affinity of the worker pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
     /// How the worker pods spread over zones and nodes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
     pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
     /// Priority class of the worker pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
     pub priority_class_name: Option<String>,
     /// How long a stopping worker pod may take (default: the HTTP handler's `timeout` plus 30 s
     /// to checkpoint and release its leases; 30 s with the stdout handler): a stop never cuts
@@ -108,16 +120,20 @@ pub struct WorkerNetworkPolicy {
     /// Where Cosmos DB may be reached: CIDRs (default: anywhere, on the endpoints' ports only).
     /// With workload identity, Microsoft Entra ID is reached through the same CIDRs on 443.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
     pub cosmos_cidrs: Vec<String>,
     /// Where the HTTP handler may be reached: CIDRs (default: anywhere, on its URL's port only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
     pub handler_cidrs: Vec<String>,
     /// Who may reach the metrics port (NetworkPolicy peers; default: anyone).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
     pub metrics_from: Vec<NetworkPolicyPeer>,
     /// More egress of the worker pods, for example what a handler sidecar calls: the policy
     /// covers every container of the pod.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
     pub extra_egress: Vec<NetworkPolicyEgressRule>,
 }
 

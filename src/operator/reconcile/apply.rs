@@ -6,15 +6,17 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event, EventType};
 use kube::{Client, Resource, ResourceExt};
 
 use super::pace::digest;
 use super::publish::{Apply, Note, Report};
 use super::{Context, LEASE_FINALIZER, ReconcileError};
+use crate::operator::boundary::owned_objects::{self, owned_by};
 use crate::operator::crd::ChangeFeedProcessor;
 use crate::operator::network_policy::worker_network_policy;
+use crate::operator::spec_values::ConfigProblem;
 use crate::operator::status::{MAX_EVENT_NOTE, bounded};
 use crate::operator::workload::{
     FIELD_MANAGER, metrics_service, with_secrets_digest, worker_deployment, worker_disruption_budget,
@@ -83,6 +85,49 @@ pub(super) async fn apply_workload(
     }
 }
 
+/// The problem of the first rendered object that exists under its name and is not the
+/// resource's (owner `uid`): nothing is applied then.
+pub(super) async fn name_conflict(
+    client: &Client,
+    namespace: &str,
+    rendered: &Rendered,
+    uid: &str,
+) -> Result<Option<ConfigProblem>, kube::Error> {
+    let deployment = rendered.deployment.name_any();
+    let service = rendered.service.name_any();
+    let budget = rendered.budget.name_any();
+    if !ours::<Deployment>(client, namespace, &deployment, uid).await? {
+        return Ok(Some(owned_objects::name_conflict("Deployment", &deployment)));
+    }
+    if !ours::<Service>(client, namespace, &service, uid).await? {
+        return Ok(Some(owned_objects::name_conflict("Service", &service)));
+    }
+    if !ours::<PodDisruptionBudget>(client, namespace, &budget, uid).await? {
+        return Ok(Some(owned_objects::name_conflict("PodDisruptionBudget", &budget)));
+    }
+    if let Some(policy) = &rendered.network_policy
+        && !ours::<NetworkPolicy>(client, namespace, &policy.name_any(), uid).await?
+    {
+        return Ok(Some(owned_objects::name_conflict("NetworkPolicy", &policy.name_any())));
+    }
+    Ok(None)
+}
+
+/// Whether the object `name` of kind `K` is absent or the resource's (owner `uid`).
+async fn ours<K>(client: &Client, namespace: &str, name: &str, uid: &str) -> Result<bool, kube::Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    Ok(api
+        .get_opt(name)
+        .await?
+        .is_none_or(|object| owned_by(object.meta(), uid)))
+}
+
 async fn apply_objects(client: &Client, namespace: &str, rendered: &Rendered) -> Result<Deployment, kube::Error> {
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let name = rendered.deployment.name_any();
@@ -99,11 +144,17 @@ async fn apply_objects(client: &Client, namespace: &str, rendered: &Rendered) ->
     budgets
         .patch(&rendered.budget.name_any(), &params, &Patch::Apply(&rendered.budget))
         .await?;
-    apply_network_policy(client, namespace, &name, rendered.network_policy.as_ref()).await?;
+    let uid = applied
+        .owner_references()
+        .first()
+        .map(|o| o.uid.clone())
+        .unwrap_or_default();
+    apply_network_policy(client, namespace, &name, rendered.network_policy.as_ref(), &uid).await?;
     Ok(applied)
 }
 
-/// Applies the workers' NetworkPolicy, or deletes the one an earlier spec asked for. A refused
+/// Applies the workers' NetworkPolicy, or deletes the one an earlier spec asked for — only when
+/// it is the resource's (owner `uid`; the delete is conditional on that object's UID). A refused
 /// delete (a NetworkPolicy that is not there, an operator not allowed to delete them) is no
 /// error: a resource without one never needs the permission.
 async fn apply_network_policy(
@@ -111,18 +162,33 @@ async fn apply_network_policy(
     namespace: &str,
     name: &str,
     policy: Option<&NetworkPolicy>,
+    uid: &str,
 ) -> Result<(), kube::Error> {
     let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), namespace);
-    match policy {
-        Some(policy) => {
-            let params = PatchParams::apply(FIELD_MANAGER).force();
-            policies.patch(name, &params, &Patch::Apply(policy)).await?;
-        }
-        None => match policies.delete(name, &Default::default()).await {
-            Ok(_) => tracing::info!(namespace, processor = name, "deleted the workers' NetworkPolicy"),
-            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 403 => {}
-            Err(error) => return Err(error),
-        },
+    if let Some(policy) = policy {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        policies.patch(name, &params, &Patch::Apply(policy)).await?;
+        return Ok(());
+    }
+    let existing = match policies.get_opt(name).await {
+        Ok(existing) => existing,
+        Err(kube::Error::Api(status)) if status.code == 403 => return Ok(()),
+        Err(error) => return Err(error),
+    };
+    let Some(existing) = existing.filter(|p| owned_by(&p.metadata, uid)) else {
+        return Ok(());
+    };
+    let only_that_one = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: existing.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match policies.delete(name, &only_that_one).await {
+        Ok(_) => tracing::info!(namespace, processor = name, "deleted the workers' NetworkPolicy"),
+        Err(kube::Error::Api(status)) if matches!(status.code, 404 | 403 | 409) => {}
+        Err(error) => return Err(error),
     }
     Ok(())
 }

@@ -14,6 +14,7 @@ use super::apply::{Workload, apply_deployment, publish, set_finalizer};
 use super::publish::note;
 use super::target::{TargetError, estimate_target};
 use super::{Context, ReconcileError};
+use crate::operator::boundary::owned_objects::owned_by;
 use crate::operator::config;
 use crate::operator::crd::ChangeFeedProcessor;
 use crate::operator::scaling::estimate_report::EstimateFailure;
@@ -33,6 +34,9 @@ pub enum LeaseCleanupError {
     /// Deleting the documents failed.
     #[error(transparent)]
     Delete(#[from] crate::processor::LeaseStoreError),
+    /// The claim no longer names this resource: nothing is deleted.
+    #[error("the lease set's claim does not name this resource (any more): nothing was deleted")]
+    NotHeld,
 }
 
 /// The cleanup of one deleted resource.
@@ -56,19 +60,7 @@ pub(super) async fn clean_up(
     found: &BTreeMap<String, Secret>,
 ) -> Result<Action, ReconcileError> {
     let namespace = cfp.namespace().ok_or(ReconcileError::Unnamed)?;
-    let cleanup = Cleanup {
-        ctx,
-        cfp,
-        cfps,
-        timeout: humantime::parse_duration(&cfp.spec.leases.cleanup_timeout).unwrap_or(Duration::from_secs(300)),
-        since: cfp
-            .metadata
-            .deletion_timestamp
-            .as_ref()
-            .map(|t| k8s_openapi::jiff::Timestamp::now().duration_since(t.0))
-            .and_then(|d| Duration::try_from(d).ok())
-            .unwrap_or_default(),
-    };
+    let cleanup = Cleanup::new(ctx, cfp, cfps);
     // 1. No worker may write a lease back: scale to zero and wait for the pods to go.
     cleanup.scale_to_zero(&namespace, found).await?;
     let running = super::observe::runnable_worker_pods(&ctx.client, &namespace, cfp).await?;
@@ -86,7 +78,7 @@ pub(super) async fn clean_up(
     }
     // 2. Delete the leases. A credential whose Secret is gone cannot come back while the resource
     //    is deleted (a namespace deletion removes Secrets first): no waiting for it.
-    if let Err(error) = estimate_target(cfp, found) {
+    if let Err(error) = estimate_target(cfp, found, &ctx.allowed_accounts) {
         return cleanup
             .give_up(format!("{error} to reach the leases and it is gone"), true)
             .await;
@@ -109,6 +101,60 @@ pub(super) async fn leave_leases(
     Ok(Action::await_change())
 }
 
+/// A deleted resource whose accounts cannot be reached at all (a credential gone with the
+/// namespace, an account the admin does not allow): the finalizer goes at once, the leases stay.
+pub(super) async fn unreachable(
+    ctx: &Context,
+    cfp: &ChangeFeedProcessor,
+    cfps: &Api<ChangeFeedProcessor>,
+    error: TargetError,
+) -> Result<Action, ReconcileError> {
+    let what = format!("{error} to reach the leases and it is gone");
+    Cleanup::new(ctx, cfp, cfps).give_up(what, true).await
+}
+
+/// A deleted resource that cannot tell whether it holds its lease set (the claim cannot be
+/// read): nothing is deleted; read again later (less often the longer it lasts), until
+/// `leases.cleanupTimeout`, then the finalizer goes and the leases stay.
+pub(super) async fn wait_for_claim(
+    ctx: &Context,
+    cfp: &ChangeFeedProcessor,
+    cfps: &Api<ChangeFeedProcessor>,
+    why: String,
+) -> Result<Action, ReconcileError> {
+    let cleanup = Cleanup::new(ctx, cfp, cfps);
+    let what = format!("cannot tell whether this resource holds its lease set ({why}); nothing was deleted");
+    if cleanup.since >= cleanup.timeout {
+        return cleanup.give_up(what, false).await;
+    }
+    cleanup
+        .publish(true, "LeaseCleanupWaiting", format!("{what}; reading the claim again"))
+        .await;
+    let backoff = (cleanup.since / 4).clamp(Duration::from_secs(2), Duration::from_secs(60));
+    Ok(Action::requeue(
+        backoff.min(cleanup.timeout.saturating_sub(cleanup.since)),
+    ))
+}
+
+impl<'a> Cleanup<'a> {
+    /// The cleanup of `cfp`, deleted `since` ago.
+    fn new(ctx: &'a Context, cfp: &'a ChangeFeedProcessor, cfps: &'a Api<ChangeFeedProcessor>) -> Self {
+        Cleanup {
+            ctx,
+            cfp,
+            cfps,
+            timeout: humantime::parse_duration(&cfp.spec.leases.cleanup_timeout).unwrap_or(Duration::from_secs(300)),
+            since: cfp
+                .metadata
+                .deletion_timestamp
+                .as_ref()
+                .map(|t| k8s_openapi::jiff::Timestamp::now().duration_since(t.0))
+                .and_then(|d| Duration::try_from(d).ok())
+                .unwrap_or_default(),
+        }
+    }
+}
+
 impl Cleanup<'_> {
     async fn publish(&self, warning: bool, reason: &str, text: String) {
         publish(self.ctx, self.cfp, note(warning, reason, text)).await;
@@ -117,7 +163,9 @@ impl Cleanup<'_> {
     /// Scales the worker Deployment, if any, to zero.
     async fn scale_to_zero(&self, namespace: &str, found: &BTreeMap<String, Secret>) -> Result<(), ReconcileError> {
         let deployments: Api<Deployment> = Api::namespaced(self.ctx.client.clone(), namespace);
+        let uid = self.cfp.uid().unwrap_or_default();
         if let Some(deployment) = deployments.get_opt(&self.cfp.name_any()).await?
+            && owned_by(&deployment.metadata, &uid)
             && deployment.spec.as_ref().and_then(|s| s.replicas) != Some(0)
         {
             let workload = Workload {
@@ -183,7 +231,7 @@ async fn delete_leases(
     cfp: &ChangeFeedProcessor,
     found: &BTreeMap<String, Secret>,
 ) -> Result<usize, LeaseCleanupError> {
-    let target = estimate_target(cfp, found)?;
+    let target = estimate_target(cfp, found, &ctx.allowed_accounts)?;
     let accounts = ctx.estimators.accounts();
     let account = accounts.get(&target.account).await?;
     let lease_account = match &target.lease_account {
@@ -195,7 +243,16 @@ async fn delete_leases(
         ..target.settings()
     };
     match crate::worker::open(&account, &lease_account, &settings).await {
-        Ok((_, store)) => Ok(store.delete_all().await?),
+        Ok((_, store)) => {
+            // Confirmed held just before, and the claim deleted last at that very version: a
+            // claim that changed meanwhile (another resource's now) stays.
+            let Some(version) = super::claim::held_version(&store, ctx, cfp).await? else {
+                return Err(LeaseCleanupError::NotHeld);
+            };
+            let deleted = store.delete_all_but_claim().await?;
+            store.delete_marker(super::claim::CLAIM, &version).await?;
+            Ok(deleted + 1)
+        }
         // Nothing to clean up when the containers are gone.
         Err(crate::worker::WorkerError::LeasesMissing { .. } | crate::worker::WorkerError::MonitoredMissing(_)) => {
             Ok(0)

@@ -36,6 +36,8 @@ use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
+use crate::operator::boundary::accounts::AllowListFile;
+use crate::operator::boundary::owned_objects::owned_by;
 use crate::operator::config;
 use crate::operator::crd::ChangeFeedProcessor;
 use crate::operator::digest_key::DigestKey;
@@ -82,6 +84,8 @@ pub struct Context {
     pub standings: Mutex<HashMap<ResourceKey, RememberedStanding>>,
     /// The installation's key of the pod template's Secret digest.
     pub digest_key: DigestKey,
+    /// The accounts the operator may reach for each namespace (the cluster admin's allow-list).
+    pub allowed_accounts: Arc<AllowListFile>,
 }
 
 /// A resource's standing with its lease set as last read: when, for which target (its
@@ -164,7 +168,7 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
     if let claim::Standing::Unknown(why) = &standing {
         tracing::debug!(namespace, processor = name, %why, "the lease-set claim could not be checked");
     }
-    // A rewind of the checkpoints holds the workers at 0 until it is done (`super::rewind`).
+    // A rewind of the checkpoints holds the workers at 0 until it is done (`rewind_actions`).
     if standing == claim::Standing::Held
         && let Some(action) = rewind_actions::step(ctx, cfp, &cfps, &found).await?
     {
@@ -172,7 +176,11 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
     }
     let mut outcome = observe_and_plan(ctx, cfp, &key, &found).await?;
     if let Some(problem) = standing.problem() {
-        refuse(ctx, &key, &mut outcome, problem).await?;
+        refuse(ctx, cfp, &key, &mut outcome, problem).await?;
+    }
+    if let (claim::Standing::Unknown(_), Some(plan)) = (&standing, outcome.plan.as_mut()) {
+        // Whether this resource may run the lease set is not known: no worker starts.
+        plan::no_new_workers(plan, outcome.before);
     }
     apply(ctx, cfp, &key, &found, &mut outcome).await?;
     let now = crate::operator::status::now();
@@ -194,6 +202,7 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
 /// A resource that may not run its lease set: no estimate, no plan, its workers (if any) at 0.
 async fn refuse(
     ctx: &Context,
+    cfp: &ChangeFeedProcessor,
     key: &ResourceKey,
     outcome: &mut Outcome,
     problem: crate::operator::spec_values::ConfigProblem,
@@ -204,7 +213,7 @@ async fn refuse(
     if outcome.problem.is_none() {
         outcome.problem = Some(problem);
     }
-    if outcome.before.is_some_and(|replicas| replicas > 0) {
+    if outcome.before.is_some_and(|replicas| replicas > 0) && owns_deployment(cfp, outcome) {
         let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &key.0);
         outcome.deployment = Some(hold_replicas(&deployments, &key.1, 0).await?);
         outcome.held = outcome.before.map(|before| (before, 0));
@@ -229,11 +238,22 @@ async fn finalize(
         applied.remove(key);
     }
     if cfp.finalizers().iter().any(|f| f == LEASE_FINALIZER) {
-        // Only the holder of the lease set deletes it: another namespace's resource naming the
-        // same lease set must not (`crate::operator::claims`).
-        return match claim::standing(ctx, cfp, found, true).await? {
+        // Only the holder of the lease set deletes it, and only while it can tell that it holds
+        // it: another namespace's resource naming the same lease set must not
+        // (`crate::operator::claims`), and an unreadable claim deletes nothing.
+        if let Err(error) = target::estimate_target(cfp, found, &ctx.allowed_accounts) {
+            return cleanup::unreachable(ctx, cfp, cfps, error).await;
+        }
+        return match claim::standing_now(ctx, cfp, found).await? {
+            claim::Standing::Held | claim::Standing::Gained | claim::Standing::NoLeaseSet => {
+                cleanup::clean_up(ctx, cfp, cfps, found).await
+            }
             claim::Standing::Refused(why) => cleanup::leave_leases(ctx, cfp, cfps, why).await,
-            _ => cleanup::clean_up(ctx, cfp, cfps, found).await,
+            claim::Standing::HandingOver(to) => {
+                let why = format!("they are being handed over to ChangeFeedProcessor {to}");
+                cleanup::leave_leases(ctx, cfp, cfps, why).await
+            }
+            claim::Standing::Unknown(why) => cleanup::wait_for_claim(ctx, cfp, cfps, why).await,
         };
     }
     Ok(Action::await_change())
@@ -246,7 +266,7 @@ async fn observe_and_plan(
     key: &ResourceKey,
     found: &BTreeMap<String, Secret>,
 ) -> Result<Outcome, ReconcileError> {
-    let (problem, paused) = observe::configuration(cfp, found);
+    let (problem, paused) = observe::configuration(cfp, found, &ctx.allowed_accounts);
     let existing = observe::deployment(&ctx.deployments, &ctx.client, key).await?;
     let before = existing.as_ref().and_then(|d| d.spec.as_ref()).and_then(|s| s.replicas);
     let mut outcome = Outcome {
@@ -261,7 +281,7 @@ async fn observe_and_plan(
         ctx.estimators.stop(key);
         return Ok(outcome);
     }
-    match target::estimate_target(cfp, found) {
+    match target::estimate_target(cfp, found, &ctx.allowed_accounts) {
         Ok(target) => ctx.estimators.ensure(key, target),
         Err(error) => tracing::warn!(namespace = key.0, processor = key.1, %error, "cannot estimate"),
     }
@@ -319,6 +339,11 @@ async fn apply(
         let remembered = ctx.applied.lock().ok().and_then(|a| a.get(key).cloned());
         match pace::needs_apply(&rendered.digest, observed, remembered.as_ref()) {
             ApplyNeed::Apply => {
+                let uid = cfp.uid().unwrap_or_default();
+                if let Some(conflict) = apply::name_conflict(&ctx.client, &key.0, &rendered, &uid).await? {
+                    outcome.problem = Some(conflict);
+                    return Ok(());
+                }
                 let (apply, applied) = apply_workload(&ctx.client, &key.0, &rendered).await?;
                 if let Ok(mut remembered) = ctx.applied.lock() {
                     match &applied {
@@ -347,12 +372,22 @@ async fn apply(
     }
     if let (Some(Pause { replicas: Some(held) }), Some(current)) = (outcome.paused, outcome.before)
         && held != current
+        && owns_deployment(cfp, outcome)
     {
         let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &key.0);
         outcome.deployment = Some(hold_replicas(&deployments, &key.1, held).await?);
         outcome.held = Some((current, held));
     }
     Ok(())
+}
+
+/// Whether the worker Deployment observed is `cfp`'s own (its replicas are held only then).
+fn owns_deployment(cfp: &ChangeFeedProcessor, outcome: &Outcome) -> bool {
+    let uid = cfp.uid().unwrap_or_default();
+    outcome
+        .deployment
+        .as_ref()
+        .is_some_and(|deployment| owned_by(&deployment.metadata, &uid))
 }
 
 /// When the replicas were last changed: now when `before` differs from `desired`, else what this

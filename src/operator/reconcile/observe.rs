@@ -14,6 +14,8 @@ use kube::api::{Api, GetParams, ListParams};
 use kube::{Client, ResourceExt};
 
 use super::publish::PodProblem;
+use super::target::reachable;
+use crate::operator::boundary::accounts::{AllowListFile, NotAllowed};
 use crate::operator::config;
 use crate::operator::crd::ChangeFeedProcessor;
 use crate::operator::scaling::external::ExternalAutoscaler;
@@ -64,14 +66,22 @@ pub(super) async fn deployment(
     }
 }
 
-/// The configuration problem (the spec, the Secrets, the pause annotations), if any, and the
+/// The configuration problem (the spec, the Secrets, the accounts the admin allows, the pause
+/// annotations), if any, and the
 /// pause when the annotations are valid.
 pub(super) fn configuration(
     cfp: &ChangeFeedProcessor,
     found: &BTreeMap<String, Secret>,
+    allowed: &AllowListFile,
 ) -> (Option<ConfigProblem>, Option<Pause>) {
     let pause = pause::pause_of(cfp.annotations());
-    let problem = config::check(cfp, |name| found.get(name).cloned()).err().or_else(|| {
+    let not_allowed = |why: NotAllowed| ConfigProblem {
+        reason: "AccountNotAllowed",
+        message: why.to_string(),
+    };
+    let problem = config::check(cfp, |name| found.get(name).cloned()).err();
+    let problem = problem.or_else(|| reachable(cfp, allowed).err().map(not_allowed));
+    let problem = problem.or_else(|| {
         let message = pause.as_ref().err()?.to_string();
         Some(ConfigProblem {
             reason: "InvalidAnnotation",

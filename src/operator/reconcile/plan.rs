@@ -30,6 +30,19 @@ pub(super) struct ReplicaPlan {
     pub event: Option<(&'static str, String)>,
 }
 
+/// Caps `plan` at the `running` replicas (none when there is no Deployment): while a
+/// resource's claim cannot be read, no worker starts that might run another's lease set.
+pub(super) fn no_new_workers(plan: &mut ReplicaPlan, running: Option<i32>) {
+    let running = running.unwrap_or(0);
+    if let Some(replicas) = plan.replicas.filter(|r| *r > running) {
+        plan.replicas = Some(running);
+        plan.scaling.message = format!(
+            "{}; held at {running} of {replicas} replicas until the lease-set claim can be read",
+            plan.scaling.message
+        );
+    }
+}
+
 /// What the built-in autoscaler needs to have observed to plan.
 pub(super) struct Autoscaling<'a> {
     /// The policy from the spec.
@@ -175,6 +188,27 @@ mod tests {
             at: std::time::Instant::now(),
             time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
             outcome: Ok(ProcessorEstimate::new("p", vec![])),
+        }
+    }
+
+    #[test]
+    fn an_unreadable_claim_starts_no_worker_and_stops_none() {
+        let cases = [
+            (None, Some(0)),
+            (Some(0), Some(0)),
+            (Some(1), Some(1)),
+            (Some(2), Some(2)),
+            (Some(5), Some(2)),
+        ];
+        for (running, want) in cases {
+            let mut plan = fixed_plan(&resource(false));
+            no_new_workers(&mut plan, running);
+            assert_eq!(plan.replicas, want, "running {running:?}");
+            assert_eq!(
+                plan.scaling.message.contains("until the lease-set claim"),
+                want < Some(2),
+                "{running:?}"
+            );
         }
     }
 

@@ -54,10 +54,12 @@ impl From<MoveError> for NotMoved {
     /// An export of another container gets a reason of its own: the operator never applies it.
     fn from(error: MoveError) -> Self {
         match error {
-            MoveError::Plan(error @ PlanError::OtherContainer { .. }) => Self {
+            // Named without resource ids: a container's rid is part of its lease prefix, and
+            // whoever may write a resource must not learn another's this way.
+            MoveError::Plan(PlanError::OtherContainer { exported, current, .. }) => Self {
                 reason: FOREIGN_EXPORT,
                 message: format!(
-                    "{error}; the operator never restores an export of another container, or of this one before it was deleted and created again (its positions are not this container's): restore an export of this container, or apply that one with `cfp checkpoints import --other-container` if you mean it"
+                    "the export is of container {exported}, not of {current} as it is now: its checkpoints do not apply here; the operator never restores an export of another container, or of this one before it was deleted and created again (its positions are not this container's): restore an export of this container, or apply that one with `cfp checkpoints import --other-container` if you mean it"
                 ),
             },
             error => error.to_string().into(),
@@ -239,7 +241,8 @@ impl Rewind<'_> {
                 Request::Import(Box::new(self.export_in(config_map, key.as_deref()).await?))
             }
         };
-        let target = estimate_target(self.cfp, found).map_err(|e| format!("{e} to reach the leases"))?;
+        let target = estimate_target(self.cfp, found, &self.ctx.allowed_accounts)
+            .map_err(|e| format!("{e} to reach the leases"))?;
         let accounts = self.ctx.estimators.accounts();
         let account = accounts.get(&target.account).await.map_err(|e| e.to_string())?;
         let lease_account = match &target.lease_account {

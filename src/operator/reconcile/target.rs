@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
 
+use kube::ResourceExt;
+
 use crate::cosmos::{AccountAuth, AuthMethod};
+use crate::operator::boundary::accounts::{AllowListFile, NotAllowed, SignIn};
 use crate::operator::crd::{ChangeFeedProcessor, Connection};
 use crate::operator::scaling::estimates::{AccountRef, EstimateTarget, OPERATOR_INSTANCE};
 use crate::operator::spec_values::ConfigProblem;
@@ -32,16 +35,23 @@ pub enum TargetError {
     /// A credential is not at hand.
     #[error(transparent)]
     Credential(#[from] CredentialError),
+    /// The cluster admin has not allowed the operator to reach an account for this namespace.
+    #[error(transparent)]
+    NotAllowed(#[from] NotAllowed),
     /// The spec does not make valid processor options.
     #[error("{}", .0.message)]
     Options(ConfigProblem),
 }
 
-/// What the operator estimates for `cfp`, with the keys from its Secrets.
+/// What the operator estimates for `cfp`, with the keys from its Secrets: only where `allowed`
+/// lets it reach both accounts for the resource's namespace (every Cosmos request the operator
+/// makes for a resource goes through this).
 pub fn estimate_target(
     cfp: &ChangeFeedProcessor,
     found: &BTreeMap<String, Secret>,
+    allowed: &AllowListFile,
 ) -> Result<EstimateTarget, TargetError> {
+    reachable(cfp, allowed)?;
     let spec = &cfp.spec;
     // The estimate reads where the workers read: both accounts in the resource's regions.
     let account = AccountRef {
@@ -74,6 +84,20 @@ pub fn estimate_target(
     })
 }
 
+/// Whether the operator may reach `cfp`'s accounts as it would sign in there.
+pub fn reachable(cfp: &ChangeFeedProcessor, allowed: &AllowListFile) -> Result<(), NotAllowed> {
+    let namespace = cfp.namespace().unwrap_or_default();
+    let connections = [Some(&cfp.spec.connection), cfp.spec.leases.connection.as_ref()];
+    for connection in connections.into_iter().flatten() {
+        let sign_in = match connection.auth {
+            AuthMethod::Key => SignIn::TenantKey,
+            AuthMethod::WorkloadIdentity | AuthMethod::ManagedIdentity => SignIn::OwnIdentity,
+        };
+        allowed.allows(&connection.endpoint, &namespace, sign_in)?;
+    }
+    Ok(())
+}
+
 /// How the operator itself authenticates to a connection's account: the key from the Secret, or
 /// its own workload identity.
 pub fn account_auth(found: &BTreeMap<String, Secret>, connection: &Connection) -> Result<AccountAuth, CredentialError> {
@@ -99,6 +123,41 @@ mod tests {
     use super::*;
     use crate::operator::crd::ChangeFeedProcessorSpec;
     use k8s_openapi::ByteString;
+
+    /// The account of these tests allowed for every namespace.
+    fn allowed() -> AllowListFile {
+        let dir = std::env::temp_dir().join(format!("cfp-target-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("allowed.yaml");
+        std::fs::write(
+            &path,
+            "- endpoint: https://a.documents.azure.com/\n  namespaces: ['*']\n",
+        )
+        .unwrap();
+        AllowListFile::new(Some(path))
+    }
+
+    #[test]
+    fn the_operator_reaches_an_account_with_its_identity_only_where_allowed() {
+        let identity =
+            resource(serde_json::json!({"endpoint": "https://b.documents.azure.com/", "auth": "WorkloadIdentity"}));
+        let refused = estimate_target(&identity, &BTreeMap::new(), &allowed());
+        assert!(matches!(refused, Err(TargetError::NotAllowed(_))), "{refused:?}");
+        let mut leases_elsewhere =
+            resource(serde_json::json!({"endpoint": "https://a.documents.azure.com/", "auth": "WorkloadIdentity"}));
+        leases_elsewhere.spec.leases.connection = identity.spec.connection.clone().into();
+        assert!(
+            reachable(&leases_elsewhere, &allowed()).is_err(),
+            "the lease account is checked too"
+        );
+        let plain = resource(
+            serde_json::json!({"endpoint": "http://a.documents.azure.com/", "keySecretRef": {"name": "cosmos"}}),
+        );
+        assert!(
+            reachable(&plain, &allowed()).is_err(),
+            "a key over plain http that is not listed"
+        );
+    }
 
     fn resource(connection: serde_json::Value) -> ChangeFeedProcessor {
         let spec = serde_json::json!({
@@ -148,20 +207,22 @@ mod tests {
         for (cfp, found, expected) in cases {
             assert_eq!(account_auth(&found, &cfp.spec.connection), expected);
         }
-        let missing = estimate_target(&keyed, &BTreeMap::new()).err().map(|e| e.to_string());
+        let missing = estimate_target(&keyed, &BTreeMap::new(), &allowed())
+            .err()
+            .map(|e| e.to_string());
         assert_eq!(missing.as_deref(), Some("Secret \"cosmos\" key \"key\" is needed"));
-        assert!(estimate_target(&keyed, &with_key("k1")).is_ok());
+        assert!(estimate_target(&keyed, &with_key("k1"), &allowed()).is_ok());
     }
 
     #[test]
     fn the_estimate_reads_both_accounts_in_the_resource_s_regions() {
         let endpoint = "https://a.documents.azure.com/";
         let mut cfp = resource(serde_json::json!({"endpoint": endpoint, "auth": "WorkloadIdentity"}));
-        let default = estimate_target(&cfp, &BTreeMap::new()).unwrap();
+        let default = estimate_target(&cfp, &BTreeMap::new(), &allowed()).unwrap();
         assert!(default.account.preferred_regions.is_empty(), "the account's own order");
         cfp.spec.preferred_regions = vec!["West Europe".into(), "North Europe".into()];
         cfp.spec.leases.connection = Some(cfp.spec.connection.clone());
-        let target = estimate_target(&cfp, &BTreeMap::new()).unwrap();
+        let target = estimate_target(&cfp, &BTreeMap::new(), &allowed()).unwrap();
         let lease_account = target.lease_account.expect("a lease account");
         assert_eq!(target.account.preferred_regions, ["West Europe", "North Europe"]);
         assert_eq!(lease_account.preferred_regions, ["West Europe", "North Europe"]);

@@ -31,6 +31,9 @@ pub const OPERATOR_INSTANCE: &str = "changefeed-operator";
 /// [`DEFAULT_CONCURRENCY`] leases at a time); the others wait their turn.
 pub const MAX_CONCURRENT_ESTIMATES: usize = 8;
 
+/// Estimates of one namespace that run at once: one tenant's resources never hold every slot.
+pub const MAX_CONCURRENT_ESTIMATES_PER_NAMESPACE: usize = 2;
+
 /// A resource, by namespace and name.
 pub type ResourceKey = (String, String);
 
@@ -241,6 +244,20 @@ struct Inner {
     root: CancellationToken,
     /// Bounds the estimates that run at once, over all resources.
     slots: tokio::sync::Semaphore,
+    /// Bounds the estimates that run at once per namespace.
+    namespace_slots: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
+}
+
+impl Inner {
+    /// The estimate slots of `namespace`.
+    fn namespace_slots(&self, namespace: &str) -> Arc<tokio::sync::Semaphore> {
+        let mut slots = self
+            .namespace_slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let slot = || Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_ESTIMATES_PER_NAMESPACE));
+        slots.entry(namespace.to_owned()).or_insert_with(slot).clone()
+    }
 }
 
 /// The estimate tasks of one leadership term. Dropping it stops them and removes their metrics.
@@ -266,6 +283,7 @@ impl Estimators {
                 running: Mutex::new(HashMap::new()),
                 root: CancellationToken::new(),
                 slots: tokio::sync::Semaphore::new(MAX_CONCURRENT_ESTIMATES),
+                namespace_slots: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -386,9 +404,10 @@ async fn run(
             forget_task(&inner, &key, &state);
             return;
         }
+        let namespace_slots = inner.namespace_slots(&key.0);
         let slot = tokio::select! {
             _ = cancel.cancelled() => return,
-            slot = inner.slots.acquire() => slot,
+            slot = async { (namespace_slots.acquire().await, inner.slots.acquire().await) } => slot,
         };
         let started = Instant::now();
         let outcome = tokio::select! {

@@ -14,7 +14,12 @@ pub fn estimate_interval(cfp: &ChangeFeedProcessor) -> Duration {
         .ok()
         .filter(|d| !d.is_zero())
         .unwrap_or(DEFAULT_ESTIMATE_INTERVAL)
+        .max(MIN_ESTIMATE_INTERVAL)
 }
+
+/// The shortest estimate interval: a resource asking for less (`1ms`) gets this, so that one
+/// resource cannot keep the operator's estimate slots busy.
+pub const MIN_ESTIMATE_INTERVAL: Duration = Duration::from_millis(500);
 
 /// The autoscaling policy when built-in autoscaling is enabled.
 pub fn scaling_policy(cfp: &ChangeFeedProcessor) -> Option<Policy> {
@@ -112,6 +117,12 @@ mod tests {
             })
         );
         assert_eq!(estimate_interval(&on), Duration::from_secs(2));
+        let hostile = resource(serde_json::json!({"autoscaling": {"estimateInterval": "1ms"}}));
+        assert_eq!(
+            estimate_interval(&hostile),
+            MIN_ESTIMATE_INTERVAL,
+            "a floor, whatever a resource asks"
+        );
         let paced = resource(serde_json::json!({"autoscaling": {"enabled": true, "behavior": {
             "scaleUp": {"stabilizationWindowSeconds": 60, "selectPolicy": "Min",
                         "policies": [{"type": "Pods", "value": 2, "periodSeconds": 30}]},

@@ -9,6 +9,7 @@ use crate::cosmos::{DocumentContainer, ErrorKind};
 use crate::processor::leases::lease::{
     Beat, HeartbeatDoc, Lease, LeaseSnapshot, LeaseStore, LeaseStoreError, LockAttempt,
 };
+use crate::processor::leases::lease_ids::{IdKind, classify, prefixes_nest};
 
 /// The part of a lease prefix shared by one processor's lease sets on every container of the
 /// account (`{processorName}{accountHost}_`): the prefix without its database and container rids.
@@ -55,17 +56,47 @@ impl CosmosLeaseStore {
         })
     }
 
-    /// Deletes every document of this processor (leases, markers, heartbeats); returns how many.
-    pub async fn delete_all(&self) -> Result<usize, LeaseStoreError> {
+    /// Deletes this processor's leases, heartbeats and markers but its claim (which its holder
+    /// deletes last, at the version it holds: [`CosmosLeaseStore::delete_marker`]); documents
+    /// that only start with the prefix are another processor's and stay. Returns how many.
+    pub async fn delete_all_but_claim(&self) -> Result<usize, LeaseStoreError> {
         let ours = format!("{}.", self.prefix);
         let mut deleted = 0;
         for doc in self.container.list_by_id_prefix(&ours).await? {
-            if let Some(id) = doc.body.get("id").and_then(Value::as_str) {
-                self.container.delete(id, id, None).await?;
-                deleted += 1;
+            let Some(id) = doc.body.get("id").and_then(Value::as_str) else {
+                continue;
+            };
+            if matches!(classify(&self.prefix, id), IdKind::Foreign | IdKind::Marker("claim")) {
+                continue;
             }
+            self.container.delete(id, id, None).await?;
+            deleted += 1;
         }
         Ok(deleted)
+    }
+
+    /// Deletes the marker `{prefix}.{name}` at version `etag` ([`LeaseStoreError::Changed`] when
+    /// it changed since; nothing when it is gone).
+    pub async fn delete_marker(&self, name: &str, etag: &str) -> Result<(), LeaseStoreError> {
+        let id = self.marker_id(name);
+        match self.container.delete(&id, &id, Some(etag)).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind == ErrorKind::PreconditionFailed => Err(LeaseStoreError::Changed(id)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether another claim in the lease container (`{prefix}.claim`) has a prefix that nests
+    /// with this one (either extends the other): the two lease sets' listings would overlap.
+    pub async fn claim_nests(&self) -> Result<bool, LeaseStoreError> {
+        let claims = self.container.list_by_id_suffix(".claim").await?;
+        Ok(claims.iter().any(|doc| {
+            doc.body
+                .get("id")
+                .and_then(Value::as_str)
+                .and_then(|id| id.strip_suffix(".claim"))
+                .is_some_and(|prefix| prefixes_nest(prefix, &self.prefix))
+        }))
     }
 
     /// How many documents of the lease container have ids starting with `prefix` (another
@@ -193,6 +224,23 @@ const LEAVING_FIELD: &str = "leaving";
 /// The heartbeat field that names the process running under the instance name.
 const INCARNATION_FIELD: &str = "incarnation";
 
+/// Records the heartbeat document `body` of `instance` in `snapshot` (one without a readable
+/// time is no heartbeat).
+fn record_heartbeat(snapshot: &mut LeaseSnapshot, instance: &str, body: &Value) {
+    let beat = body
+        .get("timestamp")
+        .and_then(Value::as_str)
+        .and_then(|t| OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok());
+    let Some(beat) = beat else { return };
+    if body.get(LIVENESS_FIELD).and_then(Value::as_str) == Some(LIVENESS_INSTANCE) {
+        snapshot.keepers.push(instance.to_owned());
+    }
+    if body.get(LEAVING_FIELD).and_then(Value::as_bool) == Some(true) {
+        snapshot.leaving.push(instance.to_owned());
+    }
+    snapshot.instances.push((instance.to_owned(), beat));
+}
+
 fn now() -> OffsetDateTime {
     OffsetDateTime::now_utc()
 }
@@ -212,10 +260,7 @@ impl LeaseStore for CosmosLeaseStore {
     }
 
     async fn snapshot(&self) -> Result<LeaseSnapshot, LeaseStoreError> {
-        let docs = self.container.list_by_id_prefix(&self.prefix).await?;
-        let lease_prefix = format!("{}..", self.prefix);
-        let heartbeat_prefix = self.heartbeat_id("");
-        let info = self.marker_id("info");
+        let docs = self.container.list_by_id_prefix(&format!("{}.", self.prefix)).await?;
         let mut snapshot = LeaseSnapshot::default();
         for doc in docs {
             let id = doc
@@ -224,37 +269,35 @@ impl LeaseStore for CosmosLeaseStore {
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_owned();
-            if id.starts_with(&lease_prefix) {
-                // One malformed document must not stop the whole processor: skip and report it.
-                match parse_lease(doc.body, doc.etag) {
-                    // A partition-key-range lease (.NET v2, v3 version 0) under our prefix: not
-                    // processed as such; the bootstrap adopts its checkpoint.
-                    Ok(lease) if lease.range().is_none() => snapshot.pk_range_leases.push(lease),
-                    Ok(lease) => snapshot.leases.push(lease),
-                    Err(error) => snapshot.invalid.push((id, error.to_string())),
-                }
-            } else if let Some(instance) = id.strip_prefix(&heartbeat_prefix) {
-                let beat = doc
-                    .body
-                    .get("timestamp")
-                    .and_then(Value::as_str)
-                    .and_then(|t| OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok());
-                if let Some(beat) = beat {
-                    if doc.body.get(LIVENESS_FIELD).and_then(Value::as_str) == Some(LIVENESS_INSTANCE) {
-                        snapshot.keepers.push(instance.to_owned());
+            match classify(&self.prefix, &id) {
+                IdKind::Lease(token) => {
+                    // One malformed document must not stop the whole processor: skip and report it.
+                    match parse_lease(doc.body, doc.etag) {
+                        Ok(lease) if lease.lease_token != token => {
+                            let why = format!("its LeaseToken {:?} is not its id's {token:?}", lease.lease_token);
+                            snapshot.invalid.push((id, why));
+                        }
+                        // A partition-key-range lease (.NET v2, v3 version 0) under our prefix: not
+                        // processed as such; the bootstrap adopts its checkpoint.
+                        Ok(lease) if lease.range().is_none() => snapshot.pk_range_leases.push(lease),
+                        Ok(lease) => snapshot.leases.push(lease),
+                        Err(error) => snapshot.invalid.push((id, error.to_string())),
                     }
-                    if doc.body.get(LEAVING_FIELD).and_then(Value::as_bool) == Some(true) {
-                        snapshot.leaving.push(instance.to_owned());
-                    }
-                    snapshot.instances.push((instance.to_owned(), beat));
                 }
-            } else if id == info {
-                snapshot.initialized = true;
-                snapshot.leases_per_partition = doc
-                    .body
-                    .get("leasesPerPartition")
-                    .and_then(Value::as_u64)
-                    .and_then(|k| u32::try_from(k).ok());
+                IdKind::Heartbeat(instance) => record_heartbeat(&mut snapshot, instance, &doc.body),
+                IdKind::Marker("info") => {
+                    snapshot.initialized = true;
+                    snapshot.leases_per_partition = doc
+                        .body
+                        .get("leasesPerPartition")
+                        .and_then(Value::as_u64)
+                        .and_then(|k| u32::try_from(k).ok());
+                }
+                IdKind::Marker(_) => {}
+                IdKind::Foreign => {
+                    let why = "not this processor's: its id only starts with the lease prefix".to_owned();
+                    snapshot.invalid.push((id, why));
+                }
             }
         }
         snapshot.leases.sort_by(|a, b| a.id.cmp(&b.id));

@@ -5,8 +5,12 @@
 use std::time::Duration;
 
 use crate::cosmos::{FeedMode, StartFrom};
+use crate::processor::leases::lease_ids::check_name;
 use crate::processor::options::defaults::text;
 use crate::processor::options::{MAX_IN_FLIGHT_BATCHES, MAX_LEASES_PER_PARTITION, OnExhausted, ProcessorOptions};
+
+/// What a processor or instance name may be (it becomes part of lease ids).
+const NAME_GRAMMAR: &str = "must be 1 to 128 ASCII letters, digits, '-' and '_', with single dots between them: it becomes part of lease ids, which must not reach into another processor's";
 
 /// An option a check is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +69,11 @@ impl OptionField {
 
     fn names(self) -> (&'static str, &'static str, &'static str) {
         match self {
-            OptionField::ProcessorName => ("processor name", "--processor", "metadata.name"),
+            OptionField::ProcessorName => (
+                "processor name",
+                "--processor",
+                "processorName (default: metadata.name)",
+            ),
             OptionField::Instance => ("instance name", "--instance", "metadata.name"),
             OptionField::MaxItems => ("max items", "--max-items", "maxItems"),
             OptionField::AcquireInterval => (
@@ -104,6 +112,9 @@ pub enum OptionsError {
     /// A name is empty.
     #[error("the {} must not be empty", .0.words())]
     Empty(OptionField),
+    /// A name that could reach into another processor's lease ids.
+    #[error("the {} {NAME_GRAMMAR}", .0.words())]
+    NotAName(OptionField),
     /// A count is zero.
     #[error("{} must be at least 1", .0.words())]
     NotPositive(OptionField),
@@ -147,6 +158,7 @@ impl OptionsError {
     pub fn describe(&self, name: impl Fn(OptionField) -> &'static str) -> String {
         match self {
             OptionsError::Empty(field) => format!("{} must not be empty", name(*field)),
+            OptionsError::NotAName(field) => format!("{} {NAME_GRAMMAR}", name(*field)),
             OptionsError::NotPositive(field) => format!("{} must be at least 1", name(*field)),
             OptionsError::OutOfRange { field, max } => format!("{} must be between 1 and {max}", name(*field)),
             OptionsError::Zero(field) => format!("{} must be longer than zero", name(*field)),
@@ -193,6 +205,9 @@ impl ProcessorOptions {
         let nonempty = [(F::ProcessorName, &self.processor_name), (F::Instance, &self.instance)];
         if let Some((field, _)) = nonempty.iter().find(|(_, value)| value.is_empty()) {
             return Err(OptionsError::Empty(*field));
+        }
+        for (field, name) in nonempty {
+            check_name(name).map_err(|_| OptionsError::NotAName(field))?;
         }
         let counts = [
             (F::MaxItems, self.max_items, None),
@@ -302,6 +317,16 @@ mod tests {
                 |o| o.instance.clear(),
                 "the instance name must not be empty",
                 "metadata.name must not be empty",
+            ),
+            (
+                |o| o.processor_name = "orders..x".into(),
+                "the processor name must be 1 to 128 ASCII letters, digits, '-' and '_', with single dots between them: it becomes part of lease ids, which must not reach into another processor's",
+                "processorName (default: metadata.name) must be 1 to 128 ASCII letters, digits, '-' and '_', with single dots between them: it becomes part of lease ids, which must not reach into another processor's",
+            ),
+            (
+                |o| o.instance = "w/1".into(),
+                "the instance name must be 1 to 128 ASCII letters, digits, '-' and '_', with single dots between them: it becomes part of lease ids, which must not reach into another processor's",
+                "metadata.name must be 1 to 128 ASCII letters, digits, '-' and '_', with single dots between them: it becomes part of lease ids, which must not reach into another processor's",
             ),
             (
                 |o| o.mode = FeedMode::AllVersionsAndDeletes,
