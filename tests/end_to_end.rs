@@ -684,30 +684,41 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
     );
     assert_eq!(duplicates, 0, "a graceful handoff redelivers nothing");
 
-    // 5. A worker that cannot reach its account crash-loops, and the status says so. Started here
-    //    and checked after 4c, which runs meanwhile: each start tries the account for a minute
-    //    (processor::policy::start_retry's patience) before it exits, so the back-off shows after
-    //    two such starts and the kubelet's first back-off — over 2 minutes, up to 3 on a loaded
-    //    machine (the 180 s this waited before ran out once).
+    // 5. A worker that exits at every start (its config file does not exist) crash-loops, and
+    //    the status says so; a resource whose account nothing answers at starts no worker at all
+    //    (the operator cannot read its lease-set claim), and the status says that. Started here
+    //    and checked after 4c, which runs meanwhile (the kubelet's back-off takes a while).
+    let exits_at_start = resource("broken", &endpoint, &handler, "  replicas: 1\n").replace(
+        "env: [{name: COSMOS_DISABLE_IMDS, value: \"true\"}]",
+        "env: [{name: COSMOS_DISABLE_IMDS, value: \"true\"}, {name: CFP_CONFIG, value: /nonexistent/cfp.yaml}]",
+    );
+    let unreachable = resource("unreachable", &unreachable_account(), &handler, "  replicas: 1\n");
     kubectl(
         &cluster,
         &["apply", "-f", "-"],
-        Some(&resource("broken", &unreachable_account(), &handler, "  replicas: 1\n")),
+        Some(&format!("{exits_at_start}\n---\n{unreachable}")),
     );
     let crash_loop = tokio::spawn({
         let (cfps, started) = (cfps.clone(), Instant::now());
         async move {
-            let ready = wait_for(
-                "Ready=False naming the crash loop",
-                Duration::from_secs(300),
-                || async {
-                    let status = status(&cfps, "broken").await?;
-                    let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?.clone();
-                    (ready.status == "False" && ready.reason == "CrashLoopBackOff").then_some(ready)
-                },
-            )
-            .await;
-            (ready, started.elapsed())
+            let ready_false = |name: &'static str, reason: &'static str| {
+                let cfps = cfps.clone();
+                async move {
+                    wait_for(
+                        &format!("{name}: Ready=False {reason}"),
+                        Duration::from_secs(300),
+                        || async {
+                            let status = status(&cfps, name).await?;
+                            let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?.clone();
+                            (ready.status == "False" && ready.reason == reason).then_some(ready)
+                        },
+                    )
+                    .await
+                }
+            };
+            let unknown = ready_false("unreachable", "LeaseSetUnknown").await;
+            let crash = ready_false("broken", "CrashLoopBackOff").await;
+            (crash, unknown, started.elapsed())
         }
     });
 
@@ -879,12 +890,23 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
     );
 
     // 5. (its check; started before 4c)
-    let (ready, crash_loop_after) = crash_loop
+    let (ready, unknown, crash_loop_after) = crash_loop
         .await
         .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    let unreachable_workers = deployments
+        .get_opt("unreachable")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|d| d.spec?.replicas);
     println!(
-        "5. bad endpoint → after {crash_loop_after:.1?}: Ready=False/{}: {}",
-        ready.reason, ready.message
+        "5. a worker that exits at start → after {crash_loop_after:.1?}: Ready=False/{}: {}; an account nothing answers at → Ready=False/{}: {}, workers {unreachable_workers:?}",
+        ready.reason, ready.message, unknown.reason, unknown.message
+    );
+    assert_eq!(
+        unreachable_workers,
+        Some(0),
+        "no worker starts while the claim cannot be read"
     );
 
     terminate(&mut emulator).await;

@@ -74,7 +74,7 @@ async fn applying_a_resource_creates_the_rendered_workload_and_status() {
     let status = wait("status", || async {
         let cfp = cfps.get("orders").await.ok()?;
         cfp.status
-            .filter(|s| s.observed_generation == cfp.metadata.generation && s.conditions.len() == 4)
+            .filter(|s| s.observed_generation == cfp.metadata.generation && s.conditions.len() >= 4)
     })
     .await;
     let reasons: Vec<(String, String, String)> = status

@@ -279,6 +279,9 @@ def check_checkpoints(snapshots, faults):
 
 
 ACQUIRED = re.compile(r"^(\d+\.\d+) .*lease acquired .*lease=(\S+)")
+TAKEN = re.compile(r'^(\d+\.\d+) .*lease taken by another instance .*lease="?([^"\s]+)')
+# How soon after a thaw a logged acquisition may be one written before the freeze.
+STALE_AFTER_THAW = 2.0
 BUDGET = re.compile(r"^(\d+\.\d+) .*WARN.*429/3200")
 
 
@@ -301,15 +304,33 @@ def budget_refusals(out):
     return found
 
 
-def acquisitions(out):
-    """(process tag, lease) -> times its log said it acquired the lease."""
+def acquisitions(out, fault_log=()):
+    """(process tag, lease) -> times its log said it acquired the lease. An acquisition logged
+    just after the process was thawed (`fault_log`'s freezes) and found taken by another at once
+    is left out: its write was made before the freeze, another took the lease over while the
+    process was frozen past the expiration, and it owned nothing after the thaw — its log line is
+    only late."""
+    thawed = collections.defaultdict(list)
+    for f in fault_log:
+        if f.get("kind") == "freeze" and "target" in f:
+            thawed[f["target"]].append(f["end"])
     found = collections.defaultdict(list)
     for process, path in worker_logs(out):
+        acquired, taken = [], collections.defaultdict(list)
         with open(path, encoding="utf-8", errors="replace") as log:
             for line in log:
                 match = ACQUIRED.match(line)
                 if match:
-                    found[(process, match.group(2))].append(float(match.group(1)))
+                    acquired.append((float(match.group(1)), match.group(2)))
+                match = TAKEN.match(line)
+                if match:
+                    taken[match.group(2)].append(float(match.group(1)))
+        ends = thawed[process.split("/")[0]]
+        for t, lease in acquired:
+            just_thawed = any(end <= t <= end + STALE_AFTER_THAW for end in ends)
+            found_taken = any(t <= at <= t + STALE_AFTER_THAW for at in taken[lease])
+            if not (just_thawed and found_taken):
+                found[(process, lease)].append(t)
     return found
 
 
@@ -392,7 +413,7 @@ def check(out, grace=None):
     renumbered_batches = sum(1 for b in deliveries if b["renumbered"])
     merged, backwards = check_checkpoints(snapshots, faults)
     twins_ran, twin_batches = check_twins(fault_log, [b for b in batches if b["twin"]])
-    tolerated, late = check_fencing(deliveries, processes, acquisitions(out))
+    tolerated, late = check_fencing(deliveries, processes, acquisitions(out, fault_log))
     violations = {
         "lost": lost_detail(lost, faults), "phantom": phantom[:20],
         "deliveredOnlyAfterDrain": lost_detail(stuck, faults),

@@ -186,6 +186,30 @@ class CheckerTest(unittest.TestCase):
         self.assertEqual(logs.report()["violations"], {})
 
 
+    def test_an_acquisition_logged_after_a_freeze_and_found_taken_at_once_owns_nothing(self):
+        # w0 wrote its acquisition before it was frozen and logged it after the thaw, when w1 had
+        # long taken the lease over (w0 was silent past the expiration): w0 finds it taken at
+        # once and delivers nothing, so w1's batches after that log line are not late.
+        logs = clean()
+        logs.write(T0 + 1, "c", "j", 1, 1, 3)
+        logs.files["faults"].append({"kind": "freeze", "start": T0, "end": T0 + 7, "target": "w0"})
+        acquired("w1.2", T0 + 6, logs)
+        acquired("w0.1", T0 + 7.01, logs)
+        taken("w0.1", T0 + 7.02, logs)
+        logs.files["deliveries"].append(batch(T0 + 8, "w1/2", [("c", "j", 1, 1, 3)]))
+        logs.files["deliveries"].append(batch(T0 + 9, "w1/2", [("c", "j", 1, 1, 3)]))
+        self.assertEqual(logs.report()["violations"], {})
+        # Without the freeze the same lines are a late delivery: w0 acquired after w1.
+        logs.files["faults"].pop()
+        self.assertEqual(len(logs.report()["violations"]["lateDeliveriesPastInFlight"]), 1)
+
+
+def taken(log, t, logs):
+    """Appends a `lease taken by another instance` line at `t` to worker log `log`."""
+    with open(os.path.join(logs.out, "workers", f"{log}.log"), "a", encoding="utf-8") as out:
+        out.write(f'{t} 2026-01-01T00:00:00Z INFO lease taken by another instance lease="{LEASE}"\n')
+
+
 def acquired(log, t, logs):
     """Appends a `lease acquired` line at `t` to worker log `log` (`<name>.<n>`)."""
     with open(os.path.join(logs.out, "workers", f"{log}.log"), "a", encoding="utf-8") as out:

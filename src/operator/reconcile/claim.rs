@@ -61,6 +61,16 @@ impl Standing {
     }
 }
 
+/// The status problem of a resource held back because its claim cannot be read (`why`).
+pub(super) fn unknown_problem(why: &str) -> ConfigProblem {
+    ConfigProblem {
+        reason: "LeaseSetUnknown",
+        message: format!(
+            "whether this resource may run its lease set cannot be read ({why}): no worker starts until the claim can be read (workers already running stay)"
+        ),
+    }
+}
+
 /// This resource as a claimant in the operator's cluster.
 fn claimant(ctx: &Context, cfp: &ChangeFeedProcessor) -> Claimant {
     Claimant {

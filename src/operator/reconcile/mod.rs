@@ -178,11 +178,15 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
     if let Some(problem) = standing.problem() {
         refuse(ctx, cfp, &key, &mut outcome, problem).await?;
     }
-    if let (claim::Standing::Unknown(_), Some(plan)) = (&standing, outcome.plan.as_mut()) {
+    let held_back = match (&standing, outcome.plan.as_mut()) {
         // Whether this resource may run the lease set is not known: no worker starts.
-        plan::no_new_workers(plan, outcome.before);
-    }
+        (claim::Standing::Unknown(why), Some(plan)) => plan::no_new_workers(plan, outcome.before).then(|| why.clone()),
+        _ => None,
+    };
     apply(ctx, cfp, &key, &found, &mut outcome).await?;
+    if let Some(why) = held_back {
+        outcome.problem.get_or_insert(claim::unknown_problem(&why));
+    }
     let now = crate::operator::status::now();
     outcome.remembered_scale_time = remember_scale(ctx, &key, outcome.before, outcome.desired(), &now);
     if outcome.needs_pod_check() {

@@ -32,15 +32,18 @@ pub(super) struct ReplicaPlan {
 
 /// Caps `plan` at the `running` replicas (none when there is no Deployment): while a
 /// resource's claim cannot be read, no worker starts that might run another's lease set.
-pub(super) fn no_new_workers(plan: &mut ReplicaPlan, running: Option<i32>) {
+/// `true` when it held replicas back.
+pub(super) fn no_new_workers(plan: &mut ReplicaPlan, running: Option<i32>) -> bool {
     let running = running.unwrap_or(0);
-    if let Some(replicas) = plan.replicas.filter(|r| *r > running) {
-        plan.replicas = Some(running);
-        plan.scaling.message = format!(
-            "{}; held at {running} of {replicas} replicas until the lease-set claim can be read",
-            plan.scaling.message
-        );
-    }
+    let Some(replicas) = plan.replicas.filter(|r| *r > running) else {
+        return false;
+    };
+    plan.replicas = Some(running);
+    plan.scaling.message = format!(
+        "{}; held at {running} of {replicas} replicas until the lease-set claim can be read",
+        plan.scaling.message
+    );
+    true
 }
 
 /// What the built-in autoscaler needs to have observed to plan.
@@ -202,8 +205,9 @@ mod tests {
         ];
         for (running, want) in cases {
             let mut plan = fixed_plan(&resource(false));
-            no_new_workers(&mut plan, running);
+            let held = no_new_workers(&mut plan, running);
             assert_eq!(plan.replicas, want, "running {running:?}");
+            assert_eq!(held, want < Some(2), "{running:?}");
             assert_eq!(
                 plan.scaling.message.contains("until the lease-set claim"),
                 want < Some(2),
