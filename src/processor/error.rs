@@ -118,25 +118,26 @@ fn store(error: &LeaseStoreError) -> Option<&CosmosError> {
 }
 
 impl LeaseError {
-    /// The kind of failure, one fixed text per variant (the error log keeps one entry per lease
-    /// and kind, however many batches and attempts fail).
-    pub fn kind(&self) -> &'static str {
+    /// The kind of failure, one fixed value per variant: the metric label
+    /// (`cfp_lease_errors_total{reason}`) and the key of the error log (one entry per lease and
+    /// kind, however many batches and attempts fail).
+    pub fn reason(&self) -> &'static str {
         match self {
-            LeaseError::Heartbeat(_) => "heartbeat failed",
-            LeaseError::Listing(_) => "listing leases failed",
-            LeaseError::Acquire(_) => "acquiring failed",
-            LeaseError::Renew(_) => "renew failed",
-            LeaseError::Checkpoint(_) => "checkpoint failed",
-            LeaseError::Recreate(_) => "recreating the deleted lease failed",
-            LeaseError::CreateMissing(_) => "creating the missing leases failed",
-            LeaseError::OpenFeed(_) => "opening the change feed",
-            LeaseError::ReadFeed(_) => "reading the change feed",
-            LeaseError::PartitionKeyRangeLease => "partition-key-range lease",
-            LeaseError::ChildLease { .. } => "creating a child lease failed",
-            LeaseError::DeleteSplitParent(_) => "deleting the split parent lease",
-            LeaseError::Handler { .. } => "handler failed",
-            LeaseError::NoDeadLetterStore => "no dead-letter container",
-            LeaseError::DeadLetter(_) => "writing a dead letter failed",
+            LeaseError::Heartbeat(_) => "heartbeat",
+            LeaseError::Listing(_) => "listing",
+            LeaseError::Acquire(_) => "acquire",
+            LeaseError::Renew(_) => "renew",
+            LeaseError::Checkpoint(_) => "checkpoint",
+            LeaseError::Recreate(_) => "recreate",
+            LeaseError::CreateMissing(_) => "create_missing",
+            LeaseError::OpenFeed(_) => "open_feed",
+            LeaseError::ReadFeed(_) => "read_feed",
+            LeaseError::PartitionKeyRangeLease => "partition_key_range_lease",
+            LeaseError::ChildLease { .. } => "child_lease",
+            LeaseError::DeleteSplitParent(_) => "delete_split_parent",
+            LeaseError::Handler { .. } => "handler",
+            LeaseError::NoDeadLetterStore => "no_dead_letter_store",
+            LeaseError::DeadLetter(_) => "dead_letter",
         }
     }
 
@@ -197,8 +198,13 @@ mod tests {
                 error: LeaseStoreError::Gone("x".into()),
             },
         ];
-        for error in errors {
-            assert!(error.to_string().starts_with(error.kind()), "{error}");
+        let reasons: std::collections::BTreeSet<&str> = errors.iter().map(LeaseError::reason).collect();
+        assert_eq!(reasons.len(), errors.len(), "one reason per kind");
+        for reason in reasons {
+            assert!(
+                reason.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{reason}: a metric label"
+            );
         }
     }
 

@@ -183,7 +183,7 @@ impl WorkerMetrics {
             lease_errors: counter(
                 &registry,
                 "cfp_lease_errors_total",
-                "Problems found in the lease container, by reason (invalid_document: skipped).",
+                "Failed steps of the lease work (each retried), by reason: heartbeat, listing, acquire, renew, checkpoint, recreate, create_missing, open_feed, read_feed, partition_key_range_lease, child_lease, delete_split_parent, handler, no_dead_letter_store, dead_letter; and problems found in the lease container (invalid_document, overlapping_range: skipped).",
                 &["processor", "reason"],
             )?,
             lease_writes_throttled: counter(
@@ -350,6 +350,7 @@ impl ProcessorObserver for WorkerMetrics {
                     .with_label_values(&[self.processor.as_str(), reason.as_str()])
                     .inc();
             }
+            LeaseEvent::Error { reason, .. } => self.lease_error(reason),
             _ => {}
         }
     }
@@ -407,6 +408,33 @@ pub async fn estimate_periodically(
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_failed_step_of_the_lease_work_is_counted_by_its_reason() {
+        let metrics = WorkerMetrics::new("orders").unwrap();
+        for reason in ["heartbeat", "renew", "checkpoint", "checkpoint"] {
+            metrics.lease_event(&LeaseEvent::Error {
+                lease: None,
+                reason,
+                message: format!("{reason} failed"),
+            });
+        }
+        metrics.lease_error("invalid_document");
+        let text = metrics.render();
+        for line in [
+            "cfp_lease_errors_total{processor=\"orders\",reason=\"heartbeat\"} 1",
+            "cfp_lease_errors_total{processor=\"orders\",reason=\"renew\"} 1",
+            "cfp_lease_errors_total{processor=\"orders\",reason=\"checkpoint\"} 2",
+            "cfp_lease_errors_total{processor=\"orders\",reason=\"invalid_document\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
         }
     }
 }

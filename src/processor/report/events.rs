@@ -84,6 +84,8 @@ pub enum LeaseEvent {
     Error {
         /// Lease token, when the error concerns one lease.
         lease: Option<String>,
+        /// The kind of failure ([`crate::processor::LeaseError::reason`]).
+        reason: &'static str,
         /// What failed.
         message: String,
     },

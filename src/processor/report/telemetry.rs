@@ -68,7 +68,7 @@ impl Telemetry {
         let (log_lease, kind) = if refused {
             (None, REFUSED_CREDENTIAL)
         } else {
-            (lease, error.kind())
+            (lease, error.reason())
         };
         let log_now = self
             .error_log
@@ -93,6 +93,7 @@ impl Telemetry {
         }
         self.emit(LeaseEvent::Error {
             lease: lease.map(str::to_owned),
+            reason: error.reason(),
             message,
         });
     }

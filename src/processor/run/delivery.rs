@@ -381,10 +381,10 @@ mod tests {
                     documents: 10,
                     error: HandlerError::new(format!("HTTP 500 number {n}")),
                 };
-                error.kind().to_owned()
+                error.reason().to_owned()
             })
             .collect();
-        assert_eq!(kinds.into_iter().collect::<Vec<_>>(), ["handler failed"]);
+        assert_eq!(kinds.into_iter().collect::<Vec<_>>(), ["handler"]);
     }
 
     #[test]
