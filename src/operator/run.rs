@@ -1,7 +1,6 @@
 //! `cfp operator`: leader election, the controller, and the operator's HTTP endpoints.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -27,7 +26,8 @@ use crate::operator::failover::watch_worker_pods;
 use crate::operator::healthz::Liveness;
 use crate::operator::leader::{Election, LeaderElector};
 use crate::operator::metrics::{FORGET_DELETED_PERIOD, OperatorMetrics, forget_deleted};
-use crate::operator::reconcile::{Context, error_policy, reconcile, semantic_hash};
+use crate::operator::reconcile::memory::Memories;
+use crate::operator::reconcile::{self, Context, error_policy, reconcile, semantic_hash};
 use crate::operator::scaling::estimates::{Accounts, Estimators};
 
 /// How the operator runs.
@@ -318,16 +318,7 @@ async fn run_controller(
     let context = context(shared, settings, trigger, store.clone(), deployment_cache);
     let pods_stop = CancellationToken::new();
     let pod_watch = tokio::spawn(watch_worker_pods(context.clone(), namespace.clone(), pods_stop.clone()));
-    // A resource deleted without a finalizer is never reconciled again: its series (a misconfigured
-    // one's cfp_processor_ready too) are removed here, and all of them when this term ends.
-    let series_stop = CancellationToken::new();
-    let series = tokio::spawn(forget_deleted(
-        context.metrics.clone(),
-        store.clone(),
-        namespace.clone(),
-        FORGET_DELETED_PERIOD,
-        series_stop.clone(),
-    ));
+    let sweeps = Sweeps::start(&context, &store, &namespace);
     let controller = controller
         .reconcile_on(estimated)
         .owns_stream(deployments)
@@ -356,8 +347,7 @@ async fn run_controller(
         .await;
     pods_stop.cancel();
     let _ = pod_watch.await;
-    series_stop.cancel();
-    let _ = series.await;
+    sweeps.stop().await;
     // Give in-flight API calls of the stopped controller a moment before another leader starts.
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
@@ -408,16 +398,48 @@ fn context(
         metrics: shared.metrics.clone(),
         estimators: Estimators::new(shared.accounts, shared.metrics, trigger, store),
         leading: shared.leading,
-        scaling: Mutex::new(HashMap::new()),
+        memory: Memories::default(),
         deployments,
-        applied: Mutex::new(HashMap::new()),
-        failures: Mutex::new(HashMap::new()),
         secrets_recheck: settings.secrets_recheck,
         cluster: shared.cluster,
-        standings: Mutex::new(HashMap::new()),
         digest_key: shared.digest_key,
         allowed_accounts: shared.allowed_accounts,
     })
+}
+
+/// The sweeps of deleted resources of one controller. A resource deleted without a finalizer is
+/// never reconciled again: its series (a misconfigured one's cfp_processor_ready too) and what the
+/// reconciler remembered of it are removed here; once stopped, every series of the controller.
+struct Sweeps {
+    stop: CancellationToken,
+    series: tokio::task::JoinHandle<()>,
+    memory: tokio::task::JoinHandle<()>,
+}
+
+impl Sweeps {
+    fn start(context: &Arc<Context>, store: &Store<ChangeFeedProcessor>, namespace: &Option<String>) -> Self {
+        let stop = CancellationToken::new();
+        let series = tokio::spawn(forget_deleted(
+            context.metrics.clone(),
+            store.clone(),
+            namespace.clone(),
+            FORGET_DELETED_PERIOD,
+            stop.clone(),
+        ));
+        let memory = tokio::spawn(reconcile::memory::forget_deleted(
+            context.clone(),
+            store.clone(),
+            FORGET_DELETED_PERIOD,
+            stop.clone(),
+        ));
+        Self { stop, series, memory }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.series.await;
+        let _ = self.memory.await;
+    }
 }
 
 /// The processors in a Secret's namespace that reference it.

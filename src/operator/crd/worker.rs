@@ -43,6 +43,7 @@ pub struct WorkerTemplate {
     pub sidecars: Vec<Container>,
     /// Node labels the worker pods must run on.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 32))]
     pub node_selector: BTreeMap<String, String>,
     /// Tolerations of the worker pods.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -50,10 +51,12 @@ pub struct WorkerTemplate {
     pub tolerations: Vec<Toleration>,
     /// Annotations added to the worker pods.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64))]
     pub annotations: BTreeMap<String, String>,
     /// Labels added to the worker pods (for example `azure.workload.identity/use: "true"`); the
     /// operator's own selector labels win.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64))]
     pub labels: BTreeMap<String, String>,
     /// Service account of the worker pods, for example one federated for workload identity (its
     /// API token is not mounted).

@@ -61,6 +61,18 @@ impl Standing {
     }
 }
 
+/// A resource's standing with its lease set as last read: when, for which target (its
+/// settings), and what it was.
+#[derive(Debug, Clone)]
+pub struct RememberedStanding {
+    /// When it was read.
+    pub at: Instant,
+    /// The settings (and handover request) it was read for.
+    pub target: Option<String>,
+    /// What it was.
+    pub standing: Standing,
+}
+
 /// The status problem of a resource held back because its claim cannot be read (`why`).
 pub(super) fn unknown_problem(why: &str) -> ConfigProblem {
     ConfigProblem {
@@ -112,27 +124,29 @@ pub(super) async fn standing(
     let target = estimate_target(cfp, found, &ctx.allowed_accounts)
         .ok()
         .map(|t| format!("{:?} {handover:?}", t.settings()));
+    let remembered = ctx.memory.with(&key, |m| m.standing.clone());
     if !fresh
-        && let Some((at, seen, was)) = ctx.standings.lock().ok().and_then(|m| m.get(&key).cloned())
-        && at.elapsed() < RECHECK
-        && seen == target
+        && let Some(was) = &remembered
+        && was.at.elapsed() < RECHECK
+        && was.target == target
     {
-        return Ok(was);
+        return Ok(was.standing.clone());
     }
     let now = read_standing(ctx, cfp, found).await?;
-    let mut standings = ctx.standings.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let kept = match (&now, standings.get(&key)) {
-        (Standing::Unknown(_), Some((_, seen, was))) if *seen == target && !matches!(was, Standing::Unknown(_)) => {
-            was.clone()
+    let kept = match (&now, remembered) {
+        (Standing::Unknown(_), Some(was)) if was.target == target && !matches!(was.standing, Standing::Unknown(_)) => {
+            was.standing
         }
         _ => now,
     };
-    let remembered = if kept == Standing::Gained {
+    let standing = if kept == Standing::Gained {
         Standing::Held
     } else {
         kept.clone()
     };
-    standings.insert(key, (Instant::now(), target, remembered));
+    let at = Instant::now();
+    ctx.memory
+        .with(&key, |m| m.standing = Some(RememberedStanding { at, target, standing }));
     Ok(kept)
 }
 

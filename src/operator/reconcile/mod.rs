@@ -6,11 +6,13 @@
 //! plan (`plan`, pure: the replicas) → apply (`apply`: server-side apply, `/scale`) →
 //! publish (`publish`, pure: status and Events; then one thin write). `cleanup` runs the
 //! lease-cleanup finalizer; `rewind_actions` carries out the rewind annotations' steps; `target` (pure) says which
-//! accounts and containers to read.
+//! accounts and containers to read; `memory` holds what is remembered of each resource between
+//! reconciliations (forgotten in one place).
 
 mod apply;
 pub mod claim;
 mod cleanup;
+pub mod memory;
 mod observe;
 mod pace;
 mod plan;
@@ -23,8 +25,8 @@ pub use pace::semantic_hash;
 pub use plan::ScaleState;
 pub use target::{CredentialError, TargetError};
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -46,6 +48,7 @@ use crate::operator::scaling::estimate_report::EstimateReport;
 use crate::operator::scaling::estimates::{Estimators, ResourceKey};
 use crate::operator::scaling::pause::Pause;
 use apply::{Workload, apply_workload, hold_replicas, render, set_finalizer, write_report};
+use memory::Memories;
 use pace::{Applied, ApplyNeed};
 use plan::{Autoscaling, ReplicaPlan};
 use publish::Outcome;
@@ -65,32 +68,22 @@ pub struct Context {
     pub metrics: Arc<OperatorMetrics>,
     /// The remaining-work estimates, one task per resource.
     pub estimators: Estimators,
-    /// The autoscaler's memory per resource (recent recommendations, last decision).
-    pub scaling: Mutex<HashMap<ResourceKey, ScaleState>>,
+    /// What it remembers of each resource between reconciliations.
+    pub memory: Memories,
     /// Whether this replica may act now (it leads, with a renewal inside the deadline).
     pub leading: Arc<dyn Fn() -> bool + Send + Sync>,
     /// The worker Deployments, as the watch sees them.
     pub deployments: Store<Deployment>,
-    /// What was applied last per resource (the workload is applied only when it changed).
-    pub applied: Mutex<HashMap<ResourceKey, Applied>>,
-    /// Failed reconciliations in a row per resource (the retries back off).
-    pub failures: Mutex<HashMap<ResourceKey, u32>>,
     /// Secrets are not watched: each resource is reconciled at least this often, so that a
     /// rotated key is read (`None`: a Secret's change reconciles the resources that name it).
     pub secrets_recheck: Option<Duration>,
     /// This cluster's identity in lease-set claims (the UID of its `kube-system` namespace).
     pub cluster: String,
-    /// Each resource's standing with its lease set, when it was read and for which target.
-    pub standings: Mutex<HashMap<ResourceKey, RememberedStanding>>,
     /// The installation's key of the pod template's Secret digest.
     pub digest_key: DigestKey,
     /// The accounts the operator may reach for each namespace (the cluster admin's allow-list).
     pub allowed_accounts: Arc<AllowListFile>,
 }
-
-/// A resource's standing with its lease set as last read: when, for which target (its
-/// settings), and what it was.
-pub type RememberedStanding = (Instant, Option<String>, claim::Standing);
 
 /// Why a reconciliation failed (it is retried).
 #[derive(Debug, thiserror::Error)]
@@ -124,10 +117,8 @@ pub async fn reconcile(cfp: Arc<ChangeFeedProcessor>, ctx: Arc<Context>) -> Resu
     let result = reconcile_inner(&cfp, &ctx).await;
     ctx.metrics
         .observe(started.elapsed(), result.as_ref().err().map(ReconcileError::reason));
-    if result.is_ok()
-        && let Ok(mut failures) = ctx.failures.lock()
-    {
-        failures.remove(&key_of(&cfp));
+    if result.is_ok() {
+        ctx.memory.with(&key_of(&cfp), |m| m.failures = 0);
     }
     result
 }
@@ -138,10 +129,9 @@ fn key_of(cfp: &ChangeFeedProcessor) -> ResourceKey {
 
 /// After a failure: retry, later after each failure in a row ([`pace::retry_after`]).
 pub fn error_policy(cfp: Arc<ChangeFeedProcessor>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
-    let failures = ctx.failures.lock().map_or(1, |mut failures| {
-        let count = failures.entry(key_of(&cfp)).or_default();
-        *count = count.saturating_add(1);
-        *count
+    let failures = ctx.memory.with(&key_of(&cfp), |m| {
+        m.failures = m.failures.saturating_add(1);
+        m.failures
     });
     let wait = pace::retry_after(failures);
     tracing::warn!(processor = %cfp.name_any(), namespace = ?cfp.namespace(), %error, failures, retry_in = ?wait, "reconcile failed");
@@ -235,12 +225,7 @@ async fn finalize(
     found: &BTreeMap<String, Secret>,
 ) -> Result<Action, ReconcileError> {
     ctx.estimators.stop(key);
-    if let Ok(mut scaling) = ctx.scaling.lock() {
-        scaling.remove(key);
-    }
-    if let Ok(mut applied) = ctx.applied.lock() {
-        applied.remove(key);
-    }
+    ctx.memory.forget(key);
     if cfp.finalizers().iter().any(|f| f == LEASE_FINALIZER) {
         // Only the holder of the lease set deletes it, and only while it can tell that it holds
         // it: another namespace's resource naming the same lease set must not
@@ -316,9 +301,8 @@ async fn plan_replicas(
         external,
         report,
     };
-    let mut states = ctx.scaling.lock().ok();
-    let state = states.as_mut().map(|states| states.entry(key.clone()).or_default());
-    plan::autoscaled_plan(cfp, seen, current, state)
+    ctx.memory
+        .with(key, |m| plan::autoscaled_plan(cfp, seen, current, Some(&mut m.scaling)))
 }
 
 /// Applies the planned workload (none with a configuration problem, or none planned yet) and the
@@ -340,7 +324,7 @@ async fn apply(
             desired,
         );
         let observed = outcome.deployment.as_ref().and_then(|d| d.metadata.generation);
-        let remembered = ctx.applied.lock().ok().and_then(|a| a.get(key).cloned());
+        let remembered = ctx.memory.with(key, |m| m.applied.clone());
         match pace::needs_apply(&rendered.digest, observed, remembered.as_ref()) {
             ApplyNeed::Apply => {
                 let uid = cfp.uid().unwrap_or_default();
@@ -349,18 +333,11 @@ async fn apply(
                     return Ok(());
                 }
                 let (apply, applied) = apply_workload(&ctx.client, &key.0, &rendered).await?;
-                if let Ok(mut remembered) = ctx.applied.lock() {
-                    match &applied {
-                        Some(deployment) => remembered.insert(
-                            key.clone(),
-                            Applied {
-                                digest: rendered.digest.clone(),
-                                generation: deployment.metadata.generation,
-                            },
-                        ),
-                        None => remembered.remove(key),
-                    };
-                }
+                let now_applied = applied.as_ref().map(|deployment| Applied {
+                    digest: rendered.digest.clone(),
+                    generation: deployment.metadata.generation,
+                });
+                ctx.memory.with(key, |m| m.applied = now_applied);
                 outcome.apply = apply;
                 if applied.is_some() {
                     outcome.deployment = applied;
@@ -403,10 +380,10 @@ fn remember_scale(
     desired: Option<i32>,
     now: &Time,
 ) -> Option<Time> {
-    let mut states = ctx.scaling.lock().ok()?;
-    let state = states.entry(key.clone()).or_default();
-    if desired.is_some() && before != desired {
-        state.last_scale_time = Some(now.clone());
-    }
-    state.last_scale_time.clone()
+    ctx.memory.with(key, |m| {
+        if desired.is_some() && before != desired {
+            m.scaling.last_scale_time = Some(now.clone());
+        }
+        m.scaling.last_scale_time.clone()
+    })
 }
