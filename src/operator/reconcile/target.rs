@@ -124,37 +124,45 @@ mod tests {
     use crate::operator::crd::ChangeFeedProcessorSpec;
     use k8s_openapi::ByteString;
 
-    /// The account of these tests allowed for every namespace.
-    fn allowed() -> AllowListFile {
-        let dir = std::env::temp_dir().join(format!("cfp-target-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("allowed.yaml");
+    /// The account of these tests allowed for every namespace, in a file of its own (the tests
+    /// run at once).
+    struct Allowed {
+        _dir: tempfile::TempDir,
+        file: AllowListFile,
+    }
+
+    fn allowed() -> Allowed {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("allowed.yaml");
         std::fs::write(
             &path,
             "- endpoint: https://a.documents.azure.com/\n  namespaces: ['*']\n",
         )
         .unwrap();
-        AllowListFile::new(Some(path))
+        Allowed {
+            _dir: dir,
+            file: AllowListFile::new(Some(path)),
+        }
     }
 
     #[test]
     fn the_operator_reaches_an_account_with_its_identity_only_where_allowed() {
         let identity =
             resource(serde_json::json!({"endpoint": "https://b.documents.azure.com/", "auth": "WorkloadIdentity"}));
-        let refused = estimate_target(&identity, &BTreeMap::new(), &allowed());
+        let refused = estimate_target(&identity, &BTreeMap::new(), &allowed().file);
         assert!(matches!(refused, Err(TargetError::NotAllowed(_))), "{refused:?}");
         let mut leases_elsewhere =
             resource(serde_json::json!({"endpoint": "https://a.documents.azure.com/", "auth": "WorkloadIdentity"}));
         leases_elsewhere.spec.leases.connection = identity.spec.connection.clone().into();
         assert!(
-            reachable(&leases_elsewhere, &allowed()).is_err(),
+            reachable(&leases_elsewhere, &allowed().file).is_err(),
             "the lease account is checked too"
         );
         let plain = resource(
             serde_json::json!({"endpoint": "http://a.documents.azure.com/", "keySecretRef": {"name": "cosmos"}}),
         );
         assert!(
-            reachable(&plain, &allowed()).is_err(),
+            reachable(&plain, &allowed().file).is_err(),
             "a key over plain http that is not listed"
         );
     }
@@ -207,22 +215,22 @@ mod tests {
         for (cfp, found, expected) in cases {
             assert_eq!(account_auth(&found, &cfp.spec.connection), expected);
         }
-        let missing = estimate_target(&keyed, &BTreeMap::new(), &allowed())
+        let missing = estimate_target(&keyed, &BTreeMap::new(), &allowed().file)
             .err()
             .map(|e| e.to_string());
         assert_eq!(missing.as_deref(), Some("Secret \"cosmos\" key \"key\" is needed"));
-        assert!(estimate_target(&keyed, &with_key("k1"), &allowed()).is_ok());
+        assert!(estimate_target(&keyed, &with_key("k1"), &allowed().file).is_ok());
     }
 
     #[test]
     fn the_estimate_reads_both_accounts_in_the_resource_s_regions() {
         let endpoint = "https://a.documents.azure.com/";
         let mut cfp = resource(serde_json::json!({"endpoint": endpoint, "auth": "WorkloadIdentity"}));
-        let default = estimate_target(&cfp, &BTreeMap::new(), &allowed()).unwrap();
+        let default = estimate_target(&cfp, &BTreeMap::new(), &allowed().file).unwrap();
         assert!(default.account.preferred_regions.is_empty(), "the account's own order");
         cfp.spec.preferred_regions = vec!["West Europe".into(), "North Europe".into()];
         cfp.spec.leases.connection = Some(cfp.spec.connection.clone());
-        let target = estimate_target(&cfp, &BTreeMap::new(), &allowed()).unwrap();
+        let target = estimate_target(&cfp, &BTreeMap::new(), &allowed().file).unwrap();
         let lease_account = target.lease_account.expect("a lease account");
         assert_eq!(target.account.preferred_regions, ["West Europe", "North Europe"]);
         assert_eq!(lease_account.preferred_regions, ["West Europe", "North Europe"]);
