@@ -409,3 +409,82 @@ async fn one_hostile_resource_among_fifty_neither_delays_the_others_nor_exhausts
     assert!(rss < OPERATOR_MEMORY_LIMIT_MIB, "{rss} MiB");
     held.abort();
 }
+
+/// The namespace of the resource that holds processor `orders`' claim, if any.
+async fn claim_holder(account: &CosmosAccount) -> Option<String> {
+    let store = lease_store(account, "orders").await?;
+    let (body, _) = store.read_marker("claim").await.ok()??;
+    body["claimant"]["namespace"].as_str().map(str::to_owned)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_left_by_a_deleted_resource_passes_to_another_namespace_only_when_asked() {
+    let Scene { plane, ns, client } = Scene::new("left-claim-a").await;
+    let other = namespace(plane, "left-claim-b");
+    let (mut emulator, endpoint, account, _) = checkpointed_emulator().await;
+    let before = leases(&account).await;
+    let watch = ["--namespace", &other, "--leader-election-namespace", &ns];
+    let _operator = Operator::start_as(&ns, "op", "info,kube=warn", &[], &plane.kubeconfig, &watch);
+    for namespace in [&other, &ns] {
+        apply_ok(plane, namespace, &secret_yaml());
+    }
+    // B holds the lease set, and is deleted without its leases: its claim stays, holder gone.
+    apply_ok(plane, &other, &resource("orders", &endpoint, "  replicas: 0\n"));
+    let held = eventually(TIMEOUT, || async {
+        claim_holder(&account).await.as_deref() == Some(other.as_str())
+    })
+    .await;
+    assert!(held, "B holds the lease set");
+    assert!(plane.kubectl_run(&["delete", "cfp/orders", "-n", &other], None).0);
+    // A names it, with a rewind asked for before it holds anything.
+    let rewinding = resource("orders", &endpoint, "  replicas: 0\n").replace(
+        "  name: orders\n",
+        "  name: orders\n  annotations:\n    changefeed.io/rewind-to: beginning\n",
+    );
+    apply_ok(plane, &ns, &rewinding);
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
+    let refused = not_ready(&cfps, "orders", "LeaseSetClaimed").await;
+    reconciled_again(&cfps, "orders", 1).await;
+    assert_eq!(
+        claim_holder(&account).await.as_deref(),
+        Some(other.as_str()),
+        "taken unasked"
+    );
+    // Asked for (the annotation the admission policy leaves to cluster admins): taken, and the
+    // rewind of before is dropped, not run.
+    let ask = format!("changefeed.io/take-over-lease-set-from={other}/orders");
+    assert!(plane.kubectl_run(&["annotate", "-n", &ns, "cfp/orders", &ask], None).0);
+    let taken = eventually(TIMEOUT, || async {
+        claim_holder(&account).await.as_deref() == Some(ns.as_str())
+    })
+    .await;
+    let dropped = wait_event(&client, &ns, "RequestBeforeClaimDropped").await;
+    let annotations = cfps
+        .get("orders")
+        .await
+        .unwrap()
+        .metadata
+        .annotations
+        .unwrap_or_default();
+    let after = leases(&account).await;
+    let continuations = |leases: &[Lease]| leases.iter().map(|l| l.continuation.clone()).collect::<Vec<_>>();
+    println!(
+        "claim left by {other}/orders: refused unasked ({}); asked: taken {taken}; {:?}; rewind annotation left: {}; continuations unchanged: {}",
+        refused.message,
+        dropped.note,
+        annotations.contains_key("changefeed.io/rewind-to"),
+        continuations(&after) == continuations(&before)
+    );
+    assert!(
+        refused.message.contains("changefeed.io/take-over-lease-set-from"),
+        "{}",
+        refused.message
+    );
+    assert!(taken, "taken once asked");
+    assert!(
+        !annotations.contains_key("changefeed.io/rewind-to"),
+        "the earlier rewind is removed"
+    );
+    assert_eq!(continuations(&after), continuations(&before), "the earlier rewind ran");
+    terminate(&mut emulator).await;
+}
