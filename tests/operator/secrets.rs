@@ -263,13 +263,10 @@ async fn with_secrets_watch_false_the_operator_only_gets_named_secrets_and_a_rot
     let refused_before = refused_secret_reads(plane);
     let kubeconfig = plane.kubeconfig_as(&sa);
     let recheck = Duration::from_secs(2);
-    // With watchNamespaces the chart names the cluster itself (its install-time lookup of the
-    // kube-system namespace): the operator needs no cluster-wide read.
-    let args = [
-        "--watch-secrets=false",
-        "--secrets-recheck-interval=2s",
-        "--cluster-identity=test-cluster",
-    ];
+    // No --cluster-identity (as `helm template` or Argo CD render it, without Helm's lookup) and
+    // no read of the kube-system namespace: the operator names the cluster by its digest-key
+    // Secret's UID instead of a name other clusters share.
+    let args = ["--watch-secrets=false", "--secrets-recheck-interval=2s"];
     let mut operator = Operator::start_as(&ns, "least", "info,kube=warn", &[], &kubeconfig, &args);
     apply_ok(plane, &ns, &secret_yaml());
     apply_ok(plane, &ns, &resource("orders", FAKE_ENDPOINT, ""));
@@ -290,6 +287,11 @@ async fn with_secrets_watch_false_the_operator_only_gets_named_secrets_and_a_rot
         digest_of(&deployments.get_opt("orders").await.ok()??)
     })
     .await;
+    let log = std::fs::read_to_string(Operator::log_path(&ns, "least")).unwrap_or_default();
+    assert!(
+        log.contains("this installation's digest-key Secret names the cluster"),
+        "the cluster identity without kube-system: {log}"
+    );
     // A rotated key is read at the next reconciliation: nothing watches the Secret.
     let rotated = std::time::Instant::now();
     apply_ok(
@@ -306,9 +308,12 @@ async fn with_secrets_watch_false_the_operator_only_gets_named_secrets_and_a_rot
     terminate(&mut operator.child).await;
     let refused = refused_secret_reads(plane) - refused_before;
     let log = std::fs::read_to_string(Operator::log_path(&ns, "least")).unwrap_or_default();
+    // The one refusal expected: the kube-system namespace, read once at start for the cluster's
+    // identity (the digest-key Secret names it instead).
     let forbidden: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("forbidden") || l.contains("Forbidden"))
+        .filter(|l| !l.contains("digest-key Secret names the cluster"))
         .collect();
     assert!(
         forbidden.is_empty(),

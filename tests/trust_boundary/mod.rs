@@ -488,3 +488,58 @@ async fn a_claim_left_by_a_deleted_resource_passes_to_another_namespace_only_whe
     assert_eq!(continuations(&after), continuations(&before), "the earlier rewind ran");
     terminate(&mut emulator).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_handover_no_longer_names_anyone_in_the_claim() {
+    let Scene { plane, ns, client } = Scene::new("handover-cancelled").await;
+    let (mut emulator, endpoint, account, _) = checkpointed_emulator().await;
+    let _operator = Operator::start(plane, &ns, "op");
+    apply_ok(plane, &ns, &secret_yaml());
+    apply_ok(plane, &ns, &resource("orders", &endpoint, "  replicas: 0\n"));
+    let handed_to = || async {
+        let store = lease_store(&account, "orders").await?;
+        let (body, _) = store.read_marker("claim").await.ok()??;
+        Some(body["handOverTo"].as_str().map(str::to_owned))
+    };
+    let held = eventually(TIMEOUT, || async { handed_to().await == Some(None) }).await;
+    assert!(held, "orders holds its lease set");
+    let annotation = "changefeed.io/hand-over-lease-set-to";
+    assert!(
+        plane
+            .kubectl_run(
+                &[
+                    "annotate",
+                    "-n",
+                    &ns,
+                    "cfp/orders",
+                    &format!("{annotation}=other/orders")
+                ],
+                None
+            )
+            .0
+    );
+    let armed = eventually(TIMEOUT, || async {
+        handed_to().await == Some(Some("other/orders".into()))
+    })
+    .await;
+    // Cancelled: the annotation removed. Nobody may take the lease set on the strength of it.
+    assert!(
+        plane
+            .kubectl_run(&["annotate", "-n", &ns, "cfp/orders", &format!("{annotation}-")], None)
+            .0
+    );
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
+    let disarmed = eventually(TIMEOUT, || async { handed_to().await == Some(None) }).await;
+    let ready = cfps.get("orders").await.unwrap().status.unwrap_or_default();
+    println!(
+        "handover to other/orders written: {armed}; annotation removed → claim names nobody: {disarmed}; conditions {:?}",
+        ready
+            .conditions
+            .iter()
+            .map(|c| (&c.type_, &c.reason))
+            .collect::<Vec<_>>()
+    );
+    assert!(armed, "the handover was written into the claim");
+    assert!(disarmed, "a cancelled handover still named other/orders in the claim");
+    terminate(&mut emulator).await;
+}
