@@ -91,9 +91,7 @@ async fn measure(liveness: LeaseLiveness) -> Measured {
         create_leases: true,
         options: options.clone(),
     };
-    let (monitored, store) = changefeed_operator::worker::open(&account, &account, &settings)
-        .await
-        .unwrap();
+    let (monitored, store) = common::open_containers(&account, &settings).await;
     let counting = Arc::new(CountingStore::new(Arc::new(store)));
     let writes = counting.writes.clone();
     let beats = counting.beats.clone();

@@ -331,6 +331,28 @@ pub async fn start_emulator_with(args: &[&str]) -> (tokio::process::Child, Strin
     (child, endpoint)
 }
 
+/// `worker::open` of `settings` on `account`, again after a transient answer (the SDK's
+/// container-topology read may fail under the suite's load: 503/20305), for at most 5 s.
+pub async fn open_containers(
+    account: &CosmosAccount,
+    settings: &changefeed_operator::worker::WorkerSettings,
+) -> (
+    changefeed_operator::cosmos::MonitoredContainer,
+    changefeed_operator::processor::CosmosLeaseStore,
+) {
+    use changefeed_operator::worker::WorkerError;
+    for attempt in 0.. {
+        match changefeed_operator::worker::open(account, account, settings).await {
+            Ok(opened) => return opened,
+            Err(WorkerError::Cosmos { source, .. }) if source.kind == ErrorKind::Transient && attempt < 50 => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(error) => panic!("opening the containers: {error}"),
+        }
+    }
+    unreachable!("the loop returns or panics")
+}
+
 /// The allowed-accounts file of every `cfp operator` the tests start: each emulator a test
 /// starts is listed in it (plain http, every namespace), as a cluster admin lists a development
 /// emulator; anything else a resource names is not.
