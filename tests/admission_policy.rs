@@ -1,6 +1,8 @@
 //! The chart's ValidatingAdmissionPolicy (`admissionPolicy.enabled`), on the real API server:
 //! a `ChangeFeedProcessor` that names a worker or sidecar image outside the allowed prefixes, or
 //! another service account, is refused with the policy's message; one within them is accepted.
+//! Endpoints the operator's own identity would reach must be listed in `allowedAccounts` for the
+//! namespace, compared by scheme, host and port as the operator compares them.
 
 use crate::operator_support::{FAKE_ENDPOINT, Scene, apply, resource, wait};
 
@@ -102,10 +104,7 @@ async fn the_admission_policy_with_its_defaults_installs_and_refuses_what_a_tena
         "vap-defaults",
         &["admissionPolicy.allowedImagePrefixes={myacr.azurecr.io}"],
     );
-    let role = format!(
-        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: tenant, namespace: {ns}}}\nrules:\n- apiGroups: [changefeed.io]\n  resources: [changefeedprocessors]\n  verbs: [get, list, create, update, patch]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: tenant, namespace: {ns}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: tenant}}\nsubjects:\n- {{kind: User, name: alice, apiGroup: rbac.authorization.k8s.io}}\n"
-    );
-    assert!(plane.kubectl_run(&["apply", "-f", "-"], Some(&role)).0);
+    tenant_role(plane, &ns);
     let with = |name: &str, extra: &str| resource(name, FAKE_ENDPOINT, extra);
     let image = |image: &str| format!("  worker:\n    image: {image}\n");
     // The policy takes effect once the API server has loaded it.
@@ -157,6 +156,107 @@ async fn the_admission_policy_with_its_defaults_installs_and_refuses_what_a_tena
     assert!(ok, "an allowed resource is refused: {err}");
     println!(
         "admission policy with its defaults: refused {refused:?}, plain http, the take-over annotation (tenant); accepted the admin's annotation and an allowed image"
+    );
+    let (ok, _, err) = plane.kubectl_run(&["delete", "-f", "-"], Some(&policy));
+    assert!(ok, "kubectl delete of the policy: {err}");
+}
+
+/// A Role in `ns` for user `alice`, group `tenants`: she may write resources there.
+fn tenant_role(plane: &crate::control_plane::ControlPlane, ns: &str) {
+    let role = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: tenant, namespace: {ns}}}\nrules:\n- apiGroups: [changefeed.io]\n  resources: [changefeedprocessors]\n  verbs: [get, list, create, update, patch]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: tenant, namespace: {ns}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: tenant}}\nsubjects:\n- {{kind: User, name: alice, apiGroup: rbac.authorization.k8s.io}}\n"
+    );
+    assert!(plane.kubectl_run(&["apply", "-f", "-"], Some(&role)).0);
+}
+
+/// A resource whose monitored account (and, when given, lease account) is reached with
+/// workload identity: the operator's own identity.
+fn with_identity(name: &str, endpoint: &str, lease_endpoint: Option<&str>) -> String {
+    let leases = lease_endpoint
+        .map(|lease| format!("  leases:\n    connection:\n      endpoint: {lease}\n      auth: WorkloadIdentity\n"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: changefeed.io/v1alpha1\nkind: ChangeFeedProcessor\nmetadata:\n  name: {name}\nspec:\n  connection:\n    endpoint: {endpoint}\n    auth: WorkloadIdentity\n  monitored:\n    database: db\n    container: items\n{leases}  worker:\n    serviceAccountName: cfp-workers\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admission_policy_lets_the_operators_identity_reach_only_accounts_listed_for_the_namespace() {
+    let Scene { plane, ns, .. } = Scene::new("admission-accounts").await;
+    let listed_here = format!("allowedAccounts[0].namespaces[0]={ns}");
+    let policy = installed_policy(
+        plane,
+        &ns,
+        "vap-accounts",
+        &[
+            "allowedAccounts[0].endpoint=https://Orders.documents.azure.com/",
+            &listed_here,
+            "allowedAccounts[1].endpoint=https://shared.documents.azure.com:443/",
+            "allowedAccounts[1].namespaces[0]=*",
+            "allowedAccounts[2].endpoint=http://cosmos.dev.svc:8081/",
+            "allowedAccounts[2].namespaces[0]=another-team",
+        ],
+    );
+    tenant_role(plane, &ns);
+    let unlisted = with_identity("unlisted", "https://other.documents.azure.com/", None);
+    let first = wait("the policy refuses an unlisted account", || async {
+        let (ok, _, err) = apply_as_tenant(plane, &ns, &unlisted);
+        if ok {
+            plane.kubectl_run(&["delete", "-n", &ns, "cfp/unlisted", "--wait=false"], None);
+        }
+        (!ok && err.contains(&format!(
+            "must be accounts listed for namespace {ns} in allowedAccounts"
+        )))
+        .then_some(err)
+    })
+    .await;
+    let refused = [
+        (
+            "other-port",
+            with_identity("other-port", "https://orders.documents.azure.com:8443/", None),
+        ),
+        (
+            "unlisted-lease-account",
+            with_identity(
+                "unlisted-lease-account",
+                "https://orders.documents.azure.com/",
+                Some("https://leases.documents.azure.com/"),
+            ),
+        ),
+        (
+            "plain-http-elsewhere",
+            resource("plain-http-elsewhere", "http://cosmos.dev.svc:8081/", ""),
+        ),
+    ];
+    for (name, yaml) in &refused {
+        let (ok, _, err) = apply_as_tenant(plane, &ns, yaml);
+        assert!(!ok, "{name} was admitted");
+        assert!(err.contains("allowedAccounts"), "{name}: {err}");
+    }
+    let accepted = [
+        (
+            "listed-other-form",
+            with_identity("listed-other-form", "https://ORDERS.documents.azure.com:443/", None),
+        ),
+        (
+            "listed-for-every-namespace",
+            with_identity(
+                "listed-for-every-namespace",
+                "https://orders.documents.azure.com/",
+                Some("https://shared.documents.azure.com/"),
+            ),
+        ),
+        ("own-key", resource("own-key", "https://other.documents.azure.com/", "")),
+    ];
+    for (name, yaml) in &accepted {
+        let (ok, _, err) = apply_as_tenant(plane, &ns, yaml);
+        assert!(ok, "{name} was refused: {err}");
+    }
+    println!(
+        "admission policy, accounts: refused unlisted ({}), {:?}; accepted {:?}",
+        first.lines().last().unwrap_or_default(),
+        refused.map(|(name, _)| name),
+        accepted.map(|(name, _)| name)
     );
     let (ok, _, err) = plane.kubectl_run(&["delete", "-f", "-"], Some(&policy));
     assert!(ok, "kubectl delete of the policy: {err}");

@@ -125,6 +125,38 @@ async fn a_processor_name_that_could_reach_into_another_prefix_is_refused_by_the
     println!("processorName refused by the API server: {refused:?}; accepted: orders.v2");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resource_beyond_the_schema_s_size_limits_is_refused_by_the_api_server() {
+    let Scene { plane, ns, .. } = Scene::new("size-limits").await;
+    let worker = |name: &str, worker: &str| resource(name, FAKE_ENDPOINT, &format!("  worker:\n{worker}"));
+    let sidecar =
+        |args: &str| format!("    sidecars:\n      - name: s\n        image: i\n        args: [\"{args}\"]\n");
+    let long_key = format!(
+        "    tolerations:\n      - key: \"{}\"\n        operator: Exists\n",
+        "k".repeat(5000)
+    );
+    let many_values: String = (0..65).map(|i| format!("\"z{i}\", ")).collect();
+    let many = format!(
+        "    affinity:\n      nodeAffinity:\n        requiredDuringSchedulingIgnoredDuringExecution:\n          nodeSelectorTerms:\n            - matchExpressions:\n                - key: zone\n                  operator: In\n                  values: [{many_values}]\n"
+    );
+    let cases = [
+        ("long-script", sidecar(&"x".repeat(33 * 1024)), "Too long"),
+        ("long-toleration-key", long_key, "Too long"),
+        ("many-values", many, "Too many"),
+    ];
+    for (name, extra, message) in &cases {
+        let (ok, _, err) = apply(plane, &ns, &worker(name, extra));
+        assert!(!ok, "{name} was accepted");
+        assert!(err.contains(message), "{name}: {err}");
+    }
+    let (ok, _, err) = apply(plane, &ns, &worker("script-within", &sidecar(&"x".repeat(30 * 1024))));
+    assert!(ok, "a 30 KiB script is within the limits: {err}");
+    println!(
+        "refused by the API server: {:?}; accepted a 30 KiB sidecar argument",
+        cases.map(|(name, _, _)| name)
+    );
+}
+
 /// A lease-shaped copy of `lease` under `id`, owned by nobody (free for the taking).
 fn foreign_copy(lease: &Lease, id: &str) -> serde_json::Value {
     let mut body = serde_json::to_value(lease).unwrap();
@@ -379,12 +411,16 @@ async fn one_hostile_resource_among_fifty_neither_delays_the_others_nor_exhausts
     for namespace in [&ns, &hostile_ns] {
         apply_ok(plane, namespace, &secret_yaml());
     }
-    // The hostile resource: estimates every 1 ms, at the schema's size limits.
+    // The hostile resource: estimates every 1 ms, 1 MiB of environment values (the schema's
+    // limits and etcd's 1.5 MiB per object bound it).
     let env: String = (0..128)
-        .map(|i| format!("    - name: V{i}\n      value: \"{}\"\n", "x".repeat(512)))
+        .map(|i| format!("    - name: V{i}\n      value: \"{}\"\n", "x".repeat(8192)))
         .collect();
     let hostile = format!("  autoscaling:\n    estimateInterval: 1ms\n  worker:\n    env:\n{env}");
-    apply_ok(plane, &hostile_ns, &resource("hostile", &hole, &hostile));
+    // Created, not applied: a client-side apply keeps a copy in an annotation of at most 256 KiB.
+    let hostile = resource("hostile", &hole, &hostile);
+    let (ok, _, err) = plane.kubectl_run(&["create", "-n", &hostile_ns, "-f", "-"], Some(&hostile));
+    assert!(ok, "kubectl create of the hostile resource: {err}");
     let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
     let created = tokio::time::Instant::now();
     let others: String = (0..50)
@@ -403,7 +439,7 @@ async fn one_hostile_resource_among_fifty_neither_delays_the_others_nor_exhausts
     }
     let rss = rss_mib(pid);
     println!(
-        "50 resources beside a hostile one (estimateInterval 1ms, an endpoint that never answers, 128 env values of 512 bytes): all reconciled {slowest:.1?} after they were created (bound {RECONCILED_WITHIN:?}); operator RSS {rss:.1} MiB (limit {OPERATOR_MEMORY_LIMIT_MIB})"
+        "50 resources beside a hostile one (estimateInterval 1ms, an endpoint that never answers, 128 env values of 8 KiB): all reconciled {slowest:.1?} after they were created (bound {RECONCILED_WITHIN:?}); operator RSS {rss:.1} MiB (limit {OPERATOR_MEMORY_LIMIT_MIB})"
     );
     assert!(slowest < RECONCILED_WITHIN);
     assert!(rss < OPERATOR_MEMORY_LIMIT_MIB, "{rss} MiB");

@@ -98,3 +98,32 @@ app.kubernetes.io/component: operator
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end -}}
+
+{{/* The allow-list of accounts (allowedAccounts, plus the chart's emulator for every namespace when it is enabled), as YAML. */}}
+{{- define "changefeed-operator.allowedAccounts" -}}
+{{- $entries := list }}
+{{- range .Values.allowedAccounts }}
+{{- $entries = append $entries (dict "endpoint" .endpoint "namespaces" .namespaces) }}
+{{- end }}
+{{- if .Values.emulator.enabled }}
+{{- $emulator := printf "http://%s:8081/" (include "changefeed-operator.emulatorHost" .) }}
+{{- $entries = append $entries (dict "endpoint" $emulator "namespaces" (list "*")) }}
+{{- end }}
+{{- toYaml $entries }}
+{{- end }}
+
+{{/* An endpoint as the operator compares it: scheme://host:port/, lower case, the scheme's port when none is given. */}}
+{{- define "changefeed-operator.normalisedEndpoint" -}}
+{{- $url := urlParse (trim .) }}
+{{- $scheme := lower $url.scheme }}
+{{- $host := lower $url.host }}
+{{- if not (regexMatch ":[0-9]+$" $host) }}
+{{- $host = printf "%s:%s" $host (ternary "443" "80" (eq $scheme "https")) }}
+{{- end }}
+{{- printf "%s://%s/" $scheme $host }}
+{{- end }}
+
+{{/* The CEL expression that normalises the endpoint string given as the argument, the same way. */}}
+{{- define "changefeed-operator.celNormalisedEndpoint" -}}
+url({{ . }}).getScheme().lowerAscii() + '://' + (url({{ . }}).getHostname().contains(':') ? '[' + url({{ . }}).getHostname().lowerAscii() + ']' : url({{ . }}).getHostname().lowerAscii()) + ':' + (url({{ . }}).getPort() != '' ? url({{ . }}).getPort() : (url({{ . }}).getScheme().lowerAscii() == 'https' ? '443' : '80')) + '/'
+{{- end }}

@@ -217,11 +217,13 @@ fn field_validation(field: &Value, required: bool) -> Vec<String> {
         (None, Some(max)) => parts.push(format!("≤ {max}")),
         (None, None) => {}
     }
+    // An array's string bounds are its items' bounds.
+    let each = if std::ptr::eq(node, field) { "" } else { "each item's " };
     if let Some(min) = number(node, "minLength") {
-        parts.push(format!("length ≥ {min}"));
+        parts.push(format!("{each}length ≥ {min}"));
     }
     if let Some(max) = number(node, "maxLength") {
-        parts.push(format!("length ≤ {max}"));
+        parts.push(format!("{each}length ≤ {max}"));
     }
     if let Some(max) = number(field, "maxItems") {
         parts.push(format!("at most {max} items"));

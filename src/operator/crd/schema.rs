@@ -1,5 +1,5 @@
 //! The CRD as YAML (and as the JSON value the Markdown reference walks), without the
-//! descriptions inside embedded Kubernetes types.
+//! descriptions inside embedded Kubernetes types, with a size limit on every string, list and map.
 
 use super::ChangeFeedProcessor;
 
@@ -30,6 +30,9 @@ pub fn crd_json() -> serde_json::Value {
     let mut crd = serde_json::to_value(ChangeFeedProcessor::crd()).unwrap_or_default();
     if let Some(versions) = crd.pointer_mut("/spec/versions").and_then(|v| v.as_array_mut()) {
         for version in versions {
+            if let Some(spec) = version.pointer_mut("/schema/openAPIV3Schema/properties/spec") {
+                super::size_limits::bound_sizes(spec);
+            }
             let worker = version.pointer_mut("/schema/openAPIV3Schema/properties/spec/properties/worker/properties");
             if let Some(fields) = worker.and_then(|w| w.as_object_mut()) {
                 for name in EMBEDDED_WORKER_FIELDS {

@@ -84,7 +84,7 @@ pub struct ChangeFeedProcessorSpec {
     /// regions, for example `["West Europe", "North Europe"]`), for the monitored and the lease
     /// account alike; writes go to each account's write region. Default: the account's own order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 64)))]
     pub preferred_regions: Vec<String>,
     /// The container whose changes are processed. Immutable: create a new resource for another
     /// container.
