@@ -1,8 +1,33 @@
 //! `cfp bench --small`: every figure is measured and reported with its baseline (a short run, so
-//! that the benchmark cannot rot; no timing is asserted — the figures are for people).
+//! that the benchmark cannot rot), and no goal slides unseen: every count (requests, request
+//! units, writes, lease moves, acquire cycles, 429s, duplicates, errors) meets its goal, and every
+//! measure of time, rate or memory meets its goal within [`MEASURE_MARGIN`] — a regression of
+//! several times fails, the noise of a small run on a busy machine does not.
 
 use crate::common;
 use crate::control_plane;
+
+/// How far a measure (not a count) of the small run may miss its goal: this run is a debug
+/// build beside the rest of the suite, the published figures a release build alone.
+const MEASURE_MARGIN: f64 = 4.0;
+
+/// Whether `figure` meets its goal, loosened by `margin` (1: the goal itself).
+fn meets(figure: &serde_json::Value, margin: f64) -> bool {
+    let value = figure["value"].as_f64().unwrap_or(f64::NAN);
+    let ratio = figure["ratio"].as_f64();
+    let Some((check, limit)) = figure["check"].as_object().and_then(|c| c.iter().next()) else {
+        return true;
+    };
+    let limit = limit.as_f64().unwrap_or(f64::NAN);
+    match check.as_str() {
+        "atMost" => value <= limit * margin,
+        "below" => value < limit * margin,
+        "atLeast" => value >= limit / margin,
+        "ratioAtMost" => ratio.is_some_and(|r| r <= limit * margin),
+        "ratioAtLeast" => ratio.is_some_and(|r| r >= limit / margin),
+        other => panic!("unknown check {other} in {figure}"),
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
@@ -65,6 +90,7 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
         "idle lease-container request units a second",
         "busy: leases lost or moved while checkpoints exceed the budget",
         "drain of that backlog",
+        "operator estimate while workers run",
     ] {
         assert!(
             names.iter().any(|n| n.contains(wanted)),
@@ -73,10 +99,30 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
     }
     assert!(report["failed"].as_array().unwrap().is_empty());
     assert!(report["skipped"].as_array().unwrap().is_empty());
+    let mut missed = Vec::new();
     for figure in report["figures"].as_array().unwrap() {
         assert!(figure["value"].as_f64().is_some_and(f64::is_finite), "{figure}");
         // Every figure says whether it meets its goal (null only for one without a goal).
         let met = &figure["met"];
         assert!(met.is_boolean() || (met.is_null() && figure["goal"] == "–"), "{figure}");
+        let margin = if figure["kind"] == "count" { 1.0 } else { MEASURE_MARGIN };
+        if !meets(figure, margin) {
+            missed.push(format!(
+                "{} ({}): {} against goal {}",
+                figure["name"], figure["kind"], figure["value"], figure["goal"]
+            ));
+        }
     }
+    let counts = report["figures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "count")
+        .count();
+    assert!(counts >= 15, "only {counts} figures are counts");
+    assert!(
+        missed.is_empty(),
+        "goals missed (measures by more than {MEASURE_MARGIN}×):\n{}",
+        missed.join("\n")
+    );
 }

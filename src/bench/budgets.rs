@@ -234,7 +234,7 @@ impl LeaseFigures {
                 "–",
                 "0",
             )
-            .against(Check::AtMost(0.0)),
+            .against(Check::AtMost(0.0)).counted(),
             Figure::ratio(
                 &format!(
                     "scale run at {BUDGET} RU/s: seconds (its writes were charged {:.0} RU)",
@@ -264,7 +264,7 @@ impl LeaseFigures {
                 BUDGET,
                 "≤ 25 % of the budget",
             )
-            .against(Check::RatioAtMost(0.25)),
+            .against(Check::RatioAtMost(0.25)).counted(),
             Figure::ratio(
                 &format!(
                     "idle: the reference schedule's request units a second, {} (renew 17 s, list 13 s; renewal {:.2} RU, listing {:.2} RU)",
@@ -281,7 +281,7 @@ impl LeaseFigures {
                 "–",
                 "0",
             )
-            .against(Check::AtMost(0.0)),
+            .against(Check::AtMost(0.0)).counted(),
         ]
     }
 
@@ -301,7 +301,7 @@ impl LeaseFigures {
                 reference,
                 "≤ 1 ×",
             )
-            .against(Check::RatioAtMost(1.0)),
+            .against(Check::RatioAtMost(1.0)).counted(),
             Figure::ratio(
                 "busy: request units a second the budget was debited (writes)",
                 busy.write_units_per_second,
@@ -315,7 +315,7 @@ impl LeaseFigures {
                 "–",
                 "0",
             )
-            .against(Check::AtMost(0.0)),
+            .against(Check::AtMost(0.0)).counted(),
             Figure::ratio(
                 "busy: longest time an instance's heartbeat went unwritten (s)",
                 busy.longest_beat_gap.as_secs_f64(),
@@ -332,7 +332,9 @@ impl LeaseFigures {
 /// The count of `errors`, the first one in the name; goal none.
 fn errors_figure(what: &str, errors: &[String]) -> Figure {
     let first = errors.first().map(|e| format!(" (first: {e})")).unwrap_or_default();
-    Figure::plain(&format!("{what}{first}"), errors.len() as f64, "–", "0").against(Check::AtMost(0.0))
+    Figure::plain(&format!("{what}{first}"), errors.len() as f64, "–", "0")
+        .against(Check::AtMost(0.0))
+        .counted()
 }
 
 /// The monitored container of the drain figure.

@@ -284,7 +284,8 @@ pub async fn rebalance(settings: &BenchSettings) -> Result<Vec<Figure>, BenchErr
             steal_cycles as f64,
             "≤ 2 vs 8",
         )
-        .against(Check::AtMost(2.0)),
+        .against(Check::AtMost(2.0))
+        .counted(),
         Figure::ratio(
             "rebalance 1 → 4 over 32 leases: seconds",
             fair_s,
@@ -299,7 +300,8 @@ pub async fn rebalance(settings: &BenchSettings) -> Result<Vec<Figure>, BenchErr
             steal_cycles as f64,
             "≤ 2 vs 8",
         )
-        .against(Check::AtMost(2.0)),
+        .against(Check::AtMost(2.0))
+        .counted(),
         Figure::ratio(
             "rebalance 1 → 4 from idle: seconds",
             idle_s,
@@ -314,7 +316,8 @@ pub async fn rebalance(settings: &BenchSettings) -> Result<Vec<Figure>, BenchErr
             steal_moves as f64,
             "≤ 24 + 10 %",
         )
-        .against(Check::AtMost(24.0 * 1.1)),
+        .against(Check::AtMost(24.0 * 1.1))
+        .counted(),
     ])
 }
 
@@ -446,7 +449,8 @@ fn failover_figures(
             &format!("{written} written during it"),
             "0",
         )
-        .against(Check::AtMost(0.0)),
+        .against(Check::AtMost(0.0))
+        .counted(),
     ]
 }
 
@@ -531,7 +535,8 @@ pub async fn lease_cost(settings: &BenchSettings) -> Result<Vec<Figure>, BenchEr
             renewals + listings,
             "≤ reference",
         )
-        .against(Check::RatioAtMost(1.0)),
+        .against(Check::RatioAtMost(1.0))
+        .counted(),
         Figure::ratio(
             "idle lease-container request units per lease per minute",
             charged * per_lease_minute,
@@ -539,7 +544,8 @@ pub async fn lease_cost(settings: &BenchSettings) -> Result<Vec<Figure>, BenchEr
             renewals * renewal + listings * listing,
             "≤ reference",
         )
-        .against(Check::RatioAtMost(1.0)),
+        .against(Check::RatioAtMost(1.0))
+        .counted(),
     ])
 }
 

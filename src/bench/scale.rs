@@ -119,7 +119,7 @@ async fn rebalance_and_cost(settings: &BenchSettings) -> Result<Vec<Figure>, Ben
             share as f64,
             "≤ 2",
         )
-        .against(Check::AtMost(2.0)),
+        .against(Check::AtMost(2.0)).counted(),
         Figure::ratio(
             &format!("rebalance {name}: lease moves ({seconds:.1} s)"),
             moves as f64,
@@ -127,7 +127,7 @@ async fn rebalance_and_cost(settings: &BenchSettings) -> Result<Vec<Figure>, Ben
             (leases - share) as f64,
             "≤ minimum + 10 %",
         )
-        .against(Check::RatioAtMost(1.1)),
+        .against(Check::RatioAtMost(1.1)).counted(),
         Figure::ratio(
             &format!("idle lease-container requests per minute, {leases} leases × {instances} instances (default timings)"),
             idle.0 * scale,
@@ -135,7 +135,7 @@ async fn rebalance_and_cost(settings: &BenchSettings) -> Result<Vec<Figure>, Ben
             reference.requests(1.0, 0.0),
             "≤ 10 % of the reference",
         )
-        .against(Check::RatioAtMost(0.1)),
+        .against(Check::RatioAtMost(0.1)).counted(),
         Figure::ratio(
             "idle lease-container request units per minute (default timings)",
             idle.1 * scale,
@@ -143,7 +143,7 @@ async fn rebalance_and_cost(settings: &BenchSettings) -> Result<Vec<Figure>, Ben
             reference.units(renewal, listing, 0.0),
             "≤ 10 % of the reference",
         )
-        .against(Check::RatioAtMost(0.1)),
+        .against(Check::RatioAtMost(0.1)).counted(),
         Figure::ratio(
             &format!(
                 "busy lease-container requests per minute ({} writes/s, {batches:.0} batches a minute; this run's timings ×{scale})",
@@ -154,7 +154,7 @@ async fn rebalance_and_cost(settings: &BenchSettings) -> Result<Vec<Figure>, Ben
             reference.requests(scale, batches),
             "≤ reference",
         )
-        .against(Check::RatioAtMost(1.0)),
+        .against(Check::RatioAtMost(1.0)).counted(),
     ])
 }
 

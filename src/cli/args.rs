@@ -123,7 +123,7 @@ pub struct BenchArgs {
     /// Backlog size (default: 100 000; 2 000 with --small).
     #[arg(long)]
     pub documents: Option<usize>,
-    /// Leases of the scale and budgets groups' fleet (default: 2 000; 64 with --small): measure
+    /// Leases of the scale and budgets groups' fleet (default: 2 000; 160 with --small): measure
     /// at your own size.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub leases: Option<u32>,

@@ -19,6 +19,9 @@ use super::continuation::{RangeContinuation, decode_sdk_token, encode_sdk_token}
 use super::error::{CosmosError, ErrorKind};
 use super::range::EpkRange;
 
+/// Partitions whose ids are asked for at once when listing partition key ranges.
+const PARTITION_LISTING_CONCURRENCY: usize = 8;
+
 /// Where a change feed read starts when a range has no continuation yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StartFrom {
@@ -178,19 +181,32 @@ impl MonitoredContainer {
     /// The container's partition key ranges now, as `(id, range)`: each feed range's change feed
     /// is read once from "now" (no documents), and the response names the range that served it.
     pub async fn partition_key_ranges(&self) -> Result<Vec<(String, EpkRange)>, CosmosError> {
+        let ranges = self.feed_ranges(true).await?;
+        // Tasks, not futures of this one: an account in this process (the emulator) answers on
+        // every core.
+        let mut ids = futures::stream::iter(ranges)
+            .map(|range| tokio::spawn(self.clone().partition_key_range_id(range)))
+            .buffered(PARTITION_LISTING_CONCURRENCY);
         let mut out = Vec::new();
-        for range in self.feed_ranges(true).await? {
-            let mut reader = self.reader(&range, None, StartFrom::Now, 1).await?;
-            let page = reader.next_page(Duration::from_secs(65)).await?;
-            let id = page.range_id.ok_or_else(|| {
-                CosmosError::local(
-                    ErrorKind::Other,
-                    format!("the account did not say which partition key range serves {range}"),
-                )
-            })?;
-            out.push((id, range));
+        while let Some(joined) = ids.next().await {
+            let found = joined
+                .map_err(|e| CosmosError::local(ErrorKind::Other, format!("listing partition key ranges: {e}")))?;
+            out.push(found?);
         }
         Ok(out)
+    }
+
+    /// The id of the partition key range serving `range`: its change feed read once from "now".
+    async fn partition_key_range_id(self, range: EpkRange) -> Result<(String, EpkRange), CosmosError> {
+        let mut reader = self.reader(&range, None, StartFrom::Now, 1).await?;
+        let page = reader.next_page(Duration::from_secs(65)).await?;
+        let id = page.range_id.ok_or_else(|| {
+            CosmosError::local(
+                ErrorKind::Other,
+                format!("the account did not say which partition key range serves {range}"),
+            )
+        })?;
+        Ok((id, range))
     }
 
     /// The effective partition key (hex) of a single-value partition key.

@@ -60,14 +60,14 @@ pub(crate) async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExi
     exit
 }
 
-/// How long to wait after the `streak`-th empty page in a row (0 for the first): short right
-/// after changes flowed — so that a steady trickle is delivered within tens of milliseconds, not
-/// half a poll interval — and tripling up to `poll` while the feed stays quiet (six reads to get
-/// there), which keeps an idle lease's reads at one per `poll`.
-pub fn empty_poll_wait(poll: Duration, streak: u32) -> Duration {
-    FIRST_EMPTY_WAIT
-        .saturating_mul(3u32.saturating_pow(streak.min(20)))
-        .min(poll)
+/// How long to wait after an empty page, the feed having been quiet for `quiet_for` (since the
+/// last page with changes, or since the reader opened): half that, at least
+/// [`FIRST_EMPTY_WAIT`] and at most `poll`. A change is delivered within about half the quiet
+/// time before it — tens of milliseconds in a steady trickle, where tripling waits per empty
+/// page made every gap of a few empty pages cost 150–450 ms — and an idle lease reaches one
+/// read per `poll` within fifteen reads.
+pub fn empty_poll_wait(poll: Duration, quiet_for: Duration) -> Duration {
+    (quiet_for / 2).clamp(FIRST_EMPTY_WAIT.min(poll), poll)
 }
 
 /// A batch with the handler: resolves to the page and whether it may be checkpointed.
@@ -107,8 +107,8 @@ struct Session {
     hold_reads: bool,
     /// No read before then (the feed was caught up).
     idle_until: Option<Instant>,
-    /// Empty pages in a row.
-    empty_streak: u32,
+    /// When the last page with changes was read (or the reader opened).
+    changes_seen: Instant,
 }
 
 /// What comes after a reader session.
@@ -143,6 +143,10 @@ async fn timed_read(
 ) -> (Result<ChangePage, CosmosError>, Span) {
     let span =
         tracing::info_span!(parent: None, "read", processor = %shared.options.processor_name, lease = %owned.token());
+    // A batch just handed to the handler is a task spawned from this one, which waits in this
+    // worker thread's next-task slot (no other thread may take it) until this task yields: let
+    // it start before the read's own work, so that the handler's time and the read's overlap.
+    tokio::task::yield_now().await;
     let started = std::time::Instant::now();
     let page = reader.next_page(timeout).instrument(span.clone()).await;
     shared.telemetry.observer().feed_read(
@@ -235,7 +239,7 @@ impl LeaseReader {
                 read_span: None,
                 hold_reads: false,
                 idle_until: None,
-                empty_streak: 0,
+                changes_seen: Instant::now(),
             }),
             Err(error) => {
                 if may_mean_container_gone(&error) {
@@ -349,12 +353,15 @@ impl LeaseReader {
             Some(position) => s.position = Some(position.to_owned()),
             None => s.hold_reads = true,
         }
+        let now = Instant::now();
         if empty {
-            let wait = empty_poll_wait(self.shared.options.poll_interval, s.empty_streak);
-            s.idle_until = Some(Instant::now() + wait);
-            s.empty_streak = s.empty_streak.saturating_add(1);
+            let wait = empty_poll_wait(
+                self.shared.options.poll_interval,
+                now.saturating_duration_since(s.changes_seen),
+            );
+            s.idle_until = Some(now + wait);
         } else {
-            s.empty_streak = 0;
+            s.changes_seen = now;
         }
         let read = s.read_span.take().unwrap_or_else(Span::none);
         if s.window.len() < self.shared.options.max_in_flight_batches.max(1) as usize {
@@ -536,17 +543,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn empty_polls_wait_short_after_changes_and_reach_the_poll_interval_when_quiet() {
+    fn empty_polls_wait_half_the_quiet_time_between_the_first_wait_and_the_poll_interval() {
         let poll = Duration::from_secs(5);
-        let cases = [(0, 50), (1, 150), (2, 450), (3, 1350), (4, 4050), (5, 5000), (40, 5000)];
-        for (streak, ms) in cases {
-            assert_eq!(
-                empty_poll_wait(poll, streak),
-                Duration::from_millis(ms),
-                "streak {streak}"
-            );
+        let ms = Duration::from_millis;
+        let cases = [
+            (0, 50),
+            (60, 50),
+            (100, 50),
+            (150, 75),
+            (1_000, 500),
+            (9_000, 4_500),
+            (60_000, 5_000),
+        ];
+        for (quiet, wait) in cases {
+            assert_eq!(empty_poll_wait(poll, ms(quiet)), ms(wait), "quiet for {quiet} ms");
         }
         // A poll interval shorter than the first wait is kept.
-        assert_eq!(empty_poll_wait(Duration::from_millis(20), 0), Duration::from_millis(20));
+        assert_eq!(empty_poll_wait(ms(20), ms(0)), ms(20));
+    }
+
+    #[test]
+    fn a_trickle_never_waits_long_and_an_idle_lease_reaches_the_poll_interval_within_fifteen_reads() {
+        let poll = Duration::from_secs(5);
+        // A change every 60 ms (a partition's share of 500 writes/s over 8): the wait after an
+        // empty page between two changes stays at the first wait (tripling made it 150 ms).
+        let (mut quiet, mut longest) = (Duration::ZERO, Duration::ZERO);
+        while quiet < Duration::from_millis(60) {
+            let wait = empty_poll_wait(poll, quiet);
+            longest = longest.max(wait);
+            quiet += wait;
+        }
+        assert_eq!(longest, FIRST_EMPTY_WAIT);
+        // From the last change on, empty reads until a wait is the poll interval.
+        let (mut quiet, mut reads) = (Duration::ZERO, 0);
+        while empty_poll_wait(poll, quiet) < poll {
+            quiet += empty_poll_wait(poll, quiet);
+            reads += 1;
+        }
+        assert!(reads <= 15, "{reads} reads before waiting the poll interval");
     }
 }

@@ -117,16 +117,35 @@ impl Shared {
 
     /// The id of the partition key range that is exactly `range` (listed again when the last
     /// listing is older than the acquire interval and does not have it); `None` when none is or
-    /// the listing failed.
+    /// the listing failed. Ids are listed only when the routing map has such a range.
     pub(crate) async fn partition_of(&self, range: &EpkRange) -> Option<String> {
-        self.find_partition(|r| r == range, false).await.map(|(id, _)| id)
+        let exact = |r: &EpkRange| r == range;
+        if !self.routing_map_shows(exact).await {
+            return None;
+        }
+        self.find_partition(exact, false).await.map(|(id, _)| id)
     }
 
     /// The partition key range that `range` is a strict part of, as after a merge (listed again
     /// when `fresh`, or when the last listing is older than the acquire interval and does not
-    /// have it); `None` when none is or the listing failed.
+    /// have it); `None` when none is or the listing failed. Without `fresh`, ids are listed only
+    /// when the routing map shows such a range.
     pub(crate) async fn partition_around(&self, range: &EpkRange, fresh: bool) -> Option<(String, EpkRange)> {
-        self.find_partition(|r| r != range && r.contains(range), fresh).await
+        let around = |r: &EpkRange| r != range && r.contains(range);
+        if !fresh && !self.routing_map_shows(around).await {
+            return None;
+        }
+        self.find_partition(around, fresh).await
+    }
+
+    /// Whether the SDK's cached routing map (one request at most, no change feed read) has a
+    /// range `pick` accepts; `true` when it cannot be read, so that the listing decides. Listing
+    /// the ids reads every partition's change feed, which a lease's start should not wait on.
+    async fn routing_map_shows(&self, pick: impl Fn(&EpkRange) -> bool) -> bool {
+        match self.monitored.feed_ranges(false).await {
+            Ok(ranges) => ranges.iter().any(pick),
+            Err(_) => true,
+        }
     }
 
     /// The first partition key range `pick` accepts, from the cached listing when it is recent
