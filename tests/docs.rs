@@ -370,3 +370,30 @@ fn the_documented_python_handler_is_the_file_the_tests_run() {
         "the Python handler of docs/http-handler.md differs from tests/python/example_handler.py (below its docstring)"
     );
 }
+
+#[test]
+fn the_published_performance_table_is_the_rendering_of_the_published_run() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let output = std::process::Command::new(crate::common::CFP)
+        .args(["bench", "--render"])
+        .arg(root.join("bench/published.json"))
+        .output()
+        .expect("run cfp bench --render");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let rendered = String::from_utf8_lossy(&output.stdout);
+    let page = std::fs::read_to_string(root.join("docs/performance.md")).unwrap();
+    let begin = "<!-- published-table:begin -->\n";
+    let published = page
+        .split_once(begin)
+        .and_then(|(_, rest)| rest.split_once("<!-- published-table:end -->"))
+        .map(|(table, _)| table)
+        .expect("docs/performance.md marks its published table");
+    assert_eq!(
+        published, rendered,
+        "the table is edited by hand or from another run: regenerate it with tools/publish-bench.sh"
+    );
+    assert!(
+        rendered.contains("run: commit "),
+        "the published run names its commit: {rendered}"
+    );
+}

@@ -181,7 +181,17 @@ async fn workers_ride_out_throttling_errors_timeouts_and_an_outage_without_losin
     write(&items, 300..1000).await;
     let through_faults = wait_delivered(&seen, 1000, Duration::from_secs(90)).await;
     let faults_took = started.elapsed();
-    let retried = read_retries_and_errors(&ports).await;
+    // A drain of a few seconds may see no read fail (each fails one time in ten): while the
+    // faults last, keep the reads coming until one did (bounded).
+    let mut extra = 5000..5010;
+    let mut retried = read_retries_and_errors(&ports).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while retried == 0.0 && Instant::now() < deadline {
+        write(&items, extra.clone()).await;
+        extra = extra.end..extra.end + 10;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        retried = read_retries_and_errors(&ports).await;
+    }
     // The estimator (the operator's code path) answers through the same faults.
     let estimate = common::cfp_estimate(&endpoint, &["--processor", "faults", "-o", "json"]).await;
     let estimated: serde_json::Value = serde_json::from_slice(&estimate.stdout).unwrap_or_default();

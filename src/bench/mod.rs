@@ -111,7 +111,7 @@ impl BenchSettings {
 }
 
 /// One measured figure, with what it is compared with.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Figure {
     /// What was measured (and its unit).
@@ -121,25 +121,26 @@ pub struct Figure {
     /// What it is compared with.
     pub baseline: String,
     /// The baseline's value, when measured or computed in this run.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baseline_value: Option<f64>,
     /// `value / baseline_value`.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ratio: Option<f64>,
     /// The goal (DESIGN.md).
     pub goal: String,
     /// Whether the goal is met (`null` for a figure without one).
     pub met: Option<bool>,
     /// The goal as checked (`null` for a figure without one).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub check: Option<Check>,
     /// What kind of figure this is: a count holds its goal in any run, a measure of time, rate or
     /// memory depends on the machine and the run's size.
+    #[serde(default = "FigureKind::measure")]
     pub kind: FigureKind,
 }
 
 /// Whether a figure counts or measures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum FigureKind {
     /// Requests, request units, writes, lease moves, acquire cycles, 429s, duplicates, errors:
@@ -150,8 +151,14 @@ pub enum FigureKind {
     Measure,
 }
 
+impl FigureKind {
+    fn measure() -> Self {
+        FigureKind::Measure
+    }
+}
+
 /// How a figure's goal is checked.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Check {
     /// The value is at most this.
@@ -226,9 +233,12 @@ impl Figure {
 }
 
 /// Everything one run measured.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BenchReport {
+    /// What was run (`--label`: the commit and build profile of a published run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
     /// The figures, in the order of DESIGN.md.
     pub figures: Vec<Figure>,
     /// Figures that could not be measured, with why.
@@ -302,15 +312,20 @@ const GROUPS: [&str; 15] = [
     "java v4 peer",
 ];
 
-/// Whether `--only only` selects group `name`: the group of that exact name if there is one
-/// (`scale` is the scale group alone, not also `scale: operator …`), else every group whose
-/// name contains it.
+/// Whether `--only only` selects group `name`: for each of its comma-separated parts, the group
+/// of that exact name if there is one (`scale` is the scale group alone, not also `scale:
+/// operator …`), else every group whose name contains it.
 fn selects(only: &str, name: &str) -> bool {
-    if GROUPS.contains(&only) {
-        name == only
-    } else {
-        name.contains(only)
-    }
+    only.split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .any(|part| {
+            if GROUPS.contains(&part) {
+                name == part
+            } else {
+                name.contains(part)
+            }
+        })
 }
 
 /// Runs every figure; a figure that fails is reported, the others still run.
@@ -366,6 +381,7 @@ pub async fn run(settings: &BenchSettings, progress: impl Fn(&str)) -> BenchRepo
         ),
     }
     BenchReport {
+        label: None,
         figures,
         failed,
         skipped,
@@ -415,6 +431,9 @@ pub fn table(report: &BenchReport) -> String {
         out.push_str(&format!("\nnot run: {skipped}\n"));
     }
     out.push_str(&format!("\nmachine: {}\n", report.machine));
+    if let Some(label) = &report.label {
+        out.push_str(&format!("\nrun: {label}\n"));
+    }
     out
 }
 
@@ -433,6 +452,7 @@ mod tests {
         );
         assert_eq!(selected("busy"), ["busy handler"]);
         assert!(selected("nothing").is_empty());
+        assert_eq!(selected("throughput, busy"), ["throughput", "busy handler"]);
     }
 
     #[test]
@@ -454,6 +474,7 @@ mod tests {
         assert_eq!(Figure::plain("g", 1.0, "b", "–").met, None);
         assert!(
             table(&BenchReport {
+                label: None,
                 figures: vec![figure],
                 failed: vec![],
                 skipped: vec![],

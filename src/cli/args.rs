@@ -144,10 +144,18 @@ pub struct BenchArgs {
     pub k8s_bin: Option<std::path::PathBuf>,
     /// Measure only the figure group of this name (throughput, busy handler, rebalance,
     /// failover, latency, resources, worker processes, operator, lease-store cost, scale, scale:
-    /// operator estimate, scale: operator at size, java v4 peer), or, when no group has this
-    /// name, every group whose name contains it.
+    /// operator estimate, budgets: lease container, budgets: monitored container, scale:
+    /// operator at size, java v4 peer), or, when no group has this name, every group whose name
+    /// contains it; several separated by commas.
     #[arg(long)]
     pub only: Option<String>,
+    /// What was run, printed under the table and kept in the JSON (for example the commit and
+    /// the build profile of a published run).
+    #[arg(long)]
+    pub label: Option<String>,
+    /// Measure nothing: print the table of a run's JSON (`--json` of an earlier run).
+    #[arg(long, value_name = "JSON", conflicts_with_all = ["small", "only", "json", "label"])]
+    pub render: Option<std::path::PathBuf>,
 }
 
 /// `cfp demo`.

@@ -24,10 +24,21 @@ pub enum BenchCommandError {
     /// Figures could not be measured (the others were printed).
     #[error("{0} figure(s) could not be measured")]
     Failed(usize),
+    /// `--render` names a file that is not a run's JSON.
+    #[error("--render {0}: {1} (give the file an earlier run wrote with --json)")]
+    Render(std::path::PathBuf, String),
 }
 
-/// Runs the figures; fails when one could not be measured (after printing the others).
+/// Runs the figures; fails when one could not be measured (after printing the others). With
+/// `--render`, prints the table of an earlier run instead.
 pub async fn run(args: &BenchArgs) -> Result<(), BenchCommandError> {
+    if let Some(path) = &args.render {
+        let failed = |e: String| BenchCommandError::Render(path.clone(), e);
+        let text = std::fs::read_to_string(path).map_err(|e| failed(e.to_string()))?;
+        let report: crate::bench::BenchReport = serde_json::from_str(&text).map_err(|e| failed(e.to_string()))?;
+        super::print_out(table(&report));
+        return Ok(());
+    }
     let mut settings = if args.small {
         BenchSettings::small()
     } else {
@@ -55,7 +66,8 @@ pub async fn run(args: &BenchArgs) -> Result<(), BenchCommandError> {
         Some(dir) => Some(dir.clone()),
         None => built_k8s_bin().await,
     };
-    let report = run_bench(&settings, |figure| eprintln!("measuring {figure}…")).await;
+    let mut report = run_bench(&settings, |figure| eprintln!("measuring {figure}…")).await;
+    report.label = args.label.clone();
     super::print_out(table(&report));
     if let Some(path) = &args.json {
         let json =
