@@ -71,14 +71,14 @@ impl Received {
 
 /// The user's service: an HTTP endpoint on the host's bridge address that the worker pods POST
 /// batches to (the handler's JSON format).
-async fn receiver() -> (SocketAddr, Arc<Mutex<Received>>) {
+async fn receiver(delay_ms: Arc<std::sync::atomic::AtomicU64>) -> (SocketAddr, Arc<Mutex<Received>>) {
     let listener = tokio::net::TcpListener::bind((HOST_IP, 0))
         .await
         .expect("bind receiver");
     let address = listener.local_addr().unwrap();
     let received = Arc::new(Mutex::new(Received::default()));
     let sink = received.clone();
-    common::receive_batches(listener, move |_, batch| {
+    common::receive_batches_slowed(listener, delay_ms, move |_, batch| {
         let ids = batch["documents"]
             .as_array()
             .into_iter()
@@ -458,7 +458,10 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
         }
     };
     write(0..2000).await;
-    let (receiver_address, received) = receiver().await;
+    // The user's service answers at once but for the autoscaling step, where it takes 20 ms a
+    // batch: one worker drained the step's backlog as fast as it was written, with no lag to scale on.
+    let slowness = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (receiver_address, received) = receiver(slowness.clone()).await;
     let handler = format!("http://{receiver_address}/changes");
     kubectl(
         &cluster,
@@ -528,6 +531,7 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
         (ready_pods(&pods, "orders").await.len() == 1).then_some(())
     })
     .await;
+    slowness.store(20, std::sync::atomic::Ordering::Relaxed);
     let started = Instant::now();
     write(2000..4000).await;
     let mut timeline: Vec<(f64, Option<i64>, Option<i32>, usize)> = Vec::new();
@@ -555,6 +559,7 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    slowness.store(0, std::sync::atomic::Ordering::Relaxed);
     let timeline_text: Vec<String> = timeline
         .iter()
         .map(|(t, lag, replicas, ready)| {

@@ -538,15 +538,29 @@ pub fn receive_batches(
     listener: tokio::net::TcpListener,
     on_batch: impl Fn(&str, serde_json::Value) + Send + Sync + 'static,
 ) {
+    receive_batches_slowed(listener, Default::default(), on_batch);
+}
+
+/// Like [`receive_batches`], each answer held back by `delay_ms` (a user's service that takes
+/// time; changeable while it runs).
+pub fn receive_batches_slowed(
+    listener: tokio::net::TcpListener,
+    delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    on_batch: impl Fn(&str, serde_json::Value) + Send + Sync + 'static,
+) {
     let on_batch = std::sync::Arc::new(on_batch);
     tokio::spawn(changefeed_operator::http_server::serve(
         listener,
         tokio_util::sync::CancellationToken::new(),
         move |req: hyper::Request<hyper::body::Incoming>| {
-            let on_batch = on_batch.clone();
+            let (on_batch, delay_ms) = (on_batch.clone(), delay_ms.clone());
             async move {
                 let path = req.uri().path().to_owned();
                 let body = serde_json::from_slice(&body_of(req).await).unwrap_or_default();
+                let delay = delay_ms.load(std::sync::atomic::Ordering::Relaxed);
+                if delay > 0 {
+                    tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+                }
                 on_batch(&path, body);
                 changefeed_operator::http_server::json(200, &serde_json::json!({}))
             }
