@@ -459,7 +459,7 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
     };
     write(0..2000).await;
     // The user's service answers at once but for the autoscaling step, where it takes 20 ms a
-    // batch: one worker drained the step's backlog as fast as it was written, with no lag to scale on.
+    // batch, so that one worker cannot keep up with the step's writes: lag to scale on.
     let slowness = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let (receiver_address, received) = receiver(slowness.clone()).await;
     let handler = format!("http://{receiver_address}/changes");

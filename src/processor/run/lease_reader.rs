@@ -62,10 +62,9 @@ pub(crate) async fn run(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExi
 
 /// How long to wait after an empty page, the feed having been quiet for `quiet_for` (since the
 /// last page with changes, or since the reader opened): half that, at least
-/// [`FIRST_EMPTY_WAIT`] and at most `poll`. A change is delivered within about half the quiet
-/// time before it — tens of milliseconds in a steady trickle, where tripling waits per empty
-/// page made every gap of a few empty pages cost 150–450 ms — and an idle lease reaches one
-/// read per `poll` within fifteen reads.
+/// [`FIRST_EMPTY_WAIT`] and at most `poll`: a change waits about half the quiet time before it
+/// (tens of milliseconds in a steady trickle, also across a few empty pages in a row), and an
+/// idle lease reaches one read per `poll` within fifteen reads.
 pub fn empty_poll_wait(poll: Duration, quiet_for: Duration) -> Duration {
     (quiet_for / 2).clamp(FIRST_EMPTY_WAIT.min(poll), poll)
 }
