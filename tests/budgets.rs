@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use changefeed_operator::bench::CountingStore;
 use changefeed_operator::cosmos::{AccountAuth, CosmosAccount, DocumentContainer};
 use changefeed_operator::processor::{
-    ChangeFeedProcessor, CloseReason, LeaseEvent, LeaseStore, ProcessorHandle, ProcessorOptions,
+    CloseReason, LeaseEvent, LeaseStore, Processor, ProcessorHandle, ProcessorOptions,
 };
 use changefeed_operator::worker::WorkerSettings;
 
@@ -117,7 +117,7 @@ async fn start(account: &CosmosAccount, size: &Size, name: &str, deliveries: &co
         instance: name.into(),
         deliveries: deliveries.clone(),
     });
-    let handle = ChangeFeedProcessor::new(monitored, store.clone(), handler, settings.options)
+    let handle = Processor::new(monitored, store.clone(), handler, settings.options)
         .start()
         .await
         .expect("start the processor");

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use changefeed_operator::processor::{
-    Batch, ChangeFeedProcessor, ChangeHandler, CheckpointHandle, CheckpointPolicy, Handler, HandlerError,
-    ManualCheckpointHandler, ProcessorHandle, ProcessorOptions,
+    Batch, ChangeHandler, CheckpointHandle, CheckpointPolicy, Handler, HandlerError, ManualCheckpointHandler,
+    Processor, ProcessorHandle, ProcessorOptions,
 };
 use tokio::time::Instant;
 
@@ -83,7 +83,7 @@ async fn deposed(mode: &str, change: impl FnOnce(&mut ProcessorOptions), manual:
     } else {
         Handler::Automatic(timed.clone())
     };
-    let handle: ProcessorHandle = ChangeFeedProcessor::with_handler(monitored, Arc::new(leases), handler, options)
+    let handle: ProcessorHandle = Processor::with_handler(monitored, Arc::new(leases), handler, options)
         .start()
         .await
         .unwrap();

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use changefeed_operator::bench::CountingStore;
-use changefeed_operator::processor::{ChangeFeedProcessor, LeaseLiveness, ProcessorHandle, ProcessorOptions};
+use changefeed_operator::processor::{LeaseLiveness, Processor, ProcessorHandle, ProcessorOptions};
 use tokio::time::Instant;
 
 use crate::common::{self, Env, eventually, fair};
@@ -170,7 +170,7 @@ async fn an_owner_cut_off_from_the_lease_store_delivers_nothing_once_its_lease_m
         .await
         .unwrap();
     let store = Arc::new(CountingStore::new(Arc::new(leases)));
-    let handle = ChangeFeedProcessor::new(monitored, store.clone(), env.recorder("cut"), options)
+    let handle = Processor::new(monitored, store.clone(), env.recorder("cut"), options)
         .start()
         .await
         .unwrap();
@@ -221,7 +221,7 @@ async fn a_graceful_stop_while_a_heartbeats_answer_is_on_its_way_leaves_no_heart
         .unwrap();
     let late = options.renew_interval * 4 / 5;
     let store = Arc::new(CountingStore::new(Arc::new(leases)).with_late_heartbeat_answers(late));
-    let handle = ChangeFeedProcessor::new(monitored, store.clone(), env.recorder("late"), options)
+    let handle = Processor::new(monitored, store.clone(), env.recorder("late"), options)
         .start()
         .await
         .unwrap();

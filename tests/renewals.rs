@@ -13,9 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use changefeed_operator::bench::CountingStore;
 use changefeed_operator::cosmos::{AccountAuth, CosmosAccount, StartFrom};
-use changefeed_operator::processor::{
-    Batch, ChangeFeedProcessor, ChangeHandler, HandlerError, LeaseLiveness, ProcessorOptions,
-};
+use changefeed_operator::processor::{Batch, ChangeHandler, HandlerError, LeaseLiveness, Processor, ProcessorOptions};
 use changefeed_operator::worker::WorkerSettings;
 
 use crate::common::{self, DB, ITEMS, LEASES, PROCESSOR};
@@ -96,7 +94,7 @@ async fn measure(liveness: LeaseLiveness) -> Measured {
     let writes = counting.writes.clone();
     let beats = counting.beats.clone();
     let handled = Arc::new(Count::default());
-    let handle = ChangeFeedProcessor::new(monitored, counting, handled.clone(), options)
+    let handle = Processor::new(monitored, counting, handled.clone(), options)
         .start()
         .await
         .unwrap();

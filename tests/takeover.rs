@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use changefeed_operator::bench::CountingStore;
-use changefeed_operator::processor::{ChangeFeedProcessor, LeaseStore};
+use changefeed_operator::processor::{LeaseStore, Processor};
 
 use crate::common::{self, Env};
 
@@ -48,7 +48,7 @@ async fn a_lease_is_taken_from_an_owner_that_ignores_handoffs_while_it_checkpoin
         .unwrap();
     let store = CountingStore::new(Arc::new(leases)).with_slow_listings(Duration::from_millis(50));
     let started = std::time::Instant::now();
-    let new = ChangeFeedProcessor::new(monitored, Arc::new(store), env.recorder("new"), options)
+    let new = Processor::new(monitored, Arc::new(store), env.recorder("new"), options)
         .start()
         .await
         .unwrap();

@@ -25,7 +25,7 @@ use super::scale::{Fleet, Reference, layout, options, rebalance, write_steadily}
 use super::world::{CountingHandler, DB, LEASES, Received, World, settings as worker_settings, wait_until};
 use super::{BenchError, BenchSettings, Check, Figure};
 use crate::emulator::ContainerLoad;
-use crate::processor::{ChangeFeedProcessor, CloseReason, LeaseEvent, ProcessorHandle};
+use crate::processor::{CloseReason, LeaseEvent, Processor, ProcessorHandle};
 
 /// The provisioned throughput of the budgeted containers (RU/s): the service's smallest.
 const BUDGET: f64 = 400.0;
@@ -452,7 +452,7 @@ async fn start_drain(
     let mut settings = worker_settings(&options);
     settings.container = BUDGETED.into();
     let (monitored, store) = crate::worker::open(&world.account, &world.account, &settings).await?;
-    let handle = ChangeFeedProcessor::new(monitored, Arc::new(store), Arc::new(CountingHandler(received)), options)
+    let handle = Processor::new(monitored, Arc::new(store), Arc::new(CountingHandler(received)), options)
         .start()
         .await?;
     let events = handle.subscribe();

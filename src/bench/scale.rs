@@ -16,7 +16,7 @@ use super::processes::emulator;
 use super::world::{DB, ITEMS, Received, World, wait_until};
 use super::{BenchError, BenchSettings, Check, Figure};
 use crate::cosmos::{AccountAuth, CosmosAccount};
-use crate::processor::{ChangeFeedProcessor, LeaseEvent, LeaseStore, ProcessorHandle, ProcessorOptions};
+use crate::processor::{LeaseEvent, LeaseStore, Processor, ProcessorHandle, ProcessorOptions};
 use crate::worker::open;
 
 /// The reference schedule: each lease renewed every 17 s, every instance lists every 13 s.
@@ -335,9 +335,7 @@ async fn renewal_gap(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError
     let writes = store.writes.clone();
     let beats = store.beats.clone();
     let handler = Arc::new(super::world::CountingHandler(Arc::new(Received::default())));
-    let handle = ChangeFeedProcessor::new(monitored, store, handler, options)
-        .start()
-        .await?;
+    let handle = Processor::new(monitored, store, handler, options).start().await?;
     let took = wait_until(PATIENCE, || async { writes.leases() >= leases }).await;
     let faults = reqwest::Client::new()
         .post(format!(

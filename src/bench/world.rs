@@ -14,9 +14,7 @@ use super::BenchError;
 use super::counting_store::CountingStore;
 use crate::cosmos::{CosmosAccount, DocumentContainer, StartFrom};
 use crate::emulator::Emulator;
-use crate::processor::{
-    Batch, ChangeFeedProcessor, ChangeHandler, HandlerError, LeaseStore, ProcessorHandle, ProcessorOptions,
-};
+use crate::processor::{Batch, ChangeHandler, HandlerError, LeaseStore, Processor, ProcessorHandle, ProcessorOptions};
 use crate::worker::{WorkerSettings, open};
 
 /// The database of the benchmark containers.
@@ -219,7 +217,7 @@ impl World {
     ) -> Result<(ProcessorHandle, Arc<CountingStore>), BenchError> {
         let (store, monitored) = self.store(&options).await?;
         let store = Arc::new(store);
-        let handle = ChangeFeedProcessor::new(monitored, store.clone(), Arc::new(CountingHandler(received)), options)
+        let handle = Processor::new(monitored, store.clone(), Arc::new(CountingHandler(received)), options)
             .start()
             .await?;
         Ok((handle, store))

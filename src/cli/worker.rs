@@ -168,10 +168,7 @@ pub async fn run(args: &WorkerArgs) -> Result<(), WorkerCommandError> {
 }
 
 /// Connects to the accounts and opens the containers: the processor, not started yet.
-async fn open(
-    args: &WorkerArgs,
-    settings: &WorkerSettings,
-) -> Result<crate::processor::ChangeFeedProcessor, WorkerCommandError> {
+async fn open(args: &WorkerArgs, settings: &WorkerSettings) -> Result<crate::processor::Processor, WorkerCommandError> {
     let endpoint = &args.connection.endpoint;
     let account = CosmosAccount::connect_preferring(
         endpoint,

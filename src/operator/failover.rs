@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::operator::crd::ChangeFeedProcessor;
 use crate::operator::reconcile::Context;
+use crate::operator::scaling::estimates::ResourceKey;
 use crate::operator::workload::{PROCESSOR_LABEL, worker_pod_selector};
 use crate::processor::evict_instance;
 
@@ -114,7 +115,7 @@ async fn free_leases(ctx: Arc<Context>, worker: WorkerPod, why: &'static str) {
     if !(ctx.leading)() {
         return;
     }
-    let key = (namespace.clone(), processor.clone());
+    let key = ResourceKey::new(namespace.clone(), processor.clone());
     let store = match ctx.estimators.lease_store(&key).await {
         Ok(store) => store,
         Err(error) => {

@@ -18,6 +18,19 @@ pub const PROGRESSING: &str = "Progressing";
 /// kept by every other status write).
 pub const REWOUND: &str = "Rewound";
 
+/// A worker pod whose container cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodProblem {
+    /// The pod's name.
+    pub pod: String,
+    /// The container's name.
+    pub container: String,
+    /// Why it waits, such as `CrashLoopBackOff`.
+    pub reason: String,
+    /// The kubelet's message, with the container's last exit.
+    pub message: String,
+}
+
 /// What the worker Deployment and its pods report.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Rollout {
@@ -29,8 +42,8 @@ pub struct Rollout {
     pub replica_failure: Option<String>,
     /// The Deployment's `Progressing=False` message (progress deadline exceeded).
     pub stalled: Option<String>,
-    /// A worker pod that cannot run: (pod, container, reason such as `CrashLoopBackOff`, message).
-    pub pod_problem: Option<(String, String, String, String)>,
+    /// A worker pod that cannot run.
+    pub pod_problem: Option<PodProblem>,
     /// The API server refused the rendered objects, with its message.
     pub apply_failure: Option<String>,
 }
@@ -329,7 +342,13 @@ fn rollout_ready(observation: &Observation) -> Verdict {
             format!("worker pods cannot be created: {failure}"),
         );
     }
-    if let Some((pod, container, reason, message)) = &rollout.pod_problem {
+    if let Some(PodProblem {
+        pod,
+        container,
+        reason,
+        message,
+    }) = &rollout.pod_problem
+    {
         let message =
             format!("{ready} of {desired} worker pods are ready; pod {pod} container {container}: {reason}: {message}");
         return verdict(false, reason, message);
@@ -606,7 +625,7 @@ mod tests {
                 0 => observation.problem = Some(ConfigProblem { reason: "InvalidConfiguration", message: note.clone() }),
                 1 => observation.rollout.apply_failure = Some(note.clone()),
                 2 => observation.rollout.replica_failure = Some(note.clone()),
-                3 => observation.rollout.pod_problem = Some((lease.clone(), url.clone(), "CrashLoopBackOff".into(), body.clone())),
+                3 => observation.rollout.pod_problem = Some(PodProblem { pod: lease.clone(), container: url.clone(), reason: "CrashLoopBackOff".into(), message: body.clone() }),
                 4 => observation.rollout.stalled = Some(note.clone()),
                 _ => {}
             }
@@ -686,12 +705,12 @@ mod tests {
                 Rollout {
                     observed: true,
                     updated: 2,
-                    pod_problem: Some((
-                        "orders-1".into(),
-                        "worker".into(),
-                        "CrashLoopBackOff".into(),
-                        "back-off 40s".into(),
-                    )),
+                    pod_problem: Some(PodProblem {
+                        pod: "orders-1".into(),
+                        container: "worker".into(),
+                        reason: "CrashLoopBackOff".into(),
+                        message: "back-off 40s".into(),
+                    }),
                     ..Rollout::default()
                 },
                 1,
@@ -752,12 +771,12 @@ mod tests {
             );
         }
         let mut crash = observe(None, true, 2, 1);
-        crash.rollout.pod_problem = Some((
-            "orders-1".into(),
-            "worker".into(),
-            "CrashLoopBackOff".into(),
-            "back-off 40s".into(),
-        ));
+        crash.rollout.pod_problem = Some(PodProblem {
+            pod: "orders-1".into(),
+            container: "worker".into(),
+            reason: "CrashLoopBackOff".into(),
+            message: "back-off 40s".into(),
+        });
         let ready = conditions(&crash, &[], None, time(1))
             .into_iter()
             .find(|c| c.type_ == READY)

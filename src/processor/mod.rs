@@ -42,4 +42,4 @@ pub use policy::validation::{OptionField, OptionsError};
 pub use report::estimator::{LeaseEstimate, ProcessorEstimate, estimate_leases};
 pub use report::events::{CloseReason, LeaseEvent};
 pub use report::observer::{NoopObserver, ProcessorObserver};
-pub use run::runtime::{ChangeFeedProcessor, ProcessorHandle, ProcessorMonitor};
+pub use run::runtime::{Processor, ProcessorHandle, ProcessorMonitor};

@@ -4,9 +4,7 @@
 use std::sync::Arc;
 
 use crate::cosmos::{CosmosAccount, CosmosError, ErrorKind, MonitoredContainer, ProvisionError};
-use crate::processor::{
-    ChangeFeedProcessor, ChangeHandler, CosmosLeaseStore, LeaseStoreError, ProcessorOptions, lease_prefix,
-};
+use crate::processor::{ChangeHandler, CosmosLeaseStore, LeaseStoreError, Processor, ProcessorOptions, lease_prefix};
 
 /// Where a worker reads from and keeps its leases.
 #[derive(Debug, Clone)]
@@ -212,10 +210,10 @@ pub async fn build_processor(
     lease_account: &CosmosAccount,
     settings: &WorkerSettings,
     handler: Arc<dyn ChangeHandler>,
-) -> Result<ChangeFeedProcessor, WorkerError> {
+) -> Result<Processor, WorkerError> {
     settings.options.validate().map_err(WorkerError::Options)?;
     let (monitored, store) = open(account, lease_account, settings).await?;
-    Ok(ChangeFeedProcessor::new(
+    Ok(Processor::new(
         monitored,
         Arc::new(store),
         handler,

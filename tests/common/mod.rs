@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use changefeed_operator::cosmos::{CosmosAccount, DocumentContainer, ErrorKind, StartFrom};
 use changefeed_operator::emulator::Emulator;
 use changefeed_operator::processor::{
-    Batch, ChangeFeedProcessor, ChangeHandler, HandlerError, Lease, LeaseStore, ProcessorHandle, ProcessorOptions,
+    Batch, ChangeHandler, HandlerError, Lease, LeaseStore, Processor, ProcessorHandle, ProcessorOptions,
 };
 use changefeed_operator::worker::{WorkerSettings, build_processor};
 use serde_json::json;
@@ -151,7 +151,7 @@ impl Env {
         }
     }
 
-    pub async fn processor(&self, options: ProcessorOptions, handler: Arc<dyn ChangeHandler>) -> ChangeFeedProcessor {
+    pub async fn processor(&self, options: ProcessorOptions, handler: Arc<dyn ChangeHandler>) -> Processor {
         build_processor(&self.account, &self.account, &self.settings(options), handler)
             .await
             .unwrap()

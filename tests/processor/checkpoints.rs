@@ -165,7 +165,7 @@ async fn start_manual(
         .await
         .unwrap();
     let manual = changefeed_operator::processor::Handler::Manual(handler);
-    changefeed_operator::processor::ChangeFeedProcessor::with_handler(
+    changefeed_operator::processor::Processor::with_handler(
         monitored,
         store(Arc::new(leases)),
         manual,

@@ -16,6 +16,7 @@ use super::{Context, ReconcileError};
 use crate::operator::claims::{Claim, Claimant, HAND_OVER_ANNOTATION, TAKE_OVER_ANNOTATION, Verdict, judge, refusal};
 use crate::operator::crd::ChangeFeedProcessor;
 use crate::operator::rewind_steps::{RESTORE_ANNOTATION, REWIND_ANNOTATION};
+use crate::operator::scaling::estimates::ResourceKey;
 use crate::operator::spec_values::ConfigProblem;
 use crate::processor::{CosmosLeaseStore, LeaseStoreError};
 
@@ -117,7 +118,7 @@ pub(super) async fn standing(
     found: &BTreeMap<String, Secret>,
     fresh: bool,
 ) -> Result<Standing, ReconcileError> {
-    let key = (cfp.namespace().unwrap_or_default(), cfp.name_any());
+    let key = ResourceKey::new(cfp.namespace().unwrap_or_default(), cfp.name_any());
     // Remembered for these settings and this handover request only: a cancelled handover is
     // disarmed at once.
     let handover = cfp.annotations().get(HAND_OVER_ANNOTATION);

@@ -79,7 +79,11 @@ pub async fn forget_deleted(
     period: Duration,
     stop: CancellationToken,
 ) {
-    let exists = |key: &ResourceKey| resources.get(&ObjectRef::new(&key.1).within(&key.0)).is_some();
+    let exists = |key: &ResourceKey| {
+        resources
+            .get(&ObjectRef::new(&key.name).within(&key.namespace))
+            .is_some()
+    };
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -100,7 +104,7 @@ mod tests {
     #[test]
     fn a_thousand_resources_created_and_deleted_leave_nothing_behind() {
         let memories = Memories::default();
-        let keys: Vec<ResourceKey> = (0..1000).map(|i| ("ns".to_owned(), format!("p{i}"))).collect();
+        let keys: Vec<ResourceKey> = (0..1000).map(|i| ResourceKey::new("ns", format!("p{i}"))).collect();
         for key in &keys {
             memories.with(key, |m| {
                 m.failures = 3;
@@ -112,7 +116,7 @@ mod tests {
         }
         assert_eq!(memories.len(), 1000);
         memories.forget(&keys[0]);
-        let forgotten = memories.forget_missing(|key| key.1 == "p1");
+        let forgotten = memories.forget_missing(|key| key.name == "p1");
         assert_eq!((forgotten, memories.len()), (998, 1));
         assert_eq!(
             memories.with(&keys[1], |m| m.failures),
@@ -124,7 +128,7 @@ mod tests {
     #[test]
     fn a_poisoned_lock_is_used_as_it_is() {
         let memories = std::sync::Arc::new(Memories::default());
-        let key = ("ns".to_owned(), "p".to_owned());
+        let key = ResourceKey::new("ns", "p");
         let poisoner = memories.clone();
         let key2 = key.clone();
         let _ = std::thread::spawn(move || poisoner.with(&key2, |_| panic!("a reconciliation panicked"))).join();

@@ -124,7 +124,7 @@ pub async fn reconcile(cfp: Arc<ChangeFeedProcessor>, ctx: Arc<Context>) -> Resu
 }
 
 fn key_of(cfp: &ChangeFeedProcessor) -> ResourceKey {
-    (cfp.namespace().unwrap_or_default(), cfp.name_any())
+    ResourceKey::new(cfp.namespace().unwrap_or_default(), cfp.name_any())
 }
 
 /// After a failure: retry, later after each failure in a row ([`pace::retry_after`]).
@@ -144,7 +144,7 @@ async fn reconcile_inner(cfp: &ChangeFeedProcessor, ctx: &Context) -> Result<Act
     let cfps: Api<ChangeFeedProcessor> = Api::namespaced(ctx.client.clone(), &namespace);
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     let found = observe::found_secrets(&secrets, cfp).await?;
-    let key: ResourceKey = (namespace.clone(), name.clone());
+    let key = ResourceKey::new(namespace.clone(), name.clone());
     if cfp.metadata.deletion_timestamp.is_some() {
         return finalize(ctx, cfp, &cfps, &key, &found).await;
     }
@@ -208,8 +208,8 @@ async fn refuse(
         outcome.problem = Some(problem);
     }
     if outcome.before.is_some_and(|replicas| replicas > 0) && owns_deployment(cfp, outcome) {
-        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &key.0);
-        outcome.deployment = Some(hold_replicas(&deployments, &key.1, 0).await?);
+        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &key.namespace);
+        outcome.deployment = Some(hold_replicas(&deployments, &key.name, 0).await?);
         outcome.held = outcome.before.map(|before| (before, 0));
     }
     Ok(())
@@ -272,7 +272,7 @@ async fn observe_and_plan(
     }
     match target::estimate_target(cfp, found, &ctx.allowed_accounts) {
         Ok(target) => ctx.estimators.ensure(key, target),
-        Err(error) => tracing::warn!(namespace = key.0, processor = key.1, %error, "cannot estimate"),
+        Err(error) => tracing::warn!(namespace = key.namespace, processor = key.name, %error, "cannot estimate"),
     }
     outcome.estimate = ctx.estimators.report(key);
     outcome.plan = Some(match paused {
@@ -295,7 +295,7 @@ async fn plan_replicas(
     let Some(policy) = crate::operator::scaling::spec_policy::scaling_policy(cfp) else {
         return plan::fixed_plan(cfp);
     };
-    let external = observe::external_autoscaler(&ctx.client, &key.0, &key.1).await;
+    let external = observe::external_autoscaler(&ctx.client, &key.namespace, &key.name).await;
     let seen = Autoscaling {
         policy,
         external,
@@ -328,11 +328,11 @@ async fn apply(
         match pace::needs_apply(&rendered.digest, observed, remembered.as_ref()) {
             ApplyNeed::Apply => {
                 let uid = cfp.uid().unwrap_or_default();
-                if let Some(conflict) = apply::name_conflict(&ctx.client, &key.0, &rendered, &uid).await? {
+                if let Some(conflict) = apply::name_conflict(&ctx.client, &key.namespace, &rendered, &uid).await? {
                     outcome.problem = Some(conflict);
                     return Ok(());
                 }
-                let (apply, applied) = apply_workload(&ctx.client, &key.0, &rendered).await?;
+                let (apply, applied) = apply_workload(&ctx.client, &key.namespace, &rendered).await?;
                 let now_applied = applied.as_ref().map(|deployment| Applied {
                     digest: rendered.digest.clone(),
                     generation: deployment.metadata.generation,
@@ -355,8 +355,8 @@ async fn apply(
         && held != current
         && owns_deployment(cfp, outcome)
     {
-        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &key.0);
-        outcome.deployment = Some(hold_replicas(&deployments, &key.1, held).await?);
+        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &key.namespace);
+        outcome.deployment = Some(hold_replicas(&deployments, &key.name, held).await?);
         outcome.held = Some((current, held));
     }
     Ok(())

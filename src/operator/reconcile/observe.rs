@@ -13,14 +13,15 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, GetParams, ListParams};
 use kube::{Client, ResourceExt};
 
-use super::publish::PodProblem;
 use super::target::reachable;
 use crate::operator::boundary::accounts::{AllowListFile, NotAllowed};
 use crate::operator::config;
 use crate::operator::crd::ChangeFeedProcessor;
+use crate::operator::scaling::estimates::ResourceKey;
 use crate::operator::scaling::external::ExternalAutoscaler;
 use crate::operator::scaling::pause::{self, Pause};
 use crate::operator::spec_values::ConfigProblem;
+use crate::operator::status::PodProblem;
 use crate::operator::workload::selector_string;
 
 /// The Secrets `cfp` references that exist, by name (from the API server's watch cache).
@@ -49,17 +50,17 @@ const CACHE_READY: Duration = Duration::from_secs(10);
 pub(super) async fn deployment(
     cache: &Store<Deployment>,
     client: &Client,
-    key: &(String, String),
+    key: &ResourceKey,
 ) -> Result<Option<Deployment>, kube::Error> {
     if tokio::time::timeout(CACHE_READY, cache.wait_until_ready())
         .await
         .is_ok_and(|r| r.is_ok())
     {
-        let object = ObjectRef::<Deployment>::new(&key.1).within(&key.0);
+        let object = ObjectRef::<Deployment>::new(&key.name).within(&key.namespace);
         return Ok(cache.get(&object).map(|d| (*d).clone()));
     }
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &key.0);
-    match deployments.get_with(&key.1, &GetParams::any()).await {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &key.namespace);
+    match deployments.get_with(&key.name, &GetParams::any()).await {
         Ok(deployment) => Ok(Some(deployment)),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
         Err(error) => Err(error),
@@ -172,12 +173,12 @@ fn problem_of(pod: Pod) -> Option<PodProblem> {
                     )
                 })
                 .unwrap_or_default();
-            return Some((
-                pod.metadata.name.clone().unwrap_or_default(),
-                container.name,
-                waiting.reason.unwrap_or_default(),
-                format!("{}{last_exit}", waiting.message.unwrap_or_default()),
-            ));
+            return Some(PodProblem {
+                pod: pod.metadata.name.clone().unwrap_or_default(),
+                container: container.name,
+                reason: waiting.reason.unwrap_or_default(),
+                message: format!("{}{last_exit}", waiting.message.unwrap_or_default()),
+            });
         }
     }
     None

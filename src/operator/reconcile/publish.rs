@@ -16,12 +16,9 @@ use crate::operator::scaling::pause::Pause;
 use crate::operator::scaling::policy::ScalingReason;
 use crate::operator::spec_values::ConfigProblem;
 use crate::operator::status::{
-    DEGRADED, EstimateProblem, Observation, READY, Rollout, SCALING, conditions, ready_problem_event,
+    DEGRADED, EstimateProblem, Observation, PodProblem, READY, Rollout, SCALING, conditions, ready_problem_event,
 };
 use crate::operator::workload::selector_string;
-
-/// A worker pod whose container cannot run: (pod, container, reason, message).
-pub(super) type PodProblem = (String, String, String, String);
 
 /// What became of the workload this reconciliation.
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -35,7 +35,23 @@ pub const MAX_CONCURRENT_ESTIMATES: usize = 8;
 pub const MAX_CONCURRENT_ESTIMATES_PER_NAMESPACE: usize = 2;
 
 /// A resource, by namespace and name.
-pub type ResourceKey = (String, String);
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ResourceKey {
+    /// The resource's namespace.
+    pub namespace: String,
+    /// The resource's name.
+    pub name: String,
+}
+
+impl ResourceKey {
+    /// The key of resource `name` in `namespace`.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
 
 /// An account endpoint, its credential (whose `Debug` output never shows a key) and the regions
 /// to read it from.
@@ -326,7 +342,7 @@ impl Estimators {
         if let Some(task) = self.inner.running.lock().ok().and_then(|mut m| m.remove(key)) {
             task.cancel.cancel();
         }
-        self.inner.metrics.forget(&key.0, &key.1);
+        self.inner.metrics.forget(&key.namespace, &key.name);
     }
 
     /// The latest estimate of `key`, if any.
@@ -345,7 +361,7 @@ impl Estimators {
                     "lease_store",
                     format!(
                         "processor {}/{} is not being estimated (not reconciled yet, or misconfigured)",
-                        key.0, key.1
+                        key.namespace, key.name
                     ),
                 )
             })?;
@@ -363,7 +379,7 @@ impl Drop for Estimators {
     fn drop(&mut self) {
         self.inner.root.cancel();
         if let Ok(running) = self.inner.running.lock() {
-            for (namespace, name) in running.keys() {
+            for ResourceKey { namespace, name } in running.keys() {
                 self.inner.metrics.forget(namespace, name);
             }
         }
@@ -377,7 +393,7 @@ async fn run(
     state: Arc<Mutex<TaskState>>,
     cancel: CancellationToken,
 ) {
-    let (namespace, name) = (key.0.as_str(), key.1.as_str());
+    let (namespace, name) = (key.namespace.as_str(), key.name.as_str());
     let object = ObjectRef::<ChangeFeedProcessor>::new(name).within(namespace);
     let mut seq = state
         .lock()
@@ -404,7 +420,7 @@ async fn run(
             forget_task(&inner, &key, &state);
             return;
         }
-        let namespace_slots = inner.namespace_slots(&key.0);
+        let namespace_slots = inner.namespace_slots(&key.namespace);
         let slot = tokio::select! {
             _ = cancel.cancelled() => return,
             slot = async { (namespace_slots.acquire().await, inner.slots.acquire().await) } => slot,
@@ -446,7 +462,7 @@ fn forget_task(inner: &Inner, key: &ResourceKey, state: &Arc<Mutex<TaskState>>) 
     {
         running.remove(key);
     }
-    inner.metrics.forget(&key.0, &key.1);
+    inner.metrics.forget(&key.namespace, &key.name);
 }
 
 /// One estimate, with the containers opened before (or opened now and kept).
@@ -480,7 +496,7 @@ fn record(
     outcome: &Result<ProcessorEstimate, EstimateFailure>,
     took: Duration,
 ) {
-    let (namespace, name) = (key.0.as_str(), key.1.as_str());
+    let (namespace, name) = (key.namespace.as_str(), key.name.as_str());
     match outcome {
         Ok(estimate) => {
             inner.metrics.estimated(namespace, name, figures(estimate), took);

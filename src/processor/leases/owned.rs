@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::processor::leases::heartbeat::Liveness;
 use crate::processor::leases::lag_report::record_report;
 use crate::processor::leases::lease::{Lease, LeaseStore, LeaseStoreError, STALLED_PROPERTY};
-use crate::processor::leases::write_budget::{Late, Turn, WriteBudget};
+use crate::processor::leases::write_budget::{Late, Spend, Throttle, Throttled, Turn, WriteBudget};
 
 /// How many times an update is re-applied after a 412 while the lease is still ours (as the
 /// reference SDK does).
@@ -23,18 +23,6 @@ const MAX_CONFLICT_RETRIES: usize = 6;
 /// How long a write that can wait (a checkpoint) waits for the lease container's budget, 429
 /// after 429, before it is sent as any other write: a checkpoint is never put off for ever.
 const DEFER_AT_MOST: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// How a write of the lease spends the lease container's budget ([`WriteBudget`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Spend {
-    /// It keeps the lease alive (a renewal): checkpoints wait while it is under way.
-    Vital,
-    /// Anything else that cannot wait (an acquisition's follow-up, a release, a request cleared).
-    Plain,
-    /// It can wait (a checkpoint, a release): admitted by the budget, at low priority, a 429
-    /// answered at once.
-    Deferrable,
-}
 
 /// Why an update of an owned lease did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -50,12 +38,16 @@ pub enum UpdateError {
     Store(#[from] LeaseStoreError),
 }
 
-impl crate::processor::leases::write_budget::Throttled for UpdateError {
-    fn throttled(&self) -> Option<Option<Duration>> {
+impl Throttled for UpdateError {
+    fn throttled(&self) -> Option<Throttle> {
         match self {
             UpdateError::Store(error) => error.throttled(),
             _ => None,
         }
+    }
+
+    fn held_back() -> Self {
+        UpdateError::Store(LeaseStoreError::HeldBack)
     }
 }
 
@@ -311,14 +303,9 @@ impl OwnedLease {
     async fn update_deferrable(&self, change: impl Fn(&mut Lease) -> bool) -> Result<Option<Lease>, UpdateError> {
         let change = &change;
         self.budget
-            .paced(
-                (DEFER_AT_MOST, Late::Ahead),
-                Turn::AheadOnce(&self.cancel),
-                |deferrable| {
-                    let spend = if deferrable { Spend::Deferrable } else { Spend::Plain };
-                    self.update_if_as(spend, change)
-                },
-            )
+            .paced((DEFER_AT_MOST, Late::Ahead), Turn::AheadOnce(&self.cancel), |spend| {
+                self.update_if_as(spend, change)
+            })
             .await
     }
 

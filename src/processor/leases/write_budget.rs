@@ -155,24 +155,52 @@ pub(crate) enum Turn<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Late {
     /// Goes ahead of the writes waiting their turn, still within the instance's share and its
-    /// pauses, and is sent as any other write (`send(false)`, with the SDK's own retries): a
-    /// write is never put off for ever, and never sent past the share (what 50 instances had
+    /// pauses, and is sent as any other write ([`Spend::Plain`], with the SDK's own retries): a
+    /// write is never put off for ever, and never sent past the share (what many instances had
     /// waiting past its patience, sent at once, would be far more than the budget).
     Ahead,
-    /// Gives up at once: `send(false)` is told, and sends nothing (an acquisition left for the
-    /// next acquire cycle).
+    /// Gives up at once and sends nothing ([`Throttled::held_back`]): an acquisition left for
+    /// the next acquire cycle.
     GiveUp,
+}
+
+/// How a lease write spends the lease container's budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Spend {
+    /// It keeps the lease alive (a renewal): checkpoints wait while it is under way.
+    Vital,
+    /// Sent as any write that cannot wait, with the SDK's own retries of a 429.
+    Plain,
+    /// It can wait (a checkpoint, a release) and was admitted by the budget: sent at low
+    /// priority, a 429 answered at once.
+    Deferrable,
+}
+
+/// A 429: the lease container's budget refused a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Throttle {
+    /// When to send it again, when the answer said.
+    pub(crate) retry_after: Option<Duration>,
 }
 
 /// An error that may be a 429 (the lease container's budget refused the write).
 pub(crate) trait Throttled {
-    /// `Some(retry-after)` for a 429 (the retry-after when the answer said); `None` otherwise.
-    fn throttled(&self) -> Option<Option<Duration>>;
+    /// The 429 this error is, if it is one.
+    fn throttled(&self) -> Option<Throttle>;
+
+    /// The error of a write the budget held back past its patience, unsent ([`Late::GiveUp`]).
+    fn held_back() -> Self;
 }
 
 impl Throttled for crate::processor::leases::lease::LeaseStoreError {
-    fn throttled(&self) -> Option<Option<Duration>> {
-        self.is_throttled().then(|| self.retry_after())
+    fn throttled(&self) -> Option<Throttle> {
+        self.is_throttled().then(|| Throttle {
+            retry_after: self.retry_after(),
+        })
+    }
+
+    fn held_back() -> Self {
+        Self::HeldBack
     }
 }
 
@@ -353,12 +381,12 @@ impl WriteBudget {
     }
 
     /// Sends a write that can wait its turn until it is not answered 429 or `patience` has
-    /// passed: each attempt is admitted by the budget in its `turn` and sent as `send(true)` —
-    /// at low priority, a 429 answered at once — and a 429 tells the budget (the pace slows)
-    /// and sends it again in its turn; once `patience` has passed, what `late` says. Checkpoints,
-    /// and the writes that move leases (acquisitions, requests, releases), go this way: an
-    /// instance that floods the budget with them crowds out every instance's heartbeat, and a
-    /// write that fails after the SDK's few retries leaves a lease to expire.
+    /// passed: each attempt is admitted by the budget in its `turn` and sent as
+    /// [`Spend::Deferrable`], and a 429 tells the budget (the pace slows) and sends it again in
+    /// its turn; once `patience` has passed, what `late` says. Checkpoints, and the writes that
+    /// move leases (acquisitions, requests, releases), go this way: an instance that floods the
+    /// budget with them crowds out every instance's heartbeat, and a write that fails after the
+    /// SDK's few retries leaves a lease to expire.
     pub(crate) async fn paced<T, E, F, Fut>(
         &self,
         (patience, late): (Duration, Late),
@@ -367,7 +395,7 @@ impl WriteBudget {
     ) -> Result<T, E>
     where
         E: Throttled,
-        F: FnMut(bool) -> Fut,
+        F: FnMut(Spend) -> Fut,
         Fut: std::future::Future<Output = Result<T, E>>,
     {
         let deadline = Instant::now() + patience;
@@ -379,19 +407,19 @@ impl WriteBudget {
             };
             if !admitted {
                 if late == Late::GiveUp {
-                    return send(false).await;
+                    return Err(E::held_back());
                 }
                 self.admit_ahead().await;
                 let _settle = Settle(self);
-                return send(false).await;
+                return send(Spend::Plain).await;
             }
             let answered = {
                 let _settle = Settle(self);
-                send(true).await
+                send(Spend::Deferrable).await
             };
-            let retry_after = match answered {
+            let throttle = match answered {
                 Err(error) => match error.throttled() {
-                    Some(retry_after) => retry_after,
+                    Some(throttle) => throttle,
                     None => return Err(error),
                 },
                 Ok(written) => {
@@ -399,7 +427,7 @@ impl WriteBudget {
                     return Ok(written);
                 }
             };
-            self.throttled(retry_after);
+            self.throttled(throttle.retry_after);
         }
     }
 
@@ -596,13 +624,25 @@ mod tests {
         );
     }
 
-    /// A store's answer in the `paced` tests: a 429 with a retry-after, or written.
-    #[derive(Debug)]
-    struct Refused(Option<Duration>);
+    /// A store's refusal in the `paced` tests: a 429 with a retry-after, or held back unsent.
+    #[derive(Debug, PartialEq)]
+    enum Refused {
+        Throttled(Option<Duration>),
+        HeldBack,
+    }
 
     impl Throttled for Refused {
-        fn throttled(&self) -> Option<Option<Duration>> {
-            Some(self.0)
+        fn throttled(&self) -> Option<Throttle> {
+            match self {
+                Refused::Throttled(retry_after) => Some(Throttle {
+                    retry_after: *retry_after,
+                }),
+                Refused::HeldBack => None,
+            }
+        }
+
+        fn held_back() -> Self {
+            Refused::HeldBack
         }
     }
 
@@ -612,13 +652,13 @@ mod tests {
         let sent = std::sync::Mutex::new(Vec::new());
         let started = Instant::now();
         let written = budget
-            .paced((Duration::from_secs(30), Late::Ahead), Turn::InOrder, |deferrable| {
+            .paced((Duration::from_secs(30), Late::Ahead), Turn::InOrder, |spend| {
                 let mut sent = sent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                sent.push(deferrable);
+                sent.push(spend);
                 let attempt = sent.len();
                 async move {
                     match attempt {
-                        1..=3 => Err(Refused(Some(Duration::from_millis(100)))),
+                        1..=3 => Err(Refused::Throttled(Some(Duration::from_millis(100)))),
                         _ => Ok(attempt),
                     }
                 }
@@ -627,7 +667,8 @@ mod tests {
         assert_eq!(written.ok(), Some(4), "written at the fourth attempt");
         let sent = sent.into_inner().unwrap_or_default();
         assert_eq!(
-            sent, [true; 4],
+            sent,
+            [Spend::Deferrable; 4],
             "every attempt as a write that can wait (no SDK retries)"
         );
         assert!(started.elapsed() >= Duration::from_millis(300), "three retry-afters");
@@ -639,15 +680,14 @@ mod tests {
         let budget = WriteBudget::default();
         let sent = std::sync::Mutex::new(Vec::new());
         let written: Result<bool, Refused> = budget
-            .paced((Duration::from_millis(300), Late::Ahead), Turn::InOrder, |deferrable| {
+            .paced((Duration::from_millis(300), Late::Ahead), Turn::InOrder, |spend| {
                 sent.lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .push(deferrable);
+                    .push(spend);
                 async move {
-                    if deferrable {
-                        Err(Refused(Some(Duration::from_millis(100))))
-                    } else {
-                        Ok(true)
+                    match spend {
+                        Spend::Deferrable => Err(Refused::Throttled(Some(Duration::from_millis(100)))),
+                        _ => Ok(true),
                     }
                 }
             })
@@ -656,10 +696,13 @@ mod tests {
         let sent = sent.into_inner().unwrap_or_default();
         assert_eq!(
             sent.last(),
-            Some(&false),
+            Some(&Spend::Plain),
             "the last one with the SDK's own retries: {sent:?}"
         );
-        assert!(sent[..sent.len() - 1].iter().all(|d| *d), "{sent:?}");
+        assert!(
+            sent[..sent.len() - 1].iter().all(|s| *s == Spend::Deferrable),
+            "{sent:?}"
+        );
     }
 
     #[tokio::test]
@@ -672,23 +715,25 @@ mod tests {
         budget.state().share.reserve(); // a write under way: 10 RU, a second of the share
         let started = Instant::now();
         let sent = std::sync::Mutex::new(Vec::new());
-        let send = |deferrable: bool| {
+        let send = |spend: Spend| {
             sent.lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push((deferrable, started.elapsed()));
+                .push((spend, started.elapsed()));
             async { Ok::<(), Refused>(()) }
         };
         let patience = Duration::from_millis(200);
-        budget.paced((patience, Late::GiveUp), Turn::InOrder, send).await.ok();
+        let given_up = budget.paced((patience, Late::GiveUp), Turn::InOrder, send).await;
+        let gave_up_after = started.elapsed();
         budget.paced((patience, Late::Ahead), Turn::InOrder, send).await.ok();
         let sent = sent.into_inner().unwrap_or_default();
-        assert_eq!(sent.len(), 2, "{sent:?}");
+        assert_eq!(given_up, Err(Refused::HeldBack), "given up unsent");
         assert!(
-            !sent[0].0 && sent[0].1 < Duration::from_millis(400),
-            "given up at its patience: {sent:?}"
+            gave_up_after < Duration::from_millis(400),
+            "at its patience: {gave_up_after:?}"
         );
+        assert_eq!(sent.len(), 1, "{sent:?}");
         assert!(
-            !sent[1].0 && sent[1].1 >= Duration::from_millis(900),
+            sent[0].0 == Spend::Plain && sent[0].1 >= Duration::from_millis(900),
             "sent as any other write once the share had room, not at its patience: {sent:?}"
         );
     }

@@ -27,7 +27,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-pub use crate::processor::policy::range_overlaps::{overlapping, superseded};
+pub use crate::processor::policy::range_overlaps::{LeaseRange, overlapping, ranges_of, superseded};
 
 /// What the balancer needs to know about one lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -398,10 +398,10 @@ mod tests {
     fn overlapping_ranges_are_found_but_not_split_parents() {
         let r = |min: &str, max: &str| EpkRange::new(min, max);
         let leases = vec![
-            ("a".to_owned(), r("", "80")),
-            ("b".to_owned(), r("80", "FF")),
-            ("parent".to_owned(), r("", "FF")),
-            ("bogus".to_owned(), r("70", "90")),
+            LeaseRange::new("a", r("", "80")),
+            LeaseRange::new("b", r("80", "FF")),
+            LeaseRange::new("parent", r("", "FF")),
+            LeaseRange::new("bogus", r("70", "90")),
         ];
         let parents = vec!["parent".to_owned()];
         let mut found = overlapping(&leases, &parents);
@@ -571,7 +571,7 @@ mod tests {
 
     #[test]
     fn split_parents_with_all_children_are_superseded() {
-        let lease = |id: &str, min: &str, max: &str| (id.to_owned(), EpkRange::new(min, max));
+        let lease = |id: &str, min: &str, max: &str| LeaseRange::new(id, EpkRange::new(min, max));
         let cases = [
             (
                 vec![

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use time::OffsetDateTime;
 
-use crate::cosmos::EpkRange;
 use crate::processor::leases::lease::{Lease, LeaseSnapshot};
 use crate::processor::leases::sightings::{Seen, Sightings};
 use crate::processor::options::ProcessorOptions;
@@ -21,6 +20,7 @@ use crate::processor::policy::balancer::{
     Balancing, LeaseState, leases_to_acquire, leases_to_acquire_steal_one, overlapping, superseded,
 };
 use crate::processor::policy::listing_schedule::{ListingSchedule, ListingView, is_quiet};
+use crate::processor::policy::range_overlaps::ranges_of;
 
 /// Acquire cycles without a heartbeat after which an instance is no longer counted.
 const HEARTBEAT_CYCLES: u32 = 3;
@@ -137,11 +137,7 @@ pub fn plan_cycle(
     options: CycleOptions,
 ) -> CyclePlan {
     let expiration = options.expiration;
-    let ranges: Vec<(String, EpkRange)> = snapshot
-        .leases
-        .iter()
-        .filter_map(|l| Some((l.id.clone(), l.range()?.clone())))
-        .collect();
+    let ranges = ranges_of(&snapshot.leases);
     // A split parent whose children exist is obsolete: never balanced, deleted once free.
     let obsolete = superseded(&ranges);
     let balanced: Vec<&Lease> = snapshot.leases.iter().filter(|l| !obsolete.contains(&l.id)).collect();

@@ -1,6 +1,7 @@
 //! Table and property tests of [`plan_cycle`]: no sleeps, no store.
 
 use super::*;
+use crate::cosmos::EpkRange;
 use crate::processor::leases::sightings::{Seen, Sightings};
 use proptest::prelude::*;
 use time::macros::datetime;

@@ -12,32 +12,62 @@
 use std::collections::HashSet;
 
 use crate::cosmos::EpkRange;
+use crate::processor::leases::lease::Lease as LeaseDocument;
 
-type Lease = (String, EpkRange);
+/// A lease's id and its range of effective partition keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRange {
+    /// The lease document's id.
+    pub id: String,
+    /// The range it covers.
+    pub range: EpkRange,
+}
+
+impl LeaseRange {
+    /// Lease `id` over `range`.
+    pub fn new(id: impl Into<String>, range: EpkRange) -> Self {
+        Self { id: id.into(), range }
+    }
+}
+
+/// The ranges of the leases that have one (an EPK range or a partition's), in their order.
+pub fn ranges_of(leases: &[LeaseDocument]) -> Vec<LeaseRange> {
+    leases
+        .iter()
+        .filter_map(|l| Some(LeaseRange::new(l.id.clone(), l.range()?.clone())))
+        .collect()
+}
+
+type Lease = LeaseRange;
 
 /// The groups of leases whose ranges overlap one another (chained: each overlaps one before it
 /// in the order of their lower bounds); leases that overlap nothing are in no group. A range
 /// contained in another, or overlapping it, is in its group. With an empty range (lower bound
 /// not below the upper, which contains without overlapping) every lease is one group.
 fn overlap_groups(leases: &[Lease]) -> Vec<Vec<&Lease>> {
-    if leases.iter().any(|(_, r)| r.min >= r.max) {
+    if leases.iter().any(|l| l.range.min >= l.range.max) {
         return vec![leases.iter().collect()];
     }
     let mut sorted: Vec<&Lease> = leases.iter().collect();
-    sorted.sort_by(|a, b| a.1.min.cmp(&b.1.min).then_with(|| b.1.max.cmp(&a.1.max)));
+    sorted.sort_by(|a, b| {
+        a.range
+            .min
+            .cmp(&b.range.min)
+            .then_with(|| b.range.max.cmp(&a.range.max))
+    });
     let mut groups = Vec::new();
     let mut group: Vec<&Lease> = Vec::new();
     let mut reach = "";
     for lease in sorted {
-        if !group.is_empty() && lease.1.min.as_str() < reach {
-            reach = reach.max(lease.1.max.as_str());
+        if !group.is_empty() && lease.range.min.as_str() < reach {
+            reach = reach.max(lease.range.max.as_str());
             group.push(lease);
             continue;
         }
         if group.len() > 1 {
             groups.push(std::mem::take(&mut group));
         }
-        reach = lease.1.max.as_str();
+        reach = lease.range.max.as_str();
         group = vec![lease];
     }
     if group.len() > 1 {
@@ -50,8 +80,8 @@ fn overlap_groups(leases: &[Lease]) -> Vec<Vec<&Lease>> {
 fn in_order(leases: &[Lease], ids: &HashSet<String>) -> Vec<String> {
     leases
         .iter()
-        .filter(|(id, _)| ids.contains(id))
-        .map(|(id, _)| id.clone())
+        .filter(|l| ids.contains(&l.id))
+        .map(|l| l.id.clone())
         .collect()
 }
 
@@ -79,11 +109,11 @@ pub fn overlapping(leases: &[Lease], superseded: &[String]) -> Vec<String> {
 /// [`superseded`] among the leases of one group, pair by pair.
 fn superseded_among(leases: &[&Lease]) -> Vec<String> {
     let mut out = Vec::new();
-    for (id, range) in leases.iter().copied() {
+    for LeaseRange { id, range } in leases.iter().copied() {
         let mut inside: Vec<&EpkRange> = leases
             .iter()
-            .filter(|(other, r)| other != id && r != range && range.contains(r))
-            .map(|(_, r)| r)
+            .filter(|other| other.id != *id && other.range != *range && range.contains(&other.range))
+            .map(|other| &other.range)
             .collect();
         inside.sort();
         let mut cursor = range.min.as_str();
@@ -104,11 +134,14 @@ fn overlapping_among(leases: &[&Lease], superseded: &HashSet<&str>) -> Vec<Strin
     let live: Vec<&Lease> = leases
         .iter()
         .copied()
-        .filter(|(id, _)| !superseded.contains(id.as_str()))
+        .filter(|l| !superseded.contains(l.id.as_str()))
         .collect();
     live.iter()
-        .filter(|(id, range)| live.iter().any(|(other, r)| other != id && r.overlaps(range)))
-        .map(|(id, _)| id.clone())
+        .filter(|l| {
+            live.iter()
+                .any(|other| other.id != l.id && other.range.overlaps(&l.range))
+        })
+        .map(|l| l.id.clone())
         .collect()
 }
 
@@ -117,7 +150,7 @@ mod tests {
     use super::*;
 
     fn lease(id: &str, min: &str, max: &str) -> Lease {
-        (id.to_owned(), EpkRange::new(min, max))
+        LeaseRange::new(id, EpkRange::new(min, max))
     }
 
     /// The pairwise answers over all leases, as before the grouping.

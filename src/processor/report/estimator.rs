@@ -40,7 +40,7 @@ use crate::cosmos::{
     ChangePage, CosmosError, EpkRange, MonitoredContainer, StartFrom, continuation_lsn, session_token_lsn,
 };
 use crate::processor::leases::lease::{HANDLER_FAILING_PROPERTY, Lease, STALLED_PROPERTY};
-use crate::processor::policy::balancer::superseded;
+use crate::processor::policy::balancer::{ranges_of, superseded};
 
 /// How many leases are estimated at once.
 pub const DEFAULT_CONCURRENCY: usize = 16;
@@ -219,10 +219,7 @@ pub fn split_since(seen: &std::collections::BTreeSet<String>, partitions: usize)
 /// The leases to estimate: those with an EPK range, except split parents whose children leases
 /// cover their range ([`superseded`]: the children hold their changes).
 pub fn estimated(leases: &[Lease]) -> Vec<Lease> {
-    let ranges: Vec<(String, EpkRange)> = leases
-        .iter()
-        .filter_map(|l| Some((l.id.clone(), l.range()?.clone())))
-        .collect();
+    let ranges = ranges_of(leases);
     let obsolete = superseded(&ranges);
     leases
         .iter()

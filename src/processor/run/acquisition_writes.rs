@@ -5,7 +5,7 @@
 use time::OffsetDateTime;
 
 use crate::processor::leases::lease::{Lease, LeaseStore, LeaseStoreError};
-use crate::processor::leases::write_budget::{Late, Turn};
+use crate::processor::leases::write_budget::{Late, Spend, Turn};
 use crate::processor::policy::cycle_plan::{Acquisition, retry_acquisition};
 use crate::processor::run::shared::Shared;
 
@@ -90,20 +90,15 @@ pub(crate) async fn adopt_one(shared: &Shared, me: &str, id: &str, handed: Hande
     // freed, the others').
     let written = shared
         .budget
-        .paced(
-            (shared.options.acquire_interval, Late::Ahead),
-            Turn::Ahead,
-            |deferrable| {
-                let next = &next;
-                async move {
-                    if deferrable {
-                        shared.store.replace_deferrable(next).await
-                    } else {
-                        shared.store.replace(next).await
-                    }
+        .paced((shared.options.acquire_interval, Late::Ahead), Turn::Ahead, |spend| {
+            let next = &next;
+            async move {
+                match spend {
+                    Spend::Deferrable => shared.store.replace_deferrable(next).await,
+                    Spend::Plain | Spend::Vital => shared.store.replace(next).await,
                 }
-            },
-        )
+            }
+        })
         .await;
     match written {
         Ok(written) => Adoption::Taken(Box::new(written)),

@@ -23,13 +23,11 @@ use crate::processor::policy::cycle_plan::{
     AcquireStep, Acquisition, CycleOptions, CyclePlan, Observations, plan_cycle,
 };
 use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
-use crate::processor::run::acquisition_writes::{Adoption, Handed, adopt_one, write_acquisition};
+use crate::processor::run::acquisition_writes::{Handed, write_acquisition};
+use crate::processor::run::awaited_handoffs::{AwaitedHandoffs, AwaitedLease};
 use crate::processor::run::lease_reader;
 use crate::processor::run::shared::Shared;
 use crate::processor::run::store_recovery::StoreRecovery;
-
-/// Leases awaited from their owners that are read (and taken up) at once.
-const ADOPT_CONCURRENCY: usize = 16;
 
 /// How long after an unrenewed lease's expiry the extra acquire cycle runs.
 const TAKEOVER_MARGIN: Duration = Duration::from_millis(20);
@@ -50,9 +48,8 @@ pub(crate) struct Coordinator {
     tasks: JoinSet<(Arc<OwnedLease>, LeaseExit)>,
     /// Invalid lease documents already reported (each is logged and counted once).
     reported_invalid: HashSet<String>,
-    /// Leases this instance asked their owners for: (lease id, owner asked, the acquire cycle
-    /// that asked), adopted as soon as the owner hands them over.
-    awaiting: Vec<(String, Option<String>, u64)>,
+    /// Leases this instance asked their owners for, taken up as soon as the owner hands them over.
+    awaiting: AwaitedHandoffs,
     /// The lease container's disappearance and return.
     recovery: StoreRecovery,
     /// When another instance's unrenewed lease expires before the next cycle: an extra acquire
@@ -67,8 +64,16 @@ pub(crate) struct Coordinator {
     listed_ids: Vec<String>,
     /// What the listings showed change, and when, on this instance's clock (expiry).
     sightings: Sightings,
-    /// Leases released as stalled, and when: not taken again for a lease expiration.
-    left_stalled: Vec<(String, tokio::time::Instant)>,
+    /// Leases released as stalled: not taken again for a lease expiration.
+    left_stalled: Vec<StalledRelease>,
+}
+
+/// A lease this instance released as stalled.
+struct StalledRelease {
+    /// The lease document's id.
+    id: String,
+    /// When it was released.
+    at: tokio::time::Instant,
 }
 
 /// Marks the processor dead if the coordinator ends (or unwinds) without a shutdown request.
@@ -93,7 +98,7 @@ impl Coordinator {
             leases,
             tasks: JoinSet::new(),
             reported_invalid: HashSet::new(),
-            awaiting: Vec::new(),
+            awaiting: AwaitedHandoffs::default(),
             recovery: StoreRecovery::default(),
             takeover_at: None,
             listing_interval: interval,
@@ -270,7 +275,7 @@ impl Coordinator {
         let at = sightings.observe_listing(snapshot, sent, returned);
         let expiration = self.shared.options.expiration;
         self.left_stalled
-            .retain(|(_, when)| at.duration_since(*when) < expiration);
+            .retain(|stalled| at.duration_since(stalled.at) < expiration);
         let observations = Observations {
             at,
             sightings,
@@ -278,7 +283,7 @@ impl Coordinator {
             awaiting_handoff: !self.awaiting.is_empty(),
             listed_ids: std::mem::take(&mut self.listed_ids),
             listing_interval: previous_interval,
-            left_stalled: self.left_stalled.iter().map(|(id, _)| id.clone()).collect(),
+            left_stalled: self.left_stalled.iter().map(|stalled| stalled.id.clone()).collect(),
         };
         let options = CycleOptions::from(&self.shared.options);
         let mut plan = plan_cycle(snapshot, &observations, me, OffsetDateTime::now_utc(), options);
@@ -335,14 +340,8 @@ impl Coordinator {
             let (store, budget) = (self.shared.store.clone(), self.shared.budget.clone());
             async move {
                 let written = budget
-                    .paced((patience, Late::GiveUp), Turn::InOrder, |admitted| {
-                        let (store, acquisition) = (store.as_ref(), &acquisition);
-                        async move {
-                            match admitted {
-                                true => write_acquisition(store, acquisition).await,
-                                false => Err(LeaseStoreError::HeldBack),
-                            }
-                        }
+                    .paced((patience, Late::GiveUp), Turn::InOrder, |_| {
+                        write_acquisition(store.as_ref(), &acquisition)
                     })
                     .await;
                 (written, acquisition)
@@ -399,9 +398,11 @@ impl Coordinator {
         match (step, result) {
             (AcquireStep::AskHandoff, Ok(asked)) => {
                 tracing::debug!(lease = %asked.lease_token, owner = ?previous_owner, "asked the owner to hand the lease over");
-                if !self.awaiting.iter().any(|(id, _, _)| *id == asked.id) {
-                    self.awaiting.push((asked.id, previous_owner, self.shared.cycle()));
-                }
+                self.awaiting.ask(AwaitedLease {
+                    id: asked.id,
+                    owner_asked: previous_owner,
+                    asked_in: self.shared.cycle(),
+                });
             }
             (AcquireStep::AskHandoff, Err(error)) => {
                 tracing::debug!(lease = %write.lease_token, %error, "asking for a handoff failed")
@@ -409,9 +410,8 @@ impl Coordinator {
             (AcquireStep::Take, Ok(acquired)) => {
                 // A lease handed over here that a listing showed before the adoption poll read
                 // it: taken as asked for by the cycle that asked.
-                let awaited = self.awaiting.iter().position(|(id, _, _)| *id == acquired.id);
-                let (previous_owner, cycle) = match awaited.map(|at| self.awaiting.remove(at)) {
-                    Some((_, handed_by, asked_in)) => (handed_by.or(previous_owner), asked_in),
+                let (previous_owner, cycle) = match self.awaiting.take(&acquired.id) {
+                    Some(awaited) => (awaited.owner_asked.or(previous_owner), awaited.asked_in),
                     None => (previous_owner, self.shared.cycle()),
                 };
                 self.acquired(acquired, previous_owner, cycle)
@@ -429,35 +429,12 @@ impl Coordinator {
         }
     }
 
-    /// Takes up the leases asked for that their owners have handed to this instance: each is
-    /// read, and taken up when handed over, [`ADOPT_CONCURRENCY`] at a time — one after another,
-    /// a newcomer awaiting 40 leases on a loaded lease container spent tens of seconds a pass
-    /// with its acquire cycles waiting behind it.
-    /// While stopping (`handed` [`Handed::Free`]), a lease handed over is freed instead.
+    /// Takes up the leases asked for that their owners have handed to this instance; while
+    /// stopping (`handed` [`Handed::Free`]), a lease handed over is freed instead.
     async fn adopt_handed_over(&mut self, handed: Handed) {
-        use futures::StreamExt;
-        let me = self.shared.options.instance.clone();
-        let awaiting = std::mem::take(&mut self.awaiting);
         let shared = self.shared.clone();
-        let outcomes: Vec<_> = futures::stream::iter(awaiting)
-            .map(|(id, previous_owner, asked_in)| {
-                let (shared, me) = (shared.clone(), me.clone());
-                async move { (adopt_one(&shared, &me, &id, handed).await, id, previous_owner, asked_in) }
-            })
-            .buffer_unordered(ADOPT_CONCURRENCY)
-            .collect()
-            .await;
-        for (outcome, id, previous_owner, asked_in) in outcomes {
-            match outcome {
-                Adoption::Taken(acquired) if handed == Handed::TakeUp => {
-                    self.acquired(*acquired, previous_owner, asked_in)
-                }
-                Adoption::Taken(freed) => {
-                    tracing::info!(lease = %freed.lease_token, "freed a lease handed over as this instance stopped")
-                }
-                Adoption::Waiting => self.awaiting.push((id, previous_owner, asked_in)),
-                Adoption::Gone => {}
-            }
+        for taken in self.awaiting.adopt(&shared, handed).await {
+            self.acquired(taken.lease, taken.previous_owner, taken.asked_in);
         }
     }
 
@@ -507,8 +484,10 @@ impl Coordinator {
             self.recovery.recreate(&self.shared, &owned).await;
         }
         if exit.reason == CloseReason::Stalled {
-            self.left_stalled
-                .push((owned.id().to_owned(), tokio::time::Instant::now()));
+            self.left_stalled.push(StalledRelease {
+                id: owned.id().to_owned(),
+                at: tokio::time::Instant::now(),
+            });
         }
         owned.end_renewals();
         tracing::info!(lease = owned.token(), reason = exit.reason.as_str(), "lease closed");

@@ -4,6 +4,7 @@
 //! Uses every other room.
 
 pub(crate) mod acquisition_writes;
+pub(crate) mod awaited_handoffs;
 pub(crate) mod coordinator;
 pub(crate) mod crash_gate;
 pub mod delivery;

@@ -1,4 +1,4 @@
-//! The running processor's public face: [`ChangeFeedProcessor`] (configure and start),
+//! The running processor's public face: [`Processor`] (configure and start),
 //! [`ProcessorHandle`] (a started one: stop, abort, events) and [`ProcessorMonitor`] (health
 //! and estimates). The work itself is in [`crate::processor::run::coordinator`], [`crate::processor::run::renewer`] and
 //! [`crate::processor::run::lease_reader`].
@@ -26,11 +26,11 @@ use crate::processor::run::renewer::renew_loop;
 use crate::processor::run::shared::Shared;
 
 /// A change feed processor: leases in a lease container, batches to a handler.
-pub struct ChangeFeedProcessor {
+pub struct Processor {
     shared: Arc<Shared>,
 }
 
-impl ChangeFeedProcessor {
+impl Processor {
     /// A processor reading `monitored`, coordinating through `store`, delivering to `handler`.
     pub fn new(
         monitored: MonitoredContainer,
@@ -135,7 +135,7 @@ impl ChangeFeedProcessor {
     }
 }
 
-impl ChangeFeedProcessor {
+impl Processor {
     /// Writes this process's first heartbeat under its instance name; refuses to start while
     /// another process writes that name's heartbeat ([`crate::processor::leases::name_claim`]).
     async fn claim_name(&self) -> Result<(), ProcessorError> {
