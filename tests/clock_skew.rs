@@ -219,8 +219,8 @@ async fn skewed_marker(
 
 /// The bootstrap lock is judged by how long this instance saw it unchanged (a lease expiration),
 /// never by the timestamp its holder's clock wrote: a dead holder's lock stamped an hour ahead is
-/// removed (it used to hold every instance back for the hour), and a fresh lock stamped an hour
-/// behind is not (it used to be removed at once, and two instances bootstrapped together).
+/// removed (rather than holding every instance back for the hour), and a fresh lock stamped an
+/// hour behind is not (two instances would bootstrap together).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bootstrap_lock_is_judged_by_how_long_it_stays_unchanged_not_by_its_holders_clock() {
     let hour = time::Duration::hours(1);
@@ -272,8 +272,8 @@ async fn the_bootstrap_lock_is_judged_by_how_long_it_stays_unchanged_not_by_its_
 
 /// An instance joining a processor that another instance runs waits half to one acquire interval
 /// before its first acquire (so that instances starting together count each other), whatever
-/// the other's clock wrote into its heartbeat: an hour behind here, which judged by timestamps
-/// looked like nobody ran, and the newcomer acquired at once.
+/// the other's clock wrote into its heartbeat: an hour behind here, which by timestamps looks
+/// like nobody runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newcomer_waits_for_a_running_instance_whose_clock_is_an_hour_behind() {
     let env = crate::common::Env::new(2).await;

@@ -1,10 +1,10 @@
-//! A deposed owner — its lease freed or taken by a write while it runs — stops handing batches
-//! to its handler within a tenth of the lease expiration in every checkpoint mode that does not
-//! write after each batch: a checkpoint every N batches or every interval, manual checkpoints,
-//! several batches in flight. Only the batches already with the handler then finish (none is
-//! checkpointed). With a checkpoint after each batch, one at a time (the defaults), the checkpoint
-//! finds the change: at most one more batch. The renew and acquire intervals are long here, so neither finds the change
-//! first: the bound comes from the confirmation before each delivery.
+//! A deposed owner — its lease freed or taken by a write while it runs — stops handing batches to
+//! its handler within a tenth of the lease expiration in every checkpoint mode that does not write
+//! after each batch: a checkpoint every N batches or every interval, manual checkpoints, several
+//! batches in flight. Only the batches already with the handler then finish (none is checkpointed).
+//! With a checkpoint after each batch, one at a time (the defaults), the checkpoint finds the
+//! change: at most one more batch. The renew and acquire intervals are long here, so neither finds
+//! the change first: the bound comes from the confirmation before each delivery.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

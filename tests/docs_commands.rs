@@ -185,7 +185,7 @@ fn every_command_of_these_pages_is_one_this_test_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn getting_started_runs_as_written() {
-    // Not one of the heavy tests (a 20 s demo, then one worker): holding their lock, it kept a
+    // Not one of the heavy tests (a 20 s demo, then one worker): holding their lock would keep a
     // test thread waiting for the benchmark's minutes.
     let _ports = DOCUMENTED_PORTS.lock().await;
     let blocks = sh_blocks(&page("docs/getting-started.md"));

@@ -78,8 +78,7 @@ async fn a_container_at_400_rus_answers_a_burst_with_429s_and_every_sdk_write_la
     .await;
     // A burst of raw writes, not retried: the budget of the second is spent and the rest are
     // throttled as on the service. The burst is six seconds' budget (about 6.8 RU a write), so
-    // even a machine too loaded to send it within a second meets the budget (one CI run, with a
-    // cluster starting beside it, saw none of a two-second burst throttled).
+    // even a machine too loaded to send it within a second meets the budget.
     let http = reqwest::Client::new();
     let url = format!("{endpoint}dbs/{DB}/colls/{ITEMS}/docs");
     let burst_started = Instant::now();
@@ -341,9 +340,8 @@ async fn feed_from(endpoint: &str, from: &str) -> (Vec<String>, String) {
 /// Four writers create documents in East US as fast as they can while a reader follows West
 /// US's change feed, 300 ms behind: the reader skips none of them (each region applies the
 /// writes of a partition in their order, as the service's do) and West US has them all a
-/// replication delay after the last. The SDK emulator's own delayed replication, which `cfp
-/// emulator` used before, applied writes out of order and at most ten per core at a time: the
-/// same reader skipped 30 of 2,269 and West US had the last write 8.9 s after it was taken.
+/// replication delay after the last (the SDK emulator's own delayed replication does neither:
+/// `emulator::lag`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_feed_reader_of_a_lagging_region_gets_every_write_in_order_a_delay_late() {
     let (_emulator, endpoint) = common::start_two_regions(&["db/items:/pk:1"], 300).await;

@@ -297,8 +297,9 @@ impl Recorded {
 /// A processor over `db/relay` whose handler is the naive sidecar of [`HANDLER_IMAGE`], recording
 /// into the host directory `records` and answering 1.5 s after it recorded a batch. The lease
 /// expiration (15 s) exceeds that by far: an owner asked for a handoff (the rollout's new pods)
-/// that has not handed over within a lease expiration loses the lease outright (`docs/concepts/how-it-works.md`,
-/// "Handoff instead of theft"), which would redeliver the batch in flight whatever the pod's shape.
+/// that has not handed over within a lease expiration loses the lease outright
+/// (`docs/concepts/how-it-works.md`, "Handoff instead of theft"), which would redeliver the batch
+/// in flight whatever the pod's shape.
 fn relay_resource(endpoint: &str, records: &Path) -> String {
     format!(
         r#"apiVersion: changefeed.io/v1alpha1
@@ -511,8 +512,8 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
     );
 
     // 3. Autoscaling: lag → more pods → drained → back down after the stabilization window.
-    // Batches of 10 (not 100): one worker drained 2000 documents in batches of 100 within about
-    // a second, and an estimate a second missed the lag now and then (a CI rehearsal).
+    // Batches of 10 (not 100), so that one worker's drain outlasts an estimate (every 1 s) and
+    // the lag is seen.
     kubectl(
         &cluster,
         &["apply", "-f", "-"],
@@ -731,8 +732,8 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
     //     writes: the handler is a naive service (records each batch at once, answers 1.5 s later,
     //     exits at once on SIGTERM), so batches are in flight whenever a pod stops. As a native
     //     sidecar it stops only after the worker has finished its batches: nothing is delivered
-    //     twice. (As an ordinary container, SIGTERM reached both together and the batches in
-    //     flight were delivered again by the pods that took the leases over.)
+    //     twice (an ordinary container gets SIGTERM with the worker, and its batches in flight
+    //     are delivered again).
     let step = Instant::now();
     let records = cluster.dir.join("handler-records");
     std::fs::create_dir_all(&records).expect("records directory");

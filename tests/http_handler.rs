@@ -424,8 +424,8 @@ async fn retry_after_is_honoured_and_timeouts_are_failures() {
 }
 
 /// `Retry-After` is kept within the retry policy's backoff range: `0` and a date in the past wait
-/// the initial backoff (they used to retry at once, also while halted), a day waits the longest
-/// backoff (it used to park the lease until a stall restart).
+/// the initial backoff (never a retry at once, also while halted), a day waits the longest
+/// backoff (rather than parking the lease until a stall restart).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_is_clamped_to_the_backoff_range() {
     let env = Env::new(1).await;
@@ -536,8 +536,8 @@ async fn huge_error_endpoint(
 }
 
 /// An error reply's body is read only as far as the log line needs: a handler answering 500 with
-/// a 256 MiB body (a worker read it whole: 611 MiB peak RSS) sends little of it before the
-/// worker closes that connection, and the batch is retried and delivered.
+/// a 256 MiB body sends little of it before the worker closes that connection, and the batch is
+/// retried and delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_reply_with_a_huge_body_is_not_read_whole() {
     use std::sync::atomic::Ordering;

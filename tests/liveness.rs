@@ -209,7 +209,7 @@ async fn an_owner_cut_off_from_the_lease_store_delivers_nothing_once_its_lease_m
 
 /// A graceful stop that comes while a heartbeat was written and its answer is still on its way
 /// leaves no heartbeat behind: the stop waits for that answer before it removes the heartbeat
-/// (removing it with the ETag of the beat before was refused, and the fresh heartbeat kept the
+/// (a removal with the previous beat's ETag is refused, and the fresh heartbeat would keep the
 /// instance "running" for `cfp checkpoints` and its leases for an expiration).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graceful_stop_while_a_heartbeats_answer_is_on_its_way_leaves_no_heartbeat() {

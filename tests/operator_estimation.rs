@@ -163,7 +163,7 @@ async fn reported_lags_match_the_change_feed_for_sub_ranges() {
 /// A worker killed (`kill -9`) after it reported every lease caught up leaves its name as the
 /// owner and its report of 0: the operator does not trust a report of an owner it has not seen
 /// alive within the lease expiration, so 500 changes written after the crash show within two
-/// estimates (before: trusted for up to 30 minutes, lag 0, a processor at zero replicas stayed there).
+/// estimates (a processor at zero replicas would otherwise stay there).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_owner_s_last_report_is_not_trusted() {
     let (_emulator, endpoint) = crate::common::start_emulator("db/items:/pk:2").await;

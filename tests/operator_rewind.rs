@@ -155,7 +155,7 @@ async fn the_rewind_annotations_stop_the_workers_move_the_checkpoints_and_restor
             .kubectl_run(&["delete", "pod", "orders-5d8-w1", "-n", &ns, "--wait=false"], None)
             .0
     );
-    // The evicted pod stays; it runs no worker, so the rewind goes on (it waited forever before).
+    // The evicted pod stays; it runs no worker, so the rewind goes on without waiting for it.
     let done = wait("the rewind recorded and the annotation removed", || async {
         let cfp = cfps.get("orders").await.ok()?;
         let status = cfp.status.clone()?;

@@ -1,18 +1,17 @@
-//! The soak's short run (issue 40 §6), which replaces the chaos test it generalizes: eight
-//! `cfp worker` processes over 256 leases (16 physical partitions × 16 leases each) on
-//! `cfp emulator` (two regions, a request-unit budget on both containers) while a seeded
-//! schedule makes every fault we can make — `kill -9`, SIGSTOP past the lease expiration, 429s,
-//! 503 outages, flaky requests, a slow store, hung change feed reads, splits, merges, a failover,
-//! slow handlers, a second process under a live name, a rolling restart, a worker replaced — two
-//! workers' wall clocks 8 s ahead and behind (libfaketime). Then an independent checker
-//! (`tools/soak/check.py`, Python's standard library, nothing of the processor) verifies the logs:
-//! nothing lost, per partition key in order within each delivery run, no checkpoint moving
-//! backwards, duplicates only around faults and counted, twins refused, no late deliveries by a
-//! deposed owner past its batches in flight. See docs/soak.md.
+//! The soak's short run (issue 40 §6): eight `cfp worker` processes over 256 leases (16 physical
+//! partitions × 16 leases each) on `cfp emulator` (two regions, a request-unit budget on both
+//! containers) while a seeded schedule makes every fault we can make — `kill -9`, SIGSTOP past
+//! the lease expiration, 429s, 503 outages, flaky requests, a slow store, hung change feed reads,
+//! splits, merges, a failover, slow handlers, a second process under a live name, a rolling
+//! restart, a worker replaced — two workers' wall clocks 8 s ahead and behind (libfaketime).
+//! Then an independent checker (`tools/soak/check.py`, Python's standard library, nothing of the
+//! processor) verifies the logs: nothing lost, per partition key in order within each delivery
+//! run, no checkpoint moving backwards, duplicates only around faults and counted, twins
+//! refused, no late deliveries by a deposed owner past its batches in flight. See docs/soak.md.
 //!
-//! One round of the schedule (each fault once; 104 s on an idle machine). `CFP_SOAK_SEED=<n>`
-//! replays a schedule (default 40), `CFP_SOAK_DURATION=30m` makes it the long run; the logs stay
-//! in `/tmp/soak-<seed>-<time>` when it fails.
+//! One round of the schedule (each fault once). `CFP_SOAK_SEED=<n>` replays a schedule (default
+//! 40), `CFP_SOAK_DURATION=30m` makes it the long run; the logs stay in
+//! `/tmp/soak-<seed>-<time>` when it fails.
 
 use std::process::Stdio;
 use std::time::Duration;

@@ -47,7 +47,8 @@ struct Measured {
 const SLACK: Duration = Duration::from_millis(250);
 
 /// Both ways of keeping leases alive, one after the other in one test: each holds
-/// `common::heavy()`, and as two tests the second held a test thread idle while the first ran.
+/// `common::heavy()`, and as two tests the second would hold a test thread idle while the first
+/// runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_lease_and_the_heartbeat_that_keeps_500_alive_keep_their_interval_under_throttling_and_a_slow_store() {
     let m = measure(LeaseLiveness::EachLease).await;

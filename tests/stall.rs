@@ -107,8 +107,7 @@ async fn a_handler_that_never_returns_is_restarted_once_then_its_lease_released_
     // While it is stalled, the lease says so: where, since when, doing what.
     let note = note.unwrap_or_default();
     assert!(note.starts_with("on a at "), "{note}");
-    // The batch in the handler: the 10 documents, or those written by the time its page was read
-    // ('(9 documents)' in a CI rehearsal).
+    // The batch in the handler: the 10 documents, or those written by the time its page was read.
     assert!(
         note.contains("in the handler for") && note.contains(" documents)"),
         "{note}"
@@ -176,9 +175,8 @@ async fn an_idle_lease_and_a_slow_lease_that_advances_raise_no_alarm() {
 }
 
 /// A healthy handler slower than the stall timeout is not stalled while each batch is within
-/// its handler timeout: every batch goes to the handler once and the lease advances. (With 4 s
-/// batches, a 30 s handler timeout and a 2 s stall timeout, `cfp worker` handed the first batch
-/// to the handler 14 times in 60 s and the lease never advanced.)
+/// its handler timeout: every batch goes to the handler once (a stall restart would hand it
+/// over again) and the lease advances.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_slower_than_the_stall_timeout_within_its_handler_timeout_is_not_a_stall() {
     use crate::http_handler::{Endpoint, config};

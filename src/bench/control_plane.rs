@@ -34,8 +34,7 @@ pub struct ControlPlane {
 struct RemovedOnDrop(PathBuf);
 
 /// The cluster IPs of Services: room for a metrics Service per resource at 500 resources (a /24
-/// ran out past 254, every later Service apply was refused, and those resources were applied
-/// again, with a Warning Event, at each of their reconciliations).
+/// holds only 254).
 const SERVICE_RANGE: &str = "10.0.0.0/16";
 
 impl Drop for RemovedOnDrop {

@@ -1,9 +1,9 @@
 //! The `scale` group, the operator's estimate (issue 28, figure 4): Cosmos requests per lease
 //! per minute of the operator's remaining-work estimate at its default interval (15 s), while
 //! a worker owns every lease (caught up) and while the processor is scaled to zero — beside
-//! today's estimate (every lease's change feed read each time, measured in the same run) and
-//! KEDA's `azure-cosmosdb` scaler at its 30 s default (a listing plus one change-feed page per
-//! lease per poll). On the in-memory emulator, many leases over few partitions
+//! `estimation: ChangeFeed` (every lease's change feed read each time, measured in the same run)
+//! and KEDA's `azure-cosmosdb` scaler at its 30 s default (a listing plus one change-feed page
+//! per lease per poll). On the in-memory emulator, many leases over few partitions
 //! (`leases.perPartition`).
 
 use std::sync::Arc;
@@ -93,7 +93,8 @@ fn per_lease_minute(requests: f64, leases: usize, interval_s: f64) -> f64 {
     requests * (60.0 / interval_s) / leases.max(1) as f64
 }
 
-/// The operator's estimate while a worker runs and while scaled to zero, against today's and KEDA's.
+/// The operator's estimate while a worker runs and while scaled to zero, against `ChangeFeed`'s
+/// and KEDA's.
 pub async fn estimation_cost(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError> {
     let (partitions, per_partition, leases) = layout(settings.scale_leases);
     let world = World::new(partitions).await?;

@@ -155,9 +155,8 @@ where
 pub async fn against_java(settings: &BenchSettings, jar: &Path) -> Result<Vec<Figure>, BenchError> {
     let (_emulator, endpoint) = emulator(&["bench/items:/pk:8", "bench/wide:/pk:32", "bench/leases:/id:1"]).await?;
     let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key()).await?;
-    // The loopback backlog (20 000 in the full run), not the whole 100 000: measured with 100 000,
-    // both processors drained at about 16 000 documents/s (1.04-1.07x) — `cfp emulator`'s pages
-    // cost more as the container grows and it set the pace for both, hiding the processors.
+    // The loopback backlog (20 000 in the full run), not the whole 100 000: on a larger container
+    // `cfp emulator`'s pages cost more and set the pace for both processors, hiding them.
     let documents = write_loopback_backlog(&endpoint, settings.loopback_documents()).await?;
     let (mut ours, mut java, mut java_own_first, mut raw) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // Two rounds more than the other figures: a drain here lasts well under a second.

@@ -230,8 +230,7 @@ async fn owners(store: &CosmosLeaseStore) -> BTreeMap<String, usize> {
         return counts;
     };
     if !snapshot.initialized {
-        // The bootstrap is still creating the leases: a partial count would be taken as the lease
-        // set ("leases 1 → 5" in the verification of a loaded run).
+        // The bootstrap is still creating the leases: a partial count is not the lease set.
         return counts;
     }
     let now = OffsetDateTime::now_utc();

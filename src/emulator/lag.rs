@@ -3,13 +3,12 @@
 //! partition in the order they were made (a consistent prefix), however many come.
 //!
 //! The SDK emulator's own delayed replication does neither: it applies each write on a task of
-//! its own, at most ten per core at a time, so that under load a region fell further and further
-//! behind (West US was still 61 writes short a minute after 6 s of writing at a 1.5 s delay), and
-//! it applied writes out of order, so that a change feed reader of the region skipped changes it
-//! received later below its continuation (25 of 2,881 at a 300 ms delay) — what no region of the
-//! service does. So the store replicates every write at once, and the edge shows each region the
-//! account as it would be there: this module keeps the writes of the last `delay` (which region
-//! took them, when, their LSN) and answers what a region does not have yet.
+//! its own, at most ten per core at a time, so that under load a region falls further and
+//! further behind, and out of order, so that a change feed reader of the region skips changes
+//! it receives later below its continuation — what no region of the service does. So the store
+//! replicates every write at once, and the edge shows each region the account as it would be
+//! there: this module keeps the writes of the last `delay` (which region took them, when, their
+//! LSN) and answers what a region does not have yet.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;

@@ -23,10 +23,12 @@
 //! - `POST /_emulator/merge?database=D&container=C&partitions=ID1,ID2[&lockMs=N]` — merges two
 //!   adjacent physical partitions into one and answers with the partitions after the merge (the
 //!   merged partition's LSNs start again at 1, unlike the service's).
-//! - `POST /_emulator/faults?rate=R&kinds=429,503,408,reset,429/3212,404/1002,403/3,403/1008[&latencyMs=N]`
-//!   — fails a share `R` of the Cosmos requests as the service does (`404/1002` only reads,
-//!   `403/3` only writes; and answers each after N/2 to 3N/2 ms); `POST /_emulator/outage?ms=N` fails every request for `N` ms;
-//!   `DELETE /_emulator/faults` stops; `GET /_emulator/faults` reports what was injected.
+//! - `POST
+//!   /_emulator/faults?rate=R&kinds=429,503,408,reset,429/3212,404/1002,403/3,403/1008[&latencyMs=N]`
+//!   — fails a share `R` of the Cosmos requests as the service does (`404/1002` only reads, `403/3`
+//!   only writes; and answers each after N/2 to 3N/2 ms); `POST /_emulator/outage?ms=N` fails every
+//!   request for `N` ms; `DELETE /_emulator/faults` stops; `GET /_emulator/faults` reports what was
+//!   injected.
 //! - `POST /_emulator/hang?partition=ID[&container=C]` — change feed reads of that physical
 //!   partition hang, unanswered, until `DELETE /_emulator/hang` (`GET` reports them).
 //! - `POST /_emulator/key?value=K` — regenerates the account key as `K` (base64), as a key

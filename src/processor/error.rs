@@ -1,6 +1,7 @@
 //! The processor's typed errors: [`ProcessorError`] (starting or running a processor) and
-//! [`LeaseError`] (one failed step of the lease work, reported as a [`crate::processor::LeaseEvent::Error`],
-//! logged at most once a minute per kind, and never classified by its text).
+//! [`LeaseError`] (one failed step of the lease work, reported as a
+//! [`crate::processor::LeaseEvent::Error`], logged at most once a minute per kind, and never
+//! classified by its text).
 
 use crate::cosmos::{CosmosError, ErrorKind};
 use crate::processor::handlers::change_handler::HandlerError;

@@ -18,7 +18,8 @@ pub struct ProcessorOptions {
     /// Wait after a read that returned nothing.
     pub poll_interval: Duration,
     /// How often leases are listed and balanced (backed off up to the renew interval while this
-    /// instance is alone with every lease and nothing changes: [`crate::processor::policy::listing_schedule`]).
+    /// instance is alone with every lease and nothing changes:
+    /// [`crate::processor::policy::listing_schedule`]).
     pub acquire_interval: Duration,
     /// How often this instance's heartbeat is written (it keeps every owned lease alive), and
     /// how often each lease is renewed while an instance that judges leases one by one is live.
@@ -28,8 +29,8 @@ pub struct ProcessorOptions {
     /// A change feed read taking longer is abandoned and retried.
     pub read_timeout: Duration,
     /// A lease whose handled position has not advanced for this long while it may have lag is
-    /// stalled: its reader is restarted once, then the lease released ([`crate::processor::policy::stall`]).
-    /// Zero turns detection off.
+    /// stalled: its reader is restarted once, then the lease released
+    /// ([`crate::processor::policy::stall`]). Zero turns detection off.
     pub stall_timeout: Duration,
     /// First delay before retrying a failed batch or request; doubles up to `max_backoff`.
     pub min_backoff: Duration,

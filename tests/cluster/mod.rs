@@ -10,9 +10,9 @@
 //! Needs root and the Debian packages of `tools/k8s/node-packages.sh`. Images come from OCI
 //! archives (the pause image of `tools/k8s/pause-image.sh`, the `cfp` image of
 //! `tools/image/build.sh`, the handler sidecar image of `tools/k8s/handler-image.sh`) imported into
-//! containerd; no registry is reached. [`Cluster::stop`]
-//! (also on drop) kills everything and removes what the cluster left (mounts, cgroups, the bridge,
-//! iptables rules); a start first removes what a killed earlier run left.
+//! containerd; no registry is reached. [`Cluster::stop`] (also on drop) kills everything and
+//! removes what the cluster left (mounts, cgroups, the bridge, iptables rules); a start first
+//! removes what a killed earlier run left.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -648,10 +648,9 @@ pub fn built_once(cell: &'static std::sync::OnceLock<Result<String, String>>, sc
 /// no two of them overlap: together on 2 cores they starve each other (and the benchmark's
 /// figures mean nothing). A test waiting here holds a test thread idle, so these are named to
 /// sort far apart (tests run in the order of their names; three test threads on 2 cores,
-/// `.cargo/config.toml`; one after the other they are the suite's longest path): the soak
-/// is `overlapping_faults_soak`, reached well after the end-to-end test ends and done before
-/// `renewals::` (as `soak::` it ran last, the other thread out of work for most of it; as
-/// `long_soak::` it waited over a minute for the end-to-end test).
+/// `.cargo/config.toml`; one after the other they are the suite's longest path): the soak is
+/// `overlapping_faults_soak`, reached well after the end-to-end test ends and done before
+/// `renewals::`.
 pub async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
     static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     HEAVY.lock().await

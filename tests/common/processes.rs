@@ -2,8 +2,8 @@
 //! ended, failed or panicked), and by the kernel when the thread that started them ends (the
 //! parent-death signal: libtest runs each test on its own thread) or the test process dies. A
 //! clock skew is applied with libfaketime preloaded into the process itself rather than the
-//! `faketime` wrapper, which forks: a signal to the wrapper (`kill -9`, `SIGSTOP`) never reached
-//! the worker, and a worker outlived its killed wrapper.
+//! `faketime` wrapper, which forks: a signal to the wrapper (`kill -9`, `SIGSTOP`) would not
+//! reach the worker.
 
 use std::path::PathBuf;
 

@@ -347,13 +347,12 @@ fn lease_requests(env: &Env) -> u64 {
 
 /// Eight leases over one physical partition (sub-ranges) and a trickle of 5 writes a second:
 /// each lease has a batch every second or two and is quiet (empty pages) in between. A
-/// checkpoint per handled batch is what the reference processors write; before, a lease whose
-/// batch's report was inexact (a sub-range: the partition's latest LSN counts the other
-/// sub-ranges' writes) also wrote a caught-up report three empty pages (0.65 s) after each batch
-/// — at 2,000 leases × 50 instances, 500 writes/s, two writes per batch and 1.5 × the reference's
-/// lease-container requests. Once the trickle stops, every lease still reports that it caught up
-/// (the operator trusts that report). The lease container's requests are counted by the emulator,
-/// less the instance's idle rate (heartbeats, listings) measured first.
+/// checkpoint per handled batch is what the reference processors write, also where a batch's
+/// report is inexact (a sub-range: the partition's latest LSN counts the other sub-ranges'
+/// writes): no caught-up report after each batch. Once the trickle stops, every lease still
+/// reports that it caught up (the operator trusts that report). The lease container's requests
+/// are counted by the emulator, less the instance's idle rate (heartbeats, listings) measured
+/// first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trickle_over_sub_range_leases_writes_one_checkpoint_per_batch() {
     const LEASES: usize = 8;

@@ -116,8 +116,7 @@ async fn lease_versions(env: &Env, instance: &str) -> (Vec<(String, String)>, bo
 
 /// An abort is a crash: whatever its tasks were doing (a batch with the handler, idle leases
 /// whose tasks are woken), nothing more is written — no checkpoint, no release, no heartbeat
-/// removal. (It used to cancel the lease tasks, and those that ran before the coordinator was
-/// dropped took the graceful path: the survivor then took released leases before their expiry.)
+/// removal — so the survivor takes no lease before its expiry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abort_writes_nothing_to_the_lease_container() {
     use std::sync::atomic::Ordering;
@@ -179,10 +178,8 @@ async fn an_abort_writes_nothing_to_the_lease_container() {
 }
 
 /// An abort in the middle of work (16 leases, documents written all along) releases nothing:
-/// every lease keeps its owner and the heartbeat stays, as after a `kill -9`. (The lease tasks
-/// already queued on the runtime's workers used to take the graceful path — drain, checkpoint,
-/// release — before the coordinator that holds them was dropped: the CI failures "taken before
-/// expiry: 1.54 s".)
+/// every lease keeps its owner and the heartbeat stays, as after a `kill -9` — also from lease
+/// tasks already queued on the runtime's workers when the coordinator is dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abort_under_load_releases_no_lease() {
     use std::sync::atomic::{AtomicBool, Ordering};

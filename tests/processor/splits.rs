@@ -158,7 +158,7 @@ async fn three_leases_per_partition_let_six_instances_share_two_partitions_throu
     let delivered = env.delivered_within(2000, Duration::from_secs(40)).await;
     let missing = env.deliveries.missing(ids(0..2000));
     // The lease across the split point is split when it next reads (a recording that fails is
-    // retried with back-off, so a loaded machine may need a while: seen once at 10 s in CI).
+    // retried with back-off, so a loaded machine may need a while).
     eventually(Duration::from_secs(30), || async { env.leases().await.len() == 7 }).await;
     let leases = env.leases().await;
     let busy = names.iter().filter(|n| env.deliveries.delivered_by(n) > 0).count();

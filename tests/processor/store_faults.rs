@@ -119,8 +119,8 @@ async fn a_failing_lease_taken_by_another_instance_is_no_longer_reported_here() 
 
 /// A restore or import replaces a running owner's lease with leases of another layout (here two
 /// halves of its range, at its checkpoint) and deletes it: the owner, finding its lease gone,
-/// does not write it back over the replacement (issue 38 §4: it undid the restore for that
-/// range, and the overlap was read twice).
+/// does not write it back over the replacement (issue 38 §4: that would undo the restore for
+/// that range and read the overlap twice).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_replaced_by_a_restore_is_not_written_back_by_its_owner() {
     let env = Env::new(1).await;

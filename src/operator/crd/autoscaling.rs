@@ -58,15 +58,15 @@ pub struct Autoscaling {
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
     #[schemars(length(max = 32))]
     pub estimate_interval: String,
-    /// How the operator estimates the remaining work. `WorkerReports` (the default): the
-    /// workers write each lease's lag into the lease at every checkpoint, so while they run an
-    /// estimate is one listing of the lease container; the change feed is read only for leases
-    /// nobody owns, whose owner the operator has not seen alive within the lease expiration,
-    /// that are halted or stalled, whose report is missing or stale, or that are narrower than a
-    /// partition and not caught up. `ChangeFeed`: read every lease's change feed each time (as `cfp estimate`
-    /// and KEDA's `azure-cosmosdb` scaler do). `Disabled`: no estimate at all (no lag in the status
-    /// or metrics, no lease bootstrap by the operator) — for KEDA or an HPA driving `/scale`;
-    /// not allowed with `enabled: true`.
+    /// How the operator estimates the remaining work. `WorkerReports` (the default): the workers
+    /// write each lease's lag into the lease at every checkpoint, so while they run an estimate is
+    /// one listing of the lease container; the change feed is read only for leases nobody owns,
+    /// whose owner the operator has not seen alive within the lease expiration, that are halted or
+    /// stalled, whose report is missing or stale, or that are narrower than a partition and not
+    /// caught up. `ChangeFeed`: read every lease's change feed each time (as `cfp estimate` and
+    /// KEDA's `azure-cosmosdb` scaler do). `Disabled`: no estimate at all (no lag in the status or
+    /// metrics, no lease bootstrap by the operator) — for KEDA or an HPA driving `/scale`; not
+    /// allowed with `enabled: true`.
     #[serde(default, skip_serializing_if = "Estimation::is_default")]
     pub estimation: Estimation,
     /// How fast the workers scale up and down, with the HorizontalPodAutoscaler's `behavior`

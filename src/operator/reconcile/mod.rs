@@ -2,12 +2,12 @@
 //! metrics Service with server-side apply, report status and Events, and clean up leases on
 //! deletion when asked.
 //!
-//! One reconciliation is observe (`observe`: Secrets, Deployment, HPAs, estimates, pods) →
-//! plan (`plan`, pure: the replicas) → apply (`apply`: server-side apply, `/scale`) →
-//! publish (`publish`, pure: status and Events; then one thin write). `cleanup` runs the
-//! lease-cleanup finalizer; `rewind_actions` carries out the rewind annotations' steps; `target` (pure) says which
-//! accounts and containers to read; `memory` holds what is remembered of each resource between
-//! reconciliations (forgotten in one place).
+//! One reconciliation is observe (`observe`: Secrets, Deployment, HPAs, estimates, pods) → plan
+//! (`plan`, pure: the replicas) → apply (`apply`: server-side apply, `/scale`) → publish
+//! (`publish`, pure: status and Events; then one thin write). `cleanup` runs the lease-cleanup
+//! finalizer; `rewind_actions` carries out the rewind annotations' steps; `target` (pure) says
+//! which accounts and containers to read; `memory` holds what is remembered of each resource
+//! between reconciliations (forgotten in one place).
 
 mod apply;
 pub mod claim;

@@ -1,16 +1,15 @@
-//! Estimating from the workers' lag reports (`autoscaling.estimation: WorkerReports`): each
-//! owner writes its lease's lag into the lease at every checkpoint
-//! ([`lag_report`](crate::processor::leases::lag_report)), so while workers run an estimate is one listing
-//! of the lease container. The change feed is read (as `cfp estimate` does) only for a lease
-//! that [`source`] says cannot be told from its report: nobody owns it, its owner is not alive by
-//! this operator's own observation (neither its heartbeat nor the lease changed within the lease
-//! expiration: a report of a dead owner is its last word, not the lease's state), it is halted
-//! or stalled, it has no report, it is
-//! narrower than its partition and not caught up, its owner reported lag but its checkpoint has
-//! not moved for [`stale_after`] (a stuck or slow owner), or this operator has not read it for
-//! [`VERIFY_EVERY`] (so that a report that went wrong unseen is corrected within that). Ages are
-//! judged on this operator's monotonic clock, from when it saw a lease's checkpoint change — no
-//! worker's clock is trusted.
+//! Estimating from the workers' lag reports (`autoscaling.estimation: WorkerReports`): each owner
+//! writes its lease's lag into the lease at every checkpoint
+//! ([`lag_report`](crate::processor::leases::lag_report)), so while workers run an estimate is one
+//! listing of the lease container. The change feed is read (as `cfp estimate` does) only for a
+//! lease that [`source`] says cannot be told from its report: nobody owns it, its owner is not
+//! alive by this operator's own observation (neither its heartbeat nor the lease changed within the
+//! lease expiration: a report of a dead owner is its last word, not the lease's state), it is
+//! halted or stalled, it has no report, it is narrower than its partition and not caught up, its
+//! owner reported lag but its checkpoint has not moved for [`stale_after`] (a stuck or slow owner),
+//! or this operator has not read it for [`VERIFY_EVERY`] (so that a report that went wrong unseen
+//! is corrected within that). Ages are judged on this operator's monotonic clock, from when it saw
+//! a lease's checkpoint change — no worker's clock is trusted.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};

@@ -1,5 +1,5 @@
-//! Writing a checkpoint plan ([`crate::processor::admin::checkpoints`]) so that no worker ever reads from half the
-//! leases moved: **claim, move, release**.
+//! Writing a checkpoint plan ([`crate::processor::admin::checkpoints`]) so that no worker ever
+//! reads from half the leases moved: **claim, move, release**.
 //!
 //! 1. Claim: every lease the plan writes gets this command as its owner (If-Match, a fresh
 //!    timestamp) and the command sends a heartbeat with the liveness marker, refreshed while it

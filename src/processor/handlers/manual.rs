@@ -90,9 +90,9 @@ fn is_ahead(next: &str, current: Option<&str>) -> bool {
     }
 }
 
-/// The user's code when it checkpoints itself. `handle` returning `Ok` means the batch was
-/// taken (it is not delivered again unless the lease moves before it is checkpointed); `Err`
-/// retries it as for [`crate::processor::ChangeHandler`]. Batches of a lease come in order, one at a time
+/// The user's code when it checkpoints itself. `handle` returning `Ok` means the batch was taken
+/// (it is not delivered again unless the lease moves before it is checkpointed); `Err` retries it
+/// as for [`crate::processor::ChangeHandler`]. Batches of a lease come in order, one at a time
 /// unless `max_in_flight_batches` says more.
 #[async_trait]
 pub trait ManualCheckpointHandler: Send + Sync + 'static {

@@ -1,6 +1,7 @@
-//! Leases: the documents (the .NET v3 layout), the grammar of their ids, and their store, the lag report a lease carries, a
-//! lease this instance owns, the instance heartbeat and the hold on the instance name, what this instance has seen of the lease
-//! container, bootstrap and adoption. Uses `cosmos` and the processor's options and errors only.
+//! Leases: the documents (the .NET v3 layout), the grammar of their ids, and their store, the lag
+//! report a lease carries, a lease this instance owns, the instance heartbeat and the hold on the
+//! instance name, what this instance has seen of the lease container, bootstrap and adoption. Uses
+//! `cosmos` and the processor's options and errors only.
 
 pub mod adopt;
 pub mod bootstrap;

@@ -4,9 +4,9 @@
 //! for the lease expiration — never by comparing another machine's wall clock with ours, so clocks
 //! that differ between nodes (by seconds or by minutes) change nothing. Pure: time comes in.
 //!
-//! The lease of an instance whose heartbeat keeps its leases alive ([`crate::processor::leases::heartbeat`]) lives
-//! while either changes: it is expired only when neither the lease nor its owner's heartbeat
-//! changed for the expiration.
+//! The lease of an instance whose heartbeat keeps its leases alive
+//! ([`crate::processor::leases::heartbeat`]) lives while either changes: it is expired only when
+//! neither the lease nor its owner's heartbeat changed for the expiration.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

@@ -1,12 +1,11 @@
 //! This instance's share of the lease container's provisioned throughput, spent before the
-//! container says no. A 429 is how a throttled lease container says its budget is spent — by
-//! then every instance's writes of that second are refused together, heartbeats among them.
-//! Where the container's provisioned request units a second are known (its own offer; an
-//! autoscale offer's maximum), each instance spends at most its part of them — of the [`margin`]
-//! of the budget, a part that grows with the leases it owns and hands over ([`part_of`]) — counting every request
-//! it sent there (reads,
-//! heartbeats and renewals too, at what the container charged for them): writes that can wait
-//! wait until this instance's share has room for them. The 429-driven pace
+//! container says no. A 429 is how a throttled lease container says its budget is spent — by then
+//! every instance's writes of that second are refused together, heartbeats among them. Where the
+//! container's provisioned request units a second are known (its own offer; an autoscale offer's
+//! maximum), each instance spends at most its part of them — of the [`margin`] of the budget, a
+//! part that grows with the leases it owns and hands over ([`part_of`]) — counting every request it
+//! sent there (reads, heartbeats and renewals too, at what the container charged for them): writes
+//! that can wait wait until this instance's share has room for them. The 429-driven pace
 //! ([`crate::processor::leases::write_budget`]) stays on top, for what a share cannot know (the
 //! other processors of a shared lease container, a hot physical partition).
 //!
@@ -31,8 +30,8 @@ const MOST_SHARED: f64 = 0.9;
 /// instance writes at its own times, so the request units of one second vary about the mean
 /// as a count of independent writes does (a standard deviation of √(charge × mean)); the room
 /// left is [`SPREAD`] of those. At 400 RU/s, the service's smallest, the instances share 60 %
-/// (held to 75 %, the busiest seconds of a 50-instance rebalance reached 418 RU and were
-/// answered 429); at 1,000 RU/s 72 %, from about 10,000 RU/s [`MOST_SHARED`].
+/// (75 % leaves a 50-instance rebalance's busiest seconds over the budget); at 1,000 RU/s 72 %,
+/// from about 10,000 RU/s [`MOST_SHARED`].
 pub fn margin(provisioned: f64) -> f64 {
     if !provisioned.is_finite() || provisioned <= 0.0 {
         return 0.0;
@@ -111,9 +110,7 @@ pub(crate) fn holding_in(leases: &[Lease], me: &str, owned: usize) -> (Holding, 
 /// leases too), and an instance alone has the whole budget for taking them all. While leases
 /// are handed over, half the budget goes by those handoffs instead: each needs a release from
 /// its owner and a take-up from its requester, so an owner handing over most of its leases
-/// keeps half of the budget to the end of it (weighted by owned leases alone, its part shrank
-/// with every lease it handed over, and its last releases waited on a sliver). The parts add
-/// up to the whole.
+/// keeps half of the budget to the end of it. The parts add up to the whole.
 pub(crate) fn part_of(mine: Holding, listed: Listed, instances: usize) -> f64 {
     let instances = instances.max(1) as f64;
     let steady = if listed.leases == 0 {
@@ -187,11 +184,11 @@ pub(crate) struct ThroughputShare {
     charged: f64,
     /// What the writes admitted and not answered yet are reckoned to cost.
     reserved: f64,
-    /// This instance's phase (0 to 1): how far below what it may keep its level starts, and
-    /// starts again after an idle spell (at most a write's [`ESTIMATE`] short of sending) — so that instances started together, or
-    /// idle until a moment they share (an acquire cycle, a burst of changes), do not all send a
-    /// write in the same second of the budget's window: 50 instances with a share of 6 RU/s
-    /// each would send 500 RU at once.
+    /// This instance's phase (0 to 1): how far below what it may keep its level starts, and starts
+    /// again after an idle spell (at most a write's [`ESTIMATE`] short of sending) — so that
+    /// instances started together, or idle until a moment they share (an acquire cycle, a burst of
+    /// changes), do not all send a write in the same second of the budget's window: 50 instances
+    /// with a share of 6 RU/s each would send 500 RU at once.
     phase: f64,
 }
 

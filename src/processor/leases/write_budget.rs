@@ -12,12 +12,12 @@
 //!   has priority-based execution, the service throttles it first) and a 429 comes back at once
 //!   rather than after the SDK's own retries, which would spend the next second's budget first;
 //! - after a 429, checkpoints pause for the retry-after and go on at a rate cut (at most once a
-//!   second) by the part of the budget's window the retry-after says is spent — by half when
-//!   the budget ran out early in its window, by a tenth when it is back almost at once — which
-//!   grows again by half a second (at least two checkpoints a second more) and is lifted after [`CALM`] without a 429 (increase and
-//!   multiplicative decrease, as TCP shares a link): several instances sharing one budget each
-//!   leave room for the others' heartbeats instead of spending every window at its start, and
-//!   throttling that comes and goes does not starve the checkpoints;
+//!   second) by the part of the budget's window the retry-after says is spent — by half when the
+//!   budget ran out early in its window, by a tenth when it is back almost at once — which grows
+//!   again by half a second (at least two checkpoints a second more) and is lifted after [`CALM`]
+//!   without a 429 (increase and multiplicative decrease, as TCP shares a link): several instances
+//!   sharing one budget each leave room for the others' heartbeats instead of spending every window
+//!   at its start, and throttling that comes and goes does not starve the checkpoints;
 //! - checkpoints wait their turn in order (a FIFO turnstile), so that none waits for ever;
 //! - where the container's provisioned throughput is known, they also wait for this instance's
 //!   share of it ([`crate::processor::leases::throughput_share`]), so that the fleet's writes

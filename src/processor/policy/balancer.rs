@@ -22,8 +22,8 @@
 //!
 //! A lease nobody renews (its owner crashed) is taken the moment it expires: when another
 //! instance's lease will expire before the next acquire cycle, the instance looks again at that
-//! moment (`takeover_in` in [`crate::processor::policy::cycle_plan`]) instead of up to a cycle later, as the reference
-//! processors do.
+//! moment (`takeover_in` in [`crate::processor::policy::cycle_plan`]) instead of up to a cycle
+//! later, as the reference processors do.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -130,9 +130,8 @@ pub fn leases_to_acquire(
 /// Deals the `free` leases to the `needy` one at a time in turn (their order), as cards are
 /// dealt, lowering each one's need; `me`'s part. Freed a few at a time (instances stopping),
 /// they go to as many instances, each taking its own at its next listing within its own part
-/// of the lease container's budget — given all to the largest deficit first, they waited for
-/// one instance's listing and budget: 12 of 50 instances stopped over 2,000 leases at
-/// 400 RU/s, the others took less than one a second while 141 lay free.
+/// of the lease container's budget, rather than all waiting on one instance's listing and
+/// budget.
 fn deal(needy: &mut [(&str, usize)], free: Vec<&str>, me: &str) -> Vec<String> {
     let mut free = free.into_iter();
     let mut mine = Vec::new();

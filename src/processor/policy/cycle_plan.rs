@@ -336,7 +336,7 @@ fn wanted(
 fn owned_fates(snapshot: &LeaseSnapshot, observations: &Observations, me: &str, present: &[String]) -> OwnedFates {
     let staying = |to: &str| present.iter().any(|p| p == to) && !snapshot.leaving.iter().any(|l| l == to);
     let mut fates = OwnedFates::default();
-    // By id: an owner of 2,000 leases looked each up in the whole listing (quadratic).
+    // By id: looking each owned lease up in the whole listing would be quadratic.
     let listed: std::collections::HashMap<&str, &Lease> = snapshot.leases.iter().map(|l| (l.id.as_str(), l)).collect();
     for id in &observations.owned {
         let mine = listed

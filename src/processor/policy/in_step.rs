@@ -1,16 +1,14 @@
 //! Periodic work of many instances that fell into step, spread out again. Pure.
 //!
-//! An instance that schedules its next heartbeat one interval after the last one
-//! keeps whatever phase it has for ever. Instances whose timers fired together once — a process
-//! or a node that stalled, a lease container that answered nothing for a while and then all
-//! their retries at once — then write in the same second of the lease container's budget window
-//! at every interval after, and the group only grows: 8 of 50 heartbeats fired within one
-//! millisecond every renew interval in a 2,000-lease rebalance, and with the instances' other
-//! writes of that second the budget answered 429. Each period is drawn a little short of the
-//! interval instead, so that such a group comes apart within a few periods, and a promise of
-//! "at least once per interval" still holds. (The acquire cycle keeps its interval: its
-//! listings are reads, and a lease is taken over within a cycle of its expiration, which the
-//! takeover's timing counts on.)
+//! An instance that schedules its next heartbeat one interval after the last one keeps whatever
+//! phase it has for ever. Instances whose timers fired together once — a process or a node that
+//! stalled, a lease container that answered nothing for a while and then all their retries at
+//! once — then write in the same second of the lease container's budget window at every
+//! interval after, and the group only grows until that second's writes pass the budget (429).
+//! Each period is drawn a little short of the interval instead, so that such a group comes
+//! apart within a few periods, and a promise of "at least once per interval" still holds. (The
+//! acquire cycle keeps its interval: its listings are reads, and a lease is taken over within a
+//! cycle of its expiration, which the takeover's timing counts on.)
 
 use std::time::Duration;
 

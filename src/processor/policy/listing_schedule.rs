@@ -1,9 +1,9 @@
 //! How often an instance lists the leases: the idle back-off of the acquire cycle. Pure.
 //!
 //! An instance lists every lease once per acquire interval (13 s by default, like the reference
-//! processors): that is how it sees free leases, new instances, leases a stopped instance
-//! released, owners that stopped beating and handoff requests. Heartbeats (one write per
-//! instance every renew interval, [`crate::processor::leases::heartbeat`]) are what keep leases alive and cannot be
+//! processors): that is how it sees free leases, new instances, leases a stopped instance released,
+//! owners that stopped beating and handoff requests. Heartbeats (one write per instance every renew
+//! interval, [`crate::processor::leases::heartbeat`]) are what keep leases alive and cannot be
 //! spared; the listing can, but only where nothing it could show would then be seen later:
 //! - the instance is the only live one and owns every lease, so no other instance can crash or
 //!   release a lease it would have to take over (failover is never slower);

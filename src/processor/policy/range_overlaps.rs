@@ -1,13 +1,10 @@
 //! Leases whose ranges overlap: split parents whose children exist (superseded) and ranges that
 //! overlap another's (a lease container edited by hand). Pure.
 //!
-//! Every instance asks this of every listing. Comparing every pair of leases made it quadratic:
-//! with 2,000 leases a plan took tens of milliseconds of string comparisons, and 50 instances
-//! planning every acquire interval (the one owner of many leases every quarter of it) kept a
-//! core busy and delayed every instance's acquire cycle (the bench's scale group, 1 → 50
-//! instances over 2,000 leases: 4–9 cycles instead of 2). The ranges are sorted instead, and
-//! only groups of ranges that overlap one another are compared pairwise: leases that do not
-//! overlap — all of them, but for a split in progress — cost a sort.
+//! Every instance asks this of every listing, over thousands of leases: comparing every pair
+//! would make each acquire cycle quadratic. The ranges are sorted instead, and only groups of
+//! ranges that overlap one another are compared pairwise: leases that do not overlap — all of
+//! them, but for a split in progress — cost a sort.
 
 use std::collections::HashSet;
 

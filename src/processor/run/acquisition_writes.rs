@@ -13,11 +13,12 @@ use crate::processor::run::shared::Shared;
 /// request, is tried again after a 412 within one cycle.
 const ACQUIRE_RETRIES: u32 = 5;
 
-/// Writes one acquisition (If-Match the listed ETag), as a write that can wait (at low priority,
-/// a 429 answered at once: [`LeaseStore::replace_deferrable`]). One from a live owner (a handoff request,
-/// or the take after the owner ignored one for a lease expiration) re-reads the lease on a 412 and
-/// tries again while the reason holds, a few times (as the reference processors do): an owner
-/// that checkpoints often changes the lease between every listing and write, and would keep it.
+/// Writes one acquisition (If-Match the listed ETag), as a write that can wait (at low priority, a
+/// 429 answered at once: [`LeaseStore::replace_deferrable`]). One from a live owner (a handoff
+/// request, or the take after the owner ignored one for a lease expiration) re-reads the lease on a
+/// 412 and tries again while the reason holds, a few times (as the reference processors do): an
+/// owner that checkpoints often changes the lease between every listing and write, and would keep
+/// it.
 pub(crate) async fn write_acquisition(
     store: &dyn LeaseStore,
     acquisition: &Acquisition,

@@ -161,8 +161,7 @@ impl Coordinator {
     /// Stops every lease task (each releases its lease); the renewer then removes the heartbeat.
     /// A lease asked for that its owner hands over meanwhile is freed, every `poll` until the
     /// last task ended and once more then: owned by this name while its heartbeat still beats,
-    /// nobody else would take it up before the stop ended (seen: a lease handed over 60 ms
-    /// before the stop, still this instance's 4 s later).
+    /// nobody else would take it up before the stop ended.
     async fn stop(&mut self, poll: Duration) {
         self.shared.health.set_ready(false);
         self.leases.cancel();
@@ -181,11 +180,11 @@ impl Coordinator {
         tracing::info!("processor stopped");
     }
 
-    /// When this instance (announced by its first heartbeat as it started) joins a processor that others may be running (another
-    /// instance's heartbeat or lease is there: whether it is alive is not judged by the
-    /// timestamps other machines' clocks wrote), it waits half to one cycle before its first
-    /// acquire so that instances starting together all count each other; a processor nobody ran
-    /// yet is started at once.
+    /// When this instance (announced by its first heartbeat as it started) joins a processor that
+    /// others may be running (another instance's heartbeat or lease is there: whether it is alive
+    /// is not judged by the timestamps other machines' clocks wrote), it waits half to one cycle
+    /// before its first acquire so that instances starting together all count each other; a
+    /// processor nobody ran yet is started at once.
     async fn join_delay(&self) -> Duration {
         let me = &self.shared.options.instance;
         let others = match self.shared.store.snapshot().await {
@@ -536,8 +535,8 @@ async fn lease_task(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> (Arc<OwnedLe
             LeaseExit::closed(CloseReason::Panicked)
         });
     // Released here, by each lease's own task (still kept alive until then), not one after
-    // another by the coordinator: an instance handing 2,000 leases to 49 newcomers wrote them in
-    // turn, slower than the newcomers' patience, and they took the leases outright meanwhile.
+    // another by the coordinator: in turn, an owner of many leases releases them slower than the
+    // requesters' patience, and they take the leases outright.
     if matches!(
         exit.reason,
         CloseReason::Shutdown | CloseReason::Panicked | CloseReason::HandedOver | CloseReason::Stalled

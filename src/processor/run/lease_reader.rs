@@ -444,8 +444,8 @@ impl LeaseReader {
     /// Hands a page's documents to the handler (an empty page is done at once) in a task of
     /// its own, so that the delivery goes on while the reader settles the batch before it: a
     /// delivery confirming ownership may hold the lease's lock, which that batch's checkpoint
-    /// waits for — polled by the reader alone, the two waited on each other for good. The task
-    /// ends with the window (dropped: aborted).
+    /// waits for — polled by the reader alone, the two would wait on each other for good. The
+    /// task ends with the window (dropped: aborted).
     fn deliver(&self, range: &EpkRange, page: ChangePage, batch_id: String, span: Span) -> InFlight {
         if page.documents.is_empty() {
             return Box::pin(std::future::ready((page, true)));
@@ -565,7 +565,7 @@ mod tests {
     fn a_trickle_never_waits_long_and_an_idle_lease_reaches_the_poll_interval_within_fifteen_reads() {
         let poll = Duration::from_secs(5);
         // A change every 60 ms (a partition's share of 500 writes/s over 8): the wait after an
-        // empty page between two changes stays at the first wait (tripling made it 150 ms).
+        // empty page between two changes stays at the first wait.
         let (mut quiet, mut longest) = (Duration::ZERO, Duration::ZERO);
         while quiet < Duration::from_millis(60) {
             let wait = empty_poll_wait(poll, quiet);

@@ -1,10 +1,10 @@
 //! The renewer: keeps this instance and its leases alive. With instance liveness (the default,
-//! [`crate::processor::leases::heartbeat`]) it writes the instance's heartbeat every renew interval, which keeps
-//! every owned lease alive, and renews a lease on its own only while the cycle plan says that
-//! another live instance judges leases one by one. Each such renewal runs in a keep-alive task
-//! of the lease's own, one renew interval after this instance last wrote it (a checkpoint
-//! counts), so that a throttled, slow or hung write of one lease never delays another's. When
-//! the renewer ends gracefully it removes the heartbeat.
+//! [`crate::processor::leases::heartbeat`]) it writes the instance's heartbeat every renew
+//! interval, which keeps every owned lease alive, and renews a lease on its own only while the
+//! cycle plan says that another live instance judges leases one by one. Each such renewal runs in a
+//! keep-alive task of the lease's own, one renew interval after this instance last wrote it (a
+//! checkpoint counts), so that a throttled, slow or hung write of one lease never delays another's.
+//! When the renewer ends gracefully it removes the heartbeat.
 
 use std::sync::Arc;
 
@@ -20,8 +20,9 @@ use crate::processor::policy::in_step;
 use crate::processor::run::shared::Shared;
 
 /// Starts a keep-alive for every lease this instance comes to own, and beats, until `stop`; then
-/// removes the heartbeat if a graceful stop released the leases. A lease whose processing is stopping (shutdown, handoff) is still kept
-/// alive until it is released: only a lost or released one is not.
+/// removes the heartbeat if a graceful stop released the leases. A lease whose processing is
+/// stopping (shutdown, handoff) is still kept alive until it is released: only a lost or released
+/// one is not.
 pub(crate) async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken) {
     // A lease was just written when it was acquired: it is found well before its first renewal.
     let look = (shared.options.renew_interval / 4).max(std::time::Duration::from_millis(10));
@@ -73,9 +74,11 @@ pub(crate) async fn renew_loop(shared: Arc<Shared>, stop: CancellationToken) {
 }
 
 /// Writes this instance's heartbeat (with the liveness marker) within a renew interval after the
-/// last one succeeded ([`in_step::period`]; the first one sooner, at a random point) (three quarters of it while the lease container throttles); a failed one is retried with backoff (a throttled one after its
-/// retry-after, counted as throttling, not reported as an error), never waiting longer than a
-/// quarter of the renew interval. Ends at `stop` between writes (a write under way is finished).
+/// last one succeeded ([`in_step::period`]; the first one sooner, at a random point) (three
+/// quarters of it while the lease container throttles); a failed one is retried with backoff (a
+/// throttled one after its retry-after, counted as throttling, not reported as an error), never
+/// waiting longer than a quarter of the renew interval. Ends at `stop` between writes (a write
+/// under way is finished).
 async fn beat(shared: Arc<Shared>, stop: CancellationToken) {
     let interval = shared.options.renew_interval;
     let mut failures = 0;

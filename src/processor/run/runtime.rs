@@ -1,6 +1,6 @@
-//! The running processor's public face: [`Processor`] (configure and start),
-//! [`ProcessorHandle`] (a started one: stop, abort, events) and [`ProcessorMonitor`] (health
-//! and estimates). The work itself is in [`crate::processor::run::coordinator`], [`crate::processor::run::renewer`] and
+//! The running processor's public face: [`Processor`] (configure and start), [`ProcessorHandle`] (a
+//! started one: stop, abort, events) and [`ProcessorMonitor`] (health and estimates). The work
+//! itself is in [`crate::processor::run::coordinator`], [`crate::processor::run::renewer`] and
 //! [`crate::processor::run::lease_reader`].
 
 use std::sync::Arc;
@@ -42,8 +42,8 @@ impl Processor {
     }
 
     /// A processor delivering to `handler`: [`Handler::Manual`] for one that checkpoints itself
-    /// (each batch comes with a [`crate::processor::CheckpointHandle`], and nothing is checkpointed until
-    /// the handler uses one).
+    /// (each batch comes with a [`crate::processor::CheckpointHandle`], and nothing is checkpointed
+    /// until the handler uses one).
     pub fn with_handler(
         monitored: MonitoredContainer,
         store: Arc<dyn LeaseStore>,
@@ -191,9 +191,9 @@ impl ProcessorHandle {
         }
     }
 
-    /// Resolves when the processor stopped by itself because it cannot go on (another process
-    /// took its instance name, its monitored
-    /// container was deleted and created again), with the reason; pending until then.
+    /// Resolves when the processor stopped by itself because it cannot go on (another process took
+    /// its instance name, its monitored container was deleted and created again), with the reason;
+    /// pending until then.
     pub async fn halted(&self) -> String {
         self.shared.health.halt().cancelled().await;
         self.shared.health.halt_reason().unwrap_or_default()

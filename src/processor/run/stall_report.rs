@@ -1,6 +1,6 @@
-//! What a lease's reader does about a stall [`crate::processor::policy::stall`] judged: log it once with what the
-//! reader was doing, count it (`cfp_lease_stalled`, `cfp_lease_stalls_total`), and record it on
-//! the lease (the `stalled` property the operator turns into `Degraded=True`, reason
+//! What a lease's reader does about a stall [`crate::processor::policy::stall`] judged: log it once
+//! with what the reader was doing, count it (`cfp_lease_stalled`, `cfp_lease_stalls_total`), and
+//! record it on the lease (the `stalled` property the operator turns into `Degraded=True`, reason
 //! `LeaseStalled`), or clear that record when the lease goes on.
 
 use time::OffsetDateTime;
