@@ -2,9 +2,13 @@
 //!
 //! - [`cosmos`]: the only module that talks to the Cosmos SDK.
 //! - [`processor`]: the change feed processor (leases, balancing, checkpoints, splits).
+//! - [`worker`]: one worker process: its settings, opening the containers, metrics and health.
+//! - [`operator`]: the Kubernetes operator.
+//! - [`cli`]: the `cfp` command line.
 //! - [`emulator`]: the SDK's in-memory emulator served over loopback HTTP (`cfp emulator`).
 //! - [`demo`]: `cfp demo`, the whole system in one command on the emulator.
-//! - [`worker`]: one worker process: its settings, opening the containers, metrics and health.
+//! - [`bench`]: `cfp bench`, the performance goals beside their baselines.
+//! - [`http_server`], [`signals`], [`traces`]: the HTTP server loop, shutdown signals, traces.
 
 #[cfg(feature = "emulator")]
 pub mod bench;

@@ -1,7 +1,7 @@
 //! The code's shape, checked on every run: layers point down only (cli → operator → worker →
-//! processor → cosmos), no import circle among the crate's modules, and no production file over 600
+//! processor → cosmos), no import circle among the crate's modules, no production file over 600
 //! lines or function over 80 lines in `src/` without a note in the code saying why (a comment
-//! containing `longer than the limit because`).
+//! containing `longer than the limit because`), and each folder's map names the modules it has.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -356,4 +356,67 @@ fn layers_point_down_only() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The modules a folder's `mod.rs` (or `lib.rs`) declares: `mod name;` in any visibility.
+fn declared_modules(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|line| {
+            let mut rest = line.trim_start();
+            for prefix in ["pub(crate) ", "pub(super) ", "pub "] {
+                rest = rest.strip_prefix(prefix).unwrap_or(rest);
+            }
+            let name = rest.strip_prefix("mod ")?.strip_suffix(';')?;
+            Some(name.to_owned())
+        })
+        .collect()
+}
+
+/// The map of a folder: its `mod.rs`'s inner doc comment.
+fn map_of(text: &str) -> String {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("//!"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Whether `map` names module `name` as code: `` `name` ``, `` [`name`] ``, `` `name::…` `` or
+/// `` `name/` ``.
+fn names_module(map: &str, name: &str) -> bool {
+    ["`", "::", "/"]
+        .iter()
+        .any(|after| map.contains(&format!("`{name}{after}")))
+}
+
+#[test]
+fn each_folders_map_names_the_modules_it_has() {
+    let mut unnamed = Vec::new();
+    let folders = sources(&src())
+        .into_iter()
+        .filter(|(path, _)| path.ends_with("mod.rs") || path == &src().join("lib.rs"));
+    for (path, text) in folders {
+        let map = map_of(&text);
+        for module in declared_modules(&text) {
+            if !names_module(&map, &module) {
+                let shown = path.strip_prefix(src()).unwrap_or(&path).display().to_string();
+                unnamed.push(format!("{shown}: {module}"));
+            }
+        }
+    }
+    assert!(
+        unnamed.is_empty(),
+        "each folder's map (its mod.rs's //! comment) names every module it has; not named:\n{}",
+        unnamed.join("\n")
+    );
+}
+
+#[test]
+fn a_map_that_misses_a_module_is_found() {
+    let text = "//! The room: [`kept`] and `other`.\n\npub mod kept;\nmod other;\npub(crate) mod new_one;\n";
+    let map = map_of(text);
+    let unnamed: Vec<String> = declared_modules(text)
+        .into_iter()
+        .filter(|m| !names_module(&map, m))
+        .collect();
+    assert_eq!(unnamed, ["new_one"]);
 }

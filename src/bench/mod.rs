@@ -2,6 +2,16 @@
 //! with their baselines in one run, on the SDK's in-memory emulator (in-process, and `cfp
 //! emulator` on loopback for the worker-process figures). Prints a table and writes JSON.
 //! Ratios, not absolute times, are what compare across machines.
+//!
+//! - `figures`: one function per figure, each against its baseline; `world` (the in-process
+//!   world they run in), `counting_store` (a lease store that counts what passes), `processes`
+//!   (the processes some figures start);
+//! - `loopback`: `cfp worker` processes against `cfp emulator`; `java`: the Java v4 processor
+//!   beside them;
+//! - `scale`, `estimation_cost`, `operator_scale`: the `scale` group (many leases and instances,
+//!   the operator's estimate, the operator at size); `budgets`: the request-unit budgets group;
+//! - `operator`, `resources`, [`control_plane`]: the operator's own figure on a throwaway
+//!   control plane.
 
 mod budgets;
 pub mod control_plane;

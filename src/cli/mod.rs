@@ -1,5 +1,8 @@
-//! The `cfp` command line: argument definitions, the config-file merge, and one module per
-//! subcommand.
+//! The `cfp` command line: argument definitions ([`args`], [`connection_args`]), the config-file
+//! merge ([`config_file`]), the handler it builds ([`handler`]), and one module per subcommand:
+//! [`worker`], [`operator`], [`estimate`], [`checkpoints`], [`deadletter`], [`write`], and with
+//! the emulator [`emulator`] and [`bench`]. `env_contract_tests` holds the operator ↔ worker
+//! settings contract's tests.
 
 pub mod args;
 #[cfg(feature = "emulator")]

@@ -1,6 +1,12 @@
 //! The only place that talks to `azure_data_cosmos`: client setup, feed ranges, change-feed page
 //! reads, document CRUD with If-Match, and the continuation-token bridge between the SDK's
 //! composite tokens and the raw per-range continuations stored in lease documents.
+//!
+//! `client` and `auth` (reaching an account: key or Entra ID), `provision` (opening the
+//! processor's own containers), `feed` (feed ranges and change feed pages), `change` (the change
+//! feed modes), `documents` (CRUD with If-Match), `range` (EPK ranges as leases store them),
+//! `continuation` and `lsn` (continuation tokens and the LSNs inside them), `error` (SDK errors
+//! classified into what the processor decides on).
 
 mod auth;
 mod change;

@@ -2,7 +2,7 @@
 //! partitions served on loopback, a steady writer, M `cfp worker` processes, and on a schedule a
 //! crash (kill -9), a partition split, one more worker, and a final drain — then a verification
 //! table (written, delivered, lost, duplicates, failover and rebalance times). Lost documents make
-//! it fail.
+//! it fail. [`fleet`] runs the worker processes, `script` the schedule, [`view`] what it shows.
 
 pub mod fleet;
 mod script;

@@ -52,6 +52,14 @@
 //!   `DELETE` brings it back (writes stay where they are).
 //!
 //! A bad parameter is answered 400 with a message saying what is expected.
+//!
+//! The modules: `edge` (the one door to the SDK's emulator) with `addressing` (resource paths as
+//! the service serves them), [`formats`] (the change feed formats and their translations),
+//! `metadata` (metadata writes refused as the service refuses them) and `auth`; `server` (the
+//! HTTP face) and `controls` (`/_emulator/*`); `faults`, `hangs` and `throttles` (what it fails,
+//! hangs and refuses); `partitions` (splits and merges); `regions`, `lag` and `region_traffic`
+//! (the account's regions, their replication delay and what each answered); `in_process`
+//! (clients in the same process, for tests).
 
 mod addressing;
 mod auth;

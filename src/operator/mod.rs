@@ -1,15 +1,15 @@
 //! The Kubernetes operator: the `ChangeFeedProcessor` resource, its reconciler, leader election.
 //!
-//! [`boundary`] (the trust boundary: the accounts the admin allows), [`crd`] (types),
-//! [`spec_options`] (the spec as the workers' processor options), [`spec_values`] (field values
-//! read as what they mean), [`workload`] (pure rendering of the Deployment and Service),
-//! [`network_policy`] (pure: the workers' NetworkPolicy), [`config`] (pure configuration check, the
-//! Secret digest), [`digest_key`] (the installation's key of that digest, kept in a Secret),
-//! [`status`] (pure conditions), [`scaling`] (everything that decides replicas: the estimates, the
-//! policy and its rate behavior, an external autoscaler, pausing), [`rewind_steps`] (pure: the
-//! rewind annotations' steps), [`failover`] (freeing the leases of gone worker pods), [`reconcile`]
-//! (observe → plan → apply → publish, with a pure plan and report), [`leader`], [`healthz`]
-//! (`/healthz`), [`metrics`], [`run`] (the `cfp operator` loop).
+//! [`boundary`] (the trust boundary: the accounts the admin allows), [`claims`] (which resource
+//! holds a lease set), [`crd`] (types), [`spec_options`] (the spec as the workers' processor
+//! options), [`spec_values`] (field values read as what they mean), [`workload`] (pure rendering
+//! of the Deployment and Service), [`network_policy`] (pure: the workers' NetworkPolicy),
+//! [`config`] (pure configuration check, the Secret digest), [`digest_key`] (the installation's
+//! key of that digest, kept in a Secret), [`status`] (pure conditions), [`scaling`] (everything
+//! that decides replicas), [`rewind_steps`] (pure: the rewind annotations' steps), [`failover`]
+//! (freeing the leases of gone worker pods), [`reconcile`] (observe → plan → apply → publish,
+//! with a pure plan and report), [`leader`], [`healthz`] (`/healthz`), [`metrics`], [`run`] (the
+//! `cfp operator` loop).
 
 pub mod boundary;
 pub mod claims;

@@ -3,15 +3,16 @@
 //!
 //! Rooms by role (each room's `mod.rs` says what it holds and what it may use):
 //! - [`leases`]: the lease documents and their store, an owned lease, the heartbeat, sightings,
-//!   bootstrap and adoption;
+//!   the lag report a lease carries, bootstrap and adoption, and the lease container's budget
+//!   every lease write passes through (this instance's share, how it spends it);
 //! - [`policy`]: the pure decisions (balancer, acquire-cycle plan, listing schedule, stall state
 //!   machine, checkpoint policy, validation of options), table and property tested;
 //! - [`run`]: the running parts (runtime, coordinator, renewer, the per-lease reader, delivery,
-//!   splits, store recovery, what the tasks share);
+//!   splits, store recovery, health, what a reader does about a stall, what the tasks share);
 //! - [`handlers`]: where batches go (the handler trait and stdout, HTTP, manual checkpoints, dead
 //!   letters);
-//! - [`report`]: what the processor tells (telemetry, events, observer, health, the estimator, lag
-//!   and stall reports, the error log);
+//! - [`report`]: what the processor tells (telemetry, events, observer, the estimator, the error
+//!   log);
 //! - [`admin`]: the offline checkpoint tools (export, import, rewind, evict), which the running
 //!   processor never calls;
 //! - [`options`] and [`error`]: the public settings and errors.

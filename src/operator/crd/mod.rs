@@ -3,8 +3,8 @@
 //!
 //! By part of the resource: `spec` (the kind, its cross-field rules and the feed),
 //! `connection`, `leases`, `handler` (with retries, dead letters, checkpoints),
-//! `autoscaling`, `worker` (the pod template), `status`, `schema` (`crd_yaml`), `size_limits`
-//! (a limit on every string, list and map) and `reference`
+//! `autoscaling`, `observability`, `worker` (the pod template), `status`, `schema`
+//! (`crd_yaml`), `size_limits` (a limit on every string, list and map) and `reference`
 //! (`crd_markdown`: the field reference generated from the schema).
 
 mod autoscaling;

@@ -4,10 +4,12 @@
 //!
 //! One reconciliation is observe (`observe`: Secrets, Deployment, HPAs, estimates, pods) → plan
 //! (`plan`, pure: the replicas) → apply (`apply`: server-side apply, `/scale`) → publish
-//! (`publish`, pure: status and Events; then one thin write). `cleanup` runs the lease-cleanup
-//! finalizer; `rewind_actions` carries out the rewind annotations' steps; `target` (pure) says
-//! which accounts and containers to read; `memory` holds what is remembered of each resource
-//! between reconciliations (forgotten in one place).
+//! (`publish`, pure: status and Events; then one thin write). `pace` (pure) keeps its cost
+//! growing with change, not with the number of resources; [`claim`] holds the resource's
+//! lease-set claim; `cleanup` runs the lease-cleanup finalizer; `rewind_actions` carries out the
+//! rewind annotations' steps; `target` (pure) says which accounts and containers to read;
+//! [`memory`] holds what is remembered of each resource between reconciliations (forgotten in
+//! one place).
 
 mod apply;
 pub mod claim;

@@ -1,6 +1,10 @@
-//! Leases: the documents (the .NET v3 layout), the grammar of their ids, and their store, the lag
-//! report a lease carries, a lease this instance owns, the instance heartbeat and the hold on the
-//! instance name, what this instance has seen of the lease container, bootstrap and adoption. Uses
+//! Leases: the documents (the .NET v3 layout) and their store ([`lease`], [`cosmos_store`]), the
+//! grammar of their ids ([`lease_ids`]), the lag report a lease carries ([`lag_report`]), a lease
+//! this instance owns ([`owned`]), the instance heartbeat ([`heartbeat`]) and the hold on the
+//! instance name ([`name_claim`]), what this instance has seen of the lease container
+//! ([`sightings`]), bootstrap ([`bootstrap`]) and adoption ([`adopt`]), and the lease
+//! container's request units every lease write spends: this instance's share of them
+//! (`throughput_share`) and how it spends them when they run short (`write_budget`). Uses
 //! `cosmos` and the processor's options and errors only.
 
 pub mod adopt;

@@ -1,6 +1,9 @@
-//! The processor's decisions as pure functions, table and property tested: balancing, the
-//! acquire-cycle plan, the listing schedule, the stall state machine, the checkpoint policy and
-//! the one check of the options, the start's retries. No I/O; uses lease models and options only.
+//! The processor's decisions as pure functions, table and property tested: balancing
+//! ([`balancer`], with [`range_overlaps`] for split parents and overlaps), the acquire-cycle plan
+//! ([`cycle_plan`]), the listing schedule ([`listing_schedule`]), periodic work spread out again
+//! ([`in_step`]), the stall state machine ([`stall`]), the checkpoint policy
+//! ([`checkpoint_policy`]), the one check of the options ([`validation`]) and the start's retries
+//! ([`start_retry`]). No I/O; uses lease models and options only.
 
 pub mod balancer;
 pub mod checkpoint_policy;

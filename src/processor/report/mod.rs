@@ -1,5 +1,7 @@
-//! What the processor tells: telemetry (the observer, lease events), the error log, and the
-//! remaining-work estimator. Uses `leases`, `policy` and `cosmos`.
+//! What the processor tells: telemetry (`telemetry`, the [`observer`] hooks, lease [`events`]),
+//! the error log ([`error_log`]), and the remaining-work [`estimator`]. Uses `leases`, `policy`
+//! and `cosmos`. (Health is `run::health`, the lag report `leases::lag_report`, what a reader does
+//! about a stall `run::stall_report`.)
 
 pub mod error_log;
 pub mod estimator;

@@ -1,7 +1,10 @@
-//! The running processor: start and stop ([`runtime`]), the acquire cycles ([`coordinator`]),
-//! renewals, the crash gate (an abort writes nothing), the per-lease reader and its checkpointer,
-//! delivery with retries, splits, store recovery, health and what a reader does about a stall.
-//! Uses every other room.
+//! The running processor: start and stop ([`runtime`]), the acquire cycles (`coordinator`, their
+//! writes `acquisition_writes`, the handoffs awaited `awaited_handoffs`), renewals (`renewer`),
+//! the crash gate (`crash_gate`: an abort writes nothing), the per-lease reader ([`lease_reader`])
+//! and its checkpointer (`lease_checkpointer`), delivery with retries ([`delivery`]), splits
+//! ([`split`]), the monitored container's existence ([`monitored_watch`]), store recovery
+//! (`store_recovery`), health (`health`), what a reader does about a stall (`stall_report`), and
+//! what the tasks share (`shared`). Uses every other room.
 
 pub(crate) mod acquisition_writes;
 pub(crate) mod awaited_handoffs;
