@@ -3,43 +3,17 @@
 //! estimate` does), on the in-memory emulator with real workers: the same figures, without
 //! reading the feed for owned leases that are caught up or whose report is exact.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use changefeed_operator::cosmos::MonitoredContainer;
 use changefeed_operator::operator::crd::Estimation;
 use changefeed_operator::operator::scaling::estimates::{How, estimate_in};
 use changefeed_operator::operator::scaling::worker_reports::ReportMemory;
 use changefeed_operator::processor::leases::lag_report::LATEST_LSN_PROPERTY;
-use changefeed_operator::processor::{
-    Batch, ChangeHandler, HandlerError, LeaseStore, ProcessorEstimate, ProcessorOptions,
-};
-use tokio::sync::Semaphore;
+use changefeed_operator::processor::{LeaseStore, ProcessorEstimate, ProcessorOptions};
 
+use crate::common::gate::{GateHandler, Hold};
 use crate::common::{DB, Env, ITEMS, eventually};
-
-/// Delivers every lease's first batch at once, then waits for a permit per batch.
-struct GatedHandler {
-    gate: Arc<Semaphore>,
-    seen: std::sync::Mutex<std::collections::HashSet<String>>,
-}
-
-#[async_trait]
-impl ChangeHandler for GatedHandler {
-    async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
-        let first = self
-            .seen
-            .lock()
-            .map(|mut seen| seen.insert(batch.lease_token.to_owned()))
-            .unwrap_or(false);
-        if !first {
-            // The permit is given back: once opened, the gate stays open.
-            drop(self.gate.acquire().await);
-        }
-        Ok(())
-    }
-}
 
 /// Estimates one processor's leases, as the operator does.
 struct Probe<'a> {
@@ -77,12 +51,13 @@ async fn reports_match_the_change_feed(per_partition: u32) {
     options.max_items = 10;
     let leases = 2 * per_partition as usize;
     env.write(0..300).await;
-    let gate = Arc::new(Semaphore::new(0));
-    let handler = Arc::new(GatedHandler {
-        gate: gate.clone(),
-        seen: Default::default(),
-    });
-    let worker = env.processor(options.clone(), handler).await.start().await.unwrap();
+    let gate = GateHandler::silent(Hold::AfterFirst);
+    let worker = env
+        .processor(options.clone(), gate.clone())
+        .await
+        .start()
+        .await
+        .unwrap();
     let store = env.store().await;
     let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
     // Every lease checkpointed its first batch (with a report) and is stuck in its second.
@@ -132,7 +107,7 @@ async fn reports_match_the_change_feed(per_partition: u32) {
         assert_eq!(reads(&reported), 0, "whole partitions: exact from the reports");
     }
 
-    gate.add_permits(1);
+    gate.open();
     let warm = tokio::sync::Mutex::new(ReportMemory::default());
     let caught_up = eventually(Duration::from_secs(30), || async {
         let now = probe.estimate(Estimation::WorkerReports, &mut *warm.lock().await).await;

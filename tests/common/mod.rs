@@ -15,6 +15,7 @@ use changefeed_operator::processor::{
 use changefeed_operator::worker::{WorkerSettings, build_processor};
 use serde_json::json;
 
+pub mod gate;
 pub mod processes;
 pub mod writer;
 pub use processes::DiesWithTest;

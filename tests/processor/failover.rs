@@ -1,13 +1,13 @@
 //! Crashes and handoffs: a crash (an abort writes nothing) is taken over after the expiration,
 //! graceful stops and handoffs redeliver nothing, a stale owner writes nothing.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use changefeed_operator::processor::{Batch, ChangeHandler, CloseReason, HandlerError, LeaseEvent};
+use changefeed_operator::processor::{CloseReason, LeaseEvent};
 
 use super::*;
-use crate::common::{self, Env, eventually, fair, ids, upsert_doc};
+use crate::common::gate::{GateHandler, Hold};
+use crate::common::{Env, eventually, fair, ids, upsert_doc};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_instance_leases_are_taken_over_after_expiry() {
@@ -85,27 +85,6 @@ async fn a_crashed_instance_leases_are_taken_over_after_expiry() {
     b.stop().await;
 }
 
-/// Holds every batch while `hold` is set, until `release` is closed; counts the batches held.
-struct HeldHandler {
-    hold: std::sync::atomic::AtomicBool,
-    held: std::sync::atomic::AtomicUsize,
-    release: tokio::sync::Semaphore,
-    recorder: Arc<common::RecordingHandler>,
-}
-
-#[async_trait::async_trait]
-impl ChangeHandler for HeldHandler {
-    async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
-        use std::sync::atomic::Ordering;
-        if self.hold.load(Ordering::SeqCst) {
-            self.held.fetch_add(1, Ordering::SeqCst);
-            // Closed: let go.
-            let _ = self.release.acquire().await;
-        }
-        self.recorder.handle(batch).await
-    }
-}
-
 /// The lease documents (id, ETag) and whether `instance`'s heartbeat is there.
 async fn lease_versions(env: &Env, instance: &str) -> (Vec<(String, String)>, bool) {
     let snapshot = env.store().await.snapshot().await.unwrap();
@@ -119,14 +98,8 @@ async fn lease_versions(env: &Env, instance: &str) -> (Vec<(String, String)>, bo
 /// removal — so the survivor takes no lease before its expiry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abort_writes_nothing_to_the_lease_container() {
-    use std::sync::atomic::Ordering;
     let env = Env::new(8).await;
-    let handler = Arc::new(HeldHandler {
-        hold: false.into(),
-        held: 0.into(),
-        release: tokio::sync::Semaphore::new(0),
-        recorder: env.recorder("a"),
-    });
+    let handler = GateHandler::recording(Hold::Nothing, env.recorder("a"));
     let a = env
         .processor(env.options("a"), handler.clone())
         .await
@@ -153,18 +126,12 @@ async fn an_abort_writes_nothing_to_the_lease_container() {
     .await;
     assert!(settled, "the leases kept changing");
     // A batch with the handler when the crash comes.
-    handler.hold.store(true, Ordering::SeqCst);
+    handler.hold(Hold::Every);
     env.write(200..201).await;
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            handler.held.load(Ordering::SeqCst) > 0
-        })
-        .await,
-        "no batch reached the handler"
-    );
+    assert!(handler.wait_held_count(1).await, "no batch reached the handler");
     let before = lease_versions(&env, "a").await;
     a.abort();
-    handler.release.close();
+    handler.open();
     let changed = eventually(Duration::from_secs(3), || async {
         lease_versions(&env, "a").await != before
     })
@@ -506,24 +473,14 @@ async fn a_graceful_stop_renews_its_leases_until_a_batch_slower_than_the_expirat
         options.max_items = 10;
         options.max_in_flight_batches = in_flight;
         let expiration = options.expiration;
-        let (slow_started, release) = (
-            Arc::new(tokio::sync::Notify::new()),
-            Arc::new(tokio::sync::Notify::new()),
-        );
-        let handler = Arc::new(SlowDocumentHandler {
-            inner: env.recorder(&options.instance),
-            slow_started: slow_started.clone(),
-            release: release.clone(),
-        });
-        let a = env.processor(options, handler).await.start().await.unwrap();
-        tokio::time::timeout(Duration::from_secs(10), slow_started.notified())
-            .await
-            .expect("the slow batch reached the handler");
+        let handler = GateHandler::recording(Hold::Document("doc-5".into()), env.recorder(&options.instance));
+        let a = env.processor(options, handler.clone()).await.start().await.unwrap();
+        assert!(handler.wait_held_count(1).await, "the slow batch reached the handler");
         let b = env.start(env.options(&format!("b{in_flight}"))).await;
         let stopping = tokio::spawn(a.stop());
         // The handler holds the batch for 1.5 lease expirations after the stop began.
         tokio::time::sleep(expiration * 3 / 2).await;
-        release.notify_one();
+        handler.open();
         tokio::time::timeout(Duration::from_secs(20), stopping)
             .await
             .expect("the stop completes")

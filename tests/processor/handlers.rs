@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use changefeed_operator::processor::{Batch, ChangeHandler, CloseReason, HandlerError, LeaseEvent};
 
-use super::*;
+use crate::common::gate::{GateHandler, Hold};
 use crate::common::{self, Env, eventually, ids, upsert_doc};
 
 /// Fails (or panics in) the first batches that hold `doc-<poison>`, then records like the others.
@@ -55,7 +55,7 @@ async fn unreliable_run(panic: bool) -> (usize, usize, Vec<CloseReason>) {
         failures_left: std::sync::atomic::AtomicU32::new(3),
         panic,
     });
-    let processor = env.processor(options, handler).await;
+    let processor = env.processor(options, handler.clone()).await;
     let mut events = processor.subscribe();
     let handle = processor.start().await.unwrap();
     env.write(0..200).await;
@@ -101,19 +101,9 @@ async fn slow_first_batch(
     let mut options = env.options(&format!("slow{in_flight}"));
     options.max_items = 10;
     options.max_in_flight_batches = in_flight;
-    let (slow_started, release) = (
-        Arc::new(tokio::sync::Notify::new()),
-        Arc::new(tokio::sync::Notify::new()),
-    );
-    let handler = Arc::new(SlowDocumentHandler {
-        inner: env.recorder(&options.instance),
-        slow_started: slow_started.clone(),
-        release,
-    });
-    let handle = env.processor(options, handler).await.start().await.unwrap();
-    tokio::time::timeout(Duration::from_secs(10), slow_started.notified())
-        .await
-        .expect("the slow batch reached the handler");
+    let handler = GateHandler::recording(Hold::Document("doc-5".into()), env.recorder(&options.instance));
+    let handle = env.processor(options, handler.clone()).await.start().await.unwrap();
+    assert!(handler.wait_held_count(1).await, "the slow batch reached the handler");
     // Give the lease time to hand out what it may while the slow batch hangs.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let checkpoint = env.leases().await[0].continuation.clone();
@@ -171,26 +161,19 @@ async fn the_next_page_is_read_while_the_handler_runs_and_waits_until_the_batch_
     }
     let mut options = env.options("ahead");
     options.max_items = 10;
-    let (slow_started, release) = (
-        Arc::new(tokio::sync::Notify::new()),
-        Arc::new(tokio::sync::Notify::new()),
-    );
-    let handler = Arc::new(SlowDocumentHandler {
-        inner: env.recorder("ahead"),
-        slow_started: slow_started.clone(),
-        release: release.clone(),
-    });
+    let handler = GateHandler::recording(Hold::Document("doc-5".into()), env.recorder("ahead"));
     let reads = Arc::new(ReadCounter::default());
     let handle = env
-        .processor(options, handler)
+        .processor(options, handler.clone())
         .await
         .with_observer(reads.clone())
         .start()
         .await
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(10), slow_started.notified())
-        .await
-        .expect("the first batch (doc-5 among doc-0..9) reached the handler");
+    assert!(
+        handler.wait_held_count(1).await,
+        "the first batch (doc-5 among doc-0..9) reached the handler"
+    );
     // The first page is the batch in hand; the next is read while it is with the handler (it
     // may be read before or after the handler starts: count all reads, not those after a moment)...
     let read_ahead = eventually(Duration::from_secs(10), || async {
@@ -202,7 +185,7 @@ async fn the_next_page_is_read_while_the_handler_runs_and_waits_until_the_batch_
     let reads_while_hung = reads.0.load(std::sync::atomic::Ordering::SeqCst).saturating_sub(1);
     let delivered_while_hung = env.deliveries.distinct();
     let checkpoint_while_hung = env.leases().await[0].continuation.clone();
-    release.notify_one();
+    handler.open();
     let all = env.delivered_within(30, Duration::from_secs(10)).await;
     let missing = env.deliveries.missing(ids(0..30));
     println!(

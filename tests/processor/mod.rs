@@ -59,21 +59,3 @@ impl ChangeHandler for SlowHandler {
         self.1.handle(batch).await
     }
 }
-
-/// Records deliveries; the batch holding `doc-5` waits until `release` is notified.
-struct SlowDocumentHandler {
-    inner: Arc<common::RecordingHandler>,
-    slow_started: Arc<tokio::sync::Notify>,
-    release: Arc<tokio::sync::Notify>,
-}
-
-#[async_trait::async_trait]
-impl ChangeHandler for SlowDocumentHandler {
-    async fn handle(&self, batch: Batch<'_>) -> Result<(), HandlerError> {
-        if batch.documents.iter().any(|d| d["id"] == "doc-5") {
-            self.slow_started.notify_one();
-            self.release.notified().await;
-        }
-        self.inner.handle(batch).await
-    }
-}
