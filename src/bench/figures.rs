@@ -86,8 +86,8 @@ async fn processor_read(world: &World, round: u32, documents: usize) -> Result<(
     let first = received
         .first
         .lock()
-        .map(|f| f.map(|f| f.duration_since(started)))
-        .unwrap_or_default();
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .map(|f| f.duration_since(started));
     handle.stop().await;
     done.ok_or("the processor did not deliver the backlog in time")?;
     Ok((documents as f64 / elapsed.as_secs_f64(), first.unwrap_or(elapsed)))
@@ -351,7 +351,12 @@ pub async fn failover(settings: &BenchSettings) -> Result<Vec<Figure>, BenchErro
     let (_, leaving) = handles.remove(0);
     let (handed, written) = graceful_scale_in(&world, leaving).await?;
     wait_until(PATIENCE, || async {
-        received.ids.lock().map(|ids| ids.len() >= written).unwrap_or(false)
+        received
+            .ids
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+            >= written
     })
     .await
     .ok_or("documents written during the scale-in were not all delivered")?;

@@ -24,22 +24,23 @@ pub struct Deliveries {
 
 impl Deliveries {
     fn record(&self, id: String) {
-        if let Ok(mut counts) = self.counts.lock() {
-            *counts.entry(id).or_default() += 1;
-        }
+        *self.counts().entry(id).or_default() += 1;
     }
 
     /// (distinct documents, deliveries in all).
     pub fn totals(&self) -> (usize, usize) {
-        self.counts
-            .lock()
-            .map(|c| (c.len(), c.values().map(|n| *n as usize).sum()))
-            .unwrap_or_default()
+        let counts = self.counts();
+        (counts.len(), counts.values().map(|n| *n as usize).sum())
     }
 
     /// Whether document `id` was delivered.
     pub fn contains(&self, id: &str) -> bool {
-        self.counts.lock().is_ok_and(|c| c.contains_key(id))
+        self.counts().contains_key(id)
+    }
+
+    /// The deliveries by document; a lock poisoned by a panic elsewhere is used as it is.
+    fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

@@ -299,9 +299,9 @@ impl Writer {
                         .await;
                     let written: Vec<String> = written.into_iter().flatten().collect();
                     count.fetch_add(written.len() as u64, Ordering::SeqCst);
-                    if let Ok(mut ids) = ids.lock() {
-                        ids.extend(written);
-                    }
+                    ids.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .extend(written);
                 }
             }
         });
@@ -313,7 +313,10 @@ impl Writer {
     }
 
     fn written(&self) -> Vec<String> {
-        self.ids.lock().map(|ids| ids.clone()).unwrap_or_default()
+        self.ids
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     fn idle(&self) -> bool {

@@ -154,49 +154,48 @@ pub struct FaultInjector {
 }
 
 impl FaultInjector {
+    /// The injector's state; a lock poisoned by a panic elsewhere is used as it is.
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Fails `rate` (0..=1) of the requests, with kinds drawn evenly from `kinds`.
     pub fn configure(&self, rate: f64, kinds: Vec<Fault>) {
-        if let Ok(mut state) = self.state.lock() {
-            state.rate = if kinds.is_empty() { 0.0 } else { rate.clamp(0.0, 1.0) };
-            state.kinds = kinds;
-        }
+        let mut state = self.state();
+        state.rate = if kinds.is_empty() { 0.0 } else { rate.clamp(0.0, 1.0) };
+        state.kinds = kinds;
     }
 
     /// Answers every request slowly: after between half and one and a half of `latency`, as a
     /// loaded account does (zero: at once).
     pub fn slow_down(&self, latency: Duration) {
-        if let Ok(mut state) = self.state.lock() {
-            state.latency = latency;
-        }
+        self.state().latency = latency;
     }
 
     /// How long the next request waits before it is answered (zero unless slowed down).
     pub fn delay(&self) -> Duration {
-        let latency = self.state.lock().map(|s| s.latency).unwrap_or_default();
+        let latency = self.state().latency;
         latency.mul_f64(0.5 + fastrand::f64())
     }
 
     /// Fails every request (503) for `duration`.
     pub fn outage(&self, duration: Duration) {
-        if let Ok(mut state) = self.state.lock() {
-            state.outage_until = Some(Instant::now() + duration);
-        }
+        self.state().outage_until = Some(Instant::now() + duration);
     }
 
     /// Stops injecting.
     pub fn clear(&self) {
-        if let Ok(mut state) = self.state.lock() {
-            state.rate = 0.0;
-            state.kinds.clear();
-            state.outage_until = None;
-            state.latency = Duration::ZERO;
-        }
+        let mut state = self.state();
+        state.rate = 0.0;
+        state.kinds.clear();
+        state.outage_until = None;
+        state.latency = Duration::ZERO;
     }
 
     /// The fault for the next request (a read or a write), if it is to fail: one of the kinds
     /// that the service answers such a request with.
     pub fn next(&self, read: bool) -> Option<Fault> {
-        let mut state = self.state.lock().ok()?;
+        let mut state = self.state();
         let fault = if state.outage_until.is_some_and(|until| Instant::now() < until) {
             Some(Fault::Unavailable)
         } else if state.rate > 0.0 && fastrand::f64() < state.rate {
@@ -211,9 +210,7 @@ impl FaultInjector {
 
     /// What is configured and how many of each fault were injected.
     pub fn report(&self) -> serde_json::Value {
-        let Ok(state) = self.state.lock() else {
-            return serde_json::Value::Null;
-        };
+        let state = self.state();
         let outage = state
             .outage_until
             .map(|until| until.saturating_duration_since(Instant::now()).as_millis() as u64)

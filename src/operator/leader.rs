@@ -9,7 +9,7 @@
 //! which is shorter than `lease_duration`: a leader that was frozen or cut off stops reconciling
 //! before anyone else may start.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -105,24 +105,23 @@ impl LeaderElector {
 
     /// Whether this replica leads now: its last renewal is younger than the renew deadline.
     pub fn is_leading(&self) -> bool {
-        self.renewed
-            .lock()
-            .ok()
-            .and_then(|r| *r)
+        self.renewed()
             .is_some_and(|at| at.elapsed() < self.election.renew_deadline)
     }
 
+    /// When this replica last renewed, while it leads. A lock poisoned by a panic elsewhere is
+    /// used as it is: the value is written whole.
+    fn renewed(&self) -> Option<Instant> {
+        *self.renewed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn set_renewed(&self, at: Option<Instant>) {
-        if let Ok(mut renewed) = self.renewed.lock() {
-            *renewed = at;
-        }
+        *self.renewed.lock().unwrap_or_else(PoisonError::into_inner) = at;
     }
 
     /// Notes the record; returns how long it has been unchanged (monotonic).
     fn observe(&self, record: String) -> Duration {
-        let Ok(mut observed) = self.observed.lock() else {
-            return Duration::ZERO;
-        };
+        let mut observed = self.observed.lock().unwrap_or_else(PoisonError::into_inner);
         match observed.as_ref() {
             Some(seen) if seen.record == record => seen.at.elapsed(),
             _ => {
@@ -234,10 +233,7 @@ impl LeaderElector {
             }
             // A renewal may not outlast the deadline.
             let remaining = self
-                .renewed
-                .lock()
-                .ok()
-                .and_then(|r| *r)
+                .renewed()
                 .map(|at| self.election.renew_deadline.saturating_sub(at.elapsed()))
                 .unwrap_or_default();
             match tokio::time::timeout(remaining, self.try_acquire()).await {

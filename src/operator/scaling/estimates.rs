@@ -34,6 +34,12 @@ pub const MAX_CONCURRENT_ESTIMATES: usize = 8;
 /// Estimates of one namespace that run at once: one tenant's resources never hold every slot.
 pub const MAX_CONCURRENT_ESTIMATES_PER_NAMESPACE: usize = 2;
 
+/// Locks `mutex`; one poisoned by a panic elsewhere is used as it is (each field is a value
+/// written whole), so that an estimate task's panic never stops the others' bookkeeping.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A resource, by namespace and name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ResourceKey {
@@ -124,24 +130,20 @@ pub struct Accounts {
 impl Accounts {
     /// The client of `account`, connecting on first use.
     pub async fn get(&self, account: &AccountRef) -> Result<CosmosAccount, EstimateFailure> {
-        if let Some(client) = self.clients.lock().ok().and_then(|m| m.get(account).cloned()) {
+        if let Some(client) = lock(&self.clients).get(account).cloned() {
             return Ok(client);
         }
         let client = CosmosAccount::connect_preferring(&account.endpoint, &account.auth, &account.preferred_regions)
             .await
             .map_err(|e| EstimateFailure::new("connect", format!("cannot connect to {}: {e}", account.endpoint)))?;
-        if let Ok(mut clients) = self.clients.lock() {
-            clients.insert(account.clone(), client.clone());
-        }
+        lock(&self.clients).insert(account.clone(), client.clone());
         Ok(client)
     }
 
     /// Drops the client of `account`, so that the next use connects anew (after a failure: a
     /// client can keep state, such as session tokens, that an account which came back rejects).
     pub fn forget(&self, account: &AccountRef) {
-        if let Ok(mut clients) = self.clients.lock() {
-            clients.remove(account);
-        }
+        lock(&self.clients).remove(account);
     }
 
     /// Opens the monitored container and the lease store of `target`.
@@ -267,10 +269,7 @@ struct Inner {
 impl Inner {
     /// The estimate slots of `namespace`.
     fn namespace_slots(&self, namespace: &str) -> Arc<tokio::sync::Semaphore> {
-        let mut slots = self
-            .namespace_slots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut slots = lock(&self.namespace_slots);
         let slot = || Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_ESTIMATES_PER_NAMESPACE));
         slots.entry(namespace.to_owned()).or_insert_with(slot).clone()
     }
@@ -311,14 +310,12 @@ impl Estimators {
 
     /// Makes sure `key` is estimated as `target` says; restarts its task when the target changed.
     pub fn ensure(&self, key: &ResourceKey, target: EstimateTarget) {
-        let Ok(mut running) = self.inner.running.lock() else {
-            return;
-        };
+        let mut running = lock(&self.inner.running);
         let previous = match running.get(key) {
             Some(task) if task.target == target && !task.cancel.is_cancelled() => return,
             Some(task) => {
                 task.cancel.cancel();
-                task.state.lock().ok().and_then(|s| s.report.clone())
+                lock(&task.state).report.clone()
             }
             None => None,
         };
@@ -339,7 +336,7 @@ impl Estimators {
 
     /// Stops estimating `key` and removes its metrics.
     pub fn stop(&self, key: &ResourceKey) {
-        if let Some(task) = self.inner.running.lock().ok().and_then(|mut m| m.remove(key)) {
+        if let Some(task) = lock(&self.inner.running).remove(key) {
             task.cancel.cancel();
         }
         self.inner.metrics.forget(&key.namespace, &key.name);
@@ -347,16 +344,15 @@ impl Estimators {
 
     /// The latest estimate of `key`, if any.
     pub fn report(&self, key: &ResourceKey) -> Option<EstimateReport> {
-        let running = self.inner.running.lock().ok()?;
-        let state = running.get(key)?.state.lock().ok()?;
-        state.report.clone()
+        let running = lock(&self.inner.running);
+        lock(&running.get(key)?.state).report.clone()
     }
 
     /// The lease store of `key`'s processor: the estimator's, or a newly opened one.
     pub async fn lease_store(&self, key: &ResourceKey) -> Result<Arc<CosmosLeaseStore>, EstimateFailure> {
         let (target, opened) = {
-            let running = self.inner.running.lock().ok();
-            let task = running.as_ref().and_then(|m| m.get(key)).ok_or_else(|| {
+            let running = lock(&self.inner.running);
+            let task = running.get(key).ok_or_else(|| {
                 EstimateFailure::new(
                     "lease_store",
                     format!(
@@ -365,7 +361,7 @@ impl Estimators {
                     ),
                 )
             })?;
-            let opened = task.state.lock().ok().and_then(|s| s.opened.clone());
+            let opened = lock(&task.state).opened.clone();
             (task.target.clone(), opened)
         };
         match opened {
@@ -378,10 +374,8 @@ impl Estimators {
 impl Drop for Estimators {
     fn drop(&mut self) {
         self.inner.root.cancel();
-        if let Ok(running) = self.inner.running.lock() {
-            for ResourceKey { namespace, name } in running.keys() {
-                self.inner.metrics.forget(namespace, name);
-            }
+        for ResourceKey { namespace, name } in lock(&self.inner.running).keys() {
+            self.inner.metrics.forget(namespace, name);
         }
     }
 }
@@ -395,11 +389,7 @@ async fn run(
 ) {
     let (namespace, name) = (key.namespace.as_str(), key.name.as_str());
     let object = ObjectRef::<ChangeFeedProcessor>::new(name).within(namespace);
-    let mut seq = state
-        .lock()
-        .ok()
-        .and_then(|s| s.report.as_ref().map(|r| r.seq))
-        .unwrap_or(0);
+    let mut seq = lock(&state).report.as_ref().map_or(0, |r| r.seq);
     if target.estimation == Estimation::Disabled {
         // Nothing to estimate (KEDA or an HPA scales): the task only keeps the lease store for
         // failovers, and no series, until the resource is gone.
@@ -435,16 +425,17 @@ async fn run(
         drop(slot);
         record(&inner, &key, &target, &state, &outcome, started.elapsed());
         seq += 1;
-        let mut news = true;
-        if let Ok(mut s) = state.lock() {
-            news = is_news(s.report.as_ref().map(|r| &r.outcome), &outcome, target.autoscaled);
+        let news = {
+            let mut s = lock(&state);
+            let news = is_news(s.report.as_ref().map(|r| &r.outcome), &outcome, target.autoscaled);
             s.report = Some(EstimateReport {
                 seq,
                 at: Instant::now(),
                 time: crate::operator::status::now(),
                 outcome,
             });
-        }
+            news
+        };
         if news {
             let _ = inner.trigger.unbounded_send(object.clone());
         }
@@ -457,11 +448,11 @@ async fn run(
 
 /// Removes the task of a deleted resource (unless a newer one replaced it) and its series.
 fn forget_task(inner: &Inner, key: &ResourceKey, state: &Arc<Mutex<TaskState>>) {
-    if let Ok(mut running) = inner.running.lock()
-        && running.get(key).is_some_and(|t| Arc::ptr_eq(&t.state, state))
-    {
+    let mut running = lock(&inner.running);
+    if running.get(key).is_some_and(|t| Arc::ptr_eq(&t.state, state)) {
         running.remove(key);
     }
+    drop(running);
     inner.metrics.forget(&key.namespace, &key.name);
 }
 
@@ -472,14 +463,12 @@ async fn attempt(
     state: &Mutex<TaskState>,
     memory: &mut ReportMemory,
 ) -> Result<ProcessorEstimate, EstimateFailure> {
-    let cached = state.lock().ok().and_then(|s| s.opened.clone());
+    let cached = lock(state).opened.clone();
     let opened = match cached {
         Some(opened) => opened,
         None => {
             let opened = inner.accounts.open(target).await?;
-            if let Ok(mut s) = state.lock() {
-                s.opened = Some(opened.clone());
-            }
+            lock(state).opened = Some(opened.clone());
             opened
         }
     };
@@ -513,13 +502,67 @@ fn record(
             tracing::warn!(namespace, processor = name, reason = failure.reason, error = %failure.message, "estimate failed");
             // Connect and open the containers again next time: an account that came back may
             // have new containers and reject the old client's session tokens.
-            if let Ok(mut s) = state.lock() {
-                s.opened = None;
-            }
+            lock(state).opened = None;
             inner.accounts.forget(&target.account);
             if let Some(lease_account) = &target.lease_account {
                 inner.accounts.forget(lease_account);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn disabled_target() -> EstimateTarget {
+        let account = AccountRef {
+            endpoint: "http://127.0.0.1:1".into(),
+            auth: AccountAuth::Key("a2V5".into()),
+            preferred_regions: Vec::new(),
+        };
+        EstimateTarget {
+            account,
+            lease_account: None,
+            database: "db".into(),
+            container: "items".into(),
+            lease_database: "db".into(),
+            lease_container: "leases".into(),
+            options: ProcessorOptions::new("p", "operator"),
+            create_leases: false,
+            interval: Duration::from_secs(60),
+            estimation: Estimation::Disabled,
+            autoscaled: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panic_while_the_estimates_were_locked_stops_no_later_estimate() {
+        let (trigger, _triggered) = futures::channel::mpsc::unbounded();
+        let (resources, _writer) = kube::runtime::reflector::store();
+        let metrics = OperatorMetrics::new().expect("metrics");
+        let estimators = Estimators::new(Accounts::default(), metrics, trigger, resources);
+        let inner = estimators.inner.clone();
+        let _ = std::thread::spawn(move || {
+            let _held = inner.running.lock();
+            panic!("a panic while the estimates were locked");
+        })
+        .join();
+        assert!(estimators.inner.running.is_poisoned());
+        let key = ResourceKey::new("ns", "p");
+        estimators.ensure(&key, disabled_target());
+        let started = estimators
+            .inner
+            .running
+            .lock()
+            .map_or_else(|e| e.into_inner().contains_key(&key), |r| r.contains_key(&key));
+        assert!(started, "no estimate started after the panic");
+        estimators.stop(&key);
+        let stopped = estimators
+            .inner
+            .running
+            .lock()
+            .map_or_else(|e| !e.into_inner().contains_key(&key), |r| !r.contains_key(&key));
+        assert!(stopped, "the estimate was not stopped after the panic");
     }
 }

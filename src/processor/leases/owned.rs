@@ -227,7 +227,7 @@ impl OwnedLease {
         if to == self.me {
             return;
         }
-        let Ok(mut target) = self.handoff_to.lock() else { return };
+        let mut target = self.handoff_target_slot();
         if target.is_none() {
             tracing::info!(lease = %self.token, to = %to, "handing the lease over after the current batch");
             *target = Some(to.to_owned());
@@ -237,17 +237,23 @@ impl OwnedLease {
 
     /// The instance the lease is being handed over to, if one asked.
     pub fn handoff_target(&self) -> Option<String> {
-        self.handoff_to.lock().ok().and_then(|t| t.clone())
+        self.handoff_target_slot().clone()
+    }
+
+    /// The handoff target, locked; a lock poisoned by a panic elsewhere is used as it is (the
+    /// value is written whole).
+    fn handoff_target_slot(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.handoff_to
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Names the instance the lease goes to when it is released (unless one asked for it
     /// already), without stopping its processing: the reader of a stalled lease gives it up
     /// itself.
     pub fn release_to(&self, to: &str) {
-        if let Ok(mut target) = self.handoff_to.lock()
-            && target.is_none()
-            && to != self.me
-        {
+        let mut target = self.handoff_target_slot();
+        if target.is_none() && to != self.me {
             *target = Some(to.to_owned());
         }
     }
