@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use changefeed_operator::bench::CountingStore;
-use changefeed_operator::processor::{LeaseStore, Processor};
+use changefeed_operator::processor::LeaseStore;
 
 use crate::common::{self, Env};
 
@@ -42,16 +42,10 @@ async fn a_lease_is_taken_from_an_owner_that_ignores_handoffs_while_it_checkpoin
     // The newcomer's listings arrive 50 ms after they read: always older than the last write.
     let options = env.options("new");
     let expiration = options.expiration;
-    let settings = env.settings(options.clone());
-    let (monitored, leases) = changefeed_operator::worker::open(&env.account, &env.account, &settings)
-        .await
-        .unwrap();
-    let store = CountingStore::new(Arc::new(leases)).with_slow_listings(Duration::from_millis(50));
+    let slow_listings = |store: CountingStore| store.with_slow_listings(Duration::from_millis(50));
+    let (_, processor) = env.counted_processor(options, env.recorder("new"), slow_listings).await;
     let started = std::time::Instant::now();
-    let new = Processor::new(monitored, Arc::new(store), env.recorder("new"), options)
-        .start()
-        .await
-        .unwrap();
+    let new = processor.start().await.unwrap();
     let taken = common::eventually(expiration * 4, || async { env.owners().await.get("new") == Some(&1) }).await;
     let took = started.elapsed();
     owner.abort();

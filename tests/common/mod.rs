@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use changefeed_operator::bench::CountingStore;
 use changefeed_operator::cosmos::{CosmosAccount, DocumentContainer, ErrorKind, StartFrom};
 use changefeed_operator::emulator::Emulator;
 use changefeed_operator::processor::{
@@ -156,6 +157,22 @@ impl Env {
         build_processor(&self.account, &self.account, &self.settings(options), handler)
             .await
             .unwrap()
+    }
+
+    /// A processor of `options` whose lease store is a [`CountingStore`] over the lease
+    /// container, as `shape` makes it (slow listings, late answers); the store to cut off or read.
+    pub async fn counted_processor(
+        &self,
+        options: ProcessorOptions,
+        handler: Arc<dyn ChangeHandler>,
+        shape: impl FnOnce(CountingStore) -> CountingStore,
+    ) -> (Arc<CountingStore>, Processor) {
+        let settings = self.settings(options.clone());
+        let (monitored, leases) = changefeed_operator::worker::open(&self.account, &self.account, &settings)
+            .await
+            .unwrap();
+        let store = Arc::new(shape(CountingStore::new(Arc::new(leases))));
+        (store.clone(), Processor::new(monitored, store, handler, options))
     }
 
     /// Creates the lease container (before anything of the processor exists).

@@ -550,3 +550,99 @@ async fn a_handoff_waits_for_a_batch_slower_than_the_renew_interval() {
     assert!(moved && all);
     assert!(duplicates.is_empty(), "delivered twice: {duplicates:?}");
 }
+
+/// Scale-out while every batch takes longer than the lease expiration (issue 59): the owner
+/// accepts the newcomer's handoff request and keeps the lease until its batch in flight is
+/// checkpointed — it acknowledges the request, and keeps acknowledging while it drains — so the
+/// newcomer waits instead of taking the lease after its patience, and nothing is delivered twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_out_during_batches_slower_than_the_expiration_delivers_nothing_twice() {
+    let env = Env::new(4).await;
+    env.ensure_leases().await;
+    let handler = GateHandler::recording(Hold::Nothing, env.recorder("a"));
+    let options = env.options("a");
+    let expiration = options.expiration;
+    let a = env.processor(options, handler.clone()).await.start().await.unwrap();
+    let owns_all = eventually(Duration::from_secs(10), || async {
+        env.owners().await.get("a") == Some(&4)
+    })
+    .await;
+    assert!(owns_all, "{:?}", env.owners().await);
+    handler.hold(Hold::Every);
+    env.write(0..40).await;
+    let tokens: Vec<String> = env.leases().await.into_iter().map(|l| l.lease_token).collect();
+    assert!(handler.wait_held(&tokens).await, "held: {:?}", handler.held());
+
+    let b = env.start(env.options("b")).await;
+    // Every held batch outlasts the expiration several times over while the newcomer asks.
+    tokio::time::sleep(expiration * 3).await;
+    let owners_while_held = env.owners().await;
+    handler.open();
+    let moved = eventually(Duration::from_secs(20), || async { fair(&env.owners().await, 2, 4) }).await;
+    env.write(40..60).await;
+    let all = env.delivered_within(60, Duration::from_secs(20)).await;
+    let duplicates = env.deliveries.duplicates();
+    println!(
+        "scale-out with batches held {:?} (expiration {expiration:?}): owners while held {owners_while_held:?}, moved {moved}, all 60 delivered {all}, duplicates {}",
+        expiration * 3,
+        duplicates.len()
+    );
+    a.stop().await;
+    b.stop().await;
+    assert!(all, "missing {:?}", env.deliveries.missing(ids(0..60)));
+    assert_eq!(
+        owners_while_held.get("a"),
+        Some(&4),
+        "a lease was taken from a live owner draining its batch: {owners_while_held:?}"
+    );
+    assert!(
+        moved,
+        "the leases did not move once the batches ended: {:?}",
+        env.owners().await
+    );
+    assert!(duplicates.is_empty(), "delivered twice: {duplicates:?}");
+}
+
+/// A newcomer that starts soon after a crash (autoscaling adds a replica as the lag grows) holds
+/// back no takeover (issue 59): the survivor deals the crashed instance's leases to itself —
+/// the newcomer cannot see them as expired yet, and would ask their dead owner — and the
+/// newcomer's request is no sign of that owner's life. The leases run again within one
+/// expiration and a listing of the crash; the newcomer gets its share by handoff afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_during_a_crash_holds_back_no_takeover() {
+    let env = Env::new(4).await;
+    let options = env.options("a");
+    let (expiration, acquire) = (options.expiration, options.acquire_interval);
+    let a = env.start(options).await;
+    let b = env.start(env.options("b")).await;
+    let fair_two = eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 2, 4) }).await;
+    assert!(fair_two, "{:?}", env.owners().await);
+    // Long enough that b has watched everything for an expiration.
+    tokio::time::sleep(expiration).await;
+    let crashed_at = Instant::now();
+    a.abort();
+    // The newcomer comes as the crashed instance's leases are about to expire for the survivor.
+    tokio::time::sleep(expiration * 3 / 4).await;
+    let c = env.start(env.options("c")).await;
+    let run_again = eventually(Duration::from_secs(15), || async {
+        !env.owners().await.contains_key("a")
+    })
+    .await;
+    let taken_after = crashed_at.elapsed();
+    let shared = eventually(Duration::from_secs(15), || async { fair(&env.owners().await, 2, 4) }).await;
+    env.write(0..40).await;
+    let all = env.delivered_within(40, Duration::from_secs(20)).await;
+    println!(
+        "a crash, then a newcomer 3/4 of an expiration later: a's leases taken {taken_after:?} after the crash (expiration {expiration:?}, acquire interval {acquire:?}); shared {shared}"
+    );
+    b.stop().await;
+    c.stop().await;
+    assert!(run_again && all, "{:?}", env.owners().await);
+    // One expiration and a listing, with room for a loaded machine's listing latency.
+    let bound = expiration + acquire * 2;
+    assert!(
+        taken_after <= bound,
+        "the crashed instance's leases were taken {taken_after:?} after the crash (bound {bound:?})"
+    );
+    assert!(shared, "the newcomer never got its share: {:?}", env.owners().await);
+}

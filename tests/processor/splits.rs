@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use changefeed_operator::bench::CountingStore;
 use changefeed_operator::processor::LeaseEvent;
 
 use super::while_writing;
@@ -196,4 +197,53 @@ async fn three_leases_per_partition_let_six_instances_share_two_partitions_throu
     for handle in handles {
         handle.stop().await;
     }
+}
+
+/// A deposed owner splits nothing (issue 59): its lease taken meanwhile (written here as another
+/// instance would; its listings answer late, so only the split itself can find out), a split of
+/// its partition makes it create no child lease and leaves the parent, which is the new
+/// owner's, where it is — children are created only after a fenced write of the parent, and undone
+/// when the parent turns out lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_owner_splits_nothing() {
+    let env = Env::new(1).await;
+    let slow_listings = |store: CountingStore| store.with_slow_listings(Duration::from_secs(3));
+    let (_, processor) = env
+        .counted_processor(env.options("a"), env.recorder("a"), slow_listings)
+        .await;
+    let a = processor.start().await.unwrap();
+    let owns = eventually(Duration::from_secs(15), || async {
+        env.owners().await.get("a") == Some(&1)
+    })
+    .await;
+    assert!(owns, "{:?}", env.owners().await);
+    env.write(0..10).await;
+    assert!(env.delivered_within(10, Duration::from_secs(10)).await);
+    let mut lease = env.leases().await.remove(0);
+    lease.owner = Some("usurper".into());
+    lease.owner_epoch = Some("usurper.1".into());
+    env.store().await.replace(&lease).await.unwrap();
+    env.emulator
+        .split(common::DB, common::ITEMS, None, Duration::from_millis(200))
+        .await
+        .unwrap();
+    env.write(10..20).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let leases = env.leases().await;
+    a.stop().await;
+    let owners: Vec<(String, Option<String>)> = leases
+        .iter()
+        .map(|l| (l.lease_token.clone(), l.owner.clone()))
+        .collect();
+    println!("after a split under a deposed owner: {owners:?}");
+    assert!(
+        leases.iter().all(|l| l.owner.as_deref() != Some("a")),
+        "the deposed owner created children: {owners:?}"
+    );
+    assert!(
+        leases
+            .iter()
+            .any(|l| l.id == lease.id && l.owner.as_deref() == Some("usurper")),
+        "the new owner's lease is gone: {owners:?}"
+    );
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use changefeed_operator::processor::Lease;
 
 use crate::common::gate::{GateHandler, Hold};
-use crate::common::{Env, eventually, ids};
+use crate::common::{Env, eventually, fair, ids};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leases_a_stopping_instance_released_are_taken_while_its_stop_waits_for_a_batch() {
@@ -162,6 +162,51 @@ async fn a_lease_handed_over_to_an_instance_that_is_stopping_is_freed_and_taken_
     let delivered = env.delivered_within(80, Duration::from_secs(20)).await;
     stays.stop().await;
     assert!(delivered, "missing {:?}", env.deliveries.missing(ids(0..80)));
+}
+
+/// The last checkpoint of a handoff is retried like any other (issue 59): an owner whose lease
+/// container is out of reach for a moment as it hands a lease over still writes where it got to
+/// before it releases the lease, and the requester delivers nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoffs_last_checkpoint_is_retried_until_it_is_written() {
+    let env = Env::new(2).await;
+    env.ensure_leases().await;
+    let options = env.options("a");
+    let acquire = options.acquire_interval;
+    let gate = GateHandler::recording(Hold::Nothing, env.recorder("a"));
+    let (store, processor) = env.counted_processor(options, gate.clone(), |s| s).await;
+    let a = processor.start().await.unwrap();
+    let owns_all = eventually(Duration::from_secs(10), || async {
+        env.owners().await.get("a") == Some(&2)
+    })
+    .await;
+    assert!(owns_all, "{:?}", env.owners().await);
+    gate.hold(Hold::Every);
+    env.write(0..20).await;
+    let tokens: Vec<String> = env.leases().await.into_iter().map(|l| l.lease_token).collect();
+    assert!(gate.wait_held(&tokens).await, "held: {:?}", gate.held());
+    let b = env.start(env.options("b")).await;
+    let asked = eventually(Duration::from_secs(10), || async {
+        requested_by(&env, "b").await.len() == 1
+    })
+    .await;
+    assert!(asked, "the newcomer asked for no lease: {:?}", env.leases().await);
+    // The owner sees the request at its next listing and accepts it (its batch still held).
+    tokio::time::sleep(acquire * 2).await;
+    // The batches end while the owner's lease container is out of reach (under an expiration).
+    store.cut_off(true);
+    gate.open();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    store.cut_off(false);
+    let moved = eventually(Duration::from_secs(10), || async { fair(&env.owners().await, 2, 2) }).await;
+    env.write(20..30).await;
+    let all = env.delivered_within(30, Duration::from_secs(20)).await;
+    let duplicates = env.deliveries.duplicates();
+    a.stop().await;
+    b.stop().await;
+    assert!(all, "missing {:?}", env.deliveries.missing(ids(0..30)));
+    assert!(moved, "{:?}", env.owners().await);
+    assert!(duplicates.is_empty(), "delivered twice: {duplicates:?}");
 }
 
 /// The lease tokens that carry a handoff request to `to`.

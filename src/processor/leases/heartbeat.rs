@@ -28,14 +28,24 @@ pub enum LeaseLiveness {
     EachLease,
 }
 
+/// When this instance's heartbeats succeeded.
+#[derive(Debug, Default, Clone, Copy)]
+struct Beats {
+    /// When the last one was sent.
+    latest: Option<Instant>,
+    /// When the first one after a silence was sent: none had succeeded for so long before it
+    /// that other instances may have taken this instance's leases as expired.
+    silence_ended: Option<Instant>,
+}
+
 /// This instance's liveness state, shared by the renewer, the coordinator and the lease tasks.
 #[derive(Debug)]
 pub(crate) struct Liveness {
     mode: LeaseLiveness,
     /// Whether every owned lease must be renewed on its own now.
     each_lease: watch::Sender<bool>,
-    /// When the last heartbeat that succeeded was sent, on this instance's monotonic clock.
-    beat_at: Mutex<Option<Instant>>,
+    /// The heartbeats that succeeded, on this instance's monotonic clock.
+    beats: Mutex<Beats>,
     /// Set when a graceful stop released every lease: the heartbeat may then be removed (never
     /// after a crash or an abort, when the leases are still this instance's).
     released: AtomicBool,
@@ -48,7 +58,7 @@ impl Liveness {
         Self {
             mode,
             each_lease: watch::Sender::new(true),
-            beat_at: Mutex::new(None),
+            beats: Mutex::new(Beats::default()),
             released: AtomicBool::new(false),
         }
     }
@@ -92,10 +102,24 @@ impl Liveness {
         let _ = rx.wait_for(|each| *each).await;
     }
 
-    /// Records a heartbeat sent at `sent` that succeeded.
-    pub(crate) fn beat(&self, sent: Instant) {
-        let mut at = self.beat_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        *at = Some(at.map_or(sent, |known| known.max(sent)));
+    /// Records a heartbeat sent at `sent` that succeeded; one at least `silent_after` after the
+    /// one before ends a silence (the process was frozen, or the lease container out of reach).
+    pub(crate) fn beat(&self, sent: Instant, silent_after: std::time::Duration) {
+        let mut beats = self.beats.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if beats
+            .latest
+            .is_some_and(|latest| sent.saturating_duration_since(latest) >= silent_after)
+        {
+            beats.silence_ended = Some(sent);
+        }
+        beats.latest = Some(beats.latest.map_or(sent, |known| known.max(sent)));
+    }
+
+    /// Whether a silence ended after `since`: a lease last confirmed before then may have been
+    /// taken meanwhile, whatever the newest heartbeat says.
+    pub(crate) fn silent_since(&self, since: Instant) -> bool {
+        let beats = *self.beats.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        beats.silence_ended.is_some_and(|ended| ended > since)
     }
 
     /// Whether this instance's heartbeat alone keeps its leases alive and was written within
@@ -105,8 +129,8 @@ impl Liveness {
         if self.renews_each_lease() {
             return false;
         }
-        let at = *self.beat_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        at.is_some_and(|at| at.elapsed() < window)
+        let beats = *self.beats.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        beats.latest.is_some_and(|at| at.elapsed() < window)
     }
 }
 
@@ -119,7 +143,7 @@ mod tests {
     async fn leases_are_renewed_one_by_one_until_a_listing_says_otherwise() {
         let liveness = Liveness::new(LeaseLiveness::Instance);
         assert!(liveness.renews_each_lease(), "before the first listing");
-        liveness.beat(Instant::now());
+        liveness.beat(Instant::now(), Duration::from_secs(30));
         assert!(
             !liveness.kept_alive_within(Duration::from_secs(30)),
             "each lease renewed"
@@ -146,8 +170,28 @@ mod tests {
         let liveness = Liveness::new(LeaseLiveness::Instance);
         liveness.set_renew_each_lease(false);
         assert!(!liveness.kept_alive_within(Duration::from_secs(30)), "never beat");
-        liveness.beat(Instant::now() - Duration::from_secs(40));
+        liveness.beat(Instant::now() - Duration::from_secs(40), Duration::from_secs(30));
         assert!(!liveness.kept_alive_within(Duration::from_secs(30)));
         assert!(liveness.kept_alive_within(Duration::from_secs(50)));
+    }
+
+    #[test]
+    fn the_first_heartbeat_after_a_silence_marks_it_ended() {
+        let liveness = Liveness::new(LeaseLiveness::Instance);
+        let (start, half_expiration) = (Instant::now(), Duration::from_secs(30));
+        liveness.beat(start, half_expiration);
+        liveness.beat(start + Duration::from_secs(17), half_expiration);
+        assert!(
+            !liveness.silent_since(start),
+            "beats within half an expiration: no silence"
+        );
+        // Frozen for 40 s; the beat after it succeeds.
+        let thawed = start + Duration::from_secs(57);
+        liveness.beat(thawed, half_expiration);
+        assert!(
+            liveness.silent_since(start + Duration::from_secs(20)),
+            "confirmed before the silence"
+        );
+        assert!(!liveness.silent_since(thawed), "confirmed after it");
     }
 }

@@ -82,6 +82,9 @@ pub struct Lease {
 pub const HANDOFF_TO_PROPERTY: &str = "handoffTo";
 /// Lease property: when the handoff was asked for (RFC 3339, the requester's clock).
 pub const HANDOFF_REQUESTED_PROPERTY: &str = "handoffRequestedAt";
+/// Lease property: the owner accepted the request and drains its batches in flight (RFC 3339,
+/// the owner's clock, written anew while it drains): the requester waits while it changes.
+pub const HANDOFF_ACKNOWLEDGED_PROPERTY: &str = "handoffAcknowledgedAt";
 
 /// Lease property: where a lease without a continuation starts, when not where the processor's
 /// options say (`beginning`: the leases of a container created again, all of it new).
@@ -129,10 +132,26 @@ impl Lease {
         self.properties.insert(HANDOFF_REQUESTED_PROPERTY.into(), at);
     }
 
-    /// Removes a handoff request.
+    /// Removes a handoff request (and its acknowledgement).
     pub fn clear_handoff(&mut self) {
         self.properties.remove(HANDOFF_TO_PROPERTY);
         self.properties.remove(HANDOFF_REQUESTED_PROPERTY);
+        self.properties.remove(HANDOFF_ACKNOWLEDGED_PROPERTY);
+    }
+
+    /// When the owner last acknowledged the pending handoff request, as it wrote it.
+    pub fn handoff_acknowledged(&self) -> Option<&str> {
+        self.properties.get(HANDOFF_ACKNOWLEDGED_PROPERTY).map(String::as_str)
+    }
+
+    /// Acknowledges the pending handoff request at `at`: the owner drains, then hands over.
+    /// (Written on the lease as it is now: an owner's copy of an idle lease may predate the
+    /// request, and the write's If-Match then applies it to the current document.)
+    pub fn acknowledge_handoff(&mut self, at: OffsetDateTime) {
+        let at = at
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        self.properties.insert(HANDOFF_ACKNOWLEDGED_PROPERTY.into(), at);
     }
 
     /// A new, unowned lease over `range`.

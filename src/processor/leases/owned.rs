@@ -423,10 +423,13 @@ impl OwnedLease {
         }
     }
 
-    /// Whether this instance wrote the lease, or its heartbeat kept it alive, within `window`:
-    /// then nobody can take it as expired for at least the expiration minus `window`.
+    /// Whether this instance wrote the lease, or its heartbeat kept it alive, within `window` —
+    /// with no silence since the lease was last confirmed (after a freeze the first heartbeat
+    /// vouches for nothing that others may have taken meanwhile): then nobody can take it as
+    /// expired for at least the expiration minus `window`.
     pub fn kept_alive_within(&self, window: Duration) -> bool {
-        moment(&self.written_at).elapsed() < window || self.liveness.kept_alive_within(window)
+        moment(&self.written_at).elapsed() < window
+            || (self.liveness.kept_alive_within(window) && !self.liveness.silent_since(moment(&self.confirmed_at)))
     }
 
     /// Whether our copy of the lease still names this instance as its owner (not released).

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::processor::leases::lease::{Lease, LeaseSnapshot};
+use crate::processor::leases::lease::{HANDOFF_REQUESTED_PROPERTY, HANDOFF_TO_PROPERTY, Lease, LeaseSnapshot};
 
 /// What a sighting is of.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -22,7 +22,8 @@ pub enum Seen {
     Lease(String),
     /// An instance's heartbeat, by instance name; its version is the beat it wrote.
     Heartbeat(String),
-    /// A handoff request on a lease, by lease id; its version is the requester and its time.
+    /// A handoff request on a lease, by lease id; its version is the requester, its time and the
+    /// owner's latest acknowledgement.
     Request(String),
 }
 
@@ -43,8 +44,11 @@ impl Sightings {
         let mut versions: Vec<(Seen, String)> = Vec::new();
         for lease in &snapshot.leases {
             versions.push((Seen::Lease(lease.id.clone()), lease_version(lease)));
+            // An owner's acknowledgement, written anew while it drains, renews the request.
             if let Some((to, requested)) = lease.handoff_request() {
-                versions.push((Seen::Request(lease.id.clone()), format!("{to}@{requested}")));
+                let acknowledged = lease.handoff_acknowledged().unwrap_or_default();
+                let version = format!("{to}@{requested}+{acknowledged}");
+                versions.push((Seen::Request(lease.id.clone()), version));
             }
         }
         for (name, beat) in &snapshot.instances {
@@ -76,6 +80,12 @@ impl Sightings {
         self.arrived
             .get(instance)
             .map(|since| at.saturating_duration_since(*since))
+    }
+
+    /// When `instance`'s heartbeat was first listed here (the first listing's time for those it
+    /// showed); `None` when the last listing did not show it.
+    pub fn arrival(&self, instance: &str) -> Option<Instant> {
+        self.arrived.get(instance).copied()
     }
 
     /// Records which instances' heartbeats keep their leases alive (the latest listing's).
@@ -141,13 +151,25 @@ impl Sightings {
     }
 }
 
-/// The version of a lease: its ETag (a copy without one, as in tests, by its owner and time).
+/// The version of a lease as its owner wrote it: what an owner writes (ownership, position,
+/// times, its properties — an acknowledgement of a handoff among them), without the request
+/// another instance wrote into it, nor the ETag and `_ts` that every write changes. A newcomer
+/// asking a crashed owner for its leases is no sign of that owner's life.
 fn lease_version(lease: &Lease) -> String {
-    if lease.etag.is_empty() {
-        format!("{:?}@{:?}@{:?}", lease.owner, lease.timestamp, lease.server_ts)
-    } else {
-        lease.etag.clone()
-    }
+    let owners: Vec<(&String, &String)> = lease
+        .properties
+        .iter()
+        .filter(|(key, _)| !is_request_property(key))
+        .collect();
+    format!(
+        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{owners:?}",
+        lease.owner, lease.owner_epoch, lease.continuation, lease.timestamp, lease.checkpoint_time, lease.mode
+    )
+}
+
+/// Whether `key` is a property that the instance asking for the lease writes, not its owner.
+fn is_request_property(key: &str) -> bool {
+    key == HANDOFF_TO_PROPERTY || key == HANDOFF_REQUESTED_PROPERTY
 }
 
 #[cfg(test)]
@@ -155,9 +177,10 @@ mod tests {
     use super::*;
     use crate::cosmos::EpkRange;
 
-    fn lease(etag: &str, owner: Option<&str>) -> Lease {
-        let mut lease = Lease::new("p", &EpkRange::new("", "FF"), None);
-        lease.etag = etag.into();
+    /// A lease whose owner wrote `version` (as its position) and owns it.
+    fn lease(version: &str, owner: Option<&str>) -> Lease {
+        let mut lease = Lease::new("p", &EpkRange::new("", "FF"), Some(version.into()));
+        lease.etag = format!("etag-{version}");
         lease.owner = owner.map(str::to_owned);
         lease
     }
@@ -233,6 +256,30 @@ mod tests {
         }
         assert!(!seen.keeps_leases("b"));
         assert!(seen.is_expired(&idle, at(60), expiration), "judged by the lease alone");
+    }
+
+    #[test]
+    fn a_handoff_request_another_instance_writes_is_no_sign_of_the_owner_s_life() {
+        let expiration = Duration::from_secs(60);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let crashed = lease("v1", Some("b"));
+        let mut seen = Sightings::default();
+        seen.observe(&listing(vec![crashed.clone()]), t0);
+        // A newcomer asks the crashed owner for the lease at 40 s: a new ETag, same owner's writing.
+        let mut asked = crashed.clone();
+        asked.request_handoff("newcomer", time::OffsetDateTime::UNIX_EPOCH);
+        asked.etag = "etag-asked".into();
+        seen.observe(&listing(vec![asked.clone()]), at(40));
+        assert!(
+            seen.is_expired(&asked, at(60), expiration),
+            "expired as the owner last wrote it"
+        );
+        // The owner's acknowledgement of the request is its own writing: alive.
+        let mut acknowledged = asked.clone();
+        acknowledged.acknowledge_handoff(time::OffsetDateTime::UNIX_EPOCH);
+        seen.observe(&listing(vec![acknowledged.clone()]), at(70));
+        assert!(!seen.is_expired(&acknowledged, at(70), expiration));
     }
 
     #[test]

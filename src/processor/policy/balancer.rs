@@ -39,6 +39,9 @@ pub struct LeaseState {
     /// The instance that asked the live owner to hand the lease over, while its request counts
     /// (seen for less than a lease expiration): the lease is on its way to it.
     pub requested_by: Option<String>,
+    /// Whether the lease has an owner that stopped renewing it (expired as seen here): free only
+    /// to instances that have watched the lease container for an expiration too.
+    pub expired: bool,
 }
 
 impl LeaseState {
@@ -48,6 +51,7 @@ impl LeaseState {
             id: id.into(),
             live_owner,
             requested_by: None,
+            expired: false,
         }
     }
 
@@ -68,6 +72,20 @@ pub fn leases_to_acquire(
     live_instances: &[String],
     leaving: &[String],
 ) -> Vec<String> {
+    leases_to_acquire_among(leases, me, live_instances, (leaving, &[]))
+}
+
+/// [`leases_to_acquire`], where the `newcomers` (instances that have not watched the lease
+/// container for an expiration) are dealt no expired lease — they cannot see it as expired yet,
+/// and would ask its dead owner for it: those go to the others, also beyond their shares (a
+/// crashed instance's leases run again within an expiration and a listing; a newcomer gets its
+/// share by handoff later).
+pub fn leases_to_acquire_among(
+    leases: &[LeaseState],
+    me: &str,
+    live_instances: &[String],
+    (leaving, newcomers): (&[String], &[String]),
+) -> Vec<String> {
     if leases.is_empty() {
         return Vec::new();
     }
@@ -80,7 +98,7 @@ pub fn leases_to_acquire(
         .copied()
         .chain(leases.iter().filter_map(|l| l.live_owner.as_deref()))
         .collect();
-    let mut free: Vec<&str> = Vec::new();
+    let (mut free, mut expired): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
     let mut on_their_way: BTreeSet<&str> = BTreeSet::new();
     for lease in leases {
         match (&lease.live_owner, lease.on_its_way_to(&counted)) {
@@ -89,10 +107,12 @@ pub fn leases_to_acquire(
                 on_their_way.insert(&lease.id);
             }
             (Some(owner), None) => held.entry(owner.as_str()).or_default().push(&lease.id),
+            (None, _) if lease.expired && !newcomers.is_empty() => expired.push(&lease.id),
             (None, _) => free.push(&lease.id),
         }
     }
     free.sort_unstable();
+    expired.sort_unstable();
     for ids in held.values_mut() {
         ids.sort_unstable();
     }
@@ -111,7 +131,10 @@ pub fn leases_to_acquire(
         .collect();
     needy.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
 
-    let mut mine = deal(&mut needy, free, me);
+    let watched = |w: &str| w == me || !newcomers.iter().any(|n| n == w);
+    let stays = |w: &str| !leaving.iter().any(|l| l == w);
+    let mut mine = deal_expired(&mut needy, &held, expired, me, |w| watched(w) && stays(w));
+    mine.extend(deal(&mut needy, free, me));
     let mut donors = donors(&held, &share, &on_their_way);
     for (worker, need) in needy {
         for _ in 0..need {
@@ -122,6 +145,36 @@ pub fn leases_to_acquire(
             if worker == me {
                 mine.push(id.to_owned());
             }
+        }
+    }
+    mine
+}
+
+/// Deals the `expired` leases to the instances that `may_take` them (those that watched the
+/// lease container for an expiration), each to the least loaded in turn — so deficits first,
+/// then beyond the shares — lowering the `needy`'s needs; `me`'s part.
+fn deal_expired(
+    needy: &mut [(&str, usize)],
+    held: &BTreeMap<&str, Vec<&str>>,
+    expired: Vec<&str>,
+    me: &str,
+    may_take: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    let mut takers: Vec<(&str, usize)> = held
+        .iter()
+        .filter(|(w, _)| may_take(w))
+        .map(|(w, ids)| (*w, ids.len()))
+        .collect();
+    let mut mine = Vec::new();
+    for id in expired {
+        takers.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(b.0)));
+        let Some(taker) = takers.first_mut() else { break };
+        taker.1 += 1;
+        if let Some(need) = needy.iter_mut().find(|(w, _)| *w == taker.0) {
+            need.1 = need.1.saturating_sub(1);
+        }
+        if taker.0 == me {
+            mine.push(id.to_owned());
         }
     }
     mine
@@ -268,6 +321,43 @@ pub fn leases_to_acquire_steal_one(leases: &[LeaseState], me: &str) -> Vec<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_crashed_instances_expired_leases_go_to_the_survivor_not_to_a_newcomer() {
+        let expired = |id: &str| LeaseState {
+            expired: true,
+            ..LeaseState::owned_by(id, None)
+        };
+        let states = vec![
+            LeaseState::owned_by("l0", Some("b".into())),
+            LeaseState::owned_by("l1", Some("b".into())),
+            expired("l2"),
+            expired("l3"),
+        ];
+        let live = vec!["b".to_owned(), "c".to_owned()];
+        let newcomers = vec!["c".to_owned()];
+        assert_eq!(
+            leases_to_acquire_among(&states, "b", &live, (&[], &newcomers)),
+            ["l2", "l3"],
+            "the survivor takes both, beyond its share"
+        );
+        assert_eq!(
+            leases_to_acquire(&states, "b", &live, &[]),
+            Vec::<String>::new(),
+            "once the newcomer has watched for an expiration, they are its share"
+        );
+        let free = vec![
+            LeaseState::owned_by("l0", Some("b".into())),
+            LeaseState::owned_by("l1", Some("b".into())),
+            LeaseState::owned_by("l2", None),
+            LeaseState::owned_by("l3", None),
+        ];
+        assert_eq!(
+            leases_to_acquire_among(&free, "b", &live, (&[], &newcomers)),
+            Vec::<String>::new(),
+            "leases nobody owns are free to the newcomer too"
+        );
+    }
     use crate::cosmos::EpkRange;
 
     fn leases(owners: &[(&str, usize)], free: usize) -> Vec<LeaseState> {

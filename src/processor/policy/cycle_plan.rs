@@ -17,7 +17,7 @@ use crate::processor::leases::lease::{Lease, LeaseSnapshot};
 use crate::processor::leases::sightings::{Seen, Sightings};
 use crate::processor::options::ProcessorOptions;
 use crate::processor::policy::balancer::{
-    Balancing, LeaseState, leases_to_acquire, leases_to_acquire_steal_one, overlapping, superseded,
+    Balancing, LeaseState, leases_to_acquire_among, leases_to_acquire_steal_one, overlapping, superseded,
 };
 use crate::processor::policy::listing_schedule::{ListingSchedule, ListingView, is_quiet};
 use crate::processor::policy::range_overlaps::ranges_of;
@@ -150,7 +150,7 @@ pub fn plan_cycle(
         (&live, &snapshot.leaving),
         observations,
         me,
-        options.balancing,
+        options,
     );
     let mut listed_ids: Vec<String> = snapshot.leases.iter().map(|l| l.id.clone()).collect();
     listed_ids.sort_unstable();
@@ -228,6 +228,7 @@ fn lease_states(balanced: &[&Lease], observations: &Observations, expiration: Du
                 .map(|(to, _)| to.to_owned());
             LeaseState {
                 id: l.id.clone(),
+                expired: live_owner.is_none() && l.owner.as_deref().is_some_and(|o| !o.is_empty()),
                 live_owner,
                 requested_by,
             }
@@ -300,6 +301,30 @@ fn live_instances(snapshot: &LeaseSnapshot, observations: &Observations, options
         .collect()
 }
 
+/// The live instances other than `me` that arrived after the silence of an expired lease began
+/// (as seen here): they have not watched that silence for an expiration, so they cannot see the
+/// lease as expired yet.
+fn newcomers(
+    live: &[String],
+    balanced: &[&Lease],
+    observations: &Observations,
+    me: &str,
+    expiration: Duration,
+) -> Vec<String> {
+    let (at, sightings) = (observations.at, &observations.sightings);
+    let silences = balanced
+        .iter()
+        .filter(|l| l.owner.as_deref().is_some_and(|o| !o.is_empty()) && sightings.is_expired(l, at, expiration))
+        .map(|l| at - sightings.silent_for(l, at));
+    let Some(first_silence) = silences.min() else {
+        return Vec::new();
+    };
+    live.iter()
+        .filter(|name| name.as_str() != me && sightings.arrival(name).is_some_and(|arrived| arrived > first_silence))
+        .cloned()
+        .collect()
+}
+
 /// The leases `me` wants: first those the store says are its own but that no task processes (a
 /// restart under the same name), then what the balancing strategy picks.
 fn wanted(
@@ -308,15 +333,18 @@ fn wanted(
     (live, leaving): (&[String], &[String]),
     observations: &Observations,
     me: &str,
-    balancing: Balancing,
+    options: CycleOptions,
 ) -> Vec<String> {
     let mut wanted: Vec<String> = balanced
         .iter()
         .filter(|l| l.owner.as_deref() == Some(me) && !observations.owned.contains(&l.id))
         .map(|l| l.id.clone())
         .collect();
-    let picked = match balancing {
-        Balancing::Fair => leases_to_acquire(states, me, live, leaving),
+    let picked = match options.balancing {
+        Balancing::Fair => {
+            let newcomers = newcomers(live, balanced, observations, me, options.expiration);
+            leases_to_acquire_among(states, me, live, (leaving, &newcomers))
+        }
         Balancing::StealOne => leases_to_acquire_steal_one(states, me),
     };
     // Each lease is written once a cycle (a second write would only meet a 412).

@@ -25,6 +25,7 @@ use crate::processor::policy::cycle_plan::{
 use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
 use crate::processor::run::acquisition_writes::{Handed, write_acquisition};
 use crate::processor::run::awaited_handoffs::{AwaitedHandoffs, AwaitedLease};
+use crate::processor::run::handoff_drain::acknowledge_while_draining;
 use crate::processor::run::lease_reader;
 use crate::processor::run::shared::Shared;
 use crate::processor::run::store_recovery::StoreRecovery;
@@ -521,6 +522,15 @@ impl Coordinator {
 /// Processes one lease; a panic (for example in the handler) must not leak the lease: it ends
 /// the task as [`CloseReason::Panicked`] and the lease is released.
 async fn lease_task(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> (Arc<OwnedLease>, LeaseExit) {
+    let exit = tokio::select! {
+        exit = process_and_release(shared.clone(), owned.clone()) => exit,
+        never = acknowledge_while_draining(&shared, &owned) => match never {},
+    };
+    (owned, exit)
+}
+
+/// Processes the lease until its task ends, then releases it when it was given up.
+async fn process_and_release(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> LeaseExit {
     use futures::FutureExt;
     let exit = std::panic::AssertUnwindSafe(lease_reader::run(shared, owned.clone()))
         .catch_unwind()
@@ -556,5 +566,5 @@ async fn lease_task(shared: Arc<Shared>, owned: Arc<OwnedLease>) -> (Arc<OwnedLe
             Err(error) => tracing::warn!(%error, "releasing the lease failed; it frees itself on expiry"),
         }
     }
-    (owned, exit)
+    exit
 }

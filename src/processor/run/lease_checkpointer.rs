@@ -13,7 +13,7 @@ use tracing::Instrument;
 use crate::cosmos::{ChangePage, EpkRange, RangeContinuation};
 use crate::processor::error::LeaseError;
 use crate::processor::leases::lag_report::{reported_lag, reported_lsn};
-use crate::processor::leases::lease::Lease;
+use crate::processor::leases::lease::{Lease, LeaseStoreError};
 use crate::processor::leases::owned::{OwnedLease, UpdateError};
 use crate::processor::policy::checkpoint_policy::{Deferred, caught_up_report_due};
 use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
@@ -222,16 +222,7 @@ impl LeaseCheckpointer {
                 Err(UpdateError::Gone) => return Flow::Return(LeaseExit::closed(CloseReason::LeaseGone)),
                 Err(UpdateError::Store(error)) => {
                     // The batch was handled; keep trying to record it rather than re-reading it.
-                    if error.is_throttled() {
-                        // Refused past its patience and the SDK's retries: the budget is spent
-                        // for longer than a checkpoint waits. Throttling (counted), not an error.
-                        tracing::debug!(%error, "the checkpoint was throttled; sending it again");
-                        self.shared.budget.throttled(error.retry_after());
-                    } else {
-                        self.shared
-                            .telemetry
-                            .error(Some(self.owned.token()), LeaseError::Checkpoint(error));
-                    }
+                    self.failed(error);
                     if !pause(self.owned.cancelled(), self.shared.options.backoff(attempt)).await {
                         return Flow::Return(stop_reason(&self.owned));
                     }
@@ -242,16 +233,46 @@ impl LeaseCheckpointer {
     }
 
     /// Writes the handled position not yet checkpointed, if any (before a release or a reader
-    /// rebuild, so that nothing handled is read again).
+    /// rebuild, so that nothing handled is read again), retried like any checkpoint until it is
+    /// written, the lease is no longer this instance's, or an expiration has passed (the lease
+    /// may then be taken anyway) — also once the lease's processing is cancelled: it is the
+    /// handoff's last write before the release.
     pub(crate) async fn write_pending(&mut self) {
         let Some(continuation) = self.deferred.pending().map(str::to_owned) else {
             return;
         };
         let started = Instant::now();
         let report = self.report_for(&continuation);
-        match self.owned.checkpoint_pending(&continuation, report).await {
-            Ok(_) => self.written(started),
-            Err(error) => tracing::debug!(%error, "writing the deferred checkpoint failed"),
+        let mut attempt = 0;
+        loop {
+            let error = match self.owned.checkpoint_pending(&continuation, report).await {
+                Ok(_) => return self.written(started),
+                Err(UpdateError::Store(error)) => error,
+                Err(error) => return tracing::debug!(%error, "the deferred checkpoint is not this instance's to write"),
+            };
+            self.failed(error);
+            let wait = self.shared.options.backoff(attempt);
+            if started.elapsed() + wait >= self.shared.options.expiration {
+                return tracing::warn!(
+                    "the deferred checkpoint could not be written within an expiration; its batches may be delivered again"
+                );
+            }
+            tokio::time::sleep(wait).await;
+            attempt += 1;
+        }
+    }
+
+    /// A checkpoint write failed: counted as throttling when the budget refused it past its
+    /// patience and the SDK's retries (the budget is spent for longer than a checkpoint waits),
+    /// else reported as an error.
+    fn failed(&self, error: LeaseStoreError) {
+        if error.is_throttled() {
+            tracing::debug!(%error, "the checkpoint was throttled; sending it again");
+            self.shared.budget.throttled(error.retry_after());
+        } else {
+            self.shared
+                .telemetry
+                .error(Some(self.owned.token()), LeaseError::Checkpoint(error));
         }
     }
 

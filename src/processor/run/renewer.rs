@@ -98,7 +98,7 @@ async fn beat(shared: Arc<Shared>, stop: CancellationToken) {
         drop(vital);
         match beaten {
             Ok(()) => {
-                shared.liveness.beat(sent);
+                shared.liveness.beat(sent, shared.options.expiration / 2);
                 failures = 0;
                 // While the lease container throttles, a quarter of the interval early: a beat
                 // that waits on its retry-after still lands within the interval. Drawn a little

@@ -147,7 +147,7 @@ impl Processor {
             .name
             .claim(shared.store.as_ref(), keeps, shared.options.expiration, poll)
             .await?;
-        shared.liveness.beat(sent);
+        shared.liveness.beat(sent, shared.options.expiration / 2);
         Ok(())
     }
 }

@@ -115,6 +115,13 @@ impl Shared {
         format!("{}.{n}", self.incarnation)
     }
 
+    /// Whether `epoch` is one this process wrote ([`Shared::next_epoch`]).
+    pub(crate) fn wrote_epoch(&self, epoch: &str) -> bool {
+        epoch
+            .strip_prefix(self.incarnation.as_str())
+            .is_some_and(|rest| rest.starts_with('.'))
+    }
+
     /// The id of the partition key range that is exactly `range` (listed again when the last
     /// listing is older than the acquire interval and does not have it); `None` when none is or
     /// the listing failed. Ids are listed only when the routing map has such a range.

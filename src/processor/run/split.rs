@@ -93,12 +93,37 @@ pub(crate) async fn split(
     } else {
         Vec::new()
     };
+    // Children only while the parent is still this ownership: a deposed owner (its reader saw the
+    // split before a listing showed the loss) must not create leases over the new owner's range.
+    if let Err(lost) = fence(owned).await {
+        return Some(lost);
+    }
     let mut children = Vec::new();
     for (child_range, continuation) in pieces {
         let id = partition_id(&partitions, &child_range);
         children.push(create_child(shared, owned, &parent, (&child_range, id), continuation).await?);
     }
     finish(shared, owned, children, "lease split").await
+}
+
+/// A fenced write of the parent before what replaces it is created (its time, as a renewal):
+/// the exit when the lease is no longer this ownership. A store failure goes on: the deletion of
+/// the parent undoes the children when it was lost.
+async fn fence(owned: &OwnedLease) -> Result<(), LeaseExit> {
+    match owned
+        .update(|lease| lease.timestamp = Some(OffsetDateTime::now_utc()))
+        .await
+    {
+        Ok(_) | Err(UpdateError::Store(_)) => Ok(()),
+        Err(UpdateError::Lost(owner)) => {
+            tracing::info!(
+                ?owner,
+                "the lease was taken before it was replaced; leaving it to its owner"
+            );
+            Err(LeaseExit::closed(CloseReason::LeaseLost))
+        }
+        Err(UpdateError::Gone) => Err(LeaseExit::closed(CloseReason::LeaseGone)),
+    }
 }
 
 /// Rewrites a lease this instance just acquired in the reference format when it is not (an EPK
@@ -163,33 +188,30 @@ async fn rewrite(shared: &Shared, owned: &OwnedLease, pk_range_id: Option<&str>,
     let lease = owned.current().await;
     let range = lease.range()?.clone();
     let continuation = lease.continuation.clone();
-    let child = create_child(shared, owned, &lease, (&range, pk_range_id), continuation).await?;
-    match owned.delete().await {
-        Ok(()) | Err(UpdateError::Gone) => {}
-        Err(UpdateError::Lost(owner)) => {
-            // Taken meanwhile: the old document stays the lease, the new one goes.
-            tracing::info!(
-                ?owner,
-                "the lease was taken while it was rewritten; keeping its old form"
-            );
-            if let Err(error) = shared.store.delete(&child).await {
-                tracing::warn!(lease = %child.id, %error, "removing the rewritten copy of a lease taken meanwhile failed; delete it by hand");
-            }
-            return Some(LeaseExit::closed(CloseReason::LeaseLost));
-        }
-        Err(error) => {
-            shared
-                .telemetry
-                .error(Some(owned.token()), LeaseError::DeleteSplitParent(error));
-        }
+    if let Err(lost) = fence(owned).await {
+        return Some(lost);
     }
-    announce(shared, owned, vec![child], what)
+    let child = create_child(shared, owned, &lease, (&range, pk_range_id), continuation).await?;
+    finish(shared, owned, vec![child], what).await
 }
 
-/// Deletes the replaced lease (if still ours) and says which leases took its place.
+/// Deletes the replaced lease (if still ours) and says which leases took its place; when it was
+/// taken meanwhile, its children are removed again and the lease is left to its new owner.
 async fn finish(shared: &Shared, owned: &OwnedLease, children: Vec<Lease>, what: &str) -> Option<LeaseExit> {
     match owned.delete().await {
         Ok(()) | Err(UpdateError::Gone) => {}
+        Err(UpdateError::Lost(owner)) => {
+            tracing::info!(
+                ?owner,
+                "the lease was taken while it was replaced; removing what replaced it"
+            );
+            for child in &children {
+                if let Err(error) = shared.store.delete(child).await {
+                    tracing::warn!(lease = %child.id, %error, "removing a lease written for a lease taken meanwhile failed; delete it by hand");
+                }
+            }
+            return Some(LeaseExit::closed(CloseReason::LeaseLost));
+        }
         Err(error) => {
             shared
                 .telemetry
@@ -235,9 +257,15 @@ async fn create_child(
     match shared.store.create(&child).await {
         Ok(Some(created)) => Some(created),
         Ok(None) => match shared.store.read(&child.id).await {
-            // Created by an earlier attempt of this split; take it over as it is.
+            // Created by an earlier attempt of this split in this process (its epoch says so: a
+            // twin's or a predecessor's under the same name is not this split's); taken as it is.
             Ok(Some(existing))
-                if existing.range() == Some(range) && existing.owner.as_deref() == Some(&shared.options.instance) =>
+                if existing.range() == Some(range)
+                    && existing.owner.as_deref() == Some(&shared.options.instance)
+                    && existing
+                        .owner_epoch
+                        .as_deref()
+                        .is_some_and(|epoch| shared.wrote_epoch(epoch)) =>
             {
                 Some(existing)
             }
