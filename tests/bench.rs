@@ -46,6 +46,8 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
             .arg("--k8s-bin")
             .arg(k8s_bin)
             .env("RUST_LOG", "error")
+            // A run past the limit is killed with the test, not left running.
+            .kill_on_drop(true)
             .output(),
     )
     .await

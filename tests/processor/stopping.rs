@@ -209,6 +209,70 @@ async fn a_handoffs_last_checkpoint_is_retried_until_it_is_written() {
     assert!(duplicates.is_empty(), "delivered twice: {duplicates:?}");
 }
 
+/// A lease whose requester stopped while its owner drained a batch is freed, not left under the
+/// stopped name for an expiration (issue 59): the owner writes a requester in as the new owner
+/// only while its request is still on the lease, and clears the requests of instances that left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_whose_requester_stopped_while_its_owner_drained_is_freed() {
+    let env = Env::new(2).await;
+    env.ensure_leases().await;
+    let with_expiration = |name: &str| {
+        let mut options = env.options(name);
+        options.expiration = Duration::from_secs(6);
+        options
+    };
+    let options = with_expiration("a");
+    let (acquire, expiration) = (options.acquire_interval, options.expiration);
+    let gate = GateHandler::recording(Hold::Nothing, env.recorder("a"));
+    let a = env.processor(options, gate.clone()).await.start().await.unwrap();
+    let owns_all = eventually(Duration::from_secs(10), || async {
+        env.owners().await.get("a") == Some(&2)
+    })
+    .await;
+    assert!(owns_all, "{:?}", env.owners().await);
+    gate.hold(Hold::Every);
+    env.write(0..20).await;
+    let tokens: Vec<String> = env.leases().await.into_iter().map(|l| l.lease_token).collect();
+    assert!(gate.wait_held(&tokens).await, "held: {:?}", gate.held());
+    let b = env.start(with_expiration("b")).await;
+    let asked = eventually(Duration::from_secs(10), || async {
+        requested_by(&env, "b").await.len() == 1
+    })
+    .await;
+    assert!(asked, "the newcomer asked for no lease: {:?}", env.leases().await);
+    let requested = requested_by(&env, "b").await.remove(0);
+    // The owner accepts the request; the requester stops before the batch ends, and the owner
+    // sees it gone.
+    tokio::time::sleep(acquire * 2).await;
+    b.stop().await;
+    tokio::time::sleep(acquire * 2).await;
+    let draining_epoch = lease_of(&env, &requested).await.owner_epoch;
+    let opened = Instant::now();
+    gate.open();
+    // Released, then taken up again by the instance that stays (an epoch of its own).
+    let back = eventually(expiration, || async {
+        let lease = lease_of(&env, &requested).await;
+        lease.owner.as_deref() == Some("a") && lease.owner_epoch != draining_epoch
+    })
+    .await;
+    let after = opened.elapsed();
+    let all = env.delivered_within(20, Duration::from_secs(10)).await;
+    println!(
+        "a lease handed over to a requester that stopped: processed again {after:?} after its batch ended (expiration {expiration:?})"
+    );
+    a.stop().await;
+    assert!(all, "missing {:?}", env.deliveries.missing(ids(0..20)));
+    assert!(
+        back,
+        "the lease stayed under the stopped requester's name: {:?}",
+        lease_of(&env, &requested).await
+    );
+    assert!(
+        after < expiration / 2,
+        "taken up {after:?} after the batch ended, not at once"
+    );
+}
+
 /// The lease tokens that carry a handoff request to `to`.
 async fn requested_by(env: &Env, to: &str) -> Vec<String> {
     let leases = env.leases().await;

@@ -67,6 +67,9 @@ pub struct OwnedLease {
     gone: AtomicBool,
     /// The instance that asked for the lease; processing stops after the current batch.
     handoff_to: std::sync::Mutex<Option<String>>,
+    /// Whether `handoff_to` asked for the lease (a handoff request), rather than being named by
+    /// this instance (a stalled lease's release).
+    handoff_asked: AtomicBool,
     /// Set when this instance stopped processing the lease (whatever the reason).
     closed: AtomicBool,
     /// Woken when a write meets another instance's handoff request: the acquire cycle judges it.
@@ -122,6 +125,7 @@ impl OwnedLease {
             lost: AtomicBool::new(false),
             gone: AtomicBool::new(false),
             handoff_to: std::sync::Mutex::new(None),
+            handoff_asked: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             requested,
             // The lease was just written (acquired) by this instance.
@@ -231,6 +235,7 @@ impl OwnedLease {
         if target.is_none() {
             tracing::info!(lease = %self.token, to = %to, "handing the lease over after the current batch");
             *target = Some(to.to_owned());
+            self.handoff_asked.store(true, Ordering::SeqCst);
             self.cancel.cancel();
         }
     }
@@ -507,22 +512,28 @@ impl OwnedLease {
         Ok(written.is_some())
     }
 
-    /// Gives the lease up, keeping its continuation: to the instance that asked for it (which
-    /// writes an epoch of its own when it takes the lease up; until then the lease keeps this
-    /// ownership's epoch, so that no earlier task of the requester's name takes it for its
-    /// own), else to nobody.
+    /// Gives the lease up, keeping its continuation: to the instance that asked for it while its
+    /// request is still on the lease (which writes an epoch of its own when it takes the lease
+    /// up; until then the lease keeps this ownership's epoch, so that no earlier task of the
+    /// requester's name takes it for its own), else to nobody.
     ///
     /// Written as a checkpoint is ([`OwnedLease::update_deferrable`]; the lease's processing has
     /// ended): a release answered 429 is sent again after the retry-after, rather than failing
     /// after the SDK's few retries and leaving the lease to expire.
     pub async fn release(&self) -> Result<Lease, UpdateError> {
         let to = self.handoff_target();
+        let asked = self.handoff_asked.load(Ordering::SeqCst);
         let written = self
             .update_deferrable(|lease| {
+                // A requester whose request is gone (it left, and the request was cleared) would
+                // hold the lease under a stopped name for an expiration: freed instead.
+                let to = to
+                    .clone()
+                    .filter(|to| !asked || lease.handoff_request().is_some_and(|(by, _)| by == to));
                 if to.is_none() {
                     lease.owner_epoch = None;
                 }
-                lease.owner = to.clone();
+                lease.owner = to;
                 lease.clear_handoff();
                 true
             })
