@@ -8,7 +8,7 @@ use std::time::Duration;
 use changefeed_operator::processor::{Batch, ChangeHandler, HandlerError};
 use tokio::sync::watch;
 
-use super::RecordingHandler;
+use super::{Env, RecordingHandler, eventually};
 
 /// How long [`GateHandler`]'s waits wait at most.
 const WAIT: Duration = Duration::from_secs(10);
@@ -135,6 +135,23 @@ impl GateHandler {
         let waited = tokio::time::timeout(WAIT, state.wait_for(done)).await;
         waited.is_ok_and(|r| r.is_ok())
     }
+}
+
+/// Once `instance` owns all `leases` of `env`, writes `documents` and holds a batch of every lease
+/// at `gate`; the tokens of the leases held.
+pub async fn hold_a_batch_of_every_lease(
+    env: &Env,
+    gate: &GateHandler,
+    (instance, leases): (&str, usize),
+    documents: std::ops::Range<usize>,
+) -> Vec<String> {
+    let owns_all = eventually(WAIT, || async { env.owners().await.get(instance) == Some(&leases) }).await;
+    assert!(owns_all, "{:?}", env.owners().await);
+    gate.hold(Hold::Every);
+    env.write(documents).await;
+    let tokens: Vec<String> = env.leases().await.into_iter().map(|l| l.lease_token).collect();
+    assert!(gate.wait_held(&tokens).await, "held: {:?}", gate.held());
+    tokens
 }
 
 #[async_trait::async_trait]

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use changefeed_operator::processor::{CloseReason, LeaseEvent};
 
 use super::*;
-use crate::common::gate::{GateHandler, Hold};
+use crate::common::gate::{GateHandler, Hold, hold_a_batch_of_every_lease};
 use crate::common::{Env, eventually, fair, ids, upsert_doc};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -563,15 +563,7 @@ async fn scale_out_during_batches_slower_than_the_expiration_delivers_nothing_tw
     let options = env.options("a");
     let expiration = options.expiration;
     let a = env.processor(options, handler.clone()).await.start().await.unwrap();
-    let owns_all = eventually(Duration::from_secs(10), || async {
-        env.owners().await.get("a") == Some(&4)
-    })
-    .await;
-    assert!(owns_all, "{:?}", env.owners().await);
-    handler.hold(Hold::Every);
-    env.write(0..40).await;
-    let tokens: Vec<String> = env.leases().await.into_iter().map(|l| l.lease_token).collect();
-    assert!(handler.wait_held(&tokens).await, "held: {:?}", handler.held());
+    hold_a_batch_of_every_lease(&env, &handler, ("a", 4), 0..40).await;
 
     let b = env.start(env.options("b")).await;
     // Every held batch outlasts the expiration several times over while the newcomer asks.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use changefeed_operator::processor::Lease;
 
-use crate::common::gate::{GateHandler, Hold};
+use crate::common::gate::{GateHandler, Hold, hold_a_batch_of_every_lease};
 use crate::common::{Env, eventually, fair, ids};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,15 +176,7 @@ async fn a_handoffs_last_checkpoint_is_retried_until_it_is_written() {
     let gate = GateHandler::recording(Hold::Nothing, env.recorder("a"));
     let (store, processor) = env.counted_processor(options, gate.clone(), |s| s).await;
     let a = processor.start().await.unwrap();
-    let owns_all = eventually(Duration::from_secs(10), || async {
-        env.owners().await.get("a") == Some(&2)
-    })
-    .await;
-    assert!(owns_all, "{:?}", env.owners().await);
-    gate.hold(Hold::Every);
-    env.write(0..20).await;
-    let tokens: Vec<String> = env.leases().await.into_iter().map(|l| l.lease_token).collect();
-    assert!(gate.wait_held(&tokens).await, "held: {:?}", gate.held());
+    hold_a_batch_of_every_lease(&env, &gate, ("a", 2), 0..20).await;
     let b = env.start(env.options("b")).await;
     let asked = eventually(Duration::from_secs(10), || async {
         requested_by(&env, "b").await.len() == 1
@@ -225,15 +217,7 @@ async fn a_lease_whose_requester_stopped_while_its_owner_drained_is_freed() {
     let (acquire, expiration) = (options.acquire_interval, options.expiration);
     let gate = GateHandler::recording(Hold::Nothing, env.recorder("a"));
     let a = env.processor(options, gate.clone()).await.start().await.unwrap();
-    let owns_all = eventually(Duration::from_secs(10), || async {
-        env.owners().await.get("a") == Some(&2)
-    })
-    .await;
-    assert!(owns_all, "{:?}", env.owners().await);
-    gate.hold(Hold::Every);
-    env.write(0..20).await;
-    let tokens: Vec<String> = env.leases().await.into_iter().map(|l| l.lease_token).collect();
-    assert!(gate.wait_held(&tokens).await, "held: {:?}", gate.held());
+    hold_a_batch_of_every_lease(&env, &gate, ("a", 2), 0..20).await;
     let b = env.start(with_expiration("b")).await;
     let asked = eventually(Duration::from_secs(10), || async {
         requested_by(&env, "b").await.len() == 1
