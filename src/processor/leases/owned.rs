@@ -399,9 +399,11 @@ impl OwnedLease {
         if moment(&self.confirmed_at).elapsed() < expiration / 10 {
             return Ok(());
         }
-        if !self.kept_alive_within(expiration / 2) {
+        let beating = self.written_within(expiration / 2) || self.liveness.kept_alive_within(expiration / 2);
+        if !beating {
             // Its heartbeat is late (a throttled lease container?): a renewal of each lease must
-            // not crowd the heartbeat out — it waits its turn as checkpoints do.
+            // not crowd the heartbeat out — it waits its turn as checkpoints do. (Beating again
+            // after a silence, a read confirms the lease.)
             return match self.update_deferrable(|lease| self.is_mine(lease)).await? {
                 Some(_) => Ok(()),
                 None => Err(UpdateError::Lost(None)),
