@@ -114,6 +114,8 @@ pub struct CountingStore {
     beat_answer_delay: Duration,
     /// While set, every request fails as an unreachable store's would (503).
     unreachable: AtomicBool,
+    /// While set, every delete fails so.
+    deletes_fail: AtomicBool,
 }
 
 impl CountingStore {
@@ -128,12 +130,18 @@ impl CountingStore {
             beats: Arc::new(LeaseWrites::default()),
             beat_answer_delay: Duration::ZERO,
             unreachable: AtomicBool::new(false),
+            deletes_fail: AtomicBool::new(false),
         }
     }
 
     /// Cuts this store off (every request fails with 503) or connects it again.
     pub fn cut_off(&self, cut: bool) {
         self.unreachable.store(cut, Ordering::SeqCst);
+    }
+
+    /// Makes every delete fail as an unreachable store's would (503), or succeed again.
+    pub fn fail_deletes(&self, fail: bool) {
+        self.deletes_fail.store(fail, Ordering::SeqCst);
     }
 
     /// Every request waits `latency` before it reaches the inner store.
@@ -170,11 +178,16 @@ impl CountingStore {
     }
 
     async fn count(&self, counter: &AtomicU64) -> Result<(), LeaseStoreError> {
+        self.count_failing(counter, &self.unreachable).await
+    }
+
+    /// Counts a request that fails while `failing` (or the store is cut off).
+    async fn count_failing(&self, counter: &AtomicU64, failing: &AtomicBool) -> Result<(), LeaseStoreError> {
         counter.fetch_add(1, Ordering::SeqCst);
         if !self.latency.is_zero() {
             tokio::time::sleep(self.latency).await;
         }
-        if self.unreachable.load(Ordering::SeqCst) {
+        if failing.load(Ordering::SeqCst) || self.unreachable.load(Ordering::SeqCst) {
             return Err(LeaseStoreError::Cosmos(crate::cosmos::CosmosError::local(
                 crate::cosmos::ErrorKind::Transient,
                 "the lease store is cut off (test)",
@@ -226,7 +239,7 @@ impl LeaseStore for CountingStore {
     }
 
     async fn delete(&self, lease: &Lease) -> Result<(), LeaseStoreError> {
-        self.count(&self.requests.other).await?;
+        self.count_failing(&self.requests.other, &self.deletes_fail).await?;
         self.inner.delete(lease).await
     }
 

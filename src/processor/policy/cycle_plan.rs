@@ -20,7 +20,7 @@ use crate::processor::policy::balancer::{
     Balancing, LeaseState, leases_to_acquire_among, leases_to_acquire_steal_one, overlapping, superseded,
 };
 use crate::processor::policy::listing_schedule::{ListingSchedule, ListingView, is_quiet};
-use crate::processor::policy::range_overlaps::ranges_of;
+use crate::processor::policy::range_overlaps::{EqualRange, LeaseRange, equal_ranges, ranges_of, within};
 
 /// Acquire cycles without a heartbeat after which an instance is no longer counted.
 const HEARTBEAT_CYCLES: u32 = 3;
@@ -138,10 +138,15 @@ pub fn plan_cycle(
 ) -> CyclePlan {
     let expiration = options.expiration;
     let ranges = ranges_of(&snapshot.leases);
-    // A split parent whose children exist is obsolete: never balanced, deleted once free.
-    let obsolete = superseded(&ranges);
+    // A split parent whose children exist, or the other of two leases with one range, is
+    // obsolete: never balanced, deleted once free.
+    let equal = equal_ranges(&snapshot.leases);
+    let mut obsolete = superseded(&ranges);
+    obsolete.extend(equal.iter().map(|e| e.id.clone()));
     let balanced: Vec<&Lease> = snapshot.leases.iter().filter(|l| !obsolete.contains(&l.id)).collect();
     let expired = |l: &Lease| observations.sightings.is_expired(l, observations.at, expiration);
+    // Left here: this instance's lease that no task of it processes (its heartbeat keeps it alive).
+    let left_here = |l: &Lease| l.owner.as_deref() == Some(me) && !observations.owned.contains(&l.id);
     let states = lease_states(&balanced, observations, expiration);
     let live = live_instances(snapshot, observations, options);
     let wanted = wanted(
@@ -168,7 +173,8 @@ pub fn plan_cycle(
         schedule.next(observations.listing_interval, quiet)
     };
     let present = present(&live, &states);
-    let fates = owned_fates(snapshot, observations, me, &present);
+    let mut fates = owned_fates(snapshot, observations, me, &present);
+    fates.lost.extend(displaced(&equal, &states, observations, me));
     let renew_each_lease = judged_one_by_one(&live, &states, observations, me);
     CyclePlan {
         invalid: snapshot.invalid.clone(),
@@ -179,7 +185,7 @@ pub fn plan_cycle(
         delete: snapshot
             .leases
             .iter()
-            .filter(|l| obsolete.contains(&l.id) && expired(l))
+            .filter(|l| obsolete.contains(&l.id) && (expired(l) || left_here(l)))
             .cloned()
             .collect(),
         remove_heartbeats: snapshot
@@ -188,12 +194,7 @@ pub fn plan_cycle(
             .filter(|(name, _)| heartbeat_age(observations, name) > expiration * STALE_HEARTBEAT_EXPIRATIONS)
             .map(|(name, _)| name.clone())
             .collect(),
-        acquire: wanted
-            .iter()
-            .filter_map(|id| balanced.iter().find(|l| &l.id == id))
-            .filter(|l| !observations.owned.contains(&l.id) && !observations.left_stalled.contains(&l.id))
-            .filter_map(|lease| acquisition(lease, me, now, observations, expiration))
-            .collect(),
+        acquire: acquisitions(&wanted, &balanced, &ranges, observations, (me, now), expiration),
         takeover_in: takeover_in(&balanced, me, observations, options),
         next_interval,
         listed_ids,
@@ -203,6 +204,55 @@ pub fn plan_cycle(
             .filter(|name| name != me && !name.is_empty())
             .collect(),
     }
+}
+
+/// How `me` gets each lease it wants, but for those processed here, left here as stalled, or
+/// lying within a range processed here (a split's child while the parent's task still reads it).
+fn acquisitions(
+    wanted: &[String],
+    balanced: &[&Lease],
+    ranges: &[LeaseRange],
+    observations: &Observations,
+    (me, now): (&str, OffsetDateTime),
+    expiration: Duration,
+) -> Vec<Acquisition> {
+    let candidates: Vec<&Lease> = wanted
+        .iter()
+        .filter_map(|id| balanced.iter().find(|l| &l.id == id).copied())
+        .filter(|l| !observations.owned.contains(&l.id) && !observations.left_stalled.contains(&l.id))
+        .collect();
+    let processed: Vec<LeaseRange> = ranges
+        .iter()
+        .filter(|r| observations.owned.contains(&r.id))
+        .cloned()
+        .collect();
+    let candidate_ranges: Vec<LeaseRange> = candidates
+        .iter()
+        .filter_map(|l| Some(LeaseRange::new(l.id.clone(), l.range()?.clone())))
+        .collect();
+    let nested: HashSet<String> = within(&candidate_ranges, &processed).into_iter().collect();
+    candidates
+        .into_iter()
+        .filter(|l| !nested.contains(&l.id))
+        .filter_map(|lease| acquisition(lease, me, now, observations, expiration))
+        .collect()
+}
+
+/// The leases processed here that give way to another lease over the same range which another
+/// live instance owns: processing stops (and the lease, left here, is deleted).
+fn displaced(equal: &[EqualRange], states: &[LeaseState], observations: &Observations, me: &str) -> Vec<String> {
+    let owned_elsewhere = |id: &str| {
+        states
+            .iter()
+            .find(|s| s.id == id)
+            .and_then(|s| s.live_owner.as_deref())
+            .is_some_and(|owner| owner != me && !owner.is_empty())
+    };
+    equal
+        .iter()
+        .filter(|e| observations.owned.contains(&e.id) && owned_elsewhere(&e.kept))
+        .map(|e| e.id.clone())
+        .collect()
 }
 
 /// What the balancer knows of each of `balanced`: its live owner (none once expired) and, while
@@ -307,15 +357,16 @@ fn live_instances(snapshot: &LeaseSnapshot, observations: &Observations, options
 fn newcomers(
     live: &[String],
     balanced: &[&Lease],
+    states: &[LeaseState],
     observations: &Observations,
     me: &str,
-    expiration: Duration,
 ) -> Vec<String> {
     let (at, sightings) = (observations.at, &observations.sightings);
     let silences = balanced
         .iter()
-        .filter(|l| l.owner.as_deref().is_some_and(|o| !o.is_empty()) && sightings.is_expired(l, at, expiration))
-        .map(|l| at - sightings.silent_for(l, at));
+        .zip(states)
+        .filter(|(_, state)| state.expired)
+        .map(|(l, _)| at - sightings.silent_for(l, at));
     let Some(first_silence) = silences.min() else {
         return Vec::new();
     };
@@ -342,7 +393,7 @@ fn wanted(
         .collect();
     let picked = match options.balancing {
         Balancing::Fair => {
-            let newcomers = newcomers(live, balanced, observations, me, options.expiration);
+            let newcomers = newcomers(live, balanced, states, observations, me);
             leases_to_acquire_among(states, me, live, (leaving, &newcomers))
         }
         Balancing::StealOne => leases_to_acquire_steal_one(states, me),

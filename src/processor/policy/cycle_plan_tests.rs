@@ -233,6 +233,91 @@ fn a_split_parent_is_never_acquired_and_deleted_once_nobody_renews_it() {
     }
 }
 
+/// Leases of this instance no task of it processes, kept alive by its heartbeat.
+fn kept_alive_by_me(leases: Vec<Lease>) -> LeaseSnapshot {
+    let mut listing = snapshot(leases, &[("me", SECOND)]);
+    listing.keepers = vec!["me".to_owned()];
+    listing
+}
+
+#[test]
+fn a_split_parent_left_here_by_a_failed_delete_is_deleted_while_its_owner_lives() {
+    let children = [lease(0, 2, Some("me"), SECOND), lease(1, 2, Some("me"), SECOND)];
+    let mut parent = Lease::new("p", &EpkRange::new("", "FF"), None);
+    parent.owner = Some("me".into());
+    parent.timestamp = Some(NOW - SECOND);
+    let mut leases = children.to_vec();
+    leases.push(parent.clone());
+    let listing = kept_alive_by_me(leases);
+    let left = plan_for(&listing, &[&children[0], &children[1]], options());
+    assert_eq!(left.delete.iter().map(|l| &l.id).collect::<Vec<_>>(), [&parent.id]);
+    // While the split's task still runs, the parent is its to delete.
+    let splitting = plan_for(&listing, &[&children[0], &children[1], &parent], options());
+    assert!(splitting.delete.is_empty());
+}
+
+/// A lease over the whole key space as version 0 (`token`) or EPK (`None`) at checkpoint `lsn`,
+/// owned by `owner` and written `age` ago.
+fn whole_range(token: Option<&str>, lsn: u64, owner: &str, age: Duration) -> Lease {
+    let range = EpkRange::full();
+    let continuation = Some(format!("\"{lsn}\""));
+    let mut lease = match token {
+        Some(token) => Lease::for_partition("p", token, &range, continuation),
+        None => Lease::new("p", &range, continuation),
+    };
+    lease.owner = Some(owner.to_owned());
+    lease.timestamp = Some(NOW - age);
+    lease.etag = format!("etag-{}", lease.id);
+    lease
+}
+
+#[test]
+fn of_two_leases_with_one_range_only_the_one_further_on_is_taken_and_the_other_deleted() {
+    // A rewrite whose old document could not be deleted: the new one was written after it.
+    let old = whole_range(None, 10, "me", 2 * SECOND);
+    let new = whole_range(Some("0"), 10, "me", SECOND);
+    let plan = plan_for(&kept_alive_by_me(vec![old.clone(), new.clone()]), &[], options());
+    assert_eq!(steps(&plan), [(new.lease_token.clone(), AcquireStep::Take, None)]);
+    assert_eq!(plan.delete.iter().map(|l| &l.id).collect::<Vec<_>>(), [&old.id]);
+    assert!(plan.overlapping.is_empty());
+    // A further checkpoint counts before a later write.
+    let ahead = whole_range(None, 20, "me", 2 * SECOND);
+    let plan = plan_for(&kept_alive_by_me(vec![ahead.clone(), new.clone()]), &[], options());
+    assert_eq!(steps(&plan), [(ahead.lease_token.clone(), AcquireStep::Take, None)]);
+    assert_eq!(plan.delete.iter().map(|l| &l.id).collect::<Vec<_>>(), [&new.id]);
+}
+
+#[test]
+fn a_lease_processed_here_stops_when_another_live_owner_has_the_lease_kept_over_its_range() {
+    let mine = whole_range(None, 10, "me", SECOND);
+    let theirs = whole_range(Some("0"), 20, "other", SECOND);
+    let listing = snapshot(vec![mine.clone(), theirs.clone()], &[("me", SECOND), ("other", SECOND)]);
+    let plan = plan_for(&listing, &[&mine], options());
+    assert_eq!(plan.lost, std::slice::from_ref(&mine.id));
+    assert!(plan.acquire.is_empty(), "{:?}", steps(&plan));
+    // Kept by a lease of this instance (a rewrite under way): its task goes on.
+    let own = whole_range(Some("0"), 20, "me", SECOND);
+    let plan = plan_for(&kept_alive_by_me(vec![mine.clone(), own]), &[&mine], options());
+    assert!(plan.lost.is_empty());
+    assert!(plan.acquire.is_empty(), "{:?}", steps(&plan));
+}
+
+#[test]
+fn a_split_child_is_not_taken_while_the_parent_s_task_still_reads_its_range() {
+    let mut parent = Lease::new("p", &EpkRange::full(), None);
+    parent.owner = Some("me".into());
+    parent.timestamp = Some(NOW - SECOND);
+    // The split wrote one child and failed at the other: it is tried again.
+    let child = lease(0, 2, Some("me"), SECOND);
+    let listing = kept_alive_by_me(vec![parent.clone(), child.clone()]);
+    let plan = plan_for(&listing, &[&parent], options());
+    assert!(plan.acquire.is_empty(), "{:?}", steps(&plan));
+    assert!(plan.delete.is_empty() && plan.lost.is_empty());
+    // Once the parent's task ended (it could not split), the child is this instance's to run.
+    let plan = plan_for(&listing, &[], options());
+    assert!(steps(&plan).contains(&(child.lease_token.clone(), AcquireStep::Take, None)));
+}
+
 #[test]
 fn heartbeats_older_than_five_expirations_are_removed() {
     let plan = plan_for(

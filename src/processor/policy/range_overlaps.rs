@@ -1,14 +1,15 @@
-//! Leases whose ranges overlap: split parents whose children exist (superseded) and ranges that
-//! overlap another's (a lease container edited by hand). Pure.
+//! Leases whose ranges overlap: split parents whose children exist (superseded), leases with
+//! the same range as another (one survives), ranges that overlap another's (a lease container
+//! edited by hand), and leases inside a range this instance processes. Pure.
 //!
 //! Every instance asks this of every listing, over thousands of leases: comparing every pair
 //! would make each acquire cycle quadratic. The ranges are sorted instead, and only groups of
 //! ranges that overlap one another are compared pairwise: leases that do not overlap — all of
 //! them, but for a split in progress — cost a sort.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
-use crate::cosmos::EpkRange;
+use crate::cosmos::{EpkRange, continuation_lsn};
 use crate::processor::leases::lease::Lease as LeaseDocument;
 
 /// A lease's id and its range of effective partition keys.
@@ -101,6 +102,63 @@ pub fn overlapping(leases: &[Lease], superseded: &[String]) -> Vec<String> {
         .flat_map(|group| overlapping_among(group, &superseded))
         .collect();
     in_order(leases, &found)
+}
+
+/// A lease whose range another lease has too, and the one of them that survives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EqualRange {
+    /// The lease that gives way: never balanced or acquired, deleted once free.
+    pub id: String,
+    /// The lease that goes on over the range.
+    pub kept: String,
+}
+
+/// Of each set of leases with one range (a rewrite whose old document could not be deleted, a
+/// copy made by hand), the one kept — the furthest checkpoint, then the latest write (a rewrite's
+/// new lease is written after the old one's last write), then the greatest id — and the others,
+/// in the order of `leases`. Deleting any of the others loses nothing: the kept lease reads on
+/// from at least as far.
+pub fn equal_ranges(leases: &[LeaseDocument]) -> Vec<EqualRange> {
+    let mut by_range: HashMap<&EpkRange, Vec<&LeaseDocument>> = HashMap::new();
+    for lease in leases {
+        if let Some(range) = lease.range() {
+            by_range.entry(range).or_default().push(lease);
+        }
+    }
+    let precedence = |l: &&&LeaseDocument| {
+        let checkpoint = l.continuation.as_deref().and_then(continuation_lsn);
+        (checkpoint, l.timestamp, l.id.clone())
+    };
+    let mut kept_for: HashMap<&str, &str> = HashMap::new();
+    for same in by_range.values().filter(|same| same.len() > 1) {
+        let Some(kept) = same.iter().max_by_key(precedence) else {
+            continue;
+        };
+        for other in same.iter().filter(|l| l.id != kept.id) {
+            kept_for.insert(other.id.as_str(), kept.id.as_str());
+        }
+    }
+    leases
+        .iter()
+        .filter_map(|l| {
+            let kept = kept_for.get(l.id.as_str())?;
+            Some(EqualRange {
+                id: l.id.clone(),
+                kept: (*kept).to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// Ids of `candidates` whose range lies within the range of one of `processed` (other than
+/// itself): a split's child while the parent's task still reads it, the other of two leases with
+/// one range. An instance starts none of them, so no two of its tasks read one change.
+pub fn within(candidates: &[Lease], processed: &[Lease]) -> Vec<String> {
+    candidates
+        .iter()
+        .filter(|c| processed.iter().any(|p| p.id != c.id && p.range.contains(&c.range)))
+        .map(|c| c.id.clone())
+        .collect()
 }
 
 /// [`superseded`] among the leases of one group, pair by pair.
@@ -217,6 +275,55 @@ mod tests {
             proptest::prop_assert_eq!(&parents, &want_parents);
             proptest::prop_assert_eq!(overlapping(&leases, &parents), want_overlapping);
         }
+    }
+
+    fn document(id: &str, checkpoint: Option<u64>, written_s: i64) -> LeaseDocument {
+        let mut lease = LeaseDocument::new("p", &EpkRange::full(), checkpoint.map(|n| format!("\"{n}\"")));
+        lease.id = id.to_owned();
+        lease.timestamp = Some(time::OffsetDateTime::UNIX_EPOCH + time::Duration::seconds(written_s));
+        lease
+    }
+
+    #[test]
+    fn of_leases_with_one_range_the_furthest_then_the_latest_then_the_greatest_id_is_kept() {
+        type Case = (Vec<LeaseDocument>, &'static str);
+        let cases: Vec<Case> = vec![
+            (vec![document("a", Some(5), 9), document("b", Some(7), 1)], "b"),
+            (vec![document("a", None, 9), document("b", Some(1), 1)], "b"),
+            (vec![document("a", Some(5), 2), document("b", Some(5), 1)], "a"),
+            (vec![document("a", Some(5), 1), document("b", Some(5), 1)], "b"),
+            (
+                vec![
+                    document("a", Some(5), 1),
+                    document("c", Some(6), 1),
+                    document("b", Some(6), 1),
+                ],
+                "c",
+            ),
+        ];
+        for (leases, kept) in cases {
+            let found = equal_ranges(&leases);
+            assert_eq!(found.len(), leases.len() - 1, "{leases:?}");
+            assert!(found.iter().all(|e| e.kept == kept && e.id != kept), "{found:?}");
+        }
+        let apart = [
+            LeaseDocument::new("p", &EpkRange::new("", "80"), None),
+            LeaseDocument::new("p", &EpkRange::new("80", "FF"), None),
+        ];
+        assert!(equal_ranges(&apart).is_empty());
+    }
+
+    #[test]
+    fn leases_within_a_processed_range_are_found_and_the_processed_one_itself_is_not() {
+        let parent = lease("parent", "", "FF");
+        let candidates = [
+            lease("child", "", "80"),
+            lease("copy", "", "FF"),
+            parent.clone(),
+            lease("beyond", "FF", "FFFF"),
+        ];
+        assert_eq!(within(&candidates, &[parent]), ["child", "copy"]);
+        assert!(within(&candidates, &[]).is_empty());
     }
 
     #[test]

@@ -311,7 +311,10 @@ impl Coordinator {
         self.report_invalid(&plan);
         for owned in self.shared.owned.all() {
             if plan.lost.iter().any(|id| id == owned.id()) && !owned.cancelled().is_cancelled() {
-                tracing::info!(lease = owned.token(), "lease taken by another instance");
+                tracing::info!(
+                    lease = owned.token(),
+                    "lease taken by another instance (or kept by another lease over its range)"
+                );
                 owned.mark_lost();
             } else if let Some((_, to)) = plan.hand_over.iter().find(|(id, _)| id == owned.id()) {
                 owned.hand_over_to(to);
@@ -320,7 +323,7 @@ impl Coordinator {
         self.clear_requests(&plan.clear_requests).await;
         for lease in &plan.delete {
             if let Err(error) = self.shared.store.delete(lease).await {
-                tracing::debug!(lease = %lease.lease_token, %error, "deleting a superseded split parent failed");
+                tracing::debug!(lease = %lease.lease_token, %error, "deleting a superseded lease failed");
             }
         }
         for name in &plan.remove_heartbeats {
