@@ -218,6 +218,40 @@ async fn the_first_heartbeat_after_a_silence_vouches_for_no_lease() {
     );
 }
 
+/// An acquisition vouches for the lease as of when it was sent, not when its answer came
+/// (issue 59 §6, found by the soak's freeze across a split): a process frozen between writing
+/// itself into a lease and reading the answer, whose lease another instance took meanwhile,
+/// confirms it before its first batch — and delivers nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_answered_after_a_freeze_vouches_for_nothing_since_it_was_sent() {
+    let env = Env::new(1).await;
+    env.ensure_leases().await;
+    let options = env.options("late");
+    // Listings answer late, so that only the batch's own check can find the lease lost.
+    let slow_listings = |store: CountingStore| store.with_slow_listings(Duration::from_secs(3));
+    let (store, processor) = env
+        .counted_processor(options, env.recorder("late"), slow_listings)
+        .await;
+    store.freeze_after(|l| l.owner.as_deref() == Some("late"), Duration::from_secs(5));
+    let late = processor.start().await.unwrap();
+    let taken = eventually(Duration::from_secs(15), || async {
+        env.owners().await.get("late") == Some(&1)
+    })
+    .await;
+    assert!(taken, "{:?}", env.owners().await);
+    // Frozen for more than the expiration: another instance takes the lease as expired.
+    let other = env.start(env.options("other")).await;
+    env.write(0..10).await;
+    let all = env.delivered_within(10, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let by_late = env.deliveries.delivered_by("late");
+    late.stop().await;
+    other.stop().await;
+    println!("documents delivered by the owner whose acquisition was answered after its lease was taken: {by_late}");
+    assert!(all, "missing {:?}", env.deliveries.missing(common::ids(0..10)));
+    assert_eq!(by_late, 0, "the deposed owner delivered");
+}
+
 /// Once instance `cut` owns the only lease and delivered 10 documents, cuts it off from the lease
 /// store for more than an expiration, while another instance takes the lease as expired (written
 /// here as it would).

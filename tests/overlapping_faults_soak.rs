@@ -3,7 +3,9 @@
 //! containers) while a seeded schedule makes every fault we can make — `kill -9`, SIGSTOP past
 //! the lease expiration, 429s, 503 outages, flaky requests, a slow store, hung change feed reads,
 //! splits, merges, a failover, slow handlers, a second process under a live name, a rolling
-//! restart, a worker replaced — two workers' wall clocks 8 s ahead and behind (libfaketime).
+//! restart, a worker replaced, and their unlucky combinations (a worker more while batches take
+//! longer than the expiration, a freeze across a split, a newcomer right after a crash, a
+//! handoff under throttling) — two workers' wall clocks 8 s ahead and behind (libfaketime).
 //! Then an independent checker (`tools/soak/check.py`, Python's standard library, nothing of the
 //! processor) verifies the logs: nothing lost, per partition key in order within each delivery
 //! run, no checkpoint moving backwards, duplicates only around faults and counted, twins
@@ -23,7 +25,7 @@ use crate::common::{self, CFP, DiesWithTest};
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// Every kind of fault of the schedule (tools/soak/schedule.py's `KINDS`).
-const KINDS: [&str; 14] = [
+const KINDS: [&str; 18] = [
     "kill",
     "freeze",
     "throttle",
@@ -38,6 +40,10 @@ const KINDS: [&str; 14] = [
     "replace",
     "slow_store",
     "hang",
+    "slow_scale_out",
+    "freeze_split",
+    "newcomer_crash",
+    "throttled_handoff",
 ];
 
 /// Runs `tools/soak/soak.py` with `args` to its end (at most `limit`), its output shown as it

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -116,6 +116,16 @@ pub struct CountingStore {
     unreachable: AtomicBool,
     /// While set, every delete fails so.
     deletes_fail: AtomicBool,
+    /// A lease write that, once it landed, freezes this store (see [`CountingStore::freeze_after`]).
+    freeze_trigger: std::sync::Mutex<Option<FreezeTrigger>>,
+    /// Until when every request (and the answer of the write that froze it) waits.
+    frozen_until: std::sync::Mutex<Option<tokio::time::Instant>>,
+}
+
+/// Which lease write freezes the store, and for how long.
+struct FreezeTrigger {
+    matches: Box<dyn Fn(&Lease) -> bool + Send + Sync>,
+    freeze: Duration,
 }
 
 impl CountingStore {
@@ -131,6 +141,8 @@ impl CountingStore {
             beat_answer_delay: Duration::ZERO,
             unreachable: AtomicBool::new(false),
             deletes_fail: AtomicBool::new(false),
+            freeze_trigger: std::sync::Mutex::new(None),
+            frozen_until: std::sync::Mutex::new(None),
         }
     }
 
@@ -142,6 +154,39 @@ impl CountingStore {
     /// Makes every delete fail as an unreachable store's would (503), or succeed again.
     pub fn fail_deletes(&self, fail: bool) {
         self.deletes_fail.store(fail, Ordering::SeqCst);
+    }
+
+    /// Once a lease write matching `matches` has landed, nothing more goes out or comes back for
+    /// `freeze` — that write's answer included — as when the process froze (SIGSTOP, a paused VM)
+    /// right after sending it. Once.
+    pub fn freeze_after(&self, matches: impl Fn(&Lease) -> bool + Send + Sync + 'static, freeze: Duration) {
+        *self.freeze_trigger.lock().unwrap_or_else(PoisonError::into_inner) = Some(FreezeTrigger {
+            matches: Box::new(matches),
+            freeze,
+        });
+    }
+
+    /// Freezes the store when `written` is the write the trigger waits for; waits out a freeze.
+    async fn after_write(&self, written: &Lease) {
+        let trigger = {
+            let mut armed = self.freeze_trigger.lock().unwrap_or_else(PoisonError::into_inner);
+            match armed.as_ref() {
+                Some(trigger) if (trigger.matches)(written) => armed.take(),
+                _ => None,
+            }
+        };
+        if let Some(trigger) = trigger {
+            *self.frozen_until.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some(tokio::time::Instant::now() + trigger.freeze);
+        }
+        self.wait_out_freeze().await;
+    }
+
+    async fn wait_out_freeze(&self) {
+        let until = *self.frozen_until.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(until) = until {
+            tokio::time::sleep_until(until).await;
+        }
     }
 
     /// Every request waits `latency` before it reaches the inner store.
@@ -174,6 +219,9 @@ impl CountingStore {
             self.inner.replace(lease).await
         };
         self.writes.record(&lease.id, sent, replaced.is_ok());
+        if let Ok(written) = &replaced {
+            self.after_write(written).await;
+        }
         replaced
     }
 
@@ -184,6 +232,7 @@ impl CountingStore {
     /// Counts a request that fails while `failing` (or the store is cut off).
     async fn count_failing(&self, counter: &AtomicU64, failing: &AtomicBool) -> Result<(), LeaseStoreError> {
         counter.fetch_add(1, Ordering::SeqCst);
+        self.wait_out_freeze().await;
         if !self.latency.is_zero() {
             tokio::time::sleep(self.latency).await;
         }

@@ -274,3 +274,51 @@ async fn lease_of(env: &Env, token: &str) -> Lease {
         .find(|l| l.lease_token == token)
         .expect("the lease is listed")
 }
+
+/// A rolling restart while every batch takes longer than the lease expiration (issue 59 §6): the
+/// new instance joins and asks for its share while the old one's batches run, then the old one
+/// is stopped with every batch still in flight. Each lease moves only once its batch is
+/// checkpointed: nothing delivered twice, nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_during_batches_slower_than_the_expiration_delivers_nothing_twice() {
+    let env = Env::new(4).await;
+    env.ensure_leases().await;
+    let handler = GateHandler::recording(Hold::Nothing, env.recorder("old"));
+    let options = env.options("old");
+    let expiration = options.expiration;
+    let old = env.processor(options, handler.clone()).await.start().await.unwrap();
+    hold_a_batch_of_every_lease(&env, &handler, ("old", 4), 0..40).await;
+    let new = env.start(env.options("new")).await;
+    // The newcomer asks for its share while the batches run, then the old instance is stopped.
+    tokio::time::sleep(expiration).await;
+    let stopping = tokio::spawn(old.stop());
+    tokio::time::sleep(expiration * 2).await;
+    let owners_while_held = env.owners().await;
+    handler.open();
+    let stopped = tokio::time::timeout(Duration::from_secs(20), stopping).await;
+    let moved = eventually(Duration::from_secs(20), || async {
+        env.owners().await.get("new") == Some(&4)
+    })
+    .await;
+    env.write(40..60).await;
+    let all = env.delivered_within(60, Duration::from_secs(20)).await;
+    let duplicates = env.deliveries.duplicates();
+    println!(
+        "rolling restart with batches held {:?} (expiration {expiration:?}): owners while held {owners_while_held:?}, all moved {moved}, all 60 delivered {all}, duplicates {}",
+        expiration * 3,
+        duplicates.len()
+    );
+    new.stop().await;
+    assert!(
+        stopped.is_ok_and(|joined| joined.is_ok()),
+        "the old instance's stop did not end"
+    );
+    assert_eq!(
+        owners_while_held.get("old"),
+        Some(&4),
+        "a lease was taken from its owner while it drained: {owners_while_held:?}"
+    );
+    assert!(moved, "{:?}", env.owners().await);
+    assert!(all, "missing {:?}", env.deliveries.missing(ids(0..60)));
+    assert!(duplicates.is_empty(), "delivered twice: {duplicates:?}");
+}

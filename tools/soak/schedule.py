@@ -12,6 +12,7 @@ import time
 KINDS = [
     "kill", "freeze", "throttle", "outage", "flaky", "split", "merge", "failover",
     "slow_handler", "twin", "rolling_restart", "replace", "slow_store", "hang",
+    "slow_scale_out", "freeze_split", "newcomer_crash", "throttled_handoff",
 ]
 FAULT_SECONDS = 4.0
 
@@ -34,12 +35,15 @@ def freeze(soak, rng):
     return {"target": slot.name}
 
 
-def _faults_for(soak, query, seconds):
-    """Injects `query`'s faults for `seconds`; the faults injected meanwhile, by kind (the
-    emulator counts them from its start)."""
+def _faults_for(soak, query, seconds, during=None):
+    """Injects `query`'s faults for `seconds` (or as long as `during` runs, when longer); the
+    faults injected meanwhile, by kind (the emulator counts them from its start)."""
     before = soak.control("GET", "faults").get("injected") or {}
     soak.control("POST", f"faults?{query}")
-    time.sleep(seconds)
+    started = time.monotonic()
+    if during is not None:
+        during()
+    time.sleep(max(0.0, seconds - (time.monotonic() - started)))
     totals = soak.control("DELETE", "faults").get("injected") or {}
     return {kind: n - before.get(kind, 0) for kind, n in totals.items() if n > before.get(kind, 0)}
 
@@ -153,6 +157,55 @@ def hang(soak, rng):
     time.sleep(soak.config.stall + 3.0)
     soak.control("DELETE", "hang")
     return {"partition": chosen["id"]}
+
+
+def slow_scale_out(soak, rng):
+    """A worker more joins while every batch takes longer than the lease expiration (the receiver
+    answers after the expiration + 2 s, within the handler timeout, for the expiration + 4 s):
+    owners hand it leases only once their batch is checkpointed. Then it is stopped (SIGTERM)."""
+    ms = int((soak.config.expiration + 2.0) * 1000)
+    seconds = soak.config.expiration + 4.0
+    soak.receiver_control(f"slow?ms={ms}&seconds={seconds:g}")
+    extra = soak.start_extra()
+    time.sleep(seconds)
+    ready = soak.wait_ready(extra, 30.0)
+    graceful = extra.process.terminate(30.0)
+    return {"target": extra.name, "ms": ms, "ready": ready, "graceful": graceful}
+
+
+def freeze_split(soak, rng):
+    """A worker frozen (SIGSTOP) past the lease expiration, a partition split meanwhile, then
+    SIGCONT: its readers find the split of leases it lost and must split none of them."""
+    slot = rng.choice(soak.slots)
+    slot.process.signal(signal.SIGSTOP)
+    time.sleep(soak.config.expiration + 1.0)
+    detail = split(soak, rng)
+    time.sleep(1.0)
+    slot.process.signal(signal.SIGCONT)
+    return {"target": slot.name, **detail}
+
+
+def newcomer_crash(soak, rng):
+    """`kill -9` of a worker and, within the expiration, one under a new name in its place (a
+    replica autoscaling adds as the lag grows): the crashed worker's leases are taken as they
+    expire, not held back by the newcomer."""
+    slot = rng.choice(soak.slots)
+    old = slot.name
+    slot.process.kill()
+    after = rng.uniform(0.2, 0.9) * soak.config.expiration
+    time.sleep(after)
+    soak.rename(slot)
+    soak.start_worker(slot)
+    return {"target": old, "new": slot.name, "after": round(after, 2)}
+
+
+def throttled_handoff(soak, rng):
+    """Half of all requests answered 429 while a worker is replaced (SIGTERM, then one under a
+    new name): the releases, the last checkpoints and the takes are paced by the throttling."""
+    replaced = {}
+    injected = _faults_for(soak, "rate=0.5&kinds=429", FAULT_SECONDS,
+                           during=lambda: replaced.update(replace(soak, rng)))
+    return {"injected": injected, **replaced}
 
 
 FAULTS = {name: globals()[name] for name in KINDS}

@@ -72,6 +72,7 @@ class Soak:
         self.out = config.out
         self.processes = 0
         self.stopping = []
+        self.extras = []
         self.log_lock = threading.Lock()
         os.makedirs(os.path.join(self.out, "workers"), exist_ok=True)
         skews = {0: "+8s", 1: "-8s"}
@@ -130,6 +131,15 @@ class Soak:
         slot.port = free_port()
         slot.process, slot.acquired = self.spawn(slot, slot.name, "w")
         slot.since = time.monotonic()
+
+    def start_extra(self):
+        """A worker more, under a new name, beside the `--workers` slots (a replica autoscaling
+        adds); `stop` stops it when the schedule did not."""
+        extra = Slot(len(self.slots) + len(self.extras), None, 1)
+        extra.name = f"x{len(self.extras) + 1}"
+        self.extras.append(extra)
+        self.start_worker(extra)
+        return extra
 
     def wait_ready(self, slot, timeout):
         """Whether `slot`'s worker answered 200 on `/readyz` within `timeout` seconds."""
@@ -267,7 +277,7 @@ class Soak:
         for slot in self.slots:
             if slot.process is not None:
                 slot.process.terminate()
-        for process in self.stopping:
+        for process in self.stopping + [extra.process for extra in self.extras]:
             process.terminate()
         for part in ("writer", "snapshots"):
             if hasattr(self, part):

@@ -102,12 +102,22 @@ fn advance(at: &std::sync::Mutex<Instant>, to: Instant) {
     *at = (*at).max(to);
 }
 
+/// A lease this instance wrote itself into, and when that write was sent: its answer — late,
+/// after a freeze — vouches for the lease only as of then.
+#[derive(Debug, Clone)]
+pub struct Acquired {
+    /// The lease as written.
+    pub lease: Lease,
+    /// When the write that made it this instance's was sent.
+    pub sent: Instant,
+}
+
 impl OwnedLease {
     /// Wraps a lease this instance just acquired; `requested` is woken when a write of it meets
     /// another instance's handoff request; `liveness` says whether the heartbeat keeps it alive;
     /// `budget` how its writes spend the lease container's request units.
     pub(crate) fn new(
-        lease: Lease,
+        Acquired { lease, sent }: Acquired,
         me: &str,
         store: Arc<dyn LeaseStore>,
         parent: &CancellationToken,
@@ -128,9 +138,8 @@ impl OwnedLease {
             handoff_asked: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             requested,
-            // The lease was just written (acquired) by this instance.
-            written_at: std::sync::Mutex::new(Instant::now()),
-            confirmed_at: std::sync::Mutex::new(Instant::now()),
+            written_at: std::sync::Mutex::new(sent),
+            confirmed_at: std::sync::Mutex::new(sent),
             renewed: AtomicBool::new(false),
             ended: CancellationToken::new(),
             liveness,

@@ -123,8 +123,8 @@ pub struct CyclePlan {
     /// judges leases by their own writes (its heartbeat carries no liveness marker, or it owns
     /// leases and has no such heartbeat), see [`crate::processor::leases::heartbeat`].
     pub renew_each_lease: bool,
-    /// The other instances here (a live heartbeat, or a lease they keep alive), sorted: where a
-    /// lease this instance gives up as stalled goes.
+    /// The other instances here (a live heartbeat, or a lease they keep alive) that are not
+    /// leaving, sorted: where a lease this instance gives up as stalled goes.
     pub others: Vec<String>,
 }
 
@@ -201,7 +201,7 @@ pub fn plan_cycle(
         renew_each_lease,
         others: present
             .into_iter()
-            .filter(|name| name != me && !name.is_empty())
+            .filter(|name| name != me && !name.is_empty() && !snapshot.leaving.contains(name))
             .collect(),
     }
 }

@@ -319,6 +319,13 @@ fn a_split_child_is_not_taken_while_the_parent_s_task_still_reads_its_range() {
 }
 
 #[test]
+fn a_stalled_lease_goes_to_no_instance_that_is_leaving() {
+    let mut listing = snapshot(Vec::new(), &[("me", SECOND), ("stays", SECOND), ("leaves", SECOND)]);
+    listing.leaving = vec!["leaves".to_owned()];
+    assert_eq!(plan_for(&listing, &[], options()).others, ["stays"]);
+}
+
+#[test]
 fn heartbeats_older_than_five_expirations_are_removed() {
     let plan = plan_for(
         &snapshot(

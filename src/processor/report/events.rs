@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::processor::leases::lease::Lease;
+use crate::processor::leases::owned::Acquired;
 
 /// Why this instance stopped processing a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -97,7 +97,7 @@ pub struct LeaseExit {
     /// Why it ended.
     pub reason: CloseReason,
     /// Child leases (owned by this instance) that replace the lease after a split.
-    pub children: Vec<Lease>,
+    pub children: Vec<Acquired>,
 }
 
 impl LeaseExit {

@@ -5,6 +5,7 @@
 use time::OffsetDateTime;
 
 use crate::processor::leases::lease::{Lease, LeaseStore, LeaseStoreError};
+use crate::processor::leases::owned::Acquired;
 use crate::processor::leases::write_budget::{Late, Spend, Turn};
 use crate::processor::policy::cycle_plan::{Acquisition, retry_acquisition};
 use crate::processor::run::shared::Shared;
@@ -43,7 +44,7 @@ pub(crate) async fn write_acquisition(
 /// What became of a lease this instance awaits.
 pub(crate) enum Adoption {
     /// Handed over and written: taken up ([`Handed::TakeUp`]) or freed ([`Handed::Free`]).
-    Taken(Box<Lease>),
+    Taken(Box<Acquired>),
     /// Still asked for (or its read failed): looked at again.
     Waiting,
     /// Deleted, given to another, or the request is gone.
@@ -89,9 +90,11 @@ pub(crate) async fn adopt_one(shared: &Shared, me: &str, id: &str, handed: Hande
     next.timestamp = Some(OffsetDateTime::now_utc());
     // Urgent: the lease was handed over to this instance, whose processing of it waits (or,
     // freed, the others').
+    let mut sent = tokio::time::Instant::now();
     let written = shared
         .budget
         .paced((shared.options.acquire_interval, Late::Ahead), Turn::Ahead, |spend| {
+            sent = tokio::time::Instant::now();
             let next = &next;
             async move {
                 match spend {
@@ -102,7 +105,7 @@ pub(crate) async fn adopt_one(shared: &Shared, me: &str, id: &str, handed: Hande
         })
         .await;
     match written {
-        Ok(written) => Adoption::Taken(Box::new(written)),
+        Ok(lease) => Adoption::Taken(Box::new(Acquired { lease, sent })),
         Err(error) => {
             tracing::debug!(lease = %lease.lease_token, %error, "taking up a handed-over lease failed");
             Adoption::Gone

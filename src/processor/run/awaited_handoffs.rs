@@ -3,7 +3,7 @@
 
 use futures::StreamExt;
 
-use crate::processor::leases::lease::Lease;
+use crate::processor::leases::owned::Acquired;
 use crate::processor::run::acquisition_writes::{Adoption, Handed, adopt_one};
 use crate::processor::run::shared::Shared;
 
@@ -24,7 +24,7 @@ pub(crate) struct AwaitedLease {
 /// A lease its owner handed over and this instance took up.
 pub(crate) struct TakenUp {
     /// The lease as this instance wrote itself into it.
-    pub(crate) lease: Lease,
+    pub(crate) lease: Acquired,
     /// The lease's owner before (the one asked).
     pub(crate) previous_owner: Option<String>,
     /// The acquire cycle that asked for it.
@@ -81,7 +81,7 @@ impl AwaitedHandoffs {
                     asked_in: awaited.asked_in,
                 }),
                 Adoption::Taken(freed) => {
-                    tracing::info!(lease = %freed.lease_token, "freed a lease handed over as this instance stopped")
+                    tracing::info!(lease = %freed.lease.lease_token, "freed a lease handed over as this instance stopped")
                 }
                 Adoption::Waiting => self.leases.push(awaited),
                 Adoption::Gone => {}

@@ -15,7 +15,7 @@ use tracing::Instrument;
 use crate::processor::error::LeaseError;
 use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStoreError};
 use crate::processor::leases::name_claim::NameError;
-use crate::processor::leases::owned::{OwnedLease, UpdateError};
+use crate::processor::leases::owned::{Acquired, OwnedLease, UpdateError};
 use crate::processor::leases::sightings::Sightings;
 use crate::processor::leases::throughput_share::{holding_in, part_of};
 use crate::processor::leases::write_budget::{Late, Turn};
@@ -342,12 +342,14 @@ impl Coordinator {
             }
             let (store, budget) = (self.shared.store.clone(), self.shared.budget.clone());
             async move {
+                let mut sent = tokio::time::Instant::now();
                 let written = budget
                     .paced((patience, Late::GiveUp), Turn::InOrder, |_| {
+                        sent = tokio::time::Instant::now();
                         write_acquisition(store.as_ref(), &acquisition)
                     })
                     .await;
-                (written, acquisition)
+                (written.map(|lease| Acquired { lease, sent }), acquisition)
             }
         });
         for (result, acquisition) in futures::future::join_all(writes).await {
@@ -392,14 +394,14 @@ impl Coordinator {
     }
 
     /// Acts on the result of one acquisition write.
-    fn acquire_written(&mut self, result: Result<Lease, LeaseStoreError>, acquisition: Acquisition) {
+    fn acquire_written(&mut self, result: Result<Acquired, LeaseStoreError>, acquisition: Acquisition) {
         let Acquisition {
             write,
             previous_owner,
             step,
         } = acquisition;
         match (step, result) {
-            (AcquireStep::AskHandoff, Ok(asked)) => {
+            (AcquireStep::AskHandoff, Ok(Acquired { lease: asked, .. })) => {
                 tracing::debug!(lease = %asked.lease_token, owner = ?previous_owner, "asked the owner to hand the lease over");
                 self.awaiting.ask(AwaitedLease {
                     id: asked.id,
@@ -413,7 +415,7 @@ impl Coordinator {
             (AcquireStep::Take, Ok(acquired)) => {
                 // A lease handed over here that a listing showed before the adoption poll read
                 // it: taken as asked for by the cycle that asked.
-                let (previous_owner, cycle) = match self.awaiting.take(&acquired.id) {
+                let (previous_owner, cycle) = match self.awaiting.take(&acquired.lease.id) {
                     Some(awaited) => (awaited.owner_asked.or(previous_owner), awaited.asked_in),
                     None => (previous_owner, self.shared.cycle()),
                 };
@@ -443,10 +445,11 @@ impl Coordinator {
 
     /// Starts processing a lease this instance just wrote itself into, taken by acquire cycle
     /// `cycle` (the one that asked for it, when its owner handed it over).
-    fn acquired(&mut self, acquired: Lease, previous_owner: Option<String>, cycle: u64) {
-        tracing::info!(lease = %acquired.lease_token, previous_owner = ?previous_owner, cycle, "lease acquired");
+    fn acquired(&mut self, acquired: Acquired, previous_owner: Option<String>, cycle: u64) {
+        let token = &acquired.lease.lease_token;
+        tracing::info!(lease = %token, previous_owner = ?previous_owner, cycle, "lease acquired");
         self.shared.telemetry.emit(LeaseEvent::Acquired {
-            lease: acquired.lease_token.clone(),
+            lease: token.clone(),
             previous_owner,
             cycle,
         });
@@ -455,9 +458,9 @@ impl Coordinator {
 
     /// Starts the task that processes `lease` (once: a split's children can be seen as ours by
     /// an acquire cycle and be started by the split's own exit path too).
-    fn start_lease(&mut self, lease: Lease) {
+    fn start_lease(&mut self, acquired: Acquired) {
         let owned = OwnedLease::new(
-            lease,
+            acquired,
             &self.shared.options.instance,
             self.shared.store.clone(),
             &self.leases,
@@ -501,9 +504,9 @@ impl Coordinator {
         self.listing_changed();
         let me = self.shared.options.instance.clone();
         for child in exit.children {
-            if child.owner.as_deref() == Some(me.as_str()) && !self.leases.is_cancelled() {
+            if child.lease.owner.as_deref() == Some(me.as_str()) && !self.leases.is_cancelled() {
                 self.shared.telemetry.emit(LeaseEvent::Acquired {
-                    lease: child.lease_token.clone(),
+                    lease: child.lease.lease_token.clone(),
                     previous_owner: None,
                     cycle: self.shared.cycle(),
                 });

@@ -8,7 +8,7 @@ use crate::cosmos::{EpkRange, RangeContinuation};
 use crate::processor::error::LeaseError;
 use crate::processor::leases::bootstrap::partition_id;
 use crate::processor::leases::lease::Lease;
-use crate::processor::leases::owned::{OwnedLease, UpdateError};
+use crate::processor::leases::owned::{Acquired, OwnedLease, UpdateError};
 use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
 use crate::processor::run::shared::Shared;
 
@@ -95,13 +95,15 @@ pub(crate) async fn split(
     };
     // Children only while the parent is still this ownership: a deposed owner (its reader saw the
     // split before a listing showed the loss) must not create leases over the new owner's range.
+    let sent = tokio::time::Instant::now();
     if let Err(lost) = fence(owned).await {
         return Some(lost);
     }
     let mut children = Vec::new();
     for (child_range, continuation) in pieces {
         let id = partition_id(&partitions, &child_range);
-        children.push(create_child(shared, owned, &parent, (&child_range, id), continuation).await?);
+        let lease = create_child(shared, owned, &parent, (&child_range, id), continuation).await?;
+        children.push(Acquired { lease, sent });
     }
     finish(shared, owned, children, "lease split").await
 }
@@ -188,16 +190,17 @@ async fn rewrite(shared: &Shared, owned: &OwnedLease, pk_range_id: Option<&str>,
     let lease = owned.current().await;
     let range = lease.range()?.clone();
     let continuation = lease.continuation.clone();
+    let sent = tokio::time::Instant::now();
     if let Err(lost) = fence(owned).await {
         return Some(lost);
     }
     let child = create_child(shared, owned, &lease, (&range, pk_range_id), continuation).await?;
-    finish(shared, owned, vec![child], what).await
+    finish(shared, owned, vec![Acquired { lease: child, sent }], what).await
 }
 
 /// Deletes the replaced lease (if still ours) and says which leases took its place; when it was
 /// taken meanwhile, its children are removed again and the lease is left to its new owner.
-async fn finish(shared: &Shared, owned: &OwnedLease, children: Vec<Lease>, what: &str) -> Option<LeaseExit> {
+async fn finish(shared: &Shared, owned: &OwnedLease, children: Vec<Acquired>, what: &str) -> Option<LeaseExit> {
     match owned.delete().await {
         Ok(()) | Err(UpdateError::Gone) => {}
         Err(UpdateError::Lost(owner)) => {
@@ -205,7 +208,7 @@ async fn finish(shared: &Shared, owned: &OwnedLease, children: Vec<Lease>, what:
                 ?owner,
                 "the lease was taken while it was replaced; removing what replaced it"
             );
-            for child in &children {
+            for Acquired { lease: child, .. } in &children {
                 if let Err(error) = shared.store.delete(child).await {
                     tracing::warn!(lease = %child.id, %error, "removing a lease written for a lease taken meanwhile failed; delete it by hand");
                 }
@@ -222,8 +225,8 @@ async fn finish(shared: &Shared, owned: &OwnedLease, children: Vec<Lease>, what:
 }
 
 /// Says which leases took the place of `owned`: its task ends, theirs start.
-fn announce(shared: &Shared, owned: &OwnedLease, children: Vec<Lease>, what: &str) -> Option<LeaseExit> {
-    let tokens: Vec<String> = children.iter().map(|c| c.lease_token.clone()).collect();
+fn announce(shared: &Shared, owned: &OwnedLease, children: Vec<Acquired>, what: &str) -> Option<LeaseExit> {
+    let tokens: Vec<String> = children.iter().map(|c| c.lease.lease_token.clone()).collect();
     tracing::info!(children = ?tokens, "{what}");
     shared.telemetry.emit(LeaseEvent::Split {
         parent: owned.token().to_owned(),
