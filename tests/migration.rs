@@ -41,15 +41,48 @@ async fn positions_of(
     out
 }
 
-/// The foreign lease documents of `layout` at `positions`, as that processor writes them.
+/// How the monitored container is named in lease prefixes: the account endpoint's host name and
+/// the database's and container's resource ids.
+#[derive(Clone)]
+struct Names {
+    host: String,
+    database_rid: String,
+    container_rid: String,
+}
+
+impl Names {
+    async fn of(account: &CosmosAccount) -> Self {
+        let monitored = account.monitored(DB, ITEMS).await.unwrap();
+        Self {
+            host: account.host().to_owned(),
+            database_rid: monitored.database_rid().to_owned(),
+            container_rid: monitored.rid().to_owned(),
+        }
+    }
+
+    /// The lease-id prefix the .NET processors (v2 and v3) and Java's epkversion build for
+    /// `processor`: `{processor}{host}_{database rid}_{container rid}`.
+    fn with_rids(&self, processor: &str) -> String {
+        format!("{processor}{}_{}_{}", self.host, self.database_rid, self.container_rid)
+    }
+
+    /// The one Java's pkversion builds: names instead of resource ids.
+    fn with_names(&self, processor: &str) -> String {
+        format!("{processor}{}_{DB}_{ITEMS}", self.host)
+    }
+}
+
+/// The foreign lease documents of `layout` at `positions`, as that processor writes them for the
+/// monitored container named `names`.
 fn foreign_leases(
     layout: &str,
-    prefix: &str,
+    (prefix, names): (&str, &Names),
     positions: &[(String, EpkRange, String)],
     owner: Option<&str>,
     renewed: time::OffsetDateTime,
 ) -> Vec<Value> {
     let timestamp = renewed.format(&time::format_description::well_known::Rfc3339).unwrap();
+    let (rids, by_name) = (names.with_rids(prefix), names.with_names(prefix));
     positions
         .iter()
         .map(|(id, range, continuation)| {
@@ -57,18 +90,25 @@ fn foreign_leases(
             match layout {
                 // .NET v3, version 1 (EPK).
                 "dotnet-epk" => json!({
-                    "id": format!("{prefix}eastus.emulator.local_db_items..{token}"), "version": 1,
+                    "id": format!("{rids}..{token}"), "version": 1,
                     "LeaseToken": token, "FeedRange": {"Range": {"min": range.min, "max": range.max}},
                     "Owner": owner, "ContinuationToken": continuation, "properties": {},
                     "timestamp": timestamp, "Mode": "Incremental Feed"}),
-                // .NET v3 version 0 / v2: partition key range ids, database and container rids.
+                // .NET v3 version 0: partition key range ids.
                 "dotnet-pk" => json!({
-                    "id": format!("{prefix}eastus.emulator.local_AAAAAQ==_AAAAAYAAAAE=..{id}"),
+                    "id": format!("{rids}..{id}"),
                     "LeaseToken": id, "Owner": owner, "ContinuationToken": continuation,
                     "properties": {}, "timestamp": timestamp}),
+                // The .NET v2 library (its DocumentServiceLease): `PartitionId`, no `LeaseToken`,
+                // times with 7 fractional digits.
+                "dotnet-v2" => json!({
+                    "id": format!("{rids}..{id}"),
+                    "PartitionId": id, "Owner": owner, "ContinuationToken": continuation,
+                    "properties": {}, "timestamp": renewed.replace_nanosecond(123_456_700).unwrap()
+                        .format(&time::format_description::well_known::Rfc3339).unwrap()}),
                 // Java v4 pkversion: names instead of rids.
                 "java-pk" => json!({
-                    "id": format!("{prefix}eastus.emulator.local_db_items..{id}"), "LeaseToken": id,
+                    "id": format!("{by_name}..{id}"), "LeaseToken": id,
                     "Owner": owner.unwrap_or(""), "ContinuationToken": continuation,
                     "timestamp": timestamp, "properties": {}}),
                 // Java v4 epkversion: a base64 change feed state.
@@ -79,7 +119,7 @@ fn foreign_leases(
                             "Continuation": [{"token": continuation, "range": {"min": range.min, "max": range.max}}],
                             "Range": {"min": range.min, "max": range.max}}});
                     json!({
-                        "id": format!("{prefix}eastus.emulator.local_AAAAAQ==_AAAAAYAAAAE=..{token}"),
+                        "id": format!("{rids}..{token}"),
                         "version": 1, "LeaseToken": token,
                         "feedRange": {"Range": {"min": range.min, "max": range.max,
                                                 "isMinInclusive": true, "isMaxInclusive": false}},
@@ -94,20 +134,23 @@ fn foreign_leases(
 
 /// Writes the foreign documents (and the `.info` marker those processors keep) into the lease
 /// container.
-async fn write_foreign(env: &Env, prefix: &str, docs: &[Value]) {
+async fn write_foreign(env: &Env, docs: &[Value]) {
     env.ensure_leases().await;
-    write_foreign_to(&env.account, prefix, docs).await;
+    write_foreign_to(&env.account, docs).await;
 }
 
-/// Writes the foreign documents into `account`'s lease container (which must exist).
-async fn write_foreign_to(account: &CosmosAccount, prefix: &str, docs: &[Value]) {
+/// Writes the foreign documents, and the `.info` marker beside them, into `account`'s lease
+/// container (which must exist).
+async fn write_foreign_to(account: &CosmosAccount, docs: &[Value]) {
     let container = account.documents(DB, LEASES).await.unwrap();
     for doc in docs {
         let id = doc["id"].as_str().unwrap();
         container.upsert(id, doc).await.unwrap();
+        if let Some((prefix, _)) = id.split_once("..") {
+            let info = format!("{prefix}.info");
+            container.upsert(&info, &json!({"id": info})).await.unwrap();
+        }
     }
-    let info = format!("{prefix}eastus.emulator.local_db_items.info");
-    container.upsert(&info, &json!({"id": info})).await.unwrap();
 }
 
 /// Starts our processor adopting `layout` leases with `prefix` ("now" as the start position, so
@@ -147,10 +190,10 @@ async fn adopt_layout(layout_name: &str, layout: ForeignLayout) -> (usize, usize
     let at = positions(&env).await;
     let prefix = format!("{layout_name}-orders");
     let old = time::OffsetDateTime::now_utc() - time::Duration::minutes(10);
+    let names = Names::of(&env.account).await;
     write_foreign(
         &env,
-        &prefix,
-        &foreign_leases(layout_name, &prefix, &at, Some("old-host"), old),
+        &foreign_leases(layout_name, (&prefix, &names), &at, Some("old-host"), old),
     )
     .await;
     let foreign_before = etags(&env.account, &prefix).await;
@@ -175,6 +218,7 @@ async fn leases_of_each_foreign_layout_are_adopted_at_their_checkpoints() {
     for (name, layout) in [
         ("dotnet-epk", ForeignLayout::Dotnet),
         ("dotnet-pk", ForeignLayout::Dotnet),
+        ("dotnet-v2", ForeignLayout::Dotnet),
         ("java-pk", ForeignLayout::JavaPk),
         ("java-epk", ForeignLayout::JavaEpk),
     ] {
@@ -197,7 +241,8 @@ async fn a_range_that_split_since_the_java_checkpoint_is_adopted_through_its_chi
     let at = positions(&env).await;
     let prefix = "java-split";
     let old = time::OffsetDateTime::now_utc() - time::Duration::minutes(10);
-    write_foreign(&env, prefix, &foreign_leases("java-pk", prefix, &at, None, old)).await;
+    let names = Names::of(&env.account).await;
+    write_foreign(&env, &foreign_leases("java-pk", (prefix, &names), &at, None, old)).await;
     env.write(100..150).await;
     // Range "0" splits after the Java processor's last checkpoint.
     let partitions = env
@@ -231,10 +276,10 @@ async fn a_foreign_processor_that_still_runs_is_refused_unless_forced() {
     let at = positions(&env).await;
     let prefix = "dotnet-live";
     let now = time::OffsetDateTime::now_utc();
+    let names = Names::of(&env.account).await;
     write_foreign(
         &env,
-        prefix,
-        &foreign_leases("dotnet-epk", prefix, &at, Some("dotnet-host-1"), now),
+        &foreign_leases("dotnet-epk", (prefix, &names), &at, Some("dotnet-host-1"), now),
     )
     .await;
     let refused = adopt(&env, ForeignLayout::Dotnet, prefix, false).await.err();
@@ -333,7 +378,8 @@ async fn cfp_estimate_reads_the_lag_of_each_foreign_layout_before_the_switch() {
     let at = positions_of(&account, partitions).await;
     let old = time::OffsetDateTime::now_utc() - time::Duration::minutes(10);
     for layout in ["dotnet-epk", "java-pk", "java-epk"] {
-        write_foreign_to(&account, layout, &foreign_leases(layout, layout, &at, None, old)).await;
+        let names = Names::of(&account).await;
+        write_foreign_to(&account, &foreign_leases(layout, (layout, &names), &at, None, old)).await;
     }
     common::cfp_write(&endpoint, 0, 30).await;
     let mut lags = Vec::new();
@@ -362,44 +408,145 @@ async fn cfp_estimate_reads_the_lag_of_each_foreign_layout_before_the_switch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dotnet_v2_lease_set_under_our_own_prefix_is_adopted_in_place() {
-    // A .NET v2 (or v3 version-0) processor of the same name wrote partition-key-range leases
-    // with exactly our lease-id prefix: no flag needed.
+    // A .NET v2 library (or v3 version-0) processor of the same name wrote partition-key-range
+    // leases with exactly our lease-id prefix: no flag needed.
+    for layout in ["dotnet-v2", "dotnet-pk"] {
+        let env = Env::new(2).await;
+        env.write(0..200).await;
+        let at = positions(&env).await;
+        let old = time::OffsetDateTime::now_utc() - time::Duration::minutes(10);
+        let names = Names::of(&env.account).await;
+        let ours = names.with_rids(common::PROCESSOR);
+        let docs = foreign_leases(layout, (common::PROCESSOR, &names), &at, Some("v2-host"), old);
+        env.ensure_leases().await;
+        write_foreign_to(&env.account, &docs).await;
+        env.write(200..250).await;
+        let mut options = env.options("ours");
+        options.start_from = StartFrom::Now;
+        let handle = env.start(options).await;
+        let complete = env.delivered_within(50, Duration::from_secs(20)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let lost = env.deliveries.missing(ids(200..250)).len();
+        let early = delivered_outside(&env, 200..250);
+        let still_there = etags(&env.account, &format!("{ours}..")).await.len();
+        println!(
+            "{layout} leases under our own prefix: 50 written after their checkpoints, delivered {}, lost {lost}, from before {early}, redelivered {}; documents under the prefix now {still_there} (2 old + 2 ours)",
+            50 - lost,
+            env.deliveries.duplicates().len()
+        );
+        handle.stop().await;
+        assert!(complete && lost == 0 && early == 0, "{layout}");
+        assert_eq!(still_there, 4, "{layout}");
+    }
+}
+
+/// Adoption takes exactly the named processor's leases for the monitored container (issue 54):
+/// not those of a processor whose name starts with the same letters (`orders-audit`), nor those
+/// `orders` keeps for another container — both checkpointed before anything was written here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adoption_takes_exactly_the_named_processors_leases_for_this_container() {
+    let env = Env::new(2).await;
+    let start = positions(&env).await;
+    env.write(0..100).await;
+    let at = positions(&env).await;
+    let old = time::OffsetDateTime::now_utc() - time::Duration::minutes(10);
+    let names = Names::of(&env.account).await;
+    let elsewhere = Names {
+        container_rid: "AAAAAZAAAAI=".to_owned(),
+        ..names.clone()
+    };
+    let mut docs = foreign_leases("dotnet-v2", ("orders", &names), &at, None, old);
+    docs.extend(foreign_leases("dotnet-v2", ("orders-audit", &names), &start, None, old));
+    docs.extend(foreign_leases("dotnet-v2", ("orders", &elsewhere), &start, None, old));
+    write_foreign(&env, &docs).await;
+    env.write(100..150).await;
+    let refused = adopt(&env, ForeignLayout::Dotnet, "order", false).await.err();
+    let handle = adopt(&env, ForeignLayout::Dotnet, "orders", false).await.unwrap();
+    let complete = env.delivered_within(50, Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let early = delivered_outside(&env, 100..150);
+    let ours = env.leases().await.len();
+    handle.stop().await;
+    println!(
+        "adopting `orders` beside `orders-audit` and another container's `orders`: delivered from before its checkpoints {early}, our leases {ours}; `order`: {refused:?}"
+    );
+    assert!(complete, "missing {:?}", env.deliveries.missing(ids(100..150)));
+    assert_eq!((early, ours), (0, 2));
+    assert!(refused.is_some_and(|e| e.contains("no dotnet leases") && e.contains("orders")));
+}
+
+/// A document under this processor's own lease prefix that cannot be read as a lease stops the
+/// start with one error naming it (issue 54): never a start from the start position over its
+/// range, which would skip what came after its checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_lease_under_our_prefix_stops_the_start_and_names_it() {
+    let env = Env::new(1).await;
+    let names = Names::of(&env.account).await;
+    let id = format!("{}..0", names.with_rids(common::PROCESSOR));
+    // A lease token under neither name, and a checkpoint that is no string.
+    let broken = json!({"id": id, "PartitionKeyRangeId": "0", "Owner": null, "ContinuationToken": 42});
+    write_foreign(&env, &[broken]).await;
+    let started = env
+        .processor(env.options("ours"), env.recorder("ours"))
+        .await
+        .start()
+        .await;
+    let error = started.as_ref().err().map(ToString::to_string);
+    println!("start beside an unreadable lease: {error:?}");
+    if let Ok(handle) = started {
+        handle.stop().await;
+    }
+    assert!(error.is_some_and(|e| e.contains(&id) && e.contains("fix or delete it")));
+}
+
+/// A .NET v3 processor of the same name still running (its version-0 leases carry `FeedRange`,
+/// as v3 adds on acquisition: our very layout) is refused like a live foreign processor (issue
+/// 54): its leases would be taken for ours. Once they expire, ours goes on from their checkpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_dotnet_v3_processor_of_the_same_name_is_refused_until_its_leases_expire() {
     let env = Env::new(2).await;
     env.write(0..100).await;
     let at = positions(&env).await;
-    let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
-    let ours = changefeed_operator::processor::lease_prefix(
-        common::PROCESSOR,
-        env.account.host(),
-        monitored.database_rid(),
-        monitored.rid(),
-    );
-    let old = time::OffsetDateTime::now_utc() - time::Duration::minutes(10);
-    let docs: Vec<Value> = foreign_leases("dotnet-pk", "", &at, Some("v2-host"), old)
-        .into_iter()
-        .zip(&at)
-        .map(|(mut doc, (id, _, _))| {
-            doc["id"] = json!(format!("{ours}..{id}"));
-            doc
-        })
-        .collect();
-    env.ensure_leases().await;
-    write_foreign_to(&env.account, &ours, &docs).await;
-    env.write(100..150).await;
+    let names = Names::of(&env.account).await;
+    let with_range = |renewed| {
+        let mut docs = foreign_leases(
+            "dotnet-pk",
+            (common::PROCESSOR, &names),
+            &at,
+            Some("dotnet-host-1"),
+            renewed,
+        );
+        for (doc, (_, range, _)) in docs.iter_mut().zip(&at) {
+            doc["FeedRange"] = json!({"Range": {"min": range.min, "max": range.max}});
+            doc["Mode"] = json!("Incremental Feed");
+        }
+        docs
+    };
+    write_foreign(&env, &with_range(time::OffsetDateTime::now_utc())).await;
     let mut options = env.options("ours");
     options.start_from = StartFrom::Now;
+    let refused = env
+        .processor(options.clone(), env.recorder("ours"))
+        .await
+        .start()
+        .await
+        .err();
+    // Stopped: its leases were last renewed ten minutes ago.
+    write_foreign(
+        &env,
+        &with_range(time::OffsetDateTime::now_utc() - time::Duration::minutes(10)),
+    )
+    .await;
+    env.write(100..150).await;
     let handle = env.start(options).await;
     let complete = env.delivered_within(50, Duration::from_secs(20)).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let lost = env.deliveries.missing(ids(100..150)).len();
     let early = delivered_outside(&env, 100..150);
-    let still_there = etags(&env.account, &format!("{ours}..")).await.len();
-    println!(
-        ".NET v2 leases under our own prefix: 50 written after their checkpoints, delivered {}, lost {lost}, from before {early}, redelivered {}; documents under the prefix now {still_there} (2 old + 2 ours)",
-        50 - lost,
-        env.deliveries.duplicates().len()
-    );
     handle.stop().await;
-    assert!(complete && lost == 0 && early == 0);
-    assert_eq!(still_there, 4);
+    let refused = refused.map(|e| e.to_string());
+    println!(
+        "a running .NET v3 processor of our name: {refused:?}; once stopped: 50 delivered {complete}, from before {early}"
+    );
+    assert!(refused.is_some_and(|e| e.contains("dotnet-host-1") && e.contains("stop it first")));
+    assert!(complete && early == 0);
 }

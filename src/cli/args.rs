@@ -292,7 +292,10 @@ pub struct EstimateArgs {
     /// to compare the lag before switching with `cfp worker --adopt`.
     #[arg(long, requires = "adopt_prefix")]
     pub adopt: Option<crate::processor::ForeignLayout>,
-    /// The id prefix of that processor's leases.
+    /// The other processor's lease prefix (its processor name for .NET, its lease prefix for
+    /// Java): only leases whose ids start with it, this account's host name, the database and the
+    /// container (resource ids; names for java-pk) are taken. A whole id prefix, up to
+    /// `_<database>_<container>`, is taken as it is (a processor that used another host name).
     #[arg(long, requires = "adopt")]
     pub adopt_prefix: Option<String>,
     /// Output format.

@@ -131,7 +131,7 @@ impl CosmosAccount {
         let pk_paths = partition_key_paths(&props);
         Ok(MonitoredContainer::new(
             client,
-            format!("{database}/{container}"),
+            (self.host().to_owned(), format!("{database}/{container}")),
             rid_of(&db_props.system_properties)?,
             rid_of(&props.system_properties)?,
             pk_paths,

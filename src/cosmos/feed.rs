@@ -100,6 +100,7 @@ pub enum Presence {
 #[derive(Clone)]
 pub struct MonitoredContainer {
     client: ContainerClient,
+    account_host: String,
     name: String,
     database_rid: String,
     rid: String,
@@ -109,13 +110,14 @@ pub struct MonitoredContainer {
 impl MonitoredContainer {
     pub(crate) fn new(
         client: ContainerClient,
-        name: String,
+        (account_host, name): (String, String),
         database_rid: String,
         rid: String,
         pk_paths: Vec<String>,
     ) -> Self {
         Self {
             client,
+            account_host,
             name,
             database_rid,
             rid,
@@ -131,6 +133,11 @@ impl MonitoredContainer {
     /// `database/container`, for messages.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The host name of the account endpoint it was opened through (part of lease prefixes).
+    pub fn account_host(&self) -> &str {
+        &self.account_host
     }
 
     /// What the account holds under this container's name now: nothing (deleted), this

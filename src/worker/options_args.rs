@@ -46,7 +46,10 @@ pub struct ProcessorArgs {
     /// v3/v2), java-pk or java-epk (Java v4). Its lease documents are left as they are.
     #[arg(long, env = "CFP_ADOPT", requires = "adopt_prefix")]
     pub adopt: Option<ForeignLayout>,
-    /// The id prefix of the leases to adopt (the other processor's lease prefix).
+    /// The other processor's lease prefix (its processor name for .NET, its lease prefix for
+    /// Java): only leases whose ids start with it, this account's host name, the database and the
+    /// container (resource ids; names for java-pk) are taken. A whole id prefix, up to
+    /// `_<database>_<container>`, is taken as it is (a processor that used another host name).
     #[arg(long, env = "CFP_ADOPT_PREFIX", requires = "adopt")]
     pub adopt_prefix: Option<String>,
     /// Adopt even while the other processor still renews its leases.

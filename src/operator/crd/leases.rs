@@ -70,7 +70,10 @@ pub struct AdoptFrom {
     /// Its lease layout: `Dotnet` (.NET v3 or v2), `JavaPk` (Java v4 partition-key-range
     /// leases) or `JavaEpk` (Java v4 EPK leases).
     pub layout: ForeignLayoutKind,
-    /// The id prefix of its lease documents (the lease prefix or processor name it ran with).
+    /// Its lease prefix (the processor name it ran with for .NET, its lease prefix for Java):
+    /// only leases whose ids start with it, this account's host name, the database and the
+    /// container (resource ids; names for `JavaPk`) are adopted. A whole id prefix, up to
+    /// `_<database>_<container>`, is taken as it is (a processor that used another host name).
     #[schemars(length(min = 1, max = 256))]
     pub prefix: String,
     /// Adopt even while it still renews its leases (by default the workers refuse until its

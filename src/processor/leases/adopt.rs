@@ -99,7 +99,10 @@ pub fn parse(layout: ForeignLayout, body: &Value) -> Result<Vec<ForeignCheckpoin
     let owner = text("Owner").filter(|o| !o.is_empty());
     let timestamp =
         text("timestamp").and_then(|t| OffsetDateTime::parse(&t, &time::format_description::well_known::Rfc3339).ok());
-    let token = text("LeaseToken").ok_or_else(|| format!("{id}: no LeaseToken"))?;
+    // The .NET v2 library names it `PartitionId`.
+    let token = text("LeaseToken")
+        .or_else(|| text("PartitionId"))
+        .ok_or_else(|| format!("{id}: no LeaseToken (or PartitionId)"))?;
     let raw = text("ContinuationToken").filter(|c| !c.is_empty());
     let one = |scope: Scope, continuation: Option<String>| ForeignCheckpoint {
         id: id.clone(),
@@ -258,6 +261,39 @@ pub fn live_owner(
     })
 }
 
+/// What names the monitored container in a lease prefix.
+#[derive(Debug, Clone, Copy)]
+pub struct MonitoredIds<'a> {
+    /// The host name of the account endpoint.
+    pub host: &'a str,
+    /// The database's resource id.
+    pub database_rid: &'a str,
+    /// The container's resource id.
+    pub container_rid: &'a str,
+    /// `database/container`.
+    pub names: &'a str,
+}
+
+/// The ids of the leases the `layout` processor configured with lease prefix (processor name)
+/// `name` wrote for the monitored container start with this: `{name}{host}_{db}_{container}..`,
+/// with resource ids (.NET v2 and v3, Java epkversion) or names (Java pkversion), as each builds
+/// it. A `name` that already ends with `_{db}_{container}` is that whole prefix (a processor that
+/// reached the account through another host name), taken as it is. Only exactly these ids are
+/// adopted: not those of `{name}-audit`, nor another container's.
+pub fn lease_id_prefix(layout: ForeignLayout, name: &str, ids: &MonitoredIds) -> String {
+    let (database, container) = match layout {
+        ForeignLayout::JavaPk => ids.names.split_once('/').unwrap_or((ids.names, "")),
+        ForeignLayout::Dotnet | ForeignLayout::JavaEpk => (ids.database_rid, ids.container_rid),
+    };
+    let suffix = format!("_{database}_{container}");
+    let name = name.strip_suffix("..").unwrap_or(name);
+    if name.ends_with(&suffix) {
+        format!("{name}..")
+    } else {
+        format!("{name}{}{suffix}..", ids.host)
+    }
+}
+
 /// Whether a document id is a foreign lease (not the `.info`/`.lock` markers the processors
 /// keep beside them, nor one of our own documents).
 pub fn is_lease_id(id: &str, prefix: &str) -> bool {
@@ -344,6 +380,56 @@ mod tests {
             owner: None,
             timestamp: None,
         }
+    }
+
+    #[test]
+    fn the_adopted_prefix_is_exactly_the_one_each_processor_builds_for_this_container() {
+        let ids = MonitoredIds {
+            host: "acct.documents.azure.com",
+            database_rid: "KmhJAA==",
+            container_rid: "KmhJAOkGgKQ=",
+            names: "shop/orders",
+        };
+        let cases = [
+            (
+                ForeignLayout::Dotnet,
+                "legacy",
+                "legacyacct.documents.azure.com_KmhJAA==_KmhJAOkGgKQ=..",
+            ),
+            (
+                ForeignLayout::Dotnet,
+                "",
+                "acct.documents.azure.com_KmhJAA==_KmhJAOkGgKQ=..",
+            ),
+            (
+                ForeignLayout::JavaEpk,
+                "java",
+                "javaacct.documents.azure.com_KmhJAA==_KmhJAOkGgKQ=..",
+            ),
+            (
+                ForeignLayout::JavaPk,
+                "java",
+                "javaacct.documents.azure.com_shop_orders..",
+            ),
+            // A whole prefix (another host name), with or without its `..`.
+            (
+                ForeignLayout::Dotnet,
+                "legacyother.host_KmhJAA==_KmhJAOkGgKQ=",
+                "legacyother.host_KmhJAA==_KmhJAOkGgKQ=..",
+            ),
+            (
+                ForeignLayout::JavaPk,
+                "javaold.host_shop_orders..",
+                "javaold.host_shop_orders..",
+            ),
+        ];
+        for (layout, name, want) in cases {
+            assert_eq!(lease_id_prefix(layout, name, &ids), want, "{layout:?} {name:?}");
+        }
+        // A neighbour's leases do not start with it.
+        let orders = lease_id_prefix(ForeignLayout::Dotnet, "orders", &ids);
+        let audit = lease_id_prefix(ForeignLayout::Dotnet, "orders-audit", &ids);
+        assert!(!format!("{audit}0").starts_with(&orders));
     }
 
     #[test]

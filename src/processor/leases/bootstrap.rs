@@ -9,6 +9,7 @@ use crate::cosmos::{EpkRange, FeedMode, MonitoredContainer, StartFrom};
 use crate::processor::error::ProcessorError;
 use crate::processor::leases::adopt::AdoptOptions;
 use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError, LockAttempt};
+use crate::processor::leases::lease_ids::IdKind;
 use crate::processor::leases::write_budget::{Late, Turn, WriteBudget};
 use crate::processor::options::ProcessorOptions;
 use crate::processor::policy::start_retry::retrying;
@@ -81,6 +82,8 @@ async fn bootstrap_once(
     let mut lock = LockWatch::default();
     loop {
         let snapshot = store.snapshot().await?;
+        check_readable(&snapshot, store.prefix())?;
+        check_no_other_processor(&snapshot, options)?;
         check_compatible(&snapshot, options)?;
         let ranges = monitored.feed_ranges(true).await?;
         let uncovered = uncovered(&ranges, &snapshot);
@@ -109,6 +112,51 @@ async fn bootstrap_once(
         store.unlock().await?;
         tracing::info!(leases = created, ranges = ranges.len(), "lease store initialized");
         return Ok(());
+    }
+}
+
+/// Refuses to start beside a lease of this processor that cannot be read: its range would be
+/// bootstrapped again from the start position, skipping what came after its checkpoint.
+fn check_readable(snapshot: &LeaseSnapshot, prefix: &str) -> Result<(), ProcessorError> {
+    let unreadable = snapshot.invalid.iter().find(|(id, _)| {
+        matches!(
+            crate::processor::leases::lease_ids::classify(prefix, id),
+            IdKind::Lease(_)
+        )
+    });
+    match unreadable {
+        Some((id, reason)) => Err(ProcessorError::Config(format!(
+            "lease document {id:?} cannot be read ({reason}): fix or delete it, then start again (starting without it would read its range from the start position and skip what came after its checkpoint)"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Refuses to start while another processor runs under this processor's lease prefix: a .NET
+/// v3 processor of the same name writes this very layout, so its leases would be taken for ours.
+/// Its owners are no instances of ours (no heartbeat here, no epoch in the lease) and it renewed
+/// a lease within the expiration (by the time it wrote, as the adoption of foreign leases judges
+/// it): once it is stopped and its leases expire, this processor goes on from their checkpoints.
+fn check_no_other_processor(snapshot: &LeaseSnapshot, options: &ProcessorOptions) -> Result<(), ProcessorError> {
+    let now = time::OffsetDateTime::now_utc();
+    let expiration = time::Duration::try_from(options.expiration).unwrap_or(time::Duration::MAX);
+    let ours = |owner: &str| owner == options.instance || snapshot.instances.iter().any(|(name, _)| name == owner);
+    let live = snapshot.leases.iter().find(|lease| {
+        lease.owner_epoch.is_none()
+            && lease
+                .owner
+                .as_deref()
+                .is_some_and(|owner| !owner.is_empty() && !ours(owner))
+            && lease.timestamp.is_some_and(|at| now - at < expiration)
+    });
+    match live {
+        Some(lease) => Err(ProcessorError::Config(format!(
+            "another processor runs under this processor's lease prefix: lease {} is owned by {:?}, which is no instance of this processor, and was renewed {} s ago; stop it first (its leases then expire and this processor goes on from their checkpoints)",
+            lease.id,
+            lease.owner.as_deref().unwrap_or_default(),
+            lease.timestamp.map(|at| (now - at).whole_seconds()).unwrap_or_default()
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -309,6 +357,47 @@ async fn adopt_foreign(
         .collect())
 }
 
+/// The names of `monitored` that lease prefixes are built from.
+fn monitored_ids(monitored: &MonitoredContainer) -> crate::processor::leases::adopt::MonitoredIds<'_> {
+    crate::processor::leases::adopt::MonitoredIds {
+        host: monitored.account_host(),
+        database_rid: monitored.database_rid(),
+        container_rid: monitored.rid(),
+        names: monitored.name(),
+    }
+}
+
+/// The error when no lease has the `exact` id prefix: it names the prefixes of the leases whose
+/// ids start with the given name, if any (another host name, another container).
+async fn nothing_to_adopt(store: &dyn LeaseStore, adopt: &AdoptOptions, exact: &str) -> ProcessorError {
+    let layout = adopt.layout.as_str();
+    let mut near: Vec<String> = store
+        .foreign_documents(&adopt.prefix)
+        .await
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|body| {
+            body.get("id")?
+                .as_str()?
+                .split_once("..")
+                .map(|(prefix, _)| format!("{prefix}.."))
+        })
+        .collect();
+    near.sort();
+    near.dedup();
+    let hint = match near.as_slice() {
+        [] => String::new(),
+        found => format!(
+            "; leases under other prefixes start with {:?}: give --adopt-prefix the whole prefix (without its `..`) if one of them is the processor's",
+            &found[..found.len().min(3)]
+        ),
+    };
+    ProcessorError::Config(format!(
+        "no {layout} leases with ids starting {exact:?} (the lease prefix {:?}, this account's host name, database and container) in the lease container{hint}",
+        adopt.prefix
+    ))
+}
+
 /// The leases (ids under `prefix`, not written) that carry the checkpoints of another processor's
 /// lease documents, with the checkpoints read from them; fails when there are none. A range not
 /// read by that processor yet (or not attributable after splits) starts from the beginning.
@@ -319,22 +408,24 @@ pub async fn foreign_leases(
     prefix: &str,
 ) -> Result<(Vec<Lease>, Vec<crate::processor::leases::adopt::ForeignCheckpoint>), ProcessorError> {
     let layout = adopt.layout.as_str();
+    let exact =
+        crate::processor::leases::adopt::lease_id_prefix(adopt.layout, &adopt.prefix, &monitored_ids(monitored));
     let mut checkpoints = Vec::new();
-    for body in store.foreign_documents(&adopt.prefix).await? {
+    for body in store.foreign_documents(&exact).await? {
         let id = body.get("id").and_then(serde_json::Value::as_str).unwrap_or_default();
-        if !crate::processor::leases::adopt::is_lease_id(id, &adopt.prefix) {
+        if !crate::processor::leases::adopt::is_lease_id(id, &exact) {
             continue;
         }
-        match crate::processor::leases::adopt::parse(adopt.layout, &body) {
-            Ok(found) => checkpoints.extend(found),
-            Err(reason) => tracing::warn!(document = id, %reason, "not a {layout} lease; skipped"),
-        }
+        // A checkpoint that cannot be read is never replaced by a start from the start position.
+        let found = crate::processor::leases::adopt::parse(adopt.layout, &body).map_err(|reason| {
+            ProcessorError::Config(format!(
+                "document {id:?} of the {layout} processor's leases cannot be read ({reason}): fix or delete it, then start again"
+            ))
+        })?;
+        checkpoints.extend(found);
     }
     if checkpoints.is_empty() {
-        return Err(ProcessorError::Config(format!(
-            "no {layout} leases with id prefix {:?} in the lease container: check --adopt-prefix (the other processor's lease prefix) and the lease container",
-            adopt.prefix
-        )));
+        return Err(nothing_to_adopt(store, adopt, &exact).await);
     }
     let by_range_id = checkpoints
         .iter()

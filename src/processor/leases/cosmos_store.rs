@@ -203,8 +203,9 @@ impl CosmosLeaseStore {
     }
 }
 
-pub(crate) fn parse_lease(body: Value, etag: String) -> Result<Lease, LeaseStoreError> {
+pub(crate) fn parse_lease(mut body: Value, etag: String) -> Result<Lease, LeaseStoreError> {
     let id = body.get("id").and_then(Value::as_str).unwrap_or_default().to_owned();
+    crate::processor::leases::lease::read_v2_names(&mut body);
     let mut lease: Lease = serde_json::from_value(body).map_err(|e| LeaseStoreError::Invalid {
         id,
         reason: e.to_string(),
@@ -281,6 +282,7 @@ impl LeaseStore for CosmosLeaseStore {
                         // processed as such; the bootstrap adopts its checkpoint.
                         Ok(lease) if lease.range().is_none() => snapshot.pk_range_leases.push(lease),
                         Ok(lease) => snapshot.leases.push(lease),
+                        Err(LeaseStoreError::Invalid { reason, .. }) => snapshot.invalid.push((id, reason)),
                         Err(error) => snapshot.invalid.push((id, error.to_string())),
                     }
                 }

@@ -55,14 +55,14 @@ pub struct Lease {
     #[serde(rename = "Mode", default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
     /// Client time of the last update.
-    #[serde(default, with = "time::serde::rfc3339::option")]
+    #[serde(default, with = "ticks_rfc3339")]
     pub timestamp: Option<OffsetDateTime>,
     /// Client time of the last checkpoint (an addition of ours; the .NET SDK ignores it).
     #[serde(
         rename = "checkpointTime",
         default,
         skip_serializing_if = "Option::is_none",
-        with = "time::serde::rfc3339::option"
+        with = "ticks_rfc3339"
     )]
     pub checkpoint_time: Option<OffsetDateTime>,
     /// Partition key value, for lease containers partitioned on `/partitionKey`.
@@ -428,10 +428,58 @@ pub enum LockAttempt {
     Free,
 }
 
+/// Times as RFC 3339 with at most 7 fractional digits (100 ns ticks): the .NET SDK's parser
+/// reads no more. Read with any number.
+mod ticks_rfc3339 {
+    use serde::{Deserializer, Serializer};
+    use time::OffsetDateTime;
+
+    pub fn serialize<S: Serializer>(value: &Option<OffsetDateTime>, serializer: S) -> Result<S::Ok, S::Error> {
+        let ticks = value.map(|t| t.replace_nanosecond(t.nanosecond() / 100 * 100).unwrap_or(t));
+        time::serde::rfc3339::option::serialize(&ticks, serializer)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<OffsetDateTime>, D::Error> {
+        time::serde::rfc3339::option::deserialize(deserializer)
+    }
+}
+
+/// Reads a lease document of the .NET v2 library as the .NET v3 SDK does: v2 names the lease
+/// token `PartitionId` and writes no `LeaseToken`.
+pub fn read_v2_names(body: &mut Value) {
+    if let Some(fields) = body.as_object_mut()
+        && !fields.contains_key("LeaseToken")
+        && let Some(partition) = fields.get("PartitionId").cloned()
+    {
+        fields.insert("LeaseToken".to_owned(), partition);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn reads_the_dotnet_v2_librarys_leases_and_writes_at_most_seven_fractional_digits() {
+        // As the v2 library writes them: `PartitionId`, no `LeaseToken`; 7 digits, or null when new.
+        for (timestamp, nanos) in [
+            (serde_json::json!("2019-03-14T19:22:33.1234567Z"), Some(123_456_700)),
+            (serde_json::json!(null), None),
+        ] {
+            let mut doc = serde_json::json!({"id": "p..0", "_etag": "\"e\"", "PartitionId": "0", "Owner": null,
+                "ContinuationToken": "\"12\"", "properties": {}, "timestamp": timestamp, "_ts": 1552591353});
+            read_v2_names(&mut doc);
+            let lease: Lease = serde_json::from_value(doc).unwrap();
+            assert_eq!((lease.lease_token.as_str(), lease.range()), ("0", None));
+            assert_eq!(lease.continuation.as_deref(), Some("\"12\""));
+            assert_eq!(lease.timestamp.map(|t| t.nanosecond()), nanos);
+        }
+        let mut lease = Lease::new("p", &EpkRange::full(), None);
+        lease.timestamp = Some(time::macros::datetime!(2026-11-29 08:00:00.123456789 UTC));
+        let written = serde_json::to_value(&lease).unwrap();
+        assert_eq!(written["timestamp"], "2026-11-29T08:00:00.1234567Z");
+    }
 
     #[test]
     fn serializes_with_the_dotnet_field_names() {
