@@ -490,3 +490,60 @@ async fn leaving_for_the_java_processor_reads_nothing_again_and_skips_nothing() 
     );
     terminate(&mut emulator).await;
 }
+
+/// `cfp emulator` pages a query that asks for no page size as the service does — 100 items a
+/// page, then a continuation (issue 54) — so that clients which read one page only (KEDA's
+/// scaler reads the first page of its lease query) meet here what they meet on the service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_without_a_page_size_is_answered_100_items_a_page_as_the_service_does() {
+    let (mut emulator, endpoint) = emulator().await;
+    common::cfp_write(&endpoint, 0, 250).await;
+    let client = reqwest::Client::new();
+    let link = format!("dbs/{DB}/colls/{ITEMS}");
+    let page = |continuation: Option<String>, size: Option<&'static str>| {
+        let mut request = signed(
+            &client,
+            reqwest::Method::POST,
+            &format!("{endpoint}{link}/docs"),
+            "docs",
+            &link,
+        )
+        .header("x-ms-documentdb-isquery", "true")
+        .header("x-ms-documentdb-query-enablecrosspartition", "true")
+        .header("content-type", "application/query+json")
+        .body(json!({"query": "SELECT * FROM c", "parameters": []}).to_string());
+        if let Some(continuation) = continuation {
+            request = request.header("x-ms-continuation", continuation);
+        }
+        if let Some(size) = size {
+            request = request.header("x-ms-max-item-count", size);
+        }
+        request.send()
+    };
+    let (mut sizes, mut ids, mut continuation) = (Vec::new(), std::collections::BTreeSet::new(), None);
+    loop {
+        let answer = page(continuation.take(), None).await.unwrap();
+        continuation = answer
+            .headers()
+            .get("x-ms-continuation")
+            .and_then(|v| v.to_str().ok())
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned);
+        let body = json_of(answer).await;
+        let documents = body["Documents"].as_array().cloned().unwrap_or_default();
+        sizes.push(documents.len());
+        ids.extend(documents.iter().filter_map(|d| d["id"].as_str().map(str::to_owned)));
+        if continuation.is_none() || sizes.len() > 10 {
+            break;
+        }
+    }
+    let asked = json_of(page(None, Some("1000")).await.unwrap()).await;
+    let whole = asked["Documents"].as_array().map_or(0, Vec::len);
+    println!(
+        "250 documents queried without a page size: pages {sizes:?}, {} distinct; with x-ms-max-item-count 1000: {whole} in one page",
+        ids.len()
+    );
+    terminate(&mut emulator).await;
+    assert_eq!(sizes, [100, 100, 50]);
+    assert_eq!((ids.len(), whole), (250, 250));
+}

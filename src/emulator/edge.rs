@@ -34,6 +34,31 @@ const CONTENT_LENGTH: HeaderName = HeaderName::from_static("content-length");
 const LSN: HeaderName = HeaderName::from_static("lsn");
 const IS_QUERY: HeaderName = HeaderName::from_static("x-ms-documentdb-isquery");
 
+/// The page size of a query that asks for none (no `x-ms-max-item-count`, or -1): the service
+/// answers "in chunks of 100 items or 4 MB, whichever limit is hit first" (Microsoft Learn,
+/// "Performance tips for Azure Cosmos DB Java SDK v4", Tune the page size); the SDK emulator
+/// would answer every result in one page.
+const DEFAULT_QUERY_PAGE: &str = "100";
+
+/// Whether a request is a query of a container's documents.
+fn is_query(request: &Request) -> bool {
+    request.method() == Method::Post
+        && request.headers().get_optional_str(&IS_QUERY).is_some()
+        && request.url().path().trim_matches('/').ends_with("/docs")
+}
+
+/// `request` with the service's default page size when it asks for none.
+fn paged(mut request: Request) -> Request {
+    let asked = request
+        .headers()
+        .get_optional_str(&MAX_ITEM_COUNT)
+        .and_then(|n| n.trim().parse::<i64>().ok());
+    if asked.is_none_or(|n| n <= 0) {
+        request.insert_header(MAX_ITEM_COUNT, DEFAULT_QUERY_PAGE);
+    }
+    request
+}
+
 /// A buffered answer of the emulator.
 #[derive(Debug, Clone)]
 pub struct Reply {
@@ -127,6 +152,7 @@ impl Edge {
                 self.record(&request, &reply);
                 Ok(reply)
             }
+            Access::Other if is_query(&request) => self.send(&paged(request)).await,
             Access::PointRead | Access::Other => self.send(&request).await,
         }
     }
