@@ -422,12 +422,33 @@ async fn the_java_change_feed_processor_runs_on_cfp_emulator_and_cfp_worker_adop
 }
 
 /// Leaving without lock-in: our workers handle 300 documents and stop; `cfp checkpoints leave --to
-/// java-pk` writes their checkpoints as the Java v4 processor's partition-key-range leases; the
-/// Java processor (`handleChanges`, lease prefix `p`) then delivers exactly the 50 documents
-/// written after our last checkpoints — nothing from before, nothing missing.
+/// java-pk` writes their checkpoints as the Java v4 processor's partition-key-range leases
+/// (`handleChanges`), `--to java-epk` as its EPK leases with their change feed state
+/// (`handleLatestVersionChanges`, issue 54); the Java processor then delivers exactly the 50
+/// documents written after our last checkpoints — nothing from before, nothing missing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leaving_for_the_java_processor_reads_nothing_again_and_skips_nothing() {
     let jar = common::java_peer_jar();
+    for (to, layout, prefix) in [("java-pk", "pk", "p"), ("java-epk", "epk", "q")] {
+        let (out, drained, stopped) = leave_for_java(&jar, to, layout, prefix).await;
+        println!(
+            "leaving for the Java processor ({to}): {}; Java drained {drained}, stopped {stopped}",
+            out.trim()
+        );
+        assert!(out.contains("wrote 8 lease(s)"), "{to}: {out}");
+        assert_eq!(drained["docs"].as_u64(), Some(50), "{to}");
+        assert_eq!(
+            stopped["docs"].as_u64(),
+            Some(50),
+            "{to}: the Java processor read documents our workers had handled"
+        );
+    }
+}
+
+/// Our worker handles 300 documents and stops, 50 more are written, `cfp checkpoints leave --to
+/// <to>` writes the checkpoints for the Java processor (lease prefix `prefix`), which then runs
+/// with `layout`: the leave's output, and the Java processor's `drained` and `stopped` events.
+async fn leave_for_java(jar: &str, to: &str, layout: &str, prefix: &str) -> (String, Value, Value) {
     let (mut emulator, endpoint) = emulator().await;
     let mut worker = common::cfp_worker(&endpoint)
         .args(["--key", EMULATOR_KEY, "--processor", "orders", "--instance", "w0"])
@@ -456,39 +477,25 @@ async fn leaving_for_the_java_processor_reads_nothing_again_and_skips_nothing() 
     // A graceful stop: the last checkpoints are written and the leases released.
     terminate(&mut worker).await;
     common::cfp_write(&endpoint, 300, 50).await;
-    let (status, out, err) = common::cfp_checkpoints(
-        &endpoint,
-        "leave",
-        &[
-            "--key",
-            EMULATOR_KEY,
-            "--processor",
-            "orders",
-            "--to",
-            "java-pk",
-            "--to-prefix",
-            "p",
-        ],
-    )
-    .await;
-    assert_eq!(status, Some(0), "cfp checkpoints leave: {err}");
-    assert!(out.contains("wrote 8 lease(s) under \"p127.0.0.1_db_items\""), "{out}");
-    let mut java = JavaProcessor::start_with_layout(&jar, &endpoint, "p", "pk", 50).await;
+    let args = [
+        "--key",
+        EMULATOR_KEY,
+        "--processor",
+        "orders",
+        "--to",
+        to,
+        "--to-prefix",
+        prefix,
+    ];
+    let (status, out, err) = common::cfp_checkpoints(&endpoint, "leave", &args).await;
+    assert_eq!(status, Some(0), "cfp checkpoints leave --to {to}: {err}");
+    let mut java = JavaProcessor::start_with_layout(jar, &endpoint, prefix, layout, 50).await;
     let drained = java.event("drained", Duration::from_secs(120)).await;
     // Anything from before our checkpoints would come within a few polls more.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let stopped = java.stop().await;
-    println!(
-        "leaving for the Java processor: {}; Java drained {drained}, stopped {stopped}",
-        out.trim()
-    );
-    assert_eq!(drained["docs"].as_u64(), Some(50));
-    assert_eq!(
-        stopped["docs"].as_u64(),
-        Some(50),
-        "the Java processor read documents our workers had handled"
-    );
     terminate(&mut emulator).await;
+    (out, drained, stopped)
 }
 
 /// `cfp emulator` pages a query that asks for no page size as the service does — 100 items a

@@ -280,8 +280,13 @@ def check_checkpoints(snapshots, faults):
 
 ACQUIRED = re.compile(r"^(\d+\.\d+) .*lease acquired .*lease=(\S+)")
 TAKEN = re.compile(r'^(\d+\.\d+) .*lease taken by another instance .*lease="?([^"\s]+)')
-# How soon after a thaw a logged acquisition may be one written before the freeze.
-STALE_AFTER_THAW = 2.0
+# The lease task found the lease another's itself (its confirmation before a batch).
+LOST = re.compile(r'^(\d+\.\d+) .*lease closed lease="?([^"\s]+)"? reason="?lease_lost')
+# How soon after a thaw a logged acquisition may be one written before the freeze (and how
+# soon its task finds the lease taken: the confirmation before its first batch, the next listing).
+STALE_AFTER_THAW = 5.0
+# A thawed process may log before the soak has noted the thaw's time.
+THAW_CLOCK_SLACK = 0.5
 BUDGET = re.compile(r"^(\d+\.\d+) .*WARN.*429/3200")
 
 
@@ -312,8 +317,9 @@ def acquisitions(out, fault_log=()):
     only late."""
     thawed = collections.defaultdict(list)
     for f in fault_log:
-        if f.get("kind") == "freeze" and "target" in f:
-            thawed[f["target"]].append(f["end"])
+        # When SIGCONT was sent (older logs: the freeze's end, taken just after it).
+        if "thawed" in f or (f.get("kind") == "freeze" and "target" in f):
+            thawed[f["target"]].append(f.get("thawed", f["end"]))
     found = collections.defaultdict(list)
     for process, path in worker_logs(out):
         acquired, taken = [], collections.defaultdict(list)
@@ -322,12 +328,12 @@ def acquisitions(out, fault_log=()):
                 match = ACQUIRED.match(line)
                 if match:
                     acquired.append((float(match.group(1)), match.group(2)))
-                match = TAKEN.match(line)
+                match = TAKEN.match(line) or LOST.match(line)
                 if match:
                     taken[match.group(2)].append(float(match.group(1)))
         ends = thawed[process.split("/")[0]]
         for t, lease in acquired:
-            just_thawed = any(end <= t <= end + STALE_AFTER_THAW for end in ends)
+            just_thawed = any(end - THAW_CLOCK_SLACK <= t <= end + STALE_AFTER_THAW for end in ends)
             found_taken = any(t <= at <= t + STALE_AFTER_THAW for at in taken[lease])
             if not (just_thawed and found_taken):
                 found[(process, lease)].append(t)

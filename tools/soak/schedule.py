@@ -31,8 +31,9 @@ def freeze(soak, rng):
     slot = rng.choice(soak.slots)
     slot.process.signal(signal.SIGSTOP)
     time.sleep(soak.config.expiration + 2.0)
+    thawed = time.time()
     slot.process.signal(signal.SIGCONT)
-    return {"target": slot.name}
+    return {"target": slot.name, "thawed": thawed}
 
 
 def _faults_for(soak, query, seconds, during=None):
@@ -181,8 +182,9 @@ def freeze_split(soak, rng):
     time.sleep(soak.config.expiration + 1.0)
     detail = split(soak, rng)
     time.sleep(1.0)
+    thawed = time.time()
     slot.process.signal(signal.SIGCONT)
-    return {"target": slot.name, **detail}
+    return {"target": slot.name, "thawed": thawed, **detail}
 
 
 def newcomer_crash(soak, rng):

@@ -195,19 +195,24 @@ class CheckerTest(unittest.TestCase):
         logs.files["faults"].append({"kind": "freeze", "start": T0, "end": T0 + 7, "target": "w0"})
         acquired("w1.2", T0 + 6, logs)
         acquired("w0.1", T0 + 7.01, logs)
-        taken("w0.1", T0 + 7.02, logs)
+        lost("w0.1", T0 + 7.02, logs)
         logs.files["deliveries"].append(batch(T0 + 8, "w1/2", [("c", "j", 1, 1, 3)]))
         logs.files["deliveries"].append(batch(T0 + 9, "w1/2", [("c", "j", 1, 1, 3)]))
+        self.assertEqual(logs.report()["violations"], {})
+        # A freeze across a split, logged as thawed a moment after the process logged its line.
+        logs.files["faults"][-1] = {"kind": "freeze_split", "start": T0, "end": T0 + 8, "target": "w0",
+                                    "thawed": T0 + 7.02}
         self.assertEqual(logs.report()["violations"], {})
         # Without the freeze the same lines are a late delivery: w0 acquired after w1.
         logs.files["faults"].pop()
         self.assertEqual(len(logs.report()["violations"]["lateDeliveriesPastInFlight"]), 1)
 
 
-def taken(log, t, logs):
-    """Appends a `lease taken by another instance` line at `t` to worker log `log`."""
+def lost(log, t, logs):
+    """Appends a `lease closed … reason="lease_lost"` line at `t` to worker log `log` (the task
+    found the lease another's before its first batch)."""
     with open(os.path.join(logs.out, "workers", f"{log}.log"), "a", encoding="utf-8") as out:
-        out.write(f'{t} 2026-01-01T00:00:00Z INFO lease taken by another instance lease="{LEASE}"\n')
+        out.write(f'{t} 2026-01-01T00:00:00Z INFO lease closed lease="{LEASE}" reason="lease_lost"\n')
 
 
 def acquired(log, t, logs):

@@ -146,10 +146,16 @@ fn range_of(value: Option<&Value>) -> Option<EpkRange> {
 
 /// The `{token, range}` entries of a Java change feed state (base64 JSON).
 fn java_state_continuations(raw: &str) -> Option<Vec<(EpkRange, Option<String>)>> {
-    let json = base64::engine::general_purpose::STANDARD
-        .decode(raw.trim())
-        .or_else(|_| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(raw.trim()))
-        .ok()?;
+    // The Java processor writes URL-safe base64; either alphabet, padded or not, is read.
+    let lenient = base64::engine::GeneralPurposeConfig::new()
+        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent);
+    let json = [&base64::alphabet::URL_SAFE, &base64::alphabet::STANDARD]
+        .into_iter()
+        .find_map(|alphabet| {
+            base64::engine::GeneralPurpose::new(alphabet, lenient)
+                .decode(raw.trim())
+                .ok()
+        })?;
     let state: Value = serde_json::from_slice(&json).ok()?;
     let entries = state.get("Continuation")?.get("Continuation")?.as_array()?;
     entries

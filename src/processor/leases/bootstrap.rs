@@ -82,7 +82,6 @@ async fn bootstrap_once(
     let mut lock = LockWatch::default();
     loop {
         let snapshot = store.snapshot().await?;
-        check_readable(&snapshot, store.prefix())?;
         check_no_other_processor(&snapshot, options)?;
         check_compatible(&snapshot, options)?;
         let ranges = monitored.feed_ranges(true).await?;
@@ -90,6 +89,8 @@ async fn bootstrap_once(
         if snapshot.initialized && uncovered.is_empty() {
             return Ok(());
         }
+        // Leases are about to be created: not over the range of one that cannot be read.
+        check_readable(&snapshot, store.prefix())?;
         match store.try_lock(&options.instance).await? {
             LockAttempt::Taken => {}
             held => {
@@ -134,19 +135,34 @@ fn check_readable(snapshot: &LeaseSnapshot, prefix: &str) -> Result<(), Processo
 
 /// Refuses to start while another processor runs under this processor's lease prefix: a .NET
 /// v3 processor of the same name writes this very layout, so its leases would be taken for ours.
-/// Its owners are no instances of ours (no heartbeat here, no epoch in the lease) and it renewed
-/// a lease within the expiration (by the time it wrote, as the adoption of foreign leases judges
-/// it): once it is stopped and its leases expire, this processor goes on from their checkpoints.
+/// Its owner is no instance of ours — no heartbeat here, and none of the leases it owns carries
+/// a mark only we write (`ownerEpoch`, `checkpointTime`: an earlier version of ours that beats no
+/// heartbeat while it owns leases has checkpointed with one) — and it renewed a lease within the
+/// expiration (by the time it wrote, as the adoption of foreign leases judges it): once it is
+/// stopped and its leases expire, this processor goes on from their checkpoints. A lease set our
+/// bootstrap wrote (its `.info` says how many leases per partition) is ours: an earlier version
+/// of ours upgraded in place is never refused.
 fn check_no_other_processor(snapshot: &LeaseSnapshot, options: &ProcessorOptions) -> Result<(), ProcessorError> {
+    if snapshot.leases_per_partition.is_some() {
+        return Ok(());
+    }
     let now = time::OffsetDateTime::now_utc();
     let expiration = time::Duration::try_from(options.expiration).unwrap_or(time::Duration::MAX);
-    let ours = |owner: &str| owner == options.instance || snapshot.instances.iter().any(|(name, _)| name == owner);
+    let marked_ours = |owner: &str| {
+        snapshot
+            .leases
+            .iter()
+            .filter(|l| l.owner.as_deref() == Some(owner))
+            .any(|l| l.owner_epoch.is_some() || l.checkpoint_time.is_some())
+    };
+    let ours = |owner: &str| {
+        owner == options.instance || snapshot.instances.iter().any(|(name, _)| name == owner) || marked_ours(owner)
+    };
     let live = snapshot.leases.iter().find(|lease| {
-        lease.owner_epoch.is_none()
-            && lease
-                .owner
-                .as_deref()
-                .is_some_and(|owner| !owner.is_empty() && !ours(owner))
+        lease
+            .owner
+            .as_deref()
+            .is_some_and(|owner| !owner.is_empty() && !ours(owner))
             && lease.timestamp.is_some_and(|at| now - at < expiration)
     });
     match live {
@@ -476,6 +492,38 @@ pub(crate) async fn anchor_now(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_another_processors_live_owner_refuses_the_start_never_an_earlier_version_of_ours() {
+        let now = time::OffsetDateTime::now_utc();
+        let options = ProcessorOptions::new("orders", "new-pod");
+        let listing = |renewed: time::Duration, checkpointed: bool| {
+            let mut lease = Lease::new("p", &EpkRange::full(), Some("\"7\"".into()));
+            lease.owner = Some("host-1".into());
+            lease.timestamp = Some(now - renewed);
+            lease.checkpoint_time = checkpointed.then_some(now);
+            LeaseSnapshot {
+                leases: vec![lease],
+                initialized: true,
+                ..LeaseSnapshot::default()
+            }
+        };
+        // A .NET processor renewing its lease under our prefix.
+        assert!(check_no_other_processor(&listing(time::Duration::ZERO, false), &options).is_err());
+        // Stopped: its lease expired.
+        assert!(check_no_other_processor(&listing(time::Duration::hours(1), false), &options).is_ok());
+        // An earlier version of ours (no heartbeat while it owns leases): it checkpointed as we do,
+        let ours = listing(time::Duration::ZERO, true);
+        assert!(check_no_other_processor(&ours, &options).is_ok());
+        // or our bootstrap wrote the lease set (the `.info` counts leases per partition),
+        let mut bootstrapped = listing(time::Duration::ZERO, false);
+        bootstrapped.leases_per_partition = Some(1);
+        assert!(check_no_other_processor(&bootstrapped, &options).is_ok());
+        // or it beats a heartbeat.
+        let mut beating = listing(time::Duration::ZERO, false);
+        beating.instances = vec![("host-1".to_owned(), now)];
+        assert!(check_no_other_processor(&beating, &options).is_ok());
+    }
 
     #[test]
     fn a_lock_is_stale_only_after_this_instance_saw_it_unchanged_that_long() {

@@ -140,7 +140,7 @@ pub fn plan_cycle(
     let ranges = ranges_of(&snapshot.leases);
     // A split parent whose children exist, or the other of two leases with one range, is
     // obsolete: never balanced, deleted once free.
-    let equal = equal_ranges(&snapshot.leases);
+    let equal = processed_here_kept(equal_ranges(&snapshot.leases), &snapshot.leases, observations, me);
     let mut obsolete = superseded(&ranges);
     obsolete.extend(equal.iter().map(|e| e.id.clone()));
     let balanced: Vec<&Lease> = snapshot.leases.iter().filter(|l| !obsolete.contains(&l.id)).collect();
@@ -236,6 +236,41 @@ fn acquisitions(
         .filter(|l| !nested.contains(&l.id))
         .filter_map(|lease| acquisition(lease, me, now, observations, expiration))
         .collect()
+}
+
+/// Of leases with one range, the one processed here is kept over one this instance left (a
+/// rewrite's old document whose delete failed, written after the new one's creation): it reads on
+/// from where the other was taken over, and the one left here is deleted.
+fn processed_here_kept(
+    equal: Vec<EqualRange>,
+    leases: &[Lease],
+    observations: &Observations,
+    me: &str,
+) -> Vec<EqualRange> {
+    let left_here = |id: &str| {
+        !observations.owned.contains(id) && leases.iter().any(|l| l.id == id && l.owner.as_deref() == Some(me))
+    };
+    let mut kept_instead: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    for e in &equal {
+        if observations.owned.contains(&e.id) && left_here(&e.kept) {
+            kept_instead.entry(e.kept.clone()).or_insert_with(|| e.id.clone());
+        }
+    }
+    if kept_instead.is_empty() {
+        return equal;
+    }
+    let mut out: Vec<EqualRange> = Vec::new();
+    for e in equal {
+        match kept_instead.get(&e.kept) {
+            Some(here) if *here == e.id => out.push(EqualRange { id: e.kept, kept: e.id }),
+            Some(here) => out.push(EqualRange {
+                id: e.id,
+                kept: here.clone(),
+            }),
+            None => out.push(e),
+        }
+    }
+    out
 }
 
 /// The leases processed here that give way to another lease over the same range which another

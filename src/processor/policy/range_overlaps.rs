@@ -114,10 +114,11 @@ pub struct EqualRange {
 }
 
 /// Of each set of leases with one range (a rewrite whose old document could not be deleted, a
-/// copy made by hand), the one kept — the furthest checkpoint, then the latest write (a rewrite's
-/// new lease is written after the old one's last write), then the greatest id — and the others,
-/// in the order of `leases`. Deleting any of the others loses nothing: the kept lease reads on
-/// from at least as far.
+/// copy made by hand), the one kept — one with a checkpoint before one without, then the checkpoint
+/// furthest behind, then the latest write (a rewrite's new lease is written after the old one's
+/// last write), then the greatest id — and the others, in the order of `leases`. Deleting any of
+/// the others loses nothing: the kept lease reads again from no further on (a checkpoint further
+/// on may never have been earned: a lease created from "now" beside one with a backlog).
 pub fn equal_ranges(leases: &[LeaseDocument]) -> Vec<EqualRange> {
     let mut by_range: HashMap<&EpkRange, Vec<&LeaseDocument>> = HashMap::new();
     for lease in leases {
@@ -126,8 +127,12 @@ pub fn equal_ranges(leases: &[LeaseDocument]) -> Vec<EqualRange> {
         }
     }
     let precedence = |l: &&&LeaseDocument| {
-        let checkpoint = l.continuation.as_deref().and_then(continuation_lsn);
-        (checkpoint, l.timestamp, l.id.clone())
+        let behind = l
+            .continuation
+            .as_deref()
+            .and_then(continuation_lsn)
+            .map(std::cmp::Reverse);
+        (behind, l.timestamp, l.id.clone())
     };
     let mut kept_for: HashMap<&str, &str> = HashMap::new();
     for same in by_range.values().filter(|same| same.len() > 1) {
@@ -285,20 +290,20 @@ mod tests {
     }
 
     #[test]
-    fn of_leases_with_one_range_the_furthest_then_the_latest_then_the_greatest_id_is_kept() {
+    fn of_leases_with_one_range_the_checkpoint_furthest_behind_then_the_latest_then_the_greatest_id_is_kept() {
         type Case = (Vec<LeaseDocument>, &'static str);
         let cases: Vec<Case> = vec![
-            (vec![document("a", Some(5), 9), document("b", Some(7), 1)], "b"),
+            (vec![document("a", Some(5), 1), document("b", Some(7), 9)], "a"),
             (vec![document("a", None, 9), document("b", Some(1), 1)], "b"),
             (vec![document("a", Some(5), 2), document("b", Some(5), 1)], "a"),
             (vec![document("a", Some(5), 1), document("b", Some(5), 1)], "b"),
             (
                 vec![
-                    document("a", Some(5), 1),
                     document("c", Some(6), 1),
+                    document("a", Some(5), 1),
                     document("b", Some(6), 1),
                 ],
-                "c",
+                "a",
             ),
         ];
         for (leases, kept) in cases {
