@@ -38,8 +38,9 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
     let _heavy = common::heavy().await;
     let json = std::env::temp_dir().join(format!("cfp-bench-{}.json", std::process::id()));
     let k8s_bin = control_plane::binaries().expect("etcd and kube-apiserver (tools/k8s/build.sh)");
+    // About 4 minutes alone; three times that beside the suite's other tests on 2 cores.
     let output = tokio::time::timeout(
-        std::time::Duration::from_secs(600),
+        std::time::Duration::from_secs(900),
         tokio::process::Command::new(common::CFP)
             .args(["bench", "--small", "--java-peer", &common::java_peer_jar(), "--json"])
             .arg(&json)

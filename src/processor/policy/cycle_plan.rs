@@ -207,7 +207,8 @@ pub fn plan_cycle(
 }
 
 /// How `me` gets each lease it wants, but for those processed here, left here as stalled, or
-/// lying within a range processed here (a split's child while the parent's task still reads it).
+/// lying within a range processed or taken here (a split's child while the parent's task still
+/// reads it).
 fn acquisitions(
     wanted: &[String],
     balanced: &[&Lease],
@@ -230,7 +231,11 @@ fn acquisitions(
         .iter()
         .filter_map(|l| Some(LeaseRange::new(l.id.clone(), l.range()?.clone())))
         .collect();
-    let nested: HashSet<String> = within(&candidate_ranges, &processed).into_iter().collect();
+    // Nor one within another it takes in this cycle: a parent and the child its partial split
+    // wrote, both left under this name by a restart, are one task (the parent's).
+    let mut outer = processed;
+    outer.extend(candidate_ranges.iter().cloned());
+    let nested: HashSet<String> = within(&candidate_ranges, &outer).into_iter().collect();
     candidates
         .into_iter()
         .filter(|l| !nested.contains(&l.id))
