@@ -278,7 +278,9 @@ def check_checkpoints(snapshots, faults):
     return merged, backwards
 
 
-ACQUIRED = re.compile(r"^(\d+\.\d+) .*lease acquired .*lease=(\S+)")
+# Dated by when its write was sent (`sent_ms_ago`; older logs: when it was logged): the answer
+# to a write sent before a freeze is only logged after the thaw.
+ACQUIRED = re.compile(r"^(\d+\.\d+) .*lease acquired .*lease=(\S+)(?:.* sent_ms_ago=(\d+))?")
 TAKEN = re.compile(r'^(\d+\.\d+) .*lease taken by another instance .*lease="?([^"\s]+)')
 # The lease task found the lease another's itself (its confirmation before a batch).
 LOST = re.compile(r'^(\d+\.\d+) .*lease closed lease="?([^"\s]+)"? reason="?lease_lost')
@@ -310,7 +312,8 @@ def budget_refusals(out):
 
 
 def acquisitions(out, fault_log=()):
-    """(process tag, lease) -> times its log said it acquired the lease. An acquisition logged
+    """(process tag, lease) -> times the process acquired the lease (its write sent, by its
+    log; older logs only say when the answer came). Of such older logs, an acquisition logged
     just after the process was thawed (`fault_log`'s freezes) and found taken by another at once
     is left out: its write was made before the freeze, another took the lease over while the
     process was frozen past the expiration, and it owned nothing after the thaw — its log line is
@@ -327,7 +330,8 @@ def acquisitions(out, fault_log=()):
             for line in log:
                 match = ACQUIRED.match(line)
                 if match:
-                    acquired.append((float(match.group(1)), match.group(2)))
+                    sent_ago = int(match.group(3) or 0) / 1000
+                    acquired.append((float(match.group(1)) - sent_ago, match.group(2)))
                 match = TAKEN.match(line) or LOST.match(line)
                 if match:
                     taken[match.group(2)].append(float(match.group(1)))

@@ -207,6 +207,25 @@ class CheckerTest(unittest.TestCase):
         logs.files["faults"].pop()
         self.assertEqual(len(logs.report()["violations"]["lateDeliveriesPastInFlight"]), 1)
 
+    def test_an_acquisition_is_dated_by_when_its_write_was_sent(self):
+        # As in soak seed 40 on CI: w0 sent its write, was frozen, and logged the answer after the
+        # thaw; w1 had taken the lease meanwhile. w0's task found it taken before any batch, but
+        # the line saying so came 9 s later (its exit waited for a read in flight).
+        logs = clean()
+        logs.write(T0 + 1, "c", "j", 1, 1, 3)
+        logs.files["faults"].append({"kind": "freeze", "start": T0, "end": T0 + 7, "target": "w0",
+                                     "thawed": T0 + 7})
+        acquired("w1.2", T0 + 6, logs)
+        acquired("w0.1", T0 + 7.01, logs, sent_ms_ago=7200)
+        lost("w0.1", T0 + 16, logs)
+        logs.files["deliveries"].append(batch(T0 + 8, "w1/2", [("c", "j", 1, 1, 3)]))
+        logs.files["deliveries"].append(batch(T0 + 9, "w1/2", [("c", "j", 1, 1, 3)]))
+        self.assertEqual(logs.report()["violations"], {})
+        # Had w0 delivered after w1 took the lease, that is late whenever its write went out.
+        logs.files["deliveries"] += [batch(T0 + 10, "w0/1", [("c", "j", 1, 1, 3)]),
+                                     batch(T0 + 11, "w0/1", [("c", "j", 1, 1, 3)])]
+        self.assertEqual(len(logs.report()["violations"]["lateDeliveriesPastInFlight"]), 1)
+
 
 def lost(log, t, logs):
     """Appends a `lease closed … reason="lease_lost"` line at `t` to worker log `log` (the task
@@ -215,10 +234,12 @@ def lost(log, t, logs):
         out.write(f'{t} 2026-01-01T00:00:00Z INFO lease closed lease="{LEASE}" reason="lease_lost"\n')
 
 
-def acquired(log, t, logs):
-    """Appends a `lease acquired` line at `t` to worker log `log` (`<name>.<n>`)."""
+def acquired(log, t, logs, sent_ms_ago=None):
+    """Appends a `lease acquired` line at `t` to worker log `log` (`<name>.<n>`), its write sent
+    `sent_ms_ago` before (older logs do not say)."""
+    sent = f" cycle=3 sent_ms_ago={sent_ms_ago}" if sent_ms_ago is not None else ""
     with open(os.path.join(logs.out, "workers", f"{log}.log"), "a", encoding="utf-8") as out:
-        out.write(f"{t} 2026-01-01T00:00:00Z INFO lease acquired lease={LEASE}\n")
+        out.write(f"{t} 2026-01-01T00:00:00Z INFO lease acquired lease={LEASE} previous_owner=None{sent}\n")
 
 
 if __name__ == "__main__":

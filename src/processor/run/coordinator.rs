@@ -447,7 +447,10 @@ impl Coordinator {
     /// `cycle` (the one that asked for it, when its owner handed it over).
     fn acquired(&mut self, acquired: Acquired, previous_owner: Option<String>, cycle: u64) {
         let token = &acquired.lease.lease_token;
-        tracing::info!(lease = %token, previous_owner = ?previous_owner, cycle, "lease acquired");
+        // The write may have gone out long before its answer came (a frozen process): readers
+        // of the log order acquisitions by when they were sent.
+        let sent_ms_ago = acquired.sent.elapsed().as_millis();
+        tracing::info!(lease = %token, previous_owner = ?previous_owner, cycle, sent_ms_ago, "lease acquired");
         self.shared.telemetry.emit(LeaseEvent::Acquired {
             lease: token.clone(),
             previous_owner,
