@@ -569,9 +569,15 @@ async fn a_deleted_worker_pod_frees_its_leases_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_external_autoscaler_on_the_scale_subresource_wins() {
-    let setup = setup("external", 0, 8, 3000, &autoscaling(1, 10, 500, "300s", "1s")).await;
+    // Half-partition leases: what KEDA's scaler cannot read (tests/keda.rs shows it with its code).
+    let spec = format!(
+        "{}  leases:\n    perPartition: 2\n",
+        autoscaling(1, 10, 500, "300s", "1s")
+    );
+    let setup = setup("external", 0, 8, 3000, &spec).await;
     setup.wait_replicas(6, Duration::from_secs(30)).await;
-    let hpa = "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata:\n  name: orders-keda\nspec:\n  scaleTargetRef:\n    apiVersion: changefeed.io/v1alpha1\n    kind: ChangeFeedProcessor\n    name: orders\n  minReplicas: 1\n  maxReplicas: 4\n  metrics:\n  - type: External\n    external:\n      metric:\n        name: cfp_processor_estimated_lag\n      target:\n        type: AverageValue\n        averageValue: \"1000\"\n";
+    // Labelled as KEDA labels the HPA it makes for a ScaledObject.
+    let hpa = "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata:\n  name: orders-keda\n  labels:\n    scaledobject.keda.sh/name: orders\nspec:\n  scaleTargetRef:\n    apiVersion: changefeed.io/v1alpha1\n    kind: ChangeFeedProcessor\n    name: orders\n  minReplicas: 1\n  maxReplicas: 4\n  metrics:\n  - type: External\n    external:\n      metric:\n        name: cfp_processor_estimated_lag\n      target:\n        type: AverageValue\n        averageValue: \"1000\"\n";
     let (ok, _, err) = apply(setup.plane, &setup.ns, hpa);
     assert!(ok, "{err}");
     // Until the HPA has decided, spec.replicas (1, never set) is stale: the 6 workers keep running.
@@ -610,6 +616,19 @@ async fn an_external_autoscaler_on_the_scale_subresource_wins() {
     })
     .await;
     assert!(condition.message.contains("orders-keda"), "{}", condition.message);
+    let keda = wait("KedaReadsLeases=False/LeasesNotPartitions", || async {
+        let status = setup.status().await?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "KedaReadsLeases" && c.status == "False" && c.reason == "LeasesNotPartitions")
+    })
+    .await;
+    assert!(keda.message.contains("16 of the leases"), "{}", keda.message);
+    let warned = wait("a LeasesNotPartitions Event", || async {
+        setup.events("LeasesNotPartitions").await.pop()
+    })
+    .await;
     // Several estimates later the operator has not fought the HPA.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(setup.replicas().await, Some(2));
@@ -618,9 +637,14 @@ async fn an_external_autoscaler_on_the_scale_subresource_wins() {
         .kubectl_run(&["delete", "hpa", "orders-keda", "-n", &setup.ns], None);
     assert!(ok, "{err}");
     setup.wait_replicas(6, Duration::from_secs(30)).await;
+    let gone = wait("no KedaReadsLeases condition without the HPA", || async {
+        let status = setup.status().await?;
+        (!status.conditions.iter().any(|c| c.type_ == "KedaReadsLeases")).then_some(())
+    })
+    .await;
     println!(
-        "external autoscaler: a new HPA that has not decided keeps the 6 running ({}); once it decided the Deployment follows /scale (2), Scaling=False/ExternalAutoscaler: {}; without it the built-in autoscaler returns to 6",
-        undecided.message, condition.message
+        "external autoscaler: a new HPA that has not decided keeps the 6 running ({}); once it decided the Deployment follows /scale (2), Scaling=False/ExternalAutoscaler: {}; KedaReadsLeases=False: {}; Event: {:?}; without it the built-in autoscaler returns to 6 and the KEDA condition is gone ({gone:?})",
+        undecided.message, condition.message, keda.message, warned.note
     );
     setup.stop().await;
 }

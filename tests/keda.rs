@@ -79,10 +79,11 @@ async fn try_estimate(endpoint: &str) -> Result<(u64, u64), String> {
     ))
 }
 
-fn start_worker(endpoint: &str) -> tokio::process::Child {
+fn start_worker(endpoint: &str, per_partition: u32) -> tokio::process::Child {
     tokio::process::Command::new(CFP)
         .args(["worker", "--endpoint", endpoint, "--database", DB, "--container", ITEMS])
         .args(["--instance", "w", "--poll-interval", "100ms"])
+        .args(["--leases-per-partition", &per_partition.to_string()])
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::null())
         .dies_with_test()
@@ -92,7 +93,12 @@ fn start_worker(endpoint: &str) -> tokio::process::Child {
 
 /// Runs a worker until `cfp estimate` says it drained `leases` leases, then stops it.
 async fn drain(endpoint: &str, leases: u64) {
-    let mut worker = start_worker(endpoint);
+    drain_leases(endpoint, leases, 1).await;
+}
+
+/// [`drain`] with `per_partition` leases per partition.
+async fn drain_leases(endpoint: &str, leases: u64, per_partition: u32) {
+    let mut worker = start_worker(endpoint, per_partition);
     // Until the worker has created the lease container, `cfp estimate` fails: waited for too.
     let drained = eventually(Duration::from_secs(60), || async {
         try_estimate(endpoint).await == Ok((0, leases))
@@ -185,8 +191,57 @@ async fn kedas_scaler_reads_one_page_of_leases_and_misses_the_lag_of_the_others(
     cfp_write(&endpoint, 0, 1000).await;
     let (lag, leases) = estimate(&endpoint).await;
     let seen = keda(&bin, &endpoint).await;
-    println!("128 leases, 1000 writes: cfp estimate {lag} over {leases} leases; KEDA {seen:?}");
+    let reading = keda_reading(&endpoint).await;
+    println!(
+        "128 leases, 1000 writes: cfp estimate {lag} over {leases} leases; KEDA {seen:?}; cfp estimate's KEDA reading {reading}"
+    );
     terminate(&mut emulator).await;
     assert_eq!((lag, leases), (1000, 128));
     assert!(seen.active && seen.metric > 0 && seen.metric < lag, "{seen:?}");
+    // 128 leases and .info at least: past the one page KEDA reads.
+    assert!(reading["documents"].as_u64() >= Some(129), "{reading}");
+    assert_eq!(reading["unreadable"], serde_json::json!([]), "{reading}");
+}
+
+/// Leases narrower than a partition (`leases.perPartition` 2, version-1 leases named by their
+/// EPK range): KEDA's scaler sends each `LeaseToken` as a partition key range id, gets 410/1002,
+/// counts none of their lag and reports a metric of 1 and active whatever the backlog — drained
+/// or not. `cfp estimate` marks each such lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kedas_scaler_counts_no_lag_of_leases_narrower_than_a_partition_and_stays_active() {
+    let bin = tokio::task::spawn_blocking(keda_scaler)
+        .await
+        .expect("build KEDA's scaler");
+    let (mut emulator, endpoint) = start_emulator("db/items:/pk:2").await;
+    drain_leases(&endpoint, 4, 2).await;
+    let drained = (estimate(&endpoint).await, keda(&bin, &endpoint).await);
+    cfp_write(&endpoint, 0, 300).await;
+    let backlog = (estimate(&endpoint).await, keda(&bin, &endpoint).await);
+    let reading = keda_reading(&endpoint).await;
+    let table = cfp_estimate(&endpoint, &[]).await;
+    let table = String::from_utf8_lossy(&table.stdout);
+    println!(
+        "4 leases over 2 partitions: drained, cfp estimate {:?}, KEDA {:?}; 300 writes, cfp estimate {:?}, KEDA {:?}; KEDA reading {reading}\n{table}",
+        drained.0, drained.1, backlog.0, backlog.1
+    );
+    terminate(&mut emulator).await;
+    let pinned = Keda {
+        metric: 1,
+        active: true,
+    };
+    assert_eq!(drained, ((0, 4), pinned));
+    assert_eq!(backlog, ((300, 4), pinned));
+    assert_eq!(reading["unreadable"].as_array().map(Vec::len), Some(4), "{reading}");
+    assert_eq!(table.matches(" *").count(), 4, "{table}");
+    assert!(
+        table.contains("KEDA's azure-cosmosdb scaler cannot read 4 lease(s)"),
+        "{table}"
+    );
+}
+
+/// What `cfp estimate -o json` says KEDA's scaler would read.
+async fn keda_reading(endpoint: &str) -> serde_json::Value {
+    let output = cfp_estimate(endpoint, &["-o", "json"]).await;
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
+    json["keda"].clone()
 }

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use super::args::{EstimateArgs, OutputFormat};
 use crate::cosmos::CosmosAccount;
 use crate::processor::leases::bootstrap::foreign_leases;
+use crate::processor::report::keda_reading::{KedaReading, keda_reading};
 use crate::processor::{
     AdoptOptions, LeaseStore, ProcessorEstimate, ProcessorOptions, estimate_leases,
     report::estimator::DEFAULT_CONCURRENCY,
@@ -86,7 +87,11 @@ pub async fn estimate(args: &EstimateArgs) -> Result<ProcessorEstimate, Estimate
     let leases = estimate_leases(&monitored, &snapshot.leases, args.start_from, DEFAULT_CONCURRENCY)
         .await
         .map_err(|e| EstimateError::Failed(format!("reading the change feed: {e}")))?;
-    Ok(ProcessorEstimate::new(args.leases.processor.clone(), leases))
+    let estimate = ProcessorEstimate::new(args.leases.processor.clone(), leases);
+    Ok(match monitored.feed_ranges(false).await {
+        Ok(partitions) => estimate.with_keda(keda_reading(&snapshot, &partitions)),
+        Err(_) => estimate,
+    })
 }
 
 /// Prints the estimate; fails (after printing) when some leases could not be estimated.
@@ -110,12 +115,22 @@ pub async fn run(args: &EstimateArgs) -> Result<(), EstimateError> {
 
 /// The estimate as a table for people.
 pub fn table(estimate: &ProcessorEstimate) -> String {
+    let unread_by_keda = |token: &str| {
+        estimate
+            .keda
+            .as_ref()
+            .is_some_and(|k| k.unreadable.iter().any(|t| t == token))
+    };
     let rows: Vec<[String; 4]> = estimate
         .leases
         .iter()
         .map(|l| {
             [
-                l.lease_token.clone(),
+                if unread_by_keda(&l.lease_token) {
+                    format!("{} *", l.lease_token)
+                } else {
+                    l.lease_token.clone()
+                },
                 l.owner.clone().unwrap_or_else(|| "-".into()),
                 match (&l.error, l.started) {
                     (Some(error), _) => format!("error: {error}"),
@@ -151,5 +166,28 @@ pub fn table(estimate: &ProcessorEstimate) -> String {
             String::new()
         }
     );
+    if let Some(keda) = &estimate.keda {
+        out.push_str(&keda_notes(keda));
+    }
+    out
+}
+
+/// What KEDA's scaler would miss of these leases, a line each (nothing when it reads them all).
+fn keda_notes(keda: &KedaReading) -> String {
+    let mut out = String::new();
+    if !keda.unreadable.is_empty() {
+        let _ = writeln!(
+            out,
+            "* KEDA's azure-cosmosdb scaler cannot read {} lease(s): their LeaseToken names no partition key range, so it counts none of their lag and reports the processor active whatever the backlog (docs/migration.md, KEDA)",
+            keda.unreadable.len()
+        );
+    }
+    if keda.beyond_first_page() {
+        let _ = writeln!(
+            out,
+            "KEDA's azure-cosmosdb scaler reads {} of the {} documents under this processor's lease prefix (one query page): the lag of leases beyond them is not counted",
+            keda.page, keda.documents
+        );
+    }
     out
 }

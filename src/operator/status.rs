@@ -2,6 +2,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+use crate::operator::scaling::external::KedaVerdict;
 use crate::operator::spec_values::ConfigProblem;
 
 /// `Ready`: the workers run as specified.
@@ -17,6 +18,8 @@ pub const PROGRESSING: &str = "Progressing";
 /// `Rewound`: how the last rewind or restore of the checkpoints ended (set by the rewind steps,
 /// kept by every other status write).
 pub const REWOUND: &str = "Rewound";
+/// `KedaReadsLeases`: whether KEDA's scaler, when KEDA scales the resource, counts every lease.
+pub const KEDA_READS_LEASES: &str = "KedaReadsLeases";
 
 /// A worker pod whose container cannot run.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -79,6 +82,11 @@ pub struct Observation {
     /// Stalled leases (lease token, and where, since when and doing what), from the last
     /// estimate; `None` with `failing_leases`.
     pub stalled_leases: Option<Vec<(String, String)>>,
+    /// Whether KEDA scales the resource (an HPA of a ScaledObject on its `/scale`).
+    pub scaled_by_keda: bool,
+    /// What KEDA reads of the leases, from the last estimate; `None` keeps the previous
+    /// `KedaReadsLeases` condition while KEDA scales (no estimate yet), else drops it.
+    pub keda: Option<KedaVerdict>,
     /// The rollout of the workers.
     pub rollout: Rollout,
     /// The newest estimate failed: why, when it is a problem waiting does not fix (a lease
@@ -261,7 +269,19 @@ pub fn conditions(
         (None, _) => previous.iter().find(|c| c.type_ == DEGRADED).cloned(),
     };
     let rewound = previous.iter().find(|c| c.type_ == REWOUND).cloned();
-    [Some(config), Some(ready), progressing, scaling, degraded, rewound]
+    let keda = match (&observation.keda, observation.scaled_by_keda) {
+        (Some(keda), _) => Some(condition(
+            KEDA_READS_LEASES,
+            keda.ok,
+            keda.reason,
+            keda.message.clone(),
+            generation,
+            &now,
+        )),
+        (None, true) => previous.iter().find(|c| c.type_ == KEDA_READS_LEASES).cloned(),
+        (None, false) => None,
+    };
+    [Some(config), Some(ready), progressing, scaling, degraded, rewound, keda]
         .into_iter()
         .flatten()
         .map(|mut c| {
@@ -413,6 +433,8 @@ mod tests {
             }),
             failing_leases: None,
             stalled_leases: None,
+            scaled_by_keda: false,
+            keda: None,
             rollout: Rollout {
                 observed: true,
                 updated: desired,
@@ -556,6 +578,39 @@ mod tests {
             source: CosmosError::local(ErrorKind::Transient, "503"),
         };
         assert!(!passing.is_setup_problem());
+    }
+
+    #[test]
+    fn the_keda_condition_is_there_while_keda_scales_and_kept_until_an_estimate() {
+        let verdict = KedaVerdict {
+            ok: false,
+            reason: "LeasesNotPartitions",
+            message: "KEDA cannot read 4 of the leases".into(),
+        };
+        let keda = |c: &[Condition]| {
+            c.iter()
+                .find(|c| c.type_ == KEDA_READS_LEASES)
+                .map(|c| c.reason.clone())
+        };
+        let mut observation = observe(None, true, 2, 2);
+        assert_eq!(
+            keda(&conditions(&observation, &[], Some(1), time(0))),
+            None,
+            "no KEDA: no condition"
+        );
+        observation.scaled_by_keda = true;
+        observation.keda = Some(verdict);
+        let found = conditions(&observation, &[], Some(1), time(0));
+        assert_eq!(keda(&found), Some("LeasesNotPartitions".into()));
+        observation.keda = None;
+        let kept = conditions(&observation, &found, Some(1), time(5));
+        assert_eq!(keda(&kept), Some("LeasesNotPartitions".into()), "no estimate yet: kept");
+        observation.scaled_by_keda = false;
+        assert_eq!(
+            keda(&conditions(&observation, &kept, Some(1), time(9))),
+            None,
+            "KEDA gone: dropped"
+        );
     }
 
     #[test]

@@ -49,8 +49,9 @@ pub struct ChangeFeedProcessorStatus {
     pub instances: BTreeMap<String, i32>,
     /// `Ready` (workers running as specified), `ConfigValid` (the configuration can work),
     /// `Progressing` (the workers' rollout), `Scaling` (what the autoscaler decided and why),
-    /// `Degraded` (a lease halting on a failing handler, or stalled) and, after a rewind or
-    /// restore was asked for, `Rewound` — with reasons and messages that say what to do.
+    /// `Degraded` (a lease halting on a failing handler, or stalled), after a rewind or restore
+    /// was asked for `Rewound`, and while KEDA scales the resource `KedaReadsLeases` (whether
+    /// KEDA's scaler counts every lease) — with reasons and messages that say what to do.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

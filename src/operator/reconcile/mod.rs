@@ -48,6 +48,7 @@ use crate::operator::digest_key::DigestKey;
 use crate::operator::metrics::OperatorMetrics;
 use crate::operator::scaling::estimate_report::EstimateReport;
 use crate::operator::scaling::estimates::{Estimators, ResourceKey};
+use crate::operator::scaling::external::ExternalAutoscaler;
 use crate::operator::scaling::pause::Pause;
 use apply::{Workload, apply_workload, hold_replicas, render, set_finalizer, write_report};
 use memory::Memories;
@@ -280,24 +281,32 @@ async fn observe_and_plan(
     outcome.plan = Some(match paused {
         // Nothing is applied while paused: the plan names no replicas.
         Some(pause) => plan::paused_plan(pause, before),
-        None => plan_replicas(ctx, cfp, key, before, outcome.estimate.as_ref()).await,
+        None => {
+            let external = observe::external_autoscaler(&ctx.client, &key.namespace, &key.name).await;
+            outcome.keda_hpa = external
+                .as_ref()
+                .ok()
+                .and_then(Option::as_ref)
+                .filter(|hpa| hpa.keda)
+                .map(|hpa| hpa.name.clone());
+            plan_replicas(ctx, cfp, key, before, (outcome.estimate.as_ref(), external))
+        }
     });
     Ok(outcome)
 }
 
 /// The replicas from `spec.replicas` (autoscaling off, or an external autoscaler), or from the
 /// autoscaling policy applied to the newest estimate.
-async fn plan_replicas(
+fn plan_replicas(
     ctx: &Context,
     cfp: &ChangeFeedProcessor,
     key: &ResourceKey,
     current: Option<i32>,
-    report: Option<&EstimateReport>,
+    (report, external): (Option<&EstimateReport>, Result<Option<ExternalAutoscaler>, kube::Error>),
 ) -> ReplicaPlan {
     let Some(policy) = crate::operator::scaling::spec_policy::scaling_policy(cfp) else {
         return plan::fixed_plan(cfp);
     };
-    let external = observe::external_autoscaler(&ctx.client, &key.namespace, &key.name).await;
     let seen = Autoscaling {
         policy,
         external,

@@ -121,12 +121,23 @@ pub(super) async fn external_autoscaler(
             })
         })
         .map(|hpa| ExternalAutoscaler {
+            keda: made_by_keda(&hpa),
             acted: hpa
                 .status
                 .as_ref()
                 .is_some_and(|s| s.last_scale_time.is_some() || s.observed_generation.is_some()),
             name: hpa.name_any(),
         }))
+}
+
+/// Whether KEDA made `hpa` for a ScaledObject: owned by one, or labelled with its name as KEDA
+/// labels the HPAs it makes.
+fn made_by_keda(hpa: &HorizontalPodAutoscaler) -> bool {
+    let owned = hpa
+        .owner_references()
+        .iter()
+        .any(|o| o.kind == "ScaledObject" && o.api_version.starts_with("keda.sh/"));
+    owned || hpa.labels().contains_key("scaledobject.keda.sh/name")
 }
 
 /// Container states that keep a worker pod from running, as kubelets report them.

@@ -229,6 +229,7 @@ mod tests {
         let hpa = ExternalAutoscaler {
             name: "h".into(),
             acted: true,
+            keda: false,
         };
         let plan = |external, report, state: Option<&mut ScaleState>| {
             let policy = scaling_policy(&cfp).expect("autoscaling is on");

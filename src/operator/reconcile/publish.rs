@@ -12,11 +12,13 @@ use super::pace::estimate_time;
 use super::plan::ReplicaPlan;
 use crate::operator::crd::{ChangeFeedProcessor, ChangeFeedProcessorStatus};
 use crate::operator::scaling::estimate_report::EstimateReport;
+use crate::operator::scaling::external::keda_verdict;
 use crate::operator::scaling::pause::Pause;
 use crate::operator::scaling::policy::ScalingReason;
 use crate::operator::spec_values::ConfigProblem;
 use crate::operator::status::{
-    DEGRADED, EstimateProblem, Observation, PodProblem, READY, Rollout, SCALING, conditions, ready_problem_event,
+    DEGRADED, EstimateProblem, KEDA_READS_LEASES, Observation, PodProblem, READY, Rollout, SCALING, conditions,
+    ready_problem_event,
 };
 use crate::operator::workload::selector_string;
 
@@ -55,6 +57,8 @@ pub(super) struct Outcome {
     pub pod_problem: Option<PodProblem>,
     /// When this operator last changed the replicas, as it remembers.
     pub remembered_scale_time: Option<Time>,
+    /// The HorizontalPodAutoscaler KEDA made for the resource, if one targets its `/scale`.
+    pub keda_hpa: Option<String>,
 }
 
 /// An Event to publish on the resource.
@@ -131,6 +135,11 @@ impl Outcome {
                     .iter()
                     .filter_map(|l| Some((l.lease_token.clone(), l.handler_failing.clone()?)))
                     .collect()
+            }),
+            scaled_by_keda: self.keda_hpa.is_some(),
+            keda: self.keda_hpa.as_deref().and_then(|hpa| {
+                let reading = estimate?.as_ref().ok()?.keda.as_ref()?;
+                Some(keda_verdict(hpa, reading))
             }),
             stalled_leases: estimate.and_then(|o| o.as_ref().ok()).map(|estimate| {
                 estimate
@@ -241,6 +250,16 @@ fn events(outcome: &Outcome, previous: &[Condition], current: &[Condition]) -> V
     {
         events.push(note(true, &reason, text));
     }
+    // KEDA newly unable to read some leases: a Warning saying what it does then.
+    if let Some(keda) = current
+        .iter()
+        .find(|c| c.type_ == KEDA_READS_LEASES && c.status == "False")
+        && !previous
+            .iter()
+            .any(|c| c.type_ == KEDA_READS_LEASES && c.status == "False" && c.reason == keda.reason)
+    {
+        events.push(note(true, &keda.reason, keda.message.clone()));
+    }
     // A lease newly halted by its handler, or newly stalled: a Warning naming it.
     if let Some(degraded) = current.iter().find(|c| c.type_ == DEGRADED && c.status == "True")
         && !previous
@@ -336,6 +355,7 @@ mod tests {
     use crate::operator::crd::ChangeFeedProcessorSpec;
     use crate::operator::scaling::estimate_report::EstimateFailure;
     use crate::operator::status::ScalingState;
+    use crate::processor::report::keda_reading::KedaReading;
     use crate::processor::{LeaseEstimate, ProcessorEstimate};
     use k8s_openapi::api::apps::v1::{DeploymentSpec, DeploymentStatus};
 
@@ -441,6 +461,18 @@ mod tests {
         estimate.leases[0].stalled =
             Some("on pod-a at 10:00: no progress for 300 s, in a change feed read for 290 s".into());
         estimate
+    }
+
+    /// A lease over half a partition, which KEDA's scaler cannot read.
+    fn keda_blind() -> ProcessorEstimate {
+        let reading = KedaReading {
+            unreadable: vec!["-80".into()],
+            documents: 3,
+            page: 100,
+        };
+        let mut estimate = failing_lease();
+        estimate.leases[0].handler_failing = None;
+        estimate.with_keda(reading)
     }
 
     type Expected = &'static [(bool, &'static str, &'static str)];
@@ -574,6 +606,39 @@ mod tests {
                 vec![condition(DEGRADED, "LeaseStalled")],
                 Outcome {
                     estimate: estimate(Ok(stalled_lease())),
+                    ..applied(Some(1), 1)
+                },
+                &[],
+            ),
+            (
+                "KEDA scales and cannot read a lease",
+                vec![],
+                Outcome {
+                    estimate: estimate(Ok(keda_blind())),
+                    keda_hpa: Some("keda-hpa-orders".into()),
+                    ..applied(Some(1), 1)
+                },
+                &[(
+                    true,
+                    "LeasesNotPartitions",
+                    "KEDA (HorizontalPodAutoscaler \"keda-hpa-orders\") cannot read 1 of the leases (-80)",
+                )],
+            ),
+            (
+                "KEDA still cannot read it",
+                vec![condition(KEDA_READS_LEASES, "LeasesNotPartitions")],
+                Outcome {
+                    estimate: estimate(Ok(keda_blind())),
+                    keda_hpa: Some("keda-hpa-orders".into()),
+                    ..applied(Some(1), 1)
+                },
+                &[],
+            ),
+            (
+                "the same leases, no KEDA",
+                vec![],
+                Outcome {
+                    estimate: estimate(Ok(keda_blind())),
                     ..applied(Some(1), 1)
                 },
                 &[],

@@ -41,6 +41,7 @@ use crate::cosmos::{
 };
 use crate::processor::leases::lease::{HANDLER_FAILING_PROPERTY, Lease, STALLED_PROPERTY};
 use crate::processor::policy::balancer::{ranges_of, superseded};
+use crate::processor::report::keda_reading::KedaReading;
 
 /// How many leases are estimated at once.
 pub const DEFAULT_CONCURRENCY: usize = 16;
@@ -100,6 +101,9 @@ pub struct ProcessorEstimate {
     pub leases_failed: usize,
     /// Per lease, ordered by range.
     pub leases: Vec<LeaseEstimate>,
+    /// What KEDA's `azure-cosmosdb` scaler would read of these leases, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keda: Option<KedaReading>,
 }
 
 impl ProcessorEstimate {
@@ -113,6 +117,15 @@ impl ProcessorEstimate {
             total_lag: leases.iter().map(|l| l.lag).sum(),
             leases_failed: leases.iter().filter(|l| l.error.is_some()).count(),
             leases,
+            keda: None,
+        }
+    }
+
+    /// The same estimate with what KEDA's scaler would read of its leases.
+    pub fn with_keda(self, keda: KedaReading) -> Self {
+        Self {
+            keda: Some(keda),
+            ..self
         }
     }
 }
