@@ -241,6 +241,11 @@ pub struct WorkerArgs {
     /// This instance's name, unique within the processor (default: the host name).
     #[arg(long, env = "CFP_INSTANCE")]
     pub instance: Option<String>,
+    /// The UID of the Kubernetes pod the worker runs in (the operator sets it from the downward
+    /// API): a worker restarted in its pod takes over its predecessor's name and leases at once
+    /// instead of waiting a lease expiration.
+    #[arg(long, env = "CFP_POD_UID")]
+    pub pod_uid: Option<String>,
     #[command(flatten)]
     pub handler: HandlerArgs,
     #[command(flatten)]

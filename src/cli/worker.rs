@@ -55,7 +55,8 @@ pub fn settings(args: &WorkerArgs) -> WorkerSettings {
         .instance
         .clone()
         .unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned());
-    let options = args.processor.options(args.leases.processor.clone(), instance);
+    let mut options = args.processor.options(args.leases.processor.clone(), instance);
+    options.pod_uid = args.pod_uid.clone().filter(|uid| !uid.is_empty());
     args.connection.settings(&args.leases, !args.no_create_leases, options)
 }
 

@@ -81,6 +81,22 @@ fn env(name: &str, value: impl Into<String>) -> EnvVar {
     }
 }
 
+/// Variable `name` set from the pod's field `path` (the downward API).
+fn pod_field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                // What the API server defaults it to: rendering it avoids a diff on every apply.
+                api_version: Some("v1".into()),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// The credential variables of one connection: `CFP_<prefix>AUTH`, and `CFP_<prefix>KEY` from
 /// the Secret with auth `Key`.
 fn auth_env(prefix: &str, connection: &Connection) -> Vec<EnvVar> {
@@ -135,18 +151,9 @@ pub fn worker_env(cfp: &ChangeFeedProcessor) -> Vec<EnvVar> {
         vars.extend(auth_env("LEASE_", lease_connection));
     }
     vars.extend([
-        EnvVar {
-            name: "CFP_INSTANCE".into(),
-            value_from: Some(EnvVarSource {
-                field_ref: Some(ObjectFieldSelector {
-                    field_path: "metadata.name".into(),
-                    // What the API server defaults it to: rendering it avoids a diff on every apply.
-                    api_version: Some("v1".into()),
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
+        pod_field_env("CFP_INSTANCE", "metadata.name"),
+        // A worker restarted in its pod takes over its predecessor's leases at once.
+        pod_field_env("CFP_POD_UID", "metadata.uid"),
         env(
             "CFP_HANDLER",
             match spec.handler.kind {
@@ -746,6 +753,17 @@ pub(crate) mod tests {
             .as_ref()
             .unwrap();
         assert_eq!(instance.field_path, "metadata.name");
+        let pod = env["CFP_POD_UID"]
+            .value_from
+            .as_ref()
+            .unwrap()
+            .field_ref
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            pod.field_path, "metadata.uid",
+            "a worker restarted in its pod resumes at once"
+        );
     }
 
     #[test]

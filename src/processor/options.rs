@@ -11,6 +11,11 @@ pub struct ProcessorOptions {
     pub processor_name: String,
     /// This instance's name (unique within the processor).
     pub instance: String,
+    /// The UID of the Kubernetes pod this instance runs in (`CFP_POD_UID`, from the downward
+    /// API): a heartbeat of this name that another incarnation wrote in the same pod is a
+    /// predecessor that has ended (the kubelet restarts a container only once it ended), so its
+    /// name and leases are taken over at once. `None`: one lease expiration is waited out.
+    pub pod_uid: Option<String>,
     /// Where a lease with no continuation starts.
     pub start_from: StartFrom,
     /// Maximum documents per page.
@@ -180,6 +185,7 @@ impl ProcessorOptions {
         Self {
             processor_name: processor_name.into(),
             instance: instance.into(),
+            pod_uid: None,
             start_from: StartFrom::Beginning,
             max_items: defaults::MAX_ITEMS,
             poll_interval: defaults::POLL_INTERVAL,

@@ -438,6 +438,7 @@ async fn an_owner_that_ignores_a_handoff_request_loses_the_lease_after_an_expira
                     keeps_leases: false,
                     leaving: false,
                     if_match: beat_etag.as_deref(),
+                    pod: None,
                 };
                 beat_etag = store.heartbeat(&beat).await.ok().or(beat_etag);
                 tokio::time::sleep(Duration::from_millis(300)).await;

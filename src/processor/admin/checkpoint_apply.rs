@@ -154,7 +154,7 @@ pub async fn apply(
         held: BTreeMap::new(),
         undo: Vec::new(),
     };
-    let name = NameClaim::new(holder, &format!("{:016x}", fastrand::u64(..)));
+    let name = NameClaim::new(holder, &format!("{:016x}", fastrand::u64(..)), None);
     let beat = async {
         loop {
             if let Err(error) = name.beat(store, true).await {

@@ -224,6 +224,7 @@ const LIVENESS_INSTANCE: &str = "instance";
 const LEAVING_FIELD: &str = "leaving";
 /// The heartbeat field that names the process running under the instance name.
 const INCARNATION_FIELD: &str = "incarnation";
+const POD_FIELD: &str = "podUid";
 
 /// Records the heartbeat document `body` of `instance` in `snapshot` (one without a readable
 /// time is no heartbeat).
@@ -426,6 +427,9 @@ impl LeaseStore for CosmosLeaseStore {
         if beat.leaving {
             extra[LEAVING_FIELD] = Value::Bool(true);
         }
+        if let Some(pod) = beat.pod {
+            extra[POD_FIELD] = Value::String(pod.to_owned());
+        }
         let body = self.marker(id.clone(), extra);
         let written = match beat.if_match {
             None => self.container.create(&id, &body).await,
@@ -449,6 +453,7 @@ impl LeaseStore for CosmosLeaseStore {
                 .get(INCARNATION_FIELD)
                 .and_then(Value::as_str)
                 .map(str::to_owned),
+            pod: doc.body.get(POD_FIELD).and_then(Value::as_str).map(str::to_owned),
             etag: doc.etag,
         }))
     }

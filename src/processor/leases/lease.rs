@@ -403,6 +403,8 @@ pub struct Beat<'a> {
     pub leaving: bool,
     /// The version this process wrote last (`None`: create it).
     pub if_match: Option<&'a str>,
+    /// The UID of the pod the process runs in, when known.
+    pub pod: Option<&'a str>,
 }
 
 /// An instance's heartbeat as read.
@@ -410,6 +412,8 @@ pub struct Beat<'a> {
 pub struct HeartbeatDoc {
     /// The process that wrote it (`None`: a version that writes no incarnation).
     pub incarnation: Option<String>,
+    /// The UID of the pod that process ran in (`None`: not known to it).
+    pub pod: Option<String>,
     /// Its version.
     pub etag: String,
 }

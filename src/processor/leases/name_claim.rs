@@ -8,6 +8,10 @@
 //!   lease expiration: if it changes, another process is alive under the name and this one
 //!   refuses to start ([`NameError::Taken`]); if it stays still (a crashed predecessor), it takes
 //!   the heartbeat over;
+//! - unless that incarnation ran in this very pod (the heartbeat names the pod's UID): the
+//!   kubelet starts a container again only once it ended, so the predecessor is gone and the
+//!   heartbeat is taken over at once (its leases, still the name's, are then acquired at once
+//!   under new epochs); two processes of one name in one pod are not told apart;
 //! - a process whose heartbeat was overwritten by another incarnation stops processing
 //!   ([`NameError::Taken`] from [`NameClaim::beat`]).
 
@@ -40,17 +44,20 @@ pub enum NameError {
 pub struct NameClaim {
     instance: String,
     incarnation: String,
+    pod: Option<String>,
     etag: Mutex<Option<String>>,
     /// Set once the process stops ([`NameClaim::leave`]): its heartbeats say so from then on.
     leaving: std::sync::atomic::AtomicBool,
 }
 
 impl NameClaim {
-    /// The claim of `incarnation` on `instance`, not written yet.
-    pub fn new(instance: &str, incarnation: &str) -> Self {
+    /// The claim of `incarnation` on `instance`, in the pod of UID `pod` when known, not
+    /// written yet.
+    pub fn new(instance: &str, incarnation: &str, pod: Option<String>) -> Self {
         Self {
             instance: instance.to_owned(),
             incarnation: incarnation.to_owned(),
+            pod: pod.filter(|p| !p.is_empty()),
             etag: Mutex::new(None),
             leaving: std::sync::atomic::AtomicBool::new(false),
         }
@@ -80,6 +87,7 @@ impl NameClaim {
             keeps_leases,
             leaving: self.leaving.load(std::sync::atomic::Ordering::SeqCst),
             if_match,
+            pod: self.pod.as_deref(),
         }
     }
 
@@ -105,6 +113,17 @@ impl NameClaim {
             let Some(found) = store.read_heartbeat(&self.instance).await? else {
                 continue;
             };
+            if self.pod.is_some() && found.pod == self.pod && found.incarnation.as_deref() != Some(&self.incarnation) {
+                tracing::info!(instance = %self.instance, "the heartbeat of this instance name was written in this pod by a process that has ended: taking it over");
+                match store.heartbeat(&self.beat_of(keeps_leases, Some(&found.etag))).await {
+                    Ok(etag) => {
+                        self.set_etag(Some(etag));
+                        return Ok(());
+                    }
+                    Err(LeaseStoreError::Changed(_) | LeaseStoreError::Gone(_)) => continue,
+                    Err(error) => return Err(error.into()),
+                }
+            }
             tracing::info!(instance = %self.instance, "the heartbeat of this instance name exists: waiting to see whether another process writes it");
             if let Some(etag) = self.outwait(store, keeps_leases, found.etag, expiration, poll).await? {
                 self.set_etag(Some(etag));

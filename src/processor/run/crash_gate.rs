@@ -191,6 +191,7 @@ mod tests {
             keeps_leases: true,
             leaving: false,
             if_match: None,
+            pod: None,
         };
         assert!(tokio::time::timeout(wait, gate.heartbeat(&beat)).await.is_err());
     }

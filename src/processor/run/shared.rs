@@ -79,7 +79,7 @@ impl Shared {
         // Counts what the store charged against this instance's share of the container's budget.
         let budget = Arc::new(WriteBudget::metered(gate.clone()));
         Self {
-            name: NameClaim::new(&options.instance, &incarnation),
+            name: NameClaim::new(&options.instance, &incarnation, options.pod_uid.clone()),
             monitored,
             store: gate.clone(),
             gate,
