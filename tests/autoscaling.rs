@@ -13,7 +13,7 @@ use changefeed_operator::processor::LeaseStore;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use tokio::process::Child;
 
 use crate::common::{self, CFP, cfp_write, lease_store, start_emulator_on, terminate};
@@ -561,6 +561,33 @@ async fn a_deleted_worker_pod_frees_its_leases_at_once() {
     assert!(failover < Duration::from_secs(5), "failover took {failover:?}");
     assert_eq!(lost, 0);
     assert_eq!(freed_metric, Some(held as f64));
+
+    // A worker container that ended (kill -9) and waits to be started again: its pod stays,
+    // only its container status says so (as the kubelet reports it during its back-off).
+    let down = &workers[1];
+    down.signal("-KILL").await;
+    let ended = Instant::now();
+    let container_status = serde_json::json!({"status": {"phase": "Running", "containerStatuses": [{
+        "name": "worker", "image": "cfp:test", "imageID": "", "ready": false, "restartCount": 1,
+        "lastState": {"terminated": {"exitCode": 137, "reason": "Error"}},
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+    }]}});
+    pods.patch_status(&down.pod, &PatchParams::default(), &Patch::Merge(&container_status))
+        .await
+        .expect("patch the pod's status");
+    // The live workers (the resumed one of the deleted pod runs on) own every lease.
+    let survived = wait_up_to("the live workers own every lease", Duration::from_secs(20), || async {
+        owners()
+            .await
+            .filter(|c| c.keys().all(|o| o != &down.pod && !o.is_empty()) && c.values().sum::<usize>() == 8)
+    })
+    .await;
+    let restart_failover = ended.elapsed();
+    println!(
+        "worker container ended in pod {} (restartCount 1, waiting): the live workers owned all 8 leases {restart_failover:.2?} later (lease expiration 60 s): {survived:?}",
+        down.pod
+    );
+    assert!(restart_failover < Duration::from_secs(5), "took {restart_failover:?}");
     for worker in &mut workers {
         terminate(&mut worker.child).await;
     }

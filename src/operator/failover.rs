@@ -1,12 +1,14 @@
 //! Fast failover: the operator watches the worker pods, and when one is gone from the API (or has
-//! `Failed`) it frees every lease that pod still owns and removes its heartbeat, so the surviving
-//! workers take them in their next acquire cycle instead of after the lease expiration.
+//! `Failed`, or its worker container ended and waits to be started again) it frees every lease
+//! that pod still owns and removes its heartbeat, so the surviving workers take them in their next
+//! acquire cycle instead of after the lease expiration. (A container the kubelet started again
+//! takes its leases back itself: `CFP_POD_UID`, [`crate::processor::leases::name_claim`].)
 //!
 //! The freeing is a conditional replace that clears `Owner` only while it names that pod, so a
 //! lease whose owner pod still exists is never touched. A pod that terminates gracefully has
 //! released its leases itself; freeing then finds nothing.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -20,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::operator::crd::ChangeFeedProcessor;
 use crate::operator::reconcile::Context;
 use crate::operator::scaling::estimates::ResourceKey;
-use crate::operator::workload::{PROCESSOR_LABEL, worker_pod_selector};
+use crate::operator::workload::{PROCESSOR_LABEL, WORKER_CONTAINER, worker_pod_selector};
 use crate::processor::evict_instance;
 
 /// A worker pod: namespace, pod name, processor resource name.
@@ -43,6 +45,23 @@ fn failed(pod: &Pod) -> bool {
     pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")
 }
 
+/// The worker container's restarts, and whether it is down: it ended and is not running again
+/// yet (waiting out the kubelet's back-off, say). `None` before the kubelet reported it.
+fn worker_restarts(pod: &Pod) -> Option<(i32, bool)> {
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+    let worker = statuses.iter().find(|s| s.name == WORKER_CONTAINER)?;
+    let ended = worker.last_state.as_ref().is_some_and(|s| s.terminated.is_some());
+    let running = worker.state.as_ref().is_some_and(|s| s.running.is_some());
+    Some((worker.restart_count, ended && !running))
+}
+
+/// Whether a pod's worker container is down at a restart not handled yet (`handled`: the
+/// restart count whose leases were freed last). Freeing a down container's leases is safe
+/// whenever it is seen (no process of its name runs), so a restart first seen is handled too.
+fn newly_down(handled: Option<i32>, now: Option<(i32, bool)>) -> bool {
+    matches!(now, Some((count, true)) if handled != Some(count))
+}
+
 /// Watches the worker pods (in `namespace`, or all) until `stop`, freeing the leases of pods that are gone.
 pub async fn watch_worker_pods(ctx: Arc<Context>, namespace: Option<String>, stop: CancellationToken) {
     let pods: Api<Pod> = match &namespace {
@@ -56,6 +75,8 @@ pub async fn watch_worker_pods(ctx: Arc<Context>, namespace: Option<String>, sto
     let mut relisted: Option<HashSet<WorkerPod>> = None;
     // Failed pods whose leases were freed already.
     let mut handled_failed: HashSet<WorkerPod> = HashSet::new();
+    // Per pod, the worker container's restart whose leases were freed.
+    let mut restarts: HashMap<WorkerPod, i32> = HashMap::new();
     loop {
         let event = tokio::select! {
             _ = stop.cancelled() => return,
@@ -77,8 +98,12 @@ pub async fn watch_worker_pods(ctx: Arc<Context>, namespace: Option<String>, sto
                     Some(listing) => listing.insert(worker.clone()),
                     None => known.insert(worker.clone()),
                 };
+                let now = worker_restarts(&pod);
                 if failed(&pod) && handled_failed.insert(worker.clone()) {
                     vec![(worker, "Failed")]
+                } else if let Some((count, _)) = now.filter(|_| newly_down(restarts.get(&worker).copied(), now)) {
+                    restarts.insert(worker.clone(), count);
+                    vec![(worker, "restarting (its worker container ended)")]
                 } else {
                     Vec::new()
                 }
@@ -93,6 +118,7 @@ pub async fn watch_worker_pods(ctx: Arc<Context>, namespace: Option<String>, sto
             Some(Ok(watcher::Event::Delete(pod))) => {
                 let Some(worker) = worker_pod(&pod) else { continue };
                 known.remove(&worker);
+                restarts.remove(&worker);
                 if handled_failed.remove(&worker) {
                     Vec::new()
                 } else {
@@ -162,5 +188,42 @@ async fn free_leases(ctx: Arc<Context>, worker: WorkerPod, why: &'static str) {
         if let Err(error) = ctx.recorder.publish(&event, &cfp.object_ref(&())).await {
             tracing::warn!(%error, "publishing an event failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pod whose worker container restarted `count` times, ended last time or not, running
+    /// now or not.
+    fn pod(count: i32, ended: bool, running: bool) -> Pod {
+        let state = |on: bool, kind: &str| on.then(|| serde_json::json!({kind: {}}));
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "orders-1"},
+            "status": {"containerStatuses": [{
+                "name": WORKER_CONTAINER, "image": "cfp", "imageID": "", "ready": running,
+                "restartCount": count,
+                "lastState": state(ended, "terminated").map(|mut s| { s["terminated"]["exitCode"] = 137.into(); s }),
+                "state": state(running, "running").or(state(!running, "waiting")),
+            }]},
+        }))
+        .expect("a pod")
+    }
+
+    #[test]
+    fn a_worker_container_that_ended_and_is_not_running_again_is_down_once() {
+        #[rustfmt::skip]
+        let cases = [
+            ("ended, waiting to start again", None, pod(1, true, false), true),
+            ("ended again", Some(1), pod(2, true, false), true),
+            ("ended and running again: it takes its leases back", None, pod(1, true, true), false),
+            ("the same restart seen again", Some(1), pod(1, true, false), false),
+            ("running, never restarted", None, pod(0, false, true), false),
+        ];
+        for (name, seen, pod, down) in cases {
+            assert_eq!(newly_down(seen, worker_restarts(&pod)), down, "{name}");
+        }
+        assert_eq!(worker_restarts(&Pod::default()), None, "no status yet");
     }
 }

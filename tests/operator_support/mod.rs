@@ -334,8 +334,13 @@ impl LocalWorker {
                     if let Some(key) = source.secret_key_ref {
                         let secret = secrets.get(&key.name).await.expect("secret");
                         String::from_utf8(secret.data.expect("secret data")[&key.key].0.clone()).expect("utf-8 key")
-                    } else if source.field_ref.map(|f| f.field_path).as_deref() == Some("metadata.name") {
-                        pod.to_owned()
+                    } else if let Some(field) = source.field_ref.map(|f| f.field_path) {
+                        match field.as_str() {
+                            "metadata.name" => pod.to_owned(),
+                            // One per pod, as the API server gives each pod its own.
+                            "metadata.uid" => format!("uid-of-{pod}"),
+                            _ => panic!("unsupported field {field} for {}", var.name),
+                        }
                     } else {
                         panic!("unsupported env source for {}", var.name)
                     }
