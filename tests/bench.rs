@@ -74,6 +74,7 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
         "rebalance 1 → 4 from idle",
         "crash failover",
         "crash failover in lease expirations",
+        "in-place restart",
         "graceful scale-in",
         "delivered twice",
         "p50",

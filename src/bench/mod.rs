@@ -5,7 +5,7 @@
 //!
 //! - `figures`: one function per figure, each against its baseline; `world` (the in-process
 //!   world they run in), `counting_store` (a lease store that counts what passes), `processes`
-//!   (the processes some figures start);
+//!   (the processes some figures start), `restart` (a worker restarted in its pod);
 //! - `loopback`: `cfp worker` processes against `cfp emulator`; `java`: the Java v4 processor
 //!   beside them;
 //! - `scale`, `estimation_cost`, `operator_scale`: the `scale` group (many leases and instances,
@@ -24,6 +24,7 @@ mod operator;
 mod operator_scale;
 mod processes;
 mod resources;
+mod restart;
 mod scale;
 mod world;
 
@@ -304,11 +305,12 @@ impl From<&str> for BenchError {
 }
 
 /// The figure groups, in the order they run.
-const GROUPS: [&str; 15] = [
+const GROUPS: [&str; 16] = [
     "throughput",
     "busy handler",
     "rebalance",
     "failover",
+    "failover: in-place restart",
     "latency",
     "resources",
     "worker processes",
@@ -358,6 +360,7 @@ pub async fn run(settings: &BenchSettings, progress: impl Fn(&str)) -> BenchRepo
     measure!("busy handler", figures::busy_handler(settings));
     measure!("rebalance", figures::rebalance(settings));
     measure!("failover", figures::failover(settings));
+    measure!("failover: in-place restart", restart::in_place_restart(settings));
     measure!("latency", figures::latency(settings));
     measure!("resources", resources::worker_process(settings));
     measure!("worker processes", loopback::scale(settings));
