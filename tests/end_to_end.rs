@@ -2,7 +2,7 @@
 //! as a pod, a `ChangeFeedProcessor` whose worker pods (the `cfp` image, restricted security
 //! context enforced by the kubelet, probes) deliver every document over HTTP to a receiver on the
 //! host, autoscaling from the estimator's lag, failover when a pod is killed, a graceful rolling
-//! restart, a rolling restart of workers whose handler is a native sidecar in the pod (no batch
+//! restart, a worker killed in place resuming at once (expiration 60 s), a rolling restart of workers whose handler is a native sidecar in the pod (no batch
 //! delivered twice), and a crash-looping worker reported in the status. One cluster, steps in order
 //! (the crash loop's minute of back-off runs beside the sidecar step).
 
@@ -45,7 +45,7 @@ static EMULATOR_HOST: extern "C" fn() = {
 
 const NS: &str = "shop";
 const PARTITIONS: usize = 8;
-/// The monitored container of the processor whose handler is a sidecar (step 4c).
+/// The monitored container of the processor whose handler is a sidecar (step 4d).
 const RELAY: &str = "relay";
 const RELAY_PARTITIONS: usize = 4;
 
@@ -329,6 +329,57 @@ spec:
 "#,
         records = records.display()
     )
+}
+
+/// Kills (SIGKILL) the worker process of one Ready `orders` pod holding leases and waits until the
+/// kubelet runs its container again: (the pod, when its container ran again, how long after the
+/// kill that was).
+async fn kill_a_worker_in_place(
+    cluster: &Cluster,
+    pods: &Api<Pod>,
+    store: &impl LeaseStore,
+) -> (String, Instant, Duration) {
+    let ready = wait_for(
+        "3 Ready workers holding every lease",
+        Duration::from_secs(120),
+        || async {
+            let (ready, held) = ready_holding(pods, store, "orders").await;
+            (ready.len() == 3 && held == PARTITIONS).then_some(ready)
+        },
+    )
+    .await;
+    let victim = ready[0].clone();
+    let instance = format!("CFP_INSTANCE={victim}");
+    let pid = cluster
+        .container_pids("worker")
+        .into_iter()
+        .find(|pid| {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            environ.split(|b| *b == 0).any(|var| var == instance.as_bytes())
+        })
+        .expect("the victim's worker process");
+    let killed = Instant::now();
+    let status = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -9 {pid}");
+    wait_for(
+        "the killed worker's container running again",
+        Duration::from_secs(60),
+        || async {
+            let pod = pods.get_opt(&victim).await.ok()??;
+            let worker = pod
+                .status?
+                .container_statuses?
+                .into_iter()
+                .find(|s| s.name == "worker")?;
+            let running = worker.state.is_some_and(|s| s.running.is_some());
+            (worker.restart_count >= 1 && running).then_some(())
+        },
+    )
+    .await;
+    (victim, Instant::now(), killed.elapsed())
 }
 
 /// A uid and whether the root filesystem is mounted read-only, for a host PID.
@@ -690,10 +741,43 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
     );
     assert_eq!(duplicates, 0, "a graceful handoff redelivers nothing");
 
+    // 4c. A worker killed in place (`kill -9` of its process, the SIGKILL an OOMKill sends): the
+    //     kubelet starts its container again in the same pod. With the default lease expiration
+    //     of 60 s the restarted worker takes its leases back at once (its heartbeat names the
+    //     pod's UID), so what is written after the restart is delivered within seconds.
+    let sixty = resource("orders", &endpoint, &handler, "  replicas: 3\n").replace("expiration: 5s", "expiration: 60s");
+    kubectl(&cluster, &["apply", "-f", "-"], Some(&sixty));
+    kubectl(
+        &cluster,
+        &["rollout", "status", "deployment/orders", "-n", NS, "--timeout=180s"],
+        None,
+    );
+    let (victim, restarted, in_place) = kill_a_worker_in_place(&cluster, &pods, &store).await;
+    write(5000..5200).await;
+    let expected: Vec<String> = (5000..5200).map(|n| format!("doc-{n}")).collect();
+    wait_for(
+        "what was written after the in-place restart delivered",
+        Duration::from_secs(120),
+        || async {
+            let r = received.lock().unwrap();
+            let seen: std::collections::BTreeSet<&String> = r.ids.iter().collect();
+            expected.iter().all(|id| seen.contains(id)).then_some(())
+        },
+    )
+    .await;
+    let resumed = restarted.elapsed();
+    println!(
+        "4c. worker of pod {victim} killed in place (expiration 60 s): its container ran again {in_place:.1?} after the kill; 200 documents written then were all delivered {resumed:.1?} after the restart"
+    );
+    assert!(
+        resumed < Duration::from_secs(5),
+        "the restarted worker waited {resumed:?}"
+    );
+
     // 5. A worker that exits at every start (its config file does not exist) crash-loops, and
     //    the status says so; a resource whose account nothing answers at starts no worker at all
     //    (the operator cannot read its lease-set claim), and the status says that. Started here
-    //    and checked after 4c, which runs meanwhile (the kubelet's back-off takes a while).
+    //    and checked after 4d, which runs meanwhile (the kubelet's back-off takes a while).
     let exits_at_start = resource("broken", &endpoint, &handler, "  replicas: 1\n").replace(
         "env: [{name: COSMOS_DISABLE_IMDS, value: \"true\"}]",
         "env: [{name: COSMOS_DISABLE_IMDS, value: \"true\"}, {name: CFP_CONFIG, value: /nonexistent/cfp.yaml}]",
@@ -728,7 +812,7 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
         }
     });
 
-    // 4c. A rolling restart of workers whose handler is a sidecar in the pod, under continuous
+    // 4d. A rolling restart of workers whose handler is a sidecar in the pod, under continuous
     //     writes: the handler is a naive service (records each batch at once, answers 1.5 s later,
     //     exits at once on SIGTERM), so batches are in flight whenever a pod stops. As a native
     //     sidecar it stops only after the worker has finished its batches: nothing is delivered
@@ -876,7 +960,7 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
         _ => "an ordinary container",
     };
     println!(
-        "4c. rollout restart of 2 workers with the handler as {sidecar_kind} (answers 1.5 s after recording) in {rollout:.1?} under continuous writes: {delivered}/{written} delivered in {} POSTs; {in_flight} batches were with the handler when their pod was told to stop, {answered} of them answered; {duplicates} documents delivered twice, {batches_again} batches recorded more than once (step {:.1?}){}",
+        "4d. rollout restart of 2 workers with the handler as {sidecar_kind} (answers 1.5 s after recording) in {rollout:.1?} under continuous writes: {delivered}/{written} delivered in {} POSTs; {in_flight} batches were with the handler when their pod was told to stop, {answered} of them answered; {duplicates} documents delivered twice, {batches_again} batches recorded more than once (step {:.1?}){}",
         recorded.posts.len(),
         step.elapsed(),
         recorded
@@ -895,7 +979,7 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
         "the sidecar stopped only after the worker's in-flight batches were answered"
     );
 
-    // 5. (its check; started before 4c)
+    // 5. (its check; started before 4d)
     let (ready, unknown, crash_loop_after) = crash_loop
         .await
         .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
