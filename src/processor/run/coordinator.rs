@@ -130,9 +130,14 @@ impl Coordinator {
         handoff_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.shared.health.set_ready(true);
         loop {
+            // In this order: a task that ended is settled (closed, counted out) before another
+            // cycle starts — when cycles run back to back (a slow lease container), a random pick
+            // settled one ended task per cycle.
             tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => break,
                 _ = self.shared.health.halt().cancelled() => break,
+                Some(joined) = self.tasks.join_next() => self.on_exit(joined).await,
                 _ = tokio::time::sleep_until(self.next_listing) => {
                     let started = tokio::time::Instant::now();
                     self.shared.cycles.fetch_add(1, Ordering::SeqCst);
@@ -149,7 +154,6 @@ impl Coordinator {
                     self.listing_changed();
                     self.acquire_cycle().await;
                 }
-                Some(joined) = self.tasks.join_next() => self.on_exit(joined).await,
             }
         }
         // Halted, the name is another process's: what is handed to it is that process's.
