@@ -567,9 +567,13 @@ async fn a_deleted_worker_pod_frees_its_leases_at_once() {
     let down = &workers[1];
     down.signal("-KILL").await;
     let ended = Instant::now();
+    // When the kubelet saw it end, in the whole seconds a Time carries (after the kill).
+    let finished = k8s_openapi::jiff::Timestamp::from_second(k8s_openapi::jiff::Timestamp::now().as_second() + 1)
+        .expect("a time")
+        .to_string();
     let container_status = serde_json::json!({"status": {"phase": "Running", "containerStatuses": [{
         "name": "worker", "image": "cfp:test", "imageID": "", "ready": false, "restartCount": 1,
-        "lastState": {"terminated": {"exitCode": 137, "reason": "Error"}},
+        "lastState": {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": finished}},
         "state": {"waiting": {"reason": "CrashLoopBackOff"}},
     }]}});
     pods.patch_status(&down.pod, &PatchParams::default(), &Patch::Merge(&container_status))

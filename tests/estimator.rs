@@ -120,6 +120,47 @@ async fn the_estimate_counts_pending_operations_exactly_and_drops_to_zero() {
     b.stop().await;
 }
 
+/// Freshness: each lease's estimate says how old its oldest pending change is (from that
+/// change's `_ts`, read by the request that reads the lag), 0 once nothing is pending; the
+/// processor's is the oldest of all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_estimate_says_how_old_the_oldest_pending_change_is() {
+    let env = Env::new(4).await;
+    let a = env.start(env.options("a")).await;
+    env.write(0..100).await;
+    assert!(env.delivered_within(100, Duration::from_secs(20)).await);
+    a.stop().await;
+    let written = std::time::Instant::now();
+    env.write(100..200).await;
+    // The age to be measured (the emulator stamps `_ts` in whole seconds).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let estimates = estimate(&env).await;
+    let bound = written.elapsed().as_secs() + 1;
+    let ages: Vec<(u64, Option<u64>)> = estimates.iter().map(|e| (e.lag, e.oldest_pending_seconds)).collect();
+    let whole = changefeed_operator::processor::ProcessorEstimate::new("p", estimates);
+    println!(
+        "100 changes written {bound} s ago at most, (lag, oldest pending) per lease: {ages:?}; processor: {:?}",
+        whole.oldest_pending_seconds
+    );
+    assert!(
+        ages.iter()
+            .all(|(lag, age)| *lag > 0 && age.is_some_and(|s| (2..=bound).contains(&s))),
+        "{ages:?}"
+    );
+    assert!(whole.oldest_pending_seconds.is_some_and(|s| (2..=bound).contains(&s)));
+
+    let b = env.start(env.options("b")).await;
+    let fresh = eventually(Duration::from_secs(20), || async {
+        estimate(&env)
+            .await
+            .iter()
+            .all(|e| e.lag == 0 && e.oldest_pending_seconds == Some(0))
+    })
+    .await;
+    b.stop().await;
+    assert!(fresh, "caught up: every lease's oldest pending change is 0 s old");
+}
+
 /// The leases created (starting from the beginning: no continuation) with nothing processed.
 async fn bootstrapped(
     env: &Env,

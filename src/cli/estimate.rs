@@ -121,7 +121,7 @@ pub fn table(estimate: &ProcessorEstimate) -> String {
             .as_ref()
             .is_some_and(|k| k.unreadable.iter().any(|t| t == token))
     };
-    let rows: Vec<[String; 4]> = estimate
+    let rows: Vec<[String; 5]> = estimate
         .leases
         .iter()
         .map(|l| {
@@ -138,10 +138,11 @@ pub fn table(estimate: &ProcessorEstimate) -> String {
                     (None, false) => format!("{} (not started)", l.lag),
                 },
                 l.checkpoint_age.map_or_else(|| "-".into(), |s| format!("{s}s")),
+                l.oldest_pending_seconds.map_or_else(|| "-".into(), |s| format!("{s}s")),
             ]
         })
         .collect();
-    let headers = ["LEASE", "OWNER", "LAG", "CHECKPOINT AGE"];
+    let headers = ["LEASE", "OWNER", "LAG", "CHECKPOINT AGE", "OLDEST PENDING"];
     let mut widths = headers.map(str::len);
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -155,11 +156,14 @@ pub fn table(estimate: &ProcessorEstimate) -> String {
     }
     let _ = writeln!(
         out,
-        "processor {}: {} leases, {} with lag, total lag {}{}",
+        "processor {}: {} leases, {} with lag, total lag {}{}{}",
         estimate.processor,
         estimate.lease_count,
         estimate.leases_with_lag,
         estimate.total_lag,
+        estimate
+            .oldest_pending_seconds
+            .map_or_else(String::new, |s| format!(", oldest pending change {s}s old")),
         if estimate.leases_failed > 0 {
             format!(" ({} leases could not be estimated)", estimate.leases_failed)
         } else {

@@ -23,7 +23,8 @@ use crate::operator::crd::ChangeFeedProcessor;
 use crate::operator::reconcile::Context;
 use crate::operator::scaling::estimates::ResourceKey;
 use crate::operator::workload::{PROCESSOR_LABEL, WORKER_CONTAINER, worker_pod_selector};
-use crate::processor::evict_instance;
+use crate::processor::{evict_ended_process, evict_instance};
+use time::OffsetDateTime;
 
 /// A worker pod: namespace, pod name, processor resource name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -45,21 +46,56 @@ fn failed(pod: &Pod) -> bool {
     pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")
 }
 
-/// The worker container's restarts, and whether it is down: it ended and is not running again
-/// yet (waiting out the kubelet's back-off, say). `None` before the kubelet reported it.
-fn worker_restarts(pod: &Pod) -> Option<(i32, bool)> {
-    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
-    let worker = statuses.iter().find(|s| s.name == WORKER_CONTAINER)?;
-    let ended = worker.last_state.as_ref().is_some_and(|s| s.terminated.is_some());
-    let running = worker.state.as_ref().is_some_and(|s| s.running.is_some());
-    Some((worker.restart_count, ended && !running))
+/// How a worker pod's leases are freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gone {
+    /// The pod is gone from the API: every lease of its name.
+    Deleted,
+    /// The pod has `Failed`: every lease of its name.
+    Failed,
+    /// Its worker container ended at this time and waits out the kubelet's back-off: the leases
+    /// of that process only (one started since in the pod keeps its own).
+    Ended(OffsetDateTime),
 }
 
-/// Whether a pod's worker container is down at a restart not handled yet (`handled`: the
-/// restart count whose leases were freed last). Freeing a down container's leases is safe
-/// whenever it is seen (no process of its name runs), so a restart first seen is handled too.
-fn newly_down(handled: Option<i32>, now: Option<(i32, bool)>) -> bool {
-    matches!(now, Some((count, true)) if handled != Some(count))
+impl Gone {
+    fn why(self) -> &'static str {
+        match self {
+            Gone::Deleted => "deleted",
+            Gone::Failed => "Failed",
+            Gone::Ended(_) => "left by its worker container, which ended and waits to start again",
+        }
+    }
+}
+
+/// The worker container's restarts, and when it ended when it is down now: it ended
+/// (`lastState.terminated.finishedAt`) and waits out the kubelet's back-off (a container run
+/// again at once takes its leases back itself). `None` before the kubelet reported it.
+fn worker_restarts(pod: &Pod) -> Option<(i32, Option<OffsetDateTime>)> {
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+    let worker = statuses.iter().find(|s| s.name == WORKER_CONTAINER)?;
+    let backing_off = worker
+        .state
+        .as_ref()
+        .and_then(|s| s.waiting.as_ref())
+        .and_then(|w| w.reason.as_deref())
+        == Some("CrashLoopBackOff");
+    let ended = worker
+        .last_state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .and_then(|t| t.finished_at.as_ref())
+        .and_then(|t| OffsetDateTime::from_unix_timestamp(t.0.as_second()).ok());
+    Some((worker.restart_count, ended.filter(|_| backing_off)))
+}
+
+/// When a pod's worker container ended, when it is down at a restart not handled yet
+/// (`handled`: the restart count whose leases were freed last).
+fn newly_down(handled: Option<i32>, now: Option<(i32, Option<OffsetDateTime>)>) -> Option<OffsetDateTime> {
+    match now {
+        Some((count, Some(ended))) if handled != Some(count) => Some(ended),
+        _ => None,
+    }
 }
 
 /// Watches the worker pods (in `namespace`, or all) until `stop`, freeing the leases of pods that are gone.
@@ -100,18 +136,23 @@ pub async fn watch_worker_pods(ctx: Arc<Context>, namespace: Option<String>, sto
                 };
                 let now = worker_restarts(&pod);
                 if failed(&pod) && handled_failed.insert(worker.clone()) {
-                    vec![(worker, "Failed")]
-                } else if let Some((count, _)) = now.filter(|_| newly_down(restarts.get(&worker).copied(), now)) {
-                    restarts.insert(worker.clone(), count);
-                    vec![(worker, "restarting (its worker container ended)")]
+                    vec![(worker, Gone::Failed)]
+                } else if let Some(ended) = newly_down(restarts.get(&worker).copied(), now) {
+                    restarts.insert(worker.clone(), now.map_or(0, |(count, _)| count));
+                    vec![(worker, Gone::Ended(ended))]
                 } else {
                     Vec::new()
                 }
             }
             Some(Ok(watcher::Event::InitDone)) => {
                 let listing = relisted.take().unwrap_or_default();
-                let vanished: Vec<(WorkerPod, &str)> =
-                    known.difference(&listing).cloned().map(|w| (w, "deleted")).collect();
+                let vanished: Vec<(WorkerPod, Gone)> = known
+                    .difference(&listing)
+                    .cloned()
+                    .map(|w| (w, Gone::Deleted))
+                    .collect();
+                restarts.retain(|w, _| listing.contains(w));
+                handled_failed.retain(|w| listing.contains(w));
                 known = listing;
                 vanished
             }
@@ -122,17 +163,18 @@ pub async fn watch_worker_pods(ctx: Arc<Context>, namespace: Option<String>, sto
                 if handled_failed.remove(&worker) {
                     Vec::new()
                 } else {
-                    vec![(worker, "deleted")]
+                    vec![(worker, Gone::Deleted)]
                 }
             }
         };
-        for (worker, why) in gone {
-            tokio::spawn(free_leases(ctx.clone(), worker, why));
+        for (worker, how) in gone {
+            tokio::spawn(free_leases(ctx.clone(), worker, how));
         }
     }
 }
 
-async fn free_leases(ctx: Arc<Context>, worker: WorkerPod, why: &'static str) {
+async fn free_leases(ctx: Arc<Context>, worker: WorkerPod, how: Gone) {
+    let why = how.why();
     let WorkerPod {
         namespace,
         pod,
@@ -149,7 +191,11 @@ async fn free_leases(ctx: Arc<Context>, worker: WorkerPod, why: &'static str) {
             return;
         }
     };
-    let freed = match evict_instance(store.as_ref(), pod).await {
+    let evicted = match how {
+        Gone::Ended(ended) => evict_ended_process(store.as_ref(), pod, ended).await,
+        Gone::Deleted | Gone::Failed => evict_instance(store.as_ref(), pod).await,
+    };
+    let freed = match evicted {
         Ok(freed) => freed,
         Err(error) => {
             tracing::warn!(namespace, processor, pod, %error, "freeing the leases of a gone worker pod failed; they free themselves on expiry");
@@ -195,17 +241,20 @@ async fn free_leases(ctx: Arc<Context>, worker: WorkerPod, why: &'static str) {
 mod tests {
     use super::*;
 
-    /// A pod whose worker container restarted `count` times, ended last time or not, running
-    /// now or not.
-    fn pod(count: i32, ended: bool, running: bool) -> Pod {
-        let state = |on: bool, kind: &str| on.then(|| serde_json::json!({kind: {}}));
+    /// A pod whose worker container restarted `count` times, ended last time (at 10 s past the
+    /// epoch) or not, and is in `state` now (`running`, or `waiting` for a reason).
+    fn pod(count: i32, ended: bool, state: &str) -> Pod {
+        let now = match state.split_once(':') {
+            Some((_, reason)) => serde_json::json!({"waiting": {"reason": reason}}),
+            None => serde_json::json!({state: {}}),
+        };
+        let last =
+            ended.then(|| serde_json::json!({"terminated": {"exitCode": 137, "finishedAt": "1970-01-01T00:00:10Z"}}));
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": "orders-1"},
             "status": {"containerStatuses": [{
-                "name": WORKER_CONTAINER, "image": "cfp", "imageID": "", "ready": running,
-                "restartCount": count,
-                "lastState": state(ended, "terminated").map(|mut s| { s["terminated"]["exitCode"] = 137.into(); s }),
-                "state": state(running, "running").or(state(!running, "waiting")),
+                "name": WORKER_CONTAINER, "image": "cfp", "imageID": "", "ready": state == "running",
+                "restartCount": count, "lastState": last, "state": now,
             }]},
         }))
         .expect("a pod")
@@ -213,13 +262,15 @@ mod tests {
 
     #[test]
     fn a_worker_container_that_ended_and_is_not_running_again_is_down_once() {
+        let at = OffsetDateTime::from_unix_timestamp(10).ok();
         #[rustfmt::skip]
         let cases = [
-            ("ended, waiting to start again", None, pod(1, true, false), true),
-            ("ended again", Some(1), pod(2, true, false), true),
-            ("ended and running again: it takes its leases back", None, pod(1, true, true), false),
-            ("the same restart seen again", Some(1), pod(1, true, false), false),
-            ("running, never restarted", None, pod(0, false, true), false),
+            ("ended, backing off", None, pod(1, true, "waiting:CrashLoopBackOff"), at),
+            ("ended again", Some(1), pod(2, true, "waiting:CrashLoopBackOff"), at),
+            ("ended, being started again at once: it takes its leases back", None, pod(1, true, "waiting:ContainerCreating"), None),
+            ("ended and running again", None, pod(1, true, "running"), None),
+            ("the same restart seen again", Some(1), pod(1, true, "waiting:CrashLoopBackOff"), None),
+            ("running, never restarted", None, pod(0, false, "running"), None),
         ];
         for (name, seen, pod, down) in cases {
             assert_eq!(newly_down(seen, worker_restarts(&pod)), down, "{name}");

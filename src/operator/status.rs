@@ -82,8 +82,9 @@ pub struct Observation {
     /// Stalled leases (lease token, and where, since when and doing what), from the last
     /// estimate; `None` with `failing_leases`.
     pub stalled_leases: Option<Vec<(String, String)>>,
-    /// Whether KEDA scales the resource (an HPA of a ScaledObject on its `/scale`).
-    pub scaled_by_keda: bool,
+    /// Whether KEDA scales the resource (an HPA of a ScaledObject on its `/scale`); `None` when
+    /// not known this time (paused, or the HPAs could not be listed).
+    pub scaled_by_keda: Option<bool>,
     /// What KEDA reads of the leases, from the last estimate; `None` keeps the previous
     /// `KedaReadsLeases` condition while KEDA scales (no estimate yet), else drops it.
     pub keda: Option<KedaVerdict>,
@@ -216,6 +217,17 @@ pub const SETUP_REASONS: [&str; 6] = [
     "LeaseContainerInvalid",
 ];
 
+/// An age in `seconds` as the status shows it: rounded down to 5 s below a minute, to the minute
+/// below an hour, then to 10 minutes (a steady backlog's growing age rewrites the status seldom).
+pub fn coarse_age(seconds: u64) -> u64 {
+    let step = match seconds {
+        0..60 => 5,
+        60..3600 => 60,
+        _ => 600,
+    };
+    seconds - seconds % step
+}
+
 /// The conditions for `observation`; a condition whose status did not change keeps its
 /// `lastTransitionTime` from `previous`.
 pub fn conditions(
@@ -278,8 +290,8 @@ pub fn conditions(
             generation,
             &now,
         )),
-        (None, true) => previous.iter().find(|c| c.type_ == KEDA_READS_LEASES).cloned(),
-        (None, false) => None,
+        (None, Some(false)) => None,
+        (None, _) => previous.iter().find(|c| c.type_ == KEDA_READS_LEASES).cloned(),
     };
     [Some(config), Some(ready), progressing, scaling, degraded, rewound, keda]
         .into_iter()
@@ -433,7 +445,7 @@ mod tests {
             }),
             failing_leases: None,
             stalled_leases: None,
-            scaled_by_keda: false,
+            scaled_by_keda: Some(false),
             keda: None,
             rollout: Rollout {
                 observed: true,
@@ -581,6 +593,15 @@ mod tests {
     }
 
     #[test]
+    fn an_age_is_shown_coarser_as_it_grows() {
+        #[rustfmt::skip]
+        let cases = [(0, 0), (4, 0), (5, 5), (59, 55), (60, 60), (119, 60), (3599, 3540), (3600, 3600), (4199, 3600), (4200, 4200)];
+        for (seconds, shown) in cases {
+            assert_eq!(coarse_age(seconds), shown, "{seconds}");
+        }
+    }
+
+    #[test]
     fn the_keda_condition_is_there_while_keda_scales_and_kept_until_an_estimate() {
         let verdict = KedaVerdict {
             ok: false,
@@ -598,14 +619,21 @@ mod tests {
             None,
             "no KEDA: no condition"
         );
-        observation.scaled_by_keda = true;
+        observation.scaled_by_keda = Some(true);
         observation.keda = Some(verdict);
         let found = conditions(&observation, &[], Some(1), time(0));
         assert_eq!(keda(&found), Some("LeasesNotPartitions".into()));
         observation.keda = None;
         let kept = conditions(&observation, &found, Some(1), time(5));
         assert_eq!(keda(&kept), Some("LeasesNotPartitions".into()), "no estimate yet: kept");
-        observation.scaled_by_keda = false;
+        observation.scaled_by_keda = None;
+        let unknown = conditions(&observation, &kept, Some(1), time(7));
+        assert_eq!(
+            keda(&unknown),
+            Some("LeasesNotPartitions".into()),
+            "HPAs not listed: kept"
+        );
+        observation.scaled_by_keda = Some(false);
         assert_eq!(
             keda(&conditions(&observation, &kept, Some(1), time(9))),
             None,

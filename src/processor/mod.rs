@@ -26,7 +26,7 @@ pub mod policy;
 pub mod report;
 pub mod run;
 
-pub use admin::evict::evict_instance;
+pub use admin::evict::{evict_ended_process, evict_instance};
 pub use error::{LeaseError, ProcessorError};
 pub use handlers::change_handler::{Batch, ChangeHandler, HandlerError, StdoutHandler};
 pub use handlers::dead_letters::{CosmosDeadLetters, DeadLetter, DeadLetterStore};

@@ -639,3 +639,54 @@ async fn a_newcomer_during_a_crash_holds_back_no_takeover() {
     );
     assert!(shared, "the newcomer never got its share: {:?}", env.owners().await);
 }
+
+/// What the operator frees when a worker container ended and waits to start again: only what
+/// the ended process held. When the container has been run again meanwhile (the pod's status
+/// lags), the new process — same name, same pod — has taken its leases back under its own
+/// epochs and heartbeat, and nothing of it is touched; once that one ends too, its leases are
+/// freed. (Freeing every lease of the name, as for a deleted pod, freed the new process's.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn freeing_an_ended_process_leaves_its_successor_in_the_pod_alone() {
+    use changefeed_operator::processor::evict_ended_process;
+    let env = Env::new(4).await;
+    let mut options = env.options("w");
+    options.pod_uid = Some("uid-of-pod-w".into());
+    let first = env.start_owning_all_with(options.clone(), 4).await;
+    let store = env.store().await;
+    let incarnation = |leases: &[changefeed_operator::processor::Lease]| -> std::collections::BTreeSet<String> {
+        leases
+            .iter()
+            .filter_map(|l| Some(l.owner_epoch.as_deref()?.split('.').next()?.to_owned()))
+            .collect()
+    };
+    let before = incarnation(&store.snapshot().await.unwrap().leases);
+    first.abort();
+    let ended = time::OffsetDateTime::now_utc();
+    let second = env.start(options.clone()).await;
+    // The successor takes all four back at once, under epochs of its own.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let leases = store.snapshot().await.unwrap().leases;
+            let now = incarnation(&leases);
+            now.len() == 1 && now != before && leases.iter().all(|l| l.owner.as_deref() == Some("w"))
+        })
+        .await,
+        "the successor retook the leases"
+    );
+    let spared = evict_ended_process(store.as_ref(), "w", ended).await.unwrap();
+    let owned_after = env.owners().await;
+    second.abort();
+    let ended_too = time::OffsetDateTime::now_utc() + time::Duration::SECOND;
+    let freed = evict_ended_process(store.as_ref(), "w", ended_too).await.unwrap();
+    println!(
+        "a process ended, its successor in the pod retook the leases: freeing the ended one's freed {spared:?}, owners after {owned_after:?}; the successor ended too: freed {} leases",
+        freed.len()
+    );
+    assert!(spared.is_empty(), "the successor's leases were freed: {spared:?}");
+    assert_eq!(owned_after.get("w"), Some(&4));
+    assert_eq!(freed.len(), 4, "the ended successor's leases are freed");
+    assert!(
+        store.read_heartbeat("w").await.unwrap().is_none(),
+        "its heartbeat removed"
+    );
+}

@@ -36,6 +36,13 @@ pub struct ChangeFeedProcessorStatus {
     /// Estimated remaining operations over all leases, from the last estimate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_lag: Option<i64>,
+    /// How old the oldest change not handled yet is, in seconds (from its `_ts`), when the last
+    /// estimate read it for every lease with lag (`autoscaling.estimation: ChangeFeed`, or leases
+    /// no live worker reports); 0 when nothing is pending. Rounded (to 5 s below a minute, to
+    /// the minute below an hour, then to 10 minutes) so that a steady backlog rewrites the
+    /// status seldom.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_pending_seconds: Option<i64>,
     /// When the last successful estimate was made; while its figures stay the same, refreshed
     /// every 10 minutes (a new time alone is no reason to write the status).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -283,6 +283,7 @@ async fn observe_and_plan(
         Some(pause) => plan::paused_plan(pause, before),
         None => {
             let external = observe::external_autoscaler(&ctx.client, &key.namespace, &key.name).await;
+            outcome.autoscalers_seen = external.is_ok();
             outcome.keda_hpa = external
                 .as_ref()
                 .ok()

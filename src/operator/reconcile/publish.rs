@@ -17,8 +17,8 @@ use crate::operator::scaling::pause::Pause;
 use crate::operator::scaling::policy::ScalingReason;
 use crate::operator::spec_values::ConfigProblem;
 use crate::operator::status::{
-    DEGRADED, EstimateProblem, KEDA_READS_LEASES, Observation, PodProblem, READY, Rollout, SCALING, conditions,
-    ready_problem_event,
+    DEGRADED, EstimateProblem, KEDA_READS_LEASES, Observation, PodProblem, READY, Rollout, SCALING, coarse_age,
+    conditions, ready_problem_event,
 };
 use crate::operator::workload::selector_string;
 
@@ -59,6 +59,9 @@ pub(super) struct Outcome {
     pub remembered_scale_time: Option<Time>,
     /// The HorizontalPodAutoscaler KEDA made for the resource, if one targets its `/scale`.
     pub keda_hpa: Option<String>,
+    /// Whether the HorizontalPodAutoscalers were looked at (not while paused, not when listing
+    /// them failed): otherwise whether KEDA scales is unknown.
+    pub autoscalers_seen: bool,
 }
 
 /// An Event to publish on the resource.
@@ -136,7 +139,7 @@ impl Outcome {
                     .filter_map(|l| Some((l.lease_token.clone(), l.handler_failing.clone()?)))
                     .collect()
             }),
-            scaled_by_keda: self.keda_hpa.is_some(),
+            scaled_by_keda: self.autoscalers_seen.then_some(self.keda_hpa.is_some()),
             keda: self.keda_hpa.as_deref().and_then(|hpa| {
                 let reading = estimate?.as_ref().ok()?.keda.as_ref()?;
                 Some(keda_verdict(hpa, reading))
@@ -210,6 +213,9 @@ fn status(
         status.leases = Some(i32::try_from(estimate.lease_count).unwrap_or(i32::MAX));
         status.leases_with_lag = Some(i32::try_from(estimate.leases_with_lag).unwrap_or(i32::MAX));
         status.estimated_lag = Some(i64::try_from(estimate.total_lag).unwrap_or(i64::MAX));
+        status.oldest_pending_seconds = estimate
+            .oldest_pending_seconds
+            .map(|age| i64::try_from(coarse_age(age)).unwrap_or(i64::MAX));
         status.instances = instances(estimate);
         // A new estimate of the same figures is no reason for a status write.
         let changed = status != *previous;
@@ -451,6 +457,7 @@ mod tests {
             stalled: None,
             error: None,
             reads: 1,
+            oldest_pending_seconds: None,
         };
         ProcessorEstimate::new("p", vec![lease])
     }
@@ -616,6 +623,7 @@ mod tests {
                 Outcome {
                     estimate: estimate(Ok(keda_blind())),
                     keda_hpa: Some("keda-hpa-orders".into()),
+                    autoscalers_seen: true,
                     ..applied(Some(1), 1)
                 },
                 &[(
@@ -630,6 +638,7 @@ mod tests {
                 Outcome {
                     estimate: estimate(Ok(keda_blind())),
                     keda_hpa: Some("keda-hpa-orders".into()),
+                    autoscalers_seen: true,
                     ..applied(Some(1), 1)
                 },
                 &[],

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use crate::operator::scaling::estimate_report::EstimateFailure;
+use crate::operator::status::coarse_age;
 use crate::processor::ProcessorEstimate;
 
 /// What of an estimate the status and conditions show.
@@ -18,6 +19,8 @@ struct Shown {
     owners: BTreeMap<String, usize>,
     handler_failing: Vec<(String, String)>,
     stalled: Vec<(String, String)>,
+    /// As the status rounds it.
+    oldest_pending: Option<u64>,
 }
 
 fn shown(estimate: &ProcessorEstimate) -> Shown {
@@ -41,6 +44,7 @@ fn shown(estimate: &ProcessorEstimate) -> Shown {
             .iter()
             .filter_map(|l| Some((l.lease_token.clone(), l.stalled.clone()?)))
             .collect(),
+        oldest_pending: estimate.oldest_pending_seconds.map(coarse_age),
     }
 }
 
@@ -76,6 +80,7 @@ mod tests {
             stalled: None,
             error: None,
             reads: 0,
+            oldest_pending_seconds: None,
         };
         ProcessorEstimate::new("p", vec![lease])
     }

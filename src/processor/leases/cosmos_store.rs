@@ -296,7 +296,7 @@ impl LeaseStore for CosmosLeaseStore {
                         .and_then(Value::as_u64)
                         .and_then(|k| u32::try_from(k).ok());
                 }
-                IdKind::Marker(_) => {}
+                IdKind::Marker(_) => snapshot.markers += 1,
                 IdKind::Foreign => {
                     let why = "not this processor's: its id only starts with the lease prefix".to_owned();
                     snapshot.invalid.push((id, why));
@@ -454,6 +454,11 @@ impl LeaseStore for CosmosLeaseStore {
                 .and_then(Value::as_str)
                 .map(str::to_owned),
             pod: doc.body.get(POD_FIELD).and_then(Value::as_str).map(str::to_owned),
+            written: doc
+                .body
+                .get("timestamp")
+                .and_then(Value::as_str)
+                .and_then(|t| OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()),
             etag: doc.etag,
         }))
     }

@@ -326,6 +326,8 @@ pub struct LeaseSnapshot {
     pub pk_range_leases: Vec<Lease>,
     /// Documents under the lease prefix that are not valid leases (id, what is wrong): skipped.
     pub invalid: Vec<(String, String)>,
+    /// Other markers under the prefix (the bootstrap lock, the operator's claim): counted only.
+    pub markers: usize,
 }
 
 /// The lease container of one processor. Every update is conditional on the lease's ETag.
@@ -414,6 +416,8 @@ pub struct HeartbeatDoc {
     pub incarnation: Option<String>,
     /// The UID of the pod that process ran in (`None`: not known to it).
     pub pod: Option<String>,
+    /// When that process wrote it, by its own clock.
+    pub written: Option<time::OffsetDateTime>,
     /// Its version.
     pub etag: String,
 }

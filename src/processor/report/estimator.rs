@@ -80,6 +80,10 @@ pub struct LeaseEstimate {
     /// Why this lease could not be estimated (its `lag` is then 0 and not counted as known).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// How old the oldest change not handled yet is, in seconds (from its `_ts`, read with the
+    /// lag); 0 when nothing is pending, unknown when the lag was told rather than read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oldest_pending_seconds: Option<u64>,
     /// Change-feed requests this estimate took (0: taken from the owner's report).
     #[serde(skip)]
     pub reads: u32,
@@ -99,6 +103,10 @@ pub struct ProcessorEstimate {
     pub total_lag: u64,
     /// Leases that could not be estimated (see their `error`).
     pub leases_failed: usize,
+    /// The age of the oldest change not handled yet over all leases, seconds; unknown when one
+    /// lease's is (its lag was told by its owner, or it could not be read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oldest_pending_seconds: Option<u64>,
     /// Per lease, ordered by range.
     pub leases: Vec<LeaseEstimate>,
     /// What KEDA's `azure-cosmosdb` scaler would read of these leases, when known.
@@ -116,6 +124,11 @@ impl ProcessorEstimate {
             leases_with_lag: leases.iter().filter(|l| l.lag > 0).count(),
             total_lag: leases.iter().map(|l| l.lag).sum(),
             leases_failed: leases.iter().filter(|l| l.error.is_some()).count(),
+            oldest_pending_seconds: leases
+                .iter()
+                .map(|l| l.oldest_pending_seconds)
+                .collect::<Option<Vec<u64>>>()
+                .map(|ages| ages.into_iter().max().unwrap_or(0)),
             leases,
             keda: None,
         }
@@ -211,6 +224,7 @@ async fn estimate_all(
                         let failed = LeaseEstimate {
                             error: Some(error.to_string()),
                             reads: 1,
+                            oldest_pending_seconds: None,
                             ..lease_estimate(&lease, 0, now)
                         };
                         (failed, PiecesLag::default())
@@ -256,8 +270,14 @@ async fn estimate_lease(
         start: lease.start_from(start),
     };
     let read = range_lag(monitored, ranges, &range, position, count).await?;
+    // A `_ts` ahead of this machine's clock counts as new (0 s) — lag > 0 still says it is pending.
+    let oldest = read
+        .oldest_ts
+        .filter(|_| !read.age_unknown)
+        .map(|ts| u64::try_from(now.unix_timestamp() - ts).unwrap_or(0));
     let estimate = LeaseEstimate {
         reads: read.reads,
+        oldest_pending_seconds: if read.lag == 0 { Some(0) } else { oldest },
         ..lease_estimate(lease, read.lag, now)
     };
     Ok((estimate, read))
@@ -288,6 +308,8 @@ pub fn lease_estimate(lease: &Lease, lag: u64, now: OffsetDateTime) -> LeaseEsti
         handler_failing: lease.properties.get(HANDLER_FAILING_PROPERTY).cloned(),
         stalled: lease.properties.get(STALLED_PROPERTY).cloned(),
         error: None,
+        // Told: nothing pending is exact; the age of a pending change is not known.
+        oldest_pending_seconds: (lag == 0).then_some(0),
         reads: 0,
     }
 }
@@ -324,6 +346,10 @@ struct PiecesLag {
     reads: u32,
     range_ids: Vec<String>,
     from_lsns: bool,
+    /// The `_ts` of the oldest first pending change the reads saw.
+    oldest_ts: Option<i64>,
+    /// Whether a piece had lag but its first pending change no `_ts` (its age is unknown).
+    age_unknown: bool,
 }
 
 /// The sum of the lags of `range`'s pieces over `ranges`.
@@ -342,6 +368,8 @@ async fn pieces_lag(
         total.reads += found.reads;
         total.range_ids.extend(found.range_ids);
         total.from_lsns |= found.from_lsns;
+        total.oldest_ts = total.oldest_ts.into_iter().chain(found.oldest_ts).min();
+        total.age_unknown |= found.age_unknown || (found.lag > 0 && found.oldest_ts.is_none());
     }
     Ok(total)
 }
@@ -401,6 +429,8 @@ async fn piece_lag(
                 lag,
                 split: page.continuations.len() > 1,
                 reads: 1,
+                oldest_ts: first_ts(&page),
+                age_unknown: false,
                 range_ids: page.range_id.into_iter().collect(),
                 from_lsns: lag > 1,
             })
@@ -419,6 +449,7 @@ async fn count_pending(
 ) -> Result<PiecesLag, CosmosError> {
     let mut reader = monitored.reader(range, continuation, start, COUNT_PAGE_ITEMS).await?;
     let mut tally = Tally::after(continuation.and_then(continuation_lsn));
+    let mut oldest_ts = None;
     for reads in 1..=COUNT_PAGES as u32 {
         let page = reader.next_page(READ_TIMEOUT).await?;
         if page.continuations.len() > 1 {
@@ -429,11 +460,13 @@ async fn count_pending(
                 ..PiecesLag::default()
             });
         }
+        oldest_ts = oldest_ts.or(first_ts(&page));
         if tally.add(&page) {
             return Ok(PiecesLag {
                 lag: tally.counted,
                 split: false,
                 reads,
+                oldest_ts,
                 ..PiecesLag::default()
             });
         }
@@ -442,6 +475,7 @@ async fn count_pending(
         lag: tally.estimate(),
         split: false,
         reads: COUNT_PAGES as u32,
+        oldest_ts,
         ..PiecesLag::default()
     })
 }
@@ -510,6 +544,11 @@ async fn one_item(
 ) -> Result<ChangePage, CosmosError> {
     let mut reader = monitored.reader(range, continuation, start, 1).await?;
     reader.next_page(READ_TIMEOUT).await
+}
+
+/// The `_ts` (server seconds) of the page's first change.
+fn first_ts(page: &ChangePage) -> Option<i64> {
+    page.documents.first()?.get("_ts")?.as_i64()
 }
 
 /// latest LSN − LSN of the first pending change + 1, or 0 when the page is empty.

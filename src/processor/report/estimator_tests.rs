@@ -140,6 +140,7 @@ fn totals() {
         stalled: None,
         error: None,
         reads: 1,
+        oldest_pending_seconds: None,
     };
     let estimate = ProcessorEstimate::new("p", vec![lease("80", 0), lease("", 5), lease("40", 7)]);
     assert_eq!(
@@ -147,6 +148,16 @@ fn totals() {
         (3, 2, 12)
     );
     assert_eq!(estimate.leases[0].lease_token, "");
+    assert_eq!(
+        estimate.oldest_pending_seconds, None,
+        "a lease's age unknown: the processor's too"
+    );
+    let aged = |token: &str, lag: u64, age: u64| LeaseEstimate {
+        oldest_pending_seconds: Some(age),
+        ..lease(token, lag)
+    };
+    let estimate = ProcessorEstimate::new("p", vec![aged("80", 0, 0), aged("", 5, 12), aged("40", 7, 30)]);
+    assert_eq!(estimate.oldest_pending_seconds, Some(30), "the oldest of all");
 }
 
 #[test]

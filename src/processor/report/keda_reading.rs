@@ -20,8 +20,9 @@ pub const KEDA_QUERY_PAGE: usize = 100;
 pub struct KedaReading {
     /// Leases whose `LeaseToken` names no partition key range of the container now.
     pub unreadable: Vec<String>,
-    /// Documents under the processor's lease prefix (leases, heartbeats, markers): at least as
-    /// many as KEDA's query matches.
+    /// Documents under the processor's lease prefix (leases, heartbeats, markers). KEDA's query
+    /// matches at least these (its prefix, `{processor}{account name}.`, may match other
+    /// processors' too): a lower bound of what it pages through.
     pub documents: usize,
     /// Documents KEDA reads of its query (one page).
     pub page: usize,
@@ -53,6 +54,7 @@ pub fn keda_reading(snapshot: &LeaseSnapshot, partitions: &[EpkRange]) -> KedaRe
         + snapshot.pk_range_leases.len()
         + snapshot.invalid.len()
         + snapshot.instances.len()
+        + snapshot.markers
         + usize::from(snapshot.initialized);
     KedaReading {
         unreadable,
