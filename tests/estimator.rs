@@ -416,6 +416,7 @@ async fn a_running_worker_serves_its_metrics_and_health() {
         "cfp_feed_request_charge_total",
         "cfp_lease_request_charge_total",
         "cfp_estimated_lag",
+        "cfp_lease_oldest_pending_seconds{lease=",
     ] {
         assert!(body.contains(name), "{name} missing from /metrics:\n{body}");
     }

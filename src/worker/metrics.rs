@@ -30,6 +30,7 @@ pub struct WorkerMetrics {
     read_errors: IntCounterVec,
     read_retries: IntCounterVec,
     estimated_lag: IntGaugeVec,
+    oldest_pending: IntGaugeVec,
     lease_stuck: IntGaugeVec,
     lease_stalled: IntGaugeVec,
     stalls: IntCounterVec,
@@ -156,6 +157,12 @@ impl WorkerMetrics {
                 "Estimated remaining operations per owned lease.",
                 &["processor", "lease"],
             )?,
+            oldest_pending: gauge(
+                &registry,
+                "cfp_lease_oldest_pending_seconds",
+                "Per owned lease, how old the oldest change not handled yet is (from its _ts, read with the lag; 0 when nothing is pending).",
+                &["processor", "lease"],
+            )?,
             lease_stuck: gauge(
                 &registry,
                 "cfp_lease_stuck",
@@ -238,14 +245,19 @@ impl WorkerMetrics {
         }
     }
 
-    /// Replaces the per-lease lag gauges with `estimates`.
+    /// Replaces the per-lease lag and freshness gauges with `estimates`.
     pub fn set_lag(&self, estimates: &[LeaseEstimate]) {
         self.estimated_lag.reset();
+        self.oldest_pending.reset();
         for estimate in estimates.iter().filter(|e| e.error.is_none()) {
+            let labels = [self.processor.as_str(), estimate.lease_token.as_str()];
             let lag = i64::try_from(estimate.lag).unwrap_or(i64::MAX);
-            self.estimated_lag
-                .with_label_values(&[self.processor.as_str(), estimate.lease_token.as_str()])
-                .set(lag);
+            self.estimated_lag.with_label_values(&labels).set(lag);
+            if let Some(age) = estimate.oldest_pending_seconds {
+                self.oldest_pending
+                    .with_label_values(&labels)
+                    .set(i64::try_from(age).unwrap_or(i64::MAX));
+            }
         }
     }
 }
