@@ -57,7 +57,24 @@ pub fn settings(args: &WorkerArgs) -> WorkerSettings {
         .unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned());
     let mut options = args.processor.options(args.leases.processor.clone(), instance);
     options.pod_uid = args.pod_uid.clone().filter(|uid| !uid.is_empty());
+    let first = std::fs::read("/proc/1/cmdline").unwrap_or_default();
+    if options.pod_uid.is_some() && beside_the_containers_worker(std::process::id(), &first) {
+        tracing::warn!(
+            "another cfp worker is this container's main process: this one waits out its name's heartbeat as any newcomer does (give it an --instance of its own)"
+        );
+        options.pod_uid = None;
+    }
     args.connection.settings(&args.leases, !args.no_create_leases, options)
+}
+
+/// Whether this process (`pid`) runs beside the worker its container started — `kubectl exec`
+/// of `cfp worker` into a worker container: the container's first process (its command line
+/// `first`, NUL-separated) is a `cfp worker` and this is not it. Such a process inherits the
+/// pod's UID but is no successor of that worker, so it must not take the name over at once.
+fn beside_the_containers_worker(pid: u32, first: &[u8]) -> bool {
+    let mut args = first.split(|b| *b == 0).filter(|a| !a.is_empty());
+    let is_cfp = args.next().is_some_and(|program| program.ends_with(b"cfp"));
+    pid != 1 && is_cfp && args.any(|arg| arg == b"worker")
 }
 
 /// The CloudEvents `source` of the monitored container.
@@ -196,4 +213,24 @@ async fn open(args: &WorkerArgs, settings: &WorkerSettings) -> Result<crate::pro
         processor = processor.with_dead_letters(store);
     }
     Ok(processor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_exec_ed_beside_the_containers_worker_is_no_successor() {
+        #[rustfmt::skip]
+        let cases: [(&str, u32, &[u8], bool); 5] = [
+            ("the container's worker itself", 1, b"/usr/local/bin/cfp\0worker\0", false),
+            ("kubectl exec beside it", 42, b"/usr/local/bin/cfp\0worker\0", true),
+            ("exec beside a container running something else", 42, b"/bin/sh\0-c\0sleep\0", false),
+            ("outside a container: init is pid 1", 4242, b"/sbin/init\0", false),
+            ("pid 1 unreadable", 4242, b"", false),
+        ];
+        for (name, pid, first, beside) in cases {
+            assert_eq!(beside_the_containers_worker(pid, first), beside, "{name}");
+        }
+    }
 }
