@@ -247,3 +247,64 @@ async fn a_deposed_owner_splits_nothing() {
         "the new owner's lease is gone: {owners:?}"
     );
 }
+
+/// A split that a crashed predecessor of the same name began — one child lease written under
+/// its name and epoch, the parent left — is finished by its successor: the child is taken over
+/// (it is the name's, and this process holds the name), the other child created, the parent
+/// deleted, and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_a_crashed_predecessor_began_is_finished_by_its_successor() {
+    let env = Env::new(1).await;
+    let first = env.start_owning_all("w", 1).await;
+    env.write(0..300).await;
+    assert!(env.delivered_within(300, Duration::from_secs(20)).await);
+    first.abort();
+    let mut partitions = env
+        .emulator
+        .split(common::DB, common::ITEMS, None, Duration::from_millis(200))
+        .await
+        .unwrap();
+    partitions.sort_by(|a, b| a.range.cmp(&b.range));
+    let store = env.store().await;
+    let parent = env.leases().await.remove(0);
+    let begun = &partitions[0];
+    let mut child = if parent.names_a_partition() {
+        changefeed_operator::processor::Lease::for_partition(
+            store.prefix(),
+            &begun.id,
+            &begun.range,
+            parent.continuation.clone(),
+        )
+    } else {
+        changefeed_operator::processor::Lease::new(store.prefix(), &begun.range, parent.continuation.clone())
+    };
+    child.take_for("w", "crashed-incarnation.7".into());
+    child.timestamp = Some(time::OffsetDateTime::now_utc());
+    store.create(&child).await.unwrap();
+    env.deliveries.clear();
+    env.write(300..800).await;
+    let second = env.start(env.options("w")).await;
+    let finished = eventually(Duration::from_secs(30), || async {
+        let leases = env.leases().await;
+        let mut ranges: Vec<_> = leases.iter().filter_map(|l| l.range().cloned()).collect();
+        ranges.sort();
+        let want: Vec<_> = partitions.iter().map(|p| p.range.clone()).collect();
+        ranges == want && leases.iter().all(|l| l.owner.as_deref() == Some("w"))
+    })
+    .await;
+    let delivered = env.delivered_within(500, Duration::from_secs(20)).await;
+    let missing = env.deliveries.missing(ids(300..800));
+    println!(
+        "a split begun by a crashed predecessor: finished {finished}, leases {:?}, 500 written, {} delivered distinct, lost {}",
+        env.leases()
+            .await
+            .iter()
+            .map(|l| (l.lease_token.clone(), l.owner.clone()))
+            .collect::<Vec<_>>(),
+        env.deliveries.distinct(),
+        missing.len()
+    );
+    second.stop().await;
+    assert!(finished, "the split was not finished");
+    assert!(delivered && missing.is_empty());
+}

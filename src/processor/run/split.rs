@@ -239,7 +239,8 @@ fn announce(shared: &Shared, owned: &OwnedLease, children: Vec<Acquired>, what: 
 }
 
 /// Writes one child lease of `parent` over `range` (version 0 when the range is the partition
-/// key range `pk_range_id`) (or takes the one an earlier attempt of this split wrote).
+/// key range `pk_range_id`) — or takes the one an earlier attempt of this split wrote, in this
+/// process or in a crashed predecessor under this name (see [`predecessors_child`]).
 async fn create_child(
     shared: &Shared,
     owned: &OwnedLease,
@@ -272,6 +273,12 @@ async fn create_child(
             {
                 Some(existing)
             }
+            // Under this name by an earlier process: it crashed mid-split (this one holds the name).
+            Ok(Some(existing))
+                if existing.range() == Some(range) && existing.owner.as_deref() == Some(&shared.options.instance) =>
+            {
+                predecessors_child(shared, existing, child).await
+            }
             // Another document has the id (a .NET v2 lease adopted in place keeps its own):
             // the lease stays as it is.
             Ok(Some(_)) => {
@@ -288,6 +295,31 @@ async fn create_child(
                     error,
                 },
             );
+            None
+        }
+    }
+}
+
+/// Takes over `existing`, a child lease a crashed predecessor of this name wrote before it could
+/// delete the parent (no process of the name but this one runs: its name claim): under this
+/// process's epoch (`ours`), from the further of the two checkpoints — each marks what was
+/// handled, so either loses nothing; the further one redelivers less.
+async fn predecessors_child(shared: &Shared, existing: Lease, ours: Lease) -> Option<Lease> {
+    let position = |lease: &Lease| lease.continuation.as_deref().and_then(crate::cosmos::continuation_lsn);
+    let mut taken = existing.clone();
+    if position(&ours) > position(&existing) {
+        taken.continuation = ours.continuation.clone();
+    }
+    taken.owner_epoch = ours.owner_epoch.clone();
+    taken.timestamp = ours.timestamp;
+    taken.clear_handoff();
+    match shared.store.replace(&taken).await {
+        Ok(written) => {
+            tracing::info!(lease = %taken.lease_token, "took over the child lease a crashed predecessor wrote mid-split");
+            Some(written)
+        }
+        Err(error) => {
+            tracing::debug!(lease = %taken.lease_token, %error, "taking over a predecessor's child lease failed; trying again");
             None
         }
     }
