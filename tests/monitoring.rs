@@ -309,6 +309,7 @@ async fn a_prometheus_scraping_as_the_service_monitor_says_serves_keda_the_dashb
         lease_owners: 1,
         leases_unowned: 2,
         leases_stalled: 1,
+        oldest_pending_seconds: Some(420),
     };
     metrics.estimated(&processor_namespace, &name, figures(3000), Duration::from_millis(20));
     metrics.desired_replicas(&processor_namespace, &name, 2);

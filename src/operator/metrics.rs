@@ -42,6 +42,7 @@ struct ProcessorSeries {
     lease_owners: IntGaugeVec,
     leases_unowned: IntGaugeVec,
     leases_stalled: IntGaugeVec,
+    oldest_pending: IntGaugeVec,
     desired_replicas: IntGaugeVec,
     ready: IntGaugeVec,
     paused: IntGaugeVec,
@@ -66,6 +67,9 @@ pub struct EstimateFigures {
     pub leases_unowned: usize,
     /// Leases their worker reports stalled.
     pub leases_stalled: usize,
+    /// How old the oldest pending change is, seconds, when the estimate read it for every
+    /// lagging lease.
+    pub oldest_pending_seconds: Option<u64>,
 }
 
 const PROCESSOR_LABELS: [&str; 2] = ["namespace", "name"];
@@ -94,6 +98,7 @@ impl ProcessorSeries {
             &self.lease_owners,
             &self.leases_unowned,
             &self.leases_stalled,
+            &self.oldest_pending,
             &self.desired_replicas,
             &self.ready,
             &self.paused,
@@ -148,6 +153,11 @@ impl ProcessorSeries {
                 registry,
                 "cfp_processor_leases_stalled",
                 "Leases their worker reports stalled: not advancing for the stall timeout though they may have lag.",
+            )?,
+            oldest_pending: gauge(
+                registry,
+                "cfp_processor_oldest_pending_seconds",
+                "How old the oldest change the processor has not handled yet is (its _ts), when the estimate read it for every lagging lease; absent while unknown (see cfp_lease_oldest_pending_seconds on the workers).",
             )?,
             desired_replicas: gauge(
                 registry,
@@ -250,6 +260,12 @@ impl OperatorMetrics {
             set(&series.lease_owners, figures.lease_owners as u64);
             set(&series.leases_unowned, figures.leases_unowned as u64);
             set(&series.leases_stalled, figures.leases_stalled as u64);
+            match figures.oldest_pending_seconds {
+                Some(age) => set(&series.oldest_pending, age),
+                None => {
+                    let _ = series.oldest_pending.remove_label_values(&labels);
+                }
+            }
             set(&series.estimate_failing, 0);
             series
                 .estimate_duration
@@ -398,6 +414,7 @@ mod tests {
             lease_owners: 0,
             leases_unowned: 8,
             leases_stalled: 0,
+            oldest_pending_seconds: None,
         };
         metrics.estimated("ns", "orders", figures, Duration::from_millis(20));
         metrics.desired_replicas("ns", "orders", 6);
@@ -430,6 +447,7 @@ mod tests {
             lease_owners: 1,
             leases_unowned: 0,
             leases_stalled: 0,
+            oldest_pending_seconds: None,
         };
         let failing = "cfp_processor_estimate_failing{name=\"orders\",namespace=\"ns\"}";
         metrics.estimate_failed("ns", "orders", "connect", Duration::from_secs(1));
@@ -450,6 +468,7 @@ mod tests {
             lease_owners: 1,
             leases_unowned: 1,
             leases_stalled: 0,
+            oldest_pending_seconds: None,
         };
         // Misconfigured (never estimated): only Ready and the replicas it had.
         metrics.ready("ns", "broken", false);

@@ -244,6 +244,7 @@ pub fn figures(estimate: &ProcessorEstimate) -> EstimateFigures {
         lease_owners: owners.len(),
         leases_unowned: estimate.leases.iter().filter(|l| l.owner.is_none()).count(),
         leases_stalled: estimate.leases.iter().filter(|l| l.stalled.is_some()).count(),
+        oldest_pending_seconds: estimate.oldest_pending_seconds,
     }
 }
 
