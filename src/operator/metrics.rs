@@ -74,6 +74,20 @@ pub struct EstimateFigures {
 
 const PROCESSOR_LABELS: [&str; 2] = ["namespace", "name"];
 
+/// `cfp_processor_estimate_duration_seconds`, registered in `registry`.
+fn estimate_duration(registry: &Registry) -> Result<HistogramVec, prometheus::Error> {
+    let histogram = HistogramVec::new(
+        HistogramOpts::new(
+            "cfp_processor_estimate_duration_seconds",
+            "Time one estimate of a processor's remaining work took.",
+        )
+        .buckets(vec![0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+        &PROCESSOR_LABELS,
+    )?;
+    registry.register(Box::new(histogram.clone()))?;
+    Ok(histogram)
+}
+
 fn gauge(registry: &Registry, name: &str, help: &str) -> Result<IntGaugeVec, prometheus::Error> {
     let gauge = IntGaugeVec::new(Opts::new(name, help), &PROCESSOR_LABELS)?;
     registry.register(Box::new(gauge.clone()))?;
@@ -114,15 +128,7 @@ impl ProcessorSeries {
     }
 
     fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
-        let estimate_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "cfp_processor_estimate_duration_seconds",
-                "Time one estimate of a processor's remaining work took.",
-            )
-            .buckets(vec![0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
-            &PROCESSOR_LABELS,
-        )?;
-        registry.register(Box::new(estimate_duration.clone()))?;
+        let estimate_duration = estimate_duration(registry)?;
         Ok(Self {
             estimated_lag: gauge(
                 registry,
