@@ -205,6 +205,25 @@ async fn no_lease_lost_at_the_budget(size: Size) {
     .await;
     assert!(shared, "no fair share: {:?}", owners(&account).await);
     let before = owners(&account).await;
+    // Every acquisition's event counted before the tallies start over: an event is sent just
+    // before its lease joins what the instance owns, and the counting task may see it later
+    // (under load a handoff's event was counted in the watched window).
+    let counted = |events: &Mutex<Tally>| {
+        events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .acquired
+    };
+    let settled = eventually(Duration::from_secs(10), || async {
+        counted(&a.events) >= count && counted(&b.events) >= b.handle.owned_leases().len()
+    })
+    .await;
+    assert!(
+        settled,
+        "acquisition events not counted: a {}, b {}",
+        counted(&a.events),
+        counted(&b.events)
+    );
     let _ = (tally(&a.events), tally(&b.events));
 
     // Documents on every lease, far more checkpoints than the budget admits, for three expirations.
