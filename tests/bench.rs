@@ -12,8 +12,14 @@ use crate::control_plane;
 const MEASURE_MARGIN: f64 = 4.0;
 
 /// Measures the small run cannot take: the loopback drains of 2 000 documents last tens of
-/// milliseconds, timed by polling every 20 ms (ours) and inside the JVM (Java's).
-const BELOW_RESOLUTION: [&str; 1] = ["throughput vs the Java v4 processor"];
+/// milliseconds, timed by polling every 20 ms (ours) and inside the JVM (Java's); the budgeted
+/// backlog is 133 documents, two pages of 100, so both of its drain rates span one page's
+/// interval (about a millisecond: a raw read timed at 120 000 documents/s in one suite run,
+/// ours 17 600). The full run measures both.
+const BELOW_RESOLUTION: [&str; 2] = [
+    "throughput vs the Java v4 processor",
+    "drain of that backlog by one worker",
+];
 
 /// Whether `figure` meets its goal, loosened by `margin` (1: the goal itself).
 fn meets(figure: &serde_json::Value, margin: f64) -> bool {
