@@ -39,9 +39,9 @@ use time::OffsetDateTime;
 use crate::cosmos::{
     ChangePage, CosmosError, EpkRange, MonitoredContainer, StartFrom, continuation_lsn, session_token_lsn,
 };
-use crate::processor::leases::lease::{HANDLER_FAILING_PROPERTY, Lease, STALLED_PROPERTY};
+use crate::processor::leases::lease::{HANDLER_FAILING_PROPERTY, Lease, LeaseSnapshot, STALLED_PROPERTY};
 use crate::processor::policy::balancer::{ranges_of, superseded};
-use crate::processor::report::keda_reading::KedaReading;
+use crate::processor::report::keda_reading::{KedaReading, keda_reading};
 
 /// How many leases are estimated at once.
 pub const DEFAULT_CONCURRENCY: usize = 16;
@@ -140,6 +140,19 @@ impl ProcessorEstimate {
             keda: Some(keda),
             ..self
         }
+    }
+}
+
+/// `estimate` of `snapshot`'s leases with KEDA's reading of them, over the container's
+/// partitions now (the SDK's cached routing map: no request); unchanged when they are unknown.
+pub async fn with_keda_reading(
+    estimate: ProcessorEstimate,
+    snapshot: &LeaseSnapshot,
+    monitored: &MonitoredContainer,
+) -> ProcessorEstimate {
+    match monitored.feed_ranges(false).await {
+        Ok(partitions) => estimate.with_keda(keda_reading(snapshot, &partitions)),
+        Err(_) => estimate,
     }
 }
 
