@@ -187,7 +187,7 @@ fn arbitrary_options() -> impl proptest::strategy::Strategy<Value = crate::proce
     );
     let kinds = (
         prop_oneof![Just(FeedMode::LatestVersion), Just(FeedMode::AllVersionsAndDeletes)],
-        prop_oneof![Just(Balancing::Fair), Just(Balancing::StealOne)],
+        prop_oneof![Just(Balancing::Fair), Just(Balancing::StealOne), Just(Balancing::Work)],
         proptest::option::of(duration_ms(1..600_000)),
     );
     ("[a-z][a-z0-9-]{0,12}", start, adopt, counts, times, retry, kinds).prop_map(

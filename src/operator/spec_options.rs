@@ -29,6 +29,7 @@ impl TryFrom<&ChangeFeedProcessor> for ProcessorOptions {
         options.renew_interval = duration("leaseTimings.renewInterval", &timings.renew_interval)?;
         options.expiration = duration("leaseTimings.expiration", &timings.expiration)?;
         options.leases_per_partition = spec.leases.per_partition;
+        options.balancing = spec.leases.balancing.balancing();
         options.max_in_flight_batches = spec.max_in_flight_batches;
         options.mode = spec.mode.mode();
         if let Some(checkpoint) = &spec.checkpoint {

@@ -200,6 +200,7 @@ fn balancing_text(balancing: Balancing) -> &'static str {
     match balancing {
         Balancing::Fair => "fair",
         Balancing::StealOne => "steal-one",
+        Balancing::Work => "work",
     }
 }
 

@@ -50,6 +50,13 @@ pub struct LeaseSettings {
     #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("leases.perPartition is immutable: the leases were divided when created; create a new resource (processor name) to change it"))]
     #[schemars(range(min = 1, max = 64))]
     pub per_partition: u32,
+    /// How the workers share the leases: `Count` (default) gives each worker an equal number;
+    /// `Work` weighs each lease by what its owner reports at its checkpoints (documents handled
+    /// a second, and its lag drained within a minute), so that a few hot leases do not pile onto
+    /// one worker. Moves go through the usual handoff (nothing delivered twice); every worker of
+    /// the processor must run a version that knows `Work`.
+    #[serde(default)]
+    pub balancing: LeaseBalancing,
     /// Delete this processor's lease documents when the resource is deleted. Off by default, so
     /// that re-creating the resource resumes from the checkpoints.
     #[serde(default)]
@@ -61,6 +68,26 @@ pub struct LeaseSettings {
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
     #[schemars(length(max = 32))]
     pub cleanup_timeout: String,
+}
+
+/// How leases are shared among the workers.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum LeaseBalancing {
+    /// An equal number of leases each.
+    #[default]
+    Count,
+    /// Leases weighed by the work their owners report.
+    Work,
+}
+
+impl LeaseBalancing {
+    /// The processor's balancing strategy.
+    pub fn balancing(self) -> crate::processor::policy::balancer::Balancing {
+        match self {
+            LeaseBalancing::Count => crate::processor::policy::balancer::Balancing::Fair,
+            LeaseBalancing::Work => crate::processor::policy::balancer::Balancing::Work,
+        }
+    }
 }
 
 /// The processor whose checkpoints are adopted.
@@ -120,6 +147,7 @@ impl Default for LeaseSettings {
             create_if_not_exists: None,
             connection: None,
             per_partition: default_per_partition(),
+            balancing: LeaseBalancing::default(),
             adopt_from: None,
             delete_on_resource_deletion: false,
             cleanup_timeout: default_cleanup_timeout(),

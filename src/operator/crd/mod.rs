@@ -26,7 +26,7 @@ pub use connection::{Connection, ContainerRef, SecretKeyRef};
 pub use handler::{
     CheckpointSpec, DeadLetterSpec, HandlerKind, HandlerSpec, HeaderValueSource, HttpHandlerSpec, HttpHeader, RetrySpec,
 };
-pub use leases::{AdoptFrom, ForeignLayoutKind, LeaseSettings, LeaseTimings};
+pub use leases::{AdoptFrom, ForeignLayoutKind, LeaseBalancing, LeaseSettings, LeaseTimings};
 pub use observability::{Observability, TracingSpec};
 pub use reference::{crd_markdown, reference_markdown};
 pub use schema::{crd_json, crd_yaml};

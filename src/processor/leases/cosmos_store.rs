@@ -265,6 +265,8 @@ impl LeaseStore for CosmosLeaseStore {
         let docs = self.container.list_by_id_prefix(&format!("{}.", self.prefix)).await?;
         let mut snapshot = LeaseSnapshot::default();
         for doc in docs {
+            let ts = doc.body.get("_ts").and_then(Value::as_i64);
+            snapshot.newest_server_ts = snapshot.newest_server_ts.max(ts);
             let id = doc
                 .body
                 .get("id")

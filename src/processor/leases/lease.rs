@@ -328,6 +328,10 @@ pub struct LeaseSnapshot {
     pub invalid: Vec<(String, String)>,
     /// Other markers under the prefix (the bootstrap lock, the operator's claim): counted only.
     pub markers: usize,
+    /// The newest server time (`_ts`, seconds) among the documents listed: the listing's "now"
+    /// on the service's clock (heartbeats are written every renew interval), the same for every
+    /// instance that reads it.
+    pub newest_server_ts: Option<i64>,
 }
 
 /// The lease container of one processor. Every update is conditional on the lease's ETag.

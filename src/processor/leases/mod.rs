@@ -1,5 +1,5 @@
 //! Leases: the documents (the .NET v3 layout) and their store ([`lease`], [`cosmos_store`]), the
-//! grammar of their ids ([`lease_ids`]), the lag report a lease carries ([`lag_report`]), a lease
+//! grammar of their ids ([`lease_ids`]), the lag and work reports a lease carries ([`lag_report`], [`work_report`]), a lease
 //! this instance owns ([`owned`]), the instance heartbeat ([`heartbeat`]) and the hold on the
 //! instance name ([`name_claim`]), what this instance has seen of the lease container
 //! ([`sightings`]), bootstrap ([`bootstrap`]) and adoption ([`adopt`]), and the lease
@@ -18,4 +18,5 @@ pub mod name_claim;
 pub mod owned;
 pub mod sightings;
 pub(crate) mod throughput_share;
+pub mod work_report;
 pub(crate) mod write_budget;

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::processor::leases::heartbeat::Liveness;
 use crate::processor::leases::lag_report::record_report;
 use crate::processor::leases::lease::{Lease, LeaseStore, LeaseStoreError, STALLED_PROPERTY};
+use crate::processor::leases::work_report::{CheckpointReport, record_rate};
 use crate::processor::leases::write_budget::{Late, Spend, Throttle, Throttled, Turn, WriteBudget};
 
 /// How many times an update is re-applied after a 412 while the lease is still ours (as the
@@ -468,12 +469,18 @@ impl OwnedLease {
 
     /// Records the continuation after a handled batch (without a lag report).
     pub async fn checkpoint(&self, continuation: &str) -> Result<Lease, UpdateError> {
-        self.checkpoint_reporting(continuation, None).await
+        self.checkpoint_reporting(continuation, CheckpointReport::default())
+            .await
     }
 
     /// Records the continuation after a handled batch with the lag report of its page
-    /// ([`lag_report`](crate::processor::leases::lag_report)).
-    pub async fn checkpoint_reporting(&self, continuation: &str, report: Option<u64>) -> Result<Lease, UpdateError> {
+    /// ([`lag_report`](crate::processor::leases::lag_report)) and the rate handled
+    /// ([`work_report`](crate::processor::leases::work_report)).
+    pub async fn checkpoint_reporting(
+        &self,
+        continuation: &str,
+        report: CheckpointReport,
+    ) -> Result<Lease, UpdateError> {
         self.write_position(continuation, report, Progress::Made).await
     }
 
@@ -481,21 +488,24 @@ impl OwnedLease {
     /// again or the lease is given up): like [`OwnedLease::checkpoint_reporting`], except that
     /// a stall recorded on the lease stays — a reader restarted after a stall writes what the
     /// empty pages before the stalled batch moved, which is no sign that the stall is over.
-    pub async fn checkpoint_pending(&self, continuation: &str, report: Option<u64>) -> Result<Lease, UpdateError> {
+    pub async fn checkpoint_pending(&self, continuation: &str, report: CheckpointReport) -> Result<Lease, UpdateError> {
         self.write_position(continuation, report, Progress::Unknown).await
     }
 
-    /// Writes `continuation` and its lag `report` as a checkpoint.
+    /// Writes `continuation` and its `report` as a checkpoint.
     async fn write_position(
         &self,
         continuation: &str,
-        report: Option<u64>,
+        report: CheckpointReport,
         progress: Progress,
     ) -> Result<Lease, UpdateError> {
         let written = self
             .update_deferrable(|lease| {
                 record_checkpoint(lease, continuation, progress);
-                record_report(lease, report);
+                record_report(lease, report.latest_lsn);
+                if let Some(rate) = report.handled_per_second {
+                    record_rate(lease, rate);
+                }
                 true
             })
             .await?;

@@ -57,7 +57,7 @@ impl LeaseState {
 
     /// The counted instance the lease is on its way to, if any: a requester other than the live
     /// owner, among `counted`.
-    fn on_its_way_to<'a>(&'a self, counted: &BTreeSet<&str>) -> Option<&'a str> {
+    pub(crate) fn on_its_way_to<'a>(&'a self, counted: &BTreeSet<&str>) -> Option<&'a str> {
         let to = self.requested_by.as_deref()?;
         (self.live_owner.is_some() && self.live_owner.as_deref() != Some(to) && counted.contains(to)).then_some(to)
     }
@@ -257,6 +257,9 @@ pub enum Balancing {
     /// The reference SDKs' "equal partitions" strategy ([`leases_to_acquire_steal_one`]): free
     /// leases up to the target, else one lease stolen per cycle. For comparisons.
     StealOne,
+    /// Leases weighed by the work their owners report, not counted
+    /// ([`crate::processor::policy::work_balancer`]).
+    Work,
 }
 
 impl std::str::FromStr for Balancing {
@@ -266,7 +269,8 @@ impl std::str::FromStr for Balancing {
         match s {
             "fair" => Ok(Balancing::Fair),
             "steal-one" => Ok(Balancing::StealOne),
-            _ => Err(format!("expected fair or steal-one, got {s:?}")),
+            "work" => Ok(Balancing::Work),
+            _ => Err(format!("expected fair, work or steal-one, got {s:?}")),
         }
     }
 }

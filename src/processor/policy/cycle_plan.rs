@@ -21,6 +21,7 @@ use crate::processor::policy::balancer::{
 };
 use crate::processor::policy::listing_schedule::{ListingSchedule, ListingView, is_quiet};
 use crate::processor::policy::range_overlaps::{EqualRange, LeaseRange, equal_ranges, ranges_of, within};
+use crate::processor::policy::work_balancer::{leases_to_acquire_by_work, work_of};
 
 /// Acquire cycles without a heartbeat after which an instance is no longer counted.
 const HEARTBEAT_CYCLES: u32 = 3;
@@ -155,7 +156,7 @@ pub fn plan_cycle(
         (&live, &snapshot.leaving),
         observations,
         me,
-        options,
+        (options, snapshot.newest_server_ts),
     );
     let mut listed_ids: Vec<String> = snapshot.leases.iter().map(|l| l.id.clone()).collect();
     listed_ids.sort_unstable();
@@ -417,14 +418,15 @@ fn newcomers(
 }
 
 /// The leases `me` wants: first those the store says are its own but that no task processes (a
-/// restart under the same name), then what the balancing strategy picks.
+/// restart under the same name), then what the balancing strategy picks (by work: as of the
+/// listing's newest server time, `newest_ts`).
 fn wanted(
     balanced: &[&Lease],
     states: &[LeaseState],
     (live, leaving): (&[String], &[String]),
     observations: &Observations,
     me: &str,
-    options: CycleOptions,
+    (options, newest_ts): (CycleOptions, Option<i64>),
 ) -> Vec<String> {
     let mut wanted: Vec<String> = balanced
         .iter()
@@ -435,6 +437,11 @@ fn wanted(
         Balancing::Fair => {
             let newcomers = newcomers(live, balanced, states, observations, me);
             leases_to_acquire_among(states, me, live, (leaving, &newcomers))
+        }
+        Balancing::Work => {
+            let newcomers = newcomers(live, balanced, states, observations, me);
+            let work = work_of(balanced, newest_ts);
+            leases_to_acquire_by_work(states, &work, me, live, (leaving, &newcomers))
         }
         Balancing::StealOne => leases_to_acquire_steal_one(states, me),
     };

@@ -1,5 +1,5 @@
 //! The processor's decisions as pure functions, table and property tested: balancing
-//! ([`balancer`], with [`range_overlaps`] for split parents and overlaps), the acquire-cycle plan
+//! ([`balancer`] by count, [`work_balancer`] by work, with [`range_overlaps`] for split parents and overlaps), the acquire-cycle plan
 //! ([`cycle_plan`]), the listing schedule ([`listing_schedule`]), periodic work spread out again
 //! ([`in_step`]), the stall state machine ([`stall`]), the checkpoint policy
 //! ([`checkpoint_policy`]), the one check of the options ([`validation`]) and the start's retries
@@ -14,3 +14,4 @@ pub mod range_overlaps;
 pub mod stall;
 pub mod start_retry;
 pub mod validation;
+pub mod work_balancer;

@@ -15,6 +15,7 @@ use crate::processor::error::LeaseError;
 use crate::processor::leases::lag_report::{reported_lag, reported_lsn};
 use crate::processor::leases::lease::{Lease, LeaseStoreError};
 use crate::processor::leases::owned::{OwnedLease, UpdateError};
+use crate::processor::leases::work_report::{CheckpointReport, HandledRate, reported_rate};
 use crate::processor::policy::checkpoint_policy::{Deferred, caught_up_report_due};
 use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
 use crate::processor::run::shared::Shared;
@@ -60,6 +61,8 @@ pub(crate) struct LeaseCheckpointer {
     deferred: Deferred,
     /// The lag report of the last settled page, with the continuation it belongs to.
     report: Option<(String, u64)>,
+    /// The documents a second handled from the lease (from its report when first needed).
+    rate: Option<HandledRate>,
     /// Empty pages settled in a row.
     quiet_pages: u32,
     /// When the last batch was settled (or the lease taken up): since when the lease is quiet.
@@ -75,6 +78,7 @@ impl LeaseCheckpointer {
         Self {
             deferred: Deferred::new(shared.options.checkpoint, Instant::now()),
             report: None,
+            rate: None,
             quiet_pages: 0,
             last_batch: Instant::now(),
             version_0: None,
@@ -163,6 +167,7 @@ impl LeaseCheckpointer {
         } else {
             self.quiet_pages = 0;
             self.last_batch = started;
+            self.count_handled(page.documents.len(), started).await;
             self.deferred.record(continuation, true);
             // `None`: the policy defers this checkpoint (checkpoint.every).
             self.deferred.due(started).map(str::to_owned)
@@ -284,11 +289,27 @@ impl LeaseCheckpointer {
         self.shared.telemetry.observer().checkpointed(token, started.elapsed());
     }
 
-    /// The lag report of the page `continuation` is the position after, if it was the last one.
-    fn report_for(&self, continuation: &str) -> Option<u64> {
-        self.report
-            .as_ref()
-            .filter(|(at, _)| at == continuation)
-            .map(|(_, lsn)| *lsn)
+    /// What a checkpoint at `continuation` reports: the lag report of the page it is the
+    /// position after, if it was the last one, and the rate handled from the lease.
+    fn report_for(&self, continuation: &str) -> CheckpointReport {
+        CheckpointReport {
+            latest_lsn: self
+                .report
+                .as_ref()
+                .filter(|(at, _)| at == continuation)
+                .map(|(_, lsn)| *lsn),
+            handled_per_second: self.rate.map(|rate| rate.per_second(Instant::now())),
+        }
+    }
+
+    /// `documents` were handled at `now`: counted into the lease's rate, which goes on from the
+    /// rate its previous owner reported.
+    async fn count_handled(&mut self, documents: usize, now: Instant) {
+        let mut rate = match self.rate {
+            Some(rate) => rate,
+            None => HandledRate::starting_at(reported_rate(&self.owned.current().await).unwrap_or(0.0), now),
+        };
+        rate.handled(documents, now);
+        self.rate = Some(rate);
     }
 }

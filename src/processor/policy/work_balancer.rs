@@ -1,0 +1,237 @@
+//! Balancing by work (`Balancing::Work`): which leases one instance takes in an acquire cycle
+//! when leases are weighed by what they cost their owners rather than counted. Pure.
+//!
+//! A lease's work is what its owner reported at its last checkpoint: the documents a second it
+//! handled ([`crate::processor::leases::work_report`], faded by how long the lease was not
+//! written since) plus its lag drained within [`LAG_DRAIN`] — both in documents a second — and
+//! [`LEASE_FLOOR`] for the polls every lease costs (so idle leases are still spread by count).
+//! Every instance computes one plan from the same listing (the weights come from the lease
+//! documents and the listing's newest server time only), takes its own part of it, and moves go
+//! through the usual handoff, so nothing is delivered twice:
+//! 1. free and expired leases are dealt heaviest first, each to the least loaded instance that
+//!    may take it (expired ones not to newcomers, as [`super::balancer`] does);
+//! 2. while the most loaded instance carries more than the mean by [`HYSTERESIS`], it gives its
+//!    heaviest lease that fits to the least loaded: one that leaves the receiver below the donor
+//!    by the hysteresis margin (the mean × [`HYSTERESIS`]), rather one that also leaves the
+//!    receiver within the hysteresis of the mean (a new donor would pass small leases on). A
+//!    lease so moved is never worth moving back while the loads stay within that margin, so
+//!    leases do not travel to and fro.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use crate::processor::leases::lag_report::reported_lag;
+use crate::processor::leases::lease::Lease;
+use crate::processor::leases::work_report::rate_as_of;
+use crate::processor::policy::balancer::LeaseState;
+
+/// The weight of a lease that reports nothing (every lease costs its owner polls), in documents
+/// a second.
+pub const LEASE_FLOOR: f64 = 1.0;
+
+/// A lease's lag counts as the rate that drains it within this long.
+pub const LAG_DRAIN: Duration = Duration::from_secs(60);
+
+/// How far above the mean a load may be before leases move, and how much lighter than the donor
+/// the receiver must stay, as a share of the mean load.
+pub const HYSTERESIS: f64 = 0.2;
+
+/// The work of `lease` in documents a second, as of the listing's newest server time.
+pub fn lease_work(lease: &Lease, newest_ts: Option<i64>) -> f64 {
+    let lag = reported_lag(lease).unwrap_or(0) as f64 / LAG_DRAIN.as_secs_f64();
+    LEASE_FLOOR + rate_as_of(lease, newest_ts) + lag
+}
+
+/// The work of each of `leases` ([`lease_work`]), by id.
+pub fn work_of(leases: &[&Lease], newest_ts: Option<i64>) -> HashMap<String, f64> {
+    leases
+        .iter()
+        .map(|l| (l.id.clone(), lease_work(l, newest_ts)))
+        .collect()
+}
+
+/// What one instance carries.
+#[derive(Debug, Default)]
+struct Holding<'a> {
+    /// The sum of its leases' work.
+    load: f64,
+    /// How many leases it holds or has on their way to it.
+    count: usize,
+    /// The leases it may give in this plan, with their work (not those on their way to it, nor
+    /// those dealt or moved to it by this plan).
+    movable: Vec<(&'a str, f64)>,
+}
+
+impl<'a> Holding<'a> {
+    fn add(&mut self, work: f64) {
+        self.load += work;
+        self.count += 1;
+    }
+}
+
+/// One lease given by the plan.
+#[derive(Debug, PartialEq)]
+struct Move<'a> {
+    id: &'a str,
+    from: &'a str,
+    to: &'a str,
+    work: f64,
+}
+
+/// The leases `me` should try to acquire now (see the module): its part of the deal of free and
+/// expired leases, and of the moves from the most loaded. `leaving` instances have no share and
+/// give nothing (they free their leases themselves); `newcomers` are dealt no expired lease.
+pub fn leases_to_acquire_by_work(
+    leases: &[LeaseState],
+    work: &HashMap<String, f64>,
+    me: &str,
+    live_instances: &[String],
+    (leaving, newcomers): (&[String], &[String]),
+) -> Vec<String> {
+    let weight = |id: &str| work.get(id).copied().unwrap_or(LEASE_FLOOR);
+    let mut held: BTreeMap<&str, Holding> = BTreeMap::new();
+    for name in live_instances.iter().map(String::as_str).chain([me]) {
+        held.entry(name).or_default();
+    }
+    let counted: BTreeSet<&str> = held
+        .keys()
+        .copied()
+        .chain(leases.iter().filter_map(|l| l.live_owner.as_deref()))
+        .collect();
+    let mut unowned: Vec<&LeaseState> = Vec::new();
+    for lease in leases {
+        let w = weight(&lease.id);
+        match (&lease.live_owner, lease.on_its_way_to(&counted)) {
+            (Some(_), Some(to)) => held.entry(to).or_default().add(w),
+            (Some(owner), None) => {
+                let holding = held.entry(owner.as_str()).or_default();
+                holding.add(w);
+                holding.movable.push((&lease.id, w));
+            }
+            (None, _) => unowned.push(lease),
+        }
+    }
+    let stays = |w: &str| !leaving.iter().any(|l| l == w);
+    let watched = |w: &str| w == me || !newcomers.iter().any(|n| n == w);
+    let mut mine = Vec::new();
+    unowned.sort_by(|a, b| weight(&b.id).total_cmp(&weight(&a.id)).then(a.id.cmp(&b.id)));
+    for lease in unowned {
+        let newcomers_wait = lease.expired && !newcomers.is_empty();
+        let Some(taker) = least_loaded(&held, |w| stays(w) && (!newcomers_wait || watched(w))) else {
+            continue;
+        };
+        if let Some(holding) = held.get_mut(taker) {
+            holding.add(weight(&lease.id));
+        }
+        if taker == me {
+            mine.push(lease.id.clone());
+        }
+    }
+    for step in moves(&mut held, &stays, leases.len()) {
+        if step.to == me {
+            mine.push(step.id.to_owned());
+        }
+    }
+    mine
+}
+
+/// The staying instance (`may_take`) with the least load; ties: fewer leases, then the name.
+fn least_loaded<'a>(held: &BTreeMap<&'a str, Holding>, may_take: impl Fn(&str) -> bool) -> Option<&'a str> {
+    held.iter()
+        .filter(|(w, _)| may_take(w))
+        .min_by(|a, b| {
+            a.1.load
+                .total_cmp(&b.1.load)
+                .then(a.1.count.cmp(&b.1.count))
+                .then(a.0.cmp(b.0))
+        })
+        .map(|(w, _)| *w)
+}
+
+/// The moves from the most loaded to the least loaded, one at a time, until no instance that
+/// `stays` carries more than the mean by [`HYSTERESIS`] or none of its leases fits; at most
+/// `limit`.
+fn moves<'a>(held: &mut BTreeMap<&'a str, Holding<'a>>, stays: &impl Fn(&str) -> bool, limit: usize) -> Vec<Move<'a>> {
+    let staying: Vec<&Holding> = held.iter().filter(|(w, _)| stays(w)).map(|(_, h)| h).collect();
+    if staying.is_empty() {
+        return Vec::new();
+    }
+    let mean = staying.iter().map(|h| h.load).sum::<f64>() / staying.len() as f64;
+    let mut done = Vec::new();
+    while done.len() < limit {
+        let Some(step) = next_move(held, stays, mean) else {
+            break;
+        };
+        if let Some(from) = held.get_mut(step.from) {
+            from.load -= step.work;
+            from.count -= 1;
+            from.movable.retain(|(id, _)| *id != step.id);
+        }
+        if let Some(to) = held.get_mut(step.to) {
+            to.add(step.work);
+        }
+        done.push(step);
+    }
+    done
+}
+
+/// The next move: of the instances above the mean by the hysteresis, the most loaded first, the
+/// heaviest lease that leaves the least loaded instance lighter than the donor by the margin.
+fn next_move<'a>(held: &BTreeMap<&'a str, Holding<'a>>, stays: &impl Fn(&str) -> bool, mean: f64) -> Option<Move<'a>> {
+    let margin = mean * HYSTERESIS;
+    let to = least_loaded(held, stays)?;
+    let receiver = held.get(to)?.load;
+    let mut donors: Vec<(&str, &Holding)> = held
+        .iter()
+        .filter(|(w, h)| stays(w) && **w != to && h.load > mean + margin)
+        .map(|(w, h)| (*w, h))
+        .collect();
+    donors.sort_by(|a, b| b.1.load.total_cmp(&a.1.load).then(a.0.cmp(b.0)));
+    let heaviest = |fits: &mut dyn Iterator<Item = &(&'a str, f64)>| {
+        fits.max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(a.0))).copied()
+    };
+    donors.into_iter().find_map(|(from, holding)| {
+        let fits = || {
+            holding
+                .movable
+                .iter()
+                .filter(move |(_, work)| holding.load - receiver >= work + margin)
+        };
+        // Rather one that leaves the receiver within the hysteresis too (no new donor).
+        let within = heaviest(&mut fits().filter(|(_, work)| receiver + work <= mean + margin));
+        within
+            .or_else(|| heaviest(&mut fits()))
+            .map(|(id, work)| Move { id, from, to, work })
+    })
+}
+
+/// A lower bound of the lease moves that bring every one of `holdings` (each instance's lease
+/// weights) within `ratio` × the mean load: from each above it, its heaviest leases off until it
+/// is within (a move takes one lease off one instance).
+pub fn fewest_moves(holdings: &[Vec<f64>], ratio: f64) -> usize {
+    if holdings.is_empty() {
+        return 0;
+    }
+    let total: f64 = holdings.iter().flatten().sum();
+    let limit = total / holdings.len() as f64 * ratio;
+    holdings
+        .iter()
+        .map(|weights| {
+            let mut sorted = weights.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            let mut load: f64 = sorted.iter().sum();
+            sorted
+                .iter()
+                .take_while(|w| {
+                    let over = load > limit;
+                    load -= **w;
+                    over
+                })
+                .count()
+        })
+        .sum()
+}
+
+#[cfg(test)]
+#[path = "work_balancer_tests.rs"]
+mod tests;
