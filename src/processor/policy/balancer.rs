@@ -89,15 +89,8 @@ pub fn leases_to_acquire_among(
     if leases.is_empty() {
         return Vec::new();
     }
-    let mut held: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for name in live_instances.iter().map(String::as_str).chain([me]) {
-        held.entry(name).or_default();
-    }
-    let counted: BTreeSet<&str> = held
-        .keys()
-        .copied()
-        .chain(leases.iter().filter_map(|l| l.live_owner.as_deref()))
-        .collect();
+    let mut held: BTreeMap<&str, Vec<&str>> = roster(live_instances, me);
+    let counted = counted(&held, leases);
     let (mut free, mut expired): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
     let mut on_their_way: BTreeSet<&str> = BTreeSet::new();
     for lease in leases {
@@ -148,6 +141,24 @@ pub fn leases_to_acquire_among(
         }
     }
     mine
+}
+
+/// Every live instance and `me`, holding nothing yet.
+pub(crate) fn roster<'a, T: Default>(live_instances: &'a [String], me: &'a str) -> BTreeMap<&'a str, T> {
+    live_instances
+        .iter()
+        .map(String::as_str)
+        .chain([me])
+        .map(|name| (name, T::default()))
+        .collect()
+}
+
+/// The instances counted: those in `held` and every live owner of `leases`.
+pub(crate) fn counted<'a, T>(held: &BTreeMap<&'a str, T>, leases: &'a [LeaseState]) -> BTreeSet<&'a str> {
+    held.keys()
+        .copied()
+        .chain(leases.iter().filter_map(|l| l.live_owner.as_deref()))
+        .collect()
 }
 
 /// Deals the `expired` leases to the instances that `may_take` them (those that watched the

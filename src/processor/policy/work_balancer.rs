@@ -17,13 +17,13 @@
 //!    lease so moved is never worth moving back while the loads stay within that margin, so
 //!    leases do not travel to and fro.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use crate::processor::leases::lag_report::reported_lag;
 use crate::processor::leases::lease::Lease;
 use crate::processor::leases::work_report::rate_as_of;
-use crate::processor::policy::balancer::LeaseState;
+use crate::processor::policy::balancer::{LeaseState, counted, roster};
 
 /// The weight of a lease that reports nothing (every lease costs its owner polls), in documents
 /// a second.
@@ -89,15 +89,8 @@ pub fn leases_to_acquire_by_work(
     (leaving, newcomers): (&[String], &[String]),
 ) -> Vec<String> {
     let weight = |id: &str| work.get(id).copied().unwrap_or(LEASE_FLOOR);
-    let mut held: BTreeMap<&str, Holding> = BTreeMap::new();
-    for name in live_instances.iter().map(String::as_str).chain([me]) {
-        held.entry(name).or_default();
-    }
-    let counted: BTreeSet<&str> = held
-        .keys()
-        .copied()
-        .chain(leases.iter().filter_map(|l| l.live_owner.as_deref()))
-        .collect();
+    let mut held: BTreeMap<&str, Holding> = roster(live_instances, me);
+    let counted = counted(&held, leases);
     let mut unowned: Vec<&LeaseState> = Vec::new();
     for lease in leases {
         let w = weight(&lease.id);
