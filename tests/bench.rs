@@ -78,6 +78,7 @@ async fn the_small_benchmark_reports_every_figure_with_its_baseline() {
         "acquire cycles",
         "lease moves",
         "rebalance 1 → 4 from idle",
+        "balance by work",
         "crash failover",
         "crash failover in lease expirations",
         "in-place restart",

@@ -5,7 +5,8 @@
 //!
 //! - `figures`: one function per figure, each against its baseline; `world` (the in-process
 //!   world they run in), `counting_store` (a lease store that counts what passes), `processes`
-//!   (the processes some figures start), `restart` (a worker restarted in its pod);
+//!   (the processes some figures start), `restart` (a worker restarted in its pod),
+//!   `work_balance` (balancing by work under Zipf-skewed work);
 //! - `loopback`: `cfp worker` processes against `cfp emulator`; `java`: the Java v4 processor
 //!   beside them;
 //! - `scale`, `estimation_cost`, `operator_scale`: the `scale` group (many leases and instances,
@@ -26,6 +27,7 @@ mod processes;
 mod resources;
 mod restart;
 mod scale;
+mod work_balance;
 mod world;
 
 pub use control_plane::has_binaries as has_control_plane_binaries;
@@ -305,10 +307,11 @@ impl From<&str> for BenchError {
 }
 
 /// The figure groups, in the order they run.
-const GROUPS: [&str; 16] = [
+const GROUPS: [&str; 17] = [
     "throughput",
     "busy handler",
     "rebalance",
+    "balance by work",
     "failover",
     "failover: in-place restart",
     "latency",
@@ -359,6 +362,7 @@ pub async fn run(settings: &BenchSettings, progress: impl Fn(&str)) -> BenchRepo
     measure!("throughput", figures::throughput(settings));
     measure!("busy handler", figures::busy_handler(settings));
     measure!("rebalance", figures::rebalance(settings));
+    measure!("balance by work", work_balance::by_work(settings));
     measure!("failover", figures::failover(settings));
     measure!("failover: in-place restart", restart::in_place_restart(settings));
     measure!("latency", figures::latency(settings));

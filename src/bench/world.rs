@@ -223,6 +223,18 @@ impl World {
         Ok((handle, store))
     }
 
+    /// Starts a processor delivering to `handler`.
+    pub async fn start_with(
+        &self,
+        options: ProcessorOptions,
+        handler: Arc<dyn ChangeHandler>,
+    ) -> Result<ProcessorHandle, BenchError> {
+        let (store, monitored) = self.store(&options).await?;
+        Ok(Processor::new(monitored, Arc::new(store), handler, options)
+            .start()
+            .await?)
+    }
+
     /// Lease count per owner of `processor` now (unowned under "").
     pub async fn owners(&self, processor: &str) -> Result<HashMap<String, usize>, BenchError> {
         let options = ProcessorOptions::new(processor, "observer");

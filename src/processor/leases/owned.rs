@@ -474,7 +474,7 @@ impl OwnedLease {
     }
 
     /// Records the continuation after a handled batch with the lag report of its page
-    /// ([`lag_report`](crate::processor::leases::lag_report)) and the rate handled
+    /// ([`lag_report`](crate::processor::leases::lag_report)) and the lease's write rate
     /// ([`work_report`](crate::processor::leases::work_report)).
     pub async fn checkpoint_reporting(
         &self,
@@ -503,7 +503,7 @@ impl OwnedLease {
             .update_deferrable(|lease| {
                 record_checkpoint(lease, continuation, progress);
                 record_report(lease, report.latest_lsn);
-                if let Some(rate) = report.handled_per_second {
+                if let Some(rate) = report.writes_per_second {
                     record_rate(lease, rate);
                 }
                 true

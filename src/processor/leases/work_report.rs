@@ -1,71 +1,99 @@
-//! What a lease costs its owner, as the owner reports it: at every checkpoint the worker writes
-//! into the lease's `properties` the documents a second it has been handling from the lease
-//! (`handledPerSecond`), an exponentially decayed count ([`HandledRate`], time constant
-//! [`RATE_TIME_CONSTANT`]). The property moves with the lease (a handoff, a split's children), so
-//! a new owner goes on from it rather than from nothing; readers decay it by how long the lease
-//! was not written since ([`rate_as_of`]), so an idle lease's old rate fades out. With the lag
-//! report beside it ([`crate::processor::leases::lag_report`]) it is what balancing by work
-//! weighs ([`crate::processor::policy::work_balancer`]).
+//! What keeping up with a lease costs, as its owner reports it: at every checkpoint the worker
+//! writes into the lease's `properties` the operations a second written into the lease's
+//! partition (`writesPerSecond`): how fast the partition's latest LSN, which every page's session
+//! token carries, moved while the owner read it — an exponentially decayed count ([`DecayedRate`],
+//! time constant [`WorkTimings::rate_time_constant`]). Not the documents the owner handled a
+//! second: those measure the owner (an overloaded one handles less than is written, one draining a
+//! backlog more), not the lease. For a lease narrower than its partition it is the partition's
+//! rate, the same for each of its sub-range leases.
+//!
+//! The property moves with the lease (a handoff, a split's children), so a new owner goes on from
+//! it rather than from nothing; readers fade it by how long the lease was not written since
+//! ([`rate_as_of`]), so an idle lease's old rate fades out. With the lag report beside it
+//! ([`crate::processor::leases::lag_report`]) it is what balancing by work weighs
+//! ([`crate::processor::policy::work_balancer`]).
 
 use std::time::{Duration, Instant};
 
 use crate::processor::leases::lease::Lease;
 
-/// Lease property: the documents a second the owner handled from the lease, decayed.
-pub const HANDLED_RATE_PROPERTY: &str = "handledPerSecond";
+/// Lease property: the operations a second written into the lease's partition, decayed.
+pub const WRITE_RATE_PROPERTY: &str = "writesPerSecond";
 
-/// How quickly the reported rate follows a change: after this long at a new rate, it has moved
-/// 63 % of the way (a burst is smoothed over; a skew that lasts shows within a minute).
-pub const RATE_TIME_CONSTANT: Duration = Duration::from_secs(30);
+/// How work is measured, from the processor's lease timings (the same on every instance).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorkTimings {
+    /// How quickly the reported rate follows a change: after this long at a new rate, it has
+    /// moved 63 % of the way. Two acquire intervals (26 s by default): a burst is smoothed over,
+    /// a skew that lasts shows within a few cycles.
+    pub rate_time_constant: Duration,
+    /// A lease's lag weighs as the rate that drains it within this long: a lease expiration.
+    pub lag_drain: Duration,
+}
+
+impl WorkTimings {
+    /// The timings of a processor with `acquire_interval` and `expiration`.
+    pub fn new(acquire_interval: Duration, expiration: Duration) -> Self {
+        Self {
+            rate_time_constant: (acquire_interval * 2).max(Duration::from_millis(100)),
+            lag_drain: expiration.max(Duration::from_millis(100)),
+        }
+    }
+}
 
 /// What a checkpoint reports besides its position.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CheckpointReport {
     /// The partition's latest LSN when the checkpointed page was read (the lag report).
     pub latest_lsn: Option<u64>,
-    /// The documents a second handled from the lease; `None` leaves the lease's report as it is.
-    pub handled_per_second: Option<f64>,
+    /// The operations a second written into the lease's partition; `None` leaves the lease's
+    /// report as it is.
+    pub writes_per_second: Option<f64>,
 }
 
-/// An exponentially decayed count of the documents handled from one lease: its rate is the
-/// count divided by [`RATE_TIME_CONSTANT`], so a steady rate is reported as it is.
+/// An exponentially decayed count (of operations written into a lease's partition): its rate is
+/// the count divided by the time constant, so a steady rate is reported as it is.
 #[derive(Debug, Clone, Copy)]
-pub struct HandledRate {
+pub struct DecayedRate {
     /// The decayed count as of `at`.
     count: f64,
     /// When the count was last brought up to date.
     at: Instant,
+    /// The time constant of the decay.
+    tau: Duration,
 }
 
-impl HandledRate {
+impl DecayedRate {
     /// Starting from a reported rate (the lease's property: what its previous owner measured).
-    pub fn starting_at(per_second: f64, now: Instant) -> Self {
+    pub fn starting_at(per_second: f64, now: Instant, timings: WorkTimings) -> Self {
+        let tau = timings.rate_time_constant;
         Self {
-            count: per_second.max(0.0) * RATE_TIME_CONSTANT.as_secs_f64(),
+            count: per_second.max(0.0) * tau.as_secs_f64(),
             at: now,
+            tau,
         }
     }
 
-    /// `documents` more were handled at `now`.
-    pub fn handled(&mut self, documents: usize, now: Instant) {
-        self.count = self.decayed(now) + documents as f64;
+    /// `count` more at `now`.
+    pub fn add(&mut self, count: u64, now: Instant) {
+        self.count = self.decayed(now) + count as f64;
         self.at = self.at.max(now);
     }
 
     /// The rate at `now`, in documents a second.
     pub fn per_second(&self, now: Instant) -> f64 {
-        self.decayed(now) / RATE_TIME_CONSTANT.as_secs_f64()
+        self.decayed(now) / self.tau.as_secs_f64()
     }
 
     fn decayed(&self, now: Instant) -> f64 {
         let elapsed = now.saturating_duration_since(self.at);
-        self.count * decay(elapsed)
+        self.count * decay(elapsed, self.tau)
     }
 }
 
 /// The share of a rate left after `elapsed` without handling anything.
-fn decay(elapsed: Duration) -> f64 {
-    (-elapsed.as_secs_f64() / RATE_TIME_CONSTANT.as_secs_f64()).exp()
+fn decay(elapsed: Duration, tau: Duration) -> f64 {
+    (-elapsed.as_secs_f64() / tau.as_secs_f64()).exp()
 }
 
 /// Writes `per_second` into `lease` (two decimals: the documents stay small and stable).
@@ -77,20 +105,20 @@ pub fn record_rate(lease: &mut Lease, per_second: f64) {
     };
     lease
         .properties
-        .insert(HANDLED_RATE_PROPERTY.into(), format!("{value:.2}"));
+        .insert(WRITE_RATE_PROPERTY.into(), format!("{value:.2}"));
 }
 
 /// The rate the owner of `lease` reported when it last wrote it; `None` without a report (or an
 /// unreadable one).
 pub fn reported_rate(lease: &Lease) -> Option<f64> {
-    let value: f64 = lease.properties.get(HANDLED_RATE_PROPERTY)?.parse().ok()?;
+    let value: f64 = lease.properties.get(WRITE_RATE_PROPERTY)?.parse().ok()?;
     (value.is_finite() && value >= 0.0).then_some(value)
 }
 
 /// The reported rate of `lease` decayed by how long it was not written before `newest_ts`
 /// (server times in seconds: the newest document of the same listing, so every instance that
 /// reads one listing judges alike); 0 without a report.
-pub fn rate_as_of(lease: &Lease, newest_ts: Option<i64>) -> f64 {
+pub fn rate_as_of(lease: &Lease, newest_ts: Option<i64>, timings: WorkTimings) -> f64 {
     let Some(rate) = reported_rate(lease) else {
         return 0.0;
     };
@@ -98,7 +126,7 @@ pub fn rate_as_of(lease: &Lease, newest_ts: Option<i64>) -> f64 {
         (Some(newest), Some(written)) => u64::try_from(newest - written).unwrap_or(0),
         _ => 0,
     };
-    rate * decay(Duration::from_secs(silent))
+    rate * decay(Duration::from_secs(silent), timings.rate_time_constant)
 }
 
 #[cfg(test)]
@@ -106,20 +134,26 @@ mod tests {
     use super::*;
     use crate::cosmos::EpkRange;
 
+    /// Timings with a 30 s time constant (a 15 s acquire interval) and a 60 s expiration.
+    fn defaults() -> WorkTimings {
+        WorkTimings::new(Duration::from_secs(15), Duration::from_secs(60))
+    }
+
     #[test]
     fn a_steady_rate_is_reported_as_it_is_and_fades_when_nothing_comes() {
         let start = Instant::now();
-        let mut rate = HandledRate::starting_at(0.0, start);
+        let tau = defaults().rate_time_constant;
+        let mut rate = DecayedRate::starting_at(0.0, start, defaults());
         // 100 documents a second, in batches of 10, for five time constants.
         for tick in 1..=1500u64 {
-            rate.handled(10, start + Duration::from_millis(100 * tick));
+            rate.add(10, start + Duration::from_millis(100 * tick));
         }
         let end = start + Duration::from_secs(150);
         let steady = rate.per_second(end);
         assert!((steady - 100.0).abs() < 2.0, "{steady}");
-        let later = rate.per_second(end + RATE_TIME_CONSTANT);
+        let later = rate.per_second(end + tau);
         assert!((later - steady / std::f64::consts::E).abs() < 0.5, "{later}");
-        let seeded = HandledRate::starting_at(steady, end);
+        let seeded = DecayedRate::starting_at(steady, end, defaults());
         assert!(
             (seeded.per_second(end) - steady).abs() < 1e-9,
             "a new owner goes on from the report"
@@ -129,21 +163,21 @@ mod tests {
     #[test]
     fn the_report_reads_back_and_decays_by_the_leases_silence() {
         let mut lease = Lease::new("p", &EpkRange::full(), None);
-        assert_eq!(rate_as_of(&lease, Some(100)), 0.0);
+        assert_eq!(rate_as_of(&lease, Some(100), defaults()), 0.0);
         record_rate(&mut lease, 42.4242);
-        assert_eq!(lease.properties[HANDLED_RATE_PROPERTY], "42.42");
+        assert_eq!(lease.properties[WRITE_RATE_PROPERTY], "42.42");
         assert_eq!(reported_rate(&lease), Some(42.42));
         lease.server_ts = Some(100);
-        assert_eq!(rate_as_of(&lease, Some(100)), 42.42);
+        assert_eq!(rate_as_of(&lease, Some(100), defaults()), 42.42);
         assert_eq!(
-            rate_as_of(&lease, Some(90)),
+            rate_as_of(&lease, Some(90), defaults()),
             42.42,
             "a listing's clock behind the lease's: no decay"
         );
-        let faded = rate_as_of(&lease, Some(130));
+        let faded = rate_as_of(&lease, Some(130), defaults());
         assert!((faded - 42.42 / std::f64::consts::E).abs() < 0.01, "{faded}");
         for bad in ["-1", "NaN", "inf", "x"] {
-            lease.properties.insert(HANDLED_RATE_PROPERTY.into(), bad.into());
+            lease.properties.insert(WRITE_RATE_PROPERTY.into(), bad.into());
             assert_eq!(reported_rate(&lease), None, "{bad}");
         }
         record_rate(&mut lease, f64::NAN);

@@ -15,13 +15,14 @@ use time::OffsetDateTime;
 
 use crate::processor::leases::lease::{Lease, LeaseSnapshot};
 use crate::processor::leases::sightings::{Seen, Sightings};
+use crate::processor::leases::work_report::WorkTimings;
 use crate::processor::options::ProcessorOptions;
 use crate::processor::policy::balancer::{
     Balancing, LeaseState, leases_to_acquire_among, leases_to_acquire_steal_one, overlapping, superseded,
 };
 use crate::processor::policy::listing_schedule::{ListingSchedule, ListingView, is_quiet};
 use crate::processor::policy::range_overlaps::{EqualRange, LeaseRange, equal_ranges, ranges_of, within};
-use crate::processor::policy::work_balancer::{leases_to_acquire_by_work, work_of};
+use crate::processor::policy::work_balancer::{carries_work, leases_to_acquire_by_work, work_of};
 
 /// Acquire cycles without a heartbeat after which an instance is no longer counted.
 const HEARTBEAT_CYCLES: u32 = 3;
@@ -50,6 +51,12 @@ impl From<&ProcessorOptions> for CycleOptions {
             acquire_interval: options.acquire_interval,
             balancing: options.balancing,
         }
+    }
+}
+
+impl From<CycleOptions> for WorkTimings {
+    fn from(options: CycleOptions) -> Self {
+        WorkTimings::new(options.acquire_interval, options.expiration)
     }
 }
 
@@ -166,7 +173,11 @@ pub fn plan_cycle(
         handoff_asked: snapshot.leases.iter().any(|l| l.handoff_request().is_some()),
         same_leases: listed_ids == observations.listed_ids,
     };
-    let quiet = wanted.is_empty() && !observations.awaiting_handoff && is_quiet(&view, me);
+    let quiet = wanted.is_empty()
+        && !observations.awaiting_handoff
+        && is_quiet(&view, me)
+        && !(options.balancing == Balancing::Work
+            && carries_work(&balanced, snapshot.newest_server_ts, options.into()));
     let schedule = ListingSchedule::new(options.acquire_interval, options.renew_interval.min(expiration));
     let next_interval = if expecting_requests(&states, &live, observations, me, options) {
         schedule.brisk()
@@ -440,7 +451,7 @@ fn wanted(
         }
         Balancing::Work => {
             let newcomers = newcomers(live, balanced, states, observations, me);
-            let work = work_of(balanced, newest_ts);
+            let work = work_of(balanced, newest_ts, options.into());
             leases_to_acquire_by_work(states, &work, me, live, (leaving, &newcomers))
         }
         Balancing::StealOne => leases_to_acquire_steal_one(states, me),
@@ -544,35 +555,6 @@ fn acquisition(
         previous_owner,
         step,
     })
-}
-
-/// The write that retries `acquisition` after a 412, on `current` (the lease as it is now): while
-/// it still has the live owner the acquisition was planned against and no other instance's
-/// handoff request, the same request is written again, or the lease taken (at `now`). `None`
-/// when the reason is gone (another owner, another requester), or for a free or expired lease
-/// (a write to it means someone renewed or took it).
-pub fn retry_acquisition(acquisition: &Acquisition, mut current: Lease, now: OffsetDateTime) -> Option<Lease> {
-    let me = match acquisition.step {
-        AcquireStep::Take => acquisition.write.owner.clone()?,
-        AcquireStep::AskHandoff => acquisition.write.handoff_request()?.0.to_owned(),
-    };
-    let other_request = current.handoff_request().is_some_and(|(to, _)| to != me);
-    if acquisition.previous_owner.is_none() || current.owner != acquisition.previous_owner || other_request {
-        return None;
-    }
-    match acquisition.step {
-        AcquireStep::AskHandoff => {
-            let (_, at) = acquisition.write.handoff_request()?;
-            current.request_handoff(&me, at);
-        }
-        AcquireStep::Take => {
-            current.owner = Some(me);
-            current.owner_epoch = acquisition.write.owner_epoch.clone();
-            current.clear_handoff();
-            current.timestamp = Some(now);
-        }
-    }
-    Some(current)
 }
 
 /// A lease its owner stopped renewing is taken as it expires, not up to a cycle later (fair

@@ -3,6 +3,7 @@
 use super::*;
 use crate::cosmos::EpkRange;
 use crate::processor::leases::sightings::{Seen, Sightings};
+use crate::processor::policy::acquisition_retry::retry_acquisition;
 use proptest::prelude::*;
 use time::macros::datetime;
 use tokio::time::Instant;

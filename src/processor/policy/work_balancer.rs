@@ -1,9 +1,10 @@
 //! Balancing by work (`Balancing::Work`): which leases one instance takes in an acquire cycle
 //! when leases are weighed by what they cost their owners rather than counted. Pure.
 //!
-//! A lease's work is what its owner reported at its last checkpoint: the documents a second it
-//! handled ([`crate::processor::leases::work_report`], faded by how long the lease was not
-//! written since) plus its lag drained within [`LAG_DRAIN`] — both in documents a second — and
+//! A lease's work is what its owner reported at its last checkpoint: the operations a second
+//! written into it ([`crate::processor::leases::work_report`], faded by how long the lease was
+//! not written since) plus its lag drained within a lease expiration ([`WorkTimings`]) — both
+//! in operations a second — and
 //! [`LEASE_FLOOR`] for the polls every lease costs (so idle leases are still spread by count).
 //! Every instance computes one plan from the same listing (the weights come from the lease
 //! documents and the listing's newest server time only), takes its own part of it, and moves go
@@ -12,42 +13,45 @@
 //!    may take it (expired ones not to newcomers, as [`super::balancer`] does);
 //! 2. while the most loaded instance carries more than the mean by [`HYSTERESIS`], it gives its
 //!    heaviest lease that fits to the least loaded: one that leaves the receiver below the donor
-//!    by the hysteresis margin (the mean × [`HYSTERESIS`]), rather one that also leaves the
-//!    receiver within the hysteresis of the mean (a new donor would pass small leases on). A
+//!    by the hysteresis margin (the mean × [`HYSTERESIS`]) and within twice that margin of the
+//!    mean (a new donor would pass small leases on; a lease too heavy for that stays). A
 //!    lease so moved is never worth moving back while the loads stay within that margin, so
-//!    leases do not travel to and fro.
+//!    leases do not travel to and fro. In one plan an instance receives by moves at most what it
+//!    lacks of an equal count, and at least one (see [`moves`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::Duration;
 
 use crate::processor::leases::lag_report::reported_lag;
 use crate::processor::leases::lease::Lease;
-use crate::processor::leases::work_report::rate_as_of;
-use crate::processor::policy::balancer::{LeaseState, counted, roster};
+use crate::processor::leases::work_report::{WorkTimings, rate_as_of};
+use crate::processor::policy::balancer::{LeaseState, counted, leases_to_acquire_among, roster};
 
 /// The weight of a lease that reports nothing (every lease costs its owner polls), in documents
 /// a second.
 pub const LEASE_FLOOR: f64 = 1.0;
 
-/// A lease's lag counts as the rate that drains it within this long.
-pub const LAG_DRAIN: Duration = Duration::from_secs(60);
-
 /// How far above the mean a load may be before leases move, and how much lighter than the donor
 /// the receiver must stay, as a share of the mean load.
-pub const HYSTERESIS: f64 = 0.2;
+pub const HYSTERESIS: f64 = 0.25;
 
 /// The work of `lease` in documents a second, as of the listing's newest server time.
-pub fn lease_work(lease: &Lease, newest_ts: Option<i64>) -> f64 {
-    let lag = reported_lag(lease).unwrap_or(0) as f64 / LAG_DRAIN.as_secs_f64();
-    LEASE_FLOOR + rate_as_of(lease, newest_ts) + lag
+pub fn lease_work(lease: &Lease, newest_ts: Option<i64>, timings: WorkTimings) -> f64 {
+    let lag = reported_lag(lease).unwrap_or(0) as f64 / timings.lag_drain.as_secs_f64();
+    LEASE_FLOOR + rate_as_of(lease, newest_ts, timings) + lag
 }
 
 /// The work of each of `leases` ([`lease_work`]), by id.
-pub fn work_of(leases: &[&Lease], newest_ts: Option<i64>) -> HashMap<String, f64> {
+pub fn work_of(leases: &[&Lease], newest_ts: Option<i64>, timings: WorkTimings) -> HashMap<String, f64> {
     leases
         .iter()
-        .map(|l| (l.id.clone(), lease_work(l, newest_ts)))
+        .map(|l| (l.id.clone(), lease_work(l, newest_ts, timings)))
         .collect()
+}
+
+/// Whether some lease carries work (a rate or lag reported): balanced by work, weights change
+/// while nothing else does, so listings do not back off as quiet ones do.
+pub fn carries_work(leases: &[&Lease], newest_ts: Option<i64>, timings: WorkTimings) -> bool {
+    leases.iter().any(|l| lease_work(l, newest_ts, timings) > LEASE_FLOOR)
 }
 
 /// What one instance carries.
@@ -81,6 +85,8 @@ struct Move<'a> {
 /// The leases `me` should try to acquire now (see the module): its part of the deal of free and
 /// expired leases, and of the moves from the most loaded. `leaving` instances have no share and
 /// give nothing (they free their leases themselves); `newcomers` are dealt no expired lease.
+/// While no lease reports any work, leases are balanced by count exactly as
+/// [`leases_to_acquire_among`] does (an idle processor looks the same either way).
 pub fn leases_to_acquire_by_work(
     leases: &[LeaseState],
     work: &HashMap<String, f64>,
@@ -88,6 +94,9 @@ pub fn leases_to_acquire_by_work(
     live_instances: &[String],
     (leaving, newcomers): (&[String], &[String]),
 ) -> Vec<String> {
+    if work.values().all(|w| *w <= LEASE_FLOOR) {
+        return leases_to_acquire_among(leases, me, live_instances, (leaving, newcomers));
+    }
     let weight = |id: &str| work.get(id).copied().unwrap_or(LEASE_FLOOR);
     let mut held: BTreeMap<&str, Holding> = roster(live_instances, me);
     let counted = counted(&held, leases);
@@ -143,16 +152,24 @@ fn least_loaded<'a>(held: &BTreeMap<&'a str, Holding>, may_take: impl Fn(&str) -
 
 /// The moves from the most loaded to the least loaded, one at a time, until no instance that
 /// `stays` carries more than the mean by [`HYSTERESIS`] or none of its leases fits; at most
-/// `limit`.
+/// `limit`. An instance receives by moves at most what it lacks of an equal count of leases, and
+/// at least one: a newcomer takes its share at once, while a plan made on weights that are still
+/// changing (an owner too busy to report yet looks idle) moves little at a time.
 fn moves<'a>(held: &mut BTreeMap<&'a str, Holding<'a>>, stays: &impl Fn(&str) -> bool, limit: usize) -> Vec<Move<'a>> {
     let staying: Vec<&Holding> = held.iter().filter(|(w, _)| stays(w)).map(|(_, h)| h).collect();
     if staying.is_empty() {
         return Vec::new();
     }
     let mean = staying.iter().map(|h| h.load).sum::<f64>() / staying.len() as f64;
+    let count_share = staying.iter().map(|h| h.count).sum::<usize>() / staying.len();
+    let mut allowance: BTreeMap<&str, usize> = held
+        .iter()
+        .map(|(w, h)| (*w, count_share.saturating_sub(h.count).max(1)))
+        .collect();
     let mut done = Vec::new();
     while done.len() < limit {
-        let Some(step) = next_move(held, stays, mean) else {
+        let may_receive = |w: &str| stays(w) && allowance.get(w).is_some_and(|n| *n > 0);
+        let Some(step) = next_move(held, stays, &may_receive, mean) else {
             break;
         };
         if let Some(from) = held.get_mut(step.from) {
@@ -163,6 +180,9 @@ fn moves<'a>(held: &mut BTreeMap<&'a str, Holding<'a>>, stays: &impl Fn(&str) ->
         if let Some(to) = held.get_mut(step.to) {
             to.add(step.work);
         }
+        if let Some(left) = allowance.get_mut(step.to) {
+            *left -= 1;
+        }
         done.push(step);
     }
     done
@@ -170,9 +190,14 @@ fn moves<'a>(held: &mut BTreeMap<&'a str, Holding<'a>>, stays: &impl Fn(&str) ->
 
 /// The next move: of the instances above the mean by the hysteresis, the most loaded first, the
 /// heaviest lease that leaves the least loaded instance lighter than the donor by the margin.
-fn next_move<'a>(held: &BTreeMap<&'a str, Holding<'a>>, stays: &impl Fn(&str) -> bool, mean: f64) -> Option<Move<'a>> {
+fn next_move<'a>(
+    held: &BTreeMap<&'a str, Holding<'a>>,
+    stays: &impl Fn(&str) -> bool,
+    may_receive: &impl Fn(&str) -> bool,
+    mean: f64,
+) -> Option<Move<'a>> {
     let margin = mean * HYSTERESIS;
-    let to = least_loaded(held, stays)?;
+    let to = least_loaded(held, may_receive)?;
     let receiver = held.get(to)?.load;
     let mut donors: Vec<(&str, &Holding)> = held
         .iter()
@@ -180,39 +205,46 @@ fn next_move<'a>(held: &BTreeMap<&'a str, Holding<'a>>, stays: &impl Fn(&str) ->
         .map(|(w, h)| (*w, h))
         .collect();
     donors.sort_by(|a, b| b.1.load.total_cmp(&a.1.load).then(a.0.cmp(b.0)));
-    let heaviest = |fits: &mut dyn Iterator<Item = &(&'a str, f64)>| {
-        fits.max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(a.0))).copied()
-    };
     donors.into_iter().find_map(|(from, holding)| {
-        let fits = || {
-            holding
-                .movable
-                .iter()
-                .filter(move |(_, work)| holding.load - receiver >= work + margin)
-        };
-        // Rather one that leaves the receiver within the hysteresis too (no new donor).
-        let within = heaviest(&mut fits().filter(|(_, work)| receiver + work <= mean + margin));
-        within
-            .or_else(|| heaviest(&mut fits()))
-            .map(|(id, work)| Move { id, from, to, work })
+        // A lease that leaves the receiver below where it would give leases on in turn (a new
+        // donor passes small leases on, one move after another).
+        holding
+            .movable
+            .iter()
+            .filter(|(_, work)| holding.load - receiver >= work + margin && receiver + work <= mean + 2.0 * margin)
+            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(a.0)))
+            .map(|(id, work)| Move {
+                id,
+                from,
+                to,
+                work: *work,
+            })
     })
 }
 
 /// A lower bound of the lease moves that bring every one of `holdings` (each instance's lease
-/// weights) within `ratio` × the mean load: from each above it, its heaviest leases off until it
-/// is within (a move takes one lease off one instance).
+/// weights) within `ratio` × the mean load: from each instance above it, its heaviest leases
+/// off until it is within — only leases that fit within the limit on the least loaded other
+/// instance (a move takes one lease off one instance; a lease that fits nowhere stays).
 pub fn fewest_moves(holdings: &[Vec<f64>], ratio: f64) -> usize {
     if holdings.is_empty() {
         return 0;
     }
-    let total: f64 = holdings.iter().flatten().sum();
-    let limit = total / holdings.len() as f64 * ratio;
+    let loads: Vec<f64> = holdings.iter().map(|h| h.iter().sum()).collect();
+    let limit = loads.iter().sum::<f64>() / holdings.len() as f64 * ratio;
     holdings
         .iter()
-        .map(|weights| {
-            let mut sorted = weights.clone();
+        .enumerate()
+        .map(|(i, weights)| {
+            let room = loads
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, load)| limit - load)
+                .fold(f64::NEG_INFINITY, f64::max);
+            let mut sorted: Vec<f64> = weights.iter().copied().filter(|w| *w <= room).collect();
             sorted.sort_by(|a, b| b.total_cmp(a));
-            let mut load: f64 = sorted.iter().sum();
+            let mut load = loads[i];
             sorted
                 .iter()
                 .take_while(|w| {

@@ -192,6 +192,12 @@ fn the_fewest_moves_count_the_heaviest_leases_off_each_overloaded_instance() {
     assert_eq!(fewest_moves(&holdings, 1.5), 2);
     assert_eq!(fewest_moves(&holdings, 1.0), 3, "[40, 20] → [20]; [25, 25, 25] → [25]");
     assert_eq!(fewest_moves(&[vec![10.0], vec![10.0]], 1.5), 0);
+    // Mean 40, limit 60: the 70 fits nowhere (the least loaded other holds 10), so the three
+    // 10s go: 100 → 70 is still over, and nothing more fits.
+    assert_eq!(
+        fewest_moves(&[vec![70.0, 10.0, 10.0, 10.0], vec![10.0], vec![10.0]], 1.5),
+        3
+    );
     assert_eq!(fewest_moves(&[], 1.5), 0);
 }
 
@@ -216,8 +222,8 @@ proptest::proptest! {
             states.push(LeaseState::owned_by(id, Some(owner)));
         }
         let (cycles, _, most) = simulate(&mut states, &work, &instances);
-        proptest::prop_assert!(cycles <= 1);
-        proptest::prop_assert!(most <= 1);
+        proptest::prop_assert!(cycles <= weights.len());
+        proptest::prop_assert!(most <= 1, "a lease moved {most} times");
         let mut loads = loads(&states, &work);
         for name in &instances {
             loads.entry(name.clone()).or_default();
@@ -226,7 +232,7 @@ proptest::proptest! {
         let heaviest = work.values().copied().fold(0.0, f64::max);
         let busiest = loads.values().copied().fold(0.0, f64::max);
         proptest::prop_assert!(
-            busiest <= mean * (1.0 + HYSTERESIS) + heaviest + 1e-9,
+            busiest <= mean * (1.0 + 2.0 * HYSTERESIS) + heaviest + 1e-9,
             "busiest {busiest}, mean {mean}, heaviest {heaviest}"
         );
     }

@@ -15,7 +15,7 @@ use crate::processor::error::LeaseError;
 use crate::processor::leases::lag_report::{reported_lag, reported_lsn};
 use crate::processor::leases::lease::{Lease, LeaseStoreError};
 use crate::processor::leases::owned::{OwnedLease, UpdateError};
-use crate::processor::leases::work_report::{CheckpointReport, HandledRate, reported_rate};
+use crate::processor::leases::work_report::{CheckpointReport, DecayedRate, WorkTimings, reported_rate};
 use crate::processor::policy::checkpoint_policy::{Deferred, caught_up_report_due};
 use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
 use crate::processor::run::shared::Shared;
@@ -61,8 +61,9 @@ pub(crate) struct LeaseCheckpointer {
     deferred: Deferred,
     /// The lag report of the last settled page, with the continuation it belongs to.
     report: Option<(String, u64)>,
-    /// The documents a second handled from the lease (from its report when first needed).
-    rate: Option<HandledRate>,
+    /// The operations a second written into the lease's partition (from the lease's report
+    /// when first needed), with the latest LSN last counted.
+    writes: Option<(DecayedRate, u64)>,
     /// Empty pages settled in a row.
     quiet_pages: u32,
     /// When the last batch was settled (or the lease taken up): since when the lease is quiet.
@@ -78,7 +79,7 @@ impl LeaseCheckpointer {
         Self {
             deferred: Deferred::new(shared.options.checkpoint, Instant::now()),
             report: None,
-            rate: None,
+            writes: None,
             quiet_pages: 0,
             last_batch: Instant::now(),
             version_0: None,
@@ -160,6 +161,9 @@ impl LeaseCheckpointer {
     async fn checkpoint(&mut self, page: &ChangePage, continuation: String) -> Flow {
         let report = reported_lsn(page, &continuation);
         self.report = report.map(|lsn| (continuation.clone(), lsn));
+        if let Some(latest) = report {
+            self.count_writes(latest, Instant::now()).await;
+        }
         let started = Instant::now();
         let position = if page.documents.is_empty() {
             let current = self.owned.current().await;
@@ -167,7 +171,6 @@ impl LeaseCheckpointer {
         } else {
             self.quiet_pages = 0;
             self.last_batch = started;
-            self.count_handled(page.documents.len(), started).await;
             self.deferred.record(continuation, true);
             // `None`: the policy defers this checkpoint (checkpoint.every).
             self.deferred.due(started).map(str::to_owned)
@@ -298,18 +301,24 @@ impl LeaseCheckpointer {
                 .as_ref()
                 .filter(|(at, _)| at == continuation)
                 .map(|(_, lsn)| *lsn),
-            handled_per_second: self.rate.map(|rate| rate.per_second(Instant::now())),
+            writes_per_second: self.writes.map(|(rate, _)| rate.per_second(Instant::now())),
         }
     }
 
-    /// `documents` were handled at `now`: counted into the lease's rate, which goes on from the
-    /// rate its previous owner reported.
-    async fn count_handled(&mut self, documents: usize, now: Instant) {
-        let mut rate = match self.rate {
-            Some(rate) => rate,
-            None => HandledRate::starting_at(reported_rate(&self.owned.current().await).unwrap_or(0.0), now),
+    /// A page showed the partition's latest LSN at `latest`: what it moved since the last page
+    /// is counted into the lease's write rate, which goes on from the rate the lease's previous
+    /// owner reported.
+    async fn count_writes(&mut self, latest: u64, now: Instant) {
+        let (mut rate, counted) = match self.writes {
+            Some(writes) => writes,
+            None => {
+                let reported = reported_rate(&self.owned.current().await).unwrap_or(0.0);
+                let options = &self.shared.options;
+                let timings = WorkTimings::new(options.acquire_interval, options.expiration);
+                (DecayedRate::starting_at(reported, now, timings), latest)
+            }
         };
-        rate.handled(documents, now);
-        self.rate = Some(rate);
+        rate.add(latest.saturating_sub(counted), now);
+        self.writes = Some((rate, latest.max(counted)));
     }
 }
