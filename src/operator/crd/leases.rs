@@ -51,9 +51,10 @@ pub struct LeaseSettings {
     #[schemars(range(min = 1, max = 64))]
     pub per_partition: u32,
     /// How the workers share the leases: `Count` (default) gives each worker an equal number;
-    /// `Work` weighs each lease by what its owner reports at its checkpoints (documents handled
-    /// a second, and its lag drained within a minute), so that a few hot leases do not pile onto
-    /// one worker. Moves go through the usual handoff (nothing delivered twice); every worker of
+    /// `Work` weighs each lease by what its owner reports at its checkpoints (how fast its
+    /// partition is written to, and its lag drained within a lease expiration), so that a few hot
+    /// leases do not pile onto one worker; handlers that checkpoint themselves report nothing
+    /// (balanced by count). Moves go through the usual handoff (nothing delivered twice); every worker of
     /// the processor must run a version that knows `Work`.
     #[serde(default)]
     pub balancing: LeaseBalancing,

@@ -8,8 +8,9 @@
 //! rate, the same for each of its sub-range leases.
 //!
 //! The property moves with the lease (a handoff, a split's children), so a new owner goes on from
-//! it rather than from nothing; readers fade it by how long the lease was not written since
-//! ([`rate_as_of`]), so an idle lease's old rate fades out. With the lag report beside it
+//! it rather than from nothing. An owner whose lease went quiet writes the rate again each time
+//! it halved ([`rate_report_due`]), and readers fade it by how long the lease was not written
+//! since ([`rate_as_of`]: for an owner that died), so an idle lease's old rate fades out. With the lag report beside it
 //! ([`crate::processor::leases::lag_report`]) it is what balancing by work weighs
 //! ([`crate::processor::policy::work_balancer`]).
 
@@ -108,11 +109,24 @@ pub fn record_rate(lease: &mut Lease, per_second: f64) {
         .insert(WRITE_RATE_PROPERTY.into(), format!("{value:.2}"));
 }
 
+/// The highest rate read from a lease (a billion operations a second): a value edited by hand
+/// beyond it is no report.
+const MAX_RATE: f64 = 1e9;
+
 /// The rate the owner of `lease` reported when it last wrote it; `None` without a report (or an
 /// unreadable one).
 pub fn reported_rate(lease: &Lease) -> Option<f64> {
     let value: f64 = lease.properties.get(WRITE_RATE_PROPERTY)?.parse().ok()?;
-    (value.is_finite() && value >= 0.0).then_some(value)
+    (value.is_finite() && (0.0..=MAX_RATE).contains(&value)).then_some(value)
+}
+
+/// Whether an owner whose lease went quiet writes its rate again: the stored report is more than
+/// twice the rate now and above half an operation a second. Other writes of the lease (a handoff
+/// request, a release, a renewal) refresh its `_ts` without touching the report, so readers could
+/// not fade an idle lease's old rate by the lease's silence alone; halving it as it decays costs a
+/// few writes a quiet spell and keeps the report within twice the truth.
+pub fn rate_report_due(stored: Option<f64>, now: f64) -> bool {
+    stored.is_some_and(|stored| stored > 0.5 && stored > 2.0 * now)
 }
 
 /// The reported rate of `lease` decayed by how long it was not written before `newest_ts`
@@ -161,6 +175,20 @@ mod tests {
     }
 
     #[test]
+    fn a_quiet_owner_writes_its_rate_again_as_it_halves() {
+        let cases = [
+            (None, 0.0, false),
+            (Some(100.0), 60.0, false),
+            (Some(100.0), 49.0, true),
+            (Some(0.4), 0.0, false),
+            (Some(0.6), 0.0, true),
+        ];
+        for (stored, now, due) in cases {
+            assert_eq!(rate_report_due(stored, now), due, "{stored:?} {now}");
+        }
+    }
+
+    #[test]
     fn the_report_reads_back_and_decays_by_the_leases_silence() {
         let mut lease = Lease::new("p", &EpkRange::full(), None);
         assert_eq!(rate_as_of(&lease, Some(100), defaults()), 0.0);
@@ -176,7 +204,7 @@ mod tests {
         );
         let faded = rate_as_of(&lease, Some(130), defaults());
         assert!((faded - 42.42 / std::f64::consts::E).abs() < 0.01, "{faded}");
-        for bad in ["-1", "NaN", "inf", "x"] {
+        for bad in ["-1", "NaN", "inf", "x", "1e308"] {
             lease.properties.insert(WRITE_RATE_PROPERTY.into(), bad.into());
             assert_eq!(reported_rate(&lease), None, "{bad}");
         }

@@ -51,7 +51,13 @@ pub fn work_of(leases: &[&Lease], newest_ts: Option<i64>, timings: WorkTimings) 
 /// Whether some lease carries work (a rate or lag reported): balanced by work, weights change
 /// while nothing else does, so listings do not back off as quiet ones do.
 pub fn carries_work(leases: &[&Lease], newest_ts: Option<i64>, timings: WorkTimings) -> bool {
-    leases.iter().any(|l| lease_work(l, newest_ts, timings) > LEASE_FLOOR)
+    leases.iter().any(|l| carries(lease_work(l, newest_ts, timings)))
+}
+
+/// Whether a lease of `work` carries work: an operation a second or more beyond the floor (the
+/// last traces of a faded rate do not switch the plan away from counting, and back).
+fn carries(work: f64) -> bool {
+    work >= 2.0 * LEASE_FLOOR
 }
 
 /// What one instance carries.
@@ -85,8 +91,8 @@ struct Move<'a> {
 /// The leases `me` should try to acquire now (see the module): its part of the deal of free and
 /// expired leases, and of the moves from the most loaded. `leaving` instances have no share and
 /// give nothing (they free their leases themselves); `newcomers` are dealt no expired lease.
-/// While no lease reports any work, leases are balanced by count exactly as
-/// [`leases_to_acquire_among`] does (an idle processor looks the same either way).
+/// While no lease carries work (an operation a second or more), leases are balanced by count
+/// exactly as [`leases_to_acquire_among`] does (an idle processor looks the same either way).
 pub fn leases_to_acquire_by_work(
     leases: &[LeaseState],
     work: &HashMap<String, f64>,
@@ -94,7 +100,7 @@ pub fn leases_to_acquire_by_work(
     live_instances: &[String],
     (leaving, newcomers): (&[String], &[String]),
 ) -> Vec<String> {
-    if work.values().all(|w| *w <= LEASE_FLOOR) {
+    if !work.values().any(|w| carries(*w)) {
         return leases_to_acquire_among(leases, me, live_instances, (leaving, newcomers));
     }
     let weight = |id: &str| work.get(id).copied().unwrap_or(LEASE_FLOOR);
