@@ -8,9 +8,11 @@
 //! rate, the same for each of its sub-range leases.
 //!
 //! The property moves with the lease (a handoff, a split's children), so a new owner goes on from
-//! it rather than from nothing. An owner whose lease went quiet writes the rate again each time
-//! it halved ([`rate_report_due`]), and readers fade it by how long the lease was not written
-//! since ([`rate_as_of`]: for an owner that died), so an idle lease's old rate fades out. With the lag report beside it
+//! it rather than from nothing; readers fade it by how long the lease was not written since
+//! ([`rate_as_of`]). Other writes of the lease (a handoff request, a release, a renewal) refresh
+//! its `_ts` without touching the report, so an idle lease's old rate can come back for a while
+//! after one ([`rate_report_due`] says when an owner would write it again; not yet wired in: the
+//! writes it adds starved acquisitions under a tight lease-container budget). With the lag report beside it
 //! ([`crate::processor::leases::lag_report`]) it is what balancing by work weighs
 //! ([`crate::processor::policy::work_balancer`]).
 

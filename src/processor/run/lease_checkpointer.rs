@@ -15,9 +15,7 @@ use crate::processor::error::LeaseError;
 use crate::processor::leases::lag_report::{reported_lag, reported_lsn};
 use crate::processor::leases::lease::{Lease, LeaseStoreError};
 use crate::processor::leases::owned::{OwnedLease, UpdateError};
-use crate::processor::leases::work_report::{
-    CheckpointReport, DecayedRate, WorkTimings, rate_report_due, reported_rate,
-};
+use crate::processor::leases::work_report::{CheckpointReport, DecayedRate, WorkTimings, reported_rate};
 use crate::processor::policy::checkpoint_policy::{Deferred, caught_up_report_due};
 use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
 use crate::processor::run::shared::Shared;
@@ -185,8 +183,7 @@ impl LeaseCheckpointer {
 
     /// The position an empty page writes, if any: what it moved, when the policy's interval
     /// says so; the lease's position with a report that it caught up, once it was quiet for a
-    /// while ([`caught_up_report_due`]), or with its write rate when that halved
-    /// ([`rate_report_due`]); else nothing — a position only empty pages moved waits
+    /// while ([`caught_up_report_due`]); else nothing — a position only empty pages moved waits
     /// for the next batch, a release or that report.
     fn after_empty_page(
         &mut self,
@@ -205,10 +202,7 @@ impl LeaseCheckpointer {
         let quiet_for = now.saturating_duration_since(self.last_batch);
         let poll = self.shared.options.poll_interval;
         let report_due = reported && caught_up_report_due(self.quiet_pages, quiet_for, poll, reported_lag(current));
-        let rate_due = self
-            .writes
-            .is_some_and(|(rate, _)| rate_report_due(reported_rate(current), rate.per_second(now)));
-        (report_due || rate_due).then_some(continuation)
+        report_due.then_some(continuation)
     }
 
     /// Writes `position` (the page's, or one handled before it), until it is written or the
