@@ -233,3 +233,54 @@ async fn rebalancing_under_load_hands_leases_over_without_redelivering_anything(
         handle.stop().await;
     }
 }
+
+/// Balanced by work, a lease's reported write rate fades once writes into it stop — also when
+/// other writes refresh its `_ts` without a new measure (a newcomer's handoff requests, the
+/// owner's releases): each carries the rate as its writer knows it, so nothing revives it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leases_write_rate_fades_when_writes_stop_though_other_writes_refresh_the_lease() {
+    use changefeed_operator::processor::leases::work_report::{WorkTimings, rate_as_of, reported_rate};
+    use changefeed_operator::processor::policy::balancer::Balancing;
+    let env = Env::new(4).await;
+    let by_work = |name: &str| {
+        let mut options = env.options(name);
+        options.balancing = Balancing::Work;
+        options
+    };
+    let a = env.start_owning_all_with(by_work("a"), 4).await;
+    env.write(0..3_000).await;
+    let measured = eventually(Duration::from_secs(20), || async {
+        env.leases()
+            .await
+            .iter()
+            .all(|l| reported_rate(l).is_some_and(|r| r >= 5.0))
+    })
+    .await;
+    let leases = env.leases().await;
+    assert!(
+        measured,
+        "no rate reported: {:?}",
+        leases.iter().map(reported_rate).collect::<Vec<_>>()
+    );
+    let peak = leases.iter().filter_map(reported_rate).fold(0.0, f64::max);
+    // Quiet for four time constants (two acquire intervals each): what is left is below 2 %.
+    let options = by_work("a");
+    let timings = WorkTimings::new(options.acquire_interval, options.expiration);
+    tokio::time::sleep(timings.rate_time_constant * 4).await;
+    let b = env.start(by_work("b")).await;
+    let shared = eventually(Duration::from_secs(20), || async { fair(&env.owners().await, 2, 4) }).await;
+    assert!(shared, "b got no share: {:?}", env.owners().await);
+    let snapshot = env.store().await.snapshot().await.expect("listing");
+    let now: Vec<f64> = snapshot
+        .leases
+        .iter()
+        .map(|l| rate_as_of(l, snapshot.newest_server_ts, timings))
+        .collect();
+    println!("write rate: peak {peak:.1}/s reported; after 4 time constants quiet and a handoff: {now:.2?}");
+    assert!(
+        now.iter().all(|rate| *rate < peak / 4.0),
+        "an idle lease's old rate came back: {now:?} (peak {peak})"
+    );
+    b.stop().await;
+    a.stop().await;
+}

@@ -1,6 +1,8 @@
 //! A lease this instance owns: the latest copy of its document, shared by the renewer and the
 //! partition loop so that our own writes never race each other, and the token that stops its
-//! processing.
+//! processing. Its checkpoints: [`checkpoint`].
+
+mod checkpoint;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,9 +14,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::processor::leases::heartbeat::Liveness;
-use crate::processor::leases::lag_report::record_report;
-use crate::processor::leases::lease::{Lease, LeaseStore, LeaseStoreError, STALLED_PROPERTY};
-use crate::processor::leases::work_report::{CheckpointReport, record_rate};
+use crate::processor::leases::lease::{Lease, LeaseStore, LeaseStoreError};
+use crate::processor::leases::work_report::{DecayedRate, WorkTimings, record_rate, reported_rate};
 use crate::processor::leases::write_budget::{Late, Spend, Throttle, Throttled, Turn, WriteBudget};
 
 /// How many times an update is re-applied after a 412 while the lease is still ours (as the
@@ -90,6 +91,9 @@ pub struct OwnedLease {
     /// When the handler last answered a batch of this lease with an error (a failing handler is
     /// not a stalled lease).
     handler_failed_at: std::sync::Mutex<Option<Instant>>,
+    /// The operations a second written into the lease's partition, once counted here: every
+    /// write of the lease carries it ([`crate::processor::leases::work_report`]).
+    write_rate: std::sync::Mutex<Option<DecayedRate>>,
 }
 
 /// Reads a monotonic moment kept under a lock nobody holds across an await.
@@ -146,6 +150,7 @@ impl OwnedLease {
             liveness,
             budget,
             handler_failed_at: std::sync::Mutex::new(None),
+            write_rate: std::sync::Mutex::new(None),
         })
     }
 
@@ -169,6 +174,36 @@ impl OwnedLease {
     /// its batches write nothing from now on.
     pub fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Counts `writes` more into the lease's partition, going on from the rate the lease
+    /// reported when this instance took it (its previous owner's measure).
+    pub async fn count_writes(&self, writes: u64, timings: WorkTimings) {
+        let now = std::time::Instant::now();
+        let unset = self.write_rate_slot().is_none();
+        let reported = if unset {
+            reported_rate(&self.current().await)
+        } else {
+            None
+        };
+        let mut slot = self.write_rate_slot();
+        let rate = slot.get_or_insert_with(|| DecayedRate::starting_at(reported.unwrap_or(0.0), now, timings));
+        rate.add(writes, now);
+    }
+
+    /// The write rate, locked (a poisoned lock is used as it is: the value is written whole).
+    fn write_rate_slot(&self) -> std::sync::MutexGuard<'_, Option<DecayedRate>> {
+        self.write_rate
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Writes the rate counted here into `lease` (a copy about to be written), if any.
+    fn record_write_rate(&self, lease: &mut Lease) {
+        let rate = *self.write_rate_slot();
+        if let Some(rate) = rate {
+            record_rate(lease, rate.per_second(std::time::Instant::now()));
+        }
     }
 
     /// Whether processing of the lease here ended.
@@ -343,6 +378,7 @@ impl OwnedLease {
             if !change(&mut next) {
                 return Ok(None);
             }
+            self.record_write_rate(&mut next);
             next.timestamp = Some(OffsetDateTime::now_utc());
             let sent = Instant::now();
             match self.replace(spend, &next).await {
@@ -467,72 +503,6 @@ impl OwnedLease {
             .await
     }
 
-    /// Records the continuation after a handled batch (without a lag report).
-    pub async fn checkpoint(&self, continuation: &str) -> Result<Lease, UpdateError> {
-        self.checkpoint_reporting(continuation, CheckpointReport::default())
-            .await
-    }
-
-    /// Records the continuation after a handled batch with the lag report of its page
-    /// ([`lag_report`](crate::processor::leases::lag_report)) and the lease's write rate
-    /// ([`work_report`](crate::processor::leases::work_report)).
-    pub async fn checkpoint_reporting(
-        &self,
-        continuation: &str,
-        report: CheckpointReport,
-    ) -> Result<Lease, UpdateError> {
-        self.write_position(continuation, report, Progress::Made).await
-    }
-
-    /// Records a position handled before the reader stopped (written before it is opened
-    /// again or the lease is given up): like [`OwnedLease::checkpoint_reporting`], except that
-    /// a stall recorded on the lease stays — a reader restarted after a stall writes what the
-    /// empty pages before the stalled batch moved, which is no sign that the stall is over.
-    pub async fn checkpoint_pending(&self, continuation: &str, report: CheckpointReport) -> Result<Lease, UpdateError> {
-        self.write_position(continuation, report, Progress::Unknown).await
-    }
-
-    /// Writes `continuation` and its `report` as a checkpoint.
-    async fn write_position(
-        &self,
-        continuation: &str,
-        report: CheckpointReport,
-        progress: Progress,
-    ) -> Result<Lease, UpdateError> {
-        let written = self
-            .update_deferrable(|lease| {
-                record_checkpoint(lease, continuation, progress);
-                record_report(lease, report.latest_lsn);
-                if let Some(rate) = report.writes_per_second {
-                    record_rate(lease, rate);
-                }
-                true
-            })
-            .await?;
-        Ok(self.written_or_current(written).await)
-    }
-
-    /// Records `continuation` only while `forward(lease's continuation)` says it moves the lease
-    /// forward, judged under the lease's lock: concurrent checkpoints never write an older
-    /// position last. `Ok(false)` when nothing was written.
-    pub async fn checkpoint_forward(
-        &self,
-        continuation: &str,
-        forward: impl Fn(Option<&str>) -> bool,
-    ) -> Result<bool, UpdateError> {
-        let written = self
-            .update_deferrable(|lease| {
-                let ahead = forward(lease.continuation.as_deref());
-                if ahead {
-                    record_checkpoint(lease, continuation, Progress::Made);
-                    record_report(lease, None);
-                }
-                ahead
-            })
-            .await?;
-        Ok(written.is_some())
-    }
-
     /// Gives the lease up, keeping its continuation: to the instance that asked for it while its
     /// request is still on the lease (which writes an epoch of its own when it takes the lease
     /// up; until then the lease keeps this ownership's epoch, so that no earlier task of the
@@ -577,23 +547,5 @@ impl OwnedLease {
             }
         }
         Err(UpdateError::Store(LeaseStoreError::Changed(self.id.clone())))
-    }
-}
-
-/// What a checkpoint says of the lease's progress.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Progress {
-    /// A batch was handled (or the lease caught up): a stall recorded on the lease is over.
-    Made,
-    /// A position handled before the reader stopped: a stall recorded stays.
-    Unknown,
-}
-
-/// Writes `continuation` into `lease` as its checkpoint, stamped now.
-fn record_checkpoint(lease: &mut Lease, continuation: &str, progress: Progress) {
-    lease.continuation = Some(continuation.to_owned());
-    lease.checkpoint_time = Some(OffsetDateTime::now_utc());
-    if progress == Progress::Made {
-        lease.properties.remove(STALLED_PROPERTY);
     }
 }

@@ -9,10 +9,10 @@
 //!
 //! The property moves with the lease (a handoff, a split's children), so a new owner goes on from
 //! it rather than from nothing; readers fade it by how long the lease was not written since
-//! ([`rate_as_of`]). Other writes of the lease (a handoff request, a release, a renewal) refresh
-//! its `_ts` without touching the report, so an idle lease's old rate can come back for a while
-//! after one ([`rate_report_due`] says when an owner would write it again; not yet wired in: the
-//! writes it adds starved acquisitions under a tight lease-container budget). With the lag report beside it
+//! ([`rate_as_of`]). So that fading holds, every write of a lease carries the rate as its writer
+//! knows it, at no extra write: the owner's renewals, checkpoints and release its measured rate
+//! ([`DecayedRate`], kept by the owned lease), another instance's acquisition or handoff request
+//! the report faded as it read it ([`fade_report`]). With the lag report beside it
 //! ([`crate::processor::leases::lag_report`]) it is what balancing by work weighs
 //! ([`crate::processor::policy::work_balancer`]).
 
@@ -44,14 +44,50 @@ impl WorkTimings {
     }
 }
 
-/// What a checkpoint reports besides its position.
+/// What a checkpoint reports besides its position (its write rate goes with every write of
+/// the owner: [`DecayedRate`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CheckpointReport {
     /// The partition's latest LSN when the checkpointed page was read (the lag report).
     pub latest_lsn: Option<u64>,
-    /// The operations a second written into the lease's partition; `None` leaves the lease's
-    /// report as it is.
-    pub writes_per_second: Option<f64>,
+}
+
+/// The partition whose latest LSN a lease's write count last reached, and that LSN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CountedLsn {
+    /// The partition key range id that served the page (when known).
+    range_id: Option<String>,
+    /// Its latest LSN then.
+    lsn: u64,
+}
+
+/// Counts the writes into a lease's partition from the latest LSN its pages carry.
+#[derive(Debug, Clone, Default)]
+pub struct WriteCounter {
+    last: Option<CountedLsn>,
+}
+
+impl WriteCounter {
+    /// The writes since the last page, seen on a page that partition `range_id` served with
+    /// its latest LSN at `latest`: none for the first page, nor for one another partition served
+    /// (after a split or merge: its LSNs are its own, so the jump is no writes).
+    pub fn count(&mut self, range_id: Option<&str>, latest: u64) -> u64 {
+        let next = CountedLsn {
+            range_id: range_id.map(str::to_owned),
+            lsn: latest,
+        };
+        match &mut self.last {
+            Some(last) if last.range_id == next.range_id => {
+                let written = latest.saturating_sub(last.lsn);
+                last.lsn = last.lsn.max(latest);
+                written
+            }
+            _ => {
+                self.last = Some(next);
+                0
+            }
+        }
+    }
 }
 
 /// An exponentially decayed count (of operations written into a lease's partition): its rate is
@@ -122,13 +158,14 @@ pub fn reported_rate(lease: &Lease) -> Option<f64> {
     (value.is_finite() && (0.0..=MAX_RATE).contains(&value)).then_some(value)
 }
 
-/// Whether an owner whose lease went quiet writes its rate again: the stored report is more than
-/// twice the rate now and above half an operation a second. Other writes of the lease (a handoff
-/// request, a release, a renewal) refresh its `_ts` without touching the report, so readers could
-/// not fade an idle lease's old rate by the lease's silence alone; halving it as it decays costs a
-/// few writes a quiet spell and keeps the report within twice the truth.
-pub fn rate_report_due(stored: Option<f64>, now: f64) -> bool {
-    stored.is_some_and(|stored| stored > 0.5 && stored > 2.0 * now)
+/// Writes into `lease` (about to be written by an instance that does not own it: an acquisition,
+/// a handoff request) its reported rate faded as of `newest_ts` ([`rate_as_of`]): the write
+/// refreshes the lease's `_ts`, from which readers fade the report anew.
+pub fn fade_report(lease: &mut Lease, newest_ts: Option<i64>, timings: WorkTimings) {
+    if reported_rate(lease).is_some() {
+        let faded = rate_as_of(lease, newest_ts, timings);
+        record_rate(lease, faded);
+    }
 }
 
 /// The reported rate of `lease` decayed by how long it was not written before `newest_ts`
@@ -177,17 +214,37 @@ mod tests {
     }
 
     #[test]
-    fn a_quiet_owner_writes_its_rate_again_as_it_halves() {
-        let cases = [
-            (None, 0.0, false),
-            (Some(100.0), 60.0, false),
-            (Some(100.0), 49.0, true),
-            (Some(0.4), 0.0, false),
-            (Some(0.6), 0.0, true),
+    fn writes_are_counted_from_one_partitions_lsns_only() {
+        let mut counter = WriteCounter::default();
+        // (serving partition, latest LSN, writes counted)
+        let pages = [
+            (Some("0"), 100, 0),
+            (Some("0"), 130, 30),
+            (Some("0"), 120, 0),
+            (Some("0"), 131, 1),
+            (Some("2"), 5_000, 0),
+            (Some("2"), 5_010, 10),
+            (None, 7, 0),
+            (None, 9, 2),
         ];
-        for (stored, now, due) in cases {
-            assert_eq!(rate_report_due(stored, now), due, "{stored:?} {now}");
+        for (range, latest, written) in pages {
+            assert_eq!(counter.count(range, latest), written, "{range:?} {latest}");
         }
+    }
+
+    #[test]
+    fn another_instances_write_carries_the_report_faded_as_it_read_it() {
+        let mut lease = Lease::new("p", &EpkRange::full(), None);
+        fade_report(&mut lease, Some(130), defaults());
+        assert_eq!(reported_rate(&lease), None, "no report: none written");
+        record_rate(&mut lease, 40.0);
+        lease.server_ts = Some(100);
+        fade_report(&mut lease, Some(130), defaults());
+        let faded = reported_rate(&lease).unwrap_or_default();
+        assert!((faded - 40.0 / std::f64::consts::E).abs() < 0.01, "{faded}");
+        // Written, the lease's `_ts` is the write's: the report fades from there, not from 40.
+        lease.server_ts = Some(130);
+        assert!((rate_as_of(&lease, Some(130), defaults()) - faded).abs() < 1e-9);
     }
 
     #[test]

@@ -8,20 +8,20 @@
 //! what this instance saw change, on its own monotonic clock ([`Sightings`]), never from the
 //! other machine's wall-clock `timestamp`: clocks that differ between nodes change no decision.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::time::Duration;
 
 use time::OffsetDateTime;
 
 use crate::processor::leases::lease::{Lease, LeaseSnapshot};
-use crate::processor::leases::sightings::{Seen, Sightings};
-use crate::processor::leases::work_report::WorkTimings;
-use crate::processor::options::ProcessorOptions;
+use crate::processor::leases::sightings::Seen;
+use crate::processor::policy::acquisitions::{Acquisition, acquisitions};
 use crate::processor::policy::balancer::{
     Balancing, LeaseState, leases_to_acquire_among, leases_to_acquire_steal_one, overlapping, superseded,
 };
+use crate::processor::policy::cycle_inputs::{CycleOptions, Observations};
 use crate::processor::policy::listing_schedule::{ListingSchedule, ListingView, is_quiet};
-use crate::processor::policy::range_overlaps::{EqualRange, LeaseRange, equal_ranges, ranges_of, within};
+use crate::processor::policy::range_overlaps::{EqualRange, equal_ranges, ranges_of};
 use crate::processor::policy::work_balancer::{carries_work, leases_to_acquire_by_work, work_of};
 
 /// Acquire cycles without a heartbeat after which an instance is no longer counted.
@@ -29,78 +29,6 @@ const HEARTBEAT_CYCLES: u32 = 3;
 
 /// A heartbeat older than this many lease expirations belongs to an instance that died; it is removed.
 const STALE_HEARTBEAT_EXPIRATIONS: u32 = 5;
-
-/// The options the plan depends on.
-#[derive(Debug, Clone, Copy)]
-pub struct CycleOptions {
-    /// How long a lease lives without a renewal.
-    pub expiration: Duration,
-    /// How often owners renew.
-    pub renew_interval: Duration,
-    /// The regular wait between acquire cycles.
-    pub acquire_interval: Duration,
-    /// The balancing strategy.
-    pub balancing: Balancing,
-}
-
-impl From<&ProcessorOptions> for CycleOptions {
-    fn from(options: &ProcessorOptions) -> Self {
-        Self {
-            expiration: options.expiration,
-            renew_interval: options.renew_interval,
-            acquire_interval: options.acquire_interval,
-            balancing: options.balancing,
-        }
-    }
-}
-
-impl From<CycleOptions> for WorkTimings {
-    fn from(options: CycleOptions) -> Self {
-        WorkTimings::new(options.acquire_interval, options.expiration)
-    }
-}
-
-/// What this instance knows of itself when a listing comes in.
-#[derive(Debug, Clone)]
-pub struct Observations {
-    /// As of when the listing is judged, on this instance's monotonic clock: when it was sent
-    /// ([`Sightings::observe_listing`]).
-    pub at: tokio::time::Instant,
-    /// What this instance has seen change, and when (the listing already recorded).
-    pub sightings: Sightings,
-    /// The ids of the leases processed here now.
-    pub owned: HashSet<String>,
-    /// Whether a handoff this instance asked for is still awaited.
-    pub awaiting_handoff: bool,
-    /// The lease ids the previous listing showed, sorted.
-    pub listed_ids: Vec<String>,
-    /// The wait before this listing (the acquire interval, longer while listings were quiet).
-    pub listing_interval: Duration,
-    /// Leases this instance released as stalled within the last lease expiration: left for the
-    /// other instances to try ([`crate::processor::policy::stall`]).
-    pub left_stalled: HashSet<String>,
-}
-
-/// What an acquire cycle does with a lease it wants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AcquireStep {
-    /// Write this instance as the owner (a free or expired lease, or an owner that ignored a
-    /// handoff request).
-    Take,
-    /// Ask the live owner to hand it over.
-    AskHandoff,
-}
-
-/// One write of the cycle: the lease as it is to be written (If-Match its listed ETag).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Acquisition {
-    /// The new version of the lease.
-    pub write: Lease,
-    /// The live owner it is taken from or asked of (never this instance).
-    pub previous_owner: Option<String>,
-    /// Taken or asked for.
-    pub step: AcquireStep,
-}
 
 /// Everything one acquire cycle decided.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -152,18 +80,17 @@ pub fn plan_cycle(
     let mut obsolete = superseded(&ranges);
     obsolete.extend(equal.iter().map(|e| e.id.clone()));
     let balanced: Vec<&Lease> = snapshot.leases.iter().filter(|l| !obsolete.contains(&l.id)).collect();
-    let expired = |l: &Lease| observations.sightings.is_expired(l, observations.at, expiration);
-    // Left here: this instance's lease that no task of it processes (its heartbeat keeps it alive).
-    let left_here = |l: &Lease| l.owner.as_deref() == Some(me) && !observations.owned.contains(&l.id);
     let states = lease_states(&balanced, observations, expiration);
     let live = live_instances(snapshot, observations, options);
+    let work =
+        (options.balancing == Balancing::Work).then(|| work_of(&balanced, snapshot.newest_server_ts, options.into()));
     let wanted = wanted(
         &balanced,
         &states,
         (&live, &snapshot.leaving),
         observations,
         me,
-        (options, snapshot.newest_server_ts),
+        (options, work.as_ref()),
     );
     let mut listed_ids: Vec<String> = snapshot.leases.iter().map(|l| l.id.clone()).collect();
     listed_ids.sort_unstable();
@@ -176,8 +103,7 @@ pub fn plan_cycle(
     let quiet = wanted.is_empty()
         && !observations.awaiting_handoff
         && is_quiet(&view, me)
-        && !(options.balancing == Balancing::Work
-            && carries_work(&balanced, snapshot.newest_server_ts, options.into()));
+        && !work.as_ref().is_some_and(carries_work);
     let schedule = ListingSchedule::new(options.acquire_interval, options.renew_interval.min(expiration));
     let next_interval = if expecting_requests(&states, &live, observations, me, options) {
         schedule.brisk()
@@ -194,19 +120,16 @@ pub fn plan_cycle(
         lost: fates.lost,
         hand_over: fates.hand_over,
         clear_requests: fates.clear_requests,
-        delete: snapshot
-            .leases
-            .iter()
-            .filter(|l| obsolete.contains(&l.id) && (expired(l) || left_here(l)))
-            .cloned()
-            .collect(),
-        remove_heartbeats: snapshot
-            .instances
-            .iter()
-            .filter(|(name, _)| heartbeat_age(observations, name) > expiration * STALE_HEARTBEAT_EXPIRATIONS)
-            .map(|(name, _)| name.clone())
-            .collect(),
-        acquire: acquisitions(&wanted, &balanced, &ranges, observations, (me, now), expiration),
+        delete: obsolete_to_delete(snapshot, &obsolete, observations, (me, expiration)),
+        remove_heartbeats: stale_heartbeats(snapshot, observations, expiration),
+        acquire: acquisitions(
+            &wanted,
+            &balanced,
+            &ranges,
+            observations,
+            (me, now, snapshot.newest_server_ts),
+            options,
+        ),
         takeover_in: takeover_in(&balanced, me, observations, options),
         next_interval,
         listed_ids,
@@ -218,40 +141,31 @@ pub fn plan_cycle(
     }
 }
 
-/// How `me` gets each lease it wants, but for those processed here, left here as stalled, or
-/// lying within a range processed or taken here (a split's child while the parent's task still
-/// reads it).
-fn acquisitions(
-    wanted: &[String],
-    balanced: &[&Lease],
-    ranges: &[LeaseRange],
+/// The obsolete leases deleted now: expired, or left here (this instance's lease that no task
+/// of it processes: its heartbeat keeps it alive).
+fn obsolete_to_delete(
+    snapshot: &LeaseSnapshot,
+    obsolete: &[String],
     observations: &Observations,
-    (me, now): (&str, OffsetDateTime),
-    expiration: Duration,
-) -> Vec<Acquisition> {
-    let candidates: Vec<&Lease> = wanted
+    (me, expiration): (&str, Duration),
+) -> Vec<Lease> {
+    let expired = |l: &Lease| observations.sightings.is_expired(l, observations.at, expiration);
+    let left_here = |l: &Lease| l.owner.as_deref() == Some(me) && !observations.owned.contains(&l.id);
+    snapshot
+        .leases
         .iter()
-        .filter_map(|id| balanced.iter().find(|l| &l.id == id).copied())
-        .filter(|l| !observations.owned.contains(&l.id) && !observations.left_stalled.contains(&l.id))
-        .collect();
-    let processed: Vec<LeaseRange> = ranges
-        .iter()
-        .filter(|r| observations.owned.contains(&r.id))
+        .filter(|l| obsolete.contains(&l.id) && (expired(l) || left_here(l)))
         .cloned()
-        .collect();
-    let candidate_ranges: Vec<LeaseRange> = candidates
+        .collect()
+}
+
+/// Instances whose heartbeat is long stale (died without stopping).
+fn stale_heartbeats(snapshot: &LeaseSnapshot, observations: &Observations, expiration: Duration) -> Vec<String> {
+    snapshot
+        .instances
         .iter()
-        .filter_map(|l| Some(LeaseRange::new(l.id.clone(), l.range()?.clone())))
-        .collect();
-    // Nor one within another it takes in this cycle: a parent and the child its partial split
-    // wrote, both left under this name by a restart, are one task (the parent's).
-    let mut outer = processed;
-    outer.extend(candidate_ranges.iter().cloned());
-    let nested: HashSet<String> = within(&candidate_ranges, &outer).into_iter().collect();
-    candidates
-        .into_iter()
-        .filter(|l| !nested.contains(&l.id))
-        .filter_map(|lease| acquisition(lease, me, now, observations, expiration))
+        .filter(|(name, _)| heartbeat_age(observations, name) > expiration * STALE_HEARTBEAT_EXPIRATIONS)
+        .map(|(name, _)| name.clone())
         .collect()
 }
 
@@ -267,7 +181,7 @@ fn processed_here_kept(
     let left_here = |id: &str| {
         !observations.owned.contains(id) && leases.iter().any(|l| l.id == id && l.owner.as_deref() == Some(me))
     };
-    let mut kept_instead: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    let mut kept_instead: HashMap<String, String> = HashMap::new();
     for e in &equal {
         if observations.owned.contains(&e.id) && left_here(&e.kept) {
             kept_instead.entry(e.kept.clone()).or_insert_with(|| e.id.clone());
@@ -309,7 +223,7 @@ fn displaced(equal: &[EqualRange], states: &[LeaseState], observations: &Observa
 
 /// What the balancer knows of each of `balanced`: its live owner (none once expired) and, while
 /// it counts, the instance that asked that owner for it — for as long as its requester waits
-/// before it takes the lease ([`acquisition`]'s patience).
+/// before it takes the lease (the acquisition's patience: [`acquisitions`]).
 fn lease_states(balanced: &[&Lease], observations: &Observations, expiration: Duration) -> Vec<LeaseState> {
     let at = observations.at;
     balanced
@@ -437,7 +351,7 @@ fn wanted(
     (live, leaving): (&[String], &[String]),
     observations: &Observations,
     me: &str,
-    (options, newest_ts): (CycleOptions, Option<i64>),
+    (options, work): (CycleOptions, Option<&HashMap<String, f64>>),
 ) -> Vec<String> {
     let mut wanted: Vec<String> = balanced
         .iter()
@@ -451,8 +365,9 @@ fn wanted(
         }
         Balancing::Work => {
             let newcomers = newcomers(live, balanced, states, observations, me);
-            let work = work_of(balanced, newest_ts, options.into());
-            leases_to_acquire_by_work(states, &work, me, live, (leaving, &newcomers))
+            let no_reports = HashMap::new();
+            let work = work.unwrap_or(&no_reports);
+            leases_to_acquire_by_work(states, work, me, live, (leaving, &newcomers))
         }
         Balancing::StealOne => leases_to_acquire_steal_one(states, me),
     };
@@ -474,7 +389,7 @@ fn owned_fates(snapshot: &LeaseSnapshot, observations: &Observations, me: &str, 
     let staying = |to: &str| present.iter().any(|p| p == to) && !snapshot.leaving.iter().any(|l| l == to);
     let mut fates = OwnedFates::default();
     // By id: looking each owned lease up in the whole listing would be quadratic.
-    let listed: std::collections::HashMap<&str, &Lease> = snapshot.leases.iter().map(|l| (l.id.as_str(), l)).collect();
+    let listed: HashMap<&str, &Lease> = snapshot.leases.iter().map(|l| (l.id.as_str(), l)).collect();
     for id in &observations.owned {
         let mine = listed
             .get(id.as_str())
@@ -508,53 +423,6 @@ fn present(live: &[String], states: &[LeaseState]) -> Vec<String> {
     present.sort_unstable();
     present.dedup();
     present
-}
-
-/// How `me` gets `lease`: taken when it is free, expired, or its owner ignored this instance's
-/// request for a lease expiration; asked of a live owner otherwise (it hands it over after the
-/// batch it is in, so nothing is delivered twice); nothing while a request is pending.
-fn acquisition(
-    lease: &Lease,
-    me: &str,
-    now: OffsetDateTime,
-    observations: &Observations,
-    expiration: Duration,
-) -> Option<Acquisition> {
-    let previous_owner = if observations.sightings.is_expired(lease, observations.at, expiration) {
-        None
-    } else {
-        lease.owner.clone()
-    }
-    .filter(|o| o != me);
-    // A slow batch is not taken from under a live owner: only one that has not handed over within
-    // a lease expiration (an older version that ignores requests, a handler stuck that long) loses it.
-    let patience = expiration;
-    // A request, this instance's own or another's, is timed by how long it is seen here (on this
-    // instance's monotonic clock: a wall clock stepped back or forth changes nothing).
-    let asked_for = observations
-        .sightings
-        .unchanged_for(&Seen::Request(lease.id.clone()), observations.at);
-    let mut write = lease.clone();
-    let step = match (&previous_owner, lease.handoff_request()) {
-        (Some(_), Some((to, _))) if to == me && asked_for < patience => return None,
-        (Some(_), Some((to, _))) if to != me && asked_for < expiration => return None,
-        (Some(_), Some((to, _))) if to == me => AcquireStep::Take,
-        (Some(_), _) => {
-            write.request_handoff(me, now);
-            AcquireStep::AskHandoff
-        }
-        (None, _) => AcquireStep::Take,
-    };
-    if step == AcquireStep::Take {
-        write.owner = Some(me.to_owned());
-        write.clear_handoff();
-        write.timestamp = Some(now);
-    }
-    Some(Acquisition {
-        write,
-        previous_owner,
-        step,
-    })
 }
 
 /// A lease its owner stopped renewing is taken as it expires, not up to a cycle later (fair

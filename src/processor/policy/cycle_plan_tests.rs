@@ -3,7 +3,9 @@
 use super::*;
 use crate::cosmos::EpkRange;
 use crate::processor::leases::sightings::{Seen, Sightings};
-use crate::processor::policy::acquisition_retry::retry_acquisition;
+use std::collections::HashSet;
+
+use crate::processor::policy::acquisitions::{AcquireStep, retry_acquisition};
 use proptest::prelude::*;
 use time::macros::datetime;
 use tokio::time::Instant;
@@ -848,4 +850,32 @@ fn a_late_listing_does_not_depose_an_owner_that_beat_while_it_was_under_way() {
         "{:?}",
         steps(&plan)
     );
+}
+
+#[test]
+fn an_acquisition_or_request_carries_the_leases_write_rate_faded_as_listed() {
+    use crate::processor::leases::work_report::{WRITE_RATE_PROPERTY, record_rate, reported_rate};
+    // Expired (taken) and live (asked for), each reporting 40 operations a second 26 s (the
+    // rate's time constant: two acquire intervals) before the listing's newest write.
+    let mut expired = lease(0, 2, Some("gone"), 61 * SECOND);
+    let mut live = lease(1, 2, Some("other"), SECOND);
+    for l in [&mut expired, &mut live] {
+        record_rate(l, 40.0);
+        l.server_ts = Some(1_000);
+    }
+    let mut listing = snapshot(vec![expired, live], &[("me", SECOND), ("other", SECOND)]);
+    listing.newest_server_ts = Some(1_026);
+    for balancing in [Balancing::Fair, Balancing::Work] {
+        let plan = plan_for(&listing, &[], CycleOptions { balancing, ..options() });
+        assert!(!plan.acquire.is_empty(), "{balancing:?}");
+        for acquisition in &plan.acquire {
+            let rate = reported_rate(&acquisition.write).unwrap_or_default();
+            assert!(
+                (rate - 40.0 / std::f64::consts::E).abs() < 0.01,
+                "{balancing:?} {:?}: {:?}",
+                acquisition.step,
+                acquisition.write.properties.get(WRITE_RATE_PROPERTY)
+            );
+        }
+    }
 }

@@ -48,10 +48,10 @@ pub fn work_of(leases: &[&Lease], newest_ts: Option<i64>, timings: WorkTimings) 
         .collect()
 }
 
-/// Whether some lease carries work (a rate or lag reported): balanced by work, weights change
-/// while nothing else does, so listings do not back off as quiet ones do.
-pub fn carries_work(leases: &[&Lease], newest_ts: Option<i64>, timings: WorkTimings) -> bool {
-    leases.iter().any(|l| carries(lease_work(l, newest_ts, timings)))
+/// Whether some lease of `work` ([`work_of`]) carries work (a rate or lag reported): balanced by
+/// work, weights change while nothing else does, so listings do not back off as quiet ones do.
+pub fn carries_work(work: &HashMap<String, f64>) -> bool {
+    work.values().any(|w| carries(*w))
 }
 
 /// Whether a lease of `work` carries work: an operation a second or more beyond the floor (the

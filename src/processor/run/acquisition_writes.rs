@@ -7,8 +7,7 @@ use time::OffsetDateTime;
 use crate::processor::leases::lease::{Lease, LeaseStore, LeaseStoreError};
 use crate::processor::leases::owned::Acquired;
 use crate::processor::leases::write_budget::{Late, Spend, Turn};
-use crate::processor::policy::acquisition_retry::retry_acquisition;
-use crate::processor::policy::cycle_plan::Acquisition;
+use crate::processor::policy::acquisitions::{Acquisition, retry_acquisition};
 use crate::processor::run::shared::Shared;
 
 /// How many times a write asking a live owner for a lease, or taking it from one that ignored the

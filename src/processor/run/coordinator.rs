@@ -19,9 +19,9 @@ use crate::processor::leases::owned::{Acquired, OwnedLease, UpdateError};
 use crate::processor::leases::sightings::Sightings;
 use crate::processor::leases::throughput_share::{holding_in, part_of};
 use crate::processor::leases::write_budget::{Late, Turn};
-use crate::processor::policy::cycle_plan::{
-    AcquireStep, Acquisition, CycleOptions, CyclePlan, Observations, plan_cycle,
-};
+use crate::processor::policy::acquisitions::{AcquireStep, Acquisition};
+use crate::processor::policy::cycle_inputs::{CycleOptions, Observations};
+use crate::processor::policy::cycle_plan::{CyclePlan, plan_cycle};
 use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
 use crate::processor::run::acquisition_writes::{Handed, write_acquisition};
 use crate::processor::run::awaited_handoffs::{AwaitedHandoffs, AwaitedLease};

@@ -15,7 +15,7 @@ use crate::processor::error::LeaseError;
 use crate::processor::leases::lag_report::{reported_lag, reported_lsn};
 use crate::processor::leases::lease::{Lease, LeaseStoreError};
 use crate::processor::leases::owned::{OwnedLease, UpdateError};
-use crate::processor::leases::work_report::{CheckpointReport, DecayedRate, WorkTimings, reported_rate};
+use crate::processor::leases::work_report::{CheckpointReport, WorkTimings, WriteCounter};
 use crate::processor::policy::checkpoint_policy::{Deferred, caught_up_report_due};
 use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
 use crate::processor::run::shared::Shared;
@@ -61,9 +61,8 @@ pub(crate) struct LeaseCheckpointer {
     deferred: Deferred,
     /// The lag report of the last settled page, with the continuation it belongs to.
     report: Option<(String, u64)>,
-    /// The operations a second written into the lease's partition (from the lease's report
-    /// when first needed), with the latest LSN last counted.
-    writes: Option<(DecayedRate, u64)>,
+    /// Counts the writes into the lease's partition (the owned lease keeps their rate).
+    writes: WriteCounter,
     /// Empty pages settled in a row.
     quiet_pages: u32,
     /// When the last batch was settled (or the lease taken up): since when the lease is quiet.
@@ -79,7 +78,7 @@ impl LeaseCheckpointer {
         Self {
             deferred: Deferred::new(shared.options.checkpoint, Instant::now()),
             report: None,
-            writes: None,
+            writes: WriteCounter::default(),
             quiet_pages: 0,
             last_batch: Instant::now(),
             version_0: None,
@@ -162,7 +161,10 @@ impl LeaseCheckpointer {
         let report = reported_lsn(page, &continuation);
         self.report = report.map(|lsn| (continuation.clone(), lsn));
         if let Some(latest) = report {
-            self.count_writes(latest, Instant::now()).await;
+            let written = self.writes.count(page.range_id.as_deref(), latest);
+            let options = &self.shared.options;
+            let timings = WorkTimings::new(options.acquire_interval, options.expiration);
+            self.owned.count_writes(written, timings).await;
         }
         let started = Instant::now();
         let position = if page.documents.is_empty() {
@@ -293,7 +295,7 @@ impl LeaseCheckpointer {
     }
 
     /// What a checkpoint at `continuation` reports: the lag report of the page it is the
-    /// position after, if it was the last one, and the rate handled from the lease.
+    /// position after, if it was the last one.
     fn report_for(&self, continuation: &str) -> CheckpointReport {
         CheckpointReport {
             latest_lsn: self
@@ -301,24 +303,6 @@ impl LeaseCheckpointer {
                 .as_ref()
                 .filter(|(at, _)| at == continuation)
                 .map(|(_, lsn)| *lsn),
-            writes_per_second: self.writes.map(|(rate, _)| rate.per_second(Instant::now())),
         }
-    }
-
-    /// A page showed the partition's latest LSN at `latest`: what it moved since the last page
-    /// is counted into the lease's write rate, which goes on from the rate the lease's previous
-    /// owner reported.
-    async fn count_writes(&mut self, latest: u64, now: Instant) {
-        let (mut rate, counted) = match self.writes {
-            Some(writes) => writes,
-            None => {
-                let reported = reported_rate(&self.owned.current().await).unwrap_or(0.0);
-                let options = &self.shared.options;
-                let timings = WorkTimings::new(options.acquire_interval, options.expiration);
-                (DecayedRate::starting_at(reported, now, timings), latest)
-            }
-        };
-        rate.add(latest.saturating_sub(counted), now);
-        self.writes = Some((rate, latest.max(counted)));
     }
 }
