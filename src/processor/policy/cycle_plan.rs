@@ -53,6 +53,9 @@ pub struct CyclePlan {
     pub takeover_in: Option<Duration>,
     /// The wait until the next regular listing.
     pub next_interval: Duration,
+    /// The leases balancing by work would move here from live owners, made or not (for the next
+    /// plan's [`Observations::moves_seen`]).
+    pub moves_planned: Vec<String>,
     /// The lease ids of this listing, sorted (for the next plan's [`Observations::listed_ids`]).
     pub listed_ids: Vec<String>,
     /// Whether this instance must renew each of its leases on its own: another live instance
@@ -100,12 +103,12 @@ pub fn plan_cycle(
         handoff_asked: snapshot.leases.iter().any(|l| l.handoff_request().is_some()),
         same_leases: listed_ids == observations.listed_ids,
     };
-    let quiet = wanted.is_empty()
+    let quiet = wanted.leases.is_empty()
         && !observations.awaiting_handoff
         && is_quiet(&view, me)
         && !work.as_ref().is_some_and(carries_work);
     let schedule = ListingSchedule::new(options.acquire_interval, options.renew_interval.min(expiration));
-    let next_interval = if expecting_requests(&states, &live, observations, me, options) {
+    let next_interval = if wanted.unconfirmed || expecting_requests(&states, &live, observations, me, options) {
         schedule.brisk()
     } else {
         schedule.next(observations.listing_interval, quiet)
@@ -123,7 +126,7 @@ pub fn plan_cycle(
         delete: obsolete_to_delete(snapshot, &obsolete, observations, (me, expiration)),
         remove_heartbeats: stale_heartbeats(snapshot, observations, expiration),
         acquire: acquisitions(
-            &wanted,
+            &wanted.leases,
             &balanced,
             &ranges,
             observations,
@@ -131,6 +134,7 @@ pub fn plan_cycle(
             options,
         ),
         takeover_in: takeover_in(&balanced, me, observations, options),
+        moves_planned: wanted.moves_planned,
         next_interval,
         listed_ids,
         renew_each_lease,
@@ -343,8 +347,11 @@ fn newcomers(
 }
 
 /// The leases `me` wants: first those the store says are its own but that no task processes (a
-/// restart under the same name), then what the balancing strategy picks (by work: as of the
-/// listing's newest server time, `newest_ts`).
+/// restart under the same name), then what the balancing strategy picks (by work: from the
+/// weights of the listing, `work`). Moves by work are made only when the previous listing called
+/// for moves to `me` too (reports land at each owner's checkpoints, so one listing may catch a
+/// busy owner's leases before theirs) — else the next listing comes briskly — unless `me` holds
+/// fewer leases than an equal count.
 fn wanted(
     balanced: &[&Lease],
     states: &[LeaseState],
@@ -352,12 +359,16 @@ fn wanted(
     observations: &Observations,
     me: &str,
     (options, work): (CycleOptions, Option<&HashMap<String, f64>>),
-) -> Vec<String> {
-    let mut wanted: Vec<String> = balanced
-        .iter()
-        .filter(|l| l.owner.as_deref() == Some(me) && !observations.owned.contains(&l.id))
-        .map(|l| l.id.clone())
-        .collect();
+) -> Wanted {
+    let mut wanted = Wanted {
+        leases: balanced
+            .iter()
+            .filter(|l| l.owner.as_deref() == Some(me) && !observations.owned.contains(&l.id))
+            .map(|l| l.id.clone())
+            .collect(),
+        moves_planned: Vec::new(),
+        unconfirmed: false,
+    };
     let picked = match options.balancing {
         Balancing::Fair => {
             let newcomers = newcomers(live, balanced, states, observations, me);
@@ -366,18 +377,35 @@ fn wanted(
         Balancing::Work => {
             let newcomers = newcomers(live, balanced, states, observations, me);
             let no_reports = HashMap::new();
-            let work = work.unwrap_or(&no_reports);
-            leases_to_acquire_by_work(states, work, me, live, (leaving, &newcomers))
+            let picks = leases_to_acquire_by_work(states, work.unwrap_or(&no_reports), me, live, (leaving, &newcomers));
+            let mut picked = picks.dealt.clone();
+            if picks.short || !observations.moves_seen.is_empty() {
+                picked.extend(picks.moved.iter().cloned());
+            } else {
+                wanted.unconfirmed = !picks.moved.is_empty();
+            }
+            wanted.moves_planned = picks.moved;
+            picked
         }
         Balancing::StealOne => leases_to_acquire_steal_one(states, me),
     };
     // Each lease is written once a cycle (a second write would only meet a 412).
     for id in picked {
-        if !wanted.contains(&id) {
-            wanted.push(id);
+        if !wanted.leases.contains(&id) {
+            wanted.leases.push(id);
         }
     }
     wanted
+}
+
+/// What `me` wants of a listing.
+struct Wanted {
+    /// The leases to take or ask for in this cycle.
+    leases: Vec<String>,
+    /// The leases balancing by work would move here ([`CyclePlan::moves_planned`]).
+    moves_planned: Vec<String>,
+    /// Whether moves wait for the next listing to call for them too (it comes briskly).
+    unconfirmed: bool,
 }
 
 /// Owned leases the listing shows as another's (or not at all), and those shown as this

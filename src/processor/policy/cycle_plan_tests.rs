@@ -89,6 +89,7 @@ fn observations(listing: &LeaseSnapshot, owned: &[&Lease]) -> Observations {
         listed_ids: Vec::new(),
         listing_interval: options().acquire_interval,
         left_stalled: HashSet::new(),
+        moves_seen: HashSet::new(),
     }
 }
 
@@ -837,6 +838,7 @@ fn a_late_listing_does_not_depose_an_owner_that_beat_while_it_was_under_way() {
         listed_ids: Vec::new(),
         listing_interval: options.acquire_interval,
         left_stalled: HashSet::new(),
+        moves_seen: HashSet::new(),
     };
     let plan = plan_cycle(&listing, &observations, "me", NOW, options);
     let taken: Vec<_> = steps(&plan)
@@ -878,4 +880,52 @@ fn an_acquisition_or_request_carries_the_leases_write_rate_faded_as_listed() {
             );
         }
     }
+}
+
+#[test]
+fn moves_by_work_are_made_when_two_listings_in_a_row_call_for_them_and_a_newcomers_at_once() {
+    use crate::processor::leases::work_report::record_rate;
+    // "other" owns the four hot leases, "me" four idle ones: an equal count, unequal work.
+    let leases: Vec<Lease> = (0..8)
+        .map(|i| {
+            let mut l = lease(i, 8, Some(if i < 4 { "other" } else { "me" }), SECOND);
+            record_rate(&mut l, if i < 4 { 100.0 } else { 0.0 });
+            l.server_ts = Some(1_000);
+            l
+        })
+        .collect();
+    let mut listing = snapshot(leases, &[("me", SECOND), ("other", SECOND)]);
+    listing.newest_server_ts = Some(1_000);
+    let by_work = CycleOptions {
+        balancing: Balancing::Work,
+        ..options()
+    };
+    let mine: Vec<&Lease> = listing.leases[4..].iter().collect();
+    let first = plan_cycle(&listing, &observations(&listing, &mine), "me", NOW, by_work);
+    assert!(
+        first.acquire.is_empty(),
+        "one listing moves nothing: {:?}",
+        steps(&first)
+    );
+    assert_eq!(first.moves_planned.len(), 1, "{:?}", first.moves_planned);
+    assert_eq!(
+        first.next_interval,
+        options().acquire_interval / 4,
+        "the next listing comes briskly"
+    );
+    let mut seen = observations(&listing, &mine);
+    seen.moves_seen = first.moves_planned.iter().cloned().collect();
+    let second = plan_cycle(&listing, &seen, "me", NOW, by_work);
+    let asked: Vec<(String, AcquireStep)> = second.acquire.iter().map(|a| (a.write.id.clone(), a.step)).collect();
+    assert_eq!(
+        asked,
+        vec![(first.moves_planned[0].clone(), AcquireStep::AskHandoff)],
+        "the second listing in a row asks for it"
+    );
+    // A newcomer (no lease yet) asks for its share at once: two hot leases even the loads.
+    for l in &mut listing.leases {
+        l.owner = Some("other".to_owned());
+    }
+    let newcomer = plan_cycle(&listing, &observations(&listing, &[]), "me", NOW, by_work);
+    assert_eq!(newcomer.acquire.len(), 2, "{:?}", steps(&newcomer));
 }

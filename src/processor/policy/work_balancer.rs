@@ -13,11 +13,13 @@
 //!    may take it (expired ones not to newcomers, as [`super::balancer`] does);
 //! 2. while the most loaded instance carries more than the mean by [`HYSTERESIS`], it gives its
 //!    heaviest lease that fits to the least loaded: one that leaves the receiver below the donor
-//!    by the hysteresis margin (the mean × [`HYSTERESIS`]) and within twice that margin of the
-//!    mean (a new donor would pass small leases on; a lease too heavy for that stays). A
-//!    lease so moved is never worth moving back while the loads stay within that margin, so
-//!    leases do not travel to and fro. In one plan an instance receives by moves at most what it
-//!    lacks of an equal count, and at least one (see [`moves`]).
+//!    by the hysteresis margin (the mean × [`HYSTERESIS`]) and no donor itself (within that
+//!    margin of the mean: a new donor would pass its small leases on; a lease too heavy for that
+//!    stays). A lease so moved is never worth moving back while the loads stay within that
+//!    margin, so leases do not travel to and fro. In one plan an instance receives by moves at
+//!    most what it lacks of an equal count, and at least one (see [`moves`]); it asks for them
+//!    only when the listing before called for moves to it too (see
+//!    [`crate::processor::policy::cycle_plan`]).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -88,6 +90,26 @@ struct Move<'a> {
     work: f64,
 }
 
+/// What one instance's part of a plan by work is.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WorkPicks {
+    /// Free and expired leases dealt to it (while no lease carries work: every lease counting
+    /// gives it).
+    pub dealt: Vec<String>,
+    /// Leases moved to it from a live owner.
+    pub moved: Vec<String>,
+    /// Whether it held fewer leases than an equal count before the moves (a newcomer): its
+    /// moves fill its count rather than follow weights that may still be changing.
+    pub short: bool,
+}
+
+impl WorkPicks {
+    /// Every lease picked, dealt first.
+    pub fn all(&self) -> Vec<String> {
+        self.dealt.iter().chain(&self.moved).cloned().collect()
+    }
+}
+
 /// The leases `me` should try to acquire now (see the module): its part of the deal of free and
 /// expired leases, and of the moves from the most loaded. `leaving` instances have no share and
 /// give nothing (they free their leases themselves); `newcomers` are dealt no expired lease.
@@ -99,9 +121,12 @@ pub fn leases_to_acquire_by_work(
     me: &str,
     live_instances: &[String],
     (leaving, newcomers): (&[String], &[String]),
-) -> Vec<String> {
+) -> WorkPicks {
     if !work.values().any(|w| carries(*w)) {
-        return leases_to_acquire_among(leases, me, live_instances, (leaving, newcomers));
+        return WorkPicks {
+            dealt: leases_to_acquire_among(leases, me, live_instances, (leaving, newcomers)),
+            ..WorkPicks::default()
+        };
     }
     let weight = |id: &str| work.get(id).copied().unwrap_or(LEASE_FLOOR);
     let mut held: BTreeMap<&str, Holding> = roster(live_instances, me);
@@ -121,7 +146,7 @@ pub fn leases_to_acquire_by_work(
     }
     let stays = |w: &str| !leaving.iter().any(|l| l == w);
     let watched = |w: &str| w == me || !newcomers.iter().any(|n| n == w);
-    let mut mine = Vec::new();
+    let mut mine = WorkPicks::default();
     unowned.sort_by(|a, b| weight(&b.id).total_cmp(&weight(&a.id)).then(a.id.cmp(&b.id)));
     for lease in unowned {
         let newcomers_wait = lease.expired && !newcomers.is_empty();
@@ -132,15 +157,22 @@ pub fn leases_to_acquire_by_work(
             holding.add(weight(&lease.id));
         }
         if taker == me {
-            mine.push(lease.id.clone());
+            mine.dealt.push(lease.id.clone());
         }
     }
+    mine.short = held.get(me).is_some_and(|h| h.count < count_share(&held, &stays));
     for step in moves(&mut held, &stays, leases.len()) {
         if step.to == me {
-            mine.push(step.id.to_owned());
+            mine.moved.push(step.id.to_owned());
         }
     }
     mine
+}
+
+/// An equal count of leases among the instances that `stay` (rounded down).
+fn count_share(held: &BTreeMap<&str, Holding>, stays: &impl Fn(&str) -> bool) -> usize {
+    let staying: Vec<&Holding> = held.iter().filter(|(w, _)| stays(w)).map(|(_, h)| h).collect();
+    staying.iter().map(|h| h.count).sum::<usize>() / staying.len().max(1)
 }
 
 /// The staying instance (`may_take`) with the least load; ties: fewer leases, then the name.
@@ -167,7 +199,7 @@ fn moves<'a>(held: &mut BTreeMap<&'a str, Holding<'a>>, stays: &impl Fn(&str) ->
         return Vec::new();
     }
     let mean = staying.iter().map(|h| h.load).sum::<f64>() / staying.len() as f64;
-    let count_share = staying.iter().map(|h| h.count).sum::<usize>() / staying.len();
+    let count_share = count_share(held, stays);
     let mut allowance: BTreeMap<&str, usize> = held
         .iter()
         .map(|(w, h)| (*w, count_share.saturating_sub(h.count).max(1)))
@@ -217,7 +249,7 @@ fn next_move<'a>(
         holding
             .movable
             .iter()
-            .filter(|(_, work)| holding.load - receiver >= work + margin && receiver + work <= mean + 2.0 * margin)
+            .filter(|(_, work)| holding.load - receiver >= work + margin && receiver + work <= mean + margin)
             .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(a.0)))
             .map(|(id, work)| Move {
                 id,

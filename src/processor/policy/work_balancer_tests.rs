@@ -36,7 +36,7 @@ fn simulate(states: &mut [LeaseState], work: &HashMap<String, f64>, instances: &
             .map(|me| {
                 (
                     me.clone(),
-                    leases_to_acquire_by_work(states, work, me, instances, (&[], &[])),
+                    leases_to_acquire_by_work(states, work, me, instances, (&[], &[])).all(),
                 )
             })
             .collect();
@@ -136,7 +136,7 @@ fn free_leases_go_heaviest_first_to_the_least_loaded_and_expired_ones_not_to_new
         LeaseState::owned_by("b-0", Some("b".into())),
     ];
     let live = names(&["a", "b"]);
-    let take = |me: &str| leases_to_acquire_by_work(&states, &work, me, &live, (&[], &[]));
+    let take = |me: &str| leases_to_acquire_by_work(&states, &work, me, &live, (&[], &[])).all();
     // a (0) takes hot (100); b (50) warm (90); then both cold ones: b at 90, 91 < a at 100.
     assert_eq!(take("a"), ["hot"]);
     assert_eq!(take("b"), ["warm", "cold-1", "cold-2"]);
@@ -148,7 +148,7 @@ fn free_leases_go_heaviest_first_to_the_least_loaded_and_expired_ones_not_to_new
         })
         .collect();
     let newcomers = names(&["a"]);
-    let take = |me: &str| leases_to_acquire_by_work(&expired, &work, me, &live, (&[], &newcomers));
+    let take = |me: &str| leases_to_acquire_by_work(&expired, &work, me, &live, (&[], &newcomers)).all();
     // Dealt by b with the newcomer a counted: a cannot see them expire yet, so b takes them all.
     assert_eq!(take("b"), ["hot", "warm", "cold-1", "cold-2"]);
 }
@@ -159,14 +159,14 @@ fn an_instance_that_leaves_gives_nothing_and_is_given_nothing() {
     let live = names(&["a", "b", "c"]);
     let leaving = names(&["a"]);
     for me in ["b", "c"] {
-        let got = leases_to_acquire_by_work(&states, &work, me, &live, (&leaving, &[]));
+        let got = leases_to_acquire_by_work(&states, &work, me, &live, (&leaving, &[])).all();
         assert!(
             got.iter().all(|id| !id.starts_with("a-")),
             "{me} asked a leaving instance for {got:?}"
         );
     }
     let leaving = names(&["c"]);
-    let got = leases_to_acquire_by_work(&states, &work, "c", &live, (&leaving, &[]));
+    let got = leases_to_acquire_by_work(&states, &work, "c", &live, (&leaving, &[])).all();
     assert!(got.is_empty(), "a leaving instance takes nothing: {got:?}");
 }
 
@@ -179,9 +179,9 @@ fn a_lease_on_its_way_counts_as_its_requesters_and_is_not_moved_again() {
     // b asked a for a-00 (400): b counts it already, and nobody else asks for it.
     states[0].requested_by = Some("b".into());
     let live = names(&["a", "b", "c"]);
-    let c = leases_to_acquire_by_work(&states, &work, "c", &live, (&[], &[]));
+    let c = leases_to_acquire_by_work(&states, &work, "c", &live, (&[], &[])).all();
     assert!(!c.is_empty() && !c.contains(&"a-00".to_owned()), "{c:?}");
-    let b = leases_to_acquire_by_work(&states, &work, "b", &live, (&[], &[]));
+    let b = leases_to_acquire_by_work(&states, &work, "b", &live, (&[], &[])).all();
     assert!(b.is_empty(), "b carries the most with what is on its way: {b:?}");
 }
 

@@ -63,6 +63,8 @@ pub(crate) struct Coordinator {
     next_listing: tokio::time::Instant,
     /// The lease ids the previous listing showed, sorted.
     listed_ids: Vec<String>,
+    /// The leases the previous plan would have moved here by work.
+    moves_planned: Vec<String>,
     /// What the listings showed change, and when, on this instance's clock (expiry).
     sightings: Sightings,
     /// Leases released as stalled: not taken again for a lease expiration.
@@ -105,6 +107,7 @@ impl Coordinator {
             listing_interval: interval,
             next_listing: tokio::time::Instant::now(),
             listed_ids: Vec::new(),
+            moves_planned: Vec::new(),
             sightings: Sightings::default(),
             left_stalled: Vec::new(),
         }
@@ -288,6 +291,7 @@ impl Coordinator {
             listed_ids: std::mem::take(&mut self.listed_ids),
             listing_interval: previous_interval,
             left_stalled: self.left_stalled.iter().map(|stalled| stalled.id.clone()).collect(),
+            moves_seen: std::mem::take(&mut self.moves_planned).into_iter().collect(),
         };
         let options = CycleOptions::from(&self.shared.options);
         let mut plan = plan_cycle(snapshot, &observations, me, OffsetDateTime::now_utc(), options);
@@ -306,6 +310,7 @@ impl Coordinator {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = std::mem::take(&mut plan.others);
         self.listed_ids = std::mem::take(&mut plan.listed_ids);
+        self.moves_planned = std::mem::take(&mut plan.moves_planned);
         plan
     }
 
