@@ -10,7 +10,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-groups="throughput,busy handler,rebalance,failover,latency,resources,worker processes,operator,lease-store cost,java v4 peer"
+groups="throughput,busy handler,rebalance,failover,latency,resources,worker processes,operator,lease-store cost,java v4 peer,balance by work"
 if [ -n "$(git status --porcelain)" ]; then
   echo "publish-bench: the checkout has changes; publish from a clean checkout of the landed code" >&2
   exit 1
