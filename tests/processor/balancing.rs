@@ -263,7 +263,8 @@ async fn a_leases_write_rate_fades_when_writes_stop_though_other_writes_refresh_
         leases.iter().map(reported_rate).collect::<Vec<_>>()
     );
     let peak = leases.iter().filter_map(reported_rate).fold(0.0, f64::max);
-    // Quiet for four time constants (two acquire intervals each): what is left is below 2 %.
+    // Quiet for four time constants (two acquire intervals each): what is left is below 2 %
+    // (asserted below 5 %: a rate revived by a write that refreshed the lease fails it).
     let options = by_work("a");
     let timings = WorkTimings::new(options.acquire_interval, options.expiration);
     tokio::time::sleep(timings.rate_time_constant * 4).await;
@@ -278,7 +279,7 @@ async fn a_leases_write_rate_fades_when_writes_stop_though_other_writes_refresh_
         .collect();
     println!("write rate: peak {peak:.1}/s reported; after 4 time constants quiet and a handoff: {now:.2?}");
     assert!(
-        now.iter().all(|rate| *rate < peak / 4.0),
+        now.iter().all(|rate| *rate < peak * 0.05),
         "an idle lease's old rate came back: {now:?} (peak {peak})"
     );
     b.stop().await;

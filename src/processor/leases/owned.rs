@@ -94,6 +94,20 @@ pub struct OwnedLease {
     /// The operations a second written into the lease's partition, once counted here: every
     /// write of the lease carries it ([`crate::processor::leases::work_report`]).
     write_rate: std::sync::Mutex<Option<DecayedRate>>,
+    /// How the write rate is measured.
+    timings: WorkTimings,
+}
+
+/// How an owned lease is kept alive and measured: this instance's liveness (whether its heartbeat
+/// keeps the lease alive), its budget of the lease container's request units, and how the
+/// lease's work is measured.
+pub(crate) struct Keeping {
+    /// Whether this instance's heartbeat keeps its leases alive.
+    pub liveness: Arc<Liveness>,
+    /// How its writes spend the lease container's request units.
+    pub budget: Arc<WriteBudget>,
+    /// How the lease's write rate is measured.
+    pub timings: WorkTimings,
 }
 
 /// Reads a monotonic moment kept under a lock nobody holds across an await.
@@ -127,8 +141,15 @@ impl OwnedLease {
         store: Arc<dyn LeaseStore>,
         parent: &CancellationToken,
         requested: Arc<tokio::sync::Notify>,
-        (liveness, budget): (Arc<Liveness>, Arc<WriteBudget>),
+        keeping: Keeping,
     ) -> Arc<Self> {
+        let Keeping {
+            liveness,
+            budget,
+            timings,
+        } = keeping;
+        let reported =
+            reported_rate(&lease).map(|rate| DecayedRate::starting_at(rate, std::time::Instant::now(), timings));
         Arc::new(Self {
             id: lease.id.clone(),
             token: lease.lease_token.clone(),
@@ -150,7 +171,8 @@ impl OwnedLease {
             liveness,
             budget,
             handler_failed_at: std::sync::Mutex::new(None),
-            write_rate: std::sync::Mutex::new(None),
+            write_rate: std::sync::Mutex::new(reported),
+            timings,
         })
     }
 
@@ -177,18 +199,13 @@ impl OwnedLease {
     }
 
     /// Counts `writes` more into the lease's partition, going on from the rate the lease
-    /// reported when this instance took it (its previous owner's measure).
-    pub async fn count_writes(&self, writes: u64, timings: WorkTimings) {
+    /// reported when this instance took it (its previous owner's measure), if any.
+    pub fn count_writes(&self, writes: u64) {
         let now = std::time::Instant::now();
-        let unset = self.write_rate_slot().is_none();
-        let reported = if unset {
-            reported_rate(&self.current().await)
-        } else {
-            None
-        };
-        let mut slot = self.write_rate_slot();
-        let rate = slot.get_or_insert_with(|| DecayedRate::starting_at(reported.unwrap_or(0.0), now, timings));
-        rate.add(writes, now);
+        let timings = self.timings;
+        self.write_rate_slot()
+            .get_or_insert_with(|| DecayedRate::starting_at(0.0, now, timings))
+            .add(writes, now);
     }
 
     /// The write rate, locked (a poisoned lock is used as it is: the value is written whole).
@@ -198,8 +215,9 @@ impl OwnedLease {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Writes the rate counted here into `lease` (a copy about to be written), if any.
-    fn record_write_rate(&self, lease: &mut Lease) {
+    /// Writes the rate counted here into `lease` (a copy about to be written, or a split's
+    /// child created from it), if any.
+    pub(crate) fn record_write_rate(&self, lease: &mut Lease) {
         let rate = *self.write_rate_slot();
         if let Some(rate) = rate {
             record_rate(lease, rate.per_second(std::time::Instant::now()));

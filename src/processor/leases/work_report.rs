@@ -1,5 +1,5 @@
-//! What keeping up with a lease costs, as its owner reports it: at every checkpoint the worker
-//! writes into the lease's `properties` the operations a second written into the lease's
+//! What keeping up with a lease costs, as its owner reports it: with every write of the lease
+//! (its checkpoints, renewals, release) the owner writes into its `properties` the operations a second written into the lease's
 //! partition (`writesPerSecond`): how fast the partition's latest LSN, which every page's session
 //! token carries, moved while the owner read it — an exponentially decayed count ([`DecayedRate`],
 //! time constant [`WorkTimings::rate_time_constant`]). Not the documents the owner handled a

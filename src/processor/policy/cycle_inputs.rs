@@ -58,8 +58,9 @@ pub struct Observations {
     /// Leases this instance released as stalled within the last lease expiration: left for the
     /// other instances to try ([`crate::processor::policy::stall`]).
     pub left_stalled: HashSet<String>,
-    /// The leases the previous plan of this instance would have moved here by work
+    /// Whether the previous plan of this instance, made long enough ago for new reports to land
+    /// (and not so long ago that it is stale), would have moved leases here by work
     /// ([`crate::processor::policy::cycle_plan::CyclePlan::moves_planned`]): moves are made only
-    /// when two listings in a row call for moves here.
-    pub moves_seen: HashSet<String>,
+    /// when two listings in a row call for them.
+    pub moves_called: bool,
 }

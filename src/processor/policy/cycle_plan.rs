@@ -53,9 +53,9 @@ pub struct CyclePlan {
     pub takeover_in: Option<Duration>,
     /// The wait until the next regular listing.
     pub next_interval: Duration,
-    /// The leases balancing by work would move here from live owners, made or not (for the next
-    /// plan's [`Observations::moves_seen`]).
-    pub moves_planned: Vec<String>,
+    /// Whether balancing by work would move leases here from live owners, made or not (for the
+    /// next plan's [`Observations::moves_called`]).
+    pub moves_planned: bool,
     /// The lease ids of this listing, sorted (for the next plan's [`Observations::listed_ids`]).
     pub listed_ids: Vec<String>,
     /// Whether this instance must renew each of its leases on its own: another live instance
@@ -85,15 +85,17 @@ pub fn plan_cycle(
     let balanced: Vec<&Lease> = snapshot.leases.iter().filter(|l| !obsolete.contains(&l.id)).collect();
     let states = lease_states(&balanced, observations, expiration);
     let live = live_instances(snapshot, observations, options);
-    let work =
-        (options.balancing == Balancing::Work).then(|| work_of(&balanced, snapshot.newest_server_ts, options.into()));
+    let work = match options.balancing {
+        Balancing::Work => work_of(&balanced, snapshot.newest_server_ts, options.into()),
+        _ => HashMap::new(),
+    };
     let wanted = wanted(
         &balanced,
         &states,
         (&live, &snapshot.leaving),
         observations,
         me,
-        (options, work.as_ref()),
+        (options, &work),
     );
     let mut listed_ids: Vec<String> = snapshot.leases.iter().map(|l| l.id.clone()).collect();
     listed_ids.sort_unstable();
@@ -103,10 +105,8 @@ pub fn plan_cycle(
         handoff_asked: snapshot.leases.iter().any(|l| l.handoff_request().is_some()),
         same_leases: listed_ids == observations.listed_ids,
     };
-    let quiet = wanted.leases.is_empty()
-        && !observations.awaiting_handoff
-        && is_quiet(&view, me)
-        && !work.as_ref().is_some_and(carries_work);
+    let quiet =
+        wanted.leases.is_empty() && !observations.awaiting_handoff && is_quiet(&view, me) && !carries_work(&work);
     let schedule = ListingSchedule::new(options.acquire_interval, options.renew_interval.min(expiration));
     let next_interval = if wanted.unconfirmed || expecting_requests(&states, &live, observations, me, options) {
         schedule.brisk()
@@ -349,16 +349,16 @@ fn newcomers(
 /// The leases `me` wants: first those the store says are its own but that no task processes (a
 /// restart under the same name), then what the balancing strategy picks (by work: from the
 /// weights of the listing, `work`). Moves by work are made only when the previous listing called
-/// for moves to `me` too (reports land at each owner's checkpoints, so one listing may catch a
-/// busy owner's leases before theirs) — else the next listing comes briskly — unless `me` holds
-/// fewer leases than an equal count.
+/// for moves to `me` too (reports land with each owner's writes, so one listing may catch a busy
+/// owner's leases before theirs) — else the next listing comes briskly — unless `me` holds fewer
+/// leases than an equal count (a newcomer: counting alone would give it those).
 fn wanted(
     balanced: &[&Lease],
     states: &[LeaseState],
     (live, leaving): (&[String], &[String]),
     observations: &Observations,
     me: &str,
-    (options, work): (CycleOptions, Option<&HashMap<String, f64>>),
+    (options, work): (CycleOptions, &HashMap<String, f64>),
 ) -> Wanted {
     let mut wanted = Wanted {
         leases: balanced
@@ -366,7 +366,7 @@ fn wanted(
             .filter(|l| l.owner.as_deref() == Some(me) && !observations.owned.contains(&l.id))
             .map(|l| l.id.clone())
             .collect(),
-        moves_planned: Vec::new(),
+        moves_planned: false,
         unconfirmed: false,
     };
     let picked = match options.balancing {
@@ -376,16 +376,10 @@ fn wanted(
         }
         Balancing::Work => {
             let newcomers = newcomers(live, balanced, states, observations, me);
-            let no_reports = HashMap::new();
-            let picks = leases_to_acquire_by_work(states, work.unwrap_or(&no_reports), me, live, (leaving, &newcomers));
-            let mut picked = picks.dealt.clone();
-            if picks.short || !observations.moves_seen.is_empty() {
-                picked.extend(picks.moved.iter().cloned());
-            } else {
-                wanted.unconfirmed = !picks.moved.is_empty();
-            }
-            wanted.moves_planned = picks.moved;
-            picked
+            let picks = leases_to_acquire_by_work(states, work, me, live, (leaving, &newcomers));
+            wanted.moves_planned = !picks.moved.is_empty();
+            wanted.unconfirmed = wanted.moves_planned && !picks.short && !observations.moves_called;
+            if wanted.unconfirmed { picks.dealt } else { picks.all() }
         }
         Balancing::StealOne => leases_to_acquire_steal_one(states, me),
     };
@@ -402,8 +396,8 @@ fn wanted(
 struct Wanted {
     /// The leases to take or ask for in this cycle.
     leases: Vec<String>,
-    /// The leases balancing by work would move here ([`CyclePlan::moves_planned`]).
-    moves_planned: Vec<String>,
+    /// Whether balancing by work would move leases here ([`CyclePlan::moves_planned`]).
+    moves_planned: bool,
     /// Whether moves wait for the next listing to call for them too (it comes briskly).
     unconfirmed: bool,
 }

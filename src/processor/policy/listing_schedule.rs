@@ -38,7 +38,8 @@ impl ListingSchedule {
         }
     }
 
-    /// The wait while handoff requests are expected (a quarter of the acquire interval).
+    /// The wait while handoff requests are expected, or moves by work wait for a second listing
+    /// to call for them too (a quarter of the acquire interval).
     pub fn brisk(&self) -> Duration {
         self.base / 4
     }
@@ -74,6 +75,14 @@ pub fn is_quiet(view: &ListingView<'_>, me: &str) -> bool {
         && !view.leases.is_empty()
         && view.leases.iter().all(|l| l.live_owner.as_deref() == Some(me))
         && view.live.iter().all(|instance| instance == me)
+}
+
+/// Whether a plan judged `age` ago confirms this one's moves by work: late enough for a busy
+/// owner's reports to land (an eighth of the acquire interval; the brisk listing that follows an
+/// unconfirmed plan comes at a quarter), not so late that it spoke of other weights (two acquire
+/// intervals; a listing that failed in between leaves a stale plan).
+pub fn confirms_moves(age: Duration, acquire_interval: Duration) -> bool {
+    age >= acquire_interval / 8 && age <= acquire_interval * 2
 }
 
 #[cfg(test)]
@@ -143,5 +152,24 @@ mod tests {
             s(13),
             "a longest wait below the acquire interval never backs off"
         );
+    }
+
+    #[test]
+    fn a_plan_confirms_moves_from_an_eighth_of_an_acquire_interval_to_two_intervals_later() {
+        let acquire = Duration::from_secs(13);
+        for (age_ms, confirms) in [
+            (0, false),
+            (1_000, false),
+            (1_625, true),
+            (3_250, true),
+            (26_000, true),
+            (26_001, false),
+        ] {
+            assert_eq!(
+                confirms_moves(Duration::from_millis(age_ms), acquire),
+                confirms,
+                "{age_ms} ms"
+            );
+        }
     }
 }

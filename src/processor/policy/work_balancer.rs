@@ -1,7 +1,7 @@
 //! Balancing by work (`Balancing::Work`): which leases one instance takes in an acquire cycle
 //! when leases are weighed by what they cost their owners rather than counted. Pure.
 //!
-//! A lease's work is what its owner reported at its last checkpoint: the operations a second
+//! A lease's work is what its owner reported with its last write: the operations a second
 //! written into it ([`crate::processor::leases::work_report`], faded by how long the lease was
 //! not written since) plus its lag drained within a lease expiration ([`WorkTimings`]) — both
 //! in operations a second — and
@@ -98,8 +98,8 @@ pub struct WorkPicks {
     pub dealt: Vec<String>,
     /// Leases moved to it from a live owner.
     pub moved: Vec<String>,
-    /// Whether it held fewer leases than an equal count before the moves (a newcomer): its
-    /// moves fill its count rather than follow weights that may still be changing.
+    /// Whether it held fewer leases than an equal count before the moves (a newcomer, or one
+    /// whose few leases were hot): its moves fill its count, as counting alone would.
     pub short: bool,
 }
 

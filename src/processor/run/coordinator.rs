@@ -15,13 +15,15 @@ use tracing::Instrument;
 use crate::processor::error::LeaseError;
 use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStoreError};
 use crate::processor::leases::name_claim::NameError;
-use crate::processor::leases::owned::{Acquired, OwnedLease, UpdateError};
+use crate::processor::leases::owned::{Acquired, Keeping, OwnedLease, UpdateError};
 use crate::processor::leases::sightings::Sightings;
 use crate::processor::leases::throughput_share::{holding_in, part_of};
+use crate::processor::leases::work_report::WorkTimings;
 use crate::processor::leases::write_budget::{Late, Turn};
 use crate::processor::policy::acquisitions::{AcquireStep, Acquisition};
 use crate::processor::policy::cycle_inputs::{CycleOptions, Observations};
 use crate::processor::policy::cycle_plan::{CyclePlan, plan_cycle};
+use crate::processor::policy::listing_schedule::confirms_moves;
 use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
 use crate::processor::run::acquisition_writes::{Handed, write_acquisition};
 use crate::processor::run::awaited_handoffs::{AwaitedHandoffs, AwaitedLease};
@@ -63,8 +65,8 @@ pub(crate) struct Coordinator {
     next_listing: tokio::time::Instant,
     /// The lease ids the previous listing showed, sorted.
     listed_ids: Vec<String>,
-    /// The leases the previous plan would have moved here by work.
-    moves_planned: Vec<String>,
+    /// When the previous plan that would have moved leases here by work was judged.
+    moves_planned_at: Option<tokio::time::Instant>,
     /// What the listings showed change, and when, on this instance's clock (expiry).
     sightings: Sightings,
     /// Leases released as stalled: not taken again for a lease expiration.
@@ -107,7 +109,7 @@ impl Coordinator {
             listing_interval: interval,
             next_listing: tokio::time::Instant::now(),
             listed_ids: Vec::new(),
-            moves_planned: Vec::new(),
+            moves_planned_at: None,
             sightings: Sightings::default(),
             left_stalled: Vec::new(),
         }
@@ -291,7 +293,10 @@ impl Coordinator {
             listed_ids: std::mem::take(&mut self.listed_ids),
             listing_interval: previous_interval,
             left_stalled: self.left_stalled.iter().map(|stalled| stalled.id.clone()).collect(),
-            moves_seen: std::mem::take(&mut self.moves_planned).into_iter().collect(),
+            moves_called: self
+                .moves_planned_at
+                .take()
+                .is_some_and(|then| confirms_moves(at - then, self.shared.options.acquire_interval)),
         };
         let options = CycleOptions::from(&self.shared.options);
         let mut plan = plan_cycle(snapshot, &observations, me, OffsetDateTime::now_utc(), options);
@@ -310,7 +315,7 @@ impl Coordinator {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = std::mem::take(&mut plan.others);
         self.listed_ids = std::mem::take(&mut plan.listed_ids);
-        self.moves_planned = std::mem::take(&mut plan.moves_planned);
+        self.moves_planned_at = plan.moves_planned.then_some(at);
         plan
     }
 
@@ -477,7 +482,11 @@ impl Coordinator {
             self.shared.store.clone(),
             &self.leases,
             self.shared.requested.clone(),
-            (self.shared.liveness.clone(), self.shared.budget.clone()),
+            Keeping {
+                liveness: self.shared.liveness.clone(),
+                budget: self.shared.budget.clone(),
+                timings: WorkTimings::new(self.shared.options.acquire_interval, self.shared.options.expiration),
+            },
         );
         if !self.shared.owned.insert(owned.clone()) {
             tracing::debug!(lease = owned.token(), "lease already processed here");

@@ -15,7 +15,7 @@ use crate::processor::error::LeaseError;
 use crate::processor::leases::lag_report::{reported_lag, reported_lsn};
 use crate::processor::leases::lease::{Lease, LeaseStoreError};
 use crate::processor::leases::owned::{OwnedLease, UpdateError};
-use crate::processor::leases::work_report::{CheckpointReport, WorkTimings, WriteCounter};
+use crate::processor::leases::work_report::{CheckpointReport, WriteCounter};
 use crate::processor::policy::checkpoint_policy::{Deferred, caught_up_report_due};
 use crate::processor::report::events::{CloseReason, LeaseEvent, LeaseExit};
 use crate::processor::run::shared::Shared;
@@ -161,10 +161,8 @@ impl LeaseCheckpointer {
         let report = reported_lsn(page, &continuation);
         self.report = report.map(|lsn| (continuation.clone(), lsn));
         if let Some(latest) = report {
-            let written = self.writes.count(page.range_id.as_deref(), latest);
-            let options = &self.shared.options;
-            let timings = WorkTimings::new(options.acquire_interval, options.expiration);
-            self.owned.count_writes(written, timings).await;
+            self.owned
+                .count_writes(self.writes.count(page.range_id.as_deref(), latest));
         }
         let started = Instant::now();
         let position = if page.documents.is_empty() {

@@ -254,6 +254,8 @@ async fn create_child(
         None => Lease::new(prefix, range, continuation),
     };
     child.properties = parent.properties.clone();
+    // The parent's copy may predate the fence; the rate goes on from what is counted now.
+    owned.record_write_rate(&mut child);
     child.mode = parent.mode.clone();
     child.clear_handoff();
     child.take_for(&shared.options.instance, shared.next_epoch());
