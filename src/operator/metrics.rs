@@ -163,7 +163,7 @@ impl ProcessorSeries {
             oldest_pending: gauge(
                 registry,
                 "cfp_processor_oldest_pending_seconds",
-                "How old the oldest change the processor has not handled yet is (its _ts), when the estimate read it for every lagging lease; absent while unknown (see cfp_lease_oldest_pending_seconds on the workers).",
+                "How old the oldest change the processor has not handled yet is (its _ts: read, or at most the age of the newest change a reporting owner's checkpoint covers); absent while unknown (see cfp_lease_oldest_pending_seconds on the workers).",
             )?,
             desired_replicas: gauge(
                 registry,

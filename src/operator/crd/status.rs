@@ -36,9 +36,9 @@ pub struct ChangeFeedProcessorStatus {
     /// Estimated remaining operations over all leases, from the last estimate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_lag: Option<i64>,
-    /// How old the oldest change not handled yet is, in seconds (from its `_ts`), when the last
-    /// estimate read it for every lease with lag (`autoscaling.estimation: ChangeFeed`, or leases
-    /// no live worker reports); 0 when nothing is pending. Rounded (to 5 s below a minute, to
+    /// How old the oldest change not handled yet is, in seconds (from its `_ts`: read, or for a
+    /// lease a live worker reports, at most the age of the newest change its checkpoint covers);
+    /// 0 when nothing is pending, absent while a lagging lease's is unknown. Rounded (to 5 s below a minute, to
     /// the minute below an hour, then to 10 minutes) so that a steady backlog rewrites the
     /// status seldom.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -226,12 +226,18 @@ pub async fn estimate_reported(
 mod tests {
     use super::*;
     use crate::cosmos::EpkRange;
-    use crate::processor::leases::lag_report::record_report;
+    use crate::processor::leases::lag_report::{LagReport, record_report};
 
     fn lease(owner: Option<&str>, checkpoint: Option<u64>, report: Option<u64>) -> Lease {
         let mut lease = Lease::new("p", &EpkRange::full(), checkpoint.map(|c| format!("\"{c}\"")));
         lease.owner = owner.map(str::to_owned);
-        record_report(&mut lease, report);
+        record_report(
+            &mut lease,
+            report.map(|latest_lsn| LagReport {
+                latest_lsn,
+                newest_ts: None,
+            }),
+        );
         lease
     }
 

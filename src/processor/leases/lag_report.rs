@@ -9,12 +9,40 @@
 //! its change feed instead. A checkpoint written without a report (a handler that checkpoints
 //! itself, a deferred checkpoint of an older page) removes the property, so a report always
 //! belongs to the checkpoint beside it.
+//!
+//! Beside it the owner writes the `_ts` of the newest change the checkpointed page held
+//! (`checkpointedTs`): a lease with lag has its oldest pending change written at or after it (the
+//! feed serves changes in the order written), so the age of that `_ts` bounds how stale the lease
+//! is from above — what the operator reports as freshness for a lease it does not read.
 
 use crate::cosmos::{ChangePage, continuation_lsn, session_token_lsn};
 use crate::processor::leases::lease::Lease;
 
 /// Lease property: the partition's latest LSN when the lease was last read (see the module).
 pub const LATEST_LSN_PROPERTY: &str = "latestLsn";
+
+/// Lease property: the `_ts` of the newest change up to the lease's checkpoint (see the module).
+pub const CHECKPOINTED_TS_PROPERTY: &str = "checkpointedTs";
+
+/// What an owner reports with a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LagReport {
+    /// The partition's latest LSN when the checkpointed page was read ([`reported_lsn`]).
+    pub latest_lsn: u64,
+    /// The `_ts` of the newest change the checkpointed page held, if it held any.
+    pub newest_ts: Option<i64>,
+}
+
+impl LagReport {
+    /// The report of a checkpoint at `continuation`, the position after `page`; `None` when the
+    /// LSNs are unknown.
+    pub fn of(page: &ChangePage, continuation: &str) -> Option<Self> {
+        Some(Self {
+            latest_lsn: reported_lsn(page, continuation)?,
+            newest_ts: page.documents.iter().filter_map(|d| d.get("_ts")?.as_i64()).max(),
+        })
+    }
+}
 
 /// What the owner reports for a checkpoint at `continuation`, the position after `page`; `None`
 /// when the LSNs are unknown.
@@ -27,12 +55,26 @@ pub fn reported_lsn(page: &ChangePage, continuation: &str) -> Option<u64> {
     Some(latest.max(reached))
 }
 
-/// Writes `report` (or removes an older one) into `lease`.
-pub fn record_report(lease: &mut Lease, report: Option<u64>) {
-    match report {
-        Some(lsn) => lease.properties.insert(LATEST_LSN_PROPERTY.into(), lsn.to_string()),
-        None => lease.properties.remove(LATEST_LSN_PROPERTY),
+/// Writes `report` (or removes an older one) into `lease`. A report without a change's `_ts`
+/// (an empty page) keeps the one before when it moved nothing: the checkpoint still covers that
+/// change.
+pub fn record_report(lease: &mut Lease, report: Option<LagReport>) {
+    let Some(report) = report else {
+        lease.properties.remove(LATEST_LSN_PROPERTY);
+        lease.properties.remove(CHECKPOINTED_TS_PROPERTY);
+        return;
     };
+    lease
+        .properties
+        .insert(LATEST_LSN_PROPERTY.into(), report.latest_lsn.to_string());
+    if let Some(ts) = report.newest_ts {
+        lease.properties.insert(CHECKPOINTED_TS_PROPERTY.into(), ts.to_string());
+    }
+}
+
+/// The `_ts` of the newest change up to `lease`'s checkpoint, as its owner reported it.
+pub fn checkpointed_ts(lease: &Lease) -> Option<i64> {
+    lease.properties.get(CHECKPOINTED_TS_PROPERTY)?.parse().ok()
 }
 
 /// The lag the owner of `lease` reported: reported LSN − checkpoint LSN; `None` without a
@@ -88,7 +130,13 @@ mod tests {
     fn the_lag_is_the_report_minus_the_checkpoint() {
         let lease = |continuation: Option<&str>, report: Option<u64>| {
             let mut lease = Lease::new("p", &EpkRange::full(), continuation.map(str::to_owned));
-            record_report(&mut lease, report);
+            record_report(
+                &mut lease,
+                report.map(|latest_lsn| LagReport {
+                    latest_lsn,
+                    newest_ts: None,
+                }),
+            );
             lease
         };
         let cases = [
@@ -107,5 +155,27 @@ mod tests {
             reported.properties.is_empty(),
             "a checkpoint without a report removes the old one"
         );
+    }
+
+    #[test]
+    fn the_newest_change_s_ts_goes_with_the_report_and_stays_over_empty_pages() {
+        let mut full = page(2, Some("0:1#500#3=500"));
+        full.documents = vec![json!({"id": "a", "_ts": 1_000}), json!({"id": "b", "_ts": 1_004})];
+        let report = LagReport::of(&full, "\"400\"");
+        assert_eq!(
+            report,
+            Some(LagReport {
+                latest_lsn: 500,
+                newest_ts: Some(1_004)
+            })
+        );
+        let mut lease = Lease::new("p", &EpkRange::full(), Some("\"400\"".to_owned()));
+        record_report(&mut lease, report);
+        assert_eq!(checkpointed_ts(&lease), Some(1_004));
+        let empty = LagReport::of(&page(0, Some("0:1#500")), "\"400\"");
+        record_report(&mut lease, empty);
+        assert_eq!(checkpointed_ts(&lease), Some(1_004), "an empty page moved nothing");
+        record_report(&mut lease, None);
+        assert_eq!(checkpointed_ts(&lease), None);
     }
 }

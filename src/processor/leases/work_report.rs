@@ -18,6 +18,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::processor::leases::lag_report::LagReport;
 use crate::processor::leases::lease::Lease;
 
 /// Lease property: the operations a second written into the lease's partition, decayed.
@@ -46,10 +47,10 @@ impl WorkTimings {
 
 /// What a checkpoint reports besides its position (its write rate goes with every write of
 /// the owner: [`DecayedRate`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CheckpointReport {
-    /// The partition's latest LSN when the checkpointed page was read (the lag report).
-    pub latest_lsn: Option<u64>,
+    /// The lag report of the checkpointed page ([`crate::processor::leases::lag_report`]).
+    pub lag: Option<LagReport>,
 }
 
 /// The partition whose latest LSN a lease's write count last reached, and that LSN.

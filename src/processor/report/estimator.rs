@@ -39,6 +39,7 @@ use time::OffsetDateTime;
 use crate::cosmos::{
     ChangePage, CosmosError, EpkRange, MonitoredContainer, StartFrom, continuation_lsn, session_token_lsn,
 };
+use crate::processor::leases::lag_report::checkpointed_ts;
 use crate::processor::leases::lease::{HANDLER_FAILING_PROPERTY, Lease, LeaseSnapshot, STALLED_PROPERTY};
 use crate::processor::policy::balancer::{ranges_of, superseded};
 use crate::processor::report::keda_reading::{KedaReading, keda_reading};
@@ -81,7 +82,8 @@ pub struct LeaseEstimate {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// How old the oldest change not handled yet is, in seconds (from its `_ts`, read with the
-    /// lag); 0 when nothing is pending, unknown when the lag was told rather than read.
+    /// lag; for a lag told by its owner, at most the age of the newest change its checkpoint
+    /// covers); 0 when nothing is pending, unknown when a told lag came without that `_ts`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oldest_pending_seconds: Option<u64>,
     /// Change-feed requests this estimate took (0: taken from the owner's report).
@@ -104,7 +106,7 @@ pub struct ProcessorEstimate {
     /// Leases that could not be estimated (see their `error`).
     pub leases_failed: usize,
     /// The age of the oldest change not handled yet over all leases, seconds; unknown when one
-    /// lease's is (its lag was told by its owner, or it could not be read).
+    /// lease's is (it could not be read, or its owner told its lag without a `_ts`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oldest_pending_seconds: Option<u64>,
     /// Per lease, ordered by range.
@@ -321,8 +323,13 @@ pub fn lease_estimate(lease: &Lease, lag: u64, now: OffsetDateTime) -> LeaseEsti
         handler_failing: lease.properties.get(HANDLER_FAILING_PROPERTY).cloned(),
         stalled: lease.properties.get(STALLED_PROPERTY).cloned(),
         error: None,
-        // Told: nothing pending is exact; the age of a pending change is not known.
-        oldest_pending_seconds: (lag == 0).then_some(0),
+        // Told: nothing pending is exact; a pending change is no older than the newest change the
+        // checkpoint covers (an upper bound).
+        oldest_pending_seconds: if lag == 0 {
+            Some(0)
+        } else {
+            checkpointed_ts(lease).map(|ts| u64::try_from(now.unix_timestamp() - ts).unwrap_or(0))
+        },
         reads: 0,
     }
 }

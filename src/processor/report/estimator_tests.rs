@@ -199,3 +199,35 @@ fn a_lease_without_a_checkpoint_has_no_checkpoint_age() {
     checkpointed.continuation = Some("\"12\"".into());
     assert_eq!(lease_estimate(&checkpointed, 5, now).checkpoint_age, Some(71));
 }
+
+#[test]
+fn a_told_lag_is_as_old_as_the_newest_change_its_checkpoint_covers_at_most() {
+    use crate::processor::leases::lag_report::{LagReport, record_report};
+    let now = OffsetDateTime::now_utc();
+    let mut lease = Lease::new("p", &EpkRange::full(), Some("\"400\"".into()));
+    let report = |newest_ts: Option<i64>| {
+        Some(LagReport {
+            latest_lsn: 500,
+            newest_ts,
+        })
+    };
+    record_report(&mut lease, report(None));
+    assert_eq!(
+        lease_estimate(&lease, 100, now).oldest_pending_seconds,
+        None,
+        "no _ts told: unknown"
+    );
+    record_report(&mut lease, report(Some(now.unix_timestamp() - 42)));
+    assert_eq!(lease_estimate(&lease, 100, now).oldest_pending_seconds, Some(42));
+    assert_eq!(
+        lease_estimate(&lease, 0, now).oldest_pending_seconds,
+        Some(0),
+        "caught up"
+    );
+    record_report(&mut lease, report(Some(now.unix_timestamp() + 5)));
+    assert_eq!(
+        lease_estimate(&lease, 100, now).oldest_pending_seconds,
+        Some(0),
+        "a _ts ahead of this clock counts as new"
+    );
+}

@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use crate::cosmos::{ChangePage, EpkRange, RangeContinuation};
 use crate::processor::error::LeaseError;
-use crate::processor::leases::lag_report::{reported_lag, reported_lsn};
+use crate::processor::leases::lag_report::{LagReport, reported_lag};
 use crate::processor::leases::lease::{Lease, LeaseStoreError};
 use crate::processor::leases::owned::{OwnedLease, UpdateError};
 use crate::processor::leases::work_report::{CheckpointReport, WriteCounter};
@@ -52,6 +52,12 @@ pub(crate) fn stop_reason(owned: &OwnedLease) -> LeaseExit {
     })
 }
 
+/// The lag report of a settled page, with the position after it.
+struct PageReport {
+    continuation: String,
+    lag: LagReport,
+}
+
 /// The checkpoints of one owned lease: what was handled and not yet written (the checkpoint
 /// policy's deferral), the lag report of the last settled page, and the quiet pages since.
 pub(crate) struct LeaseCheckpointer {
@@ -60,7 +66,7 @@ pub(crate) struct LeaseCheckpointer {
     /// The handled position not yet checkpointed (the checkpoint policy's deferral).
     deferred: Deferred,
     /// The lag report of the last settled page, with the continuation it belongs to.
-    report: Option<(String, u64)>,
+    report: Option<PageReport>,
     /// Counts the writes into the lease's partition (the owned lease keeps their rate).
     writes: WriteCounter,
     /// Empty pages settled in a row.
@@ -158,11 +164,14 @@ impl LeaseCheckpointer {
     /// empty page: see [`LeaseCheckpointer::after_empty_page`]), retrying a failed write rather
     /// than reading the batch again.
     async fn checkpoint(&mut self, page: &ChangePage, continuation: String) -> Flow {
-        let report = reported_lsn(page, &continuation);
-        self.report = report.map(|lsn| (continuation.clone(), lsn));
-        if let Some(latest) = report {
-            self.owned
-                .count_writes(self.writes.count(page.range_id.as_deref(), latest));
+        let report = LagReport::of(page, &continuation);
+        self.report = report.map(|lag| PageReport {
+            continuation: continuation.clone(),
+            lag,
+        });
+        if let Some(report) = report {
+            let written = self.writes.count(page.range_id.as_deref(), report.latest_lsn);
+            self.owned.count_writes(written);
         }
         let started = Instant::now();
         let position = if page.documents.is_empty() {
@@ -296,11 +305,11 @@ impl LeaseCheckpointer {
     /// position after, if it was the last one.
     fn report_for(&self, continuation: &str) -> CheckpointReport {
         CheckpointReport {
-            latest_lsn: self
+            lag: self
                 .report
                 .as_ref()
-                .filter(|(at, _)| at == continuation)
-                .map(|(_, lsn)| *lsn),
+                .filter(|page| page.continuation == continuation)
+                .map(|page| page.lag),
         }
     }
 }

@@ -43,7 +43,7 @@ impl OwnedLease {
         let written = self
             .update_deferrable(|lease| {
                 record_checkpoint(lease, continuation, progress);
-                record_report(lease, report.latest_lsn);
+                record_report(lease, report.lag);
                 true
             })
             .await?;
