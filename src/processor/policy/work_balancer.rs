@@ -13,9 +13,9 @@
 //!    may take it (expired ones not to newcomers, as [`super::balancer`] does);
 //! 2. while the most loaded instance carries more than the mean by [`HYSTERESIS`], it gives its
 //!    heaviest lease that fits to the least loaded: one that leaves the receiver below the donor
-//!    by the hysteresis margin (the mean × [`HYSTERESIS`]) and no donor itself (within that
-//!    margin of the mean: a new donor would pass its small leases on; a lease too heavy for that
-//!    stays). A lease so moved is never worth moving back while the loads stay within that
+//!    by the hysteresis margin (the mean × [`HYSTERESIS`]) and within twice that margin of the
+//!    mean (a new donor would pass small leases on; a lease too heavy for that stays). A lease
+//!    so moved is never worth moving back while the loads stay within that
 //!    margin, so leases do not travel to and fro. In one plan an instance receives by moves at
 //!    most what it lacks of an equal count, and at least one (see [`moves`]); it asks for them
 //!    only when the listing before called for moves to it too (see
@@ -244,13 +244,16 @@ fn next_move<'a>(
         .collect();
     donors.sort_by(|a, b| b.1.load.total_cmp(&a.1.load).then(a.0.cmp(b.0)));
     donors.into_iter().find_map(|(from, holding)| {
-        // A lease that leaves the receiver below where it would give leases on in turn (a new
-        // donor passes small leases on, one move after another).
+        // The receiver ends below the donor by the margin (so the lease never moves back).
+        let improves = |work: f64| holding.load - receiver >= work + margin;
+        let by_weight = |a: &&(&str, f64), b: &&(&str, f64)| a.1.total_cmp(&b.1).then(b.0.cmp(a.0));
+        // The heaviest that leaves the receiver within twice the margin of the mean (a new donor
+        // would pass small leases on, one move after another; a lease too heavy for that stays).
         holding
             .movable
             .iter()
-            .filter(|(_, work)| holding.load - receiver >= work + margin && receiver + work <= mean + margin)
-            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(a.0)))
+            .filter(|(_, work)| improves(*work) && receiver + work <= mean + 2.0 * margin)
+            .max_by(by_weight)
             .map(|(id, work)| Move {
                 id,
                 from,
