@@ -20,7 +20,8 @@ use super::figures::is_fair;
 use super::world::{World, wait_until};
 use super::{BenchError, BenchSettings, Check, Figure};
 use crate::processor::policy::balancer::Balancing;
-use crate::processor::policy::work_balancer::{HYSTERESIS, fewest_moves};
+use crate::processor::policy::work_balancer::fewest_moves;
+use crate::processor::policy::work_plan::HYSTERESIS;
 use crate::processor::{Batch, ChangeHandler, HandlerError, LeaseEvent, LeaseStore, ProcessorHandle};
 
 /// Zipf's exponent of the skew: the hottest lease alone is a worker's mean share, so balancing by
@@ -103,7 +104,7 @@ pub async fn by_work(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError
         Figure::ratio(
             &name("lease moves"),
             work.moves as f64,
-            "the fewest that bring every worker within the balancer's band (1.2 × the mean)",
+            "the fewest that bring every worker within the balancer's band (1.25 × the mean)",
             work.fewest as f64,
             "≤ 2 × the fewest",
         )

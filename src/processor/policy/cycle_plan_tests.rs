@@ -917,12 +917,16 @@ fn moves_by_work_are_made_when_two_listings_in_a_row_call_for_them_and_a_newcome
     seen.moves_called = true;
     let second = plan_cycle(&listing, &seen, "me", NOW, by_work);
     let asked: Vec<(String, AcquireStep)> = second.acquire.iter().map(|a| (a.write.id.clone(), a.step)).collect();
-    assert_eq!(asked.len(), 1, "the second listing in a row asks for one: {asked:?}");
-    assert_eq!(asked[0].1, AcquireStep::AskHandoff);
-    assert!(
-        listing.leases[..4].iter().any(|l| l.id == asked[0].0),
-        "a hot lease: {asked:?}"
-    );
+    // Both hot leases the plan moves here are heavy (a quarter of the mean or more): they are
+    // not held back by the count, or a later plan could put them elsewhere.
+    assert_eq!(asked.len(), 2, "the second listing in a row asks for two: {asked:?}");
+    for (id, step) in &asked {
+        assert_eq!(*step, AcquireStep::AskHandoff);
+        assert!(
+            listing.leases[..4].iter().any(|l| l.id == *id),
+            "a hot lease: {asked:?}"
+        );
+    }
     // A newcomer (no lease yet) asks for its share at once: two hot leases even the loads.
     for l in &mut listing.leases {
         l.owner = Some("other".to_owned());

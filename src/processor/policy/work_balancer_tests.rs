@@ -1,6 +1,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::*;
+use crate::processor::policy::work_plan::HYSTERESIS;
 
 fn names(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
@@ -202,9 +203,10 @@ fn the_fewest_moves_count_the_heaviest_leases_off_each_overloaded_instance() {
 }
 
 proptest::proptest! {
-    /// Whatever the work and however it is held at first: one cycle moves everything that moves,
-    /// no lease moves twice, the plans of all instances agree (no lease planned twice), and the
-    /// busiest ends within the hysteresis of the mean unless its heaviest lease alone is more.
+    /// Whatever the work and however it is held at first: the cycles settle, no lease moves
+    /// twice, the plans of all instances agree (no lease planned twice), and the busiest ends
+    /// within the band (the mean and the hysteresis) or carries no more than the mean and the
+    /// heaviest lease.
     #[test]
     fn one_cycle_settles_and_no_lease_moves_twice(
         weights in proptest::collection::vec(0.0f64..500.0, 8..48),
@@ -232,7 +234,7 @@ proptest::proptest! {
         let heaviest = work.values().copied().fold(0.0, f64::max);
         let busiest = loads.values().copied().fold(0.0, f64::max);
         proptest::prop_assert!(
-            busiest <= mean * (1.0 + 2.0 * HYSTERESIS) + heaviest + 1e-9,
+            busiest <= (mean * (1.0 + HYSTERESIS)).max(mean + heaviest) * (1.0 + 1e-9),
             "busiest {busiest}, mean {mean}, heaviest {heaviest}"
         );
     }
