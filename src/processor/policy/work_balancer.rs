@@ -59,7 +59,8 @@ pub struct WorkPicks {
     /// Leases moved to it from a live owner.
     pub moved: Vec<String>,
     /// Whether it held fewer leases than an equal count before the moves (a newcomer, or one
-    /// whose few leases were hot): its moves fill its count, as counting alone would.
+    /// whose few leases were hot): its light moves fill its count, as counting alone would (heavy
+    /// ones are all taken, so it may end above the count).
     pub short: bool,
 }
 

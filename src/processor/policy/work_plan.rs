@@ -7,15 +7,18 @@
 //!    on that carries the least (its heavy leases placed so far and its light leases now), and a
 //!    lease that fits nowhere goes to the instance with the least heavy leases' work (its owner
 //!    when tied).
-//! 2. **Light leases**: each instance keeps its own heaviest first while they fit in the band on
-//!    top of its heavy ones; the rest, heaviest first, go to the least loaded instance they fit
-//!    on. A light lease always fits somewhere (were every instance above the band less it, they
-//!    would carry more than everything there is).
+//! 2. **Light leases**: each instance keeps each of its own, heaviest first, that fits in the band
+//!    on top of its heavy ones; the rest, heaviest first, go to the least loaded instance they fit
+//!    on. A light lease always fits somewhere that may take it (were every instance above the
+//!    band less it, they would carry more than everything there is).
 //!
-//! Each choice depends only on the choices for heavier leases and on where a lease is, and a
-//! lease at its planned place is kept there, so a plan made after some of its moves were made
+//! A lease on its way to an instance counts as that instance's in its turn. Whether a lease
+//! stays depends only on the choices for heavier leases and on where it is, and a lease at its
+//! planned place (or on its way there) is kept there, so a plan made after some of its moves
 //! keeps them and plans the rest alike (light leases may be dealt differently, never moved
-//! again): no lease moves twice while the weights hold.
+//! again): no lease moves twice while the weights hold, provided an instance's heavy moves and
+//! the free leases dealt to it are taken together (where a heavy lease that must move goes
+//! prefers the instance that carries least now, lighter leases included).
 
 use std::collections::BTreeMap;
 
@@ -103,16 +106,17 @@ pub fn plan<'a>(leases: &[PlanLease<'a>], takers: &[Taker<'a>]) -> Vec<Placement
     if bins.is_empty() {
         return Vec::new();
     }
-    for lease in leases {
+    let mut sorted: Vec<&PlanLease> = leases.iter().collect();
+    sorted.sort_by(|a, b| b.work.total_cmp(&a.work).then(a.id.cmp(b.id)));
+    for lease in &sorted {
         if let Held::By(holder) | Held::OnItsWayTo(holder) = lease.held
             && let Some(bin) = bins.get_mut(holder)
         {
             bin.now += lease.work;
         }
     }
-    let mean = leases.iter().map(|l| l.work).sum::<f64>() / bins.len() as f64;
-    let mut sorted: Vec<&PlanLease> = leases.iter().collect();
-    sorted.sort_by(|a, b| b.work.total_cmp(&a.work).then(a.id.cmp(b.id)));
+    // Summed in the plan's order, so that every instance's listing gives the same figure.
+    let mean = sorted.iter().map(|l| l.work).sum::<f64>() / bins.len() as f64;
     let band = Band {
         cap: mean * (1.0 + HYSTERESIS),
         heavy: mean * HYSTERESIS,
@@ -146,14 +150,14 @@ impl Band {
 fn place_heavy<'a>(heavy: &[&PlanLease<'a>], bins: &mut BTreeMap<&'a str, Bin>, band: Band) -> Vec<Placement<'a>> {
     let mut placed = Vec::new();
     for lease in heavy {
-        if let Held::OnItsWayTo(to) = lease.held {
-            add(bins, to, lease.work, true);
-        }
-    }
-    for lease in heavy.iter().filter(|l| !matches!(l.held, Held::OnItsWayTo(_))) {
+        // A lease on its way counts in its turn, as it will once its requester holds it.
         let owner = match lease.held {
             Held::By(owner) => Some(owner),
-            _ => None,
+            Held::OnItsWayTo(to) => {
+                add(bins, to, lease.work, true);
+                continue;
+            }
+            Held::Free { .. } => None,
         };
         let kept = owner.filter(|o| bins.get(o).is_some_and(|b| band.keeps(b.heavy, lease.work)));
         let to = kept.or_else(|| heavy_taker(bins, lease, owner, band));
@@ -199,18 +203,13 @@ fn place_light<'a>(light: &[&PlanLease<'a>], bins: &mut BTreeMap<&'a str, Bin>, 
     for bin in bins.values_mut() {
         bin.load = bin.heavy;
     }
-    for lease in light {
-        if let Held::OnItsWayTo(to) = lease.held {
-            add(bins, to, lease.work, false);
-        }
-    }
     let mut loose = Vec::new();
     for lease in light {
         match lease.held {
             Held::By(owner) if bins.get(owner).is_some_and(|b| band.keeps(b.load, lease.work)) => {
                 add(bins, owner, lease.work, false);
             }
-            Held::OnItsWayTo(_) => {}
+            Held::OnItsWayTo(to) => add(bins, to, lease.work, false),
             _ => loose.push(*lease),
         }
     }

@@ -153,9 +153,9 @@ fn a_lease_on_its_way_stays_its_requesters() {
 
 proptest::proptest! {
     /// A plan made after some of a plan's moves were made (every heavy one, any of the light
-    /// ones: the receivers' allowances) moves none of them again; made after all of them, it
-    /// moves nothing; and every instance ends within the band, or carries no more than the mean
-    /// and its heaviest lease.
+    /// ones: the receivers' allowances) moves none of them again; made after all of them, or
+    /// while all of them are on their way, it moves nothing; and every instance ends within the
+    /// band, or carries no more than the mean and its heaviest lease.
     #[test]
     fn a_plan_keeps_the_moves_already_made_and_ends_within_the_band(
         weights in proptest::collection::vec(0.0f64..500.0, 1..48),
@@ -181,6 +181,9 @@ proptest::proptest! {
         let settled = moved(&leases, &first);
         let after = plan(&settled, &takers);
         proptest::prop_assert!(after.is_empty(), "a settled plan moved {after:?}");
+        let asked = on_their_way(&leases, &first);
+        let meanwhile = plan(&asked, &takers);
+        proptest::prop_assert!(meanwhile.is_empty(), "a plan with its handoffs on their way moved {meanwhile:?}");
         let mean = weights.iter().sum::<f64>() / instances as f64;
         let heaviest = weights.iter().copied().fold(0.0, f64::max);
         let limit = (mean * (1.0 + HYSTERESIS)).max(mean + heaviest) * (1.0 + 1e-9);
@@ -188,4 +191,35 @@ proptest::proptest! {
             proptest::prop_assert!(load <= limit, "{name} carries {load}, mean {mean}, heaviest {heaviest}");
         }
     }
+}
+
+/// `leases` with `placements` asked for (handoffs on their way).
+fn on_their_way<'a>(leases: &[PlanLease<'a>], placements: &[Placement<'a>]) -> Vec<PlanLease<'a>> {
+    leases
+        .iter()
+        .map(|lease| match placements.iter().find(|p| p.id == lease.id) {
+            Some(p) => PlanLease {
+                held: Held::OnItsWayTo(p.to),
+                ..*lease
+            },
+            None => *lease,
+        })
+        .collect()
+}
+
+/// A handoff still on its way counts where it stands in the order, heaviest first, as its
+/// requester's: counted before heavier leases, it pushed them out and a lease moved twice.
+#[test]
+fn a_lease_on_its_way_counts_in_its_turn_and_nothing_else_moves() {
+    let ids: Vec<String> = ["a1", "l", "h", "m1", "m2", "d1", "d2", "d3", "d4", "d5", "d6"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    let weights = [59.0, 43.0, 58.0, 52.0, 44.0, 59.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+    let owners = ["a", "a", "b", "c", "c", "d", "d", "d", "d", "d", "d"];
+    let leases = owned(&ids, &weights, &owners);
+    let takers = takers(4);
+    let first = plan(&leases, &takers);
+    assert_eq!(first.iter().map(|p| (p.id, p.to)).collect::<Vec<_>>(), [("l", "b")]);
+    assert_eq!(plan(&on_their_way(&leases, &first), &takers), []);
 }
