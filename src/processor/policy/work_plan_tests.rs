@@ -33,11 +33,25 @@ fn ids(n: usize) -> Vec<String> {
 
 /// `leases` with `placements` made.
 fn moved<'a>(leases: &[PlanLease<'a>], placements: &[Placement<'a>]) -> Vec<PlanLease<'a>> {
+    with(leases, placements, Held::By)
+}
+
+/// `leases` with `placements` asked for (handoffs on their way).
+fn on_their_way<'a>(leases: &[PlanLease<'a>], placements: &[Placement<'a>]) -> Vec<PlanLease<'a>> {
+    with(leases, placements, Held::OnItsWayTo)
+}
+
+/// `leases` with each of `placements` held as `held` says.
+fn with<'a>(
+    leases: &[PlanLease<'a>],
+    placements: &[Placement<'a>],
+    held: impl Fn(&'a str) -> Held<'a>,
+) -> Vec<PlanLease<'a>> {
     leases
         .iter()
         .map(|lease| match placements.iter().find(|p| p.id == lease.id) {
             Some(p) => PlanLease {
-                held: Held::By(p.to),
+                held: held(p.to),
                 ..*lease
             },
             None => *lease,
@@ -191,20 +205,6 @@ proptest::proptest! {
             proptest::prop_assert!(load <= limit, "{name} carries {load}, mean {mean}, heaviest {heaviest}");
         }
     }
-}
-
-/// `leases` with `placements` asked for (handoffs on their way).
-fn on_their_way<'a>(leases: &[PlanLease<'a>], placements: &[Placement<'a>]) -> Vec<PlanLease<'a>> {
-    leases
-        .iter()
-        .map(|lease| match placements.iter().find(|p| p.id == lease.id) {
-            Some(p) => PlanLease {
-                held: Held::OnItsWayTo(p.to),
-                ..*lease
-            },
-            None => *lease,
-        })
-        .collect()
 }
 
 /// A handoff still on its way counts where it stands in the order, heaviest first, as its
