@@ -105,6 +105,21 @@ fn before_holdings(states: &[LeaseState], work: &HashMap<String, f64>) -> Vec<Ve
     by_owner.into_values().collect()
 }
 
+/// Scaled out from 8 to 9 with equal work: each of the 8 carries 1.125 × the new mean, within
+/// the band, yet the newcomer must not stay idle — it takes what it lacks of an equal count.
+#[test]
+fn a_newcomer_is_given_work_though_every_other_instance_is_within_the_band() {
+    let owners = ["a", "b", "c", "d", "e", "f", "g", "h"];
+    let (mut states, work) = world(&owners, 4, |_, _| 10.0);
+    let mut instances = names(&owners);
+    instances.push("i".into());
+    let (cycles, moves, most) = simulate(&mut states, &work, &instances);
+    let after = loads(&states, &work);
+    assert!(after.get("i").copied().unwrap_or_default() >= 30.0, "{after:?}");
+    assert!(moves <= 4, "{moves} moves: {after:?}");
+    assert_eq!((cycles, most), (1, 1));
+}
+
 #[test]
 fn leases_that_report_nothing_are_spread_by_count() {
     let (mut states, work) = world(&["a"], 32, |_, _| LEASE_FLOOR);
