@@ -254,7 +254,9 @@ async fn an_acquisition_answered_after_a_freeze_vouches_for_nothing_since_it_was
 
 /// Once instance `cut` owns the only lease and delivered 10 documents, cuts it off from the lease
 /// store for more than an expiration, while another instance takes the lease as expired (written
-/// here as it would).
+/// here as it would) and then renews it as a live owner does, for as long as the test runs (a
+/// usurper that never wrote again would be dead, its lease expired an expiration after its write,
+/// and `cut` would rightly take the lease back).
 async fn usurped_while_cut_off(env: &Env, store: &CountingStore) {
     let owns = eventually(Duration::from_secs(15), || async {
         env.owners().await.get("cut") == Some(&1)
@@ -267,7 +269,18 @@ async fn usurped_while_cut_off(env: &Env, store: &CountingStore) {
     tokio::time::sleep(Duration::from_millis(2200)).await;
     let mut lease = env.leases().await.remove(0);
     lease.owner = Some("usurper".into());
-    env.store().await.replace(&lease).await.unwrap();
+    let store = env.store().await;
+    let mut lease = store.replace(&lease).await.unwrap();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            lease.timestamp = Some(time::OffsetDateTime::now_utc());
+            match store.replace(&lease).await {
+                Ok(renewed) => lease = renewed,
+                Err(_) => return,
+            }
+        }
+    });
 }
 
 /// The heartbeat `instance` wrote last, as listed.

@@ -10,6 +10,7 @@ use crate::processor::leases::lease::{
     Beat, HeartbeatDoc, Lease, LeaseSnapshot, LeaseStore, LeaseStoreError, LockAttempt,
 };
 use crate::processor::leases::lease_ids::{IdKind, classify, prefixes_nest};
+use crate::processor::leases::writer_clocks::{self, ClockStamp};
 
 /// The part of a lease prefix shared by one processor's lease sets on every container of the
 /// account (`{processorName}{accountHost}_`): the prefix without its database and container rids.
@@ -173,6 +174,7 @@ impl CosmosLeaseStore {
 
     fn body(&self, lease: &Lease) -> Result<Value, LeaseStoreError> {
         let mut lease = lease.clone();
+        lease.writer_clock = Some(writer_clocks::stamp_now());
         if !self.pk_is_id {
             lease.partition_key = Some(lease.id.clone());
         }
@@ -225,6 +227,8 @@ const LEAVING_FIELD: &str = "leaving";
 /// The heartbeat field that names the process running under the instance name.
 const INCARNATION_FIELD: &str = "incarnation";
 const POD_FIELD: &str = "podUid";
+/// The heartbeat field that stamps it by its process's own clock ([`writer_clocks`]).
+const WRITER_CLOCK_FIELD: &str = "writerClock";
 
 /// Records the heartbeat document `body` of `instance` in `snapshot` (one without a readable
 /// time is no heartbeat).
@@ -239,6 +243,13 @@ fn record_heartbeat(snapshot: &mut LeaseSnapshot, instance: &str, body: &Value) 
     }
     if body.get(LEAVING_FIELD).and_then(Value::as_bool) == Some(true) {
         snapshot.leaving.push(instance.to_owned());
+    }
+    let stamp = body
+        .get(WRITER_CLOCK_FIELD)
+        .cloned()
+        .map(serde_json::from_value::<ClockStamp>);
+    if let Some(Ok(stamp)) = stamp {
+        snapshot.heartbeat_clocks.insert(instance.to_owned(), stamp);
     }
     snapshot.instances.push((instance.to_owned(), beat));
 }
@@ -423,6 +434,9 @@ impl LeaseStore for CosmosLeaseStore {
         let mut extra = serde_json::json!({
             "Owner": beat.instance, "timestamp": stamp, INCARNATION_FIELD: beat.incarnation,
         });
+        if let Ok(stamp) = serde_json::to_value(writer_clocks::stamp_now()) {
+            extra[WRITER_CLOCK_FIELD] = stamp;
+        }
         if beat.keeps_leases {
             extra[LIVENESS_FIELD] = Value::String(LIVENESS_INSTANCE.into());
         }

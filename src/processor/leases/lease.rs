@@ -1,7 +1,7 @@
 //! Lease documents (the .NET v3 layout) and the lease store: the lease container of one processor,
 //! where every update is a conditional replace on the document's ETag.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -9,6 +9,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::cosmos::{CosmosError, EpkRange, StartFrom};
+use crate::processor::leases::writer_clocks::ClockStamp;
 
 /// The `Mode` the .NET SDK writes for latest-version leases.
 pub const INCREMENTAL_MODE: &str = "Incremental Feed";
@@ -68,6 +69,10 @@ pub struct Lease {
     /// Partition key value, for lease containers partitioned on `/partitionKey`.
     #[serde(rename = "partitionKey", default, skip_serializing_if = "Option::is_none")]
     pub partition_key: Option<String>,
+    /// When the writer of this version stamped it, by its own process's clock (an addition of
+    /// ours: lets other instances date the write without comparing wall clocks).
+    #[serde(rename = "writerClock", default, skip_serializing_if = "Option::is_none")]
+    pub writer_clock: Option<ClockStamp>,
     /// Server time of the last update, in seconds since the epoch (read only).
     #[serde(rename = "_ts", default, skip_serializing)]
     pub server_ts: Option<i64>,
@@ -170,6 +175,7 @@ impl Lease {
             timestamp: None,
             checkpoint_time: None,
             partition_key: None,
+            writer_clock: None,
             server_ts: None,
             etag: String::new(),
         }
@@ -311,6 +317,9 @@ pub struct LeaseSnapshot {
     pub leases: Vec<Lease>,
     /// Instances that announced themselves (see [`LeaseStore::heartbeat`]) with their last beat.
     pub instances: Vec<(String, OffsetDateTime)>,
+    /// When each instance's heartbeat was stamped, by its process's own clock (heartbeats of
+    /// versions that write no stamp are not named).
+    pub heartbeat_clocks: HashMap<String, ClockStamp>,
     /// The instances among them whose heartbeat keeps their leases alive (it carries the
     /// liveness marker, see [`crate::processor::leases::heartbeat`]).
     pub keepers: Vec<String>,

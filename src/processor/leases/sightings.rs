@@ -4,6 +4,11 @@
 //! for the lease expiration — never by comparing another machine's wall clock with ours, so clocks
 //! that differ between nodes (by seconds or by minutes) change nothing. Pure: time comes in.
 //!
+//! A version's time is when this instance first listed it — or earlier, when the writer's own
+//! clock says it was stamped earlier ([`crate::processor::leases::writer_clocks`]): then a
+//! version first listed a listing interval after it was written is dated by its writing, so a
+//! crashed owner's leases expire an expiration after its last write, not after a listing.
+//!
 //! The lease of an instance whose heartbeat keeps its leases alive
 //! ([`crate::processor::leases::heartbeat`]) lives while either changes: it is expired only when
 //! neither the lease nor its owner's heartbeat changed for the expiration.
@@ -14,6 +19,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::processor::leases::lease::{HANDOFF_REQUESTED_PROPERTY, HANDOFF_TO_PROPERTY, Lease, LeaseSnapshot};
+use crate::processor::leases::writer_clocks::{ClockStamp, WriterClocks};
 
 /// What a sighting is of.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -27,10 +33,33 @@ pub enum Seen {
     Request(String),
 }
 
+/// One thing a listing shows: what it is, its version, and the writer's stamp when it has one.
+#[derive(Debug, Clone)]
+pub struct Shown {
+    /// What it is.
+    pub key: Seen,
+    /// Its version.
+    pub version: String,
+    /// When its writer stamped it, by the writer's own clock (`None`: other writers').
+    pub stamp: Option<ClockStamp>,
+}
+
+impl Shown {
+    fn new(key: Seen, version: String, stamp: Option<&ClockStamp>) -> Self {
+        Self {
+            key,
+            version,
+            stamp: stamp.cloned(),
+        }
+    }
+}
+
 /// The versions this instance saw, and since when.
 #[derive(Debug, Clone, Default)]
 pub struct Sightings {
     seen: HashMap<Seen, (String, Instant)>,
+    /// What the listings told of the writers' clocks.
+    clocks: WriterClocks,
     /// The instances whose heartbeat keeps their leases alive, as the last listing showed.
     keepers: HashSet<String>,
     /// When each listed instance's heartbeat was first seen (forgotten when it is not listed).
@@ -41,26 +70,33 @@ impl Sightings {
     /// Records what `snapshot`, listed at `at`, shows: a version not seen before starts its
     /// time now; whatever the listing no longer shows is forgotten.
     pub fn observe(&mut self, snapshot: &LeaseSnapshot, at: Instant) {
-        let mut versions: Vec<(Seen, String)> = Vec::new();
+        let mut versions: Vec<Shown> = Vec::new();
         for lease in &snapshot.leases {
-            versions.push((Seen::Lease(lease.id.clone()), lease_version(lease)));
+            let key = Seen::Lease(lease.id.clone());
+            versions.push(Shown::new(key, lease_version(lease), lease.writer_clock.as_ref()));
             // An owner's acknowledgement, written anew while it drains, renews the request.
             if let Some((to, requested)) = lease.handoff_request() {
                 let acknowledged = lease.handoff_acknowledged().unwrap_or_default();
                 let version = format!("{to}@{requested}+{acknowledged}");
-                versions.push((Seen::Request(lease.id.clone()), version));
+                versions.push(Shown::new(Seen::Request(lease.id.clone()), version, None));
             }
         }
         for (name, beat) in &snapshot.instances {
-            versions.push((Seen::Heartbeat(name.clone()), beat.to_string()));
+            let stamp = snapshot.heartbeat_clocks.get(name);
+            versions.push(Shown::new(Seen::Heartbeat(name.clone()), beat.to_string(), stamp));
         }
         self.note_keepers(&snapshot.keepers);
+        self.record(versions, at);
+        // Dated as its first heartbeat listed here is: by its writer's clock where it tells.
+        let first_beat = |name: &String| self.seen.get(&Seen::Heartbeat(name.clone())).map(|(_, since)| *since);
         self.arrived = snapshot
             .instances
             .iter()
-            .map(|(name, _)| (name.clone(), self.arrived.get(name).copied().unwrap_or(at)))
+            .map(|(name, _)| {
+                let arrived = self.arrived.get(name).copied().or_else(|| first_beat(name));
+                (name.clone(), arrived.unwrap_or(at))
+            })
             .collect();
-        self.record(versions, at);
     }
 
     /// Records a listing sent at `sent` whose answer came back at `returned`, and says as of
@@ -83,7 +119,8 @@ impl Sightings {
     }
 
     /// When `instance`'s heartbeat was first listed here (the first listing's time for those it
-    /// showed); `None` when the last listing did not show it.
+    /// showed, or its stamp's time as its writer's clock dates it); `None` when the last listing
+    /// did not show it.
     pub fn arrival(&self, instance: &str) -> Option<Instant> {
         self.arrived.get(instance).copied()
     }
@@ -93,16 +130,24 @@ impl Sightings {
         self.keepers = keepers.iter().cloned().collect();
     }
 
-    /// Records `versions` seen at `at`, forgetting what they do not name.
-    pub fn record(&mut self, versions: Vec<(Seen, String)>, at: Instant) {
+    /// Records `versions` listed at `at` (when the listing returned), forgetting what they do
+    /// not name. A version not seen before dates from `at`, or from when its writer's clock says
+    /// it was stamped when that is earlier.
+    pub fn record(&mut self, versions: Vec<Shown>, at: Instant) {
         let mut next = HashMap::with_capacity(versions.len());
-        for (key, version) in versions {
-            let since = match self.seen.get(&key) {
-                Some((known, since)) if *known == version => *since,
-                _ => at,
+        for shown in &versions {
+            let since = match (self.seen.get(&shown.key), &shown.stamp) {
+                (Some((known, since)), _) if *known == shown.version => *since,
+                (_, Some(stamp)) => self.clocks.first_listed(stamp, at),
+                (_, None) => at,
             };
-            next.insert(key, (version, since));
+            next.insert(shown.key.clone(), (shown.version.clone(), since));
         }
+        let clocks = versions
+            .iter()
+            .filter_map(|v| v.stamp.as_ref())
+            .map(|s| s.clock.as_str());
+        self.clocks.retain(&clocks.collect());
         self.seen = next;
     }
 
@@ -176,6 +221,7 @@ fn is_request_property(key: &str) -> bool {
 mod tests {
     use super::*;
     use crate::cosmos::EpkRange;
+    use crate::processor::leases::writer_clocks::DRIFT;
 
     /// A lease whose owner wrote `version` (as its position) and owns it.
     fn lease(version: &str, owner: Option<&str>) -> Lease {
@@ -294,5 +340,93 @@ mod tests {
             seen.unchanged_for(&key, t0 + Duration::from_secs(30)),
             Duration::from_secs(10)
         );
+    }
+
+    /// A listing of one idle lease of `b` and `b`'s heartbeat `beat`, each stamped by `b`'s
+    /// process clock (the lease at 0 µs).
+    fn stamped(beat_us: u64) -> LeaseSnapshot {
+        let mut idle = lease("v1", Some("b"));
+        idle.writer_clock = Some(ClockStamp {
+            clock: "b-process".into(),
+            us: 0,
+        });
+        let mut snapshot = with_heartbeat(vec![idle], &"b".repeat(1 + beat_us as usize / 1000), true);
+        let stamp = ClockStamp {
+            clock: "b-process".into(),
+            us: beat_us,
+        };
+        snapshot.heartbeat_clocks.insert("b".into(), stamp);
+        snapshot
+    }
+
+    #[test]
+    fn a_last_beat_first_listed_a_listing_late_is_dated_by_its_writers_clock() {
+        let expiration = Duration::from_secs(6);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut seen = Sightings::default();
+        // Beats every 1.7 s (b's clock reads 0 at t0), listings every 1.3 s from 1.19 s; b
+        // crashes right after its beat at 5.1 s, which the listing at 6.39 s shows first.
+        let beat_shown = |listed_ms: u64| (0..4u64).map(|k| k * 1700).filter(|b| *b <= listed_ms).max();
+        for j in 0..9u64 {
+            let listed = 1190 + j * 1300;
+            let beat = beat_shown(listed).unwrap_or_default();
+            seen.observe(&stamped(beat * 1000), at(listed));
+        }
+        let idle = stamped(0).leases[0].clone();
+        // Its last beat was 6.49 s before the listing at 11.59 s; first listed only 5.2 s before.
+        assert!(seen.is_expired(&idle, at(11_590), expiration));
+        assert!(!seen.is_expired(&idle, at(10_290), expiration));
+    }
+
+    #[test]
+    fn an_instance_arrives_when_its_first_listed_beat_was_stamped() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut seen = Sightings::default();
+        // b's clock is known from a listing at 0 ms (its lease, stamped 0 µs)...
+        seen.observe(&listing(vec![stamped(0).leases[0].clone()]), at(0));
+        // ...and its heartbeat, stamped 200 ms later by that clock, is first listed at 1.3 s.
+        seen.observe(&stamped(200_000), at(1300));
+        let arrived = seen.arrival("b").map(|t| t - t0);
+        assert!(arrived.is_some_and(|a| a >= Duration::from_millis(200) && a <= Duration::from_millis(201)));
+    }
+
+    proptest::proptest! {
+        /// Whatever the writer's clock offset and rate (within the drift allowed), the delays of
+        /// its writes, and when listings are sent, read and answered: a lease is never judged
+        /// expired before an expiration has passed since its owner's last beat was stamped.
+        #[test]
+        fn no_lease_is_judged_expired_before_an_expiration_after_its_last_stamp(
+            beat_ms in 200u64..3000,
+            listing_ms in 200u64..3000,
+            phase_ms in 0u64..3000,
+            rate in (1.0 - DRIFT * 0.9)..(1.0 + DRIFT * 0.9),
+            delays in proptest::collection::vec(0u64..400, 40),
+            reads in proptest::collection::vec(0.0f64..1.0, 80),
+            round_trips in proptest::collection::vec(1u64..300, 80),
+            beats in 1usize..40,
+        ) {
+            let expiration = Duration::from_secs(6);
+            let t0 = Instant::now();
+            let at = |ms: f64| t0 + Duration::from_secs_f64(ms / 1000.0);
+            // The k-th beat is stamped `k × beat_ms` by b's clock: at `(1000 + k × beat_ms) × rate`
+            // by ours, and written after its delay.
+            let stamped_at = |k: usize| (1000.0 + (k as u64 * beat_ms) as f64) * rate;
+            let written_at = |k: usize| stamped_at(k) + delays[k] as f64;
+            let mut seen = Sightings::default();
+            for j in 0..80 {
+                let sent = 1000.0 + (phase_ms + j as u64 * listing_ms) as f64;
+                let returned = sent + round_trips[j] as f64;
+                let read = sent + (returned - sent) * reads[j];
+                let Some(k) = (0..beats).filter(|k| written_at(*k) <= read).max() else { continue };
+                let judged = seen.observe_listing(&stamped(k as u64 * beat_ms * 1000), at(sent), at(returned));
+                let idle = stamped(0).leases[0].clone();
+                let silence = judged.saturating_duration_since(at(stamped_at(beats - 1)));
+                if seen.is_expired(&idle, judged, expiration) {
+                    proptest::prop_assert!(silence >= expiration, "expired {silence:?} after the last stamp");
+                }
+            }
+        }
     }
 }
