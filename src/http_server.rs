@@ -37,6 +37,11 @@ where
                 continue;
             }
         };
+        // An answer written in pieces (HTTP/2 frames: headers, then data) must not wait for the
+        // client's delayed acknowledgement of the first piece (Nagle's algorithm: 40 ms a time).
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "TCP_NODELAY not set");
+        }
         let handler = handler.clone();
         let stop = shutdown.clone();
         connections.spawn(async move {

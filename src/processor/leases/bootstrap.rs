@@ -251,22 +251,55 @@ async fn initialize(
     } else {
         monitored.partition_key_ranges().await?
     };
-    for range in &pieces {
-        let continuation = match options.start_from {
-            StartFrom::Now if !recreated => Some(anchor_now(monitored, range, options.mode).await?),
-            StartFrom::Now | StartFrom::Beginning | StartFrom::Time(_) => None,
-        };
-        let mut lease = match partition_id(&partitions, range) {
-            Some(id) => Lease::for_partition(store.prefix(), id, range, continuation),
-            None => Lease::new(store.prefix(), range, continuation),
-        };
-        lease.mode = Some(options.mode.lease_mode().to_owned());
-        if recreated {
-            lease = lease.start_from_beginning();
-        }
-        if create_paced(store, budget, &lease).await?.is_some() {
-            created += 1;
-        }
+    let mut leases = Vec::with_capacity(pieces.len());
+    for chunk in pieces.chunks(AT_ONCE) {
+        let made = chunk
+            .iter()
+            .map(|range| new_lease((store, monitored, options), &partitions, range, recreated));
+        leases.extend(futures::future::try_join_all(made).await?);
+    }
+    created += create_all((store, budget), &leases).await?;
+    Ok(created)
+}
+
+/// The new lease over `range` (anchored at the feed's end now when the processor starts from
+/// now, unless the monitored container was created again).
+async fn new_lease(
+    (store, monitored, options): (&dyn LeaseStore, &MonitoredContainer, &ProcessorOptions),
+    partitions: &[(String, EpkRange)],
+    range: &EpkRange,
+    recreated: bool,
+) -> Result<Lease, ProcessorError> {
+    let continuation = match options.start_from {
+        StartFrom::Now if !recreated => Some(anchor_now(monitored, range, options.mode).await?),
+        StartFrom::Now | StartFrom::Beginning | StartFrom::Time(_) => None,
+    };
+    let mut lease = match partition_id(partitions, range) {
+        Some(id) => Lease::for_partition(store.prefix(), id, range, continuation),
+        None => Lease::new(store.prefix(), range, continuation),
+    };
+    lease.mode = Some(options.mode.lease_mode().to_owned());
+    if recreated {
+        lease = lease.start_from_beginning();
+    }
+    Ok(lease)
+}
+
+/// Bootstrap requests sent at once (anchors, creations): a container of many partitions is
+/// ready in a few round trips rather than one per lease.
+const AT_ONCE: usize = 8;
+
+/// Creates `leases`, [`AT_ONCE`] at a time, each when `budget` admits it; how many were created
+/// (those that existed already are not).
+async fn create_all(
+    (store, budget): (&dyn LeaseStore, &WriteBudget),
+    leases: &[Lease],
+) -> Result<usize, LeaseStoreError> {
+    let mut created = 0;
+    for chunk in leases.chunks(AT_ONCE) {
+        let sent = chunk.iter().map(|lease| create_paced(store, budget, lease));
+        let answers = futures::future::try_join_all(sent).await?;
+        created += answers.iter().filter(|lease| lease.is_some()).count();
     }
     Ok(created)
 }
@@ -327,13 +360,8 @@ async fn adopt_existing(
             return Err(error);
         }
     };
-    let (mut created, mut adopted) = (0, Vec::new());
-    for lease in leases {
-        adopted.extend(lease.range().cloned());
-        if create_paced(store, budget, &lease).await?.is_some() {
-            created += 1;
-        }
-    }
+    let adopted = leases.iter().filter_map(|lease| lease.range().cloned()).collect();
+    let created = create_all((store, budget), &leases).await?;
     Ok((created, adopted))
 }
 
