@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::work_plan::{Held, Placement, PlanLease, Taker, plan};
+use super::work_plan::{Held, Placement, PlanLease, Taker, equal_count, plan};
 use crate::processor::leases::lag_report::reported_lag;
 use crate::processor::leases::lease::Lease;
 use crate::processor::leases::work_report::{WorkTimings, rate_as_of};
@@ -125,7 +125,7 @@ pub fn leases_to_acquire_by_work(
 
 /// `me`'s part of `placements`: what it is dealt, and its moves within its allowance.
 fn my_part(placements: &[Placement], leases: &[PlanLease], takers: usize, me: &str) -> WorkPicks {
-    let count_share = leases.len() / takers.max(1);
+    let count_share = equal_count(leases.len(), takers);
     let mut mine = WorkPicks::default();
     for placement in placements.iter().filter(|p| p.to == me && p.from.is_none()) {
         mine.dealt.push(placement.id.to_owned());

@@ -143,7 +143,7 @@ pub fn plan<'a>(leases: &[PlanLease<'a>], takers: &[Taker<'a>]) -> Vec<Placement
     };
     let share = Share {
         mean,
-        count: leases.len() / bins.len(),
+        count: equal_count(leases.len(), bins.len()),
     };
     placed.extend(fill(&sorted_all, &bins, share, &givable));
     placed
@@ -304,6 +304,11 @@ struct Givable<'a> {
     /// When some heavy lease fits nowhere: the work above which a lease is heavy (only lighter
     /// ones are given, so the heavy stage falls back alike in the next plan).
     light_only: Option<f64>,
+}
+
+/// How many of `leases` an equal share by count holds among `instances` (rounded down).
+pub(crate) fn equal_count(leases: usize, instances: usize) -> usize {
+    leases / instances.max(1)
 }
 
 /// An equal share, by work and by count.
