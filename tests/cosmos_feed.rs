@@ -249,3 +249,101 @@ async fn in_process_pages_carry_lsns_and_quoted_lsn_continuations() {
     }
     assert_eq!(seen, 60);
 }
+
+/// Each range's feed read to the end in pages of 25: the ids in order and the continuations.
+async fn drain_all(
+    monitored: &MonitoredContainer,
+    ranges: &[EpkRange],
+    from: &[Option<String>],
+) -> (Vec<Vec<String>>, Vec<String>) {
+    let mut ids = Vec::new();
+    let mut ends = Vec::new();
+    for (range, from) in ranges.iter().zip(from) {
+        let mut reader = monitored
+            .reader(range, from.as_deref(), StartFrom::Beginning, 25)
+            .await
+            .unwrap();
+        let (read, end) = drain(&mut reader).await;
+        ids.push(read);
+        ends.push(end);
+    }
+    (ids, ends)
+}
+
+/// On the service a merged partition's LSNs go on above both parents' and a parent's continuation
+/// resumes where it stopped (each parent range read from the child); the SDK emulator numbers the
+/// merged partition from 1 again, which `cfp emulator`'s edge translates.
+#[tokio::test]
+async fn a_merge_resumes_each_parent_continuation_where_it_stopped() {
+    let (emulator, monitored, docs) = setup(2).await;
+    let parents = monitored.feed_ranges(false).await.unwrap();
+    assert_eq!(parents.len(), 2);
+    write(&docs, 0..100).await;
+    // Updates raise each parent's LSN above the count of its documents.
+    write(&docs, 0..100).await;
+    let (first, checkpoints) = drain_all(&monitored, &parents, &[None, None]).await;
+    assert_eq!(first.iter().map(Vec::len).sum::<usize>(), 100);
+    write(&docs, 100..140).await;
+
+    let ids: Vec<String> = emulator
+        .partitions("db", "items")
+        .await
+        .unwrap()
+        .iter()
+        .map(|p| p.id.clone())
+        .collect();
+    let merged = emulator
+        .merge("db", "items", [&ids[0], &ids[1]], Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert_eq!(merged.len(), 1);
+    assert_eq!(monitored.feed_ranges(true).await.unwrap().len(), 1);
+
+    // Each parent's checkpoint resumes on the merged partition with exactly what it had not read.
+    let from: Vec<Option<String>> = checkpoints.iter().cloned().map(Some).collect();
+    let (resumed, ends) = drain_all(&monitored, &parents, &from).await;
+    let mut got: Vec<String> = resumed.concat();
+    got.sort();
+    let mut expected: Vec<String> = (100..140).map(|i| format!("d{i}")).collect();
+    expected.sort();
+    assert_eq!(got, expected, "checkpoints {checkpoints:?}, resumed {resumed:?}");
+    for (end, checkpoint) in ends.iter().zip(&checkpoints) {
+        let (end, checkpoint) = (formats_lsn(end), formats_lsn(checkpoint));
+        assert!(
+            end >= checkpoint,
+            "LSNs go on increasing across the merge: {checkpoint} then {end}"
+        );
+    }
+
+    // Writes after the merge follow, from either parent's continuation and the merged range's.
+    write(&docs, 140..160).await;
+    let (later, _) = drain_all(
+        &monitored,
+        &parents,
+        &ends.iter().cloned().map(Some).collect::<Vec<_>>(),
+    )
+    .await;
+    let mut later: Vec<String> = later.concat();
+    later.sort();
+    let mut expected: Vec<String> = (140..160).map(|i| format!("d{i}")).collect();
+    expected.sort();
+    assert_eq!(later, expected);
+    // A read of the merged range from the beginning has every document once, in LSN order.
+    let whole = monitored.feed_ranges(true).await.unwrap();
+    let mut reader = monitored
+        .reader(&whole[0], None, StartFrom::Beginning, 30)
+        .await
+        .unwrap();
+    let (all, _) = drain(&mut reader).await;
+    assert_eq!(all.len(), 160);
+    // And a point read with the session the writes left still answers.
+    assert!(docs.read("pk3", "d3").await.unwrap().is_some());
+}
+
+/// The LSN of a quoted-LSN continuation.
+fn formats_lsn(continuation: &str) -> u64 {
+    continuation
+        .trim_matches('"')
+        .parse()
+        .unwrap_or_else(|_| panic!("not a quoted LSN: {continuation}"))
+}

@@ -19,19 +19,20 @@ use serde_json::Value;
 
 use super::formats;
 use super::lag::{Lag, Write};
+use super::lsn_map::{self, MergedRanges, RangeMaps};
 use super::throttles::Throttles;
 
 type DriverResult<T> = azure_data_cosmos_driver::error::Result<T>;
 
-const IF_NONE_MATCH: HeaderName = HeaderName::from_static("if-none-match");
-const MAX_ITEM_COUNT: HeaderName = HeaderName::from_static("x-ms-max-item-count");
-const ETAG: HeaderName = HeaderName::from_static("etag");
-const SESSION_TOKEN: HeaderName = HeaderName::from_static("x-ms-session-token");
-const RANGE_ID: HeaderName = HeaderName::from_static("x-ms-documentdb-partitionkeyrangeid");
-const ITEM_COUNT: HeaderName = HeaderName::from_static("x-ms-item-count");
-const ITEM_LSN: HeaderName = HeaderName::from_static("x-ms-item-lsn");
+pub(super) const IF_NONE_MATCH: HeaderName = HeaderName::from_static("if-none-match");
+pub(super) const MAX_ITEM_COUNT: HeaderName = HeaderName::from_static("x-ms-max-item-count");
+pub(super) const ETAG: HeaderName = HeaderName::from_static("etag");
+pub(super) const SESSION_TOKEN: HeaderName = HeaderName::from_static("x-ms-session-token");
+pub(super) const RANGE_ID: HeaderName = HeaderName::from_static("x-ms-documentdb-partitionkeyrangeid");
+pub(super) const ITEM_COUNT: HeaderName = HeaderName::from_static("x-ms-item-count");
+pub(super) const ITEM_LSN: HeaderName = HeaderName::from_static("x-ms-item-lsn");
 const CONTENT_LENGTH: HeaderName = HeaderName::from_static("content-length");
-const LSN: HeaderName = HeaderName::from_static("lsn");
+pub(super) const LSN: HeaderName = HeaderName::from_static("lsn");
 const IS_QUERY: HeaderName = HeaderName::from_static("x-ms-documentdb-isquery");
 
 /// The page size of a query that asks for none (no `x-ms-max-item-count`, or -1): the service
@@ -73,13 +74,20 @@ pub struct Reply {
 /// The SDK emulator behind the service's change feed formats.
 #[derive(Debug)]
 pub struct Edge {
-    client: Arc<InMemoryEmulatorHttpClient>,
+    pub(super) client: Arc<InMemoryEmulatorHttpClient>,
     /// Partition key paths by container (path and resource id), for the look-ups of `_lsn`.
-    partition_keys: Mutex<HashMap<String, Arc<Vec<String>>>>,
+    pub(super) partition_keys: Mutex<HashMap<String, Arc<Vec<String>>>>,
     /// What each region has of the others' writes.
     lag: Arc<Lag>,
     /// The 429s and request units of every answer, by container.
     throttles: Arc<Throttles>,
+    /// The service's LSNs of the partitions the emulator numbered anew at a merge.
+    pub(super) merged: MergedRanges,
+    /// Held by every request; a merge or split holds it alone while it reads the partitions
+    /// and installs the maps of the new ones.
+    pub(super) gate: tokio::sync::RwLock<()>,
+    /// One merge or split at a time.
+    pub(super) transitions: tokio::sync::Mutex<()>,
 }
 
 /// What a request does to the documents of a container.
@@ -125,6 +133,9 @@ impl Edge {
             partition_keys: Mutex::default(),
             lag,
             throttles: Arc::default(),
+            merged: MergedRanges::default(),
+            gate: tokio::sync::RwLock::new(()),
+            transitions: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -137,24 +148,39 @@ impl Edge {
     pub async fn execute(&self, request: Request) -> DriverResult<Reply> {
         let path = request.url().path().to_owned();
         let write = Access::of(&request) == Access::Write;
+        let gate = self.gate.read().await;
         let reply = self.serve(request).await?;
+        drop(gate);
         self.throttles.record(&path, write, reply.status, &reply.headers);
         Ok(reply)
     }
 
-    /// Serves one request as the service would.
-    async fn serve(&self, request: Request) -> DriverResult<Reply> {
-        match Access::of(&request) {
-            Access::ChangeFeed => self.change_feed(request).await,
-            Access::PointRead if self.hides(&request) => Ok(not_found()),
-            Access::Write => {
-                let reply = self.send(&request).await?;
-                self.record(&request, &reply);
-                Ok(reply)
-            }
-            Access::Other if is_query(&request) => self.send(&paged(request)).await,
-            Access::PointRead | Access::Other => self.send(&request).await,
+    /// Serves one request as the service would (the gate held).
+    pub(super) async fn serve(&self, request: Request) -> DriverResult<Reply> {
+        let access = Access::of(&request);
+        if access == Access::PointRead && self.hides(&request) {
+            return Ok(not_found());
         }
+        let maps = self.merged.of(&container_of(&request));
+        let request = match &maps {
+            Some(maps) => inbound(request, maps),
+            None => request,
+        };
+        if access == Access::ChangeFeed {
+            return self.change_feed(request, maps.as_deref()).await;
+        }
+        let request = match access == Access::Other && is_query(&request) {
+            true => paged(request),
+            false => request,
+        };
+        let mut reply = self.send(&request).await?;
+        if let Some(maps) = &maps {
+            outbound(&mut reply, maps);
+        }
+        if access == Access::Write {
+            self.record(&request, &reply);
+        }
+        Ok(reply)
     }
 
     /// The region a request is addressed to (by its endpoint).
@@ -214,7 +240,7 @@ impl Edge {
 
     /// The highest LSN of the range a change feed request reads that its region has, if it
     /// lacks any.
-    fn visible_limit(&self, request: &Request) -> Option<u64> {
+    pub(super) fn visible_limit(&self, request: &Request) -> Option<u64> {
         if !self.lag.is_active() {
             return None;
         }
@@ -225,7 +251,7 @@ impl Edge {
     }
 
     /// Passes a request to the emulator as it is.
-    async fn send(&self, request: &Request) -> DriverResult<Reply> {
+    pub(super) async fn send(&self, request: &Request) -> DriverResult<Reply> {
         let (status, mut headers, body) = self.client.execute_request(request).await?.deconstruct();
         let body = body.collect().await.map_err(|e| {
             azure_data_cosmos_driver::error::CosmosError::builder()
@@ -236,205 +262,12 @@ impl Edge {
         headers.remove(CONTENT_LENGTH);
         Ok(Reply { status, headers, body })
     }
-
-    /// A change feed read: the client's continuation and page size in the emulator's terms, the
-    /// answer in the service's.
-    async fn change_feed(&self, mut request: Request) -> DriverResult<Reply> {
-        let requested = request
-            .headers()
-            .get_optional_str(&IF_NONE_MATCH)
-            .and_then(formats::service_lsn);
-        let wanted = request
-            .headers()
-            .get_optional_str(&MAX_ITEM_COUNT)
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|n| *n > 0);
-        if let Some(cursor) = request
-            .headers()
-            .get_optional_str(&IF_NONE_MATCH)
-            .and_then(formats::emulator_continuation)
-        {
-            request.insert_header(IF_NONE_MATCH, cursor);
-        }
-        if let Some(wanted) = wanted {
-            // One more than asked: whether the page would cut one LSN's documents apart.
-            request.insert_header(MAX_ITEM_COUNT, (wanted + 1).to_string());
-        }
-        let mut reply = self.send(&request).await?;
-        if reply.status == StatusCode::Ok {
-            reply = self.service_page(&request, reply, wanted).await?;
-        }
-        if let Some(etag) = reply.headers.get_optional_str(&ETAG).and_then(formats::service_etag) {
-            reply.headers.insert(ETAG, etag);
-        }
-        let range = reply.headers.get_optional_string(&RANGE_ID);
-        if let (Some(range), Some(token)) = (range, reply.headers.get_optional_string(&SESSION_TOKEN)) {
-            reply
-                .headers
-                .insert(SESSION_TOKEN, formats::range_session_token(&token, &range));
-        }
-        if let Some(limit) = self.visible_limit(&request) {
-            hold_back(&mut reply, limit, requested);
-        }
-        Ok(reply)
-    }
-
-    /// A page of changes as the service sends it: each document's `_lsn`, at most `wanted`
-    /// documents unless one LSN's documents go on past them, the ETag the emulator's cursor
-    /// after the last document kept.
-    async fn service_page(&self, request: &Request, mut reply: Reply, wanted: Option<usize>) -> DriverResult<Reply> {
-        let Ok(mut page) = serde_json::from_slice::<Value>(&reply.body) else {
-            return Ok(reply);
-        };
-        let Some(last) = reply.headers.get_optional_str(&ETAG).and_then(formats::cursor_lsn) else {
-            return Ok(reply);
-        };
-        let rid = page.get("_rid").and_then(Value::as_str).unwrap_or_default().to_owned();
-        let Some(items) = page.get_mut("Documents").and_then(Value::as_array_mut) else {
-            return Ok(reply);
-        };
-        let mut lsns = self.item_lsns(request, &rid, items, last).await;
-        if let Some(wanted) = wanted
-            && items.len() > wanted
-        {
-            if lsns[wanted - 1] == lsns[wanted] {
-                // A transactional batch goes on past the page: the service never cuts one LSN.
-                let etag = reply.headers.get_optional_string(&ETAG).unwrap_or_default();
-                let cursor = self.rest_of_lsn(request, etag, lsns[wanted], items, &mut lsns).await?;
-                reply.headers.insert(ETAG, cursor);
-            } else {
-                items.truncate(wanted);
-                lsns.truncate(wanted);
-                reply.headers.insert(ETAG, formats::cursor_after(lsns[wanted - 1]));
-            }
-        }
-        for (item, lsn) in items.iter_mut().zip(&lsns) {
-            formats::stamp_lsn(item, *lsn);
-        }
-        let count = items.len();
-        page["_count"] = count.into();
-        reply.headers.insert(ITEM_COUNT, count.to_string());
-        reply.body = Bytes::from(serde_json::to_vec(&page).unwrap_or_default());
-        Ok(reply)
-    }
-
-    /// Appends the documents of LSN `lsn` that follow the emulator cursor `etag`, one by one;
-    /// returns the cursor after the last of them.
-    async fn rest_of_lsn(
-        &self,
-        request: &Request,
-        mut etag: String,
-        lsn: u64,
-        items: &mut Vec<Value>,
-        lsns: &mut Vec<u64>,
-    ) -> DriverResult<String> {
-        loop {
-            let mut next = request.clone();
-            next.insert_header(IF_NONE_MATCH, etag.clone());
-            next.insert_header(MAX_ITEM_COUNT, "1");
-            let reply = self.send(&next).await?;
-            let cursor = reply.headers.get_optional_string(&ETAG).unwrap_or_default();
-            let item = serde_json::from_slice::<Value>(&reply.body)
-                .ok()
-                .and_then(|mut page| page.get_mut("Documents")?.as_array_mut()?.pop());
-            match item {
-                Some(item) if reply.status == StatusCode::Ok && formats::cursor_lsn(&cursor) == Some(lsn) => {
-                    items.push(item);
-                    lsns.push(lsn);
-                    etag = cursor;
-                }
-                _ => return Ok(etag),
-            }
-        }
-    }
-
-    /// The LSN of every item of a page whose last item has LSN `last`: the others are looked up
-    /// with point reads (`x-ms-item-lsn`) of the same version of each document.
-    async fn item_lsns(&self, request: &Request, rid: &str, items: &[Value], last: u64) -> Vec<u64> {
-        let Some((_, earlier)) = items.split_last() else {
-            return Vec::new();
-        };
-        let mut known: Vec<Option<u64>> = Vec::with_capacity(items.len());
-        let paths = match earlier.is_empty() {
-            true => None,
-            false => self.partition_key_paths(request, rid).await,
-        };
-        for item in earlier {
-            let lsn = match &paths {
-                Some(paths) => self.item_lsn(request, paths, formats::document_of(item)).await,
-                None => None,
-            };
-            known.push(lsn);
-        }
-        known.push(Some(last));
-        formats::fill_unknown(&known, last)
-    }
-
-    /// The LSN of `document` as it is in the page: `None` when it cannot be read or has changed.
-    async fn item_lsn(&self, request: &Request, paths: &[String], document: &Value) -> Option<u64> {
-        let id = document.get("id")?.as_str()?;
-        let mut url = request.url().clone();
-        url.set_query(None);
-        url.path_segments_mut().ok()?.pop_if_empty().push(id);
-        let mut read = Request::new(url, Method::Get);
-        copy_header(request, &mut read, "x-ms-version");
-        read.insert_header(
-            "x-ms-documentdb-partitionkey",
-            formats::partition_key_header(document, paths)?,
-        );
-        let reply = self.send(&read).await.ok()?;
-        let body: Value = serde_json::from_slice(&reply.body).ok()?;
-        (reply.status == StatusCode::Ok && body.get("_etag") == document.get("_etag"))
-            .then(|| reply.headers.get_optional_str(&ITEM_LSN)?.parse().ok())
-            .flatten()
-    }
-
-    /// The partition key paths of the container a change feed request reads.
-    async fn partition_key_paths(&self, request: &Request, rid: &str) -> Option<Arc<Vec<String>>> {
-        let container = request
-            .url()
-            .path()
-            .trim_end_matches('/')
-            .strip_suffix("/docs")?
-            .to_owned();
-        let key = format!("{container}|{rid}");
-        if let Some(paths) = self.cached_paths(&key) {
-            return Some(paths);
-        }
-        let mut url = request.url().clone();
-        url.set_query(None);
-        url.set_path(&container);
-        let mut read = Request::new(url, Method::Get);
-        copy_header(request, &mut read, "x-ms-version");
-        let reply = self.send(&read).await.ok()?;
-        let body: Value = serde_json::from_slice(&reply.body).ok()?;
-        let paths: Vec<String> = body
-            .pointer("/partitionKey/paths")?
-            .as_array()?
-            .iter()
-            .filter_map(|p| p.as_str().map(str::to_owned))
-            .collect();
-        let paths = Arc::new(paths);
-        self.partition_keys
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(key, paths.clone());
-        Some(paths)
-    }
-
-    fn cached_paths(&self, key: &str) -> Option<Arc<Vec<String>>> {
-        self.partition_keys
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(key)
-            .cloned()
-    }
 }
 
 /// A change feed answer as a region that has its range up to LSN `limit` gives it: the documents
 /// after that held back (none left: 304), the continuation, the `lsn` header and the session
 /// token no further than `limit` — unless the reader's own continuation, `requested`, is.
-fn hold_back(reply: &mut Reply, limit: u64, requested: Option<u64>) {
+pub(super) fn hold_back(reply: &mut Reply, limit: u64, requested: Option<u64>) {
     if reply.status == StatusCode::Ok
         && let Ok(mut page) = serde_json::from_slice::<Value>(&reply.body)
         && let Some(items) = page.get_mut("Documents").and_then(Value::as_array_mut)
@@ -475,6 +308,44 @@ fn hold_back(reply: &mut Reply, limit: u64, requested: Option<u64>) {
     }
 }
 
+/// `request` with its session token in the emulator's numbering.
+fn inbound(mut request: Request, maps: &RangeMaps) -> Request {
+    if let Some(token) = request.headers().get_optional_string(&SESSION_TOKEN) {
+        request.insert_header(SESSION_TOKEN, lsn_map::inbound_session(&token, maps));
+    }
+    request
+}
+
+/// An answer's session token and LSNs in the service's numbering.
+pub(super) fn outbound(reply: &mut Reply, maps: &RangeMaps) {
+    let token = reply.headers.get_optional_string(&SESSION_TOKEN);
+    let range = reply.headers.get_optional_string(&RANGE_ID).or_else(|| {
+        let first = token.as_deref()?.split(',').next()?;
+        Some(first.split_once(':')?.0.trim().to_owned())
+    });
+    let map = range.and_then(|r| maps.get(&r));
+    if let Some(token) = token {
+        reply
+            .headers
+            .insert(SESSION_TOKEN, lsn_map::outbound_session(&token, maps));
+    }
+    let Some(map) = map else {
+        return;
+    };
+    if let Some(lsn) = reply.headers.get_optional_str(&LSN).and_then(|l| l.parse::<u64>().ok()) {
+        reply.headers.insert(LSN, map.partition(lsn).to_string());
+    }
+    if let Some(lsn) = reply
+        .headers
+        .get_optional_str(&ITEM_LSN)
+        .and_then(|l| l.parse::<u64>().ok())
+    {
+        let body: Option<Value> = serde_json::from_slice(&reply.body).ok();
+        let etag = body.as_ref().and_then(|b| b.get("_etag")?.as_str());
+        reply.headers.insert(ITEM_LSN, map.document(lsn, etag).to_string());
+    }
+}
+
 /// The service's answer to a read of a document it does not have.
 fn not_found() -> Reply {
     let mut headers = Headers::new();
@@ -489,7 +360,7 @@ fn not_found() -> Reply {
 }
 
 /// The container a request addresses, by its path (`dbs/db/colls/c`).
-fn container_of(request: &Request) -> String {
+pub(super) fn container_of(request: &Request) -> String {
     let path = request.url().path().trim_matches('/');
     path.split('/').take(4).collect::<Vec<_>>().join("/")
 }
@@ -508,7 +379,7 @@ fn created_id(request: &Request, reply: &Reply) -> Option<String> {
 }
 
 /// Copies header `name` of `from` to `to` (the API version, which the emulator expects).
-fn copy_header(from: &Request, to: &mut Request, name: &'static str) {
+pub(super) fn copy_header(from: &Request, to: &mut Request, name: &'static str) {
     let value = from
         .headers()
         .get_optional_string(&HeaderName::from_static(name))

@@ -51,18 +51,6 @@ pub fn cursor_after(lsn: u64) -> String {
     serde_json::json!({"kind": CURSOR_KIND, "lsn": lsn, "epk": AFTER_EVERY_EPK, "id": ""}).to_string()
 }
 
-/// The `If-None-Match` the SDK emulator needs for a client's: a quoted LSN rebuilt into a cursor;
-/// `None` when it is to be passed on as it is (`*`, or a cursor from an earlier version).
-pub fn emulator_continuation(if_none_match: &str) -> Option<String> {
-    service_lsn(if_none_match).map(cursor_after)
-}
-
-/// The service's response ETag for the SDK emulator's: the cursor's LSN, quoted; `None` when it
-/// is not a cursor (left as it is).
-pub fn service_etag(emulator_etag: &str) -> Option<String> {
-    cursor_lsn(emulator_etag).map(quoted)
-}
-
 /// The part of a session token (`0:0#12#0=12,1:0#8#0=8`) that names partition key range
 /// `range`; the token as it is when no part does.
 pub fn range_session_token(token: &str, range: &str) -> String {
@@ -178,25 +166,19 @@ mod tests {
         }
         let cursor = r#"{"kind":"change_feed_cursor_v1","lsn":48,"epk":"05","id":"d1"}"#;
         assert_eq!(cursor_lsn(cursor), Some(48));
-        assert_eq!(service_etag(cursor).as_deref(), Some("\"48\""));
         assert_eq!(cursor_lsn(r#"{"kind":"document_feed_cursor_v1","lsn":4}"#), None);
-        assert_eq!(service_etag("\"5\""), None);
+        assert_eq!(cursor_lsn("\"5\""), None);
     }
 
     #[test]
     fn a_quoted_lsn_becomes_a_cursor_after_every_document_of_that_lsn() {
-        let cursor = emulator_continuation("\"7\"").unwrap();
+        let cursor = cursor_after(service_lsn("\"7\"").unwrap());
         assert_eq!(cursor_lsn(&cursor), Some(7));
         let parsed: Value = serde_json::from_str(&cursor).unwrap();
         assert_eq!(parsed["id"], "");
         // Above the largest hashed EPK (three 16-byte components) and every other real EPK.
         assert!(parsed["epk"].as_str().unwrap().len() > 96);
         assert!(parsed["epk"].as_str().unwrap().bytes().all(|b| b == b'F'));
-        assert_eq!(emulator_continuation("*"), None);
-        assert_eq!(
-            emulator_continuation(r#"{"kind":"change_feed_cursor_v1","lsn":1}"#),
-            None
-        );
     }
 
     #[test]

@@ -21,8 +21,8 @@
 //!   physical partition at its midpoint (the first one when `partition` is not given) and answers
 //!   with the partitions after the split.
 //! - `POST /_emulator/merge?database=D&container=C&partitions=ID1,ID2[&lockMs=N]` — merges two
-//!   adjacent physical partitions into one and answers with the partitions after the merge (the
-//!   merged partition's LSNs start again at 1, unlike the service's).
+//!   adjacent physical partitions into one and answers with the partitions after the merge (its
+//!   documents keep their LSNs and its writes go on above both parents', as on the service).
 //! - `POST
 //!   /_emulator/faults?rate=R&kinds=429,503,408,reset,429/3212,404/1002,403/3,403/1008[&latencyMs=N]`
 //!   — fails a share `R` of the Cosmos requests as the service does (`404/1002` only reads, `403/3`
@@ -53,16 +53,19 @@
 //!
 //! A bad parameter is answered 400 with a message saying what is expected.
 //!
-//! The modules: `edge` (the one door to the SDK's emulator) with `addressing` (resource paths as
-//! the service serves them), [`formats`] (the change feed formats and their translations),
-//! `metadata` (metadata writes refused as the service refuses them) and `auth`; `server` (the
-//! HTTP face) and `controls` (`/_emulator/*`); `faults`, `hangs` and `throttles` (what it fails,
-//! hangs and refuses); `partitions` (splits and merges); `regions`, `lag` and `region_traffic`
-//! (the account's regions, their replication delay and what each answered); `in_process`
-//! (clients in the same process, for tests).
+//! The modules: `edge` (the one door to the SDK's emulator) with `change_feed` (its change feed
+//! pages), `addressing` (resource paths as the service serves them), [`formats`] (the change feed
+//! formats and their translations), `metadata` (metadata writes refused as the service refuses
+//! them) and `auth`; `server` (the HTTP face) and `controls` (`/_emulator/*`); `faults`, `hangs`
+//! and `throttles` (what it fails, hangs and refuses); `partitions` (splits and merges) with
+//! `merged_partitions` (how the edge makes them) and `lsn_map` (a merged partition's LSNs as the
+//! service numbers them); `regions`, `lag` and `region_traffic` (the account's regions, their
+//! replication delay and what each answered); `in_process` (clients in the same process, for
+//! tests).
 
 mod addressing;
 mod auth;
+mod change_feed;
 mod controls;
 mod edge;
 mod faults;
@@ -70,6 +73,8 @@ pub mod formats;
 mod hangs;
 mod in_process;
 mod lag;
+mod lsn_map;
+mod merged_partitions;
 mod metadata;
 mod partitions;
 mod region_traffic;

@@ -64,8 +64,8 @@ impl Emulator {
         let epk = store
             .midpoint_split_epk(database, container, id)
             .map_err(|e| EmulatorError::Split(e.to_string()))?;
-        store
-            .split_partition_and_wait(database, container, id, epk, lock)
+        self.edge
+            .split(database, container, id, epk, lock)
             .await
             .map_err(|e| EmulatorError::Split(e.to_string()))?;
         self.partitions(database, container).await
@@ -75,8 +75,10 @@ impl Emulator {
     /// partition merge on, and waits for the merge to complete; during `lock` operations on both
     /// fail as they do on the service (410). Returns the partitions after.
     ///
-    /// The SDK emulator's merged partition numbers its LSNs from 1 again (the service keeps
-    /// them increasing): a continuation taken before the merge does not apply after it.
+    /// As on the service, the merged partition's documents keep their LSNs and its new writes
+    /// go on above both parents', so a continuation taken on a parent resumes on the merged
+    /// partition where it stopped (the edge translates the SDK emulator's numbering, which
+    /// starts again at 1: `lsn_map`).
     pub async fn merge(
         &self,
         database: &str,
@@ -105,9 +107,8 @@ impl Emulator {
                 .map_err(|_| EmulatorError::Merge(format!("partition id {:?} is not numeric", p.id)))
         };
         let (a, b) = (numeric(first)?, numeric(second)?);
-        self.client
-            .store()
-            .merge_partitions_and_wait(database, container, a, b, lock)
+        self.edge
+            .merge(&self.store_url(), database, container, [a, b], lock)
             .await
             .map_err(|e| EmulatorError::Merge(e.to_string()))?;
         self.partitions(database, container).await

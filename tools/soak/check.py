@@ -8,12 +8,7 @@ Definitions:
   whose change feed positions move forward: a batch whose first `_lsn` is at or before the last
   `_lsn` of a batch of the run answered before it arrived is a *rewind* and starts a new run.
   (Batches in flight together, `--max-in-flight-batches 2`, may arrive in any order: a batch is
-  compared with those answered before it arrived.) A *renumbered* batch — one holding a version
-  whose `_lsn` is not within `CONCURRENT_WRITES` below the LSN its write was acknowledged with
-  (the write's session token: the partition's LSN when the answer was made) — was
-  read after a merge renumbered its partition (the SDK emulator numbers a merged partition's LSNs
-  from 1 again): it starts a new run after batches that were not, since what the partition held
-  is read again, out of order with what came before; its redeliveries count as the merge's.
+  compared with those answered before it arrived.)
 - A *fault window* is a fault of the schedule from its start to its end plus `--grace` seconds
   (default three lease expirations and 5 s): the time a crash, a pause or an outage takes to be
   noticed, taken over and replayed. A write of a worker that the lease container's request-unit
@@ -22,20 +17,20 @@ Definitions:
 Checks (each a list of violations; the soak fails on any):
 1. lost: every document's latest written version was delivered, and before the drain ended (a
    version delivered only once the workers were being stopped sat on a lease that did not move).
-   Versions the emulator's merge renumbering hid (see `renumbering_losses` and check 5) are
-   counted apart (`lostToMergeRenumbering`): the service keeps LSNs increasing across a merge.
+   Across merges too: the service keeps a merged partition's LSNs, and `cfp emulator`
+   translates the SDK emulator's renumbering from 1.
 2. phantom: every delivered version was written.
 3. order: within each delivery run, per partition key, documents arrive in the order they were
    written (the writer's per-key sequence `s` strictly increases), also inside one batch. A
    version the writer sent more than once (a failed request may have been applied) has two
-   LSNs: it may arrive twice, and its `_lsn` tells nothing of a renumbering.
+   LSNs: it may arrive twice.
 4. rewinds: every rewind, and every redelivery of a version (a duplicate) is within a fault window.
    They are counted per kind of fault.
 5. checkpoints: a lease's checkpoint (its continuation LSN, read about every second) never moves
-   backwards, except once across a merge of its partition: the SDK emulator numbers a merged
-   partition's LSNs from 1 again (`execute_merge` in azure_data_cosmos_driver's in-memory
-   emulator: "Rebase document LSNs onto the child partition's reset LSN counter"), which the
-   service does not.
+   backwards, across merges and splits too.
+8. renumbered: every version is delivered with the LSN its write was acknowledged with (its
+   `_lsn` within `CONCURRENT_WRITES` below the write's session token: the partition's LSN when
+   the answer was made) — also after merges.
 6. twins: every second process started under a live worker's name exited non-zero and delivered
    nothing.
 7. fencing: once another process acquired a lease (its log says so), the previous owner delivers
@@ -78,8 +73,6 @@ class Faults:
 
     def __init__(self, faults, grace):
         self.faults, self.grace = sorted(faults, key=lambda f: f["start"]), grace
-        self.merges = [(f["start"], f["end"], (f["into"]["min"], f["into"]["max"])) for f in self.faults
-                       if f["kind"] == "merge" and f.get("into")]
 
     def around(self, t):
         """The kind of the latest fault of the schedule whose window holds `t`, else `budget` when
@@ -90,12 +83,6 @@ class Faults:
                 if found is None or found == "budget" or fault["kind"] != "budget":
                     found = fault["kind"]
         return found
-
-    def merged_between(self, lease, after, before):
-        """Whether a merge of a partition overlapping `lease`'s range ended in (after, before]."""
-        rng = lease_range(lease)
-        return any(after < end <= before and overlaps(rng, merged) for _, end, merged in self.merges)
-
 
 def check_lost(writes, deliveries, stopping):
     """(lost, delivered only after `stopping`, phantom, delivered versions, latest write per id)."""
@@ -112,46 +99,6 @@ def check_lost(writes, deliveries, stopping):
     late = [w for i, w in sorted(latest.items()) if first.get((i, w["v"]), 0) > stopping]
     phantom = sorted(set(first) - written)
     return lost, late, phantom, set(first), latest
-
-
-def renumbering_losses(lost, fault_log, snapshots):
-    """Splits `lost` into (versions the emulator's merge renumbering hid, the others). Hidden: a
-    version written into a merged partition (or a partition split from it since: the children go
-    on with its numbering) with an LSN at or below the highest checkpoint a lease over that
-    partition had before the merge (the change feed from that continuation
-    shows nothing until the new numbering passes it), or written into one of the merged
-    partitions before the merge ended (renumbered from 1, below the continuations)."""
-    merges = sorted((f for f in fault_log if f["kind"] == "merge" and f.get("into")), key=lambda f: f["start"])
-    hidden = set()
-    for merge in merges:
-        into = merge["into"]
-        numbered = renumbered_lineage(into["id"], merge["start"], fault_log)
-        parents = {p["id"] for p in merge.get("merged", [])}
-        ceiling, state = 0, {}
-        for snap in snapshots:
-            if snap["t"] >= merge["start"]:
-                break
-            state.update(snap["leases"])
-        for owner_lsn_range in state.values():
-            lsn, low, high = owner_lsn_range[1], owner_lsn_range[2], owner_lsn_range[3]
-            if isinstance(lsn, int) and low is not None and overlaps((low, high), (into["min"], into["max"])):
-                ceiling = max(ceiling, lsn)
-        for w in lost:
-            after = w["range"] in numbered and isinstance(w["lsn"], int) and w["lsn"] <= ceiling
-            before = w["range"] in parents and w["t"] <= merge["end"]
-            if after or before:
-                hidden.add((w["id"], w["v"]))
-    return [w for w in lost if (w["id"], w["v"]) in hidden], [w for w in lost if (w["id"], w["v"]) not in hidden]
-
-
-def renumbered_lineage(merged, since, fault_log):
-    """The partition `merged` and the partitions split from it (and from those) after `since`:
-    a split's children go on with their parent's LSNs, so they keep its renumbering."""
-    lineage = {merged}
-    for split in sorted((f for f in fault_log if f["kind"] == "split"), key=lambda f: f["start"]):
-        if split["start"] > since and split.get("partition", {}).get("id") in lineage:
-            lineage.update(child["id"] for child in split.get("children", []))
-    return lineage
 
 
 # A write's session token names the partition's LSN when the answer was made: other writes to
@@ -196,8 +143,6 @@ def break_reason(run, b, faults):
         return "first"
     if run.process != b["process"]:
         return "another process"
-    if b["renumbered"] and not run.last["renumbered"]:
-        return "merge"
     mine = [d[4] for d in b["docs"] if isinstance(d[4], int)]
     if run.lsn is not None and mine and min(mine) <= run.lsn:
         return "rewind"
@@ -252,7 +197,7 @@ def check_duplicates(deliveries, faults):
         for d in b["docs"]:
             key = (d[0], d[2])
             if key in seen:
-                kind = "merge" if b["renumbered"] else faults.around(b["arrived"])
+                kind = faults.around(b["arrived"])
                 per_kind[kind or "none"] += 1
                 if kind is None:
                     outside.append({"id": d[0], "v": d[2], "lease": b["lease"], "process": b["process"],
@@ -261,21 +206,17 @@ def check_duplicates(deliveries, faults):
     return per_kind, outside
 
 
-def check_checkpoints(snapshots, faults):
-    """Per lease, continuation LSNs that moved backwards: (across a merge, otherwise)."""
-    last, merged, backwards = {}, [], []
+def check_checkpoints(snapshots):
+    """Per lease, continuation LSNs that moved backwards."""
+    last, backwards = {}, []
     for snap in snapshots:
         for token, (owner, lsn, _, _) in snap["leases"].items():
             previous = last.get(token)
             if previous and lsn is not None and previous[1] is not None and lsn < previous[1]:
-                entry = {"lease": token, "from": previous[1], "to": lsn, "after": previous[0], "at": snap["t"],
-                         "owner": owner}
-                if faults.merged_between(token, previous[0] - 2.0, snap["t"]):
-                    merged.append(entry)
-                else:
-                    backwards.append(entry)
+                backwards.append({"lease": token, "from": previous[1], "to": lsn, "after": previous[0],
+                                  "at": snap["t"], "owner": owner})
             last[token] = (snap["t"], lsn)
-    return merged, backwards
+    return backwards
 
 
 # Dated by when its write was sent (`sent_ms_ago`; older logs: when it was logged): the answer
@@ -408,7 +349,7 @@ def check(out, grace=None):
             [[d[0], d[1], -1, 0, d[4]] for d in b["docs"] if not (isinstance(d[2], int) and isinstance(d[3], int))]
     deliveries = [b for b in batches if not b["twin"]]
     # A version written by more than one request may have two LSNs (the first attempt applied,
-    # its answer lost): it tells nothing of a renumbering, and may arrive twice in one run.
+    # its answer lost): its `_lsn` may be either's, and it may arrive twice in one run.
     twice = {(w["id"], w["v"]) for w in writes if w.get("tries", 1) > 1}
     acknowledged = {(w["id"], w["v"]): w["lsn"] for w in writes if (w["id"], w["v"]) not in twice}
     for b in deliveries:
@@ -416,12 +357,12 @@ def check(out, grace=None):
         b["twice"] = [(d[0], d[2]) in twice for d in b["docs"]]
     lost, stuck, phantom, delivered, latest = check_lost(writes, deliveries, summary.get("stopping", float("inf")))
     snapshots = jsonl(out, "leases.jsonl")
-    renumbered_away, lost = renumbering_losses(lost, fault_log, snapshots)
     runs, rewinds, disorder = walk(deliveries, faults)
     duplicates, unexplained = check_duplicates(deliveries, faults)
     rewind_kinds = collections.Counter(faults.around(b["arrived"]) or "none" for b in rewinds)
-    renumbered_batches = sum(1 for b in deliveries if b["renumbered"])
-    merged, backwards = check_checkpoints(snapshots, faults)
+    renumbered_batches = [{"lease": b["lease"], "process": b["process"], "arrived": b["arrived"], "batch": b["batch"]}
+                          for b in deliveries if b["renumbered"]]
+    backwards = check_checkpoints(snapshots)
     twins_ran, twin_batches = check_twins(fault_log, [b for b in batches if b["twin"]])
     tolerated, late = check_fencing(deliveries, processes, acquisitions(out, fault_log))
     violations = {
@@ -430,24 +371,22 @@ def check(out, grace=None):
         "order": disorder[:20], "duplicatesOutsideFaults": unexplained[:20],
         "rewindsOutsideFaults": [{"lease": b["lease"], "process": b["process"], "arrived": b["arrived"],
                                   "attempt": b["attempt"]} for b in rewinds if faults.around(b["arrived"]) is None][:20],
-        "checkpointsBackwards": backwards[:20],
+        "checkpointsBackwards": backwards[:20], "renumbered": renumbered_batches[:20],
         "twinsThatRan": twins_ran, "twinBatches": len(twin_batches),
         "lateDeliveriesPastInFlight": late[:20],
     }
     counts = {
         "lost": len(lost), "deliveredOnlyAfterDrain": len(stuck), "order": len(disorder), "duplicatesOutsideFaults": len(unexplained),
         "checkpointsBackwards": len(backwards), "lateDeliveriesPastInFlight": len(late),
+        "renumbered": len(renumbered_batches),
     }
     report = {
         "seed": summary.get("seed"), "durationSeconds": summary.get("duration"), "wallSeconds": summary.get("wallSeconds"),
         "writes": len(writes), "documents": len(latest), "versionsDelivered": len(delivered),
         "batches": len(deliveries), "documentsDelivered": sum(len(b["docs"]) for b in deliveries),
         "duplicates": sum(duplicates.values()), "duplicatesByFault": dict(duplicates),
-        "lostToMergeRenumbering": len(renumbered_away),
-        "lostToMergeRenumberingSample": lost_detail(renumbered_away[:5], faults),
         "rewinds": len(rewinds), "rewindsByFault": dict(rewind_kinds), "runs": len(runs),
-        "renumberedBatches": renumbered_batches,
-        "checkpointsBackAcrossMerges": len(merged), "lateWithinInFlight": len(tolerated),
+        "lateWithinInFlight": len(tolerated),
         "faults": dict(collections.Counter(f["kind"] for f in fault_log)), "budgetRefusals": len(throttled),
         "writesRetried": summary.get("writesRetried"),
         "processes": len(processes), "workerExits": jsonl(out, "exits.jsonl"),
@@ -466,15 +405,13 @@ def main(argv):
     report = check(args.out, args.grace)
     with open(os.path.join(args.out, "report.json"), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)
-    shown = {k: v for k, v in report.items() if k not in ("violations", "summary", "lostToMergeRenumberingSample")}
+    shown = {k: v for k, v in report.items() if k not in ("violations", "summary")}
     shown["workerExits"] = len(report["workerExits"])
     print("soak report " + json.dumps(shown), flush=True)
     if report["violations"]:
         print("soak VIOLATIONS " + json.dumps(report["violations"], indent=1)[:20000], flush=True)
         return 1
-    hidden = report["lostToMergeRenumbering"]
-    note = f" ({hidden} versions hidden by the emulator's merge renumbering: see docs/soak.md)" if hidden else ""
-    print(f"soak passed: seed {report['seed']}, nothing lost{note}, order kept, duplicates only around faults",
+    print(f"soak passed: seed {report['seed']}, nothing lost, order kept, duplicates only around faults",
           flush=True)
     return 0
 

@@ -83,7 +83,7 @@ def split(soak, rng):
 
 
 def merge(soak, rng):
-    """A merge of two neighbouring physical partitions (the merged one renumbers its LSNs)."""
+    """A merge of two neighbouring physical partitions."""
     partitions = sorted(soak.partitions(), key=lambda p: p["min"])
     if len(partitions) < 2:
         return {"skipped": "one partition"}

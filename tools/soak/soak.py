@@ -258,19 +258,9 @@ class Soak:
         while True:
             missing = deliveries.missing(self.writer.latest)
             waited = time.monotonic() - started
-            # Versions the emulator's merge renumbering hides stay missing however long one waits.
-            if not missing or waited > timeout or (waited > 20 and self.all_hidden(missing)):
+            if not missing or waited > timeout:
                 return waited, len(missing)
             time.sleep(1.0)
-
-    def all_hidden(self, missing):
-        """Whether every id of `missing` has its latest version hidden by the emulator's merge
-        renumbering, as the checker judges it (check.renumbering_losses)."""
-        latest = {w["id"]: w for w in check.jsonl(self.out, "writes.jsonl")}
-        lost = [latest[i] for i in missing if i in latest]
-        hidden, _ = check.renumbering_losses(lost, check.jsonl(self.out, "faults.jsonl"),
-                                             check.jsonl(self.out, "leases.jsonl"))
-        return len(lost) == len(missing) and len(hidden) == len(lost)
 
     def stop(self):
         """Stops the workers (SIGTERM), the writer, the snapshots, the receiver and the emulator."""
