@@ -1,7 +1,7 @@
 //! Request-unit budgets (issue 40 §2): a lease container at its provisioned throughput must not
 //! cost a lease. `cfp emulator --throughput db/leases=400` (the SDK emulator's own budget: each of
 //! the lease container's 4 physical partitions gets 100 RU a second, a write past it is answered
-//! 429 with a retry-after; reads are charged, never debited); two instances share the leases while
+//! 429 with a retry-after; listings are debited from the container's budget too); two instances share the leases while
 //! documents keep every lease checkpointing far beyond what the budget admits. The heartbeats that
 //! keep the leases alive must still get through with room to spare: no lease is lost or moves, and
 //! no heartbeat goes unwritten for half a lease expiration (a gap near the expiration is one slow

@@ -347,3 +347,74 @@ fn formats_lsn(continuation: &str) -> u64 {
         .parse()
         .unwrap_or_else(|_| panic!("not a quoted LSN: {continuation}"))
 }
+
+/// Priority-based execution on a container's provisioned throughput: a backlog drained at low
+/// priority (as every change feed reader of ours reads) is charged for what it reads and held to
+/// what the application's high-priority writes leave of each second; the application, whose own
+/// load fits the budget, is never refused because of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_low_priority_drain_is_refused_before_the_applications_high_priority_writes() {
+    let emulator = Emulator::in_process();
+    let spec = ContainerSpec {
+        database: "db".into(),
+        container: "items".into(),
+        partition_key: "/pk".into(),
+        partitions: 1,
+    };
+    emulator
+        .create_container_with_throughput(&spec, Some(400))
+        .await
+        .unwrap();
+    let account = emulator.account().await.unwrap();
+    let monitored = account.monitored("db", "items").await.unwrap();
+    let docs = account.documents("db", "items").await.unwrap();
+    let payload = "x".repeat(2000);
+    let body = move |i: usize| json!({"id": format!("d{i}"), "pk": format!("pk{}", i % 7), "payload": payload});
+    // The backlog: 200 documents of about 2 KB (the SDK retries the 429s of its own writes).
+    for i in 0..200 {
+        docs.upsert(&format!("pk{}", i % 7), &body(i)).await.unwrap();
+    }
+
+    // The application: a write of about 12 RU every 80 ms (~150 RU/s of the 400), high priority.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let application = tokio::spawn({
+        let (docs, stop, body) = (docs.clone(), stop.clone(), body);
+        async move {
+            let mut written = 0;
+            let mut tick = tokio::time::interval(Duration::from_millis(80));
+            while !stop.is_cancelled() {
+                tick.tick().await;
+                let i = 1000 + written;
+                docs.upsert(&format!("pk{}", i % 7), &body(i)).await.unwrap();
+                written += 1;
+            }
+            written
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = emulator.load("db", "items");
+    let range = monitored.feed_ranges(false).await.unwrap().remove(0);
+    let mut reader = monitored.reader(&range, None, StartFrom::Beginning, 10).await.unwrap();
+    let started = std::time::Instant::now();
+    let mut drained = 0;
+    while drained < 200 {
+        drained += reader.next_page(Duration::from_secs(30)).await.unwrap().documents.len();
+    }
+    let took = started.elapsed();
+    stop.cancel();
+    let written = application.await.unwrap();
+    let after = emulator.load("db", "items");
+    let low = after.low_priority_throttled - before.low_priority_throttled;
+    let high = (after.throttled - before.throttled) - low;
+    let read_units = (after.request_units - after.write_units) - (before.request_units - before.write_units);
+    println!(
+        "drained {drained} documents (~2 KB) in {:.1} s at low priority, charged {read_units:.0} RU, refused {low} times; the application wrote {written} at high priority, refused {high} times",
+        took.as_secs_f64()
+    );
+    assert!(
+        read_units >= 400.0,
+        "reading 200 × 2 KB is charged (~1 RU per KB): {read_units:.0} RU"
+    );
+    assert!(low > 0, "the drain was held to what the budget left");
+    assert_eq!(high, 0, "the application was refused because of the drain");
+}

@@ -8,7 +8,8 @@ use azure_data_cosmos::clients::ContainerClient;
 use azure_data_cosmos::feed::{ChangeFeedPageIterator, ContinuationToken, FeedRange};
 use azure_data_cosmos::models::{ChangeFeedItem, EffectivePartitionKey};
 use azure_data_cosmos::options::{
-    ChangeFeedMode, ChangeFeedOptions, ChangeFeedStartFrom, MaxItemCountHint, ReadFeedRangesOptions,
+    ChangeFeedMode, ChangeFeedOptions, ChangeFeedStartFrom, MaxItemCountHint, OperationOptionsBuilder, PriorityLevel,
+    ReadFeedRangesOptions, ThroughputControlOptionsBuilder,
 };
 use futures::StreamExt;
 use serde_json::Value;
@@ -252,7 +253,17 @@ impl MonitoredContainer {
     ) -> Result<FeedReader, CosmosError> {
         let feed_range = to_sdk_range(range)?;
         let max = NonZeroU32::new(max_items.max(1)).unwrap_or(NonZeroU32::MIN);
+        // Reads of the feed can wait: at low priority the service throttles them before the
+        // application's requests (priority-based execution).
+        let low = OperationOptionsBuilder::new()
+            .with_throughput_control(
+                ThroughputControlOptionsBuilder::new()
+                    .with_priority_level(PriorityLevel::Low)
+                    .build(),
+            )
+            .build();
         let mut options = ChangeFeedOptions::default()
+            .with_operation_options(low)
             .with_max_item_count(MaxItemCountHint::Limit(max))
             .with_mode(match mode {
                 FeedMode::LatestVersion => ChangeFeedMode::LatestVersion,

@@ -20,7 +20,8 @@ use serde_json::Value;
 use super::formats;
 use super::lag::{Lag, Write};
 use super::lsn_map::{self, MergedRanges, RangeMaps};
-use super::throttles::Throttles;
+use super::request_budget::{self, Priority, RequestBudgets};
+use super::throttles::{Answered, Throttles};
 
 type DriverResult<T> = azure_data_cosmos_driver::error::Result<T>;
 
@@ -33,6 +34,8 @@ pub(super) const ITEM_COUNT: HeaderName = HeaderName::from_static("x-ms-item-cou
 pub(super) const ITEM_LSN: HeaderName = HeaderName::from_static("x-ms-item-lsn");
 const CONTENT_LENGTH: HeaderName = HeaderName::from_static("content-length");
 pub(super) const LSN: HeaderName = HeaderName::from_static("lsn");
+const PRIORITY: HeaderName = HeaderName::from_static("x-ms-cosmos-priority-level");
+const REQUEST_CHARGE: HeaderName = HeaderName::from_static("x-ms-request-charge");
 const IS_QUERY: HeaderName = HeaderName::from_static("x-ms-documentdb-isquery");
 
 /// The page size of a query that asks for none (no `x-ms-max-item-count`, or -1): the service
@@ -88,6 +91,15 @@ pub struct Edge {
     pub(super) gate: tokio::sync::RwLock<()>,
     /// One merge or split at a time.
     pub(super) transitions: tokio::sync::Mutex<()>,
+    /// Every request's request units against its container's provisioned throughput.
+    budgets: RequestBudgets,
+}
+
+/// Where a request spends request units: its container in the region it is addressed to.
+#[derive(Debug)]
+struct BudgetOf {
+    region: String,
+    container: String,
 }
 
 /// What a request does to the documents of a container.
@@ -136,6 +148,7 @@ impl Edge {
             merged: MergedRanges::default(),
             gate: tokio::sync::RwLock::new(()),
             transitions: tokio::sync::Mutex::new(()),
+            budgets: RequestBudgets::default(),
         }
     }
 
@@ -144,15 +157,62 @@ impl Edge {
         &self.throttles
     }
 
-    /// Serves one request as the service would, and counts its answer.
+    /// Serves one request as the service would — within its container's budget — and counts
+    /// its answer.
     pub async fn execute(&self, request: Request) -> DriverResult<Reply> {
         let path = request.url().path().to_owned();
-        let write = Access::of(&request) == Access::Write;
-        let gate = self.gate.read().await;
-        let reply = self.serve(request).await?;
-        drop(gate);
-        self.throttles.record(&path, write, reply.status, &reply.headers);
+        let access = Access::of(&request);
+        let page = access == Access::ChangeFeed;
+        let priority = Priority::of(request.headers().get_optional_str(&PRIORITY));
+        let budget = self.budget_of(&request);
+        let admitted = match &budget {
+            Some(at) => self.budgets.admit(&at.region, &at.container, priority, Instant::now()),
+            None => Ok(()),
+        };
+        let reply = match admitted {
+            Ok(()) => {
+                let gate = self.gate.read().await;
+                let mut reply = self.serve(request).await?;
+                drop(gate);
+                if page && matches!(reply.status, StatusCode::Ok | StatusCode::NotModified) {
+                    let charge = request_budget::page_charge(reply.body.len());
+                    reply.headers.insert(REQUEST_CHARGE, format!("{charge:.2}"));
+                }
+                if let Some(at) = &budget {
+                    let charge = reply.headers.get_optional_str(&REQUEST_CHARGE);
+                    let charge = charge.and_then(|c| c.trim().parse().ok()).unwrap_or_default();
+                    self.budgets
+                        .debit(&at.region, &at.container, priority, charge, Instant::now());
+                }
+                reply
+            }
+            Err(wait) => throttled(wait),
+        };
+        let kind = Answered {
+            write: access == Access::Write,
+            low_priority: priority == Priority::Low,
+        };
+        self.throttles.record(&path, kind, reply.status, &reply.headers);
         Ok(reply)
+    }
+
+    /// The container and region whose budget a request of documents spends; `None` for a
+    /// container without one, and for metadata.
+    fn budget_of(&self, request: &Request) -> Option<BudgetOf> {
+        let path = request.url().path().trim_matches('/');
+        if path.split('/').nth(4) != Some("docs") {
+            return None;
+        }
+        let container = container_of(request);
+        self.budgets.has(&container).then(|| BudgetOf {
+            region: self.region(request).unwrap_or_default(),
+            container,
+        })
+    }
+
+    /// The budgets of the containers given a provisioned throughput.
+    pub(super) fn budgets(&self) -> &RequestBudgets {
+        &self.budgets
     }
 
     /// Serves one request as the service would (the gate held).
@@ -343,6 +403,21 @@ pub(super) fn outbound(reply: &mut Reply, maps: &RangeMaps) {
         let body: Option<Value> = serde_json::from_slice(&reply.body).ok();
         let etag = body.as_ref().and_then(|b| b.get("_etag")?.as_str());
         reply.headers.insert(ITEM_LSN, map.document(lsn, etag).to_string());
+    }
+}
+
+/// The service's answer to a request past its container's budget: 429/3200, retry after `wait`.
+fn throttled(wait: std::time::Duration) -> Reply {
+    let mut headers = Headers::new();
+    headers.insert("content-type", "application/json");
+    headers.insert("x-ms-substatus", "3200");
+    headers.insert("x-ms-retry-after-ms", wait.as_millis().max(1).to_string());
+    headers.insert(REQUEST_CHARGE, "0");
+    let body = serde_json::json!({"code": "TooManyRequests", "message": "Request rate is large. More Request Units may be needed, so no changes were made. Please retry this request later."});
+    Reply {
+        status: StatusCode::TooManyRequests,
+        headers,
+        body: Bytes::from(body.to_string()),
     }
 }
 

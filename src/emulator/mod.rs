@@ -5,9 +5,9 @@
 //!
 //! - `--container db/coll[:/pk[:partitions]]` — a container created at start.
 //! - `--throughput db/coll=RU` — that container's provisioned throughput (RU/s, at least 400 as
-//!   on the service): its writes are charged request units as the SDK emulator models them,
-//!   each physical partition gets an equal share per second, and a write past the budget gets
-//!   429/3200 with `x-ms-retry-after-ms` (reads are not charged).
+//!   on the service): every request of its documents spends a budget per second (change feed
+//!   pages too: `request_budget`), low-priority requests are refused first, and a
+//!   request past the budget gets 429/3200 with `x-ms-retry-after-ms`.
 //! - `--region NAME` (repeatable; the first takes writes) — the account's regions, each served on
 //!   a listener of its own (the ports after `--port`), as the account metadata's
 //!   `readableLocations` / `writableLocations` name them; `--replication-delay-ms N` — how long
@@ -56,12 +56,12 @@
 //! The modules: `edge` (the one door to the SDK's emulator) with `change_feed` (its change feed
 //! pages), `addressing` (resource paths as the service serves them), [`formats`] (the change feed
 //! formats and their translations), `metadata` (metadata writes refused as the service refuses
-//! them) and `auth`; `server` (the HTTP face) and `controls` (`/_emulator/*`); `faults`, `hangs`
-//! and `throttles` (what it fails, hangs and refuses); `partitions` (splits and merges) with
-//! `merged_partitions` (how the edge makes them) and `lsn_map` (a merged partition's LSNs as the
-//! service numbers them); `regions`, `lag` and `region_traffic` (the account's regions, their
-//! replication delay and what each answered); `in_process` (clients in the same process, for
-//! tests).
+//! them) and `auth`; `server` (the HTTP face) and `controls` (`/_emulator/*`); `faults`, `hangs`,
+//! `throttles` and `request_budget` (what it fails, hangs, refuses and how it spends a container's
+//! throughput); `partitions` (splits and merges) with `merged_partitions` (how the edge makes them)
+//! and `lsn_map` (a merged partition's LSNs as the service numbers them); `regions`, `lag` and
+//! `region_traffic` (the account's regions, their replication delay and what each answered);
+//! `in_process` (clients in the same process, for tests).
 
 mod addressing;
 mod auth;
@@ -79,6 +79,7 @@ mod metadata;
 mod partitions;
 mod region_traffic;
 mod regions;
+mod request_budget;
 mod server;
 mod throttles;
 
@@ -397,10 +398,12 @@ impl Emulator {
     }
 
     /// Like [`Self::create_container`], with a provisioned throughput in RU/s (at least 400, as
-    /// on the service): the container's writes are charged request units as the SDK emulator
-    /// models them, each physical partition gets an equal share of the budget per second, and a
-    /// write past it is answered 429/3200 with `x-ms-retry-after-ms`. An existing container is
-    /// left as it is.
+    /// on the service): every request of its documents spends request units from a budget per
+    /// second (writes as the SDK emulator charges them, change feed pages by
+    /// `request_budget::page_charge`), low-priority requests are refused first, and each
+    /// physical partition's writes also get an equal share of it (the SDK emulator's own check);
+    /// a request past it is answered 429/3200 with `x-ms-retry-after-ms`. An existing container
+    /// is left as it is.
     pub async fn create_container_with_throughput(
         &self,
         spec: &ContainerSpec,
@@ -429,6 +432,10 @@ impl Emulator {
         }))
         .map_err(CosmosError::from)?;
         store.create_container_with_config(&spec.database, &spec.container, pk, config);
+        if let Some(ru) = throughput {
+            let path = format!("dbs/{}/colls/{}", spec.database, spec.container);
+            self.edge.budgets().provision(&path, ru);
+        }
         Ok(())
     }
 

@@ -28,9 +28,19 @@ pub struct ContainerLoad {
     pub requests: u64,
     /// Request units charged (`x-ms-request-charge` of every answer, throttled ones included).
     pub request_units: f64,
-    /// Of those, the request units of writes (creates, replaces, upserts, deletes): what the SDK
-    /// emulator debits from the budget (reads and queries are charged, never debited).
+    /// Of those, the request units of writes (creates, replaces, upserts, deletes).
     pub write_units: f64,
+    /// Requests at low priority answered 429 (`x-ms-cosmos-priority-level: Low`).
+    pub low_priority_throttled: u64,
+}
+
+/// What kind of request an answer went to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answered {
+    /// A write (not a read or a query).
+    pub write: bool,
+    /// Sent at low priority.
+    pub low_priority: bool,
 }
 
 /// The container a store path names (`dbs/db/colls/c/…` → `db/c`); `None` for the account,
@@ -50,8 +60,8 @@ fn container_of(path: &str) -> Option<String> {
 }
 
 impl Throttles {
-    /// Records one answer to a request on `path` (`write`: not a read or a query).
-    pub fn record(&self, path: &str, write: bool, status: StatusCode, headers: &Headers) {
+    /// Records one answer to a request on `path`.
+    pub fn record(&self, path: &str, kind: Answered, status: StatusCode, headers: &Headers) {
         let Some(container) = container_of(path) else {
             return;
         };
@@ -67,11 +77,12 @@ impl Throttles {
         let load = map.entry(container).or_default();
         load.requests += 1;
         load.request_units += charge;
-        if write {
+        if kind.write {
             load.write_units += charge;
         }
         if status == StatusCode::TooManyRequests {
             load.throttled += 1;
+            load.low_priority_throttled += u64::from(kind.low_priority);
         }
     }
 
@@ -90,28 +101,47 @@ mod tests {
 
     #[test]
     fn answers_are_counted_by_the_container_their_path_names() {
+        const WRITE: Answered = Answered {
+            write: true,
+            low_priority: false,
+        };
+        const READ: Answered = Answered {
+            write: false,
+            low_priority: false,
+        };
+        const LOW_READ: Answered = Answered {
+            write: false,
+            low_priority: true,
+        };
         let throttles = Throttles::default();
         let mut charged = Headers::new();
         charged.insert(REQUEST_CHARGE, "12.5");
-        throttles.record("/dbs/db/colls/leases/docs/a", true, StatusCode::Ok, &charged);
-        throttles.record("/dbs/db/colls/leases/docs/a", false, StatusCode::Ok, &charged);
+        throttles.record("/dbs/db/colls/leases/docs/a", WRITE, StatusCode::Ok, &charged);
+        throttles.record("/dbs/db/colls/leases/docs/a", READ, StatusCode::Ok, &charged);
         throttles.record(
             "dbs/db/colls/leases/docs",
-            true,
+            WRITE,
             StatusCode::TooManyRequests,
             &Headers::new(),
         );
-        throttles.record("/dbs/db/colls/items/docs", true, StatusCode::Ok, &charged);
-        throttles.record("/dbs/db/colls/leases", false, StatusCode::Ok, &charged);
-        throttles.record("/dbs/db", true, StatusCode::TooManyRequests, &Headers::new());
+        throttles.record(
+            "dbs/db/colls/leases/docs",
+            LOW_READ,
+            StatusCode::TooManyRequests,
+            &Headers::new(),
+        );
+        throttles.record("/dbs/db/colls/items/docs", WRITE, StatusCode::Ok, &charged);
+        throttles.record("/dbs/db/colls/leases", READ, StatusCode::Ok, &charged);
+        throttles.record("/dbs/db", WRITE, StatusCode::TooManyRequests, &Headers::new());
         let report = throttles.report();
         assert_eq!(
             report["db/leases"],
             ContainerLoad {
-                throttled: 1,
-                requests: 3,
+                throttled: 2,
+                requests: 4,
                 request_units: 25.0,
                 write_units: 12.5,
+                low_priority_throttled: 1,
             }
         );
         assert_eq!(report["db/items"].requests, 1);

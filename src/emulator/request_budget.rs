@@ -1,0 +1,271 @@
+//! A container's provisioned throughput as the service spends it on every request — reads, queries
+//! and change feed pages as well as writes — with priority-based execution: once a second's
+//! budget runs short, low-priority requests are refused first. Pure decisions over a clock the
+//! caller passes; the edge ([`super::edge`]) asks before serving and debits after.
+//!
+//! - A one-second window per container and region, as the SDK emulator keeps for writes per
+//!   partition. A request is admitted while its window has budget left, and debited what it was
+//!   charged once answered (as the service and the Java SDK's throughput control do), so one
+//!   request may overshoot the window.
+//! - Priority (`x-ms-cosmos-priority-level`, `High` by default): "if both priorities are present
+//!   and the user goes above the configured RU/s, low priority requests start getting throttled
+//!   first" (Microsoft Learn, .NET `PriorityLevel`). The service does not publish how; here a
+//!   low-priority request is admitted only if one like the last low-priority one still fits in
+//!   what the window leaves after keeping back what high-priority requests spend — as much as in
+//!   the previous window, or more — so an application whose own load fits the budget is not
+//!   refused because of low-priority reads. A refusal is 429 with sub-status 3200 (the service documents
+//!   no other sub-status for priority) and `x-ms-retry-after-ms` the rest of the window.
+//! - Change feed pages are charged [`page_charge`]: the SDK emulator charges any page a flat
+//!   1 RU, whatever it holds. Query pages keep that flat charge for now (the processor's lease
+//!   listings would cost what they return only once its lease pacing counts them).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// The length of a budget window.
+pub const WINDOW: Duration = Duration::from_secs(1);
+
+/// The priority a request asks for (`x-ms-cosmos-priority-level`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// The default.
+    High,
+    /// Throttled first.
+    Low,
+}
+
+impl Priority {
+    /// The priority a header value names (`Low`, any case); `High` for anything else or none.
+    pub fn of(header: Option<&str>) -> Self {
+        match header {
+            Some(value) if value.trim().eq_ignore_ascii_case("low") => Self::Low,
+            _ => Self::High,
+        }
+    }
+}
+
+/// The request units of a change feed page whose body is `bytes` long: 1 RU for the page
+/// (what the SDK emulator charges any page, an empty poll included) and, for what it returns, the
+/// documented rate of a point read — "a point read for a 1-KB item is equivalent to one Request
+/// Unit" (Microsoft Learn, Request Units) — per KB.
+pub fn page_charge(bytes: usize) -> f64 {
+    1.0 + bytes as f64 / 1024.0
+}
+
+/// One container's budget in one region: its current window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Budget {
+    /// Request units per second.
+    ru_per_second: f64,
+    /// When the current window started.
+    started: Instant,
+    /// Request units charged to low-priority requests in the current window.
+    spent_low: f64,
+    /// Request units charged to high-priority requests in the current window.
+    spent_high: f64,
+    /// What high-priority requests spent in the previous window (kept back from low ones).
+    previous_high: f64,
+    /// The charge of the last low-priority request (the size of the next, as far as one knows).
+    last_low: f64,
+}
+
+impl Budget {
+    /// A budget of `ru_per_second` whose first window starts at `now`.
+    pub fn new(ru_per_second: f64, now: Instant) -> Self {
+        Self {
+            ru_per_second,
+            started: now,
+            spent_low: 0.0,
+            spent_high: 0.0,
+            previous_high: 0.0,
+            last_low: 0.0,
+        }
+    }
+
+    /// Moves to the window that holds `now`.
+    fn roll(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.started);
+        if elapsed < WINDOW {
+            return;
+        }
+        // A window with nothing in it between tells that high-priority demand stopped.
+        self.previous_high = match elapsed < 2 * WINDOW {
+            true => self.spent_high,
+            false => 0.0,
+        };
+        self.started = now;
+        self.spent_low = 0.0;
+        self.spent_high = 0.0;
+    }
+
+    /// Whether a request of `priority` may be served at `now`; if not, how long until the next
+    /// window.
+    pub fn admit(&mut self, priority: Priority, now: Instant) -> Result<(), Duration> {
+        self.roll(now);
+        let fits = match priority {
+            Priority::High => self.spent_low + self.spent_high < self.ru_per_second,
+            Priority::Low => {
+                let kept_back = self.previous_high.max(self.spent_high);
+                self.spent_low + self.last_low.max(f64::MIN_POSITIVE) <= self.ru_per_second - kept_back
+            }
+        };
+        if fits {
+            return Ok(());
+        }
+        let rest = WINDOW.saturating_sub(now.saturating_duration_since(self.started));
+        Err(rest.max(Duration::from_millis(1)))
+    }
+
+    /// Debits what a request of `priority` answered at `now` was charged.
+    pub fn debit(&mut self, priority: Priority, charge: f64, now: Instant) {
+        self.roll(now);
+        let charge = if charge.is_finite() { charge.max(0.0) } else { 0.0 };
+        match priority {
+            Priority::High => self.spent_high += charge,
+            Priority::Low => {
+                self.spent_low += charge;
+                self.last_low = charge;
+            }
+        }
+    }
+}
+
+/// The budgets of the containers given a throughput, by region and container.
+#[derive(Debug, Default)]
+pub struct RequestBudgets {
+    provisioned: Mutex<HashMap<String, f64>>,
+    windows: Mutex<HashMap<String, Budget>>,
+}
+
+impl RequestBudgets {
+    /// Gives `container` (`dbs/db/colls/c`) a budget of `ru_per_second` in every region.
+    pub fn provision(&self, container: &str, ru_per_second: u64) {
+        self.provisioned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(container.to_owned(), ru_per_second as f64);
+    }
+
+    /// Whether `container` has a budget.
+    pub fn has(&self, container: &str) -> bool {
+        self.provisioned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(container)
+    }
+
+    /// [`Budget::admit`] of `container` in `region`; `Ok` where it has no budget.
+    pub fn admit(&self, region: &str, container: &str, priority: Priority, now: Instant) -> Result<(), Duration> {
+        self.with(region, container, now, |budget| budget.admit(priority, now))
+            .unwrap_or(Ok(()))
+    }
+
+    /// [`Budget::debit`] of `container` in `region`.
+    pub fn debit(&self, region: &str, container: &str, priority: Priority, charge: f64, now: Instant) {
+        self.with(region, container, now, |budget| budget.debit(priority, charge, now));
+    }
+
+    fn with<T>(&self, region: &str, container: &str, now: Instant, f: impl FnOnce(&mut Budget) -> T) -> Option<T> {
+        let ru = *self
+            .provisioned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(container)?;
+        let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
+        let budget = windows
+            .entry(format!("{region}|{container}"))
+            .or_insert_with(|| Budget::new(ru, now));
+        Some(f(budget))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn priority_is_high_unless_low_is_asked() {
+        assert_eq!(Priority::of(None), Priority::High);
+        assert_eq!(Priority::of(Some("High")), Priority::High);
+        assert_eq!(Priority::of(Some(" low ")), Priority::Low);
+        assert_eq!(Priority::of(Some("medium")), Priority::High);
+    }
+
+    #[test]
+    fn a_page_costs_one_unit_and_one_per_kilobyte_it_returns() {
+        assert_eq!(page_charge(0), 1.0);
+        assert_eq!(page_charge(2048), 3.0);
+    }
+
+    #[test]
+    fn a_spent_window_refuses_until_the_next_and_says_how_long() {
+        let t0 = Instant::now();
+        let mut budget = Budget::new(400.0, t0);
+        assert_eq!(budget.admit(Priority::High, t0), Ok(()));
+        budget.debit(Priority::High, 399.0, t0);
+        assert_eq!(budget.admit(Priority::High, t0 + ms(100)), Ok(()), "one unit left");
+        budget.debit(Priority::High, 30.0, t0 + ms(100));
+        assert_eq!(budget.admit(Priority::High, t0 + ms(300)), Err(ms(700)));
+        assert_eq!(budget.admit(Priority::High, t0 + ms(1000)), Ok(()), "a new window");
+    }
+
+    #[test]
+    fn low_priority_gets_what_high_priority_leaves_and_never_pushes_it_out() {
+        let t0 = Instant::now();
+        let mut budget = Budget::new(400.0, t0);
+        // Window 1: the application spends 300 at high priority; a drain in pages of 30 gets
+        // what is left, as long as its next page fits.
+        budget.debit(Priority::High, 300.0, t0);
+        let mut low = 0.0;
+        while budget.admit(Priority::Low, t0 + ms(10)).is_ok() {
+            budget.debit(Priority::Low, 30.0, t0 + ms(10));
+            low += 30.0;
+        }
+        assert_eq!(low, 90.0, "a fourth page would not have fitted");
+        // Window 2: 300 kept back for the application before it spends it.
+        let t1 = t0 + ms(1000);
+        let mut low = 0.0;
+        while budget.admit(Priority::Low, t1).is_ok() {
+            budget.debit(Priority::Low, 30.0, t1);
+            low += 30.0;
+        }
+        assert_eq!((low, budget.admit(Priority::Low, t1)), (90.0, Err(ms(1000))));
+        for i in 0..30 {
+            assert_eq!(budget.admit(Priority::High, t1 + ms(20 + i)), Ok(()), "write {i}");
+            budget.debit(Priority::High, 10.0, t1 + ms(20 + i));
+        }
+        // High demand gone for a whole window: low gets all of it again.
+        let t3 = t0 + ms(3000);
+        let mut low = 0.0;
+        while budget.admit(Priority::Low, t3).is_ok() {
+            budget.debit(Priority::Low, 30.0, t3);
+            low += 30.0;
+        }
+        assert_eq!(low, 390.0);
+    }
+
+    #[test]
+    fn containers_without_a_budget_are_never_refused() {
+        let budgets = RequestBudgets::default();
+        let t0 = Instant::now();
+        budgets.debit("East US", "dbs/db/colls/free", Priority::Low, 1e9, t0);
+        assert_eq!(budgets.admit("East US", "dbs/db/colls/free", Priority::Low, t0), Ok(()));
+        budgets.provision("dbs/db/colls/paid", 400);
+        budgets.debit("East US", "dbs/db/colls/paid", Priority::High, 500.0, t0);
+        assert!(
+            budgets
+                .admit("East US", "dbs/db/colls/paid", Priority::High, t0)
+                .is_err()
+        );
+        assert_eq!(
+            budgets.admit("West US", "dbs/db/colls/paid", Priority::High, t0),
+            Ok(()),
+            "each region has the provisioned throughput"
+        );
+    }
+}
