@@ -18,10 +18,26 @@ use super::lsn_map::{LsnMap, RangeMaps};
 
 type DriverResult<T> = azure_data_cosmos_driver::error::Result<T>;
 
+/// A change feed page before a lagging region holds any of it back.
+pub(super) struct Page {
+    /// The answer.
+    pub(super) reply: Reply,
+    /// The service LSN the read continued from (`None`: the beginning or now).
+    pub(super) requested: Option<u64>,
+}
+
 impl Edge {
     /// A change feed read: the client's continuation and page size in the emulator's terms, the
     /// answer in the service's.
-    pub(super) async fn change_feed(&self, mut request: Request, maps: Option<&RangeMaps>) -> DriverResult<Reply> {
+    pub(super) async fn change_feed(&self, request: Request, maps: Option<&RangeMaps>) -> DriverResult<Reply> {
+        let read = request.clone();
+        let page = self.change_feed_page(request, maps).await?;
+        Ok(self.as_served(page.reply, &read, maps, page.requested))
+    }
+
+    /// A change feed page as the region that takes writes answers it (a lagging region holds
+    /// back some of it: [`Self::as_served`]), its items and ETag in the service's numbering.
+    pub(super) async fn change_feed_page(&self, mut request: Request, maps: Option<&RangeMaps>) -> DriverResult<Page> {
         let if_none_match = request.headers().get_optional_string(&IF_NONE_MATCH);
         let mut requested = if_none_match.as_deref().and_then(formats::service_lsn);
         let map = request
@@ -36,7 +52,7 @@ impl Edge {
             .filter(|n| *n > 0);
         if (if_none_match.is_none() || requested.is_some()) && map.resumes_before_merge(requested) {
             if let Some(reply) = self.carried_reply(&request, &map, requested, wanted).await? {
-                return Ok(self.as_served(reply, &request, maps, requested));
+                return Ok(Page { reply, requested });
             }
             // Nothing carried is left to read: on from the merge.
             requested = Some(map.service_base());
@@ -55,7 +71,7 @@ impl Edge {
         if let Some(lsn) = reply.headers.get_optional_str(&ETAG).and_then(formats::cursor_lsn) {
             reply.headers.insert(ETAG, formats::quoted(map.partition(lsn)));
         }
-        Ok(self.as_served(reply, &request, maps, requested))
+        Ok(Page { reply, requested })
     }
 
     /// A change feed answer's session token and LSN in the service's terms, and what the

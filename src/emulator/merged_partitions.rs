@@ -122,7 +122,8 @@ impl Edge {
             if let Some(at) = &continuation {
                 read.insert_header(IF_NONE_MATCH, formats::quoted(*at));
             }
-            let reply = self.change_feed(read, maps.as_deref()).await?;
+            // As the write region has them: a lagging region's view would miss versions.
+            let reply = self.change_feed_page(read, maps.as_deref()).await?.reply;
             let etag = reply.headers.get_optional_str(&ETAG).and_then(formats::service_lsn);
             match reply.status {
                 StatusCode::Ok => versions.extend(page_versions(&reply.body)),

@@ -11,9 +11,10 @@
 //!   and the user goes above the configured RU/s, low priority requests start getting throttled
 //!   first" (Microsoft Learn, .NET `PriorityLevel`). The service does not publish how; here a
 //!   low-priority request is admitted only if one like the last low-priority one still fits in
-//!   what the window leaves after keeping back what high-priority requests spend — as much as in
-//!   the previous window, or more — so an application whose own load fits the budget is not
-//!   refused because of low-priority reads. A refusal is 429 with sub-status 3200 (the service documents
+//!   what the window leaves after keeping back what high-priority requests spend in it — what
+//!   they spent so far and what they would spend in the rest of it at the previous window's
+//!   pace — so an application whose own load fits the budget is not refused because of
+//!   low-priority reads. A refusal is 429 with sub-status 3200 (the service documents
 //!   no other sub-status for priority) and `x-ms-retry-after-ms` the rest of the window.
 //! - Change feed pages are charged [`page_charge`]: the SDK emulator charges any page a flat
 //!   1 RU, whatever it holds. Query pages keep that flat charge for now (the processor's lease
@@ -106,7 +107,9 @@ impl Budget {
         let fits = match priority {
             Priority::High => self.spent_low + self.spent_high < self.ru_per_second,
             Priority::Low => {
-                let kept_back = self.previous_high.max(self.spent_high);
+                // High-priority requests still to come this window, at last window's pace.
+                let left = 1.0 - now.saturating_duration_since(self.started).as_secs_f64() / WINDOW.as_secs_f64();
+                let kept_back = self.spent_high + self.previous_high * left.max(0.0);
                 self.spent_low + self.last_low.max(f64::MIN_POSITIVE) <= self.ru_per_second - kept_back
             }
         };
@@ -239,6 +242,17 @@ mod tests {
             assert_eq!(budget.admit(Priority::High, t1 + ms(20 + i)), Ok(()), "write {i}");
             budget.debit(Priority::High, 10.0, t1 + ms(20 + i));
         }
+        // Half a window on without high-priority requests: half of last window's is kept back.
+        let mut budget = Budget::new(400.0, t0);
+        budget.debit(Priority::High, 300.0, t0);
+        budget.debit(Priority::High, 0.0, t1);
+        let half = t1 + ms(500);
+        let mut low = 0.0;
+        while budget.admit(Priority::Low, half).is_ok() {
+            budget.debit(Priority::Low, 30.0, half);
+            low += 30.0;
+        }
+        assert_eq!(low, 240.0, "400 − 150 kept back, in pages of 30");
         // High demand gone for a whole window: low gets all of it again.
         let t3 = t0 + ms(3000);
         let mut low = 0.0;
