@@ -217,6 +217,16 @@ mod tests {
         assert_eq!(budget.admit(Priority::High, t0 + ms(1000)), Ok(()), "a new window");
     }
 
+    /// What a low-priority drain in pages of 30 RU is admitted at `at`.
+    fn drain_in_pages_of_30(budget: &mut Budget, at: Instant) -> f64 {
+        let mut low = 0.0;
+        while budget.admit(Priority::Low, at).is_ok() {
+            budget.debit(Priority::Low, 30.0, at);
+            low += 30.0;
+        }
+        low
+    }
+
     #[test]
     fn low_priority_gets_what_high_priority_leaves_and_never_pushes_it_out() {
         let t0 = Instant::now();
@@ -224,19 +234,11 @@ mod tests {
         // Window 1: the application spends 300 at high priority; a drain in pages of 30 gets
         // what is left, as long as its next page fits.
         budget.debit(Priority::High, 300.0, t0);
-        let mut low = 0.0;
-        while budget.admit(Priority::Low, t0 + ms(10)).is_ok() {
-            budget.debit(Priority::Low, 30.0, t0 + ms(10));
-            low += 30.0;
-        }
+        let low = drain_in_pages_of_30(&mut budget, t0 + ms(10));
         assert_eq!(low, 90.0, "a fourth page would not have fitted");
         // Window 2: 300 kept back for the application before it spends it.
         let t1 = t0 + ms(1000);
-        let mut low = 0.0;
-        while budget.admit(Priority::Low, t1).is_ok() {
-            budget.debit(Priority::Low, 30.0, t1);
-            low += 30.0;
-        }
+        let low = drain_in_pages_of_30(&mut budget, t1);
         assert_eq!((low, budget.admit(Priority::Low, t1)), (90.0, Err(ms(1000))));
         for i in 0..30 {
             assert_eq!(budget.admit(Priority::High, t1 + ms(20 + i)), Ok(()), "write {i}");
@@ -247,19 +249,11 @@ mod tests {
         budget.debit(Priority::High, 300.0, t0);
         budget.debit(Priority::High, 0.0, t1);
         let half = t1 + ms(500);
-        let mut low = 0.0;
-        while budget.admit(Priority::Low, half).is_ok() {
-            budget.debit(Priority::Low, 30.0, half);
-            low += 30.0;
-        }
+        let low = drain_in_pages_of_30(&mut budget, half);
         assert_eq!(low, 240.0, "400 − 150 kept back, in pages of 30");
         // High demand gone for a whole window: low gets all of it again.
         let t3 = t0 + ms(3000);
-        let mut low = 0.0;
-        while budget.admit(Priority::Low, t3).is_ok() {
-            budget.debit(Priority::Low, 30.0, t3);
-            low += 30.0;
-        }
+        let low = drain_in_pages_of_30(&mut budget, t3);
         assert_eq!(low, 390.0);
     }
 
