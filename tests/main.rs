@@ -58,6 +58,7 @@ mod overlapping_faults_soak;
 mod ownership;
 mod processor;
 mod python_client;
+mod read_budget;
 mod reference_bugs;
 mod regions;
 mod regions_failover;

@@ -59,6 +59,7 @@ fn everything() -> ChangeFeedProcessor {
         },
         "deadLetter": {"database": "dl", "container": "letters"},
         "checkpoint": {"everyBatches": 3, "interval": "10s"},
+        "readBudget": {"percentOfProvisioned": 25, "throughputBucket": 2},
         "startFrom": "Now",
     });
     ChangeFeedProcessor::new("orders", serde_json::from_value(spec).expect("a valid spec"))
@@ -148,7 +149,7 @@ fn duration_ms(range: std::ops::Range<u64>) -> impl proptest::strategy::Strategy
 fn arbitrary_options() -> impl proptest::strategy::Strategy<Value = crate::processor::ProcessorOptions> {
     use crate::cosmos::{FeedMode, StartFrom};
     use crate::processor::policy::balancer::Balancing;
-    use crate::processor::{AdoptOptions, ForeignLayout, OnExhausted, ProcessorOptions};
+    use crate::processor::{AdoptOptions, ForeignLayout, OnExhausted, ProcessorOptions, ReadBudget};
     use proptest::prelude::*;
     let start = prop_oneof![
         Just(StartFrom::Beginning),
@@ -190,8 +191,23 @@ fn arbitrary_options() -> impl proptest::strategy::Strategy<Value = crate::proce
         prop_oneof![Just(Balancing::Fair), Just(Balancing::StealOne), Just(Balancing::Work)],
         proptest::option::of(duration_ms(1..600_000)),
     );
-    ("[a-z][a-z0-9-]{0,12}", start, adopt, counts, times, retry, kinds).prop_map(
-        |(name, start_from, adopt, counts, times, retry, kinds)| {
+    let reads = (
+        proptest::option::of(prop_oneof![
+            (1u32..100_000).prop_map(ReadBudget::RequestUnits),
+            (1u8..=100).prop_map(ReadBudget::PercentOfProvisioned),
+        ]),
+        proptest::option::of(1u8..=5),
+    );
+    (
+        "[a-z][a-z0-9-]{0,12}",
+        start,
+        adopt,
+        counts,
+        times,
+        retry,
+        (kinds, reads),
+    )
+        .prop_map(|(name, start_from, adopt, counts, times, retry, (kinds, reads))| {
             let mut o = ProcessorOptions::new(name, "i-0");
             o.start_from = start_from;
             o.adopt = adopt.map(|(layout, prefix, force)| AdoptOptions { layout, prefix, force });
@@ -213,9 +229,9 @@ fn arbitrary_options() -> impl proptest::strategy::Strategy<Value = crate::proce
             (o.retry.initial_backoff, o.retry.max_backoff, o.retry.on_exhausted) = retry;
             o.retry.max_backoff += o.retry.initial_backoff;
             (o.mode, o.balancing, o.checkpoint.interval) = kinds;
+            (o.read_budget, o.read_throughput_bucket) = reads;
             o
-        },
-    )
+        })
 }
 
 proptest::proptest! {

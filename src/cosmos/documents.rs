@@ -95,8 +95,7 @@ impl DocumentContainer {
     /// maximum of its autoscale throughput; `None` when it has none of its own (it shares its
     /// database's, or the account is serverless).
     pub async fn provisioned_throughput(&self) -> Result<Option<u64>, CosmosError> {
-        let offer = self.client.read_throughput(None).await?;
-        Ok(offer.and_then(|offer| offer.throughput().or_else(|| offer.autoscale_maximum())))
+        own_throughput(&self.client).await
     }
 
     /// Creates a document; `Conflict` when the id exists in that partition.
@@ -270,4 +269,12 @@ fn etag_of(headers: &azure_data_cosmos::models::ResponseHeaders) -> Result<Strin
         .etag()
         .map(|e| e.to_string())
         .ok_or_else(|| CosmosError::local(ErrorKind::Other, "write response carried no ETag"))
+}
+
+/// A container's provisioned request units a second — its manual throughput, or the maximum of
+/// its autoscale throughput; `None` when it has none of its own (it shares its database's, or
+/// the account is serverless).
+pub(crate) async fn own_throughput(client: &ContainerClient) -> Result<Option<u64>, CosmosError> {
+    let offer = client.read_throughput(None).await?;
+    Ok(offer.and_then(|offer| offer.throughput().or_else(|| offer.autoscale_maximum())))
 }

@@ -106,6 +106,8 @@ pub struct MonitoredContainer {
     database_rid: String,
     rid: String,
     pk_paths: Vec<String>,
+    /// The throughput bucket change feed reads are sent in (`None`: none).
+    read_bucket: Option<u32>,
 }
 
 impl MonitoredContainer {
@@ -123,7 +125,22 @@ impl MonitoredContainer {
             database_rid,
             rid,
             pk_paths,
+            read_bucket: None,
         }
+    }
+
+    /// The same container, its change feed read in throughput bucket `bucket` (1–5; sent as
+    /// `x-ms-cosmos-throughput-bucket`: the service caps what requests of a bucket spend of the
+    /// container's throughput, and answers 429 with sub-status 3212 past it).
+    pub fn with_read_bucket(mut self, bucket: Option<u8>) -> Self {
+        self.read_bucket = bucket.map(u32::from);
+        self
+    }
+
+    /// The container's provisioned request units a second — its manual throughput, or the
+    /// maximum of its autoscale throughput; `None` when it has none of its own.
+    pub async fn provisioned_throughput(&self) -> Result<Option<u64>, CosmosError> {
+        crate::cosmos::documents::own_throughput(&self.client).await
     }
 
     /// The container's resource id (`_rid`).
@@ -255,12 +272,12 @@ impl MonitoredContainer {
         let max = NonZeroU32::new(max_items.max(1)).unwrap_or(NonZeroU32::MIN);
         // Reads of the feed can wait: at low priority the service throttles them before the
         // application's requests (priority-based execution).
+        let mut control = ThroughputControlOptionsBuilder::new().with_priority_level(PriorityLevel::Low);
+        if let Some(bucket) = self.read_bucket {
+            control = control.with_throughput_bucket(bucket);
+        }
         let low = OperationOptionsBuilder::new()
-            .with_throughput_control(
-                ThroughputControlOptionsBuilder::new()
-                    .with_priority_level(PriorityLevel::Low)
-                    .build(),
-            )
+            .with_throughput_control(control.build())
             .build();
         let mut options = ChangeFeedOptions::default()
             .with_operation_options(low)
@@ -293,7 +310,26 @@ impl MonitoredContainer {
             pages: Box::pin(pages),
             range: range.clone(),
             mode,
+            max_items: max.get(),
+            opened_at: Some(OpenedAt {
+                continuation: continuation.map(str::to_owned),
+                start,
+            }),
         })
+    }
+
+    /// A reader asking for pages of another size from where one was ([`FeedReader::resize_from`]):
+    /// opened again, as the SDK fixes a reader's page size when it is opened.
+    pub async fn resized(&self, from: ResizeFrom) -> Result<FeedReader, CosmosError> {
+        let at = from.at;
+        self.reader_in(
+            from.mode,
+            &from.range,
+            at.continuation.as_deref(),
+            at.start,
+            from.max_items,
+        )
+        .await
     }
 }
 
@@ -302,9 +338,65 @@ pub struct FeedReader {
     pages: std::pin::Pin<Box<ChangeFeedPageIterator<ChangeFeedItem<Value>>>>,
     range: EpkRange,
     mode: FeedMode,
+    /// The most documents a page asks for.
+    max_items: u32,
+    /// Where it was opened, until it read a page (its continuation is then the server's).
+    opened_at: Option<OpenedAt>,
+}
+
+/// Where a reader opened again with another page size starts ([`MonitoredContainer::resized`]).
+pub struct ResizeFrom {
+    mode: FeedMode,
+    range: EpkRange,
+    at: OpenedAt,
+    max_items: u32,
+}
+
+/// Where a reader was opened: a raw continuation of its range, or else a start.
+#[derive(Clone)]
+struct OpenedAt {
+    continuation: Option<String>,
+    start: StartFrom,
 }
 
 impl FeedReader {
+    /// Where this reader opened again with pages of `max_items` starts, to be opened between
+    /// pages; `None`: it stays as it is (it has that size, or spans several ranges after a split
+    /// and is rebuilt soon).
+    pub fn resize_from(&self, max_items: u32) -> Result<Option<ResizeFrom>, CosmosError> {
+        if self.max_items == max_items.max(1) {
+            return Ok(None);
+        }
+        let resize = |at: OpenedAt| ResizeFrom {
+            mode: self.mode,
+            range: self.range.clone(),
+            at,
+            max_items: max_items.max(1),
+        };
+        if let Some(at) = &self.opened_at {
+            return Ok(Some(resize(at.clone())));
+        }
+        let token = self.pages.to_continuation_token()?;
+        let Some(continuations) = decode_sdk_token(token.as_str()) else {
+            return Err(CosmosError::local(
+                ErrorKind::Other,
+                "unrecognized change feed continuation token",
+            ));
+        };
+        let [single] = continuations.as_slice() else {
+            return Ok(None);
+        };
+        Ok(Some(resize(OpenedAt {
+            continuation: Some(single.continuation.clone()),
+            start: StartFrom::Now,
+        })))
+    }
+
+    /// The most documents a page asks for.
+    pub fn max_items(&self) -> u32 {
+        self.max_items
+    }
+
     /// The range this reader was opened for.
     pub fn range(&self) -> &EpkRange {
         &self.range
@@ -332,8 +424,13 @@ impl FeedReader {
             .map(str::to_owned)
             .or_else(|| range_id_of_session_token(session_token.as_deref()?));
         let lsn = headers.lsn();
-        let request_charge = headers.request_charge().map(|c| c.value()).unwrap_or_default();
-        let retries = u32::try_from(page.diagnostics().request_count().saturating_sub(1)).unwrap_or(u32::MAX);
+        // Every request the page took is charged (the SDK's retries, the empty pages it skips).
+        let diagnostics = page.diagnostics();
+        let request_charge = match diagnostics.total_request_charge().value() {
+            total if total > 0.0 => total,
+            _ => headers.request_charge().map(|c| c.value()).unwrap_or_default(),
+        };
+        let retries = u32::try_from(diagnostics.request_count().saturating_sub(1)).unwrap_or(u32::MAX);
         // The continuation moves past every item of the page, so every item is delivered: one
         // without a current image (a delete in the all-versions mode) as its previous image, or
         // as what its metadata identifies.
@@ -343,6 +440,7 @@ impl FeedReader {
             FeedMode::AllVersionsAndDeletes => items.iter().map(Change::of).collect(),
         };
         let documents: Vec<Value> = items.into_iter().map(document_of).collect();
+        self.opened_at = None;
         let token = self.pages.to_continuation_token()?;
         let continuations = decode_sdk_token(token.as_str())
             .ok_or_else(|| CosmosError::local(ErrorKind::Other, "unrecognized change feed continuation token"))?;

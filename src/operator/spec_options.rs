@@ -46,6 +46,10 @@ impl TryFrom<&ChangeFeedProcessor> for ProcessorOptions {
             prefix: a.prefix.clone(),
             force: a.force,
         });
+        if let Some(reads) = &spec.read_budget {
+            options.read_budget = reads.budget().map_err(|m| invalid(m.to_owned()))?;
+            options.read_throughput_bucket = reads.bucket().map_err(|m| invalid(m.to_owned()))?;
+        }
         let retry = &spec.handler.retry;
         options.retry = RetryPolicy {
             max_attempts: count("handler.retry.maxAttempts", retry.max_attempts)?,
@@ -105,5 +109,42 @@ mod tests {
         }
         let unparsable = ProcessorOptions::try_from(&resource(serde_json::json!({"pollInterval": "soon"})));
         assert!(unparsable.is_err_and(|p| p.message.starts_with("pollInterval \"soon\" is not a duration")));
+    }
+
+    #[test]
+    fn a_read_budget_reaches_the_options_in_either_form_and_a_wrong_one_is_named() {
+        use crate::processor::ReadBudget;
+        let read = |budget: serde_json::Value| {
+            ProcessorOptions::try_from(&resource(serde_json::json!({"readBudget": budget})))
+                .map(|o| (o.read_budget, o.read_throughput_bucket))
+                .map_err(|p| p.message)
+        };
+        assert_eq!(
+            read(serde_json::json!({"requestUnits": 300})),
+            Ok((Some(ReadBudget::RequestUnits(300)), None))
+        );
+        assert_eq!(
+            read(serde_json::json!({"percentOfProvisioned": 25, "throughputBucket": 3})),
+            Ok((Some(ReadBudget::PercentOfProvisioned(25)), Some(3)))
+        );
+        assert_eq!(read(serde_json::json!({"throughputBucket": 1})), Ok((None, Some(1))));
+        for (budget, said) in [
+            (
+                serde_json::json!({"requestUnits": 1, "percentOfProvisioned": 5}),
+                "not both",
+            ),
+            (
+                serde_json::json!({"requestUnits": 0}),
+                "requestUnits must be at least 1",
+            ),
+            (serde_json::json!({"percentOfProvisioned": 101}), "between 1 and 100"),
+            (
+                serde_json::json!({"throughputBucket": 6}),
+                "throughputBucket must be between 1 and 5",
+            ),
+        ] {
+            let error = read(budget.clone()).expect_err("refused");
+            assert!(error.contains(said), "{budget}: {error}");
+        }
     }
 }

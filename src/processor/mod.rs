@@ -3,8 +3,10 @@
 //!
 //! Rooms by role (each room's `mod.rs` says what it holds and what it may use):
 //! - [`leases`]: the lease documents and their store, an owned lease, the heartbeat, sightings,
-//!   the lag report a lease carries, bootstrap and adoption, and the lease container's budget
-//!   every lease write passes through (this instance's share, how it spends it);
+//!   the lag report a lease carries, bootstrap and adoption;
+//! - [`budgets`]: the request units the processor spends, one pacing design for two budgets:
+//!   the lease container's (every lease write) and the monitored container's read budget
+//!   (every change feed read) — this instance's share of each, and how it spends it;
 //! - [`policy`]: the pure decisions (balancer, acquire-cycle plan, listing schedule, stall state
 //!   machine, checkpoint policy, validation of options), table and property tested;
 //! - [`run`]: the running parts (runtime, coordinator, renewer, the per-lease reader, delivery,
@@ -18,6 +20,7 @@
 //! - [`options`] and [`error`]: the public settings and errors.
 
 pub mod admin;
+pub mod budgets;
 pub mod error;
 pub mod handlers;
 pub mod leases;
@@ -37,7 +40,7 @@ pub use leases::cosmos_store::{CosmosLeaseStore, lease_prefix};
 pub use leases::heartbeat::LeaseLiveness;
 pub use leases::lease::{Beat, HeartbeatDoc, Lease, LeaseStore, LeaseStoreError, LockAttempt};
 pub use leases::name_claim::NameError;
-pub use options::{OnExhausted, ProcessorOptions, RetryPolicy};
+pub use options::{OnExhausted, ProcessorOptions, ReadBudget, RetryPolicy};
 pub use policy::checkpoint_policy::CheckpointPolicy;
 pub use policy::validation::{OptionField, OptionsError};
 pub use report::estimator::{LeaseEstimate, ProcessorEstimate, estimate_leases};

@@ -63,6 +63,72 @@ pub struct ProcessorOptions {
     /// How this instance keeps its leases alive: by its heartbeat (default), or each lease on its
     /// own as versions before instance liveness did ([`crate::processor::leases::heartbeat`]).
     pub liveness: crate::processor::LeaseLiveness,
+    /// The request units a second the whole fleet's change feed reads may spend
+    /// ([`crate::processor::budgets::reads`]); `None`: reads are not paced (they still go at low
+    /// priority).
+    pub read_budget: Option<ReadBudget>,
+    /// The throughput bucket (1–5) change feed reads are sent in (`x-ms-cosmos-throughput-bucket`):
+    /// the account's buckets cap what it may spend; `None`: none.
+    pub read_throughput_bucket: Option<u8>,
+}
+
+/// The most throughput buckets an account has (they are numbered from 1).
+pub const MAX_THROUGHPUT_BUCKET: u8 = 5;
+
+/// A read budget for the whole fleet: request units a second, or a percentage of the monitored
+/// container's provisioned throughput (its own offer; an autoscale offer's maximum). Written
+/// `300` or `25%`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadBudget {
+    /// Request units a second.
+    RequestUnits(u32),
+    /// A percentage (1–100) of the monitored container's provisioned throughput.
+    PercentOfProvisioned(u8),
+}
+
+impl ReadBudget {
+    /// The request units a second it allows, the monitored container being provisioned with
+    /// `provisioned` (`None`: not known, or none of its own); `None`: no budget can be set.
+    pub fn units(self, provisioned: Option<u64>) -> Option<f64> {
+        match self {
+            ReadBudget::RequestUnits(units) => Some(f64::from(units)),
+            ReadBudget::PercentOfProvisioned(percent) => {
+                provisioned.map(|units| units as f64 * f64::from(percent) / 100.0)
+            }
+        }
+    }
+
+    /// Whether its value works: at least 1 request unit, a percentage from 1 to 100.
+    pub fn is_valid(self) -> bool {
+        match self {
+            ReadBudget::RequestUnits(units) => units >= 1,
+            ReadBudget::PercentOfProvisioned(percent) => (1..=100).contains(&percent),
+        }
+    }
+}
+
+impl std::fmt::Display for ReadBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadBudget::RequestUnits(units) => write!(f, "{units}"),
+            ReadBudget::PercentOfProvisioned(percent) => write!(f, "{percent}%"),
+        }
+    }
+}
+
+impl std::str::FromStr for ReadBudget {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let budget = match s.strip_suffix('%') {
+            Some(percent) => percent.trim().parse().ok().map(ReadBudget::PercentOfProvisioned),
+            None => s.parse().ok().map(ReadBudget::RequestUnits),
+        };
+        budget.filter(|b| b.is_valid()).ok_or_else(|| {
+            format!("{s:?} is not a read budget: request units a second (300) or a percentage of the monitored container's provisioned throughput from 1% to 100% (25%)")
+        })
+    }
 }
 
 /// The defaults of a processor's options, in one place: [`ProcessorOptions::new`], the worker's
@@ -204,6 +270,8 @@ impl ProcessorOptions {
             mode: crate::cosmos::FeedMode::LatestVersion,
             adopt: None,
             balancing: crate::processor::policy::balancer::Balancing::Fair,
+            read_budget: None,
+            read_throughput_bucket: None,
         }
     }
 

@@ -12,9 +12,11 @@ use time::format_description::well_known::Rfc3339;
 
 use crate::cosmos::{FeedMode, StartFrom};
 use crate::processor::options::defaults::{self, text};
-use crate::processor::options::{MAX_IN_FLIGHT_BATCHES, MAX_LEASES_PER_PARTITION};
+use crate::processor::options::{MAX_IN_FLIGHT_BATCHES, MAX_LEASES_PER_PARTITION, MAX_THROUGHPUT_BUCKET};
 use crate::processor::policy::balancer::Balancing;
-use crate::processor::{AdoptOptions, CheckpointPolicy, ForeignLayout, OnExhausted, ProcessorOptions, RetryPolicy};
+use crate::processor::{
+    AdoptOptions, CheckpointPolicy, ForeignLayout, OnExhausted, ProcessorOptions, ReadBudget, RetryPolicy,
+};
 
 /// Parses a duration flag (`500ms`, `2s`, `1m`).
 pub fn duration(s: &str) -> Result<Duration, String> {
@@ -102,6 +104,16 @@ pub struct ProcessorArgs {
     /// long is taken over by others.
     #[arg(long, env = "CFP_LEASE_EXPIRATION", default_value = text(defaults::EXPIRATION), value_parser = duration)]
     pub lease_expiration: Duration,
+    /// Request units a second the whole fleet's change feed reads may spend — `300`, or `25%` of
+    /// the monitored container's provisioned throughput — shared among the live instances by
+    /// the leases each reads; pages and polls adapt to stay within it. Unset: reads are not
+    /// paced (they still go at low priority).
+    #[arg(long, env = "CFP_READ_BUDGET")]
+    pub read_budget: Option<ReadBudget>,
+    /// The throughput bucket (1–5) change feed reads are sent in: the account's bucket caps
+    /// what they may spend of the container's throughput.
+    #[arg(long, env = "CFP_READ_THROUGHPUT_BUCKET", value_parser = clap::value_parser!(u8).range(1..=i64::from(MAX_THROUGHPUT_BUCKET)))]
+    pub read_throughput_bucket: Option<u8>,
 }
 
 impl ProcessorArgs {
@@ -119,6 +131,8 @@ impl ProcessorArgs {
         options.max_in_flight_batches = self.max_in_flight_batches;
         options.mode = self.mode;
         options.balancing = self.balancing;
+        options.read_budget = self.read_budget;
+        options.read_throughput_bucket = self.read_throughput_bucket;
         options.adopt = self
             .adopt
             .zip(self.adopt_prefix.clone())
@@ -171,6 +185,12 @@ pub fn options_env(options: &ProcessorOptions) -> Vec<(&'static str, String)> {
     ];
     if options.balancing != Balancing::default() {
         vars.push(("CFP_BALANCING", balancing_text(options.balancing).to_owned()));
+    }
+    if let Some(budget) = options.read_budget {
+        vars.push(("CFP_READ_BUDGET", budget.to_string()));
+    }
+    if let Some(bucket) = options.read_throughput_bucket {
+        vars.push(("CFP_READ_THROUGHPUT_BUCKET", bucket.to_string()));
     }
     if let Some(interval) = options.checkpoint.interval {
         vars.push(("CFP_CHECKPOINT_INTERVAL", text(interval)));

@@ -118,7 +118,13 @@ pub struct Env {
 
 impl Env {
     pub async fn new(partitions: u32) -> Self {
-        let (emulator, account) = Emulator::in_process_with(DB, ITEMS, partitions).await.unwrap();
+        let (emulator, _) = Emulator::in_process_with(DB, ITEMS, partitions).await.unwrap();
+        Self::on(emulator).await
+    }
+
+    /// The environment of `emulator`, which has `db/items` already.
+    pub async fn on(emulator: Emulator) -> Self {
+        let account = emulator.account().await.unwrap();
         let items = account.documents(DB, ITEMS).await.unwrap();
         Self {
             emulator,

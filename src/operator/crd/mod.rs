@@ -3,7 +3,7 @@
 //!
 //! By part of the resource: `spec` (the kind, its cross-field rules and the feed),
 //! `connection`, `leases`, `handler` (with retries, dead letters, checkpoints),
-//! `autoscaling`, `observability`, `worker` (the pod template), `status`, `schema`
+//! `read_budget`, `autoscaling`, `observability`, `worker` (the pod template), `status`, `schema`
 //! (`crd_yaml`), `size_limits` (a limit on every string, list and map) and `reference`
 //! (`crd_markdown`: the field reference generated from the schema).
 
@@ -12,6 +12,7 @@ mod connection;
 mod handler;
 mod leases;
 mod observability;
+mod read_budget;
 mod reference;
 mod schema;
 mod size_limits;
@@ -28,6 +29,7 @@ pub use handler::{
 };
 pub use leases::{AdoptFrom, ForeignLayoutKind, LeaseBalancing, LeaseSettings, LeaseTimings};
 pub use observability::{Observability, TracingSpec};
+pub use read_budget::ReadBudgetSpec;
 pub use reference::{crd_markdown, reference_markdown};
 pub use schema::{crd_json, crd_yaml};
 pub use spec::{ChangeFeedProcessor, ChangeFeedProcessorSpec, FeedModeKind};

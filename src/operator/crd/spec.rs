@@ -153,6 +153,10 @@ pub struct ChangeFeedProcessorSpec {
     /// How often handled batches are checkpointed (default: after every batch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSpec>,
+    /// What the workers' change feed reads may spend of the monitored container's throughput
+    /// (default: not paced; reads always go at low priority).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_budget: Option<super::ReadBudgetSpec>,
     /// Number of worker pods when autoscaling is off (also set through the `/scale` subresource,
     /// so `kubectl scale`, HPA or KEDA can drive it).
     #[serde(default = "default_replicas")]

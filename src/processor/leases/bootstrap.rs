@@ -6,11 +6,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::cosmos::{EpkRange, FeedMode, MonitoredContainer, StartFrom};
+use crate::processor::budgets::writes::{Late, Turn, WriteBudget};
 use crate::processor::error::ProcessorError;
 use crate::processor::leases::adopt::AdoptOptions;
 use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError, LockAttempt};
 use crate::processor::leases::lease_ids::IdKind;
-use crate::processor::leases::write_budget::{Late, Turn, WriteBudget};
 use crate::processor::options::ProcessorOptions;
 use crate::processor::policy::start_retry::retrying;
 

@@ -358,7 +358,7 @@ pub trait LeaseStore: Send + Sync {
     async fn replace(&self, lease: &Lease) -> Result<Lease, LeaseStoreError>;
     /// Like [`LeaseStore::replace`], for a write that can wait (a checkpoint): at low priority,
     /// and a throttled write (429) is answered at once for the caller to send again later
-    /// ([`crate::processor::leases::write_budget`]). Stores without a budget just replace.
+    /// ([`crate::processor::budgets::writes`]). Stores without a budget just replace.
     async fn replace_deferrable(&self, lease: &Lease) -> Result<Lease, LeaseStoreError> {
         self.replace(lease).await
     }

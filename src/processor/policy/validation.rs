@@ -7,7 +7,9 @@ use std::time::Duration;
 use crate::cosmos::{FeedMode, StartFrom};
 use crate::processor::leases::lease_ids::check_name;
 use crate::processor::options::defaults::text;
-use crate::processor::options::{MAX_IN_FLIGHT_BATCHES, MAX_LEASES_PER_PARTITION, OnExhausted, ProcessorOptions};
+use crate::processor::options::{
+    MAX_IN_FLIGHT_BATCHES, MAX_LEASES_PER_PARTITION, MAX_THROUGHPUT_BUCKET, OnExhausted, ProcessorOptions, ReadBudget,
+};
 
 /// What a processor or instance name may be (it becomes part of lease ids).
 const NAME_GRAMMAR: &str = "must be 1 to 128 ASCII letters, digits, '-' and '_', with single dots between them: it becomes part of lease ids, which must not reach into another processor's";
@@ -49,6 +51,10 @@ pub enum OptionField {
     PollInterval,
     /// When a lease that does not advance is stalled.
     StallTimeout,
+    /// The fleet's read budget.
+    ReadBudget,
+    /// The throughput bucket of change feed reads.
+    ReadThroughputBucket,
 }
 
 impl OptionField {
@@ -102,6 +108,12 @@ impl OptionField {
             OptionField::OnExhausted => ("on-exhausted policy", "--on-exhausted", "handler.onExhausted"),
             OptionField::PollInterval => ("poll interval", "--poll-interval", "pollInterval"),
             OptionField::StallTimeout => ("stall timeout", "--stall-timeout", "stallTimeout"),
+            OptionField::ReadBudget => ("read budget", "--read-budget", "readBudget"),
+            OptionField::ReadThroughputBucket => (
+                "read throughput bucket",
+                "--read-throughput-bucket",
+                "readBudget.throughputBucket",
+            ),
         }
     }
 }
@@ -222,6 +234,11 @@ impl ProcessorOptions {
                 Some(MAX_LEASES_PER_PARTITION),
             ),
             (F::MaxAttempts, self.retry.max_attempts, None),
+            (
+                F::ReadThroughputBucket,
+                self.read_throughput_bucket.map_or(1, u32::from),
+                Some(u32::from(MAX_THROUGHPUT_BUCKET)),
+            ),
         ];
         for (field, value, max) in counts {
             match max {
@@ -229,6 +246,16 @@ impl ProcessorOptions {
                 None if value == 0 => return Err(OptionsError::NotPositive(field)),
                 _ => {}
             }
+        }
+        match self.read_budget {
+            Some(ReadBudget::RequestUnits(0)) => return Err(OptionsError::NotPositive(F::ReadBudget)),
+            Some(ReadBudget::PercentOfProvisioned(percent)) if !(1..=100).contains(&percent) => {
+                return Err(OptionsError::OutOfRange {
+                    field: F::ReadBudget,
+                    max: 100,
+                });
+            }
+            _ => {}
         }
         let intervals = [
             (F::AcquireInterval, self.acquire_interval),

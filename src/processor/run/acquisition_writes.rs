@@ -1,12 +1,12 @@
 //! The writes by which an acquire cycle takes leases: an acquisition or a handoff request as the
 //! cycle planned it, and the take-up of a lease its owner handed over — each paced by the lease
-//! container's budget ([`crate::processor::leases::write_budget`]).
+//! container's budget ([`crate::processor::budgets::writes`]).
 
 use time::OffsetDateTime;
 
+use crate::processor::budgets::writes::{Late, Spend, Turn};
 use crate::processor::leases::lease::{Lease, LeaseStore, LeaseStoreError};
 use crate::processor::leases::owned::Acquired;
-use crate::processor::leases::write_budget::{Late, Spend, Turn};
 use crate::processor::policy::acquisitions::{Acquisition, retry_acquisition};
 use crate::processor::run::shared::Shared;
 

@@ -12,14 +12,15 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::processor::budgets::reads::read_part;
+use crate::processor::budgets::share::{holding_in, part_of};
+use crate::processor::budgets::writes::{Late, Turn};
 use crate::processor::error::LeaseError;
 use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStoreError};
 use crate::processor::leases::name_claim::NameError;
 use crate::processor::leases::owned::{Acquired, Keeping, OwnedLease, UpdateError};
 use crate::processor::leases::sightings::Sightings;
-use crate::processor::leases::throughput_share::{holding_in, part_of};
 use crate::processor::leases::work_report::WorkTimings;
-use crate::processor::leases::write_budget::{Late, Turn};
 use crate::processor::policy::acquisitions::{AcquireStep, Acquisition};
 use crate::processor::policy::cycle_inputs::{CycleOptions, Observations};
 use crate::processor::policy::cycle_plan::{CyclePlan, plan_cycle};
@@ -267,6 +268,8 @@ impl Coordinator {
         let (mine, listed) = holding_in(&snapshot.leases, &me, self.shared.owned.count());
         let part = part_of(mine, listed, others + 1);
         self.shared.share_budget(part).await;
+        let reads = read_part(mine.owned, listed.leases, listed.free, others + 1);
+        self.shared.share_reads(reads, mine.owned).await;
         self.perform(plan).await;
     }
 

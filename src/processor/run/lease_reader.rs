@@ -13,6 +13,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, Span};
 
 use crate::cosmos::{ChangePage, CosmosError, EpkRange, ErrorKind, FeedReader};
+use crate::processor::budgets::reads::Ticket;
 use crate::processor::error::LeaseError;
 use crate::processor::leases::owned::OwnedLease;
 use crate::processor::policy::stall::{Activity, StallAction, StallWatch};
@@ -98,6 +99,8 @@ struct Session {
     handling: std::collections::VecDeque<(String, usize, Instant, Span)>,
     /// Since when a read is under way.
     reading_since: Option<Instant>,
+    /// The read budget's admission of the read under way.
+    ticket: Option<Ticket>,
     /// A page read while the window was full: it waits here (never with the handler).
     read_ahead: Option<(ChangePage, String, Span)>,
     /// The span of the read that just finished.
@@ -222,7 +225,7 @@ impl LeaseReader {
                 &range,
                 lease.continuation.as_deref(),
                 lease.start_from(options.start_from),
-                options.max_items,
+                self.shared.reads.page_items(options.max_items),
             )
             .await;
         tracing::debug!(ok = opened.is_ok(), "change feed reader opened");
@@ -234,6 +237,7 @@ impl LeaseReader {
                 window: FuturesOrdered::new(),
                 handling: Default::default(),
                 reading_since: None,
+                ticket: None,
                 read_ahead: None,
                 read_span: None,
                 hold_reads: false,
@@ -266,8 +270,8 @@ impl LeaseReader {
         loop {
             let idle = s.idle_until.is_some_and(|t| Instant::now() < t);
             let can_read = s.read_ahead.is_none() && !s.hold_reads && !idle;
-            if can_read && s.reading_since.is_none() {
-                s.reading_since = Some(Instant::now());
+            if can_read && s.reading_since.is_none() && !self.admit(s).await {
+                continue;
             }
             tokio::select! {
                 biased;
@@ -294,14 +298,44 @@ impl LeaseReader {
                 (page, span) = timed_read(&self.shared, &self.owned, &mut s.reader, read_timeout), if can_read => {
                     s.reading_since = None;
                     s.read_span = Some(span);
+                    let ticket = s.ticket.take();
                     let after = match page {
-                        Ok(page) => self.on_page(s, page).await,
+                        Ok(page) => {
+                            if let Some(ticket) = ticket {
+                                ticket.spent(page.request_charge, page.documents.len());
+                            }
+                            self.on_page(s, page).await
+                        }
                         Err(error) => Some(self.on_read_failed(s, error).await),
                     };
                     if let Some(after) = after {
                         return after;
                     }
                 }
+            }
+        }
+    }
+
+    /// Whether the next read may start now within the read budget: then it is under way (its
+    /// ticket taken, its page sized to the budget); otherwise the reader idles until it may.
+    async fn admit(&mut self, s: &mut Session) -> bool {
+        let now = Instant::now();
+        let reads = &self.shared.reads;
+        match reads.admit(now) {
+            Ok(ticket) => {
+                s.ticket = Some(ticket);
+                s.reading_since = Some(now);
+                if let Some(items) = reads.resize(s.reader.max_items(), self.shared.options.max_items)
+                    && let Ok(Some(from)) = s.reader.resize_from(items)
+                    && let Ok(resized) = self.shared.monitored.resized(from).await
+                {
+                    s.reader = resized;
+                }
+                true
+            }
+            Err(wait) => {
+                s.idle_until = Some(now + wait);
+                false
             }
         }
     }
@@ -358,7 +392,7 @@ impl LeaseReader {
                 self.shared.options.poll_interval,
                 now.saturating_duration_since(s.changes_seen),
             );
-            s.idle_until = Some(now + wait);
+            s.idle_until = Some(now + self.shared.reads.idle_wait(wait));
         } else {
             s.changes_seen = now;
         }

@@ -6,15 +6,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::cosmos::{EpkRange, MonitoredContainer};
+use crate::processor::budgets::reads::ReadAllowance;
+use crate::processor::budgets::share::ProvisionedThroughput;
+use crate::processor::budgets::writes::WriteBudget;
 use crate::processor::handlers::dead_letters::DeadLetterStore;
 use crate::processor::handlers::manual::Handler;
 use crate::processor::leases::heartbeat::Liveness;
 use crate::processor::leases::lease::LeaseStore;
 use crate::processor::leases::name_claim::NameClaim;
 use crate::processor::leases::owned::OwnedLease;
-use crate::processor::leases::throughput_share::ProvisionedThroughput;
-use crate::processor::leases::write_budget::WriteBudget;
-use crate::processor::options::ProcessorOptions;
+use crate::processor::options::{ProcessorOptions, ReadBudget};
 use crate::processor::report::telemetry::Telemetry;
 use crate::processor::run::crash_gate::CrashGate;
 use crate::processor::run::health::Health;
@@ -52,6 +53,13 @@ pub(crate) struct Shared {
     pub(crate) budget: Arc<WriteBudget>,
     /// The lease container's provisioned throughput, as last read.
     throughput: tokio::sync::Mutex<ProvisionedThroughput>,
+    /// How this instance spends the fleet's read budget (every change feed read).
+    pub(crate) reads: Arc<ReadAllowance>,
+    /// The monitored container's provisioned throughput, as last read (for a read budget of a
+    /// percentage of it).
+    monitored_throughput: tokio::sync::Mutex<ProvisionedThroughput>,
+    /// Whether it was said that a percentage read budget cannot be applied.
+    unpaced_said: std::sync::atomic::AtomicBool,
     /// The other instances the last listing showed here, sorted.
     pub(crate) others: Mutex<Vec<String>>,
     /// This process's incarnation of the instance name: random, new at every start. Its
@@ -80,7 +88,7 @@ impl Shared {
         let budget = Arc::new(WriteBudget::metered(gate.clone()));
         Self {
             name: NameClaim::new(&options.instance, &incarnation, options.pod_uid.clone()),
-            monitored,
+            monitored: monitored.with_read_bucket(options.read_throughput_bucket),
             store: gate.clone(),
             gate,
             handler,
@@ -94,6 +102,9 @@ impl Shared {
             liveness,
             budget,
             throughput: tokio::sync::Mutex::default(),
+            reads: Arc::default(),
+            monitored_throughput: tokio::sync::Mutex::default(),
+            unpaced_said: std::sync::atomic::AtomicBool::new(false),
             others: Mutex::default(),
             incarnation,
             acquisitions: AtomicU64::new(0),
@@ -102,10 +113,44 @@ impl Shared {
     }
 
     /// Gives this instance `part` of the lease container's provisioned throughput (read again
-    /// now and then): see [`crate::processor::leases::throughput_share::part_of`].
+    /// now and then): see [`crate::processor::budgets::share::part_of`].
     pub(crate) async fn share_budget(&self, part: f64) {
-        let provisioned = self.throughput.lock().await.current(self.store.as_ref()).await;
-        self.budget.share_out(provisioned, part);
+        let provisioned = self
+            .throughput
+            .lock()
+            .await
+            .current("leases", self.store.provisioned_throughput())
+            .await;
+        self.budget.share_out(provisioned.map(|units| units as f64), part);
+    }
+
+    /// Gives this instance `part` of the fleet's read budget, for the `leases` it reads (a
+    /// percentage of the monitored container's throughput read again now and then): see
+    /// [`crate::processor::budgets::reads`].
+    pub(crate) async fn share_reads(&self, part: f64, leases: usize) {
+        let Some(budget) = self.options.read_budget else {
+            return;
+        };
+        let provisioned = match budget {
+            ReadBudget::RequestUnits(_) => None,
+            ReadBudget::PercentOfProvisioned(_) => {
+                let monitored = self.monitored.provisioned_throughput();
+                let units = self
+                    .monitored_throughput
+                    .lock()
+                    .await
+                    .current("monitored", monitored)
+                    .await;
+                if units.is_none() && !self.unpaced_said.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        %budget,
+                        "the read budget is a percentage of the monitored container's provisioned throughput, which has none of its own or could not be read: reads are not paced (set request units instead)"
+                    );
+                }
+                units
+            }
+        };
+        self.reads.set(budget.units(provisioned), part, leases);
     }
 
     /// A new ownership epoch for a lease acquisition: this incarnation and a counter, so that no

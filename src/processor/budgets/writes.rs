@@ -20,7 +20,7 @@
 //!   at its start, and throttling that comes and goes does not starve the checkpoints;
 //! - checkpoints wait their turn in order (a FIFO turnstile), so that none waits for ever;
 //! - where the container's provisioned throughput is known, they also wait for this instance's
-//!   share of it ([`crate::processor::leases::throughput_share`]), so that the fleet's writes
+//!   share of it ([`crate::processor::budgets::share`]), so that the fleet's writes
 //!   stay under the budget before any 429.
 //!
 //! [`BudgetState::delay`] is the decision, tested on its own.
@@ -32,8 +32,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::processor::budgets::share::ThroughputShare;
 use crate::processor::leases::lease::LeaseStore;
-use crate::processor::leases::throughput_share::ThroughputShare;
 
 /// How much of itself the rate grows a second while checkpoints go through, and at least how
 /// many checkpoints a second it grows by.
@@ -346,7 +346,7 @@ impl WriteBudget {
     }
 
     /// The container's provisioned request units a second (`None`: not known) and this
-    /// instance's part of them ([`crate::processor::leases::throughput_share::part_of`]).
+    /// instance's part of them ([`crate::processor::budgets::share::part_of`]).
     pub(crate) fn share_out(&self, provisioned: Option<f64>, part: f64) {
         let mut state = self.state();
         state.share.set(provisioned, part);
@@ -465,7 +465,7 @@ impl WriteBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::processor::leases::throughput_share::margin;
+    use crate::processor::budgets::share::margin;
 
     fn state(now: Instant) -> BudgetState {
         BudgetState::new(now, 0.0)

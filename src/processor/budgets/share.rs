@@ -6,7 +6,7 @@
 //! part that grows with the leases it owns and hands over ([`part_of`]) — counting every request it
 //! sent there (reads, heartbeats and renewals too, at what the container charged for them): writes
 //! that can wait wait until this instance's share has room for them. The 429-driven pace
-//! ([`crate::processor::leases::write_budget`]) stays on top, for what a share cannot know (the
+//! ([`crate::processor::budgets::writes`]) stays on top, for what a share cannot know (the
 //! other processors of a shared lease container, a hot physical partition).
 //!
 //! [`ThroughputShare::wait`] is the decision, tested on its own.
@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::processor::leases::lease::{Lease, LeaseStore};
+use crate::processor::leases::lease::Lease;
 
 /// How many standard deviations of a second's writes the room left in the budget covers
 /// ([`margin`]).
@@ -127,41 +127,46 @@ pub(crate) fn part_of(mine: Holding, listed: Listed, instances: usize) -> f64 {
     (steady + moving) / 2.0
 }
 
-/// How often the lease container's provisioned throughput is read again (it can be changed).
+/// How often a container's provisioned throughput is read again (it can be changed).
 const READ_EVERY: Duration = Duration::from_secs(600);
 
-/// The lease container's provisioned throughput as last read.
+/// A container's provisioned throughput as last read.
 #[derive(Debug, Default)]
 pub(crate) struct ProvisionedThroughput {
     /// When it was last read.
     read_at: Option<Instant>,
     /// Request units a second; `None`: not known.
-    units: Option<f64>,
+    units: Option<u64>,
 }
 
 impl ProvisionedThroughput {
-    /// The lease container's provisioned request units a second, read again once the last
-    /// reading is [`READ_EVERY`] old; `None`: not known ([`LeaseStore::provisioned_throughput`]).
-    /// A read that fails (an identity without the right to read it, say) leaves the last value:
-    /// the writes are then paced by the container's 429s alone.
-    pub(crate) async fn current(&mut self, store: &dyn LeaseStore) -> Option<f64> {
+    /// The `container`'s provisioned request units a second (the lease container, the monitored
+    /// container), read again by `read` once the last reading is [`READ_EVERY`] old; `None`: not
+    /// known. A read that fails (an identity without the right to read it, say) leaves the last
+    /// value: the container's 429s alone then pace what is spent there.
+    pub(crate) async fn current<E: std::fmt::Display>(
+        &mut self,
+        container: &str,
+        read: impl Future<Output = Result<Option<u64>, E>>,
+    ) -> Option<u64> {
         let now = Instant::now();
         if self.read_at.is_some_and(|at| now.duration_since(at) < READ_EVERY) {
             return self.units;
         }
         let first = self.read_at.replace(now).is_none();
-        match store.provisioned_throughput().await {
+        match read.await {
             Ok(units) => {
-                if units.map(|u| u as f64) != self.units {
-                    tracing::info!(units, "the lease container's provisioned throughput (RU/s)");
+                if units != self.units {
+                    tracing::info!(units, container, "a container's provisioned throughput (RU/s)");
                 }
-                self.units = units.map(|units| units as f64);
+                self.units = units;
             }
             Err(error) if first => tracing::info!(
                 %error,
-                "the lease container's provisioned throughput could not be read: its writes are paced by its 429s alone"
+                container,
+                "a container's provisioned throughput could not be read: what is spent there is paced by its 429s alone"
             ),
-            Err(error) => tracing::debug!(%error, "reading the lease container's provisioned throughput failed"),
+            Err(error) => tracing::debug!(%error, container, "reading a container's provisioned throughput failed"),
         }
         self.units
     }
@@ -184,6 +189,11 @@ pub(crate) struct ThroughputShare {
     charged: f64,
     /// What the writes admitted and not answered yet are reckoned to cost.
     reserved: f64,
+    /// What a request is reckoned to cost before it is answered ([`ESTIMATE`] for a write).
+    estimate: f64,
+    /// At most how many seconds' worth of its rate this instance owes after spending past its
+    /// share ([`OWE_AT_MOST`] for writes).
+    owe_at_most: f64,
     /// This instance's phase (0 to 1): how far below what it may keep its level starts, and starts
     /// again after an idle spell (at most a write's [`ESTIMATE`] short of sending) — so that
     /// instances started together, or idle until a moment they share (an acquire cycle, a burst of
@@ -203,8 +213,20 @@ impl ThroughputShare {
             at: now,
             charged: 0.0,
             reserved: 0.0,
+            estimate: ESTIMATE,
+            owe_at_most: OWE_AT_MOST,
             phase,
         }
+    }
+
+    /// The same share for requests reckoned at `estimate` request units before they are
+    /// answered, owing at most `owe_at_most` seconds' worth of the rate: a read of the change
+    /// feed is charged by what it returns, and what was read was spent.
+    pub(crate) fn with_costs(mut self, estimate: f64, owe_at_most: f64) -> Self {
+        self.estimate = estimate.max(0.0);
+        self.owe_at_most = owe_at_most.max(0.0);
+        self.level = -self.phase * self.estimate;
+        self
     }
 
     /// Request units a second this instance may spend; `None`: no share known.
@@ -221,7 +243,7 @@ impl ThroughputShare {
 
     /// The request units a second the instances share out (`None`: not known) and this
     /// instance's part of them.
-    fn set_shared(&mut self, shared: Option<f64>, part: f64) {
+    pub(crate) fn set_shared(&mut self, shared: Option<f64>, part: f64) {
         self.shared = shared.filter(|ru| ru.is_finite() && *ru > 0.0);
         self.part = if part.is_finite() { part.clamp(0.01, 1.0) } else { 1.0 };
     }
@@ -241,26 +263,39 @@ impl ThroughputShare {
         let most = rate * KEEP + self.reserved;
         let refilled = self.level + elapsed * rate;
         let kept = if refilled > most {
-            most - self.phase * (rate * KEEP + ESTIMATE)
+            most - self.phase * (rate * KEEP + self.estimate)
         } else {
             refilled
         };
-        self.level = (kept - spent).max(-(rate * OWE_AT_MOST).max(4.0 * ESTIMATE));
+        self.level = (kept - spent).max(-(rate * self.owe_at_most).max(4.0 * self.estimate));
         self.at = now;
         let short = self.reserved - self.level;
         (short > 0.0).then(|| Duration::from_secs_f64(short / rate))
     }
 
-    /// A write was admitted: reckoned at [`ESTIMATE`] until it is answered.
+    /// A write was admitted: reckoned at the share's estimate until it is answered.
     pub(crate) fn reserve(&mut self) {
-        if self.shared.is_some() {
-            self.reserved += ESTIMATE;
-        }
+        self.reserve_units(self.estimate);
     }
 
     /// An admitted write was answered: its actual charge is in the store's total now.
     pub(crate) fn settle(&mut self) {
-        self.reserved = (self.reserved - ESTIMATE).max(0.0);
+        self.settle_units(self.estimate);
+    }
+
+    /// A request reckoned at `units` was admitted; returns what was reserved (nothing without
+    /// a share), to be settled once it is answered.
+    pub(crate) fn reserve_units(&mut self, units: f64) -> f64 {
+        if self.shared.is_none() {
+            return 0.0;
+        }
+        self.reserved += units;
+        units
+    }
+
+    /// An admitted request reserved at `units` was answered (or given up).
+    pub(crate) fn settle_units(&mut self, units: f64) {
+        self.reserved = (self.reserved - units).max(0.0);
     }
 }
 
