@@ -458,6 +458,8 @@ mod tests {
             error: None,
             reads: 1,
             oldest_pending_seconds: None,
+            handled_per_second: None,
+            read_units_per_document: None,
         };
         ProcessorEstimate::new("p", vec![lease])
     }

@@ -233,6 +233,11 @@ impl ReadAllowance {
         }
     }
 
+    /// What a document costs to read, on average (`None`: no page with documents yet).
+    pub(crate) fn per_document(&self) -> Option<f64> {
+        self.state().per_document
+    }
+
     /// How many documents a page may ask for, `max_items` at most ([`page_items`]).
     pub(crate) fn page_items(&self, max_items: u32) -> u32 {
         let state = self.state();

@@ -1,5 +1,5 @@
 //! Leases: the documents (the .NET v3 layout) and their store ([`lease`], [`cosmos_store`]), the
-//! grammar of their ids ([`lease_ids`]), the lag and work reports a lease carries ([`lag_report`], [`work_report`]), a lease
+//! grammar of their ids ([`lease_ids`]), the lag, work and capacity reports a lease carries ([`lag_report`], [`work_report`], [`capacity_report`]), a lease
 //! this instance owns ([`owned`]), the instance heartbeat ([`heartbeat`]) and the hold on the
 //! instance name ([`name_claim`]), what this instance has seen of the lease container
 //! ([`sightings`]) and of other processes' clocks ([`writer_clocks`]), bootstrap ([`bootstrap`])
@@ -9,6 +9,7 @@
 
 pub mod adopt;
 pub mod bootstrap;
+pub mod capacity_report;
 pub mod cosmos_store;
 pub mod heartbeat;
 pub mod lag_report;

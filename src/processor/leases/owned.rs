@@ -16,6 +16,8 @@ use tokio_util::sync::CancellationToken;
 use crate::processor::budgets::writes::{Late, Spend, Throttle, Throttled, Turn, WriteBudget};
 use crate::processor::leases::heartbeat::Liveness;
 use crate::processor::leases::lease::{Lease, LeaseStore, LeaseStoreError};
+use crate::processor::budgets::reads::ReadAllowance;
+use crate::processor::leases::capacity_report::CapacityReport;
 use crate::processor::leases::work_report::{DecayedRate, WorkTimings, record_rate, reported_rate};
 
 /// How many times an update is re-applied after a 412 while the lease is still ours (as the
@@ -94,6 +96,11 @@ pub struct OwnedLease {
     /// The operations a second written into the lease's partition, once counted here: every
     /// write of the lease carries it ([`crate::processor::leases::work_report`]).
     write_rate: std::sync::Mutex<Option<DecayedRate>>,
+    /// The documents a second this instance handled of the lease, once it handled any: every
+    /// write of the lease carries it ([`crate::processor::leases::capacity_report`]).
+    handled: std::sync::Mutex<Option<DecayedRate>>,
+    /// What this instance's change feed reads cost (a document's cost goes with every write).
+    reads: Arc<ReadAllowance>,
     /// How the write rate is measured.
     timings: WorkTimings,
 }
@@ -108,6 +115,8 @@ pub(crate) struct Keeping {
     pub budget: Arc<WriteBudget>,
     /// How the lease's write rate is measured.
     pub timings: WorkTimings,
+    /// What this instance's change feed reads cost.
+    pub reads: Arc<ReadAllowance>,
 }
 
 /// Reads a monotonic moment kept under a lock nobody holds across an await.
@@ -147,6 +156,7 @@ impl OwnedLease {
             liveness,
             budget,
             timings,
+            reads,
         } = keeping;
         let reported =
             reported_rate(&lease).map(|rate| DecayedRate::starting_at(rate, std::time::Instant::now(), timings));
@@ -172,6 +182,8 @@ impl OwnedLease {
             budget,
             handler_failed_at: std::sync::Mutex::new(None),
             write_rate: std::sync::Mutex::new(reported),
+            handled: std::sync::Mutex::new(None),
+            reads,
             timings,
         })
     }
@@ -215,13 +227,28 @@ impl OwnedLease {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Writes the rate counted here into `lease` (a copy about to be written, or a split's
-    /// child created from it), if any.
+    /// Counts `documents` more handled of the lease here.
+    pub fn count_handled(&self, documents: usize) {
+        let now = std::time::Instant::now();
+        let timings = self.timings;
+        self.handled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get_or_insert_with(|| DecayedRate::starting_at(0.0, now, timings))
+            .add(documents as u64, now);
+    }
+
+    /// Writes the rates counted here into `lease` (a copy about to be written, or a split's
+    /// child created from it), if any: the partition's writes, and what this instance handled
+    /// and what a document cost it to read.
     pub(crate) fn record_write_rate(&self, lease: &mut Lease) {
+        let now = std::time::Instant::now();
         let rate = *self.write_rate_slot();
         if let Some(rate) = rate {
-            record_rate(lease, rate.per_second(std::time::Instant::now()));
+            record_rate(lease, rate.per_second(now));
         }
+        let handled = *self.handled.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        CapacityReport::of(handled.as_ref(), now, self.reads.per_document()).record(lease);
     }
 
     /// Whether processing of the lease here ended.

@@ -132,7 +132,7 @@ impl DecayedRate {
 }
 
 /// The share of a rate left after `elapsed` without handling anything.
-fn decay(elapsed: Duration, tau: Duration) -> f64 {
+pub(crate) fn decay(elapsed: Duration, tau: Duration) -> f64 {
     (-elapsed.as_secs_f64() / tau.as_secs_f64()).exp()
 }
 

@@ -39,6 +39,7 @@ use time::OffsetDateTime;
 use crate::cosmos::{
     ChangePage, CosmosError, EpkRange, MonitoredContainer, StartFrom, continuation_lsn, session_token_lsn,
 };
+use crate::processor::leases::capacity_report::{HANDLED_RATE_PROPERTY, handled_as_of, read_units_per_document};
 use crate::processor::leases::lag_report::checkpointed_ts;
 use crate::processor::leases::lease::{HANDLER_FAILING_PROPERTY, Lease, LeaseSnapshot, STALLED_PROPERTY};
 use crate::processor::policy::balancer::{ranges_of, superseded};
@@ -86,6 +87,13 @@ pub struct LeaseEstimate {
     /// covers); 0 when nothing is pending, unknown when a told lag came without that `_ts`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oldest_pending_seconds: Option<u64>,
+    /// Documents a second its owner handled of it, as it last reported, faded by how long the
+    /// lease was not written since ([`crate::processor::leases::capacity_report`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handled_per_second: Option<f64>,
+    /// Request units a document cost its owner to read, as it last reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_units_per_document: Option<f64>,
     /// Change-feed requests this estimate took (0: taken from the owner's report).
     #[serde(skip)]
     pub reads: u32,
@@ -109,6 +117,12 @@ pub struct ProcessorEstimate {
     /// lease's is (it could not be read, or its owner told its lag without a `_ts`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oldest_pending_seconds: Option<u64>,
+    /// Documents a second the owners handled, over all leases, as they reported (0 without a
+    /// report).
+    pub handled_per_second: f64,
+    /// Request units a document costs to read, on average over the owners' reports.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_units_per_document: Option<f64>,
     /// Per lease, ordered by range.
     pub leases: Vec<LeaseEstimate>,
     /// What KEDA's `azure-cosmosdb` scaler would read of these leases, when known.
@@ -131,6 +145,8 @@ impl ProcessorEstimate {
                 .map(|l| l.oldest_pending_seconds)
                 .collect::<Option<Vec<u64>>>()
                 .map(|ages| ages.into_iter().max().unwrap_or(0)),
+            handled_per_second: leases.iter().filter_map(|l| l.handled_per_second).sum(),
+            read_units_per_document: mean(leases.iter().filter_map(|l| l.read_units_per_document)),
             leases,
             keda: None,
         }
@@ -305,6 +321,12 @@ struct Position<'a> {
     start: StartFrom,
 }
 
+/// The mean of `values`; `None` without any.
+fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let (sum, count) = values.fold((0.0, 0u32), |(sum, count), v| (sum + v, count + 1));
+    (count > 0).then(|| sum / f64::from(count))
+}
+
 /// The estimate of `lease` with `lag` (told, not read: no requests), its checkpoint age at `now`.
 pub fn lease_estimate(lease: &Lease, lag: u64, now: OffsetDateTime) -> LeaseEstimate {
     let started = lease.continuation.as_deref().is_some_and(|c| !c.is_empty());
@@ -330,6 +352,11 @@ pub fn lease_estimate(lease: &Lease, lag: u64, now: OffsetDateTime) -> LeaseEsti
         } else {
             checkpointed_ts(lease).map(|ts| u64::try_from(now.unix_timestamp() - ts).unwrap_or(0))
         },
+        handled_per_second: lease
+            .properties
+            .contains_key(HANDLED_RATE_PROPERTY)
+            .then(|| handled_as_of(lease, now.unix_timestamp())),
+        read_units_per_document: read_units_per_document(lease),
         reads: 0,
     }
 }

@@ -141,12 +141,16 @@ fn totals() {
         error: None,
         reads: 1,
         oldest_pending_seconds: None,
+        handled_per_second: (lag > 0).then_some(lag as f64 * 10.0),
+        read_units_per_document: (lag > 0).then_some(lag as f64),
     };
     let estimate = ProcessorEstimate::new("p", vec![lease("80", 0), lease("", 5), lease("40", 7)]);
     assert_eq!(
         (estimate.lease_count, estimate.leases_with_lag, estimate.total_lag),
         (3, 2, 12)
     );
+    assert_eq!(estimate.handled_per_second, 120.0, "the owners' handled rates summed");
+    assert_eq!(estimate.read_units_per_document, Some(6.0), "the reported costs averaged");
     assert_eq!(estimate.leases[0].lease_token, "");
     assert_eq!(
         estimate.oldest_pending_seconds, None,

@@ -489,6 +489,7 @@ impl Coordinator {
                 liveness: self.shared.liveness.clone(),
                 budget: self.shared.budget.clone(),
                 timings: WorkTimings::new(self.shared.options.acquire_interval, self.shared.options.expiration),
+                reads: self.shared.reads.clone(),
             },
         );
         if !self.shared.owned.insert(owned.clone()) {

@@ -100,6 +100,8 @@ impl LeaseCheckpointer {
             // Stopped while retrying a failing batch: nothing is checkpointed past it.
             return Flow::Return(stop_reason(&self.owned));
         }
+        // Counted before the checkpoint, which carries the rate.
+        self.owned.count_handled(page.documents.len());
         let Some(continuation) = page.single_continuation(Some(range)).map(str::to_owned) else {
             return match split(&self.shared, &self.owned, range, &self.split_parts(&page)).await {
                 Some(exit) => Flow::Return(exit),
