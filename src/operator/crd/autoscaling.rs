@@ -30,6 +30,16 @@ pub struct Autoscaling {
     #[serde(default = "default_target_lag")]
     #[schemars(range(min = 1))]
     pub target_lag_per_replica: i64,
+    /// Scale on freshness (for example `30s`): as many workers as keep the oldest change not
+    /// handled yet younger than this — from the rate one worker handles (measured while the
+    /// workers have a backlog), what arrives and what is pending; fewer only once the target
+    /// holds with fewer, and never more than `readBudget.requestUnits` can feed (the `Scaling`
+    /// condition says `ReadBudgetLimited` then). Until a rate per worker was measured,
+    /// `targetLagPerReplica` decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    #[schemars(length(max = 32))]
+    pub target_freshness: Option<String>,
     /// Scale down only to the highest recommendation seen in this window (scaling up is immediate).
     #[serde(default = "default_stabilization")]
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
@@ -168,6 +178,7 @@ impl Default for Autoscaling {
             min_replicas: default_min_replicas(),
             max_replicas: default_max_replicas(),
             target_lag_per_replica: default_target_lag(),
+            target_freshness: None,
             scale_down_stabilization: default_stabilization(),
             activation_lag: 0,
             fallback_replicas: None,

@@ -5,6 +5,7 @@
 use crate::operator::crd::ChangeFeedProcessor;
 use crate::operator::scaling::estimate_report::EstimateReport;
 use crate::operator::scaling::external::{ExternalAutoscaler, external_plan};
+use crate::operator::scaling::freshness::Freshness;
 use crate::operator::scaling::pause::{PAUSED_ANNOTATION, PAUSED_REPLICAS_ANNOTATION, Pause};
 use crate::operator::scaling::policy::{Decision, Observed, Policy, ScaleHistory, ScalingReason};
 use crate::operator::status::ScalingState;
@@ -162,6 +163,12 @@ fn observed(report: &EstimateReport) -> Observed {
         Ok(estimate) => Observed::Estimate {
             total_lag: estimate.total_lag,
             leases: estimate.lease_count,
+            freshness: Freshness {
+                lag: estimate.total_lag,
+                oldest_pending_seconds: estimate.oldest_pending_seconds,
+                handled_per_second: estimate.handled_per_second,
+                read_units_per_document: estimate.read_units_per_document,
+            },
         },
         Err(failure) => Observed::Failed(failure.message.clone()),
     }

@@ -18,9 +18,10 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::operator::scaling::behavior::{Behavior, Changes, down_limit, longest_period, up_limit};
+use crate::operator::scaling::freshness::{Advice, Freshness, FreshnessState, FreshnessTarget};
 
 /// Autoscaling settings in plain values.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
     /// Fewest workers (0 allows scale to zero).
     pub min_replicas: i32,
@@ -36,6 +37,9 @@ pub struct Policy {
     pub activation_lag: u64,
     /// How fast scaling may go (the HPA's `behavior`).
     pub behavior: Behavior,
+    /// Scale on freshness instead of the lag count, once a rate per worker is measured
+    /// ([`crate::operator::scaling::freshness`]).
+    pub freshness: Option<FreshnessTarget>,
 }
 
 /// What runs while the estimate keeps failing.
@@ -48,7 +52,7 @@ pub struct Fallback {
 }
 
 /// What the last estimate saw.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Observed {
     /// A successful estimate.
     Estimate {
@@ -56,6 +60,8 @@ pub enum Observed {
         total_lag: u64,
         /// Number of leases (the most workers that can be busy).
         leases: usize,
+        /// What it tells about freshness (the oldest pending change, what the workers handle).
+        freshness: Freshness,
     },
     /// The estimate failed, with the error in words.
     Failed(String),
@@ -68,6 +74,8 @@ pub enum ScalingReason {
     Active,
     /// The recommendation is above `maxReplicas` or the lease count and is held there.
     Limited,
+    /// More workers would not read faster: the read budget is the limit.
+    ReadBudgetLimited,
     /// The estimate failed; replicas are held.
     EstimateFailed,
 }
@@ -78,6 +86,7 @@ impl ScalingReason {
         match self {
             ScalingReason::Active => "ScalingActive",
             ScalingReason::Limited => "ScalingLimited",
+            ScalingReason::ReadBudgetLimited => "ReadBudgetLimited",
             ScalingReason::EstimateFailed => "EstimateFailed",
         }
     }
@@ -109,6 +118,8 @@ pub struct ScaleHistory {
     failures: u32,
     /// Replica changes decided recently, for the rate policies.
     changes: Changes,
+    /// What successive estimates measured of freshness.
+    freshness: FreshnessState,
 }
 
 impl ScaleHistory {
@@ -128,15 +139,24 @@ impl ScaleHistory {
         let period = longest_period(&policy.behavior);
         self.changes
             .retain(|(at, _)| now.saturating_duration_since(*at) < period);
-        let (total_lag, leases) = match observed {
+        let (total_lag, leases, freshness) = match observed {
             Observed::Failed(error) => {
                 self.failures = self.failures.saturating_add(1);
                 return failed(policy, current, self.failures, error);
             }
-            Observed::Estimate { total_lag, leases } => (*total_lag, *leases),
+            Observed::Estimate {
+                total_lag,
+                leases,
+                freshness,
+            } => (*total_lag, *leases, freshness),
         };
         self.failures = 0;
-        let recommended = recommend(policy, current, total_lag, leases);
+        self.freshness.observe(freshness, current, now);
+        let fresh = policy
+            .freshness
+            .map(|target| self.freshness.advise(&target, freshness))
+            .filter(|advice| advice.replicas.is_some());
+        let recommended = recommend(policy, current, total_lag, leases, fresh);
         let recommendation = recommended.replicas;
         self.recommendations.push_back((now, recommendation));
         let (reason, mut message) = (recommended.reason, recommended.message);
@@ -179,10 +199,21 @@ struct Recommended {
     message: String,
 }
 
-/// The replicas `total_lag` over `leases` asks for under `policy`, with `current` running.
-fn recommend(policy: &Policy, current: Option<i32>, total_lag: u64, leases: usize) -> Recommended {
+/// The replicas `total_lag` over `leases` asks for under `policy`, with `current` running: the
+/// freshness policy's advice where it has one (`fresh`), else the lag count's.
+fn recommend(
+    policy: &Policy,
+    current: Option<i32>,
+    total_lag: u64,
+    leases: usize,
+    fresh: Option<Advice>,
+) -> Recommended {
     let target = policy.target_lag_per_replica.max(1);
-    let raw = i32::try_from(total_lag.div_ceil(target)).unwrap_or(i32::MAX);
+    let by_count = || i32::try_from(total_lag.div_ceil(target)).unwrap_or(i32::MAX);
+    let raw = fresh
+        .as_ref()
+        .and_then(|advice| advice.replicas)
+        .unwrap_or_else(by_count);
     // From zero (or before any worker), a lag at or below the activation threshold wakes nobody.
     let asleep = current.is_none_or(|c| c == 0) && policy.min_replicas == 0 && total_lag <= policy.activation_lag;
     let raw = if asleep { 0 } else { raw };
@@ -194,9 +225,12 @@ fn recommend(policy: &Policy, current: Option<i32>, total_lag: u64, leases: usiz
             "estimated lag {total_lag} is not above autoscaling.activationLag ({}), so nothing wakes from 0",
             policy.activation_lag
         )
+    } else if let Some(advice) = &fresh {
+        advice.message.clone()
     } else {
         format!("estimated lag {total_lag}, target {target} per replica")
     };
+    let budget_bound = fresh.as_ref().is_some_and(|advice| advice.budget_bound) && raw <= upper;
     if raw > upper {
         let limit = if lease_cap < policy.max_replicas {
             format!("the lease count ({leases}; more workers than leases would sit idle)")
@@ -213,7 +247,11 @@ fn recommend(policy: &Policy, current: Option<i32>, total_lag: u64, leases: usiz
     Recommended {
         replicas: recommendation,
         upper,
-        reason: ScalingReason::Active,
+        reason: if budget_bound {
+            ScalingReason::ReadBudgetLimited
+        } else {
+            ScalingReason::Active
+        },
         message: format!("{recommendation} replica(s) recommended: {why}"),
     }
 }
@@ -345,12 +383,17 @@ mod tests {
             scale_down_stabilization: WINDOW,
             fallback: None,
             activation_lag: 0,
+            freshness: None,
             behavior: Behavior::default(),
         }
     }
 
     fn estimate(total_lag: u64, leases: usize) -> Observed {
-        Observed::Estimate { total_lag, leases }
+        Observed::Estimate {
+            total_lag,
+            leases,
+            freshness: Freshness::default(),
+        }
     }
 
     #[test]
@@ -362,6 +405,45 @@ mod tests {
         );
         let idle = ScaleHistory::default().decide(&policy(0, 10, 500), None, &estimate(0, 8), Instant::now());
         assert_eq!(idle.event, None);
+    }
+
+    #[test]
+    fn on_freshness_the_measured_rate_decides_and_the_read_budget_caps_it() {
+        let fresh = |budget: Option<f64>| Policy {
+            freshness: Some(FreshnessTarget {
+                target: Duration::from_secs(30),
+                read_budget_units: budget,
+            }),
+            ..policy(1, 20, 500)
+        };
+        let seen = |lag: u64, handled: f64| Observed::Estimate {
+            total_lag: lag,
+            leases: 32,
+            freshness: Freshness {
+                lag,
+                oldest_pending_seconds: Some(10),
+                handled_per_second: handled,
+                read_units_per_document: Some(2.0),
+            },
+        };
+        for (budget, replicas, reason) in [
+            (None, 7, ScalingReason::Active),
+            (Some(1_000.0), 5, ScalingReason::ReadBudgetLimited),
+        ] {
+            let policy = fresh(budget);
+            let mut history = ScaleHistory::default();
+            let t0 = Instant::now();
+            // Before a rate per worker is measured, the lag count decides: 6,000 / 500 = 12.
+            let first = history.decide(&policy, Some(4), &seen(6_000, 400.0), t0);
+            assert_eq!(first.recommendation, Some(12), "{}", first.message);
+            // Four workers handling 400/s with a backlog for 30 s: 100/s each. The backlog holds
+            // at 6,000: ~400/s arrive, and 6,000 must drain within the 20 s left — 700/s, 7
+            // workers; a budget of 1,000 RU/s at 2 RU a document feeds 500/s, 5 workers.
+            history.decide(&policy, Some(4), &seen(6_000, 400.0), t0 + Duration::from_secs(10));
+            let settled = history.decide(&policy, Some(4), &seen(6_000, 400.0), t0 + Duration::from_secs(40));
+            assert_eq!(settled.recommendation, Some(replicas), "{}", settled.message);
+            assert_eq!(settled.reason, reason, "{}", settled.message);
+        }
     }
 
     #[test]
@@ -450,6 +532,7 @@ mod tests {
     fn only_a_lag_above_the_activation_threshold_wakes_workers_from_zero() {
         let p = Policy {
             activation_lag: 50,
+            freshness: None,
             ..policy(0, 10, 100)
         };
         let t0 = Instant::now();
@@ -657,6 +740,7 @@ mod tests {
                 scale_down_stabilization: Duration::from_secs(60),
                 fallback: fallback.map(|(replicas, after_failures)| Fallback { replicas, after_failures }),
                 activation_lag: 0,
+                freshness: None,
                 behavior: Behavior::default(),
             };
             let mut history = ScaleHistory::default();
@@ -666,7 +750,11 @@ mod tests {
             for (estimate, seconds) in steps {
                 now += Duration::from_secs(seconds);
                 let observed = match estimate {
-                    Some((total_lag, leases)) => Observed::Estimate { total_lag, leases },
+                    Some((total_lag, leases)) => Observed::Estimate {
+                        total_lag,
+                        leases,
+                        freshness: Freshness::default(),
+                    },
                     None => Observed::Failed("unreachable".into()),
                 };
                 let decision = history.decide(&policy, current, &observed, now);

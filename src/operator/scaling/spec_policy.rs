@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::operator::crd::ChangeFeedProcessor;
 use crate::operator::crd::{ScalingBehavior, ScalingPolicy, ScalingPolicyKind, ScalingRules, SelectPolicyKind};
 use crate::operator::scaling::behavior::{Behavior, RateKind, RatePolicy, Rules, Select};
+use crate::operator::scaling::freshness::FreshnessTarget;
 use crate::operator::scaling::policy::{Fallback, Policy};
 
 /// How often the processor's remaining work is estimated (`autoscaling.estimateInterval`).
@@ -41,6 +42,28 @@ pub fn scaling_policy(cfp: &ChangeFeedProcessor) -> Option<Policy> {
         }),
         activation_lag: u64::try_from(scaling.activation_lag).unwrap_or(0),
         behavior: behavior(scaling.behavior.as_ref()),
+        freshness: freshness(cfp),
+    })
+}
+
+/// The freshness target of `spec.autoscaling.targetFreshness`, with what `spec.readBudget` can
+/// feed when it is set in request units (a percentage of the container's throughput is not
+/// known here: then only the workers' own pacing holds the reads).
+fn freshness(cfp: &ChangeFeedProcessor) -> Option<FreshnessTarget> {
+    let scaling = cfp.spec.autoscaling.as_ref()?;
+    let target = humantime::parse_duration(scaling.target_freshness.as_deref()?)
+        .ok()
+        .filter(|t| !t.is_zero())?;
+    let read_budget_units = cfp
+        .spec
+        .read_budget
+        .as_ref()
+        .and_then(|budget| budget.request_units)
+        .filter(|units| *units > 0)
+        .map(f64::from);
+    Some(FreshnessTarget {
+        target,
+        read_budget_units,
     })
 }
 
@@ -113,6 +136,7 @@ mod tests {
                 scale_down_stabilization: Duration::from_secs(60),
                 fallback: None,
                 activation_lag: 0,
+                freshness: None,
                 behavior: Behavior::default(),
             })
         );

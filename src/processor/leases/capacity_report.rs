@@ -48,7 +48,13 @@ impl CapacityReport {
     /// Writes the report into `lease` (two decimals for a rate, three for a cost: the documents
     /// stay small and stable).
     pub fn record(&self, lease: &mut Lease) {
-        let sane = |value: f64| if value.is_finite() { value.clamp(0.0, MAX_FIGURE) } else { 0.0 };
+        let sane = |value: f64| {
+            if value.is_finite() {
+                value.clamp(0.0, MAX_FIGURE)
+            } else {
+                0.0
+            }
+        };
         if let Some(rate) = self.handled_per_second {
             lease
                 .properties

@@ -13,11 +13,11 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::processor::budgets::reads::ReadAllowance;
 use crate::processor::budgets::writes::{Late, Spend, Throttle, Throttled, Turn, WriteBudget};
+use crate::processor::leases::capacity_report::CapacityReport;
 use crate::processor::leases::heartbeat::Liveness;
 use crate::processor::leases::lease::{Lease, LeaseStore, LeaseStoreError};
-use crate::processor::budgets::reads::ReadAllowance;
-use crate::processor::leases::capacity_report::CapacityReport;
 use crate::processor::leases::work_report::{DecayedRate, WorkTimings, record_rate, reported_rate};
 
 /// How many times an update is re-applied after a 412 while the lease is still ours (as the

@@ -150,7 +150,11 @@ fn totals() {
         (3, 2, 12)
     );
     assert_eq!(estimate.handled_per_second, 120.0, "the owners' handled rates summed");
-    assert_eq!(estimate.read_units_per_document, Some(6.0), "the reported costs averaged");
+    assert_eq!(
+        estimate.read_units_per_document,
+        Some(6.0),
+        "the reported costs averaged"
+    );
     assert_eq!(estimate.leases[0].lease_token, "");
     assert_eq!(
         estimate.oldest_pending_seconds, None,

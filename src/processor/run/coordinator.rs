@@ -12,8 +12,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::processor::budgets::reads::read_part;
-use crate::processor::budgets::share::{holding_in, part_of};
+use crate::processor::budgets::share::holding_in;
 use crate::processor::budgets::writes::{Late, Turn};
 use crate::processor::error::LeaseError;
 use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStoreError};
@@ -266,10 +265,7 @@ impl Coordinator {
             .lock()
             .map_or_else(|e| e.into_inner().len(), |o| o.len());
         let (mine, listed) = holding_in(&snapshot.leases, &me, self.shared.owned.count());
-        let part = part_of(mine, listed, others + 1);
-        self.shared.share_budget(part).await;
-        let reads = read_part(mine.owned, listed.leases, listed.free, others + 1);
-        self.shared.share_reads(reads, mine.owned).await;
+        self.shared.share_budgets(mine, listed, others + 1).await;
         self.perform(plan).await;
     }
 

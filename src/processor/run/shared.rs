@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::cosmos::{EpkRange, MonitoredContainer};
-use crate::processor::budgets::reads::ReadAllowance;
-use crate::processor::budgets::share::ProvisionedThroughput;
+use crate::processor::budgets::reads::{ReadAllowance, read_part};
+use crate::processor::budgets::share::{Holding, Listed, ProvisionedThroughput, part_of};
 use crate::processor::budgets::writes::WriteBudget;
 use crate::processor::handlers::dead_letters::DeadLetterStore;
 use crate::processor::handlers::manual::Handler;
@@ -112,6 +112,14 @@ impl Shared {
         }
     }
 
+    /// Gives this instance, holding `mine` of the leases `listed` among `instances`, its parts of
+    /// the lease container's budget and of the read budget.
+    pub(crate) async fn share_budgets(&self, mine: Holding, listed: Listed, instances: usize) {
+        self.share_budget(part_of(mine, listed, instances)).await;
+        let reads = read_part(mine.owned, listed.leases, listed.free, instances);
+        self.share_reads(reads, mine.owned).await;
+    }
+
     /// Gives this instance `part` of the lease container's provisioned throughput (read again
     /// now and then): see [`crate::processor::budgets::share::part_of`].
     pub(crate) async fn share_budget(&self, part: f64) {
@@ -127,7 +135,7 @@ impl Shared {
     /// Gives this instance `part` of the fleet's read budget, for the `leases` it reads (a
     /// percentage of the monitored container's throughput read again now and then): see
     /// [`crate::processor::budgets::reads`].
-    pub(crate) async fn share_reads(&self, part: f64, leases: usize) {
+    async fn share_reads(&self, part: f64, leases: usize) {
         let Some(budget) = self.options.read_budget else {
             return;
         };
