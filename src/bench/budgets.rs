@@ -1,8 +1,9 @@
 //! The `budgets` group (issue 40 §2): the processor on containers provisioned at 400 RU/s, the
 //! service's smallest, as the SDK emulator models it — writes are charged request units and
 //! debited from each physical partition's equal share of the budget in a one-second window, and
-//! a write past it is answered 429 with a retry-after; reads and queries are charged but never
-//! debited (a change-feed page is charged 1 RU, whatever it holds).
+//! a write past it is answered 429 with a retry-after; the emulator's edge debits every request
+//! of the container's documents from it too (a change feed page at 1 RU and 1 RU a KB it
+//! returns, a query page at the SDK emulator's flat 1 RU), low priority refused first.
 //!
 //! - The scale group's run (one instance creating and taking every lease, then the rest of the
 //!   fleet started at once) on a lease container at 400 RU/s with one physical partition (as the
@@ -388,7 +389,7 @@ pub async fn monitored_container(settings: &BenchSettings) -> Result<Vec<Figure>
         ),
         Figure::ratio(
             &format!(
-                "drain of that backlog by one worker (documents/s from its first delivery to its last, pages of {PAGE}, median of {} rounds; the SDK emulator charges reads but never debits them)",
+                "drain of that backlog by one worker (documents/s from its first delivery to its last, pages of {PAGE}, median of {} rounds; change feed pages are debited at 1 RU and 1 RU a KB they return)",
                 rounds.len()
             ),
             median(ours),

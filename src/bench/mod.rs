@@ -10,7 +10,9 @@
 //! - `loopback`: `cfp worker` processes against `cfp emulator`; `java`: the Java v4 processor
 //!   beside them;
 //! - `scale`, `estimation_cost`, `operator_scale`: the `scale` group (many leases and instances,
-//!   the operator's estimate, the operator at size); `budgets`: the request-unit budgets group;
+//!   the operator's estimate, the operator at size); `budgets`: the request-unit budgets groups
+//!   of the lease and monitored containers; `read_budget`: the fleet's read budget beside an
+//!   application;
 //! - `operator`, `resources`, [`control_plane`]: the operator's own figure on a throwaway
 //!   control plane.
 
@@ -24,6 +26,7 @@ mod loopback;
 mod operator;
 mod operator_scale;
 mod processes;
+mod read_budget;
 mod resources;
 mod restart;
 mod scale;
@@ -307,7 +310,7 @@ impl From<&str> for BenchError {
 }
 
 /// The figure groups, in the order they run.
-const GROUPS: [&str; 17] = [
+const GROUPS: [&str; 18] = [
     "throughput",
     "busy handler",
     "rebalance",
@@ -323,6 +326,7 @@ const GROUPS: [&str; 17] = [
     "scale: operator estimate",
     "budgets: lease container",
     "budgets: monitored container",
+    "budgets: read budget",
     "scale: operator at size",
     "java v4 peer",
 ];
@@ -381,6 +385,7 @@ pub async fn run(settings: &BenchSettings, progress: impl Fn(&str)) -> BenchRepo
     measure!("scale: operator estimate", estimation_cost::estimation_cost(settings));
     measure!("budgets: lease container", budgets::lease_container(settings));
     measure!("budgets: monitored container", budgets::monitored_container(settings));
+    measure!("budgets: read budget", read_budget::read_budget(settings));
     match &settings.k8s_bin {
         Some(bin) => measure!(
             "scale: operator at size",

@@ -154,6 +154,12 @@ impl World {
         Ok(self.emulator.create_container_with_throughput(&spec, Some(ru)).await?)
     }
 
+    /// Changes `container`'s provisioned throughput to `ru` RU/s, as the management plane does
+    /// ([`Emulator::set_throughput`]).
+    pub fn set_throughput(&self, container: &str, ru: u64) {
+        self.emulator.set_throughput(DB, container, ru);
+    }
+
     /// What `container` of [`DB`] answered so far (requests, 429s, request units).
     pub fn load(&self, container: &str) -> crate::emulator::ContainerLoad {
         self.emulator.load(DB, container)

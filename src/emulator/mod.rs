@@ -439,6 +439,17 @@ impl Emulator {
         Ok(())
     }
 
+    /// Changes `database/container`'s provisioned throughput to `ru` RU/s, as the management
+    /// plane's throughput update does (`az cosmosdb sql container throughput update`): its budget
+    /// of request units a second is the new one from the next request on. The SDK emulator's own
+    /// per-partition check of writes and the offer it answers keep the value the container was
+    /// created with (it does not apply a changed offer).
+    pub fn set_throughput(&self, database: &str, container: &str, ru: u64) {
+        self.edge
+            .budgets()
+            .provision(&format!("dbs/{database}/colls/{container}"), ru);
+    }
+
     /// Makes the resource ids of this account's databases and containers differ from every other
     /// run's (as the service's do; the store counts them from 1 on every start), so that what is
     /// bound to a resource id — a lease prefix, an export — never applies to another run's

@@ -142,12 +142,18 @@ pub struct RequestBudgets {
 }
 
 impl RequestBudgets {
-    /// Gives `container` (`dbs/db/colls/c`) a budget of `ru_per_second` in every region.
+    /// Gives `container` (`dbs/db/colls/c`) a budget of `ru_per_second` in every region (a
+    /// budget it had is replaced from the next request on).
     pub fn provision(&self, container: &str, ru_per_second: u64) {
         self.provisioned
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(container.to_owned(), ru_per_second as f64);
+        let suffix = format!("|{container}");
+        self.windows
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|key, _| !key.ends_with(&suffix));
     }
 
     /// Whether `container` has a budget.
@@ -274,6 +280,27 @@ mod tests {
             budgets.admit("West US", "dbs/db/colls/paid", Priority::High, t0),
             Ok(()),
             "each region has the provisioned throughput"
+        );
+    }
+
+    #[test]
+    fn a_changed_throughput_applies_from_the_next_request() {
+        let budgets = RequestBudgets::default();
+        let t0 = Instant::now();
+        let paid = "dbs/db/colls/paid";
+        budgets.provision(paid, 100_000);
+        budgets.debit("East US", paid, Priority::High, 5_000.0, t0);
+        assert_eq!(budgets.admit("East US", paid, Priority::High, t0), Ok(()));
+        budgets.provision(paid, 1_000);
+        budgets.debit("East US", paid, Priority::High, 1_001.0, t0 + ms(10));
+        assert!(
+            budgets.admit("East US", paid, Priority::High, t0 + ms(20)).is_err(),
+            "1,000 a second now"
+        );
+        budgets.provision("dbs/db/colls/other", 400);
+        assert!(
+            budgets.admit("East US", paid, Priority::High, t0 + ms(30)).is_err(),
+            "another container's change leaves this one's window"
         );
     }
 }
