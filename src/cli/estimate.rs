@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use super::args::{EstimateArgs, OutputFormat};
 use crate::cosmos::CosmosAccount;
 use crate::processor::leases::bootstrap::foreign_leases;
-use crate::processor::report::estimator::with_keda_reading;
+use crate::processor::report::estimator::with_partition_figures;
 use crate::processor::report::keda_reading::KedaReading;
 use crate::processor::{
     AdoptOptions, LeaseStore, ProcessorEstimate, ProcessorOptions, estimate_leases,
@@ -89,7 +89,7 @@ pub async fn estimate(args: &EstimateArgs) -> Result<ProcessorEstimate, Estimate
         .await
         .map_err(|e| EstimateError::Failed(format!("reading the change feed: {e}")))?;
     let estimate = ProcessorEstimate::new(args.leases.processor.clone(), leases);
-    Ok(with_keda_reading(estimate, &snapshot, &monitored).await)
+    Ok(with_partition_figures(estimate, &snapshot, &monitored).await)
 }
 
 /// Prints the estimate; fails (after printing) when some leases could not be estimated.

@@ -163,12 +163,7 @@ fn observed(report: &EstimateReport) -> Observed {
         Ok(estimate) => Observed::Estimate {
             total_lag: estimate.total_lag,
             leases: estimate.lease_count,
-            freshness: Freshness {
-                lag: estimate.total_lag,
-                oldest_pending_seconds: estimate.oldest_pending_seconds,
-                handled_per_second: estimate.handled_per_second,
-                read_units_per_document: estimate.read_units_per_document,
-            },
+            freshness: Freshness::from(estimate),
         },
         Err(failure) => Observed::Failed(failure.message.clone()),
     }

@@ -21,7 +21,7 @@ use crate::operator::scaling::news::is_news;
 use crate::operator::scaling::worker_reports::{self, ReportMemory};
 use crate::processor::leases::bootstrap::bootstrap;
 use crate::processor::report::estimator::DEFAULT_CONCURRENCY;
-use crate::processor::report::estimator::with_keda_reading;
+use crate::processor::report::estimator::with_partition_figures;
 use crate::processor::{CosmosLeaseStore, LeaseStore, ProcessorEstimate, ProcessorOptions, estimate_leases};
 use crate::worker::{WorkerSettings, open};
 
@@ -227,7 +227,7 @@ pub async fn estimate_in(
     }
     .map_err(|e| EstimateFailure::new("change_feed", format!("reading the change feed: {e}")))?;
     let estimate = ProcessorEstimate::new(options.processor_name.clone(), estimates);
-    Ok(with_keda_reading(estimate, &snapshot, monitored).await)
+    Ok(with_partition_figures(estimate, &snapshot, monitored).await)
 }
 
 /// The figures exported for an estimate.

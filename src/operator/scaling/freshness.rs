@@ -4,10 +4,13 @@
 //! From each estimate: the backlog `L` (documents pending), the age `A` of the oldest pending
 //! change, and `H`, the documents a second the workers handle (their reports,
 //! [`crate::processor::leases::capacity_report`]). Measured over successive estimates: how fast
-//! the backlog grows (`dL/dt`, smoothed), hence the arrival rate `λ = H + dL/dt`, and what one
+//! the backlog grows (`dL/dt`, smoothed), hence the arrival rate `λ = H + dL/dt` where the owners
+//! do not report their partitions' write rates (which they measure from the LSNs they read, and
+//! which are `λ` where they do), and what one
 //! worker handles a second, `μ = H / replicas` — taken only while the workers have a backlog
-//! (else they handle what arrives, not what they can) and the replicas have not changed for
-//! [`SETTLED`] (a new worker's rate takes that long to show in the reports).
+//! (else they handle what arrives, not what they can) and the replicas have not changed for a
+//! while ([`FreshnessTarget::settle`]: a new worker's rate takes that long to show in the
+//! reports).
 //!
 //! The workers needed: `ceil((λ + L / W) / μ)`, where `W = max(T − A, T / 4)` is the time left to
 //! drain the backlog before its oldest change is `T` old — so the fleet keeps up with what
@@ -17,9 +20,11 @@
 
 use std::time::{Duration, Instant};
 
+use crate::processor::ProcessorEstimate;
+
 /// How long the replicas must not have changed before a rate per worker is taken from the
-/// reports: the reports' fading time constant and a little more.
-pub const SETTLED: Duration = Duration::from_secs(30);
+/// reports, beyond the reports' time constant (two acquire intervals): a few estimates.
+pub const SETTLE_BEYOND: Duration = Duration::from_secs(4);
 /// The workers count as busy (handling at their capacity) while this many seconds of their
 /// work are pending.
 const BUSY_SECONDS: f64 = 2.0;
@@ -35,6 +40,22 @@ pub struct FreshnessTarget {
     pub target: Duration,
     /// The fleet's read budget (request units a second), when one is set in request units.
     pub read_budget_units: Option<f64>,
+    /// How long the replicas must not have changed before a rate per worker is taken: the
+    /// time constant of the workers' handled rates (two acquire intervals) and
+    /// [`SETTLE_BEYOND`].
+    pub settle: Duration,
+}
+
+impl FreshnessTarget {
+    /// The target `target` of workers whose acquire interval is `acquire_interval`, with a read
+    /// budget of `read_budget_units` when known.
+    pub fn new(target: Duration, acquire_interval: Duration, read_budget_units: Option<f64>) -> Self {
+        Self {
+            target,
+            read_budget_units,
+            settle: acquire_interval * 2 + SETTLE_BEYOND,
+        }
+    }
 }
 
 /// What an estimate tells about freshness.
@@ -48,6 +69,31 @@ pub struct Freshness {
     pub handled_per_second: f64,
     /// Request units a document costs to read, as the workers report.
     pub read_units_per_document: Option<f64>,
+    /// The workers whose handled rates those are (the owners reporting one): a worker just
+    /// started owns nothing yet.
+    pub reporting_workers: usize,
+    /// Operations a second written into the container, as the owners measured their
+    /// partitions' latest LSNs, when reported.
+    pub writes_per_second: Option<f64>,
+}
+
+impl From<&ProcessorEstimate> for Freshness {
+    fn from(estimate: &ProcessorEstimate) -> Self {
+        let owners: std::collections::BTreeSet<&str> = estimate
+            .leases
+            .iter()
+            .filter(|lease| lease.handled_per_second.is_some())
+            .filter_map(|lease| lease.owner.as_deref())
+            .collect();
+        Self {
+            lag: estimate.total_lag,
+            oldest_pending_seconds: estimate.oldest_pending_seconds,
+            handled_per_second: estimate.handled_per_second,
+            read_units_per_document: estimate.read_units_per_document,
+            reporting_workers: owners.len(),
+            writes_per_second: estimate.writes_per_second,
+        }
+    }
 }
 
 /// What successive estimates measured.
@@ -80,8 +126,9 @@ fn smoothed(average: Option<f64>, sample: f64) -> f64 {
 }
 
 impl FreshnessState {
-    /// Takes in an estimate seen at `now`, `current` replicas running.
-    pub fn observe(&mut self, seen: &Freshness, current: Option<i32>, now: Instant) {
+    /// Takes in an estimate seen at `now`, `current` replicas running; a rate per worker once
+    /// they ran `settle` unchanged.
+    pub fn observe(&mut self, seen: &Freshness, current: Option<i32>, settle: Duration, now: Instant) {
         let current = current.unwrap_or(0);
         match self.replicas {
             Some((replicas, _)) if replicas == current => {}
@@ -96,16 +143,22 @@ impl FreshnessState {
         self.last = Some((now, seen.lag));
         let settled = self
             .replicas
-            .is_some_and(|(replicas, since)| replicas > 0 && now.saturating_duration_since(since) >= SETTLED);
+            .is_some_and(|(replicas, since)| replicas > 0 && now.saturating_duration_since(since) >= settle);
         let busy = seen.handled_per_second > 0.0 && seen.lag as f64 > BUSY_SECONDS * seen.handled_per_second;
-        if settled && busy {
-            let sample = seen.handled_per_second / f64::from(current);
+        let workers = if seen.reporting_workers > 0 {
+            seen.reporting_workers
+                .min(usize::try_from(current).unwrap_or(usize::MAX))
+        } else {
+            usize::try_from(current).unwrap_or(0)
+        };
+        if settled && busy && workers > 0 {
+            let sample = seen.handled_per_second / workers as f64;
             self.per_replica = Some(smoothed(self.per_replica, sample));
         }
     }
 
-    /// The replicas that keep `target` for what `seen` tells.
-    pub fn advise(&self, target: &FreshnessTarget, seen: &Freshness) -> Advice {
+    /// The replicas that keep `target` for what `seen` tells, `current` running.
+    pub fn advise(&self, target: &FreshnessTarget, seen: &Freshness, current: Option<i32>) -> Advice {
         let Some(per_replica) = self.per_replica.filter(|rate| *rate > 0.0) else {
             return Advice {
                 replicas: None,
@@ -116,9 +169,15 @@ impl FreshnessState {
         let target_seconds = target.target.as_secs_f64().max(1.0);
         let age = seen.oldest_pending_seconds.map_or(0.0, |age| age as f64);
         let window = (target_seconds - age).max(LEAST_WINDOW * target_seconds);
-        let arriving = (seen.handled_per_second + self.growth.unwrap_or(0.0)).max(0.0);
+        // What arrives: as the owners measured it where they report it (a handled rate that
+        // is still ramping up after a scale-out would read as arrivals); else what is handled
+        // and how fast the backlog grows.
+        let arriving = seen
+            .writes_per_second
+            .unwrap_or(seen.handled_per_second + self.growth.unwrap_or(0.0))
+            .max(0.0);
         let needed = arriving + seen.lag as f64 / window;
-        let wanted = replicas_for(needed, per_replica);
+        let wanted = keep_within_tolerance(replicas_for(needed, per_replica), needed, per_replica, current);
         let feedable = target
             .read_budget_units
             .zip(seen.read_units_per_document)
@@ -152,6 +211,25 @@ impl FreshnessState {
     }
 }
 
+/// How far what is needed may be from what the running workers handle before their number
+/// changes (the HorizontalPodAutoscaler's tolerance): a figure that wavers about a boundary
+/// does not scale back and forth.
+const TOLERANCE: f64 = 0.1;
+
+/// `wanted`, or `current` where the running workers handle what is `needed` within
+/// [`TOLERANCE`].
+fn keep_within_tolerance(wanted: i32, needed: f64, per_replica: f64, current: Option<i32>) -> i32 {
+    let Some(current) = current.filter(|c| *c > 0) else {
+        return wanted;
+    };
+    let ratio = needed / (f64::from(current) * per_replica);
+    if (1.0 - TOLERANCE..=1.0 + TOLERANCE).contains(&ratio) && wanted != 0 {
+        current
+    } else {
+        wanted
+    }
+}
+
 /// Workers handling `per_replica` documents a second each that handle `needed` a second.
 fn replicas_for(needed: f64, per_replica: f64) -> i32 {
     let replicas = (needed / per_replica).ceil();
@@ -167,11 +245,11 @@ mod tests {
     use super::*;
 
     fn target(seconds: u64, budget: Option<f64>) -> FreshnessTarget {
-        FreshnessTarget {
-            target: Duration::from_secs(seconds),
-            read_budget_units: budget,
-        }
+        FreshnessTarget::new(Duration::from_secs(seconds), Duration::from_secs(13), budget)
     }
+
+    /// The default lease timings' settling: 26 s and 4.
+    const SETTLE: Duration = Duration::from_secs(30);
 
     fn seen(lag: u64, age: Option<u64>, handled: f64) -> Freshness {
         Freshness {
@@ -179,6 +257,8 @@ mod tests {
             oldest_pending_seconds: age,
             handled_per_second: handled,
             read_units_per_document: Some(2.0),
+            reporting_workers: 0,
+            writes_per_second: None,
         }
     }
 
@@ -205,7 +285,7 @@ mod tests {
             (600, None, 300.0, -300.0, 100.0, 30, 1),
         ];
         for (lag, age, handled, growth, per_replica, seconds, replicas) in table {
-            let advice = measured(per_replica, growth).advise(&target(seconds, None), &seen(lag, age, handled));
+            let advice = measured(per_replica, growth).advise(&target(seconds, None), &seen(lag, age, handled), None);
             assert_eq!(
                 advice.replicas,
                 Some(replicas),
@@ -217,10 +297,52 @@ mod tests {
     }
 
     #[test]
+    fn the_write_rate_the_owners_measured_is_what_arrives() {
+        // Handled 100/s and the backlog growing by 100/s, but the owners measured 150/s written.
+        let mut reported = seen(0, Some(0), 100.0);
+        reported.writes_per_second = Some(150.0);
+        let state = measured(100.0, 100.0);
+        assert_eq!(state.advise(&target(30, None), &reported, None).replicas, Some(2));
+        assert_eq!(
+            state.advise(&target(30, None), &seen(0, Some(0), 100.0), None).replicas,
+            Some(2)
+        );
+        reported.writes_per_second = Some(450.0);
+        assert_eq!(state.advise(&target(30, None), &reported, None).replicas, Some(5));
+    }
+
+    #[test]
+    fn running_workers_within_a_tenth_of_what_is_needed_stay_as_they_are() {
+        let state = measured(100.0, 0.0);
+        let advise = |handled: f64, current: i32| {
+            state
+                .advise(&target(30, None), &seen(0, Some(0), handled), Some(current))
+                .replicas
+        };
+        assert_eq!(advise(540.0, 5), Some(5), "5.4 workers' worth: within a tenth of 5");
+        assert_eq!(advise(560.0, 5), Some(6));
+        assert_eq!(advise(460.0, 5), Some(5));
+        assert_eq!(advise(440.0, 5), Some(5), "4.4 rounds up to 5");
+        assert_eq!(advise(390.0, 5), Some(4));
+        assert_eq!(advise(0.0, 5), Some(0), "nothing to do: nothing kept");
+    }
+
+    #[test]
+    fn a_worker_without_leases_yet_is_not_counted_in_the_rate_per_worker() {
+        let t0 = Instant::now();
+        let mut state = FreshnessState::default();
+        let mut busy = seen(10_000, Some(5), 400.0);
+        busy.reporting_workers = 4;
+        state.observe(&busy, Some(5), SETTLE, t0);
+        state.observe(&busy, Some(5), SETTLE, t0 + SETTLE);
+        assert_eq!(state.per_replica, Some(100.0), "4 of the 5 handled the 400/s");
+    }
+
+    #[test]
     fn never_more_workers_than_the_read_budget_can_feed_and_it_says_so() {
         // 400 RU/s at 2 RU a document: 200 documents a second, 2 workers of 100.
         let state = measured(100.0, 0.0);
-        let advice = state.advise(&target(30, Some(400.0)), &seen(30_000, Some(10), 200.0));
+        let advice = state.advise(&target(30, Some(400.0)), &seen(30_000, Some(10), 200.0), None);
         assert_eq!(advice.replicas, Some(2));
         assert!(advice.budget_bound);
         assert!(
@@ -228,13 +350,13 @@ mod tests {
             "{}",
             advice.message
         );
-        let within = state.advise(&target(30, Some(4_000.0)), &seen(3_000, Some(10), 200.0));
+        let within = state.advise(&target(30, Some(4_000.0)), &seen(3_000, Some(10), 200.0), None);
         assert_eq!((within.replicas, within.budget_bound), (Some(4), false));
     }
 
     #[test]
     fn without_a_measured_rate_per_worker_there_is_no_advice() {
-        let advice = FreshnessState::default().advise(&target(30, None), &seen(5_000, Some(50), 0.0));
+        let advice = FreshnessState::default().advise(&target(30, None), &seen(5_000, Some(50), 0.0), None);
         assert_eq!(advice.replicas, None);
     }
 
@@ -243,16 +365,16 @@ mod tests {
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         let mut state = FreshnessState::default();
-        state.observe(&seen(10_000, Some(5), 400.0), Some(4), at(0));
-        state.observe(&seen(9_000, Some(5), 400.0), Some(4), at(10));
+        state.observe(&seen(10_000, Some(5), 400.0), Some(4), SETTLE, at(0));
+        state.observe(&seen(9_000, Some(5), 400.0), Some(4), SETTLE, at(10));
         assert_eq!(state.per_replica, None, "replicas not settled yet");
-        state.observe(&seen(8_000, Some(5), 400.0), Some(4), at(30));
+        state.observe(&seen(8_000, Some(5), 400.0), Some(4), SETTLE, at(30));
         assert_eq!(state.per_replica, Some(100.0));
-        state.observe(&seen(100, Some(1), 400.0), Some(4), at(40));
+        state.observe(&seen(100, Some(1), 400.0), Some(4), SETTLE, at(40));
         assert_eq!(state.per_replica, Some(100.0), "not busy: handling what arrives");
-        state.observe(&seen(8_000, Some(5), 600.0), Some(6), at(50));
+        state.observe(&seen(8_000, Some(5), 600.0), Some(6), SETTLE, at(50));
         assert_eq!(state.per_replica, Some(100.0), "just scaled: not settled");
-        state.observe(&seen(8_000, Some(5), 600.0), Some(6), at(80));
+        state.observe(&seen(8_000, Some(5), 600.0), Some(6), SETTLE, at(80));
         assert_eq!(state.per_replica, Some(100.0));
         let growth = state.growth.unwrap_or_default();
         assert!(growth.is_finite(), "{growth}");
@@ -262,10 +384,10 @@ mod tests {
     fn the_backlogs_growth_is_measured_between_estimates() {
         let t0 = Instant::now();
         let mut state = FreshnessState::default();
-        state.observe(&seen(1_000, None, 0.0), Some(1), t0);
-        state.observe(&seen(2_000, None, 0.0), Some(1), t0 + Duration::from_secs(10));
+        state.observe(&seen(1_000, None, 0.0), Some(1), SETTLE, t0);
+        state.observe(&seen(2_000, None, 0.0), Some(1), SETTLE, t0 + Duration::from_secs(10));
         assert_eq!(state.growth, Some(100.0));
-        state.observe(&seen(2_000, None, 0.0), Some(1), t0 + Duration::from_secs(10));
+        state.observe(&seen(2_000, None, 0.0), Some(1), SETTLE, t0 + Duration::from_secs(10));
         assert_eq!(state.growth, Some(100.0), "no time passed: no sample");
     }
 }

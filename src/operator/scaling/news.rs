@@ -83,6 +83,7 @@ mod tests {
             oldest_pending_seconds: None,
             handled_per_second: None,
             read_units_per_document: None,
+            partition_writes_per_second: None,
         };
         ProcessorEstimate::new("p", vec![lease])
     }

@@ -20,6 +20,10 @@ use std::time::{Duration, Instant};
 use crate::operator::scaling::behavior::{Behavior, Changes, down_limit, longest_period, up_limit};
 use crate::operator::scaling::freshness::{Advice, Freshness, FreshnessState, FreshnessTarget};
 
+/// How long the replicas must not have changed before a rate per worker is taken, without a
+/// freshness target (the measure is kept for when one is set): the default lease timings'.
+const DEFAULT_SETTLE: Duration = Duration::from_secs(30);
+
 /// Autoscaling settings in plain values.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
@@ -151,10 +155,11 @@ impl ScaleHistory {
             } => (*total_lag, *leases, freshness),
         };
         self.failures = 0;
-        self.freshness.observe(freshness, current, now);
+        let settle = policy.freshness.map_or(DEFAULT_SETTLE, |target| target.settle);
+        self.freshness.observe(freshness, current, settle, now);
         let fresh = policy
             .freshness
-            .map(|target| self.freshness.advise(&target, freshness))
+            .map(|target| self.freshness.advise(&target, freshness, current))
             .filter(|advice| advice.replicas.is_some());
         let recommended = recommend(policy, current, total_lag, leases, fresh);
         let recommendation = recommended.replicas;
@@ -410,10 +415,11 @@ mod tests {
     #[test]
     fn on_freshness_the_measured_rate_decides_and_the_read_budget_caps_it() {
         let fresh = |budget: Option<f64>| Policy {
-            freshness: Some(FreshnessTarget {
-                target: Duration::from_secs(30),
-                read_budget_units: budget,
-            }),
+            freshness: Some(FreshnessTarget::new(
+                Duration::from_secs(30),
+                Duration::from_secs(13),
+                budget,
+            )),
             ..policy(1, 20, 500)
         };
         let seen = |lag: u64, handled: f64| Observed::Estimate {
@@ -424,6 +430,8 @@ mod tests {
                 oldest_pending_seconds: Some(10),
                 handled_per_second: handled,
                 read_units_per_document: Some(2.0),
+                reporting_workers: 4,
+                writes_per_second: None,
             },
         };
         for (budget, replicas, reason) in [

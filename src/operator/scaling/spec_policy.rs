@@ -8,6 +8,7 @@ use crate::operator::crd::{ScalingBehavior, ScalingPolicy, ScalingPolicyKind, Sc
 use crate::operator::scaling::behavior::{Behavior, RateKind, RatePolicy, Rules, Select};
 use crate::operator::scaling::freshness::FreshnessTarget;
 use crate::operator::scaling::policy::{Fallback, Policy};
+use crate::processor::options::defaults;
 
 /// How often the processor's remaining work is estimated (`autoscaling.estimateInterval`).
 pub fn estimate_interval(cfp: &ChangeFeedProcessor) -> Duration {
@@ -61,10 +62,9 @@ fn freshness(cfp: &ChangeFeedProcessor) -> Option<FreshnessTarget> {
         .and_then(|budget| budget.request_units)
         .filter(|units| *units > 0)
         .map(f64::from);
-    Some(FreshnessTarget {
-        target,
-        read_budget_units,
-    })
+    let acquire =
+        humantime::parse_duration(&cfp.spec.lease_timings.acquire_interval).unwrap_or(defaults::ACQUIRE_INTERVAL);
+    Some(FreshnessTarget::new(target, acquire, read_budget_units))
 }
 
 /// The scaling behavior of `spec.autoscaling.behavior`: each direction's defaults unless given.

@@ -10,6 +10,8 @@ use crate::cosmos::EpkRange;
 use crate::processor::leases::capacity_report::{HANDLED_RATE_PROPERTY, handled_as_of, read_units_per_document};
 use crate::processor::leases::lag_report::checkpointed_ts;
 use crate::processor::leases::lease::{HANDLER_FAILING_PROPERTY, Lease, STALLED_PROPERTY};
+use crate::processor::leases::work_report::{WorkTimings, rate_as_of, reported_rate};
+use crate::processor::options::defaults;
 use crate::processor::report::keda_reading::KedaReading;
 
 /// The estimate of one lease.
@@ -50,6 +52,10 @@ pub struct LeaseEstimate {
     /// Request units a document cost its owner to read, as it last reported.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub read_units_per_document: Option<f64>,
+    /// Operations a second written into the lease's partition, as its owner last reported
+    /// ([`crate::processor::leases::work_report`]), faded by how long the lease was not written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition_writes_per_second: Option<f64>,
     /// Change-feed requests this estimate took (0: taken from the owner's report).
     #[serde(skip)]
     pub reads: u32,
@@ -79,6 +85,10 @@ pub struct ProcessorEstimate {
     /// Request units a document costs to read, on average over the owners' reports.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub read_units_per_document: Option<f64>,
+    /// Operations a second written into the container, as the owners measured their partitions'
+    /// (each partition once: [`ProcessorEstimate::with_arrivals`]); `None` without a report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub writes_per_second: Option<f64>,
     /// Per lease, ordered by range.
     pub leases: Vec<LeaseEstimate>,
     /// What KEDA's `azure-cosmosdb` scaler would read of these leases, when known.
@@ -103,8 +113,31 @@ impl ProcessorEstimate {
                 .map(|ages| ages.into_iter().max().unwrap_or(0)),
             handled_per_second: leases.iter().filter_map(|l| l.handled_per_second).sum(),
             read_units_per_document: mean(leases.iter().filter_map(|l| l.read_units_per_document)),
+            writes_per_second: None,
             leases,
             keda: None,
+        }
+    }
+
+    /// The same estimate with the writes a second into `partitions` (the container's physical
+    /// partitions now): each partition's leases report its rate, so the highest of them counts
+    /// once per partition.
+    pub fn with_arrivals(self, partitions: &[EpkRange]) -> Self {
+        let mut total = None;
+        for partition in partitions {
+            let rate = self
+                .leases
+                .iter()
+                .filter(|lease| lease.feed_range.overlaps(partition))
+                .filter_map(|lease| lease.partition_writes_per_second)
+                .fold(None, |most: Option<f64>, rate| Some(most.map_or(rate, |m| m.max(rate))));
+            if let Some(rate) = rate {
+                total = Some(total.unwrap_or(0.0) + rate);
+            }
+        }
+        Self {
+            writes_per_second: total,
+            ..self
         }
     }
 
@@ -153,6 +186,10 @@ pub fn lease_estimate(lease: &Lease, lag: u64, now: OffsetDateTime) -> LeaseEsti
             .contains_key(HANDLED_RATE_PROPERTY)
             .then(|| handled_as_of(lease, now.unix_timestamp())),
         read_units_per_document: read_units_per_document(lease),
+        partition_writes_per_second: reported_rate(lease).map(|_| {
+            let timings = WorkTimings::new(defaults::ACQUIRE_INTERVAL, defaults::EXPIRATION);
+            rate_as_of(lease, Some(now.unix_timestamp()), timings)
+        }),
         reads: 0,
     }
 }

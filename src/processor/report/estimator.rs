@@ -54,15 +54,18 @@ pub const COUNT_PAGE_ITEMS: u32 = 1000;
 /// Reads at most per counted part of a partition; a backlog beyond them is extrapolated.
 pub const COUNT_PAGES: usize = 3;
 
-/// `estimate` of `snapshot`'s leases with KEDA's reading of them, over the container's
-/// partitions now (the SDK's cached routing map: no request); unchanged when they are unknown.
-pub async fn with_keda_reading(
+/// `estimate` of `snapshot`'s leases with what needs the container's partitions now (the SDK's
+/// cached routing map: no request): KEDA's reading of the leases, and the writes a second into
+/// the container as the owners measured them; unchanged when the partitions are unknown.
+pub async fn with_partition_figures(
     estimate: ProcessorEstimate,
     snapshot: &LeaseSnapshot,
     monitored: &MonitoredContainer,
 ) -> ProcessorEstimate {
     match monitored.feed_ranges(false).await {
-        Ok(partitions) => estimate.with_keda(keda_reading(snapshot, &partitions)),
+        Ok(partitions) => estimate
+            .with_keda(keda_reading(snapshot, &partitions))
+            .with_arrivals(&partitions),
         Err(_) => estimate,
     }
 }

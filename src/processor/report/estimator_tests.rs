@@ -143,6 +143,7 @@ fn totals() {
         oldest_pending_seconds: None,
         handled_per_second: (lag > 0).then_some(lag as f64 * 10.0),
         read_units_per_document: (lag > 0).then_some(lag as f64),
+        partition_writes_per_second: (lag > 0).then_some(100.0 + lag as f64),
     };
     let estimate = ProcessorEstimate::new("p", vec![lease("80", 0), lease("", 5), lease("40", 7)]);
     assert_eq!(
