@@ -111,9 +111,11 @@ pub(crate) struct Ticket {
 }
 
 impl Ticket {
-    /// The read was answered: `charge` request units for `documents` documents.
-    pub(crate) fn spent(self, charge: f64, documents: usize) {
-        self.allowance.spent(self.reserved, charge, documents);
+    /// The read was answered at `now`: `charge` request units for `documents` documents.
+    pub(crate) fn spent(mut self, now: Instant, charge: f64, documents: usize) {
+        // Settled here: what is dropped after has nothing left to give back.
+        let reserved = std::mem::take(&mut self.reserved);
+        self.allowance.spent(now, reserved, charge, documents);
     }
 }
 
@@ -214,13 +216,16 @@ impl ReadAllowance {
         })
     }
 
-    /// A read reckoned at `reserved` was answered: `charge` request units for `documents`
-    /// documents.
-    fn spent(&self, reserved: f64, charge: f64, documents: usize) {
+    /// A read reckoned at `reserved` was answered at `now`: `charge` request units for
+    /// `documents` documents.
+    fn spent(&self, now: Instant, reserved: f64, charge: f64, documents: usize) {
         let mut state = self.state();
         state.share.settle_units(reserved);
         let charge = if charge.is_finite() { charge.max(0.0) } else { 0.0 };
         state.charged += charge;
+        // Spent now, not at the next read: a read much later finds the level refilled since.
+        let charged = state.charged;
+        let _ = state.share.wait(now, charged);
         if charge <= 0.0 {
             return;
         }
@@ -338,7 +343,7 @@ mod tests {
             }
             match allowance.admit(now) {
                 Ok(ticket) => {
-                    ticket.spent(charge, 10);
+                    ticket.spent(now, charge, 10);
                     next[i] = now + Duration::from_millis(20);
                 }
                 Err(wait) => next[i] = now + wait.max(Duration::from_millis(1)),
@@ -377,12 +382,26 @@ mod tests {
     }
 
     #[test]
+    fn a_read_answered_gives_its_estimate_back_once() {
+        let t0 = Instant::now();
+        let allowance = Arc::new(ReadAllowance::new(t0, 0.0));
+        allowance.set(Some(100.0), 1.0, 2);
+        let first = allowance.admit(t0).expect("the first read");
+        first.spent(t0, 50.0, 10);
+        // A second read under way holds its estimate (the first page's 50) until answered.
+        let later = t0 + Duration::from_secs(2);
+        let _second = allowance.admit(later).expect("the debt is waited off by now");
+        let third = allowance.admit(later);
+        assert!(third.is_err(), "the second's estimate still counts: {third:?}");
+    }
+
+    #[test]
     fn without_a_budget_reads_go_at_once_and_are_counted() {
         let t0 = Instant::now();
         let allowance = Arc::new(ReadAllowance::new(t0, 0.5));
         for _ in 0..100 {
             let ticket = allowance.admit(t0).expect("no budget: no wait");
-            ticket.spent(50.0, 100);
+            ticket.spent(t0, 50.0, 100);
         }
         assert_eq!(allowance.charged(), 5_000.0);
         assert_eq!(allowance.page_items(100), 100);
@@ -403,7 +422,7 @@ mod tests {
             allowance.admit(t0).is_err(),
             "the next waits for the first's cost to be known"
         );
-        ticket.spent(201.0, 100);
+        ticket.spent(t0, 201.0, 100);
         assert_eq!(allowance.page_items(100), 19, "2.01 RU a document: 40 RU a page");
         assert_eq!(allowance.idle_wait(Duration::from_millis(50)), Duration::from_secs(1));
         assert!(

@@ -302,7 +302,7 @@ impl LeaseReader {
                     let after = match page {
                         Ok(page) => {
                             if let Some(ticket) = ticket {
-                                ticket.spent(page.request_charge, page.documents.len());
+                                ticket.spent(Instant::now(), page.request_charge, page.documents.len());
                             }
                             self.on_page(s, page).await
                         }
