@@ -35,6 +35,8 @@ pub(super) const ITEM_LSN: HeaderName = HeaderName::from_static("x-ms-item-lsn")
 const CONTENT_LENGTH: HeaderName = HeaderName::from_static("content-length");
 pub(super) const LSN: HeaderName = HeaderName::from_static("lsn");
 const PRIORITY: HeaderName = HeaderName::from_static("x-ms-cosmos-priority-level");
+/// The throughput bucket a request is sent in.
+const BUCKET: HeaderName = HeaderName::from_static("x-ms-cosmos-throughput-bucket");
 const REQUEST_CHARGE: HeaderName = HeaderName::from_static("x-ms-request-charge");
 const IS_QUERY: HeaderName = HeaderName::from_static("x-ms-documentdb-isquery");
 
@@ -164,9 +166,12 @@ impl Edge {
         let access = Access::of(&request);
         let page = access == Access::ChangeFeed;
         let priority = Priority::of(request.headers().get_optional_str(&PRIORITY));
+        let bucket = request_budget::bucket_of(request.headers().get_optional_str(&BUCKET));
         let budget = self.budget_of(&request);
         let admitted = match &budget {
-            Some(at) => self.budgets.admit(&at.region, &at.container, priority, Instant::now()),
+            Some(at) => self
+                .budgets
+                .admit(&at.region, &at.container, priority, bucket, Instant::now()),
             None => Ok(()),
         };
         let reply = match admitted {
@@ -182,11 +187,11 @@ impl Edge {
                     let charge = reply.headers.get_optional_str(&REQUEST_CHARGE);
                     let charge = charge.and_then(|c| c.trim().parse().ok()).unwrap_or_default();
                     self.budgets
-                        .debit(&at.region, &at.container, priority, charge, Instant::now());
+                        .debit(&at.region, &at.container, priority, bucket, charge, Instant::now());
                 }
                 reply
             }
-            Err(wait) => throttled(wait),
+            Err(refusal) => throttled(refusal),
         };
         let kind = Answered {
             write: access == Access::Write,
@@ -407,11 +412,11 @@ pub(super) fn outbound(reply: &mut Reply, maps: &RangeMaps) {
 }
 
 /// The service's answer to a request past its container's budget: 429/3200, retry after `wait`.
-fn throttled(wait: std::time::Duration) -> Reply {
+fn throttled(refusal: request_budget::Refusal) -> Reply {
     let mut headers = Headers::new();
     headers.insert("content-type", "application/json");
-    headers.insert("x-ms-substatus", "3200");
-    headers.insert("x-ms-retry-after-ms", wait.as_millis().max(1).to_string());
+    headers.insert("x-ms-substatus", refusal.sub_status().to_string());
+    headers.insert("x-ms-retry-after-ms", refusal.wait().as_millis().max(1).to_string());
     headers.insert(REQUEST_CHARGE, "0");
     let body = serde_json::json!({"code": "TooManyRequests", "message": "Request rate is large. More Request Units may be needed, so no changes were made. Please retry this request later."});
     Reply {

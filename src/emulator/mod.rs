@@ -450,6 +450,16 @@ impl Emulator {
             .provision(&format!("dbs/{database}/colls/{container}"), ru);
     }
 
+    /// Lets throughput bucket `bucket` (1–5) of `database/container` spend at most `percent` of
+    /// its provisioned throughput, as the account's throughput bucket configuration does: a
+    /// request sent with `x-ms-cosmos-throughput-bucket: <bucket>` past that share is answered
+    /// 429/3212 whatever the container has left.
+    pub fn set_throughput_bucket(&self, database: &str, container: &str, bucket: u32, percent: f64) {
+        self.edge
+            .budgets()
+            .configure_bucket(&format!("dbs/{database}/colls/{container}"), bucket, percent);
+    }
+
     /// Makes the resource ids of this account's databases and containers differ from every other
     /// run's (as the service's do; the store counts them from 1 on every start), so that what is
     /// bound to a resource id — a lease prefix, an export — never applies to another run's

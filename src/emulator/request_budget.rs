@@ -16,6 +16,12 @@
 //!   pace — so an application whose own load fits the budget is not refused because of
 //!   low-priority reads. A refusal is 429 with sub-status 3200 (the service documents
 //!   no other sub-status for priority) and `x-ms-retry-after-ms` the rest of the window.
+//! - Throughput buckets (`x-ms-cosmos-throughput-bucket`, 1–5): where the account configures a
+//!   bucket for the container, the requests in it spend at most its percentage of the
+//!   container's throughput a second, and past it are refused with sub-status 3212
+//!   (`ThroughputBucketLimitExhausted`, as the SDK names it) whatever the container has left
+//!   (Microsoft Learn, throughput buckets); requests in no bucket, or in one not configured,
+//!   spend the container's budget alone.
 //! - Change feed pages are charged [`page_charge`]: the SDK emulator charges any page a flat
 //!   1 RU, whatever it holds. Query pages keep that flat charge for now (the processor's lease
 //!   listings would cost what they return only once its lease pacing counts them).
@@ -42,6 +48,38 @@ impl Priority {
         match header {
             Some(value) if value.trim().eq_ignore_ascii_case("low") => Self::Low,
             _ => Self::High,
+        }
+    }
+}
+
+/// The throughput bucket a request names (`x-ms-cosmos-throughput-bucket`: 1 to 5); `None` for
+/// none, or a value that is not one.
+pub fn bucket_of(header: Option<&str>) -> Option<u32> {
+    header?.trim().parse().ok().filter(|bucket| (1..=5).contains(bucket))
+}
+
+/// Why a request was refused, and how long until the window that refused it is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The container's budget (429/3200).
+    Budget(Duration),
+    /// The share of it the request's throughput bucket may spend (429/3212).
+    Bucket(Duration),
+}
+
+impl Refusal {
+    /// The service's sub-status for it.
+    pub fn sub_status(self) -> u32 {
+        match self {
+            Refusal::Budget(_) => 3200,
+            Refusal::Bucket(_) => 3212,
+        }
+    }
+
+    /// How long until the window that refused it is over.
+    pub fn wait(self) -> Duration {
+        match self {
+            Refusal::Budget(wait) | Refusal::Bucket(wait) => wait,
         }
     }
 }
@@ -134,10 +172,13 @@ impl Budget {
     }
 }
 
-/// The budgets of the containers given a throughput, by region and container.
+/// The budgets of the containers given a throughput, by region and container, and the shares of
+/// them their throughput buckets may spend.
 #[derive(Debug, Default)]
 pub struct RequestBudgets {
     provisioned: Mutex<HashMap<String, f64>>,
+    /// Per container, the percentage of its throughput each configured bucket may spend.
+    buckets: Mutex<HashMap<String, HashMap<u32, f64>>>,
     windows: Mutex<HashMap<String, Budget>>,
 }
 
@@ -150,10 +191,11 @@ impl RequestBudgets {
             .unwrap_or_else(PoisonError::into_inner)
             .insert(container.to_owned(), ru_per_second as f64);
         let suffix = format!("|{container}");
+        let bucket = format!("|{container}#");
         self.windows
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .retain(|key, _| !key.ends_with(&suffix));
+            .retain(|key, _| !key.ends_with(&suffix) && !key.contains(&bucket));
     }
 
     /// Whether `container` has a budget.
@@ -164,28 +206,89 @@ impl RequestBudgets {
             .contains_key(container)
     }
 
-    /// [`Budget::admit`] of `container` in `region`; `Ok` where it has no budget.
-    pub fn admit(&self, region: &str, container: &str, priority: Priority, now: Instant) -> Result<(), Duration> {
-        self.with(region, container, now, |budget| budget.admit(priority, now))
-            .unwrap_or(Ok(()))
+    /// Lets throughput bucket `bucket` of `container` spend at most `percent` of its throughput
+    /// (the account's throughput bucket configuration); requests in a bucket not configured
+    /// spend the container's budget alone.
+    pub fn configure_bucket(&self, container: &str, bucket: u32, percent: f64) {
+        self.buckets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(container.to_owned())
+            .or_default()
+            .insert(bucket, percent.clamp(0.0, 100.0));
     }
 
-    /// [`Budget::debit`] of `container` in `region`.
-    pub fn debit(&self, region: &str, container: &str, priority: Priority, charge: f64, now: Instant) {
+    /// Whether a request of `priority` in `bucket` may be served by `container` in `region` at
+    /// `now`: its bucket's share first (a request past it is refused whatever the container has
+    /// left), then [`Budget::admit`]; `Ok` where the container has no budget.
+    pub fn admit(
+        &self,
+        region: &str,
+        container: &str,
+        priority: Priority,
+        bucket: Option<u32>,
+        now: Instant,
+    ) -> Result<(), Refusal> {
+        // A bucket's window admits a request while one like its last still fits (as low
+        // priority does, with no high-priority demand to keep back).
+        if let Some(Err(wait)) = self.with_bucket(region, container, bucket, now, |b| b.admit(Priority::Low, now)) {
+            return Err(Refusal::Bucket(wait));
+        }
+        self.with(region, container, now, |budget| budget.admit(priority, now))
+            .unwrap_or(Ok(()))
+            .map_err(Refusal::Budget)
+    }
+
+    /// [`Budget::debit`] of `container` in `region`, and of the request's bucket.
+    pub fn debit(
+        &self,
+        region: &str,
+        container: &str,
+        priority: Priority,
+        bucket: Option<u32>,
+        charge: f64,
+        now: Instant,
+    ) {
+        self.with_bucket(region, container, bucket, now, |b| b.debit(Priority::Low, charge, now));
         self.with(region, container, now, |budget| budget.debit(priority, charge, now));
     }
 
     fn with<T>(&self, region: &str, container: &str, now: Instant, f: impl FnOnce(&mut Budget) -> T) -> Option<T> {
-        let ru = *self
-            .provisioned
+        let ru = self.provisioned_of(container)?;
+        self.window(format!("{region}|{container}"), ru, now, f)
+    }
+
+    /// `f` of the window of `bucket` of `container` in `region`, where that bucket is configured.
+    fn with_bucket<T>(
+        &self,
+        region: &str,
+        container: &str,
+        bucket: Option<u32>,
+        now: Instant,
+        f: impl FnOnce(&mut Budget) -> T,
+    ) -> Option<T> {
+        let bucket = bucket?;
+        let percent = *self
+            .buckets
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(container)?;
+            .get(container)?
+            .get(&bucket)?;
+        let ru = self.provisioned_of(container)? * percent / 100.0;
+        self.window(format!("{region}|{container}#{bucket}"), ru, now, f)
+    }
+
+    fn provisioned_of(&self, container: &str) -> Option<f64> {
+        self.provisioned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(container)
+            .copied()
+    }
+
+    fn window<T>(&self, key: String, ru: f64, now: Instant, f: impl FnOnce(&mut Budget) -> T) -> Option<T> {
         let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
-        let budget = windows
-            .entry(format!("{region}|{container}"))
-            .or_insert_with(|| Budget::new(ru, now));
-        Some(f(budget))
+        Some(f(windows.entry(key).or_insert_with(|| Budget::new(ru, now))))
     }
 }
 
@@ -267,17 +370,20 @@ mod tests {
     fn containers_without_a_budget_are_never_refused() {
         let budgets = RequestBudgets::default();
         let t0 = Instant::now();
-        budgets.debit("East US", "dbs/db/colls/free", Priority::Low, 1e9, t0);
-        assert_eq!(budgets.admit("East US", "dbs/db/colls/free", Priority::Low, t0), Ok(()));
+        budgets.debit("East US", "dbs/db/colls/free", Priority::Low, None, 1e9, t0);
+        assert_eq!(
+            budgets.admit("East US", "dbs/db/colls/free", Priority::Low, None, t0),
+            Ok(())
+        );
         budgets.provision("dbs/db/colls/paid", 400);
-        budgets.debit("East US", "dbs/db/colls/paid", Priority::High, 500.0, t0);
+        budgets.debit("East US", "dbs/db/colls/paid", Priority::High, None, 500.0, t0);
         assert!(
             budgets
-                .admit("East US", "dbs/db/colls/paid", Priority::High, t0)
+                .admit("East US", "dbs/db/colls/paid", Priority::High, None, t0)
                 .is_err()
         );
         assert_eq!(
-            budgets.admit("West US", "dbs/db/colls/paid", Priority::High, t0),
+            budgets.admit("West US", "dbs/db/colls/paid", Priority::High, None, t0),
             Ok(()),
             "each region has the provisioned throughput"
         );
@@ -289,18 +395,52 @@ mod tests {
         let t0 = Instant::now();
         let paid = "dbs/db/colls/paid";
         budgets.provision(paid, 100_000);
-        budgets.debit("East US", paid, Priority::High, 5_000.0, t0);
-        assert_eq!(budgets.admit("East US", paid, Priority::High, t0), Ok(()));
+        budgets.debit("East US", paid, Priority::High, None, 5_000.0, t0);
+        assert_eq!(budgets.admit("East US", paid, Priority::High, None, t0), Ok(()));
         budgets.provision(paid, 1_000);
-        budgets.debit("East US", paid, Priority::High, 1_001.0, t0 + ms(10));
+        budgets.debit("East US", paid, Priority::High, None, 1_001.0, t0 + ms(10));
         assert!(
-            budgets.admit("East US", paid, Priority::High, t0 + ms(20)).is_err(),
+            budgets
+                .admit("East US", paid, Priority::High, None, t0 + ms(20))
+                .is_err(),
             "1,000 a second now"
         );
         budgets.provision("dbs/db/colls/other", 400);
         assert!(
-            budgets.admit("East US", paid, Priority::High, t0 + ms(30)).is_err(),
+            budgets
+                .admit("East US", paid, Priority::High, None, t0 + ms(30))
+                .is_err(),
             "another container's change leaves this one's window"
         );
+    }
+
+    #[test]
+    fn a_bucket_spends_its_share_and_is_refused_with_its_own_sub_status() {
+        let budgets = RequestBudgets::default();
+        let t0 = Instant::now();
+        let items = "dbs/db/colls/items";
+        budgets.provision(items, 1_000);
+        budgets.configure_bucket(items, 1, 25.0);
+        budgets.debit("East US", items, Priority::Low, Some(1), 250.0, t0);
+        let refused = budgets.admit("East US", items, Priority::Low, Some(1), t0 + ms(100));
+        assert_eq!(refused, Err(Refusal::Bucket(ms(900))));
+        assert_eq!(refused.map_err(Refusal::sub_status), Err(3212));
+        assert_eq!(
+            budgets.admit("East US", items, Priority::High, None, t0 + ms(100)),
+            Ok(()),
+            "the application, in no bucket, has the rest of the container's budget"
+        );
+        assert_eq!(
+            budgets.admit("East US", items, Priority::Low, Some(2), t0 + ms(100)),
+            Ok(()),
+            "a bucket not configured spends the container's budget alone"
+        );
+        assert_eq!(
+            budgets.admit("East US", items, Priority::Low, Some(1), t0 + ms(1_000)),
+            Ok(())
+        );
+        assert_eq!(bucket_of(Some(" 3 ")), Some(3));
+        assert_eq!(bucket_of(Some("6")), None);
+        assert_eq!(bucket_of(None), None);
     }
 }

@@ -32,6 +32,8 @@ pub struct ContainerLoad {
     pub write_units: f64,
     /// Requests at low priority answered 429 (`x-ms-cosmos-priority-level: Low`).
     pub low_priority_throttled: u64,
+    /// Requests answered 429 because their throughput bucket's share was spent (sub-status 3212).
+    pub bucket_throttled: u64,
 }
 
 /// What kind of request an answer went to.
@@ -83,6 +85,8 @@ impl Throttles {
         if status == StatusCode::TooManyRequests {
             load.throttled += 1;
             load.low_priority_throttled += u64::from(kind.low_priority);
+            let sub_status = headers.get_optional_str(&HeaderName::from_static("x-ms-substatus"));
+            load.bucket_throttled += u64::from(sub_status.is_some_and(|s| s.trim() == "3212"));
         }
     }
 
@@ -124,11 +128,13 @@ mod tests {
             StatusCode::TooManyRequests,
             &Headers::new(),
         );
+        let mut bucket_spent = Headers::new();
+        bucket_spent.insert(HeaderName::from_static("x-ms-substatus"), "3212");
         throttles.record(
             "dbs/db/colls/leases/docs",
             LOW_READ,
             StatusCode::TooManyRequests,
-            &Headers::new(),
+            &bucket_spent,
         );
         throttles.record("/dbs/db/colls/items/docs", WRITE, StatusCode::Ok, &charged);
         throttles.record("/dbs/db/colls/leases", READ, StatusCode::Ok, &charged);
@@ -142,6 +148,7 @@ mod tests {
                 request_units: 25.0,
                 write_units: 12.5,
                 low_priority_throttled: 1,
+                bucket_throttled: 1,
             }
         );
         assert_eq!(report["db/items"].requests, 1);
