@@ -58,6 +58,86 @@ async fn control_status(endpoint: &str, method: reqwest::Method, action: &str) -
     (status, body["message"].as_str().unwrap_or_default().to_owned())
 }
 
+/// What the emulator answered a raw write.
+#[derive(Debug)]
+struct RawAnswer {
+    status: u16,
+    retry_after_ms: Option<u64>,
+    sub_status: Option<String>,
+}
+
+/// Raw writes (not retried) of `count` documents of about 250 bytes, 60 at a time, in `bucket`
+/// if any: what each was answered.
+async fn raw_burst(endpoint: &str, prefix: &str, count: usize, bucket: Option<&str>) -> Vec<RawAnswer> {
+    let http = reqwest::Client::new();
+    let url = format!("{endpoint}dbs/{DB}/colls/{ITEMS}/docs");
+    futures::stream::iter(0..count)
+        .map(|n| {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                let id = format!("{prefix}-{n}");
+                let mut request = http
+                    .post(&url)
+                    .header("x-ms-version", "2020-07-15")
+                    .header("x-ms-documentdb-partitionkey", format!("[\"{id}\"]"))
+                    .header("content-type", "application/json")
+                    .body(json!({"id": id, "pk": id, "payload": "x".repeat(200)}).to_string());
+                if let Some(bucket) = bucket {
+                    request = request.header("x-ms-cosmos-throughput-bucket", bucket);
+                }
+                let answer = request.send().await.expect("the emulator answers");
+                RawAnswer {
+                    status: answer.status().as_u16(),
+                    retry_after_ms: header(&answer, "x-ms-retry-after-ms").and_then(|v| v.parse().ok()),
+                    sub_status: header(&answer, "x-ms-substatus"),
+                }
+            }
+        })
+        .buffer_unordered(60)
+        .collect()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_a_throughput_bucket_are_refused_past_its_share_with_3212() {
+    let (_emulator, endpoint) = start_emulator_with(&[
+        "--port",
+        "0",
+        "--container",
+        "db/items:/pk:1",
+        "--throughput",
+        "db/items=400",
+        "--throughput-bucket",
+        "db/items:1=10",
+    ])
+    .await;
+    // Bucket 1 may spend 40 RU a second: of 40 writes of about 7 RU sent at once, a handful
+    // land and the rest are refused 429/3212; the same burst in no bucket fits the 400.
+    let bucketed = raw_burst(&endpoint, "in-bucket", 40, Some("1")).await;
+    let plain = raw_burst(&endpoint, "plain", 40, None).await;
+    let count = |answers: &[RawAnswer], status: u16, sub: Option<&str>| {
+        answers
+            .iter()
+            .filter(|a| a.status == status && (sub.is_none() || a.sub_status.as_deref() == sub))
+            .count()
+    };
+    println!(
+        "in bucket 1 (10 % of 400 RU/s): {} created, {} refused 429/3212; in no bucket: {} created, {} refused",
+        count(&bucketed, 201, None),
+        count(&bucketed, 429, Some("3212")),
+        count(&plain, 201, None),
+        count(&plain, 429, None)
+    );
+    assert!(count(&bucketed, 201, None) <= 10, "{bucketed:?}");
+    assert!(count(&bucketed, 429, Some("3212")) >= 30, "{bucketed:?}");
+    assert_eq!(count(&plain, 429, Some("3212")), 0, "{plain:?}");
+    let load = common::emulator_control(&endpoint, reqwest::Method::GET, "load").await;
+    assert_eq!(
+        load["db/items"]["bucketThrottled"].as_u64(),
+        Some(count(&bucketed, 429, Some("3212")) as u64)
+    );
+}
+
 fn ids(prefix: &str, count: usize) -> Vec<String> {
     (0..count).map(|n| format!("{prefix}-{n}")).collect()
 }
@@ -79,38 +159,14 @@ async fn a_container_at_400_rus_answers_a_burst_with_429s_and_every_sdk_write_la
     // A burst of raw writes, not retried: the budget of the second is spent and the rest are
     // throttled as on the service. The burst is six seconds' budget (about 6.8 RU a write), so
     // even a machine too loaded to send it within a second meets the budget.
-    let http = reqwest::Client::new();
-    let url = format!("{endpoint}dbs/{DB}/colls/{ITEMS}/docs");
     let burst_started = Instant::now();
-    let answers: Vec<(u16, Option<u64>)> = futures::stream::iter(0..BURST)
-        .map(|n| {
-            let (http, url) = (http.clone(), url.clone());
-            async move {
-                let answer = http
-                    .post(&url)
-                    .header("x-ms-version", "2020-07-15")
-                    .header("x-ms-documentdb-partitionkey", format!("[\"raw-{n}\"]"))
-                    .header("content-type", "application/json")
-                    .body(
-                        json!({"id": format!("raw-{n}"), "pk": format!("raw-{n}"), "payload": "x".repeat(200)})
-                            .to_string(),
-                    )
-                    .send()
-                    .await
-                    .expect("the emulator answers");
-                let retry_after = header(&answer, "x-ms-retry-after-ms").and_then(|v| v.parse().ok());
-                (answer.status().as_u16(), retry_after)
-            }
-        })
-        .buffer_unordered(60)
-        .collect()
-        .await;
+    let answers = raw_burst(&endpoint, "raw", BURST, None).await;
     let burst_took = burst_started.elapsed();
-    let created = answers.iter().filter(|(s, _)| *s == 201).count();
+    let created = answers.iter().filter(|a| a.status == 201).count();
     let throttled: Vec<u64> = answers
         .iter()
-        .filter(|(s, _)| *s == 429)
-        .map(|(_, r)| r.expect("a 429 carries x-ms-retry-after-ms"))
+        .filter(|a| a.status == 429)
+        .map(|a| a.retry_after_ms.expect("a 429 carries x-ms-retry-after-ms"))
         .collect();
     // Through the SDK: every write lands, however often it is throttled on the way.
     let items = items(&endpoint).await;
@@ -458,6 +514,26 @@ async fn bad_parameters_get_a_400_that_says_what_is_expected() {
         "warn",
     )
     .await;
+    let (bucket_code, _, bucket_stderr) = common::cfp_output(
+        &[
+            "emulator",
+            "--port",
+            "0",
+            "--container",
+            "db/items",
+            "--throughput-bucket",
+            "db/items:1=10",
+        ],
+        &[],
+        "warn",
+    )
+    .await;
+    println!(
+        "--throughput-bucket without a throughput: {bucket_code:?} {}",
+        bucket_stderr.trim()
+    );
+    assert_ne!(bucket_code, Some(0));
+    assert!(bucket_stderr.contains("has no --throughput"), "{bucket_stderr}");
     println!("--throughput of no container: {code:?} {}", stderr.trim());
     println!("--throughput 100: {low_code:?} {}", low_stderr.trim());
     for (action, status, explained, message) in &seen {

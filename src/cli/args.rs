@@ -103,6 +103,11 @@ pub struct EmulatorArgs {
     /// Repeatable.
     #[arg(long = "throughput", value_name = "DB/COLL=RU")]
     pub throughput: Vec<crate::emulator::ThroughputSpec>,
+    /// A throughput bucket of a container given a `--throughput`: `database/container:bucket=percent`
+    /// (bucket 1–5): requests sent in it (`x-ms-cosmos-throughput-bucket`) spend at most that
+    /// percentage of the container's throughput a second, and past it are answered 429/3212.
+    #[arg(long = "throughput-bucket", value_name = "DB/COLL:BUCKET=PERCENT")]
+    pub throughput_bucket: Vec<crate::emulator::BucketSpec>,
     /// A region of the account (repeatable; the first takes writes; default: one region, `East
     /// US`). Each region is served on a port of its own: the next ports after `--port` (any free
     /// port when it is 0), and the account metadata names each region's endpoint.

@@ -24,6 +24,7 @@ pub async fn run(args: &EmulatorArgs) -> Result<(), EmulatorError> {
     options.replication_delay = Duration::from_millis(args.replication_delay_ms);
     options.containers = args.containers.clone();
     options.throughput = args.throughput.clone();
+    options.buckets = args.throughput_bucket.clone();
     let (mut emulator, listeners) = bind_account(&options).await?;
     if let Some(path) = &args.entra_token_file {
         let token = std::fs::read_to_string(path).map_err(|source| EmulatorError::TokenFile {

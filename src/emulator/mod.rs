@@ -8,6 +8,8 @@
 //!   on the service): every request of its documents spends a budget per second (change feed
 //!   pages too: `request_budget`), low-priority requests are refused first, and a
 //!   request past the budget gets 429/3200 with `x-ms-retry-after-ms`.
+//! - `--throughput-bucket db/coll:B=P` — throughput bucket `B` (1–5) of a container given a
+//!   throughput may spend `P` % of it: requests sent in it past that are answered 429/3212.
 //! - `--region NAME` (repeatable; the first takes writes) — the account's regions, each served on
 //!   a listener of its own (the ports after `--port`), as the account metadata's
 //!   `readableLocations` / `writableLocations` name them; `--replication-delay-ms N` — how long
@@ -101,7 +103,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
 use crate::cosmos::{CosmosAccount, CosmosError, EpkRange, ErrorKind};
-pub use regions::ThroughputSpec;
+pub use regions::{BucketSpec, ThroughputSpec};
 
 /// Why the account key could not be rotated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

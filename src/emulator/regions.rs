@@ -108,6 +108,57 @@ impl std::str::FromStr for ThroughputSpec {
     }
 }
 
+/// A throughput bucket of a container created at start: `database/container:bucket=percent`
+/// (bucket 1–5; the percentage of the container's throughput its requests may spend).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BucketSpec {
+    /// Database id.
+    pub database: String,
+    /// Container id.
+    pub container: String,
+    /// The bucket (1–5).
+    pub bucket: u32,
+    /// The percentage of the container's throughput it may spend (1–100).
+    pub percent: f64,
+}
+
+impl std::str::FromStr for BucketSpec {
+    type Err = EmulatorError;
+
+    fn from_str(spec: &str) -> Result<Self, Self::Err> {
+        let bad = || {
+            EmulatorError::BadRequest(format!(
+                "invalid throughput bucket {spec:?}: expected database/container:bucket=percent, a bucket from 1 to 5 and a percentage from 1 to 100"
+            ))
+        };
+        let (names, percent) = spec.split_once('=').ok_or_else(bad)?;
+        let (names, bucket) = names.rsplit_once(':').ok_or_else(bad)?;
+        let (database, container) = names
+            .split_once('/')
+            .filter(|(d, c)| !d.is_empty() && !c.is_empty() && !c.contains('/'))
+            .ok_or_else(bad)?;
+        let bucket: u32 = bucket
+            .trim()
+            .parse()
+            .ok()
+            .filter(|b| (1..=5).contains(b))
+            .ok_or_else(bad)?;
+        let percent: f64 = percent
+            .trim()
+            .trim_end_matches('%')
+            .parse()
+            .ok()
+            .filter(|p: &f64| (1.0..=100.0).contains(p))
+            .ok_or_else(bad)?;
+        Ok(Self {
+            database: database.to_owned(),
+            container: container.to_owned(),
+            bucket,
+            percent,
+        })
+    }
+}
+
 /// A provisioned throughput in RU/s: a whole number of at least 400.
 pub fn parse_throughput(value: &str) -> Result<u64, String> {
     value
@@ -134,6 +185,8 @@ pub struct AccountOptions {
     pub containers: Vec<ContainerSpec>,
     /// Provisioned throughput of some of those containers.
     pub throughput: Vec<ThroughputSpec>,
+    /// Throughput buckets of some of those (given a throughput).
+    pub buckets: Vec<BucketSpec>,
 }
 
 impl AccountOptions {
@@ -146,6 +199,7 @@ impl AccountOptions {
             replication_delay: Duration::ZERO,
             containers: Vec::new(),
             throughput: Vec::new(),
+            buckets: Vec::new(),
         }
     }
 
@@ -182,6 +236,17 @@ pub async fn bind_account(options: &AccountOptions) -> Result<(Emulator, Vec<Tcp
             orphan.database, orphan.container, orphan.ru_per_second, orphan.database, orphan.container
         )));
     }
+    if let Some(orphan) = options.buckets.iter().find(|b| {
+        !options
+            .throughput
+            .iter()
+            .any(|t| t.database == b.database && t.container == b.container)
+    }) {
+        return Err(EmulatorError::BadRequest(format!(
+            "--throughput-bucket {}/{}:{}: {}/{} has no --throughput to take a share of",
+            orphan.database, orphan.container, orphan.bucket, orphan.database, orphan.container
+        )));
+    }
     let (listeners, gateways) = bind_listeners(options, &names).await?;
     let pairs: Vec<(&str, &str)> = names.iter().copied().zip(gateways.iter().map(String::as_str)).collect();
     let emulator = Emulator::with_regions(&pairs, options.replication_delay)?;
@@ -190,6 +255,9 @@ pub async fn bind_account(options: &AccountOptions) -> Result<(Emulator, Vec<Tcp
         emulator
             .create_container_with_throughput(spec, options.throughput_of(spec))
             .await?;
+    }
+    for bucket in &options.buckets {
+        emulator.set_throughput_bucket(&bucket.database, &bucket.container, bucket.bucket, bucket.percent);
     }
     Ok((emulator, listeners))
 }
@@ -375,6 +443,28 @@ fn region_error(error: azure_data_cosmos_driver::error::CosmosError) -> Emulator
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_throughput_bucket_is_read_from_its_flag_and_a_bad_one_is_named() {
+        let bucket: BucketSpec = "db/items:2=25".parse().expect("a bucket");
+        assert_eq!((bucket.database.as_str(), bucket.container.as_str()), ("db", "items"));
+        assert_eq!((bucket.bucket, bucket.percent), (2, 25.0));
+        assert_eq!(
+            "db/items:5=100%".parse::<BucketSpec>().map(|b| b.percent).ok(),
+            Some(100.0)
+        );
+        for bad in [
+            "db/items=25",
+            "db/items:6=25",
+            "db/items:0=25",
+            "db/items:1=0",
+            "db/items:1=101",
+            "items:1=5",
+        ] {
+            let error = bad.parse::<BucketSpec>().expect_err(bad).to_string();
+            assert!(error.contains("database/container:bucket=percent"), "{bad}: {error}");
+        }
+    }
 
     #[test]
     fn parses_throughput_specs() {
