@@ -15,7 +15,8 @@
 //! The workers needed: `ceil((λ + L / W) / μ)`, where `W = max(T − A, T / 4)` is the time left to
 //! drain the backlog before its oldest change is `T` old — so the fleet keeps up with what
 //! arrives and clears what is pending within the target; fewer only once the target holds with
-//! fewer. Never more than the read budget can feed: `ceil(budget / cost of a document / μ)`.
+//! fewer and the oldest pending change is within half the target again (one step in, not one
+//! per estimate while a backlog drains). Never more than the read budget can feed: `ceil(budget / cost of a document / μ)`.
 //! Until `μ` was measured once, no advice: the lag count decides.
 
 use std::time::{Duration, Instant};
@@ -178,6 +179,7 @@ impl FreshnessState {
             .max(0.0);
         let needed = arriving + seen.lag as f64 / window;
         let wanted = keep_within_tolerance(replicas_for(needed, per_replica), needed, per_replica, current);
+        let wanted = scale_in_once(wanted, current, age, target_seconds);
         let feedable = target
             .read_budget_units
             .zip(seen.read_units_per_document)
@@ -227,6 +229,17 @@ fn keep_within_tolerance(wanted: i32, needed: f64, per_replica: f64, current: Op
         current
     } else {
         wanted
+    }
+}
+
+/// `wanted`, where it is fewer than the `current` workers, only once the oldest pending change
+/// (`age` seconds) is within half the target: while a backlog drains, what it needs falls
+/// estimate by estimate, and scaling in along it would take a step at each; held until then,
+/// the scale-down window's highest recommendation drops once, to what the fleet then needs.
+fn scale_in_once(wanted: i32, current: Option<i32>, age: f64, target_seconds: f64) -> i32 {
+    match current {
+        Some(current) if wanted < current && age > target_seconds / 2.0 => current,
+        _ => wanted,
     }
 }
 
@@ -309,6 +322,26 @@ mod tests {
         );
         reported.writes_per_second = Some(450.0);
         assert_eq!(state.advise(&target(30, None), &reported, None).replicas, Some(5));
+    }
+
+    #[test]
+    fn workers_are_scaled_in_only_once_the_backlog_is_fresh_again() {
+        // After a peak: 5 workers of 100/s, 100/s arriving, the backlog draining.
+        let state = measured(100.0, -400.0);
+        let mut after_peak = seen(2_000, Some(20), 500.0);
+        after_peak.writes_per_second = Some(100.0);
+        let advise = |seen: &Freshness| state.advise(&target(30, None), seen, Some(5)).replicas;
+        assert_eq!(advise(&after_peak), Some(5), "20 s old: held while it drains");
+        after_peak.lag = 600;
+        after_peak.oldest_pending_seconds = Some(6);
+        assert_eq!(
+            advise(&after_peak),
+            Some(2),
+            "fresh again: what arrives and 600 within 24 s"
+        );
+        after_peak.lag = 50_000;
+        after_peak.oldest_pending_seconds = Some(40);
+        assert_eq!(advise(&after_peak), Some(68), "scaling out is never held");
     }
 
     #[test]
