@@ -10,6 +10,7 @@ use changefeed_operator::processor::{Batch, ChangeHandler, HandlerError};
 use crate::common::{self, Env};
 
 mod balancing;
+mod capacity;
 mod checkpoints;
 mod failover;
 mod handlers;

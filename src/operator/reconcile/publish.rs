@@ -461,6 +461,7 @@ mod tests {
             handled_per_second: None,
             read_units_per_document: None,
             partition_writes_per_second: None,
+            worker_handled_per_second: None,
         };
         ProcessorEstimate::new("p", vec![lease])
     }

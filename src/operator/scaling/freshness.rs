@@ -2,22 +2,23 @@
 //! change not handled yet younger than the target. Pure: time comes in as an argument.
 //!
 //! From each estimate: the backlog `L` (documents pending), the age `A` of the oldest pending
-//! change, and `H`, the documents a second the workers handle (their reports,
-//! [`crate::processor::leases::capacity_report`]). Measured over successive estimates: how fast
-//! the backlog grows (`dL/dt`, smoothed), hence the arrival rate `λ = H + dL/dt` where the owners
-//! do not report their partitions' write rates (which they measure from the LSNs they read, and
-//! which are `λ` where they do), and what one
-//! worker handles a second, `μ = H / replicas` — taken only while the workers have a backlog
-//! (else they handle what arrives, not what they can) and the replicas have not changed for a
-//! while ([`FreshnessTarget::settle`]: a new worker's rate takes that long to show in the
-//! reports).
+//! change, `H`, the documents a second the workers handle, and what one worker handles a second
+//! while it has work (`μ`, as the workers measure it:
+//! [`crate::processor::leases::worker_capacity`]; from workers that do not report it, `H` divided
+//! by the workers while they have a backlog and their number has not changed for a while,
+//! [`FreshnessTarget::settle`]). What arrives, `λ`: the owners' measure of their partitions'
+//! write rates, or `H + dL/dt` (the backlog's growth between two estimates) where that says more
+//! — it shows a step at once, a decayed write rate within its time constant.
 //!
 //! The workers needed: `ceil((λ + L / W) / μ)`, where `W = max(T − A, T / 4)` is the time left to
 //! drain the backlog before its oldest change is `T` old — so the fleet keeps up with what
-//! arrives and clears what is pending within the target; fewer only once the target holds with
-//! fewer and the oldest pending change is within half the target again (one step in, not one
-//! per estimate while a backlog drains). Never more than the read budget can feed: `ceil(budget / cost of a document / μ)`.
-//! Until `μ` was measured once, no advice: the lag count decides.
+//! arrives and clears what is pending within the target. Scaling out counts the backlog that
+//! grows until the new workers start ([`FreshnessTarget::start_up`]) and the time that leaves
+//! before the target, so it takes one step (and none more while they start);
+//! scaling in leaves a tenth to spare, and only once the oldest pending change is within half the
+//! target and `λ` is steady (one step in, not one per estimate while a backlog drains or a
+//! peak ebbs). Never more than the read budget can feed: `ceil(budget / cost of a document / μ)`.
+//! Until `μ` is known, no advice: the lag count decides.
 
 use std::time::{Duration, Instant};
 
@@ -45,6 +46,10 @@ pub struct FreshnessTarget {
     /// time constant of the workers' handled rates (two acquire intervals) and
     /// [`SETTLE_BEYOND`].
     pub settle: Duration,
+    /// How long a worker added now takes to handle changes at its pace: two acquire cycles
+    /// (the leases it takes are handed over in one, and start in the next) and
+    /// [`SETTLE_BEYOND`].
+    pub start_up: Duration,
 }
 
 impl FreshnessTarget {
@@ -55,6 +60,7 @@ impl FreshnessTarget {
             target,
             read_budget_units,
             settle: acquire_interval * 2 + SETTLE_BEYOND,
+            start_up: acquire_interval * 2 + SETTLE_BEYOND,
         }
     }
 }
@@ -76,6 +82,9 @@ pub struct Freshness {
     /// Operations a second written into the container, as the owners measured their
     /// partitions' latest LSNs, when reported.
     pub writes_per_second: Option<f64>,
+    /// Documents a second one worker handles while it has work, as the owners report it
+    /// ([`crate::processor::leases::worker_capacity`]), when reported.
+    pub worker_handled_per_second: Option<f64>,
 }
 
 impl From<&ProcessorEstimate> for Freshness {
@@ -93,6 +102,7 @@ impl From<&ProcessorEstimate> for Freshness {
             read_units_per_document: estimate.read_units_per_document,
             reporting_workers: owners.len(),
             writes_per_second: estimate.writes_per_second,
+            worker_handled_per_second: estimate.worker_handled_per_second,
         }
     }
 }
@@ -102,12 +112,61 @@ impl From<&ProcessorEstimate> for Freshness {
 pub struct FreshnessState {
     /// The last estimate's time and backlog.
     last: Option<(Instant, u64)>,
-    /// How fast the backlog grows, documents a second (smoothed; negative: it shrinks).
+    /// How fast the backlog grew between the last two estimates, documents a second
+    /// (negative: it shrank).
     growth: Option<f64>,
-    /// Documents a second one worker handles at its capacity (smoothed).
+    /// Documents a second one worker handles at its capacity.
     per_replica: Option<f64>,
     /// The replicas running, and since when.
     replicas: Option<(i32, Instant)>,
+    /// Whether the last change of the replicas added workers.
+    scaled_out: bool,
+    /// What arrives a second, as of the estimate before the last one and the last one.
+    arrivals: Arrivals,
+    /// The workers the last advice to scale in (or stay) advised, until one scales out: a later
+    /// figure within a tenth of it keeps it (the scale-down window's highest recommendation
+    /// would otherwise step down once per wavering value).
+    scaled_in_to: std::cell::Cell<Option<i32>>,
+}
+
+/// The arrival rate of the last two estimates (the owners' write rate where they report it),
+/// and the rate workers are scaled in for: the latest while it is steady, else the highest since
+/// it last was — after a peak, scaling in along an ebbing rate would take a step at each
+/// estimate; held at the peak's level until the rate settles, the scale-down window's highest
+/// recommendation drops once.
+#[derive(Debug, Clone, Copy, Default)]
+struct Arrivals {
+    previous: Option<f64>,
+    latest: Option<f64>,
+    /// The latest rate while it is steady; the highest since it last was while it moves.
+    level: Option<f64>,
+}
+
+impl Arrivals {
+    /// `rate` seen, one worker handling `per_replica`.
+    fn seen(self, rate: f64, per_replica: Option<f64>) -> Self {
+        let next = Self {
+            previous: self.latest,
+            latest: Some(rate),
+            level: self.level,
+        };
+        let level = if per_replica.is_some_and(|per_replica| next.steady(per_replica)) {
+            rate
+        } else {
+            self.level.map_or(rate, |level| level.max(rate))
+        };
+        Self {
+            level: Some(level),
+            ..next
+        }
+    }
+
+    /// Whether the last estimate's rate is within the tolerance, or within half of what a worker
+    /// handles (`per_replica`), of the one before: a rate that only wavers is steady.
+    fn steady(&self, per_replica: f64) -> bool {
+        matches!((self.previous, self.latest), (Some(previous), Some(latest))
+            if (previous - latest).abs() <= (latest * TOLERANCE).max(per_replica / 2.0))
+    }
 }
 
 /// The freshness policy's advice.
@@ -133,13 +192,17 @@ impl FreshnessState {
         let current = current.unwrap_or(0);
         match self.replicas {
             Some((replicas, _)) if replicas == current => {}
-            _ => self.replicas = Some((current, now)),
+            previous => {
+                self.scaled_out = previous.is_some_and(|(replicas, _)| current > replicas);
+                self.replicas = Some((current, now));
+            }
         }
         if let Some((at, lag)) = self.last
             && let Some(elapsed) = now.checked_duration_since(at).filter(|e| !e.is_zero())
         {
             let sample = (seen.lag as f64 - lag as f64) / elapsed.as_secs_f64();
-            self.growth = Some(smoothed(self.growth, sample));
+            // Not smoothed: beside the handled rate it shows a step in what arrives at once.
+            self.growth = Some(sample);
         }
         self.last = Some((now, seen.lag));
         let settled = self
@@ -152,10 +215,34 @@ impl FreshnessState {
         } else {
             usize::try_from(current).unwrap_or(0)
         };
-        if settled && busy && workers > 0 {
+        if let Some(reported) = seen.worker_handled_per_second.filter(|rate| *rate > 0.0) {
+            // What the workers handle while they have work, as they measure it: no need to
+            // wait for them to be busy or settled.
+            self.per_replica = Some(reported);
+        } else if settled && busy && workers > 0 {
             let sample = seen.handled_per_second / workers as f64;
             self.per_replica = Some(smoothed(self.per_replica, sample));
         }
+        let rate = seen.writes_per_second.unwrap_or_else(|| self.arriving(seen));
+        self.arrivals = self.arrivals.seen(rate, self.per_replica);
+    }
+
+    /// Whether workers were added less than `start_up` before the last estimate.
+    fn starting(&self, start_up: Duration) -> bool {
+        match (self.replicas, self.last) {
+            (Some((_, since)), Some((seen, _))) => self.scaled_out && seen.saturating_duration_since(since) < start_up,
+            _ => false,
+        }
+    }
+
+    /// What arrives a second: what the owners measured written into their partitions, unless
+    /// what the workers handle plus how fast the backlog grows says more (it shows a step up
+    /// at once; a decayed write rate follows it within its time constant).
+    fn arriving(&self, seen: &Freshness) -> f64 {
+        let from_backlog = seen.handled_per_second + self.growth.unwrap_or(0.0);
+        seen.writes_per_second
+            .map_or(from_backlog, |written| written.max(from_backlog))
+            .max(0.0)
     }
 
     /// The replicas that keep `target` for what `seen` tells, `current` running.
@@ -169,46 +256,146 @@ impl FreshnessState {
         };
         let target_seconds = target.target.as_secs_f64().max(1.0);
         let age = seen.oldest_pending_seconds.map_or(0.0, |age| age as f64);
-        let window = (target_seconds - age).max(LEAST_WINDOW * target_seconds);
-        // What arrives: as the owners measured it where they report it (a handled rate that
-        // is still ramping up after a scale-out would read as arrivals); else what is handled
-        // and how fast the backlog grows.
-        let arriving = seen
-            .writes_per_second
-            .unwrap_or(seen.handled_per_second + self.growth.unwrap_or(0.0))
-            .max(0.0);
-        let needed = arriving + seen.lag as f64 / window;
+        let need = Need {
+            per_replica,
+            arriving: self.arriving(seen),
+            lag: seen.lag as f64,
+            age,
+            target_seconds,
+            window: (target_seconds - age).max(LEAST_WINDOW * target_seconds),
+        };
+        let needed = need.arriving + need.lag / need.window;
         let wanted = keep_within_tolerance(replicas_for(needed, per_replica), needed, per_replica, current);
-        let wanted = scale_in_once(wanted, current, age, target_seconds);
+        let wanted = match current {
+            Some(running) if wanted > running => self.out_to(&need, target, running, wanted),
+            Some(running) if wanted < running => self.in_to(&need, running, wanted),
+            _ => wanted,
+        };
+        let cap = BudgetCap::of(target, seen, per_replica, wanted);
+        let age_text = seen
+            .oldest_pending_seconds
+            .map_or("unknown".to_owned(), |age| format!("{age}s"));
+        let mut message = format!(
+            "oldest pending change {age_text} old (target {}s), backlog {}, arriving ~{:.0}/s, one worker handles ~{per_replica:.0}/s",
+            target.target.as_secs(),
+            seen.lag,
+            need.arriving
+        );
+        if let (true, Some(docs)) = (cap.bound, cap.feedable) {
+            message.push_str(&format!(
+                "; the read budget feeds ~{docs:.0} documents/s, so more than {} worker(s) would not read faster",
+                cap.replicas
+            ));
+        }
+        Advice {
+            replicas: Some(cap.replicas),
+            budget_bound: cap.bound,
+            message,
+        }
+    }
+
+    /// Scaling out from `running` (`wanted` by the backlog now): to what the backlog will need
+    /// once the new workers run — what the running ones fall short of until then comes on top —
+    /// in one step, not two. Workers added within the start-up time are still starting: what
+    /// the backlog does meanwhile was counted when they were added (unless the target is
+    /// missed already).
+    fn out_to(&self, need: &Need, target: &FreshnessTarget, running: i32, wanted: i32) -> i32 {
+        self.scaled_in_to.set(None);
+        if self.starting(target.start_up) && need.age < need.target_seconds {
+            return running;
+        }
+        let start_up = target.start_up.as_secs_f64();
+        let short = (need.arriving - f64::from(running.max(0)) * need.per_replica).max(0.0);
+        let pending = need.lag + short * start_up;
+        // Then the oldest pending change is about as old as what is pending takes to arrive —
+        // or, at most, older by the start-up than it is now.
+        let age_then = (pending / need.arriving.max(f64::MIN_POSITIVE)).min(need.age + start_up);
+        let window = (need.target_seconds - age_then).max(LEAST_WINDOW * need.target_seconds);
+        replicas_for(need.arriving + pending / window, need.per_replica).max(wanted)
+    }
+
+    /// Scaling in from `running` (`wanted` by the backlog now): for the rate the arrivals were
+    /// last steady at (while they move), to workers that leave a tenth to spare, so that the
+    /// next estimate's wavering does not scale them out again; a figure within a tenth of the
+    /// last one it advised keeps that one; a step of no more than a tenth (and, while what
+    /// arrives moves, one worker) is no step.
+    fn in_to(&self, need: &Need, running: i32, wanted: i32) -> i32 {
+        let steady = self.arrivals.steady(need.per_replica);
+        let level = if steady {
+            need.arriving
+        } else {
+            self.arrivals
+                .level
+                .map_or(need.arriving, |level| level.max(need.arriving))
+        };
+        let spared = (level + need.lag / need.window) * (1.0 + TOLERANCE);
+        let spared = replicas_for(spared, need.per_replica).clamp(wanted, running);
+        let spared = match self.scaled_in_to.get() {
+            Some(before) if f64::from((spared - before).abs()) <= f64::from(before) * TOLERANCE => before,
+            _ => spared,
+        };
+        // A step in of no more than a tenth is no step; while what arrives moves, nor is one of a
+        // tenth and one worker (a fleet just scaled in to the peak's window figure).
+        let slack = if steady { 0.0 } else { 1.0 };
+        let advised = if f64::from(spared) >= f64::from(running) * (1.0 - TOLERANCE) - slack {
+            running
+        } else {
+            scale_in_once(spared, Some(running), need.age, need.target_seconds)
+        };
+        // Kept once reached too: what arrives ebbing after a peak must not step in by a figure
+        // within a tenth of it.
+        self.scaled_in_to.set(Some(advised));
+        advised
+    }
+}
+
+/// What one estimate needs, as the advice works it out.
+struct Need {
+    /// Documents a second one worker handles.
+    per_replica: f64,
+    /// Documents a second arriving.
+    arriving: f64,
+    /// Documents pending.
+    lag: f64,
+    /// The oldest pending change's age, seconds.
+    age: f64,
+    /// The target, seconds.
+    target_seconds: f64,
+    /// The time left to clear the backlog in, seconds.
+    window: f64,
+}
+
+/// The advice capped by what the read budget can feed.
+struct BudgetCap {
+    /// The workers advised.
+    replicas: i32,
+    /// Whether the budget, not the backlog, set them.
+    bound: bool,
+    /// The documents a second the budget feeds, when known.
+    feedable: Option<f64>,
+}
+
+impl BudgetCap {
+    /// `wanted` workers of `per_replica` each, capped by the read budget of `target` at what
+    /// `seen` says a document costs.
+    fn of(target: &FreshnessTarget, seen: &Freshness, per_replica: f64, wanted: i32) -> Self {
         let feedable = target
             .read_budget_units
             .zip(seen.read_units_per_document)
             .filter(|(_, cost)| *cost > 0.0)
             .map(|(budget, cost)| budget / cost);
-        let budget_limit = feedable.map(|docs| replicas_for(docs, per_replica).max(1));
-        let budget_bound = budget_limit.is_some_and(|limit| wanted > limit);
-        let replicas = if budget_bound {
-            budget_limit.unwrap_or(wanted)
-        } else {
-            wanted
-        };
-        let age_text = seen
-            .oldest_pending_seconds
-            .map_or("unknown".to_owned(), |age| format!("{age}s"));
-        let mut message = format!(
-            "oldest pending change {age_text} old (target {}s), backlog {}, arriving ~{arriving:.0}/s, one worker handles ~{per_replica:.0}/s",
-            target.target.as_secs(),
-            seen.lag
-        );
-        if let (true, Some(docs)) = (budget_bound, feedable) {
-            message.push_str(&format!(
-                "; the read budget feeds ~{docs:.0} documents/s, so more than {replicas} worker(s) would not read faster"
-            ));
-        }
-        Advice {
-            replicas: Some(replicas),
-            budget_bound,
-            message,
+        let limit = feedable.map(|docs| replicas_for(docs, per_replica).max(1));
+        match limit {
+            Some(limit) if wanted > limit => Self {
+                replicas: limit,
+                bound: true,
+                feedable,
+            },
+            _ => Self {
+                replicas: wanted,
+                bound: false,
+                feedable,
+            },
         }
     }
 }
@@ -272,6 +459,7 @@ mod tests {
             read_units_per_document: Some(2.0),
             reporting_workers: 0,
             writes_per_second: None,
+            worker_handled_per_second: None,
         }
     }
 
@@ -280,6 +468,11 @@ mod tests {
         FreshnessState {
             per_replica: Some(per_replica),
             growth: Some(growth),
+            arrivals: Arrivals {
+                previous: Some(0.0),
+                latest: Some(0.0),
+                level: Some(0.0),
+            },
             ..FreshnessState::default()
         }
     }
@@ -310,18 +503,164 @@ mod tests {
     }
 
     #[test]
-    fn the_write_rate_the_owners_measured_is_what_arrives() {
-        // Handled 100/s and the backlog growing by 100/s, but the owners measured 150/s written.
+    fn the_write_rate_the_owners_measured_is_what_arrives_unless_the_backlog_shows_more() {
+        // Handled 100/s, the backlog steady, but the owners measured 150/s written.
         let mut reported = seen(0, Some(0), 100.0);
         reported.writes_per_second = Some(150.0);
-        let state = measured(100.0, 100.0);
+        let state = measured(100.0, 0.0);
         assert_eq!(state.advise(&target(30, None), &reported, None).replicas, Some(2));
         assert_eq!(
             state.advise(&target(30, None), &seen(0, Some(0), 100.0), None).replicas,
-            Some(2)
+            Some(1)
         );
         reported.writes_per_second = Some(450.0);
         assert_eq!(state.advise(&target(30, None), &reported, None).replicas, Some(5));
+        // A step up: the decayed write rate still reads 150, the backlog grows by 300 a second.
+        reported.writes_per_second = Some(150.0);
+        assert_eq!(
+            measured(100.0, 300.0)
+                .advise(&target(30, None), &reported, None)
+                .replicas,
+            Some(4)
+        );
+    }
+
+    #[test]
+    fn scaling_out_counts_the_backlog_that_grows_until_the_new_workers_run() {
+        // 2 workers of 100/s, 400/s arriving: 4 keep up, and the 200/s they fall short of for
+        // the 30 s new workers take to start is 6,000 more, to clear once they run: within
+        // the target's 60 s less the age the oldest of them will have then (15 s at 400/s).
+        let state = measured(100.0, 0.0);
+        let mut stepped = seen(0, Some(0), 400.0);
+        stepped.writes_per_second = Some(400.0);
+        assert_eq!(
+            state.advise(&target(60, None), &stepped, None).replicas,
+            Some(4),
+            "running unknown"
+        );
+        assert_eq!(state.advise(&target(60, None), &stepped, Some(2)).replicas, Some(6));
+        assert_eq!(
+            state.advise(&target(30, None), &stepped, Some(2)).replicas,
+            Some(8),
+            "6,000 pending then, the oldest of them 15 s old: 15 s left"
+        );
+        assert_eq!(
+            state.advise(&target(60, None), &stepped, Some(4)).replicas,
+            Some(4),
+            "enough already"
+        );
+    }
+
+    #[test]
+    fn while_what_arrives_ebbs_workers_are_scaled_in_for_its_last_steady_rate() {
+        let t0 = Instant::now();
+        let ebbing = |writes: f64| Freshness {
+            writes_per_second: Some(writes),
+            ..seen(0, Some(0), 0.0)
+        };
+        let advise =
+            |state: &FreshnessState, writes: f64| state.advise(&target(30, None), &ebbing(writes), Some(12)).replicas;
+        let mut state = FreshnessState {
+            per_replica: Some(100.0),
+            ..FreshnessState::default()
+        };
+        for (at, writes, replicas, why) in [
+            (0, 800.0, 9, "one estimate: for what it shows"),
+            (2, 790.0, 9, "steady at 790: 869 with a tenth to spare"),
+            (4, 400.0, 9, "halved: still for the last steady 790"),
+            (6, 200.0, 9, "still ebbing"),
+            (8, 190.0, 3, "steady again: in, in one step"),
+            (10, 500.0, 6, "building up: for what it shows now"),
+        ] {
+            state.observe(&ebbing(writes), Some(12), SETTLE, t0 + Duration::from_secs(at));
+            assert_eq!(advise(&state, writes), Some(replicas), "{at} s, {writes}/s: {why}");
+        }
+    }
+
+    #[test]
+    fn a_scale_in_wavering_by_one_keeps_the_first_figure() {
+        let state = measured(100.0, 0.0);
+        let advise = |handled: f64| {
+            state
+                .advise(&target(30, None), &seen(0, Some(0), handled), Some(15))
+                .replicas
+        };
+        assert_eq!(advise(1_000.0), Some(11), "1,100 with a tenth to spare");
+        assert_eq!(advise(1_050.0), Some(11), "12 would be within one of 11: 11 kept");
+        assert_eq!(advise(900.0), Some(11), "so would 10");
+        assert_eq!(advise(500.0), Some(6), "far below: a new figure");
+        assert_eq!(advise(1_600.0), Some(15), "within a tenth of the 15 running: kept");
+        assert_eq!(advise(1_050.0), Some(12));
+        let reached = |handled: f64| {
+            state
+                .advise(&target(30, None), &seen(0, Some(0), handled), Some(12))
+                .replicas
+        };
+        assert_eq!(
+            reached(900.0),
+            Some(10),
+            "12 reached and what arrives steady: 10 is a step"
+        );
+        let t0 = Instant::now();
+        let mut moving = FreshnessState {
+            per_replica: Some(100.0),
+            ..FreshnessState::default()
+        };
+        let writes = |rate: f64| Freshness {
+            writes_per_second: Some(rate),
+            ..seen(0, Some(0), 0.0)
+        };
+        moving.observe(&writes(500.0), Some(12), SETTLE, t0);
+        moving.observe(&writes(510.0), Some(12), SETTLE, t0 + Duration::from_secs(2));
+        moving.observe(&writes(900.0), Some(12), SETTLE, t0 + Duration::from_secs(4));
+        assert_eq!(
+            moving.advise(&target(30, None), &writes(900.0), Some(12)).replicas,
+            Some(12),
+            "what arrives moving: 10 is within a tenth and one worker of 12"
+        );
+    }
+
+    #[test]
+    fn workers_just_added_are_given_their_start_up_before_more_are() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut state = measured(100.0, 0.0);
+        let mut grown = seen(100_000, Some(5), 400.0);
+        grown.writes_per_second = Some(400.0);
+        grown.worker_handled_per_second = Some(100.0);
+        state.observe(&grown, Some(2), SETTLE, at(0));
+        state.observe(&grown, Some(8), SETTLE, at(2));
+        let advise =
+            |state: &FreshnessState, seen: &Freshness| state.advise(&target(120, None), seen, Some(8)).replicas;
+        assert_eq!(
+            advise(&state, &grown),
+            Some(8),
+            "8 just added: more wanted, but they are starting"
+        );
+        state.observe(&grown, Some(8), SETTLE, at(20));
+        assert_eq!(advise(&state, &grown), Some(8), "18 s in: still starting");
+        state.observe(&grown, Some(8), SETTLE, at(40));
+        // Started (two cycles of 13 s and 4): 100,000 to clear within 120 s less the age and
+        // the next workers' start-up, 85 s, beside the 400/s arriving.
+        assert_eq!(advise(&state, &grown), Some(16));
+        grown.oldest_pending_seconds = Some(120);
+        state.observe(&grown, Some(8), SETTLE, at(2));
+        state.replicas = Some((8, at(2)));
+        assert!(advise(&state, &grown) > Some(8), "the target missed: never held");
+    }
+
+    #[test]
+    fn a_rate_per_worker_the_workers_report_is_taken_at_once() {
+        let t0 = Instant::now();
+        let mut state = FreshnessState::default();
+        let mut reported = seen(10, Some(1), 40.0);
+        reported.worker_handled_per_second = Some(25.0);
+        state.observe(&reported, Some(3), SETTLE, t0);
+        assert_eq!(
+            state.per_replica,
+            Some(25.0),
+            "not busy, not settled: the workers' own figure"
+        );
     }
 
     #[test]
@@ -337,7 +676,7 @@ mod tests {
         assert_eq!(
             advise(&after_peak),
             Some(2),
-            "fresh again: what arrives and 600 within 24 s"
+            "fresh again: what arrives and 600 within 24 s, a tenth to spare"
         );
         after_peak.lag = 50_000;
         after_peak.oldest_pending_seconds = Some(40);
@@ -353,10 +692,22 @@ mod tests {
                 .replicas
         };
         assert_eq!(advise(540.0, 5), Some(5), "5.4 workers' worth: within a tenth of 5");
-        assert_eq!(advise(560.0, 5), Some(6));
+        assert_eq!(
+            advise(560.0, 5),
+            Some(7),
+            "beyond a tenth: out, to clear what builds up until new workers start"
+        );
         assert_eq!(advise(460.0, 5), Some(5));
         assert_eq!(advise(440.0, 5), Some(5), "4.4 rounds up to 5");
-        assert_eq!(advise(390.0, 5), Some(4));
+        assert_eq!(
+            state
+                .advise(&target(30, None), &seen(0, Some(0), 1_000.0), Some(12))
+                .replicas,
+            Some(12),
+            "11 with a tenth to spare: one of 12 is a step within a tenth"
+        );
+        assert_eq!(advise(390.0, 5), Some(5), "4 would leave less than a tenth to spare");
+        assert_eq!(advise(360.0, 5), Some(4));
         assert_eq!(advise(0.0, 5), Some(0), "nothing to do: nothing kept");
     }
 

@@ -432,10 +432,11 @@ mod tests {
                 read_units_per_document: Some(2.0),
                 reporting_workers: 4,
                 writes_per_second: None,
+                worker_handled_per_second: None,
             },
         };
         for (budget, replicas, reason) in [
-            (None, 7, ScalingReason::Active),
+            (None, 8, ScalingReason::Active),
             (Some(1_000.0), 5, ScalingReason::ReadBudgetLimited),
         ] {
             let policy = fresh(budget);
@@ -446,7 +447,9 @@ mod tests {
             assert_eq!(first.recommendation, Some(12), "{}", first.message);
             // Four workers handling 400/s with a backlog for 30 s: 100/s each. The backlog holds
             // at 6,000: ~400/s arrive, and 6,000 must drain within the 20 s left — 700/s, 7
-            // workers; a budget of 1,000 RU/s at 2 RU a document feeds 500/s, 5 workers.
+            // workers; by the time more start, the oldest pending change is as old as 6,000 take
+            // to arrive (15 s), so within 15 s: 800/s, 8 workers. A budget of 1,000 RU/s at 2 RU
+            // a document feeds 500/s, 5 workers.
             history.decide(&policy, Some(4), &seen(6_000, 400.0), t0 + Duration::from_secs(10));
             let settled = history.decide(&policy, Some(4), &seen(6_000, 400.0), t0 + Duration::from_secs(40));
             assert_eq!(settled.recommendation, Some(replicas), "{}", settled.message);

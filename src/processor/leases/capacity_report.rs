@@ -1,12 +1,14 @@
 //! What an owner keeps up with, as it reports it for autoscaling on freshness: with every write
 //! of a lease (its checkpoints, renewals, release) the owner writes into its `properties` the
-//! documents a second it handled of the lease (`handledPerSecond`: an exponentially decayed count,
-//! [`DecayedRate`], counted from nothing by each owner — it measures the owner, not the lease)
-//! and, once known, what a document costs to read from the change feed (`readUnitsPerDocument`:
-//! the owner's running figure over all its leases' pages). The operator sums the handled rates
-//! (each faded by how long the lease was not written, [`handled_as_of`]) into what the fleet
-//! handles a second, and divides a read budget by the cost of a document into what the budget can
-//! feed ([`crate::processor::report::estimator`]).
+//! documents a second it handled of the lease (`handledPerSecond`: an exponentially decayed count
+//! over the decayed time since the owner took the lease, [`DecayedRate::counted_from`] — it
+//! measures the owner, not the lease, and does not ramp up from nothing) and, once known, what a
+//! document costs to read from the change feed (`readUnitsPerDocument`: the owner's running
+//! figure over all its leases' pages). The operator sums the handled rates (each faded by how
+//! long the lease was not written, [`handled_as_of`]) into what the fleet handles a second, and
+//! divides a read budget by the cost of a document into what the budget can feed
+//! ([`crate::processor::report::estimator`]). What one worker handles while it has work goes
+//! beside them ([`crate::processor::leases::worker_capacity`]).
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! Leases: the documents (the .NET v3 layout) and their store ([`lease`], [`cosmos_store`]), the
-//! grammar of their ids ([`lease_ids`]), the lag, work and capacity reports a lease carries ([`lag_report`], [`work_report`], [`capacity_report`]), a lease
+//! grammar of their ids ([`lease_ids`]), the lag, work and capacity reports a lease carries ([`lag_report`], [`work_report`], [`capacity_report`], [`worker_capacity`]), a lease
 //! this instance owns ([`owned`]), the instance heartbeat ([`heartbeat`]) and the hold on the
 //! instance name ([`name_claim`]), what this instance has seen of the lease container
 //! ([`sightings`]) and of other processes' clocks ([`writer_clocks`]), bootstrap ([`bootstrap`])
@@ -19,4 +19,5 @@ pub mod name_claim;
 pub mod owned;
 pub mod sightings;
 pub mod work_report;
+pub mod worker_capacity;
 pub mod writer_clocks;

@@ -3,6 +3,7 @@
 //! processing. Its checkpoints: [`checkpoint`].
 
 mod checkpoint;
+mod measures;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,10 +16,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::processor::budgets::reads::ReadAllowance;
 use crate::processor::budgets::writes::{Late, Spend, Throttle, Throttled, Turn, WriteBudget};
-use crate::processor::leases::capacity_report::CapacityReport;
 use crate::processor::leases::heartbeat::Liveness;
 use crate::processor::leases::lease::{Lease, LeaseStore, LeaseStoreError};
-use crate::processor::leases::work_report::{DecayedRate, WorkTimings, record_rate, reported_rate};
+use crate::processor::leases::work_report::WorkTimings;
+use crate::processor::leases::worker_capacity::WorkerCapacity;
 
 /// How many times an update is re-applied after a 412 while the lease is still ours (as the
 /// reference SDK does).
@@ -93,16 +94,8 @@ pub struct OwnedLease {
     /// When the handler last answered a batch of this lease with an error (a failing handler is
     /// not a stalled lease).
     handler_failed_at: std::sync::Mutex<Option<Instant>>,
-    /// The operations a second written into the lease's partition, once counted here: every
-    /// write of the lease carries it ([`crate::processor::leases::work_report`]).
-    write_rate: std::sync::Mutex<Option<DecayedRate>>,
-    /// The documents a second this instance handled of the lease, once it handled any: every
-    /// write of the lease carries it ([`crate::processor::leases::capacity_report`]).
-    handled: std::sync::Mutex<Option<DecayedRate>>,
-    /// What this instance's change feed reads cost (a document's cost goes with every write).
-    reads: Arc<ReadAllowance>,
-    /// How the write rate is measured.
-    timings: WorkTimings,
+    /// What this instance measures of the lease: every write of the lease carries it.
+    measures: measures::Measures,
 }
 
 /// How an owned lease is kept alive and measured: this instance's liveness (whether its heartbeat
@@ -117,6 +110,8 @@ pub(crate) struct Keeping {
     pub timings: WorkTimings,
     /// What this instance's change feed reads cost.
     pub reads: Arc<ReadAllowance>,
+    /// What this worker handles a second while it has work.
+    pub worker: Arc<WorkerCapacity>,
 }
 
 /// Reads a monotonic moment kept under a lock nobody holds across an await.
@@ -157,9 +152,9 @@ impl OwnedLease {
             budget,
             timings,
             reads,
+            worker,
         } = keeping;
-        let reported =
-            reported_rate(&lease).map(|rate| DecayedRate::starting_at(rate, std::time::Instant::now(), timings));
+        let measures = measures::Measures::new(&lease, timings, reads, worker);
         Arc::new(Self {
             id: lease.id.clone(),
             token: lease.lease_token.clone(),
@@ -181,10 +176,7 @@ impl OwnedLease {
             liveness,
             budget,
             handler_failed_at: std::sync::Mutex::new(None),
-            write_rate: std::sync::Mutex::new(reported),
-            handled: std::sync::Mutex::new(None),
-            reads,
-            timings,
+            measures,
         })
     }
 
@@ -210,45 +202,22 @@ impl OwnedLease {
         self.closed.store(true, Ordering::SeqCst);
     }
 
-    /// Counts `writes` more into the lease's partition, going on from the rate the lease
-    /// reported when this instance took it (its previous owner's measure), if any.
-    pub fn count_writes(&self, writes: u64) {
-        let now = std::time::Instant::now();
-        let timings = self.timings;
-        self.write_rate_slot()
-            .get_or_insert_with(|| DecayedRate::starting_at(0.0, now, timings))
-            .add(writes, now);
+    /// Counts `writes` more into the lease's partition over the last `over` (going on from the
+    /// rate the lease reported when this instance took it, if any).
+    pub fn count_writes(&self, writes: u64, over: Duration) {
+        self.measures.count_writes(writes, over);
     }
 
-    /// The write rate, locked (a poisoned lock is used as it is: the value is written whole).
-    fn write_rate_slot(&self) -> std::sync::MutexGuard<'_, Option<DecayedRate>> {
-        self.write_rate
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Counts `documents` more handled of the lease here.
+    /// Counts `documents` more handled of the lease here, now.
     pub fn count_handled(&self, documents: usize) {
-        let now = std::time::Instant::now();
-        let timings = self.timings;
-        self.handled
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get_or_insert_with(|| DecayedRate::starting_at(0.0, now, timings))
-            .add(documents as u64, now);
+        self.measures.count_handled(documents);
     }
 
-    /// Writes the rates counted here into `lease` (a copy about to be written, or a split's
-    /// child created from it), if any: the partition's writes, and what this instance handled
-    /// and what a document cost it to read.
+    /// Writes what is measured here into `lease` (a copy about to be written, or a split's
+    /// child created from it): the partition's writes, what this instance handled, what a
+    /// document cost it to read and what this worker handles while it has work.
     pub(crate) fn record_write_rate(&self, lease: &mut Lease) {
-        let now = std::time::Instant::now();
-        let rate = *self.write_rate_slot();
-        if let Some(rate) = rate {
-            record_rate(lease, rate.per_second(now));
-        }
-        let handled = *self.handled.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        CapacityReport::of(handled.as_ref(), now, self.reads.per_document()).record(lease);
+        self.measures.record(lease);
     }
 
     /// Whether processing of the lease here ended.

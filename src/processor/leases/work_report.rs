@@ -60,6 +60,17 @@ struct CountedLsn {
     range_id: Option<String>,
     /// Its latest LSN then.
     lsn: u64,
+    /// When it was seen.
+    seen: Instant,
+}
+
+/// Writes counted from a page: how many since the last page, and over how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CountedWrites {
+    /// Operations written into the partition since the last page.
+    pub writes: u64,
+    /// The time since the last page.
+    pub over: Duration,
 }
 
 /// Counts the writes into a lease's partition from the latest LSN its pages carry.
@@ -71,28 +82,38 @@ pub struct WriteCounter {
 impl WriteCounter {
     /// The writes since the last page, seen on a page that partition `range_id` served with
     /// its latest LSN at `latest`: none for the first page, nor for one another partition served
-    /// (after a split or merge: its LSNs are its own, so the jump is no writes).
-    pub fn count(&mut self, range_id: Option<&str>, latest: u64) -> u64 {
+    /// (after a split or merge: its LSNs are its own, so the jump is no writes), at `now`.
+    pub fn count(&mut self, range_id: Option<&str>, latest: u64, now: Instant) -> CountedWrites {
         let next = CountedLsn {
             range_id: range_id.map(str::to_owned),
             lsn: latest,
+            seen: now,
         };
         match &mut self.last {
             Some(last) if last.range_id == next.range_id => {
-                let written = latest.saturating_sub(last.lsn);
+                let counted = CountedWrites {
+                    writes: latest.saturating_sub(last.lsn),
+                    over: now.saturating_duration_since(last.seen),
+                };
                 last.lsn = last.lsn.max(latest);
-                written
+                last.seen = last.seen.max(now);
+                counted
             }
             _ => {
                 self.last = Some(next);
-                0
+                CountedWrites {
+                    writes: 0,
+                    over: Duration::ZERO,
+                }
             }
         }
     }
 }
 
 /// An exponentially decayed count (of operations written into a lease's partition): its rate is
-/// the count divided by the time constant, so a steady rate is reported as it is.
+/// the count divided by the time constant, so a steady rate is reported as it is. One counted
+/// from a moment ([`DecayedRate::counted_from`]) divides by the decayed time since instead, so it
+/// reads the rate since then rather than ramping up from nothing.
 #[derive(Debug, Clone, Copy)]
 pub struct DecayedRate {
     /// The decayed count as of `at`.
@@ -101,7 +122,13 @@ pub struct DecayedRate {
     at: Instant,
     /// The time constant of the decay.
     tau: Duration,
+    /// When counting began, for a rate counted from then (not carried on from a report).
+    since: Option<Instant>,
 }
+
+/// The least time a rate counted from a moment is read over: a first batch handled just after
+/// is not read as a rate of thousands.
+const LEAST_WINDOW: Duration = Duration::from_secs(1);
 
 impl DecayedRate {
     /// Starting from a reported rate (the lease's property: what its previous owner measured).
@@ -111,24 +138,58 @@ impl DecayedRate {
             count: per_second.max(0.0) * tau.as_secs_f64(),
             at: now,
             tau,
+            since: None,
+        }
+    }
+
+    /// Nothing counted yet, counting from `now`: the rate reads what was counted over the time
+    /// since (decayed alike), not a ramp from nothing.
+    pub fn counted_from(now: Instant, timings: WorkTimings) -> Self {
+        Self {
+            since: Some(now),
+            ..Self::starting_at(0.0, now, timings)
         }
     }
 
     /// `count` more at `now`.
     pub fn add(&mut self, count: u64, now: Instant) {
-        self.count = self.decayed(now) + count as f64;
+        self.add_over(count, Duration::ZERO, now);
+    }
+
+    /// `count` more that happened evenly over the last `over`, as of `now` (a lump seen at once
+    /// — the writes between two pages, a batch's documents — is not counted as if all of it
+    /// happened at its end, which reads high right after it).
+    pub fn add_over(&mut self, count: u64, over: Duration, now: Instant) {
+        self.count = self.decayed(now) + spread(count as f64, over, self.tau);
         self.at = self.at.max(now);
     }
 
     /// The rate at `now`, in documents a second.
     pub fn per_second(&self, now: Instant) -> f64 {
-        self.decayed(now) / self.tau.as_secs_f64()
+        let window = match self.since {
+            Some(since) => {
+                let elapsed = now.saturating_duration_since(since).max(LEAST_WINDOW);
+                self.tau.as_secs_f64() * (1.0 - decay(elapsed, self.tau))
+            }
+            None => self.tau.as_secs_f64(),
+        };
+        self.decayed(now) / window
     }
 
     fn decayed(&self, now: Instant) -> f64 {
         let elapsed = now.saturating_duration_since(self.at);
         self.count * decay(elapsed, self.tau)
     }
+}
+
+/// What `count` events spread evenly over the last `over` weigh now in a count decayed with
+/// time constant `tau`.
+pub(crate) fn spread(count: f64, over: Duration, tau: Duration) -> f64 {
+    let ratio = over.as_secs_f64() / tau.as_secs_f64();
+    if ratio < 1e-6 {
+        return count;
+    }
+    count * (1.0 - (-ratio).exp()) / ratio
 }
 
 /// The share of a rate left after `elapsed` without handling anything.
@@ -228,9 +289,58 @@ mod tests {
             (None, 7, 0),
             (None, 9, 2),
         ];
-        for (range, latest, written) in pages {
-            assert_eq!(counter.count(range, latest), written, "{range:?} {latest}");
+        let start = Instant::now();
+        for (at, (range, latest, written)) in (0u64..).zip(pages) {
+            let counted = counter.count(range, latest, start + Duration::from_secs(at));
+            assert_eq!(counted.writes, written, "{range:?} {latest}");
+            let over = if written > 0 {
+                Duration::from_secs(1)
+            } else {
+                counted.over
+            };
+            assert_eq!(counted.over, over, "{range:?} {latest}");
         }
+    }
+
+    #[test]
+    fn writes_seen_in_lumps_read_as_the_steady_rate_right_after_each_lump() {
+        let start = Instant::now();
+        let tau = defaults().rate_time_constant;
+        let mut rate = DecayedRate::starting_at(0.0, start, defaults());
+        // 10 a second, seen as a lump every time constant: counted whole at its end, the
+        // rate right after a lump would read 58 % high.
+        for lump in 1..=20u32 {
+            rate.add_over(300, tau, start + tau * lump);
+        }
+        let read = rate.per_second(start + tau * 20);
+        assert!((read - 10.0).abs() < 0.05, "{read}");
+    }
+
+    #[test]
+    fn a_rate_counted_from_a_moment_reads_the_rate_since_not_a_ramp() {
+        let start = Instant::now();
+        let mut rate = DecayedRate::counted_from(start, defaults());
+        for tick in 1..=20u64 {
+            rate.add_over(25, Duration::from_secs(1), start + Duration::from_secs(tick));
+        }
+        let read = rate.per_second(start + Duration::from_secs(20));
+        assert!((read - 25.0).abs() < 0.1, "25 a second from the start, 20 s in: {read}");
+        let ramp = DecayedRate::starting_at(0.0, start, defaults());
+        let mut ramp = ramp;
+        for tick in 1..=20u64 {
+            ramp.add(25, start + Duration::from_secs(tick));
+        }
+        assert!(
+            ramp.per_second(start + Duration::from_secs(20)) < 15.0,
+            "counted from nothing it ramps"
+        );
+        let first = DecayedRate::counted_from(start, defaults());
+        let mut first = first;
+        first.add(100, start + Duration::from_millis(100));
+        assert!(
+            first.per_second(start + Duration::from_millis(100)) <= 100.0 / 0.97,
+            "read over at least a second"
+        );
     }
 
     #[test]

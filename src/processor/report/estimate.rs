@@ -11,6 +11,7 @@ use crate::processor::leases::capacity_report::{HANDLED_RATE_PROPERTY, handled_a
 use crate::processor::leases::lag_report::checkpointed_ts;
 use crate::processor::leases::lease::{HANDLER_FAILING_PROPERTY, Lease, STALLED_PROPERTY};
 use crate::processor::leases::work_report::{WorkTimings, rate_as_of, reported_rate};
+use crate::processor::leases::worker_capacity::reported_worker_capacity;
 use crate::processor::options::defaults;
 use crate::processor::report::keda_reading::KedaReading;
 
@@ -56,6 +57,10 @@ pub struct LeaseEstimate {
     /// ([`crate::processor::leases::work_report`]), faded by how long the lease was not written.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partition_writes_per_second: Option<f64>,
+    /// Documents a second its owner handles while it has work, over all its leases, as it last
+    /// reported ([`crate::processor::leases::worker_capacity`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_handled_per_second: Option<f64>,
     /// Change-feed requests this estimate took (0: taken from the owner's report).
     #[serde(skip)]
     pub reads: u32,
@@ -85,6 +90,10 @@ pub struct ProcessorEstimate {
     /// Request units a document costs to read, on average over the owners' reports.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub read_units_per_document: Option<f64>,
+    /// Documents a second one worker handles while it has work: the owners' reports, averaged
+    /// over the owners; `None` without a report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_handled_per_second: Option<f64>,
     /// Operations a second written into the container, as the owners measured their partitions'
     /// (each partition once: [`ProcessorEstimate::with_arrivals`]); `None` without a report.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -113,6 +122,7 @@ impl ProcessorEstimate {
                 .map(|ages| ages.into_iter().max().unwrap_or(0)),
             handled_per_second: leases.iter().filter_map(|l| l.handled_per_second).sum(),
             read_units_per_document: mean(leases.iter().filter_map(|l| l.read_units_per_document)),
+            worker_handled_per_second: per_owner_mean(&leases),
             writes_per_second: None,
             leases,
             keda: None,
@@ -120,18 +130,18 @@ impl ProcessorEstimate {
     }
 
     /// The same estimate with the writes a second into `partitions` (the container's physical
-    /// partitions now): each partition's leases report its rate, so the highest of them counts
-    /// once per partition.
+    /// partitions now): each partition's leases report its rate, so the median of their reports
+    /// counts once per partition (the highest of several noisy measures of one rate reads high).
     pub fn with_arrivals(self, partitions: &[EpkRange]) -> Self {
         let mut total = None;
         for partition in partitions {
-            let rate = self
+            let rates: Vec<f64> = self
                 .leases
                 .iter()
                 .filter(|lease| lease.feed_range.overlaps(partition))
                 .filter_map(|lease| lease.partition_writes_per_second)
-                .fold(None, |most: Option<f64>, rate| Some(most.map_or(rate, |m| m.max(rate))));
-            if let Some(rate) = rate {
+                .collect();
+            if let Some(rate) = median(rates) {
                 total = Some(total.unwrap_or(0.0) + rate);
             }
         }
@@ -154,6 +164,29 @@ impl ProcessorEstimate {
 fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
     let (sum, count) = values.fold((0.0, 0u32), |(sum, count), v| (sum + v, count + 1));
     (count > 0).then(|| sum / f64::from(count))
+}
+
+/// The median of `values` (the mean of the middle two of an even count); `None` without any.
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    match values.len() {
+        0 => None,
+        n if n % 2 == 1 => values.get(middle).copied(),
+        _ => Some((values.get(middle - 1)? + values.get(middle)?) / 2.0),
+    }
+}
+
+/// The mean over the owners of what each reports it handles a second while it has work (an
+/// owner's leases carry the figure as of their last writes: averaged first).
+fn per_owner_mean(leases: &[LeaseEstimate]) -> Option<f64> {
+    let mut owners: std::collections::BTreeMap<&str, Vec<f64>> = std::collections::BTreeMap::new();
+    for lease in leases {
+        if let (Some(owner), Some(rate)) = (lease.owner.as_deref(), lease.worker_handled_per_second) {
+            owners.entry(owner).or_default().push(rate);
+        }
+    }
+    mean(owners.values().filter_map(|rates| mean(rates.iter().copied())))
 }
 
 /// The estimate of `lease` with `lag` (told, not read: no requests), its checkpoint age at `now`.
@@ -186,6 +219,7 @@ pub fn lease_estimate(lease: &Lease, lag: u64, now: OffsetDateTime) -> LeaseEsti
             .contains_key(HANDLED_RATE_PROPERTY)
             .then(|| handled_as_of(lease, now.unix_timestamp())),
         read_units_per_document: read_units_per_document(lease),
+        worker_handled_per_second: reported_worker_capacity(lease),
         partition_writes_per_second: reported_rate(lease).map(|_| {
             let timings = WorkTimings::new(defaults::ACQUIRE_INTERVAL, defaults::EXPIRATION);
             rate_as_of(lease, Some(now.unix_timestamp()), timings)

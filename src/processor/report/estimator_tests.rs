@@ -144,6 +144,7 @@ fn totals() {
         handled_per_second: (lag > 0).then_some(lag as f64 * 10.0),
         read_units_per_document: (lag > 0).then_some(lag as f64),
         partition_writes_per_second: (lag > 0).then_some(100.0 + lag as f64),
+        worker_handled_per_second: None,
     };
     let estimate = ProcessorEstimate::new("p", vec![lease("80", 0), lease("", 5), lease("40", 7)]);
     assert_eq!(
@@ -167,6 +168,26 @@ fn totals() {
     };
     let estimate = ProcessorEstimate::new("p", vec![aged("80", 0, 0), aged("", 5, 12), aged("40", 7, 30)]);
     assert_eq!(estimate.oldest_pending_seconds, Some(30), "the oldest of all");
+    // Two owners: one reporting 20 and 30 on its two leases (as of different writes), one 50.
+    let owned = |token: &str, owner: &str, rate: Option<f64>| LeaseEstimate {
+        owner: Some(owner.into()),
+        worker_handled_per_second: rate,
+        ..lease(token, 1)
+    };
+    let estimate = ProcessorEstimate::new(
+        "p",
+        vec![
+            owned("", "a", Some(20.0)),
+            owned("40", "a", Some(30.0)),
+            owned("80", "b", Some(50.0)),
+            owned("C0", "c", None),
+        ],
+    );
+    assert_eq!(
+        estimate.worker_handled_per_second,
+        Some(37.5),
+        "averaged per owner, then over owners"
+    );
 }
 
 #[test]

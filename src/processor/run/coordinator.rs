@@ -486,6 +486,7 @@ impl Coordinator {
                 budget: self.shared.budget.clone(),
                 timings: WorkTimings::new(self.shared.options.acquire_interval, self.shared.options.expiration),
                 reads: self.shared.reads.clone(),
+                worker: self.shared.worker_capacity.clone(),
             },
         );
         if !self.shared.owned.insert(owned.clone()) {

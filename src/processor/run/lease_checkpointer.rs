@@ -100,8 +100,14 @@ impl LeaseCheckpointer {
             // Stopped while retrying a failing batch: nothing is checkpointed past it.
             return Flow::Return(stop_reason(&self.owned));
         }
-        // Counted before the checkpoint, which carries the rate.
-        self.owned.count_handled(page.documents.len());
+        // Counted before the checkpoint, which carries the rate; counted now, when the batch is
+        // done (spread over the time it was with the handler, the documents of batches still
+        // with it — a lease's batches waiting on others' — would be left out of the recent past).
+        let documents = page.documents.len();
+        self.owned.count_handled(documents);
+        if documents > 0 {
+            self.shared.worker_capacity.handled(documents, Instant::now());
+        }
         let Some(continuation) = page.single_continuation(Some(range)).map(str::to_owned) else {
             return match split(&self.shared, &self.owned, range, &self.split_parts(&page)).await {
                 Some(exit) => Flow::Return(exit),
@@ -172,8 +178,10 @@ impl LeaseCheckpointer {
             lag,
         });
         if let Some(report) = report {
-            let written = self.writes.count(page.range_id.as_deref(), report.latest_lsn);
-            self.owned.count_writes(written);
+            let counted = self
+                .writes
+                .count(page.range_id.as_deref(), report.latest_lsn, Instant::now());
+            self.owned.count_writes(counted.writes, counted.over);
         }
         let started = Instant::now();
         let position = if page.documents.is_empty() {

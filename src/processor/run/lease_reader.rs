@@ -16,6 +16,7 @@ use crate::cosmos::{ChangePage, CosmosError, EpkRange, ErrorKind, FeedReader};
 use crate::processor::budgets::reads::Ticket;
 use crate::processor::error::LeaseError;
 use crate::processor::leases::owned::OwnedLease;
+use crate::processor::leases::worker_capacity::Working;
 use crate::processor::policy::stall::{Activity, StallAction, StallWatch};
 use crate::processor::report::events::{CloseReason, LeaseExit};
 use crate::processor::run::delivery::{Delivery, batch_id};
@@ -111,6 +112,9 @@ struct Session {
     idle_until: Option<Instant>,
     /// When the last page with changes was read (or the reader opened).
     changes_seen: Instant,
+    /// While the lease has changes to go through: counted in what this worker handles a
+    /// second while it has work.
+    working: Option<Working>,
 }
 
 /// What comes after a reader session.
@@ -243,6 +247,7 @@ impl LeaseReader {
                 hold_reads: false,
                 idle_until: None,
                 changes_seen: Instant::now(),
+                working: None,
             }),
             Err(error) => {
                 if may_mean_container_gone(&error) {
@@ -296,7 +301,7 @@ impl LeaseReader {
                     }
                 }
                 (page, span) = timed_read(&self.shared, &self.owned, &mut s.reader, read_timeout), if can_read => {
-                    s.reading_since = None;
+                    let read_started = s.reading_since.take().unwrap_or_else(Instant::now);
                     s.read_span = Some(span);
                     let ticket = s.ticket.take();
                     let after = match page {
@@ -304,7 +309,7 @@ impl LeaseReader {
                             if let Some(ticket) = ticket {
                                 ticket.spent(Instant::now(), page.request_charge, page.documents.len());
                             }
-                            self.on_page(s, page).await
+                            self.on_page(s, page, read_started).await
                         }
                         Err(error) => Some(self.on_read_failed(s, error).await),
                     };
@@ -343,6 +348,11 @@ impl LeaseReader {
     /// Settles the oldest batch of the window (batches settle in read order), under its span.
     async fn settle_oldest(&mut self, s: &mut Session, page: ChangePage, delivered: bool) -> Flow {
         let span = s.handling.pop_front().map_or_else(Span::none, |(.., span)| span);
+        // An empty page settled after every batch before it, none with changes read since:
+        // the lease caught up.
+        if page.documents.is_empty() && s.handling.iter().all(|(_, documents, ..)| *documents == 0) {
+            s.working = None;
+        }
         self.checkpointer
             .settle(&s.range, page, delivered)
             .instrument(span)
@@ -369,8 +379,9 @@ impl LeaseReader {
         }
     }
 
-    /// A page was read: deliver it (or keep it until the window has room).
-    async fn on_page(&mut self, s: &mut Session, page: ChangePage) -> Option<After> {
+    /// A page was read (by the read started at `read_started`): deliver it (or keep it until
+    /// the window has room).
+    async fn on_page(&mut self, s: &mut Session, page: ChangePage, read_started: Instant) -> Option<After> {
         let token = self.owned.token();
         if page.retries > 0 {
             self.shared.telemetry.observer().feed_read_retried(token, page.retries);
@@ -395,6 +406,9 @@ impl LeaseReader {
             s.idle_until = Some(now + self.shared.reads.idle_wait(wait));
         } else {
             s.changes_seen = now;
+            if s.working.is_none() {
+                s.working = Some(self.shared.worker_capacity.start_working(read_started.into_std()));
+            }
         }
         let read = s.read_span.take().unwrap_or_else(Span::none);
         if s.window.len() < self.shared.options.max_in_flight_batches.max(1) as usize {

@@ -15,6 +15,8 @@ use crate::processor::leases::heartbeat::Liveness;
 use crate::processor::leases::lease::LeaseStore;
 use crate::processor::leases::name_claim::NameClaim;
 use crate::processor::leases::owned::OwnedLease;
+use crate::processor::leases::work_report::WorkTimings;
+use crate::processor::leases::worker_capacity::WorkerCapacity;
 use crate::processor::options::{ProcessorOptions, ReadBudget};
 use crate::processor::report::telemetry::Telemetry;
 use crate::processor::run::crash_gate::CrashGate;
@@ -55,6 +57,8 @@ pub(crate) struct Shared {
     throughput: tokio::sync::Mutex<ProvisionedThroughput>,
     /// How this instance spends the fleet's read budget (every change feed read).
     pub(crate) reads: Arc<ReadAllowance>,
+    /// What this worker handles a second while it has work (every lease write carries it).
+    pub(crate) worker_capacity: Arc<WorkerCapacity>,
     /// The monitored container's provisioned throughput, as last read (for a read budget of a
     /// percentage of it).
     monitored_throughput: tokio::sync::Mutex<ProvisionedThroughput>,
@@ -86,6 +90,8 @@ impl Shared {
         let incarnation = format!("{:016x}", fastrand::u64(..));
         // Counts what the store charged against this instance's share of the container's budget.
         let budget = Arc::new(WriteBudget::metered(gate.clone()));
+        let timings = WorkTimings::new(options.acquire_interval, options.expiration);
+        let worker_capacity = Arc::new(WorkerCapacity::new(timings.rate_time_constant));
         Self {
             name: NameClaim::new(&options.instance, &incarnation, options.pod_uid.clone()),
             monitored: monitored.with_read_bucket(options.read_throughput_bucket),
@@ -103,6 +109,7 @@ impl Shared {
             budget,
             throughput: tokio::sync::Mutex::default(),
             reads: Arc::default(),
+            worker_capacity,
             monitored_throughput: tokio::sync::Mutex::default(),
             unpaced_said: std::sync::atomic::AtomicBool::new(false),
             others: Mutex::default(),
