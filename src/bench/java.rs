@@ -126,29 +126,46 @@ async fn java_round(jar: &Path, endpoint: &str, round: u32, documents: usize) ->
 }
 
 /// Scale-out 1 → 4 over the 32 leases of `bench/wide` with `start(instance)`: seconds from the
-/// moment all four run to an even share.
+/// moment all four run to an even share. A wait that times out says which processes had exited
+/// (an instance that died at its start can never take its share).
 async fn scale_out<S, Fut>(account: &CosmosAccount, prefix: &str, mut start: S) -> Result<f64, BenchError>
 where
     S: FnMut(&'static str) -> Fut,
-    Fut: std::future::Future<Output = Result<Box<dyn std::any::Any + Send>, BenchError>>,
+    Fut: std::future::Future<Output = Result<Owned, BenchError>>,
 {
-    let first = start("a").await?;
-    reached(
+    let mut running = vec![("a", start("a").await?)];
+    let first = reached(
         &format!("{prefix}: the first instance taking the 32 leases"),
         || async { owners(account, prefix).await.is_ok_and(|c| c.get("a") == Some(&32)) },
     )
-    .await?;
-    let mut joined = Vec::new();
+    .await;
+    first.map_err(|error| with_exits(error, &mut running))?;
     for name in ["b", "c", "d"] {
-        joined.push(start(name).await?);
+        running.push((name, start(name).await?));
     }
-    let running = Instant::now();
+    let joined = Instant::now();
     let even = reached(&format!("{prefix}: an even share"), || async {
         owners(account, prefix).await.is_ok_and(|c| is_fair(&c, 4, 32))
     })
-    .await?;
-    drop((first, joined));
-    Ok(even.duration_since(running).as_secs_f64())
+    .await
+    .map_err(|error| with_exits(error, &mut running))?;
+    Ok(even.duration_since(joined).as_secs_f64())
+}
+
+/// `error`, saying which of the `running` processes had exited, and how.
+fn with_exits(error: BenchError, running: &mut [(&str, Owned)]) -> BenchError {
+    let exits: Vec<String> = running
+        .iter_mut()
+        .filter_map(|(name, child)| match child.0.try_wait() {
+            Ok(Some(status)) => Some(format!("instance {name} exited ({status})")),
+            _ => None,
+        })
+        .collect();
+    if exits.is_empty() {
+        format!("{error} (every instance still running)").into()
+    } else {
+        format!("{error}: {}", exits.join("; ")).into()
+    }
 }
 
 /// The comparison with the Java v4 processor (the jar `bench/java-peer/build.sh` builds).
@@ -245,7 +262,7 @@ async fn rebalance_rounds(
         async move {
             let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
             let (child, _) = worker(&endpoint, "wide", "cfp-wide-", name, &flags)?;
-            Ok(Box::new(child) as Box<dyn std::any::Any + Send>)
+            Ok(child)
         }
     })
     .await?;
@@ -263,9 +280,31 @@ async fn rebalance_rounds(
             let mut java = JavaInstance::start(jar, &endpoint, "wide", "java-wide-", name, &flags)?;
             // Counted from the moment its processor runs (the JVM's start is not a cycle).
             java.event("started").await?;
-            Ok(Box::new(java.child) as Box<dyn std::any::Any + Send>)
+            Ok(java.child)
         }
     })
     .await?;
     Ok((ours_s, java_s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_timed_out_wait_says_which_processes_had_exited() {
+        let spawn = |program: &str, args: &[&str]| Command::new(program).args(args).spawn().map(Owned);
+        let (Ok(mut done), Ok(sleeping)) = (spawn("true", &[]), spawn("sleep", &["30"])) else {
+            panic!("true and sleep are on every test machine");
+        };
+        let ended = tokio::time::timeout(Duration::from_secs(10), done.0.wait()).await;
+        assert!(ended.is_ok_and(|status| status.is_ok()), "true did not exit");
+        let mut running = vec![("a", done), ("b", sleeping)];
+        let said = with_exits(BenchError::from("an even share: timed out"), &mut running).to_string();
+        assert!(said.contains("instance a exited (exit status: 0)"), "{said}");
+        assert!(!said.contains("instance b"), "{said}");
+        let mut alive = vec![("b", running.remove(1).1)];
+        let said = with_exits(BenchError::from("an even share: timed out"), &mut alive).to_string();
+        assert!(said.ends_with("(every instance still running)"), "{said}");
+    }
 }
