@@ -123,9 +123,9 @@ pub struct FreshnessState {
     scaled_out: bool,
     /// What arrives a second, as of the estimate before the last one and the last one.
     arrivals: Arrivals,
-    /// The workers the last advice to scale in (or stay) advised, until one scales out: a later
-    /// figure within a tenth of it keeps it (the scale-down window's highest recommendation
-    /// would otherwise step down once per wavering value).
+    /// The workers the last advice that weighed scaling in settled on, until one scales out: a
+    /// later figure within a tenth of it keeps it (the scale-down window's highest
+    /// recommendation would otherwise step down once per wavering value).
     scaled_in_to: std::cell::Cell<Option<i32>>,
 }
 

@@ -3,17 +3,16 @@
 //! to the read that found the lease caught up), both exponentially decayed
 //! ([`crate::processor::leases::work_report::WorkTimings::rate_time_constant`]) and both counted
 //! when a batch is done (so a batch long against the time constant does not read high right
-//! after it). With every
-//! write of a lease the owner writes it into the lease's properties
+//! after it). With every write of a lease the owner writes it into the lease's properties
 //! ([`WORKER_CAPACITY_PROPERTY`]); the operator's freshness policy takes it as what one worker
-//! handles a second ([`crate::processor::report::estimator`]).
+//! handles a second (the estimate carries it: [`crate::processor::report::estimator`]).
 //!
-//! A ratio of two figures counted from the same moment, so a worker just started — or one whose
-//! leases just moved — reports what it does, not a rate still ramping up from nothing; and a
-//! worker that is idle most of the time reports how fast it goes when it has work, not how
-//! little arrives. A worker whose leases are handled one at a time (or one at its limit)
-//! reports its capacity; one whose leases are handled side by side and rarely all at once
-//! reports less than it could do (the policy then errs toward more workers).
+//! Counted alike from the same moment, so a worker just started — or one whose leases just moved
+//! — reports what it does, not a rate still ramping up from nothing; and a worker that is idle
+//! most of the time reports how fast it goes when it has work, not how little arrives. A worker
+//! whose leases are handled one at a time (or one at its limit) reports its capacity; one whose
+//! leases are handled side by side and rarely all at once reports less than it could do (the
+//! policy then errs toward more workers).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
