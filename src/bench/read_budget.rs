@@ -42,6 +42,12 @@ const PAYLOAD: usize = 800;
 const WINDOW: Duration = Duration::from_secs(10);
 /// How far the fleet's read request units of any window may be from its budget.
 const WINDOW_TOLERANCE: f64 = 0.10;
+/// How long the fleet may take to start and share the leases while it already drains, as far
+/// as the backlog's size counts it (seconds).
+const SHARING_ALLOWANCE: f64 = 20.0;
+/// The least a document of [`PAYLOAD`] costs to read (RU): a change feed page is charged by the
+/// kilobytes it returns.
+const LEAST_UNITS_A_DOCUMENT: f64 = 1.0;
 
 /// What one window showed.
 #[derive(Debug, Clone, Copy, Default)]
@@ -192,13 +198,14 @@ pub async fn read_budget(settings: &BenchSettings) -> Result<Vec<Figure>, BenchE
     let world = World::new(1).await?;
     world.provision(CONTAINER, "/pk", PARTITIONS, SETUP_THROUGHPUT).await?;
     let items = world.account.documents(DB, CONTAINER).await?;
-    let charge = write_backlog(&world, &items, settings.documents).await?;
-    world.set_throughput(CONTAINER, PROVISIONED);
     // The watch: a minute in windows of ten seconds in the full run.
     let window = WINDOW.min(Duration::from_secs(settings.idle_seconds.max(1)));
     let windows = usize::try_from(settings.idle_seconds / window.as_secs().max(1))
         .unwrap_or(1)
         .max(1);
+    let documents = settings.documents.max(backlog_for(window, windows));
+    let charge = write_backlog(&world, &items, documents).await?;
+    world.set_throughput(CONTAINER, PROVISIONED);
     let app = Application::start(items, APPLICATION_UNITS / charge.max(0.1));
     let alone = watch(&world, &app, None, windows, window).await;
     let received = Arc::new(Received::default());
@@ -214,13 +221,26 @@ pub async fn read_budget(settings: &BenchSettings) -> Result<Vec<Figure>, BenchE
     // A window's settling after the leases are shared: the parts of the budget follow them.
     tokio::time::sleep(window).await;
     let with = watch(&world, &app, Some(&received), windows, window).await;
-    let left = settings.documents.saturating_sub(received.count.load(Ordering::SeqCst));
+    let left = documents.saturating_sub(received.count.load(Ordering::SeqCst));
     for handle in fleet {
         handle.stop().await;
     }
     app.stop().await;
     shared.ok_or("the fleet did not share the leases in time")?;
+    if left == 0 {
+        // An idle fleet reads below its budget: its windows would measure the backlog's end.
+        return Err(format!("the backlog of {documents} documents ran out before the watch ended").into());
+    }
     Ok(figures(&alone, &with, charge, left))
+}
+
+/// The documents the budget lets the fleet read while it starts, shares the leases, settles
+/// and is watched for `windows` of `window`, twice over: a small run's 2,000 documents left
+/// about a hundred at the watch's end, and a slower machine would have measured an idle fleet.
+fn backlog_for(window: Duration, windows: usize) -> usize {
+    let seconds = SHARING_ALLOWANCE + window.as_secs_f64() * (windows + 1) as f64;
+    let per_second = f64::from(READ_BUDGET) / LEAST_UNITS_A_DOCUMENT;
+    (2.0 * seconds * per_second).ceil() as usize
 }
 
 /// The group's figures.
@@ -294,6 +314,18 @@ mod tests {
                     handled: r / 1.5,
                 })
                 .collect(),
+        }
+    }
+
+    #[test]
+    fn the_backlog_lasts_past_the_watch_at_the_budgets_pace_for_small_and_full_runs() {
+        for (window, windows) in [(Duration::from_secs(3), 1), (WINDOW, 6)] {
+            let seconds = backlog_for(window, windows) as f64 * LEAST_UNITS_A_DOCUMENT / f64::from(READ_BUDGET);
+            let watched = window.as_secs_f64() * (windows + 1) as f64;
+            assert!(
+                seconds >= SHARING_ALLOWANCE + watched,
+                "{seconds} s for {watched} s watched"
+            );
         }
     }
 
