@@ -67,13 +67,15 @@ impl Shape {
     fn of(settings: &BenchSettings) -> Self {
         // The full run: 100 → 2,000 a second for two minutes. A target of 20 s either way: a
         // worker added takes about 8 s to run at these lease timings (two acquire cycles and
-        // its first reads), and the step is seen up to an estimate late.
+        // its first reads), and the step is seen up to an estimate late. A peak of four targets
+        // at least: a shorter one ends before a policy that scales in on a drained backlog
+        // meets what keeps arriving.
         let full = settings.documents >= 100_000;
         Self {
             base: if full { 100.0 } else { 10.0 },
-            before: Duration::from_secs(if full { 90 } else { 40 }),
-            peak: Duration::from_secs(if full { 120 } else { 40 }),
-            after: Duration::from_secs(if full { 120 } else { 40 }),
+            before: Duration::from_secs(if full { 90 } else { 30 }),
+            peak: Duration::from_secs(if full { 120 } else { 80 }),
+            after: Duration::from_secs(if full { 120 } else { 50 }),
             target: Duration::from_secs(20),
             timing_scale: 0.15,
         }

@@ -14,8 +14,9 @@
 //! drain the backlog before its oldest change is `T` old — so the fleet keeps up with what
 //! arrives and clears what is pending within the target. Scaling out counts the backlog that
 //! grows until the new workers start ([`FreshnessTarget::start_up`]) and the time that leaves
-//! before the target, so it takes one step (and none more while they start);
-//! scaling in leaves a tenth to spare, and only once the oldest pending change is within half the
+//! before the target, so it takes one step (and none more, nor any scale-in, while they start);
+//! counted in leases, the fewest workers that leave the busiest of them as many leases as that
+//! figure does; scaling in leaves a tenth to spare, and only once the oldest pending change is within half the
 //! target and `λ` is steady (one step in, not one per estimate while a backlog drains or a
 //! peak ebbs). Never more than the read budget can feed: `ceil(budget / cost of a document / μ)`.
 //! Until `μ` is known, no advice: the lag count decides.
@@ -85,6 +86,8 @@ pub struct Freshness {
     /// Documents a second one worker handles while it has work, as the owners report it
     /// ([`crate::processor::leases::worker_capacity`]), when reported.
     pub worker_handled_per_second: Option<f64>,
+    /// The leases the workers share (0: not known).
+    pub leases: usize,
 }
 
 impl From<&ProcessorEstimate> for Freshness {
@@ -103,6 +106,7 @@ impl From<&ProcessorEstimate> for Freshness {
             reporting_workers: owners.len(),
             writes_per_second: estimate.writes_per_second,
             worker_handled_per_second: estimate.worker_handled_per_second,
+            leases: estimate.lease_count,
         }
     }
 }
@@ -268,9 +272,13 @@ impl FreshnessState {
         let wanted = keep_within_tolerance(replicas_for(needed, per_replica), needed, per_replica, current);
         let wanted = match current {
             Some(running) if wanted > running => self.out_to(&need, target, running, wanted),
+            // Workers just added are given their start-up before any are taken away: until
+            // then the backlog grows whatever their number.
+            Some(running) if wanted < running && self.starting(target.start_up) => running,
             Some(running) if wanted < running => self.in_to(&need, running, wanted),
             _ => wanted,
         };
+        let wanted = fewest_for_the_busiest_share(wanted, seen.leases);
         let cap = BudgetCap::of(target, seen, per_replica, wanted);
         let age_text = seen
             .oldest_pending_seconds
@@ -430,6 +438,21 @@ fn scale_in_once(wanted: i32, current: Option<i32>, age: f64, target_seconds: f6
     }
 }
 
+/// The fewest workers that leave the busiest of them as many of `leases` as `wanted` do: the
+/// leases are shared by count, so `wanted` workers leave one with `ceil(leases / wanted)`, and a
+/// worker added that takes no lease from the busiest ones (32 leases: 11 workers hold three at
+/// most, and so do 15) keeps nothing fresher. `wanted` where the leases are not known.
+fn fewest_for_the_busiest_share(wanted: i32, leases: usize) -> i32 {
+    let (Ok(wanted_workers), Ok(leases)) = (u32::try_from(wanted), u32::try_from(leases)) else {
+        return wanted;
+    };
+    if wanted_workers == 0 || leases == 0 {
+        return wanted;
+    }
+    let busiest = leases.div_ceil(wanted_workers);
+    i32::try_from(leases.div_ceil(busiest)).unwrap_or(wanted)
+}
+
 /// Workers handling `per_replica` documents a second each that handle `needed` a second.
 fn replicas_for(needed: f64, per_replica: f64) -> i32 {
     let replicas = (needed / per_replica).ceil();
@@ -460,6 +483,7 @@ mod tests {
             reporting_workers: 0,
             writes_per_second: None,
             worker_handled_per_second: None,
+            leases: 0,
         }
     }
 
@@ -647,6 +671,55 @@ mod tests {
         state.observe(&grown, Some(8), SETTLE, at(2));
         state.replicas = Some((8, at(2)));
         assert!(advise(&state, &grown) > Some(8), "the target missed: never held");
+    }
+
+    #[test]
+    fn workers_just_added_are_not_taken_away_while_they_start() {
+        let t0 = Instant::now();
+        let mut state = measured(100.0, 0.0);
+        let mut quiet = seen(10, Some(1), 100.0);
+        quiet.writes_per_second = Some(100.0);
+        quiet.worker_handled_per_second = Some(100.0);
+        state.observe(&quiet, Some(2), SETTLE, t0);
+        state.observe(&quiet, Some(8), SETTLE, t0 + Duration::from_secs(2));
+        state.observe(&quiet, Some(8), SETTLE, t0 + Duration::from_secs(4));
+        let advise = |state: &FreshnessState| state.advise(&target(30, None), &quiet, Some(8)).replicas;
+        assert_eq!(advise(&state), Some(8), "2 would do, but the 8 are starting");
+        state.observe(&quiet, Some(8), SETTLE, t0 + Duration::from_secs(40));
+        state.observe(&quiet, Some(8), SETTLE, t0 + Duration::from_secs(42));
+        assert_eq!(advise(&state), Some(2), "started: scaled in");
+    }
+
+    #[test]
+    fn workers_are_counted_in_the_leases_the_busiest_of_them_holds() {
+        for (wanted, leases, fewest, why) in [
+            (15, 32, 11, "15 leave one with 3 leases, and so do 11"),
+            (12, 32, 11, "12 as well"),
+            (16, 32, 16, "2 leases each"),
+            (17, 32, 16, "17 leave one with 2, as 16 do"),
+            (9, 32, 8, "4 leases at most"),
+            (40, 32, 32, "one lease each at most: more workers hold none"),
+            (3, 4, 2, "2 of 4 leases at most"),
+            (1, 32, 1, "one worker"),
+            (0, 32, 0, "none"),
+            (5, 0, 5, "leases unknown"),
+        ] {
+            assert_eq!(fewest_for_the_busiest_share(wanted, leases), fewest, "{why}");
+        }
+        // A step: 15 wanted by the fluid figure, 11 of 32 leases do as much.
+        let state = measured(24.0, 0.0);
+        let mut step = seen(370, Some(2), 24.0);
+        step.writes_per_second = Some(190.0);
+        step.leases = 32;
+        // Workers that start in two cycles of 2 s and 4 s more: 1,698 pending by then.
+        let quick = FreshnessTarget::new(Duration::from_secs(20), Duration::from_secs(2), None);
+        assert_eq!(state.advise(&quick, &step, Some(1)).replicas, Some(11));
+        step.leases = 0;
+        assert_eq!(
+            state.advise(&quick, &step, Some(1)).replicas,
+            Some(15),
+            "leases unknown"
+        );
     }
 
     #[test]

@@ -433,6 +433,7 @@ mod tests {
                 reporting_workers: 4,
                 writes_per_second: None,
                 worker_handled_per_second: None,
+                leases: 32,
             },
         };
         for (budget, replicas, reason) in [
