@@ -37,6 +37,53 @@ impl Fleet {
         (requests, charged)
     }
 
+    /// Requests of one kind of every instance's lease store so far.
+    fn count(&self, kind: fn(&super::StoreRequests) -> &std::sync::atomic::AtomicU64) -> u64 {
+        self.stores
+            .iter()
+            .map(|s| kind(&s.requests).load(Ordering::SeqCst))
+            .sum()
+    }
+
+    /// Requests by kind so far: listings, point reads, replaces, others.
+    fn by_kind(&self) -> [u64; 4] {
+        [
+            self.count(|r| &r.listings),
+            self.count(|r| &r.reads),
+            self.count(|r| &r.replaces),
+            self.count(|r| &r.other),
+        ]
+    }
+
+    /// Lease documents written so far (acquisitions, releases, renewals, checkpoints).
+    fn lease_writes(&self) -> u64 {
+        self.count(|r| &r.replaces)
+    }
+
+    /// Waits until the fleet wrote no lease document for `quiet`: what the rebalance set off is
+    /// done (on a slow machine it fell into the idle watch: 110 requests a minute where 32 are
+    /// idle, 40 lease writes in its 3 s).
+    pub(super) async fn settled(&self, quiet: Duration, patience: Duration) -> Result<(), BenchError> {
+        let last = std::sync::Mutex::new((self.lease_writes(), Instant::now()));
+        wait_until(patience, || async {
+            let Ok(mut last) = last.lock() else { return false };
+            let now = self.lease_writes();
+            if now != last.0 {
+                *last = (now, Instant::now());
+            }
+            last.1.elapsed() >= quiet
+        })
+        .await
+        .map(|_| ())
+        .ok_or_else(|| "the fleet kept writing its leases after the rebalance".into())
+    }
+
+    /// Stops the fleet for `error`, and gives it back.
+    async fn stopped_for(self, error: BenchError) -> BenchError {
+        self.stop().await;
+        error
+    }
+
     pub(super) async fn stop(self) {
         futures::future::join_all(self.handles.into_iter().map(ProcessorHandle::stop)).await;
     }
@@ -95,7 +142,10 @@ async fn rebalance_and_cost(settings: &BenchSettings) -> Result<Vec<Figure>, Ben
         seconds,
     } = rebalance(&world, &received, settings, (per_partition, leases), PATIENCE).await?;
     let watch = Duration::from_secs(settings.idle_seconds);
-    let idle = per_minute(&fleet, watch, || async {}).await;
+    let idle = match idle_cost(&fleet, options("s0", per_partition, scale).renew_interval, watch).await {
+        Ok(idle) => idle,
+        Err(error) => return Err(fleet.stopped_for(error).await),
+    };
     let batches_before = received.batches.load(Ordering::SeqCst);
     let busy = per_minute(&fleet, watch, || write_steadily(&world, settings.rate, watch)).await;
     let batches = (received.batches.load(Ordering::SeqCst) - batches_before) as f64 * 60.0 / watch.as_secs_f64();
@@ -156,6 +206,20 @@ async fn rebalance_and_cost(settings: &BenchSettings) -> Result<Vec<Figure>, Ben
         )
         .against(Check::RatioAtMost(1.0)).counted(),
     ])
+}
+
+/// The fleet's lease-container requests and request units a minute over `watch` once it wrote
+/// no lease for a renew interval (`renew`): an instance that saw a newcomer own leases before
+/// the newcomer's first heartbeat was listed renews each of its leases until it lists that
+/// heartbeat — a scale-out's cost, not the idle schedule's.
+async fn idle_cost(fleet: &Fleet, renew: Duration, watch: Duration) -> Result<(f64, f64), BenchError> {
+    let settling = Instant::now();
+    fleet.settled(renew, PATIENCE).await?;
+    tracing::info!(
+        seconds = settling.elapsed().as_secs_f64(),
+        "no lease written for a renew interval"
+    );
+    Ok(per_minute(fleet, watch, || async {}).await)
 }
 
 /// Starts one instance over every lease, then `settings.scale_instances - 1` more, and waits for
@@ -250,17 +314,11 @@ fn log_progress(fleet: &Fleet, share: usize, started: Instant, last: &std::sync:
     *last = Instant::now();
     let owned: Vec<usize> = fleet.handles.iter().map(|h| h.owned_leases().len()).collect();
     let cycles: Vec<u64> = fleet.handles[1..].iter().map(|h| h.acquire_cycles()).collect();
-    let count = |kind: fn(&super::StoreRequests) -> &std::sync::atomic::AtomicU64| -> u64 {
-        fleet
-            .stores
-            .iter()
-            .map(|s| kind(&s.requests).load(Ordering::SeqCst))
-            .sum()
-    };
+    let [listings, reads, replaces, _] = fleet.by_kind();
     tracing::info!(
-        listings = count(|r| &r.listings),
-        reads = count(|r| &r.reads),
-        replaces = count(|r| &r.replaces),
+        listings,
+        reads,
+        replaces,
         seconds = started.elapsed().as_secs(),
         first = owned[0],
         below_share = owned.iter().filter(|n| **n < share).count(),
@@ -301,10 +359,22 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     let (requests, charged) = fleet.totals();
+    let kinds = fleet.by_kind();
     let started = Instant::now();
     tokio::join!(work(), tokio::time::sleep(watch));
     let minutes = started.elapsed().as_secs_f64() / 60.0;
     let (after, charged_after) = fleet.totals();
+    let during: Vec<u64> = fleet
+        .by_kind()
+        .iter()
+        .zip(kinds)
+        .map(|(after, before)| after - before)
+        .collect();
+    tracing::info!(
+        ?during,
+        seconds = minutes * 60.0,
+        "watched: listings, reads, replaces, others"
+    );
     ((after - requests) as f64 / minutes, (charged_after - charged) / minutes)
 }
 

@@ -12,6 +12,9 @@ use changefeed_operator::processor::{Batch, ChangeHandler, HandlerError};
 
 use crate::common::{Env, eventually};
 
+/// Documents a second written after the backlog.
+const TRICKLE: f64 = 5.0;
+
 /// A handler taking its batches one at a time, 10 ms a document: 100 documents a second.
 #[derive(Default)]
 struct Paced {
@@ -79,14 +82,23 @@ async fn a_worker_reports_what_it_handles_while_it_has_work_not_what_arrives() {
     // A trickle: 5 a second for 5 s, each handled in 10 ms.
     for n in 0..25 {
         crate::common::upsert_doc(&env.items, 10_000 + n).await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_secs_f64(1.0 / TRICKLE)).await;
     }
     let trickled = reported(&env).await;
     println!("workerHandledPerSecond: draining {busy:.1?}; on a trickle {trickled:.1?}");
-    for rate in busy.iter().chain(&trickled) {
+    for rate in &busy {
         assert!(
             (60.0..=110.0).contains(rate),
-            "{rate} a second reported of a 100/s worker"
+            "{rate} a second reported of a 100/s worker draining a backlog"
+        );
+    }
+    // On a trickle each document's stretch of work also holds the read that returned it and
+    // the one that found the lease caught up: 76–88 here, 35–59 with the suite on one core. What
+    // matters is that it is not the trickle, which a handled rate would report.
+    for rate in &trickled {
+        assert!(
+            (4.0 * TRICKLE..=110.0).contains(rate),
+            "{rate} a second reported of a 100/s worker on a trickle of {TRICKLE}/s"
         );
     }
     worker.stop().await;
