@@ -212,6 +212,14 @@ impl CountingStore {
     /// Replaces `lease` (`deferrable`: as a write that can wait), counted and timed.
     async fn replace_counted(&self, lease: &Lease, deferrable: bool) -> Result<Lease, LeaseStoreError> {
         self.count(&self.requests.replaces).await?;
+        tracing::trace!(
+            lease = %lease.id,
+            owner = ?lease.owner,
+            continuation = ?lease.continuation,
+            properties = ?lease.properties,
+            deferrable,
+            "lease replaced"
+        );
         let sent = Instant::now();
         let replaced = if deferrable {
             self.inner.replace_deferrable(lease).await

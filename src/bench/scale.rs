@@ -16,6 +16,7 @@ use super::processes::emulator;
 use super::world::{DB, ITEMS, Received, World, wait_until};
 use super::{BenchError, BenchSettings, Check, Figure};
 use crate::cosmos::{AccountAuth, CosmosAccount};
+use crate::processor::leases::lag_report::reported_lag;
 use crate::processor::{LeaseEvent, LeaseStore, Processor, ProcessorHandle, ProcessorOptions};
 use crate::worker::open;
 
@@ -60,9 +61,7 @@ impl Fleet {
         self.count(|r| &r.replaces)
     }
 
-    /// Waits until the fleet wrote no lease document for `quiet`: what the rebalance set off is
-    /// done (on a slow machine it fell into the idle watch: 110 requests a minute where 32 are
-    /// idle, 40 lease writes in its 3 s).
+    /// Waits until the fleet wrote no lease document for `quiet`.
     pub(super) async fn settled(&self, quiet: Duration, patience: Duration) -> Result<(), BenchError> {
         let last = std::sync::Mutex::new((self.lease_writes(), Instant::now()));
         wait_until(patience, || async {
@@ -142,7 +141,8 @@ async fn rebalance_and_cost(settings: &BenchSettings) -> Result<Vec<Figure>, Ben
         seconds,
     } = rebalance(&world, &received, settings, (per_partition, leases), PATIENCE).await?;
     let watch = Duration::from_secs(settings.idle_seconds);
-    let idle = match idle_cost(&fleet, options("s0", per_partition, scale).renew_interval, watch).await {
+    let observer = options("observer", per_partition, scale);
+    let idle = match idle_cost(&world, &fleet, (&observer, leases), watch).await {
         Ok(idle) => idle,
         Err(error) => return Err(fleet.stopped_for(error).await),
     };
@@ -208,16 +208,31 @@ async fn rebalance_and_cost(settings: &BenchSettings) -> Result<Vec<Figure>, Ben
     ])
 }
 
-/// The fleet's lease-container requests and request units a minute over `watch` once it wrote
-/// no lease for a renew interval (`renew`): an instance that saw a newcomer own leases before
-/// the newcomer's first heartbeat was listed renews each of its leases until it lists that
-/// heartbeat — a scale-out's cost, not the idle schedule's.
-async fn idle_cost(fleet: &Fleet, renew: Duration, watch: Duration) -> Result<(f64, f64), BenchError> {
+/// The fleet's lease-container requests and request units a minute over `watch` in its idle
+/// steady state: once every lease carries its owner's report that it caught up (written once
+/// per lease after a few empty pages; the first instance's 160 are written seconds after the
+/// rebalance while its polls back off) and then no lease was written for a renew interval
+/// (`renew`). Watched at once, those one-off writes fell into the 3 s of the small run: 19
+/// lease writes in it, 48–110 requests a minute where the schedule makes 32.
+async fn idle_cost(
+    world: &World,
+    fleet: &Fleet,
+    (options, leases): (&ProcessorOptions, usize),
+    watch: Duration,
+) -> Result<(f64, f64), BenchError> {
     let settling = Instant::now();
-    fleet.settled(renew, PATIENCE).await?;
+    let (store, _) = world.store(options).await?;
+    wait_until(PATIENCE, || async {
+        store.snapshot().await.is_ok_and(|snapshot| {
+            snapshot.leases.len() == leases && snapshot.leases.iter().all(|l| reported_lag(l) == Some(0))
+        })
+    })
+    .await
+    .ok_or("the fleet's leases did not report that they caught up")?;
+    fleet.settled(options.renew_interval, PATIENCE).await?;
     tracing::info!(
         seconds = settling.elapsed().as_secs_f64(),
-        "no lease written for a renew interval"
+        "idle: every lease reported, none written for a renew interval"
     );
     Ok(per_minute(fleet, watch, || async {}).await)
 }

@@ -88,11 +88,14 @@ impl Liveness {
     /// one is live. An instance in [`LeaseLiveness::EachLease`] always renews each lease.
     pub(crate) fn set_renew_each_lease(&self, needed: bool) {
         let each = needed || self.mode == LeaseLiveness::EachLease;
-        self.each_lease.send_if_modified(|current| {
+        let changed = self.each_lease.send_if_modified(|current| {
             let changed = *current != each;
             *current = each;
             changed
         });
+        if changed {
+            tracing::debug!(each_lease = each, "leases renewed one by one: {each}");
+        }
     }
 
     /// Waits until every owned lease must be renewed on its own again.
