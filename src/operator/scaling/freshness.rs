@@ -15,8 +15,8 @@
 //! arrives and clears what is pending within the target. Scaling out counts the backlog that
 //! grows until the new workers start ([`FreshnessTarget::start_up`]) and the time that leaves
 //! before the target, so it takes one step (and none more, nor any scale-in, while they start);
-//! counted in leases, the fewest workers that leave the busiest of them as many leases as that
-//! figure does; scaling in leaves a tenth to spare, and only once the oldest pending change is within half the
+//! counted in leases, the fewest workers whose busiest holds no more than a tenth above the
+//! even share that figure assumes; scaling in leaves a tenth to spare, and only once the oldest pending change is within half the
 //! target and `λ` is steady (one step in, not one per estimate while a backlog drains or a
 //! peak ebbs). Never more than the read budget can feed: `ceil(budget / cost of a document / μ)`.
 //! Until `μ` is known, no advice: the lag count decides.
@@ -278,7 +278,7 @@ impl FreshnessState {
             Some(running) if wanted < running => self.in_to(&need, running, wanted),
             _ => wanted,
         };
-        let wanted = fewest_for_the_busiest_share(wanted, seen.leases);
+        let wanted = workers_for_an_even_share(wanted, seen.leases);
         let cap = BudgetCap::of(target, seen, per_replica, wanted);
         let age_text = seen
             .oldest_pending_seconds
@@ -438,19 +438,24 @@ fn scale_in_once(wanted: i32, current: Option<i32>, age: f64, target_seconds: f6
     }
 }
 
-/// The fewest workers that leave the busiest of them as many of `leases` as `wanted` do: the
-/// leases are shared by count, so `wanted` workers leave one with `ceil(leases / wanted)`, and a
-/// worker added that takes no lease from the busiest ones (32 leases: 11 workers hold three at
-/// most, and so do 15) keeps nothing fresher. `wanted` where the leases are not known.
-fn fewest_for_the_busiest_share(wanted: i32, leases: usize) -> i32 {
-    let (Ok(wanted_workers), Ok(leases)) = (u32::try_from(wanted), u32::try_from(leases)) else {
-        return wanted;
-    };
-    if wanted_workers == 0 || leases == 0 {
+/// The fewest workers that give the busiest of them no more than a tenth above the even share
+/// that `wanted` workers are figured on: the leases are shared by count, so of `leases` over `n`
+/// workers the busiest holds `ceil(leases / n)`, and the oldest pending change waits on it. Of
+/// 32 leases, 15 workers leave two with 3 (41 % above 1/15): 16 are needed; 11 leave ten with 3
+/// (3 % above 1/11): 11 do. `wanted` where the leases are not known.
+fn workers_for_an_even_share(wanted: i32, leases: usize) -> i32 {
+    if wanted <= 0 || leases == 0 {
         return wanted;
     }
-    let busiest = leases.div_ceil(wanted_workers);
-    i32::try_from(leases.div_ceil(busiest)).unwrap_or(wanted)
+    let leases = leases as f64;
+    // The most leases the busiest may hold; none: one lease each is the best there is.
+    let most = (leases * (1.0 + TOLERANCE) / f64::from(wanted)).floor().max(1.0);
+    let workers = (leases / most).ceil();
+    if workers.is_finite() && workers <= f64::from(i32::MAX) {
+        workers as i32
+    } else {
+        wanted
+    }
 }
 
 /// Workers handling `per_replica` documents a second each that handle `needed` a second.
@@ -692,28 +697,31 @@ mod tests {
 
     #[test]
     fn workers_are_counted_in_the_leases_the_busiest_of_them_holds() {
-        for (wanted, leases, fewest, why) in [
-            (15, 32, 11, "15 leave one with 3 leases, and so do 11"),
-            (12, 32, 11, "12 as well"),
+        for (wanted, leases, workers, why) in [
+            (15, 32, 16, "15 leave two with 3 leases, 41 % above an even share"),
+            (12, 32, 16, "12 as well"),
             (16, 32, 16, "2 leases each"),
-            (17, 32, 16, "17 leave one with 2, as 16 do"),
-            (9, 32, 8, "4 leases at most"),
+            (17, 32, 16, "17 leave one with 2, 6 % above: as 16 do"),
+            (11, 32, 11, "11 leave ten with 3, 3 % above"),
+            (9, 32, 11, "9 leave one with 4, 12 % above"),
+            (8, 32, 8, "4 leases each"),
+            (6, 32, 7, "6 leave one with 6, 12 % above"),
             (40, 32, 32, "one lease each at most: more workers hold none"),
-            (3, 4, 2, "2 of 4 leases at most"),
+            (3, 4, 4, "3 leave one with 2 of 4, half above"),
             (1, 32, 1, "one worker"),
             (0, 32, 0, "none"),
             (5, 0, 5, "leases unknown"),
         ] {
-            assert_eq!(fewest_for_the_busiest_share(wanted, leases), fewest, "{why}");
+            assert_eq!(workers_for_an_even_share(wanted, leases), workers, "{why}");
         }
-        // A step: 15 wanted by the fluid figure, 11 of 32 leases do as much.
+        // A step: 15 wanted by the even-share figure, 16 of 32 leases give it.
         let state = measured(24.0, 0.0);
         let mut step = seen(370, Some(2), 24.0);
         step.writes_per_second = Some(190.0);
         step.leases = 32;
         // Workers that start in two cycles of 2 s and 4 s more: 1,698 pending by then.
         let quick = FreshnessTarget::new(Duration::from_secs(20), Duration::from_secs(2), None);
-        assert_eq!(state.advise(&quick, &step, Some(1)).replicas, Some(11));
+        assert_eq!(state.advise(&quick, &step, Some(1)).replicas, Some(16));
         step.leases = 0;
         assert_eq!(
             state.advise(&quick, &step, Some(1)).replicas,
