@@ -563,8 +563,9 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
     );
 
     // 3. Autoscaling: lag → more pods → drained → back down after the stabilization window.
-    // Batches of 10 (not 100), so that one worker's drain outlasts an estimate (every 1 s) and
-    // the lag is seen.
+    // Batches of 10 (not 100) taking 200 ms each, so that one worker's drain (25 batches on each
+    // of its 8 leases, side by side: 5 s) outlasts several estimates (every 1 s) and the lag is
+    // seen whatever the write's pace (at 20 ms it drained in half a second, before any estimate).
     kubectl(
         &cluster,
         &["apply", "-f", "-"],
@@ -583,7 +584,7 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
         (ready_pods(&pods, "orders").await.len() == 1).then_some(())
     })
     .await;
-    slowness.store(20, std::sync::atomic::Ordering::Relaxed);
+    slowness.store(200, std::sync::atomic::Ordering::Relaxed);
     let started = Instant::now();
     write(2000..4000).await;
     let mut timeline: Vec<(f64, Option<i64>, Option<i32>, usize)> = Vec::new();
