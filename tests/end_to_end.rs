@@ -565,7 +565,7 @@ async fn the_product_runs_end_to_end_on_a_real_single_node_cluster() {
     // 3. Autoscaling: lag → more pods → drained → back down after the stabilization window.
     // Batches of 10 (not 100) taking 200 ms each, so that one worker's drain (25 batches on each
     // of its 8 leases, side by side: 5 s) outlasts several estimates (every 1 s) and the lag is
-    // seen whatever the write's pace (at 20 ms it drained in half a second, before any estimate).
+    // seen whatever the write's pace.
     kubectl(
         &cluster,
         &["apply", "-f", "-"],

@@ -11,13 +11,12 @@ use std::sync::atomic::Ordering;
 
 use super::counting_store::CountingStore;
 use super::figures::PATIENCE;
-use super::world::{Received, World, wait_until};
+use super::world::{Received, World, caught_up_reports, wait_until};
 use super::{BenchError, BenchSettings, Check, Figure};
 use crate::cosmos::MonitoredContainer;
 use crate::operator::crd::Estimation;
 use crate::operator::scaling::estimates::{How, estimate_in};
 use crate::operator::scaling::worker_reports::{ReportMemory, stale_after};
-use crate::processor::leases::lag_report::reported_lag;
 use crate::processor::{LeaseStore, ProcessorOptions};
 
 /// The operator's default estimate interval, in seconds.
@@ -77,8 +76,7 @@ async fn warm_up(
         .await
         .map_err(|e| format!("estimating: {e}"))?;
     // Listed after the estimate, not before: a beat between a listing before it and its own
-    // would pass for the sign of life the estimate had already seen as a first sight (on a
-    // slow machine, every lease then read: 4.03 requests a lease a minute, as without reports).
+    // would pass for the sign of life the estimate had already seen as a first sight.
     let first = beats().await;
     if owned {
         wait_until(PATIENCE, || async { beats().await != first })
@@ -119,13 +117,7 @@ pub async fn estimation_cost(settings: &BenchSettings) -> Result<Vec<Figure>, Be
     let (store, monitored) = world.store(&options).await?;
     // The steady state: every lease's report says it caught up (written once a lease was quiet
     // for a poll interval), as it is at every estimate but the first after a drain.
-    wait_until(PATIENCE, || async {
-        store.snapshot().await.is_ok_and(|snapshot| {
-            snapshot.leases.len() == leases && snapshot.leases.iter().all(|l| reported_lag(l) == Some(0))
-        })
-    })
-    .await
-    .ok_or("the worker's leases did not report that they caught up")?;
+    caught_up_reports(&store, leases, PATIENCE).await?;
     let running = per_estimate(&store, &monitored, &operator, Estimation::WorkerReports).await?;
     let running_today = per_estimate(&store, &monitored, &operator, Estimation::ChangeFeed).await?;
     worker.stop().await;

@@ -235,8 +235,8 @@ pub async fn read_budget(settings: &BenchSettings) -> Result<Vec<Figure>, BenchE
 }
 
 /// The documents the budget lets the fleet read while it starts, shares the leases, settles
-/// and is watched for `windows` of `window`, twice over: a small run's 2,000 documents left
-/// about a hundred at the watch's end, and a slower machine would have measured an idle fleet.
+/// and is watched for `windows` of `window`, twice over: a fleet that runs dry reads below its
+/// budget, however slowly the machine starts it.
 fn backlog_for(window: Duration, windows: usize) -> usize {
     let seconds = SHARING_ALLOWANCE + window.as_secs_f64() * (windows + 1) as f64;
     let per_second = f64::from(READ_BUDGET) / LEAST_UNITS_A_DOCUMENT;

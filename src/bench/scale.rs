@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 use super::counting_store::CountingStore;
 use super::figures::{PATIENCE, is_fair, reference_charges};
 use super::processes::emulator;
-use super::world::{DB, ITEMS, Received, World, wait_until};
+use super::world::{DB, ITEMS, Received, World, caught_up_reports, wait_until};
 use super::{BenchError, BenchSettings, Check, Figure};
 use crate::cosmos::{AccountAuth, CosmosAccount};
-use crate::processor::leases::lag_report::reported_lag;
 use crate::processor::{LeaseEvent, LeaseStore, Processor, ProcessorHandle, ProcessorOptions};
 use crate::worker::open;
 
@@ -56,17 +55,13 @@ impl Fleet {
         ]
     }
 
-    /// Lease documents written so far (acquisitions, releases, renewals, checkpoints).
-    fn lease_writes(&self) -> u64 {
-        self.count(|r| &r.replaces)
-    }
-
     /// Waits until the fleet wrote no lease document for `quiet`.
     pub(super) async fn settled(&self, quiet: Duration, patience: Duration) -> Result<(), BenchError> {
-        let last = std::sync::Mutex::new((self.lease_writes(), Instant::now()));
+        let writes = || self.count(|r| &r.replaces);
+        let last = std::sync::Mutex::new((writes(), Instant::now()));
         wait_until(patience, || async {
             let Ok(mut last) = last.lock() else { return false };
-            let now = self.lease_writes();
+            let now = writes();
             if now != last.0 {
                 *last = (now, Instant::now());
             }
@@ -209,11 +204,9 @@ async fn rebalance_and_cost(settings: &BenchSettings) -> Result<Vec<Figure>, Ben
 }
 
 /// The fleet's lease-container requests and request units a minute over `watch` in its idle
-/// steady state: once every lease carries its owner's report that it caught up (written once
-/// per lease after a few empty pages; the first instance's 160 are written seconds after the
-/// rebalance while its polls back off) and then no lease was written for a renew interval
-/// (`renew`). Watched at once, those one-off writes fell into the 3 s of the small run: 19
-/// lease writes in it, 48–110 requests a minute where the schedule makes 32.
+/// steady state: once every lease carries its owner's caught-up report (one-off writes that come
+/// seconds after a rebalance, while the polls back off) and then no lease was written for a
+/// renew interval of `options`.
 async fn idle_cost(
     world: &World,
     fleet: &Fleet,
@@ -222,13 +215,7 @@ async fn idle_cost(
 ) -> Result<(f64, f64), BenchError> {
     let settling = Instant::now();
     let (store, _) = world.store(options).await?;
-    wait_until(PATIENCE, || async {
-        store.snapshot().await.is_ok_and(|snapshot| {
-            snapshot.leases.len() == leases && snapshot.leases.iter().all(|l| reported_lag(l) == Some(0))
-        })
-    })
-    .await
-    .ok_or("the fleet's leases did not report that they caught up")?;
+    caught_up_reports(&store, leases, PATIENCE).await?;
     fleet.settled(options.renew_interval, PATIENCE).await?;
     tracing::info!(
         seconds = settling.elapsed().as_secs_f64(),

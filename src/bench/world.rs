@@ -254,6 +254,24 @@ impl World {
     }
 }
 
+/// Waits up to `patience` until `store` lists `leases` leases, each carrying its owner's report
+/// that it caught up (written once per lease after a few quiet empty pages): the steady state
+/// the estimate and idle figures are measured in.
+pub async fn caught_up_reports(store: &dyn LeaseStore, leases: usize, patience: Duration) -> Result<(), BenchError> {
+    wait_until(patience, || async {
+        store.snapshot().await.is_ok_and(|snapshot| {
+            snapshot.leases.len() == leases
+                && snapshot
+                    .leases
+                    .iter()
+                    .all(|l| crate::processor::leases::lag_report::reported_lag(l) == Some(0))
+        })
+    })
+    .await
+    .map(|_| ())
+    .ok_or_else(|| "the leases did not report that they caught up".into())
+}
+
 /// Polls `check` every 20 ms until it holds or `timeout` passes; how long it took.
 pub async fn wait_until<F, Fut>(timeout: Duration, mut check: F) -> Option<Duration>
 where

@@ -93,8 +93,8 @@ async fn a_worker_reports_what_it_handles_while_it_has_work_not_what_arrives() {
         );
     }
     // On a trickle each document's stretch of work also holds the read that returned it and
-    // the one that found the lease caught up: 76–88 here, 35–59 with the suite on one core. What
-    // matters is that it is not the trickle, which a handled rate would report.
+    // the one that found the lease caught up, slower on a loaded machine: what matters is that
+    // it is not the trickle, which a handled rate would report.
     for rate in &trickled {
         assert!(
             (4.0 * TRICKLE..=110.0).contains(rate),
