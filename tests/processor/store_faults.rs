@@ -455,3 +455,54 @@ async fn leases_lost_while_cycles_run_back_to_back_are_closed_after_the_cycle_th
         "closed only {took:?} after they were taken"
     );
 }
+
+/// A bootstrap dropped while it holds the bootstrap lock (the operator's estimate timing out,
+/// its leadership lost) leaves the lock behind; the next bootstrap of the same process must not
+/// wait a whole lease expiration for it to look abandoned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootstrap_dropped_while_it_holds_the_lock_does_not_hold_up_the_next_one() {
+    use changefeed_operator::processor::leases::bootstrap::bootstrap;
+    let env = Env::new(2).await;
+    env.ensure_leases().await;
+    let monitored = env.account.monitored(common::DB, common::ITEMS).await.unwrap();
+    let leases = env.account.documents(common::DB, common::LEASES).await.unwrap();
+    // Each try under a processor of its own, dropped ever later, until one is dropped after it
+    // took the lock and before it gave it back (the emulator in this process may also answer
+    // a whole bootstrap before the first timer fires).
+    let mut after = Duration::from_micros(100);
+    let caught = loop {
+        let mut options = env.options("operator");
+        options.processor_name = format!("dropped-{}", after.as_micros());
+        options.expiration = Duration::from_secs(60);
+        let store = common::lease_store(&env.account, &options.processor_name)
+            .await
+            .expect("the lease store");
+        let _ = tokio::time::timeout(after, bootstrap(&store, &monitored, &options)).await;
+        let lock = format!("{}.lock", store.prefix());
+        if leases.read(&lock, &lock).await.unwrap().is_some() {
+            break Some((store, options, lock));
+        }
+        if after > Duration::from_millis(200) {
+            break None;
+        }
+        after += Duration::from_micros(100);
+    };
+    let (store, options, lock) = caught.expect("no bootstrap was dropped while it held the lock");
+    assert!(!store.snapshot().await.unwrap().initialized);
+    let started = Instant::now();
+    let next = tokio::time::timeout(Duration::from_secs(20), bootstrap(&store, &monitored, &options)).await;
+    println!(
+        "a bootstrap dropped after {after:?} holding the lock: the next one took {:?} (expiration {:?})",
+        started.elapsed(),
+        options.expiration
+    );
+    assert!(
+        matches!(next, Ok(Ok(()))),
+        "the next bootstrap waited for the lock left behind: {next:?}"
+    );
+    assert!(store.snapshot().await.unwrap().initialized);
+    assert!(
+        leases.read(&lock, &lock).await.unwrap().is_none(),
+        "the lock is given back"
+    );
+}

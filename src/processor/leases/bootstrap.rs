@@ -106,11 +106,19 @@ async fn bootstrap_once(
                 continue;
             }
         }
-        let created = initialize((store, budget), monitored, options, &snapshot, &uncovered).await?;
-        store
-            .mark_initialized(monitored.name(), options.leases_per_partition)
-            .await?;
-        store.unlock().await?;
+        let initialized = initialize((store, budget), monitored, options, &snapshot, &uncovered).await;
+        let marked = match &initialized {
+            Ok(_) => store
+                .mark_initialized(monitored.name(), options.leases_per_partition)
+                .await
+                .map_err(ProcessorError::from),
+            Err(_) => Ok(()),
+        };
+        // Given back whatever happened: another instance would wait a lease expiration for it.
+        let unlocked = store.unlock().await;
+        let created = initialized?;
+        marked?;
+        unlocked?;
         tracing::info!(leases = created, ranges = ranges.len(), "lease store initialized");
         return Ok(());
     }

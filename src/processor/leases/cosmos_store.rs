@@ -226,6 +226,15 @@ const LIVENESS_INSTANCE: &str = "instance";
 const LEAVING_FIELD: &str = "leaving";
 /// The heartbeat field that names the process running under the instance name.
 const INCARNATION_FIELD: &str = "incarnation";
+/// The bootstrap lock's field naming the process that holds it ([`lock_process`]).
+const LOCK_PROCESS_FIELD: &str = "process";
+
+/// This process, as the bootstrap locks it takes name it: random, new at every start, so that
+/// two processes of one instance name never take each other's lock for their own.
+fn lock_process() -> &'static str {
+    static PROCESS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PROCESS.get_or_init(|| format!("{:016x}", fastrand::u64(..)))
+}
 const POD_FIELD: &str = "podUid";
 /// The heartbeat field that stamps it by its process's own clock ([`writer_clocks`]).
 const WRITER_CLOCK_FIELD: &str = "writerClock";
@@ -362,11 +371,20 @@ impl LeaseStore for CosmosLeaseStore {
             .format(&time::format_description::well_known::Rfc3339)
             .unwrap_or_default();
         // `ttl` lets the service remove a dead holder's lock where the container expires documents.
-        let body = serde_json::json!({"Owner": owner, "timestamp": stamp, "ttl": 30});
+        let body =
+            serde_json::json!({"Owner": owner, LOCK_PROCESS_FIELD: lock_process(), "timestamp": stamp, "ttl": 30});
         if self.create_marker(id.clone(), body).await? {
             return Ok(LockAttempt::Taken);
         }
         Ok(match self.container.read(&id, &id).await? {
+            // This very process's, left by an attempt that did not finish (dropped on a
+            // timeout): nobody else waits on it.
+            Some(doc)
+                if doc.body.get(LOCK_PROCESS_FIELD).and_then(Value::as_str) == Some(lock_process())
+                    && doc.body.get("Owner").and_then(Value::as_str) == Some(owner) =>
+            {
+                LockAttempt::Taken
+            }
             Some(doc) => LockAttempt::Held { etag: doc.etag },
             // Removed meanwhile: free again.
             None => LockAttempt::Free,
