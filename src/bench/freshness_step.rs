@@ -282,7 +282,8 @@ async fn run(world: &World, processor: &str, policy: &Policy, shape: Shape) -> R
 }
 
 /// The policy both runs share: 1 to 32 workers, the HPA's default rates, a scale-down
-/// stabilization of half the target (the run is short).
+/// stabilization of the target for the lag count (the run is short); on freshness, the
+/// product's default: none, its rules hold scale-in.
 fn base_policy(shape: Shape) -> Policy {
     Policy {
         min_replicas: 1,

@@ -132,7 +132,9 @@ pub fn check(cfp: &ChangeFeedProcessor, lookup: impl Fn(&str) -> Option<Secret>)
                 scaling.min_replicas, scaling.max_replicas
             )));
         }
-        duration("autoscaling.scaleDownStabilization", &scaling.scale_down_stabilization)?;
+        if let Some(window) = &scaling.scale_down_stabilization {
+            duration("autoscaling.scaleDownStabilization", window)?;
+        }
         if duration("autoscaling.estimateInterval", &scaling.estimate_interval)?.is_zero() {
             return Err(invalid("autoscaling.estimateInterval must be longer than zero".into()));
         }

@@ -40,11 +40,14 @@ pub struct Autoscaling {
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
     #[schemars(length(max = 32))]
     pub target_freshness: Option<String>,
-    /// Scale down only to the highest recommendation seen in this window (scaling up is immediate).
-    #[serde(default = "default_stabilization")]
+    /// Scale down only to the highest recommendation seen in this window (scaling up is
+    /// immediate). Default `300s`; with `targetFreshness`, none while the freshness rules decide
+    /// (they scale in only once what arrives has been steady and the target holds with fewer):
+    /// set it to hold workers longer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
     #[schemars(length(max = 32))]
-    pub scale_down_stabilization: String,
+    pub scale_down_stabilization: Option<String>,
     /// With `minReplicas: 0`: wake the workers from zero only when the estimated lag is above
     /// this (as KEDA's activation threshold), so a trickle of changes can wait for a batch.
     /// Running workers are not affected.
@@ -179,7 +182,7 @@ impl Default for Autoscaling {
             max_replicas: default_max_replicas(),
             target_lag_per_replica: default_target_lag(),
             target_freshness: None,
-            scale_down_stabilization: default_stabilization(),
+            scale_down_stabilization: None,
             activation_lag: 0,
             fallback_replicas: None,
             fallback_after_failures: default_fallback_after_failures(),
@@ -206,7 +209,4 @@ fn default_max_replicas() -> i32 {
 }
 fn default_target_lag() -> i64 {
     1000
-}
-fn default_stabilization() -> String {
-    "300s".into()
 }

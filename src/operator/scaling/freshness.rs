@@ -16,13 +16,17 @@
 //! grows until the new workers start ([`FreshnessTarget::start_up`]) and the time that leaves
 //! before the target, so it takes one step (and none more, nor any scale-in, while they start);
 //! counted in leases, the fewest workers whose busiest holds no more than a tenth above the
-//! even share that figure assumes; scaling in leaves a tenth to spare, and only once the oldest pending change is within half the
-//! target and `λ` is steady (one step in, not one per estimate while a backlog drains or a
-//! peak ebbs). Never more than the read budget can feed: `ceil(budget / cost of a document / μ)`.
-//! Until `μ` is known, no advice: the lag count decides.
+//! even share that figure assumes; a shortfall of less than a worker only once the backlog shows
+//! it (`FreshnessState::falls_behind`). Scaling in leaves a tenth to spare, and only once the
+//! oldest pending change is within half the target and `λ` is steady over its time constant
+//! ([`crate::operator::scaling::arrivals`]): one step in, not one per estimate while a backlog
+//! drains or a peak ebbs — so no scale-down window is needed on top
+//! ([`FreshnessTarget::scale_down_stabilization`]). Never more than the read budget can feed:
+//! `ceil(budget / cost of a document / μ)`. Until `μ` is known, no advice: the lag count decides.
 
 use std::time::{Duration, Instant};
 
+use crate::operator::scaling::arrivals::{Arrivals, Reading, TOLERANCE};
 use crate::processor::ProcessorEstimate;
 
 /// How long the replicas must not have changed before a rate per worker is taken from the
@@ -51,6 +55,30 @@ pub struct FreshnessTarget {
     /// (the leases it takes are handed over in one, and start in the next) and
     /// [`SETTLE_BEYOND`].
     pub start_up: Duration,
+    /// How long what arrives must be steady before workers are scaled in for it: the time
+    /// constant of the owners' write rates (two acquire intervals).
+    pub steady_over: Duration,
+    /// The scale-down stabilization window while this target decides: none unless the
+    /// resource sets one (the rules here hold scale-in themselves).
+    pub scale_down_stabilization: Duration,
+}
+
+/// How long the policy's measures take to settle.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Settling {
+    /// The replicas unchanged before a rate per worker is taken from what they handle.
+    pub rate_per_worker: Duration,
+    /// What arrives steady before it counts as steady.
+    pub arrivals: Duration,
+}
+
+impl Settling {
+    /// The default lease timings' (acquire interval 13 s): for the measures kept without a
+    /// freshness target.
+    pub const DEFAULT: Settling = Settling {
+        rate_per_worker: Duration::from_secs(30),
+        arrivals: Duration::from_secs(26),
+    };
 }
 
 impl FreshnessTarget {
@@ -62,6 +90,16 @@ impl FreshnessTarget {
             read_budget_units,
             settle: acquire_interval * 2 + SETTLE_BEYOND,
             start_up: acquire_interval * 2 + SETTLE_BEYOND,
+            steady_over: acquire_interval * 2,
+            scale_down_stabilization: Duration::ZERO,
+        }
+    }
+
+    /// How long this target's measures take to settle.
+    pub fn settling(&self) -> Settling {
+        Settling {
+            rate_per_worker: self.settle,
+            arrivals: self.steady_over,
         }
     }
 }
@@ -125,52 +163,12 @@ pub struct FreshnessState {
     replicas: Option<(i32, Instant)>,
     /// Whether the last change of the replicas added workers.
     scaled_out: bool,
-    /// What arrives a second, as of the estimate before the last one and the last one.
+    /// What arrived and was pending over the last steadiness horizon.
     arrivals: Arrivals,
     /// The workers the last advice that weighed scaling in settled on, until one scales out: a
     /// later figure within a tenth of it keeps it (the scale-down window's highest
     /// recommendation would otherwise step down once per wavering value).
     scaled_in_to: std::cell::Cell<Option<i32>>,
-}
-
-/// The arrival rate of the last two estimates (the owners' write rate where they report it),
-/// and the rate workers are scaled in for: the latest while it is steady, else the highest since
-/// it last was — after a peak, scaling in along an ebbing rate would take a step at each
-/// estimate; held at the peak's level until the rate settles, the scale-down window's highest
-/// recommendation drops once.
-#[derive(Debug, Clone, Copy, Default)]
-struct Arrivals {
-    previous: Option<f64>,
-    latest: Option<f64>,
-    /// The latest rate while it is steady; the highest since it last was while it moves.
-    level: Option<f64>,
-}
-
-impl Arrivals {
-    /// `rate` seen, one worker handling `per_replica`.
-    fn seen(self, rate: f64, per_replica: Option<f64>) -> Self {
-        let next = Self {
-            previous: self.latest,
-            latest: Some(rate),
-            level: self.level,
-        };
-        let level = if per_replica.is_some_and(|per_replica| next.steady(per_replica)) {
-            rate
-        } else {
-            self.level.map_or(rate, |level| level.max(rate))
-        };
-        Self {
-            level: Some(level),
-            ..next
-        }
-    }
-
-    /// Whether the last estimate's rate is within the tolerance, or within half of what a worker
-    /// handles (`per_replica`), of the one before: a rate that only wavers is steady.
-    fn steady(&self, per_replica: f64) -> bool {
-        matches!((self.previous, self.latest), (Some(previous), Some(latest))
-            if (previous - latest).abs() <= (latest * TOLERANCE).max(per_replica / 2.0))
-    }
 }
 
 /// The freshness policy's advice.
@@ -191,8 +189,8 @@ fn smoothed(average: Option<f64>, sample: f64) -> f64 {
 
 impl FreshnessState {
     /// Takes in an estimate seen at `now`, `current` replicas running; a rate per worker once
-    /// they ran `settle` unchanged.
-    pub fn observe(&mut self, seen: &Freshness, current: Option<i32>, settle: Duration, now: Instant) {
+    /// they ran `settling.rate_per_worker` unchanged.
+    pub fn observe(&mut self, seen: &Freshness, current: Option<i32>, settling: Settling, now: Instant) {
         let current = current.unwrap_or(0);
         match self.replicas {
             Some((replicas, _)) if replicas == current => {}
@@ -209,9 +207,9 @@ impl FreshnessState {
             self.growth = Some(sample);
         }
         self.last = Some((now, seen.lag));
-        let settled = self
-            .replicas
-            .is_some_and(|(replicas, since)| replicas > 0 && now.saturating_duration_since(since) >= settle);
+        let settled = self.replicas.is_some_and(|(replicas, since)| {
+            replicas > 0 && now.saturating_duration_since(since) >= settling.rate_per_worker
+        });
         let busy = seen.handled_per_second > 0.0 && seen.lag as f64 > BUSY_SECONDS * seen.handled_per_second;
         let workers = if seen.reporting_workers > 0 {
             seen.reporting_workers
@@ -227,8 +225,12 @@ impl FreshnessState {
             let sample = seen.handled_per_second / workers as f64;
             self.per_replica = Some(smoothed(self.per_replica, sample));
         }
-        let rate = seen.writes_per_second.unwrap_or_else(|| self.arriving(seen));
-        self.arrivals = self.arrivals.seen(rate, self.per_replica);
+        let reading = Reading {
+            at: now,
+            arriving: seen.writes_per_second.unwrap_or_else(|| self.arriving(seen)),
+            lag: seen.lag as f64,
+        };
+        self.arrivals.seen(reading, settling.arrivals, self.per_replica);
     }
 
     /// Whether workers were added less than `start_up` before the last estimate.
@@ -271,6 +273,7 @@ impl FreshnessState {
         let needed = need.arriving + need.lag / need.window;
         let wanted = keep_within_tolerance(replicas_for(needed, per_replica), needed, per_replica, current);
         let wanted = match current {
+            Some(running) if wanted > running && !self.falls_behind(&need, running) => running,
             Some(running) if wanted > running => self.out_to(&need, target, running, wanted),
             // Workers just added are given their start-up before any are taken away: until
             // then the backlog grows whatever their number.
@@ -328,12 +331,12 @@ impl FreshnessState {
     /// last one it advised keeps that one; a step of no more than a tenth (and, while what
     /// arrives moves, one worker) is no step.
     fn in_to(&self, need: &Need, running: i32, wanted: i32) -> i32 {
-        let steady = self.arrivals.steady(need.per_replica);
+        let steady = self.arrivals.steady();
         let level = if steady {
             need.arriving
         } else {
             self.arrivals
-                .level
+                .level()
                 .map_or(need.arriving, |level| level.max(need.arriving))
         };
         let spared = (level + need.lag / need.window) * (1.0 + TOLERANCE);
@@ -354,6 +357,23 @@ impl FreshnessState {
         // within a tenth of it.
         self.scaled_in_to.set(Some(advised));
         advised
+    }
+}
+
+impl FreshnessState {
+    /// Whether `running` workers fall behind by more than what arrives can be misread by: the
+    /// backlog asks for more than what arrives, what arrives exceeds them by more than a worker,
+    /// the backlog grew over the steadiness horizon by at least half of what they would be
+    /// short, or the oldest pending change is past half the target. At a trickle the arrival
+    /// figure reads high by a few documents a second (a rate read just after a batch, the
+    /// rates of leases just handed over), enough to call for a second worker that the backlog
+    /// shows is not needed.
+    fn falls_behind(&self, need: &Need, running: i32) -> bool {
+        let short = need.arriving - f64::from(running.max(0)) * need.per_replica;
+        short <= 0.0
+            || short > need.per_replica
+            || need.age > need.target_seconds / 2.0
+            || self.arrivals.growth().is_some_and(|growth| growth >= short / 2.0)
     }
 }
 
@@ -407,11 +427,6 @@ impl BudgetCap {
         }
     }
 }
-
-/// How far what is needed may be from what the running workers handle before their number
-/// changes (the HorizontalPodAutoscaler's tolerance): a figure that wavers about a boundary
-/// does not scale back and forth.
-const TOLERANCE: f64 = 0.1;
 
 /// `wanted`, or `current` where the running workers handle what is `needed` within
 /// [`TOLERANCE`].
@@ -477,7 +492,7 @@ mod tests {
     }
 
     /// The default lease timings' settling: 26 s and 4.
-    const SETTLE: Duration = Duration::from_secs(30);
+    const SETTLE: Settling = Settling::DEFAULT;
 
     fn seen(lag: u64, age: Option<u64>, handled: f64) -> Freshness {
         Freshness {
@@ -492,16 +507,28 @@ mod tests {
         }
     }
 
+    /// Arrivals of nothing, steady over the default horizon up to now, a backlog growing by
+    /// `growth` a second over it.
+    fn steady_at_zero(per_replica: f64, growth: f64) -> Arrivals {
+        let now = Instant::now();
+        let mut arrivals = Arrivals::default();
+        let horizon = SETTLE.arrivals.as_secs_f64();
+        for (at, lag) in [
+            (now.checked_sub(SETTLE.arrivals).unwrap_or(now), 0.0),
+            (now, growth * horizon),
+        ] {
+            let reading = Reading { at, arriving: 0.0, lag };
+            arrivals.seen(reading, SETTLE.arrivals, Some(per_replica));
+        }
+        arrivals
+    }
+
     /// A state that measured `per_replica` a worker and a backlog growing by `growth` a second.
     fn measured(per_replica: f64, growth: f64) -> FreshnessState {
         FreshnessState {
             per_replica: Some(per_replica),
             growth: Some(growth),
-            arrivals: Arrivals {
-                previous: Some(0.0),
-                latest: Some(0.0),
-                level: Some(0.0),
-            },
+            arrivals: steady_at_zero(per_replica, 0.0),
             ..FreshnessState::default()
         }
     }
@@ -587,21 +614,34 @@ mod tests {
             writes_per_second: Some(writes),
             ..seen(0, Some(0), 0.0)
         };
-        let advise =
-            |state: &FreshnessState, writes: f64| state.advise(&target(30, None), &ebbing(writes), Some(12)).replicas;
+        // Acquire interval 2 s: what arrives is steady once it held for 4 s.
+        let quick = FreshnessTarget::new(Duration::from_secs(30), Duration::from_secs(2), None);
+        let advise = |state: &FreshnessState, writes: f64| state.advise(&quick, &ebbing(writes), Some(12)).replicas;
         let mut state = FreshnessState {
             per_replica: Some(100.0),
             ..FreshnessState::default()
         };
         for (at, writes, replicas, why) in [
-            (0, 800.0, 9, "one estimate: for what it shows"),
-            (2, 790.0, 9, "steady at 790: 869 with a tenth to spare"),
-            (4, 400.0, 9, "halved: still for the last steady 790"),
-            (6, 200.0, 9, "still ebbing"),
-            (8, 190.0, 3, "steady again: in, in one step"),
-            (10, 500.0, 6, "building up: for what it shows now"),
+            (
+                0,
+                800.0,
+                9,
+                "one estimate: for what it shows, 880 with a tenth to spare",
+            ),
+            (2, 790.0, 9, "not steady yet: for the highest, 800"),
+            (4, 795.0, 9, "steady at 795 for 4 s"),
+            (6, 400.0, 9, "halved: still for the last steady rate"),
+            (8, 200.0, 9, "still ebbing"),
+            (10, 190.0, 9, "two alike, but 400 was 4 s ago"),
+            (12, 185.0, 3, "steady for 4 s: in, in one step"),
+            (14, 500.0, 6, "building up: for what it shows now"),
         ] {
-            state.observe(&ebbing(writes), Some(12), SETTLE, t0 + Duration::from_secs(at));
+            state.observe(
+                &ebbing(writes),
+                Some(12),
+                quick.settling(),
+                t0 + Duration::from_secs(at),
+            );
             assert_eq!(advise(&state, writes), Some(replicas), "{at} s, {writes}/s: {why}");
         }
     }
@@ -647,6 +687,43 @@ mod tests {
             Some(12),
             "what arrives moving: 10 is within a tenth and one worker of 12"
         );
+    }
+
+    #[test]
+    fn at_a_trickle_a_misread_arrival_rate_adds_no_worker_the_backlog_does_not_need() {
+        let t0 = Instant::now();
+        // Acquire interval 2 s: readings over 4 s count.
+        let quick = FreshnessTarget::new(Duration::from_secs(20), Duration::from_secs(2), None);
+        let mut state = FreshnessState::default();
+        let trickle = |lag: u64, handled: f64| Freshness {
+            writes_per_second: Some(12.0),
+            worker_handled_per_second: Some(22.0),
+            reporting_workers: 1,
+            ..seen(lag, Some(2), handled)
+        };
+        // What one worker handles reads 26-30 (a rate read just after a batch), the backlog
+        // bounces between 3 and 12 without growing.
+        for (at, lag, handled) in [(0, 9, 27.0), (2, 3, 29.0), (4, 12, 26.0), (6, 6, 30.0), (8, 10, 28.0)] {
+            state.observe(
+                &trickle(lag, handled),
+                Some(1),
+                quick.settling(),
+                t0 + Duration::from_secs(at),
+            );
+            let advice = state.advise(&quick, &trickle(lag, handled), Some(1));
+            assert_eq!(advice.replicas, Some(1), "{at} s: {}", advice.message);
+        }
+        // Then 30 a second arrive for real: the backlog grows by 8 a second.
+        for (at, lag) in [(10, 26), (12, 42), (14, 58)] {
+            state.observe(
+                &trickle(lag, 22.0),
+                Some(1),
+                quick.settling(),
+                t0 + Duration::from_secs(at),
+            );
+        }
+        let advice = state.advise(&quick, &trickle(58, 22.0), Some(1));
+        assert_eq!(advice.replicas, Some(2), "{}", advice.message);
     }
 
     #[test]
@@ -775,8 +852,19 @@ mod tests {
         assert_eq!(advise(540.0, 5), Some(5), "5.4 workers' worth: within a tenth of 5");
         assert_eq!(
             advise(560.0, 5),
+            Some(5),
+            "beyond a tenth, by less than a worker, and the backlog does not grow: a misread rate"
+        );
+        let growing = FreshnessState {
+            arrivals: steady_at_zero(100.0, 30.0),
+            ..measured(100.0, 0.0)
+        };
+        assert_eq!(
+            growing
+                .advise(&target(30, None), &seen(0, Some(0), 560.0), Some(5))
+                .replicas,
             Some(7),
-            "beyond a tenth: out, to clear what builds up until new workers start"
+            "the backlog grows by half the shortfall: out, to clear what builds up until new workers start"
         );
         assert_eq!(advise(460.0, 5), Some(5));
         assert_eq!(advise(440.0, 5), Some(5), "4.4 rounds up to 5");
@@ -799,7 +887,7 @@ mod tests {
         let mut busy = seen(10_000, Some(5), 400.0);
         busy.reporting_workers = 4;
         state.observe(&busy, Some(5), SETTLE, t0);
-        state.observe(&busy, Some(5), SETTLE, t0 + SETTLE);
+        state.observe(&busy, Some(5), SETTLE, t0 + SETTLE.rate_per_worker);
         assert_eq!(state.per_replica, Some(100.0), "4 of the 5 handled the 400/s");
     }
 

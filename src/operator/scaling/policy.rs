@@ -18,11 +18,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::operator::scaling::behavior::{Behavior, Changes, down_limit, longest_period, up_limit};
-use crate::operator::scaling::freshness::{Advice, Freshness, FreshnessState, FreshnessTarget};
-
-/// How long the replicas must not have changed before a rate per worker is taken, without a
-/// freshness target (the measure is kept for when one is set): the default lease timings'.
-const DEFAULT_SETTLE: Duration = Duration::from_secs(30);
+use crate::operator::scaling::freshness::{Advice, Freshness, FreshnessState, FreshnessTarget, Settling};
 
 /// Autoscaling settings in plain values.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,7 +29,8 @@ pub struct Policy {
     pub max_replicas: i32,
     /// Remaining operations one worker is expected to keep up with.
     pub target_lag_per_replica: u64,
-    /// Scale down only to the highest recommendation seen in this window.
+    /// Scale down only to the highest recommendation seen in this window (while the freshness
+    /// policy decides, its own window: [`FreshnessTarget::scale_down_stabilization`]).
     pub scale_down_stabilization: Duration,
     /// Workers to run while estimates keep failing.
     pub fallback: Option<Fallback>,
@@ -137,7 +134,10 @@ impl ScaleHistory {
             self.seeded = true;
             self.seed = current.map(|current| (now, current));
         }
-        let keep = policy.scale_down_stabilization.max(policy.behavior.up_window);
+        let keep = policy
+            .scale_down_stabilization
+            .max(policy.behavior.up_window)
+            .max(policy.freshness.map_or(Duration::ZERO, |t| t.scale_down_stabilization));
         self.recommendations
             .retain(|(at, _)| now.saturating_duration_since(*at) <= keep);
         let period = longest_period(&policy.behavior);
@@ -155,12 +155,17 @@ impl ScaleHistory {
             } => (*total_lag, *leases, freshness),
         };
         self.failures = 0;
-        let settle = policy.freshness.map_or(DEFAULT_SETTLE, |target| target.settle);
-        self.freshness.observe(freshness, current, settle, now);
+        let settling = policy.freshness.map_or(Settling::DEFAULT, |target| target.settling());
+        self.freshness.observe(freshness, current, settling, now);
         let fresh = policy
             .freshness
             .map(|target| self.freshness.advise(&target, freshness, current))
             .filter(|advice| advice.replicas.is_some());
+        // While the freshness policy decides, its rules hold scale-in: its window applies.
+        let window = match (&fresh, policy.freshness) {
+            (Some(_), Some(target)) => target.scale_down_stabilization,
+            _ => policy.scale_down_stabilization,
+        };
         let recommended = recommend(policy, current, total_lag, leases, fresh);
         let recommendation = recommended.replicas;
         self.recommendations.push_back((now, recommendation));
@@ -168,7 +173,11 @@ impl ScaleHistory {
         let replicas = match current {
             None => recommendation,
             Some(current) => {
-                let (replicas, note) = self.stabilized(policy, current, recommendation, recommended.upper, now);
+                let held = Held {
+                    upper: recommended.upper,
+                    window,
+                };
+                let (replicas, note) = self.stabilized(policy, current, recommendation, held, now);
                 if let Some(note) = note {
                     message = format!("{message}; {note}");
                 }
@@ -181,7 +190,7 @@ impl ScaleHistory {
             self.changes.push_back((now, replicas - current));
         }
         // A new Deployment counts as scaled up from zero.
-        let event = scaling_event(policy, current.unwrap_or(0), replicas, total_lag);
+        let event = scaling_event(policy, window, current.unwrap_or(0), replicas, total_lag);
         Decision {
             replicas,
             recommendation: Some(recommendation),
@@ -190,6 +199,15 @@ impl ScaleHistory {
             event,
         }
     }
+}
+
+/// What holds a recommendation back besides the rate policies.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    /// The most replicas allowed (`maxReplicas`, the lease count): applies at once.
+    upper: i32,
+    /// The scale-down stabilization window in force.
+    window: Duration,
 }
 
 /// What the estimate alone recommends, before the stabilization and the rate policies.
@@ -261,8 +279,15 @@ fn recommend(
     }
 }
 
-/// The Event (reason, note) of a change from `from` to `replicas`; `None` without a change.
-fn scaling_event(policy: &Policy, from: i32, replicas: i32, total_lag: u64) -> Option<(&'static str, String)> {
+/// The Event (reason, note) of a change from `from` to `replicas`, after a scale-down window of
+/// `window`; `None` without a change.
+fn scaling_event(
+    policy: &Policy,
+    window: Duration,
+    from: i32,
+    replicas: i32,
+    total_lag: u64,
+) -> Option<(&'static str, String)> {
     let target = policy.target_lag_per_replica.max(1);
     if replicas > from {
         Some((
@@ -276,10 +301,14 @@ fn scaling_event(policy: &Policy, from: i32, replicas: i32, total_lag: u64) -> O
     } else if replicas < from {
         Some((
             "ScaledDown",
-            format!(
-                "{from} → {replicas}: estimated lag {total_lag} for the last {}",
-                humantime::format_duration(policy.scale_down_stabilization)
-            ),
+            if window.is_zero() {
+                format!("{from} → {replicas}: estimated lag {total_lag}")
+            } else {
+                format!(
+                    "{from} → {replicas}: estimated lag {total_lag} for the last {}",
+                    humantime::format_duration(window)
+                )
+            },
         ))
     } else {
         None
@@ -288,17 +317,18 @@ fn scaling_event(policy: &Policy, from: i32, replicas: i32, total_lag: u64) -> O
 
 impl ScaleHistory {
     /// The replicas to run from `current` toward `recommendation`: scale up only to the lowest
-    /// recommendation of the up window, down only to the highest of the down window (a lowered
-    /// maxReplicas, `upper`, applies at once), each within its rate policies; with a note for
-    /// the message when something held it.
+    /// recommendation of the up window, down only to the highest of the down window (`held`: a
+    /// lowered maxReplicas applies at once), each within its rate policies; with a note for the
+    /// message when something held it.
     fn stabilized(
         &self,
         policy: &Policy,
         current: i32,
         recommendation: i32,
-        upper: i32,
+        held: Held,
         now: Instant,
     ) -> (i32, Option<String>) {
+        let Held { upper, window } = held;
         let within = |window: Duration| {
             self.recommendations
                 .iter()
@@ -308,12 +338,9 @@ impl ScaleHistory {
         let up_to = within(policy.behavior.up_window).min().unwrap_or(recommendation);
         let seed = self
             .seed
-            .filter(|(at, _)| now.saturating_duration_since(*at) <= policy.scale_down_stabilization)
+            .filter(|(at, _)| !window.is_zero() && now.saturating_duration_since(*at) <= window)
             .map(|(_, r)| r.min(upper));
-        let down_to = within(policy.scale_down_stabilization)
-            .chain(seed)
-            .max()
-            .unwrap_or(recommendation);
+        let down_to = within(window).chain(seed).max().unwrap_or(recommendation);
         if up_to > current {
             let limit = up_limit(&policy.behavior.up, current, &self.changes, now);
             let note = (up_to > limit).then(|| format!("scaling up step by step (at most {limit} now)"));
@@ -328,7 +355,7 @@ impl ScaleHistory {
                 if recommendation < current {
                     format!(
                         "held at {current} until the scale-down stabilization window ({}) has passed",
-                        humantime::format_duration(policy.scale_down_stabilization)
+                        humantime::format_duration(window)
                     )
                 } else {
                     format!(
@@ -456,6 +483,47 @@ mod tests {
             assert_eq!(settled.recommendation, Some(replicas), "{}", settled.message);
             assert_eq!(settled.reason, reason, "{}", settled.message);
         }
+    }
+
+    #[test]
+    fn on_freshness_no_scale_down_window_holds_unless_the_resource_sets_one() {
+        let fresh = |window: Duration| Policy {
+            freshness: Some(FreshnessTarget {
+                scale_down_stabilization: window,
+                ..FreshnessTarget::new(Duration::from_secs(30), Duration::from_secs(2), None)
+            }),
+            ..policy(1, 20, 500)
+        };
+        let quiet = Observed::Estimate {
+            total_lag: 0,
+            leases: 32,
+            freshness: Freshness {
+                oldest_pending_seconds: Some(0),
+                writes_per_second: Some(200.0),
+                worker_handled_per_second: Some(100.0),
+                reporting_workers: 8,
+                leases: 32,
+                ..Freshness::default()
+            },
+        };
+        let t0 = Instant::now();
+        let unset = ScaleHistory::default().decide(&fresh(Duration::ZERO), Some(8), &quiet, t0);
+        assert_eq!(
+            unset.replicas, 3,
+            "220/s with a tenth to spare, in at once: {}",
+            unset.message
+        );
+        assert_eq!(unset.event, Some(("ScaledDown", "8 → 3: estimated lag 0".to_owned())));
+        let set = ScaleHistory::default().decide(&fresh(Duration::from_secs(60)), Some(8), &quiet, t0);
+        assert_eq!(set.recommendation, Some(3));
+        assert_eq!(set.replicas, 8, "the resource's window: {}", set.message);
+        assert!(set.message.contains("window (1m)"), "{}", set.message);
+        let counted = ScaleHistory::default().decide(&fresh(Duration::ZERO), Some(8), &estimate(0, 32), t0);
+        assert_eq!(
+            counted.replicas, 8,
+            "no rate per worker yet: the lag count decides, with its own window: {}",
+            counted.message
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::operator::crd::ChangeFeedProcessor;
+use crate::operator::crd::{Autoscaling, ChangeFeedProcessor};
 use crate::operator::crd::{ScalingBehavior, ScalingPolicy, ScalingPolicyKind, ScalingRules, SelectPolicyKind};
 use crate::operator::scaling::behavior::{Behavior, RateKind, RatePolicy, Rules, Select};
 use crate::operator::scaling::freshness::FreshnessTarget;
@@ -30,13 +30,7 @@ pub fn scaling_policy(cfp: &ChangeFeedProcessor) -> Option<Policy> {
         min_replicas: scaling.min_replicas.max(0),
         max_replicas: scaling.max_replicas.max(scaling.min_replicas.max(0)),
         target_lag_per_replica: u64::try_from(scaling.target_lag_per_replica).unwrap_or(1).max(1),
-        scale_down_stabilization: match scaling.behavior.as_ref().and_then(|b| b.scale_down.as_ref()) {
-            Some(ScalingRules {
-                stabilization_window_seconds: Some(seconds),
-                ..
-            }) => Duration::from_secs(u64::try_from(*seconds).unwrap_or(0)),
-            _ => humantime::parse_duration(&scaling.scale_down_stabilization).unwrap_or(DEFAULT_STABILIZATION),
-        },
+        scale_down_stabilization: scale_down_window(scaling).unwrap_or(DEFAULT_STABILIZATION),
         fallback: scaling.fallback_replicas.map(|replicas| Fallback {
             replicas: replicas.max(1),
             after_failures: scaling.fallback_after_failures.max(1),
@@ -45,6 +39,21 @@ pub fn scaling_policy(cfp: &ChangeFeedProcessor) -> Option<Policy> {
         behavior: behavior(scaling.behavior.as_ref()),
         freshness: freshness(cfp),
     })
+}
+
+/// The scale-down stabilization window a resource sets: `behavior.scaleDown`'s (the HPA field
+/// wins) or `scaleDownStabilization`; `None` when it sets neither.
+fn scale_down_window(scaling: &Autoscaling) -> Option<Duration> {
+    match scaling.behavior.as_ref().and_then(|b| b.scale_down.as_ref()) {
+        Some(ScalingRules {
+            stabilization_window_seconds: Some(seconds),
+            ..
+        }) => Some(Duration::from_secs(u64::try_from(*seconds).unwrap_or(0))),
+        _ => scaling
+            .scale_down_stabilization
+            .as_deref()
+            .map(|window| humantime::parse_duration(window).unwrap_or(DEFAULT_STABILIZATION)),
+    }
 }
 
 /// The freshness target of `spec.autoscaling.targetFreshness`, with what `spec.readBudget` can
@@ -64,7 +73,10 @@ fn freshness(cfp: &ChangeFeedProcessor) -> Option<FreshnessTarget> {
         .map(f64::from);
     let acquire =
         humantime::parse_duration(&cfp.spec.lease_timings.acquire_interval).unwrap_or(defaults::ACQUIRE_INTERVAL);
-    Some(FreshnessTarget::new(target, acquire, read_budget_units))
+    Some(FreshnessTarget {
+        scale_down_stabilization: scale_down_window(scaling).unwrap_or(Duration::ZERO),
+        ..FreshnessTarget::new(target, acquire, read_budget_units)
+    })
 }
 
 /// The scaling behavior of `spec.autoscaling.behavior`: each direction's defaults unless given.
@@ -174,6 +186,41 @@ mod tests {
             Behavior::default().down.policies,
             "no policies given: the default's"
         );
+        let windows = |autoscaling: serde_json::Value| {
+            let policy = scaling_policy(&resource(serde_json::json!({ "autoscaling": autoscaling })));
+            policy.map(|p| {
+                (
+                    p.scale_down_stabilization,
+                    p.freshness.map(|f| f.scale_down_stabilization),
+                )
+            })
+        };
+        let (minute, five) = (Duration::from_secs(60), Duration::from_secs(300));
+        for (autoscaling, expected, why) in [
+            (
+                serde_json::json!({"enabled": true}),
+                (five, None),
+                "the lag count: 300 s",
+            ),
+            (
+                serde_json::json!({"enabled": true, "targetFreshness": "30s"}),
+                (five, Some(Duration::ZERO)),
+                "freshness holds scale-in itself; the lag count keeps 300 s until a rate is measured",
+            ),
+            (
+                serde_json::json!({"enabled": true, "targetFreshness": "30s", "scaleDownStabilization": "1m"}),
+                (minute, Some(minute)),
+                "set: both",
+            ),
+            (
+                serde_json::json!({"enabled": true, "targetFreshness": "30s",
+                    "behavior": {"scaleDown": {"stabilizationWindowSeconds": 60}}}),
+                (minute, Some(minute)),
+                "the HPA field: both",
+            ),
+        ] {
+            assert_eq!(windows(autoscaling), Some(expected), "{why}");
+        }
         let fallback = resource(serde_json::json!({"autoscaling": {"enabled": true, "fallbackReplicas": 2}}));
         assert_eq!(
             scaling_policy(&fallback).and_then(|p| p.fallback),
