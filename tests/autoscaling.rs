@@ -480,6 +480,13 @@ async fn a_deleted_worker_pod_frees_its_leases_at_once() {
         }
         Some(counts)
     };
+    // Told apart from balancing: a bootstrap lock left behind holds every worker in its
+    // bootstrap until the lock looks abandoned (a lease expiration).
+    wait(
+        "the leases are bootstrapped (no bootstrap lock left behind)",
+        || async { store.snapshot().await.ok().filter(|s| s.initialized).map(|_| ()) },
+    )
+    .await;
     cfp_write(&setup.endpoint, 0, 1000).await;
     // Balanced, and each worker processes what the store says it owns (a handed-over lease is
     // the new owner's in the store a moment before that worker takes it up).

@@ -242,12 +242,21 @@ impl FreshnessState {
     }
 
     /// What arrives a second: what the owners measured written into their partitions, unless
-    /// what the workers handle plus how fast the backlog grows says more (it shows a step up
-    /// at once; a decayed write rate follows it within its time constant).
+    /// what the workers handle plus how fast the backlog grows says more by over a worker's
+    /// rate — that shows a step up at once, where a decayed write rate follows it within its
+    /// time constant; by less it is the noisier figure (a rate read just after a batch, a
+    /// backlog read mid-page), and the owners' measure is taken.
     fn arriving(&self, seen: &Freshness) -> f64 {
         let from_backlog = seen.handled_per_second + self.growth.unwrap_or(0.0);
+        let noise = self.per_replica.unwrap_or(0.0);
         seen.writes_per_second
-            .map_or(from_backlog, |written| written.max(from_backlog))
+            .map_or(from_backlog, |written| {
+                if from_backlog > written + noise {
+                    from_backlog
+                } else {
+                    written
+                }
+            })
             .max(0.0)
     }
 
@@ -695,34 +704,35 @@ mod tests {
         // Acquire interval 2 s: readings over 4 s count.
         let quick = FreshnessTarget::new(Duration::from_secs(20), Duration::from_secs(2), None);
         let mut state = FreshnessState::default();
-        let trickle = |lag: u64, handled: f64| Freshness {
-            writes_per_second: Some(12.0),
+        let trickle = |lag: u64, handled: f64, writes: f64| Freshness {
+            writes_per_second: Some(writes),
             worker_handled_per_second: Some(22.0),
             reporting_workers: 1,
             ..seen(lag, Some(2), handled)
         };
-        // What one worker handles reads 26-30 (a rate read just after a batch), the backlog
-        // bounces between 3 and 12 without growing.
-        for (at, lag, handled) in [(0, 9, 27.0), (2, 3, 29.0), (4, 12, 26.0), (6, 6, 30.0), (8, 10, 28.0)] {
-            state.observe(
-                &trickle(lag, handled),
-                Some(1),
-                quick.settling(),
-                t0 + Duration::from_secs(at),
-            );
-            let advice = state.advise(&quick, &trickle(lag, handled), Some(1));
-            assert_eq!(advice.replicas, Some(1), "{at} s: {}", advice.message);
+        let mut at = |seconds: u64, seen: Freshness| {
+            state.observe(&seen, Some(1), quick.settling(), t0 + Duration::from_secs(seconds));
+            state.advise(&quick, &seen, Some(1))
+        };
+        // 12 a second written; what the worker handles reads 26-30 (a rate read just after a
+        // batch), the backlog bounces between 3 and 12: the owners' write rate is taken.
+        for (seconds, lag, handled) in [(0, 9, 27.0), (2, 3, 29.0), (4, 12, 26.0)] {
+            let advice = at(seconds, trickle(lag, handled, 12.0));
+            assert_eq!(advice.replicas, Some(1), "{seconds} s: {}", advice.message);
+            assert!(advice.message.contains("arriving ~12/s"), "{}", advice.message);
+        }
+        // The write rate itself reads 26-30 (decayed just after a burst) while the backlog does
+        // not grow: no second worker.
+        for (seconds, lag, writes) in [(6, 6, 28.0), (8, 10, 30.0), (10, 5, 26.0)] {
+            let advice = at(seconds, trickle(lag, 12.0, writes));
+            assert_eq!(advice.replicas, Some(1), "{seconds} s: {}", advice.message);
         }
         // Then 30 a second arrive for real: the backlog grows by 8 a second.
-        for (at, lag) in [(10, 26), (12, 42), (14, 58)] {
-            state.observe(
-                &trickle(lag, 22.0),
-                Some(1),
-                quick.settling(),
-                t0 + Duration::from_secs(at),
-            );
+        let mut advice = None;
+        for (seconds, lag) in [(12, 21), (14, 37), (16, 53)] {
+            advice = Some(at(seconds, trickle(lag, 22.0, 30.0)));
         }
-        let advice = state.advise(&quick, &trickle(58, 22.0), Some(1));
+        let advice = advice.expect("advised");
         assert_eq!(advice.replicas, Some(2), "{}", advice.message);
     }
 
