@@ -466,33 +466,27 @@ async fn a_bootstrap_dropped_while_it_holds_the_lock_does_not_hold_up_the_next_o
     env.ensure_leases().await;
     let monitored = env.account.monitored(common::DB, common::ITEMS).await.unwrap();
     let leases = env.account.documents(common::DB, common::LEASES).await.unwrap();
-    // Each try under a processor of its own, dropped ever later, until one is dropped after it
-    // took the lock and before it gave it back (the emulator in this process may also answer
-    // a whole bootstrap before the first timer fires).
-    let mut after = Duration::from_micros(100);
-    let caught = loop {
-        let mut options = env.options("operator");
-        options.processor_name = format!("dropped-{}", after.as_micros());
-        options.expiration = Duration::from_secs(60);
-        let store = common::lease_store(&env.account, &options.processor_name)
-            .await
-            .expect("the lease store");
-        let _ = tokio::time::timeout(after, bootstrap(&store, &monitored, &options)).await;
-        let lock = format!("{}.lock", store.prefix());
-        if leases.read(&lock, &lock).await.unwrap().is_some() {
-            break Some((store, options, lock));
+    let store = env.store().await;
+    let mut options = env.options("operator");
+    options.expiration = Duration::from_secs(60);
+    // Many leases to create: the lock is held for a while, and the attempt is dropped as soon as
+    // the lock is seen.
+    options.leases_per_partition = 200;
+    let lock = format!("{}.lock", store.prefix());
+    let seen = async {
+        while leases.read(&lock, &lock).await.unwrap().is_none() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        if after > Duration::from_millis(200) {
-            break None;
-        }
-        after += Duration::from_micros(100);
     };
-    let (store, options, lock) = caught.expect("no bootstrap was dropped while it held the lock");
+    tokio::select! {
+        done = bootstrap(store.as_ref(), &monitored, &options) => panic!("the bootstrap ended before its lock was seen: {done:?}"),
+        () = seen => {}
+    }
     assert!(!store.snapshot().await.unwrap().initialized);
     let started = Instant::now();
-    let next = tokio::time::timeout(Duration::from_secs(20), bootstrap(&store, &monitored, &options)).await;
+    let next = tokio::time::timeout(Duration::from_secs(20), bootstrap(store.as_ref(), &monitored, &options)).await;
     println!(
-        "a bootstrap dropped after {after:?} holding the lock: the next one took {:?} (expiration {:?})",
+        "a bootstrap dropped holding the lock: the next one took {:?} (expiration {:?})",
         started.elapsed(),
         options.expiration
     );
@@ -505,4 +499,34 @@ async fn a_bootstrap_dropped_while_it_holds_the_lock_does_not_hold_up_the_next_o
         leases.read(&lock, &lock).await.unwrap().is_none(),
         "the lock is given back"
     );
+}
+
+/// Two bootstraps of one process for one lease set (the operator estimating two resources that
+/// name it, with different layouts): one at a time, so one layout is written and the other
+/// refused — never leases of both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_bootstraps_of_one_process_for_one_lease_set_run_one_at_a_time() {
+    use changefeed_operator::processor::leases::bootstrap::bootstrap;
+    let env = Env::new(2).await;
+    env.ensure_leases().await;
+    let monitored = env.account.monitored(common::DB, common::ITEMS).await.unwrap();
+    let store = env.store().await;
+    let (mut one, mut two) = (env.options("operator"), env.options("operator"));
+    one.leases_per_partition = 1;
+    two.leases_per_partition = 2;
+    let (first, second) = tokio::join!(
+        bootstrap(store.as_ref(), &monitored, &one),
+        bootstrap(store.as_ref(), &monitored, &two)
+    );
+    let leases = store.snapshot().await.unwrap().leases.len();
+    println!(
+        "two bootstraps at once, 1 and 2 leases per partition: {leases} leases; {} and {}",
+        if first.is_ok() { "ok" } else { "refused" },
+        if second.is_ok() { "ok" } else { "refused" }
+    );
+    assert!(
+        first.is_ok() != second.is_ok(),
+        "exactly one layout: {first:?} / {second:?}"
+    );
+    assert_eq!(leases, if first.is_ok() { 2 } else { 4 }, "one layout's leases only");
 }

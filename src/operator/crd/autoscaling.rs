@@ -18,7 +18,8 @@ pub struct Autoscaling {
     #[serde(default)]
     pub enabled: bool,
     /// Fewest worker pods; 0 scales to zero when there is no lag for the whole stabilization
-    /// window (the estimator keeps watching and wakes the workers on the first change).
+    /// window (on freshness without one, once nothing arrived over the write rate's time
+    /// constant); the estimator keeps watching and wakes the workers on the first change.
     #[serde(default = "default_min_replicas")]
     #[schemars(range(min = 0))]
     pub min_replicas: i32,
@@ -42,8 +43,9 @@ pub struct Autoscaling {
     pub target_freshness: Option<String>,
     /// Scale down only to the highest recommendation seen in this window (scaling up is
     /// immediate). Default `300s`; with `targetFreshness`, none while the freshness rules decide
-    /// (they scale in only once what arrives has been steady and the target holds with fewer):
-    /// set it to hold workers longer.
+    /// (they scale in once what arrives was read over its time constant, for the highest rate
+    /// since it was last steady, and only as far as the target holds): set it to hold workers
+    /// longer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
     #[schemars(length(max = 32))]

@@ -33,6 +33,8 @@ pub struct Arrivals {
     kept: VecDeque<Reading>,
     /// Whether the readings cover the horizon and lie within the tolerance.
     steady: bool,
+    /// The horizon of the last reading.
+    horizon: Duration,
     /// The latest rate while it is steady; the highest since it last was while it moves (after
     /// a peak, scaling in along an ebbing rate would take a step at each estimate).
     level: Option<f64>,
@@ -43,6 +45,7 @@ impl Arrivals {
     /// rate is steady before that is known).
     pub fn seen(&mut self, reading: Reading, horizon: Duration, per_replica: Option<f64>) {
         self.kept.push_back(reading);
+        self.horizon = horizon;
         while self
             .kept
             .get(1)
@@ -50,7 +53,7 @@ impl Arrivals {
         {
             self.kept.pop_front();
         }
-        self.steady = per_replica.is_some_and(|per_replica| self.within(horizon, per_replica));
+        self.steady = per_replica.is_some_and(|per_replica| self.within(per_replica));
         self.level = Some(if self.steady {
             reading.arriving
         } else {
@@ -58,18 +61,24 @@ impl Arrivals {
         });
     }
 
-    /// Whether the kept readings cover `horizon` and spread no more than the tolerance of the
+    /// Whether the kept readings cover the horizon and spread no more than the tolerance of the
     /// latest, or half of `per_replica`.
-    fn within(&self, horizon: Duration, per_replica: f64) -> bool {
-        let (Some(first), Some(latest)) = (self.kept.front(), self.kept.back()) else {
+    fn within(&self, per_replica: f64) -> bool {
+        let Some(latest) = self.kept.back().filter(|_| self.covered()) else {
             return false;
         };
-        if latest.at.saturating_duration_since(first.at) < horizon {
-            return false;
-        }
         let rates = self.kept.iter().map(|reading| reading.arriving);
         let spread = rates.clone().fold(f64::MIN, f64::max) - rates.fold(f64::MAX, f64::min);
         spread <= (latest.arriving * TOLERANCE).max(per_replica / 2.0)
+    }
+
+    /// Whether the readings kept span the horizon: before, neither steadiness nor the backlog's
+    /// growth is told.
+    pub fn covered(&self) -> bool {
+        match (self.kept.front(), self.kept.back()) {
+            (Some(first), Some(latest)) => latest.at.saturating_duration_since(first.at) >= self.horizon,
+            _ => false,
+        }
     }
 
     /// Whether what arrives was steady over the last horizon.
@@ -84,8 +93,11 @@ impl Arrivals {
     }
 
     /// How fast the backlog grew over the kept readings, documents a second (negative: it
-    /// shrank); `None` before two readings.
+    /// shrank); `None` before they span the horizon (a backlog read mid-page bounces).
     pub fn growth(&self) -> Option<f64> {
+        if !self.covered() {
+            return None;
+        }
         let (first, latest) = (self.kept.front()?, self.kept.back()?);
         let elapsed = latest.at.checked_duration_since(first.at).filter(|e| !e.is_zero())?;
         Some((latest.lag - first.lag) / elapsed.as_secs_f64())
@@ -177,7 +189,7 @@ mod tests {
             arrivals.growth()
         };
         assert_eq!(at(0, 10.0), None);
-        assert_eq!(at(2, 20.0), Some(5.0));
+        assert_eq!(at(2, 20.0), None, "2 s do not span the horizon");
         assert_eq!(at(4, 10.0), Some(0.0), "over 4 s: a bounce is no growth");
         assert_eq!(at(6, 30.0), Some(2.5), "from the reading 4 s before: 10 more");
         assert_eq!(

@@ -129,20 +129,12 @@ impl ScaleHistory {
     pub fn decide(&mut self, policy: &Policy, current: Option<i32>, observed: &Observed, now: Instant) -> Decision {
         // A history that starts while workers already run (an operator restart or a new leader)
         // counts the current replicas as a recommendation, so nothing scales down before a whole
-        // window of estimates was seen.
+        // window of estimates was seen (on freshness without a window, its own horizon holds).
         if !self.seeded {
             self.seeded = true;
             self.seed = current.map(|current| (now, current));
         }
-        let keep = policy
-            .scale_down_stabilization
-            .max(policy.behavior.up_window)
-            .max(policy.freshness.map_or(Duration::ZERO, |t| t.scale_down_stabilization));
-        self.recommendations
-            .retain(|(at, _)| now.saturating_duration_since(*at) <= keep);
-        let period = longest_period(&policy.behavior);
-        self.changes
-            .retain(|(at, _)| now.saturating_duration_since(*at) < period);
+        self.forget_before(policy, now);
         let (total_lag, leases, freshness) = match observed {
             Observed::Failed(error) => {
                 self.failures = self.failures.saturating_add(1);
@@ -161,11 +153,7 @@ impl ScaleHistory {
             .freshness
             .map(|target| self.freshness.advise(&target, freshness, current))
             .filter(|advice| advice.replicas.is_some());
-        // While the freshness policy decides, its rules hold scale-in: its window applies.
-        let window = match (&fresh, policy.freshness) {
-            (Some(_), Some(target)) => target.scale_down_stabilization,
-            _ => policy.scale_down_stabilization,
-        };
+        let window = scale_down_window(policy, fresh.as_ref());
         let recommended = recommend(policy, current, total_lag, leases, fresh);
         let recommendation = recommended.replicas;
         self.recommendations.push_back((now, recommendation));
@@ -173,10 +161,7 @@ impl ScaleHistory {
         let replicas = match current {
             None => recommendation,
             Some(current) => {
-                let held = Held {
-                    upper: recommended.upper,
-                    window,
-                };
+                let held = Held::by(recommended.upper, window);
                 let (replicas, note) = self.stabilized(policy, current, recommendation, held, now);
                 if let Some(note) = note {
                     message = format!("{message}; {note}");
@@ -201,6 +186,30 @@ impl ScaleHistory {
     }
 }
 
+impl ScaleHistory {
+    /// Forgets the recommendations and changes older than `policy` looks back at `now`.
+    fn forget_before(&mut self, policy: &Policy, now: Instant) {
+        let keep = policy
+            .scale_down_stabilization
+            .max(policy.behavior.up_window)
+            .max(policy.freshness.map_or(Duration::ZERO, |t| t.scale_down_stabilization));
+        self.recommendations
+            .retain(|(at, _)| now.saturating_duration_since(*at) <= keep);
+        let period = longest_period(&policy.behavior);
+        self.changes
+            .retain(|(at, _)| now.saturating_duration_since(*at) < period);
+    }
+}
+
+/// The scale-down window in force: while the freshness policy decides (`fresh`), its own — its
+/// rules hold scale-in; else the lag count's.
+fn scale_down_window(policy: &Policy, fresh: Option<&Advice>) -> Duration {
+    match (fresh, policy.freshness) {
+        (Some(_), Some(target)) => target.scale_down_stabilization,
+        _ => policy.scale_down_stabilization,
+    }
+}
+
 /// What holds a recommendation back besides the rate policies.
 #[derive(Debug, Clone, Copy)]
 struct Held {
@@ -208,6 +217,13 @@ struct Held {
     upper: i32,
     /// The scale-down stabilization window in force.
     window: Duration,
+}
+
+impl Held {
+    /// Held by `upper` at most and a scale-down window of `window`.
+    fn by(upper: i32, window: Duration) -> Self {
+        Self { upper, window }
+    }
 }
 
 /// What the estimate alone recommends, before the stabilization and the rate policies.
@@ -507,14 +523,20 @@ mod tests {
             },
         };
         let t0 = Instant::now();
-        let unset = ScaleHistory::default().decide(&fresh(Duration::ZERO), Some(8), &quiet, t0);
+        // What arrives is read for its horizon (two acquire intervals, 4 s) before any scale-in.
+        let decisions = |policy: &Policy| {
+            let mut history = ScaleHistory::default();
+            [0, 2, 4].map(|s| history.decide(policy, Some(8), &quiet, t0 + Duration::from_secs(s)))
+        };
+        let [first, _, unset] = decisions(&fresh(Duration::ZERO));
+        assert_eq!(first.replicas, 8, "a new history: {}", first.message);
         assert_eq!(
             unset.replicas, 3,
             "220/s with a tenth to spare, in at once: {}",
             unset.message
         );
         assert_eq!(unset.event, Some(("ScaledDown", "8 → 3: estimated lag 0".to_owned())));
-        let set = ScaleHistory::default().decide(&fresh(Duration::from_secs(60)), Some(8), &quiet, t0);
+        let [_, _, set] = decisions(&fresh(Duration::from_secs(60)));
         assert_eq!(set.recommendation, Some(3));
         assert_eq!(set.replicas, 8, "the resource's window: {}", set.message);
         assert!(set.message.contains("window (1m)"), "{}", set.message);

@@ -80,6 +80,14 @@ async fn bootstrap_once(
     options: &ProcessorOptions,
 ) -> Result<(), ProcessorError> {
     let mut lock = LockWatch::default();
+    // One attempt at a time in this process: the lock document lets its own leftovers be taken
+    // again, which must never be a live attempt's.
+    let _attempt = loop {
+        if let Some(attempt) = LiveAttempt::claim(store.prefix()) {
+            break attempt;
+        }
+        tokio::time::sleep(Duration::from_millis(250 + fastrand::u64(0..250))).await;
+    };
     loop {
         let snapshot = store.snapshot().await?;
         check_no_other_processor(&snapshot, options)?;
@@ -121,6 +129,35 @@ async fn bootstrap_once(
         unlocked?;
         tracing::info!(leases = created, ranges = ranges.len(), "lease store initialized");
         return Ok(());
+    }
+}
+
+/// The bootstrap attempts live in this process, by lease prefix.
+static LIVE_ATTEMPTS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// A bootstrap attempt of this process for one lease prefix, until it ends or is dropped.
+struct LiveAttempt {
+    prefix: String,
+}
+
+impl LiveAttempt {
+    /// The attempt for `prefix`; `None` while another one of this process runs.
+    fn claim(prefix: &str) -> Option<Self> {
+        let mut live = LIVE_ATTEMPTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if live.iter().any(|p| p == prefix) {
+            return None;
+        }
+        live.push(prefix.to_owned());
+        Some(Self {
+            prefix: prefix.to_owned(),
+        })
+    }
+}
+
+impl Drop for LiveAttempt {
+    fn drop(&mut self) {
+        let mut live = LIVE_ATTEMPTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        live.retain(|p| *p != self.prefix);
     }
 }
 
@@ -342,7 +379,7 @@ async fn is_recreated(
 
 /// Adopts foreign checkpoints when asked to (or partition-key-range leases found under our own
 /// prefix: a .NET v2 / v3 version-0 processor of the same name); returns the leases created and
-/// the ranges they cover. The bootstrap lock is given back when the adoption fails.
+/// the ranges they cover.
 async fn adopt_existing(
     (store, budget): (&dyn LeaseStore, &WriteBudget),
     monitored: &MonitoredContainer,
@@ -361,13 +398,7 @@ async fn adopt_existing(
     let Some(adopt) = in_place.or(explicit) else {
         return Ok((0, Vec::new()));
     };
-    let leases = match adopt_foreign(store, monitored, options, &adopt).await {
-        Ok(leases) => leases,
-        Err(error) => {
-            let _ = store.unlock().await;
-            return Err(error);
-        }
-    };
+    let leases = adopt_foreign(store, monitored, options, &adopt).await?;
     let adopted = leases.iter().filter_map(|lease| lease.range().cloned()).collect();
     let created = create_all((store, budget), &leases).await?;
     Ok((created, adopted))

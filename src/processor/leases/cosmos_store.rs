@@ -226,6 +226,10 @@ const LIVENESS_INSTANCE: &str = "instance";
 const LEAVING_FIELD: &str = "leaving";
 /// The heartbeat field that names the process running under the instance name.
 const INCARNATION_FIELD: &str = "incarnation";
+/// The heartbeat field with the UID of the pod the instance runs in.
+const POD_FIELD: &str = "podUid";
+/// The heartbeat field that stamps it by its process's own clock ([`writer_clocks`]).
+const WRITER_CLOCK_FIELD: &str = "writerClock";
 /// The bootstrap lock's field naming the process that holds it ([`lock_process`]).
 const LOCK_PROCESS_FIELD: &str = "process";
 
@@ -235,9 +239,6 @@ fn lock_process() -> &'static str {
     static PROCESS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     PROCESS.get_or_init(|| format!("{:016x}", fastrand::u64(..)))
 }
-const POD_FIELD: &str = "podUid";
-/// The heartbeat field that stamps it by its process's own clock ([`writer_clocks`]).
-const WRITER_CLOCK_FIELD: &str = "writerClock";
 
 /// Records the heartbeat document `body` of `instance` in `snapshot` (one without a readable
 /// time is no heartbeat).
@@ -373,17 +374,25 @@ impl LeaseStore for CosmosLeaseStore {
         // `ttl` lets the service remove a dead holder's lock where the container expires documents.
         let body =
             serde_json::json!({"Owner": owner, LOCK_PROCESS_FIELD: lock_process(), "timestamp": stamp, "ttl": 30});
-        if self.create_marker(id.clone(), body).await? {
+        if self.create_marker(id.clone(), body.clone()).await? {
             return Ok(LockAttempt::Taken);
         }
         Ok(match self.container.read(&id, &id).await? {
             // This very process's, left by an attempt that did not finish (dropped on a
-            // timeout): nobody else waits on it.
+            // timeout; the bootstrap runs one attempt a prefix at a time): rewritten, so that
+            // instances waiting for it to look abandoned start counting again.
             Some(doc)
                 if doc.body.get(LOCK_PROCESS_FIELD).and_then(Value::as_str) == Some(lock_process())
                     && doc.body.get("Owner").and_then(Value::as_str) == Some(owner) =>
             {
-                LockAttempt::Taken
+                let body = self.marker(id.clone(), body);
+                match self.container.replace(&id, &body, &doc.etag).await {
+                    Ok(_) => LockAttempt::Taken,
+                    Err(e) if matches!(e.kind, ErrorKind::PreconditionFailed | ErrorKind::NotFound) => {
+                        LockAttempt::Free
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
             Some(doc) => LockAttempt::Held { etag: doc.etag },
             // Removed meanwhile: free again.
