@@ -29,6 +29,7 @@
 use std::time::{Duration, Instant};
 
 use crate::operator::scaling::arrivals::{Arrivals, Reading, TOLERANCE};
+use crate::operator::scaling::worker_count::{keep_within_tolerance, replicas_for, workers_for_an_even_share};
 use crate::processor::ProcessorEstimate;
 
 /// How long the replicas must not have changed before a rate per worker is taken from the
@@ -475,20 +476,6 @@ impl BudgetCap {
     }
 }
 
-/// `wanted`, or `current` where the running workers handle what is `needed` within
-/// [`TOLERANCE`].
-fn keep_within_tolerance(wanted: i32, needed: f64, per_replica: f64, current: Option<i32>) -> i32 {
-    let Some(current) = current.filter(|c| *c > 0) else {
-        return wanted;
-    };
-    let ratio = needed / (f64::from(current) * per_replica);
-    if (1.0 - TOLERANCE..=1.0 + TOLERANCE).contains(&ratio) && wanted != 0 {
-        current
-    } else {
-        wanted
-    }
-}
-
 /// `wanted`, where it is fewer than the `current` workers, only once the oldest pending change
 /// (`age` seconds) is within half the target: while a backlog drains, what it needs falls
 /// estimate by estimate, and scaling in along it would take a step at each; held until then,
@@ -497,36 +484,6 @@ fn scale_in_once(wanted: i32, current: Option<i32>, age: f64, target_seconds: f6
     match current {
         Some(current) if wanted < current && age > target_seconds / 2.0 => current,
         _ => wanted,
-    }
-}
-
-/// The fewest workers that give the busiest of them no more than a tenth above the even share
-/// that `wanted` workers are figured on: the leases are shared by count, so of `leases` over `n`
-/// workers the busiest holds `ceil(leases / n)`, and the oldest pending change waits on it. Of
-/// 32 leases, 15 workers leave two with 3 (41 % above 1/15): 16 are needed; 11 leave ten with 3
-/// (3 % above 1/11): 11 do. `wanted` where the leases are not known.
-fn workers_for_an_even_share(wanted: i32, leases: usize) -> i32 {
-    if wanted <= 0 || leases == 0 {
-        return wanted;
-    }
-    let leases = leases as f64;
-    // The most leases the busiest may hold; none: one lease each is the best there is.
-    let most = (leases * (1.0 + TOLERANCE) / f64::from(wanted)).floor().max(1.0);
-    let workers = (leases / most).ceil();
-    if workers.is_finite() && workers <= f64::from(i32::MAX) {
-        workers as i32
-    } else {
-        wanted
-    }
-}
-
-/// Workers handling `per_replica` documents a second each that handle `needed` a second.
-fn replicas_for(needed: f64, per_replica: f64) -> i32 {
-    let replicas = (needed / per_replica).ceil();
-    if replicas.is_finite() && replicas > 0.0 {
-        replicas.min(f64::from(i32::MAX)) as i32
-    } else {
-        0
     }
 }
 
@@ -851,24 +808,7 @@ mod tests {
     }
 
     #[test]
-    fn workers_are_counted_in_the_leases_the_busiest_of_them_holds() {
-        for (wanted, leases, workers, why) in [
-            (15, 32, 16, "15 leave two with 3 leases, 41 % above an even share"),
-            (12, 32, 16, "12 as well"),
-            (16, 32, 16, "2 leases each"),
-            (17, 32, 16, "17 leave one with 2, 6 % above: as 16 do"),
-            (11, 32, 11, "11 leave ten with 3, 3 % above"),
-            (9, 32, 11, "9 leave one with 4, 12 % above"),
-            (8, 32, 8, "4 leases each"),
-            (6, 32, 7, "6 leave one with 6, 12 % above"),
-            (40, 32, 32, "one lease each at most: more workers hold none"),
-            (3, 4, 4, "3 leave one with 2 of 4, half above"),
-            (1, 32, 1, "one worker"),
-            (0, 32, 0, "none"),
-            (5, 0, 5, "leases unknown"),
-        ] {
-            assert_eq!(workers_for_an_even_share(wanted, leases), workers, "{why}");
-        }
+    fn a_step_is_counted_in_the_leases_the_busiest_of_them_holds() {
         // A step: 15 wanted by the even-share figure, 16 of 32 leases give it.
         let state = measured(24.0, 0.0);
         let mut step = seen(370, Some(2), 24.0);
