@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use changefeed_operator::cosmos::MonitoredContainer;
+use changefeed_operator::processor::leases::bootstrap::bootstrap;
 use changefeed_operator::processor::{Lease, LeaseStore};
 
 use crate::common::{self, Env, eventually, fair, ids, upsert_doc};
@@ -456,17 +458,30 @@ async fn leases_lost_while_cycles_run_back_to_back_are_closed_after_the_cycle_th
     );
 }
 
+/// Two partitions, a lease container, and its store, for bootstraps run by hand.
+struct Bootstrapping {
+    env: Env,
+    monitored: MonitoredContainer,
+    store: Arc<dyn LeaseStore>,
+}
+
+impl Bootstrapping {
+    async fn new() -> Self {
+        let env = Env::new(2).await;
+        env.ensure_leases().await;
+        let monitored = env.account.monitored(common::DB, common::ITEMS).await.unwrap();
+        let store = env.store().await;
+        Self { env, monitored, store }
+    }
+}
+
 /// A bootstrap dropped while it holds the bootstrap lock (the operator's estimate timing out,
 /// its leadership lost) leaves the lock behind; the next bootstrap of the same process must not
 /// wait a whole lease expiration for it to look abandoned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bootstrap_dropped_while_it_holds_the_lock_does_not_hold_up_the_next_one() {
-    use changefeed_operator::processor::leases::bootstrap::bootstrap;
-    let env = Env::new(2).await;
-    env.ensure_leases().await;
-    let monitored = env.account.monitored(common::DB, common::ITEMS).await.unwrap();
+    let Bootstrapping { env, monitored, store } = Bootstrapping::new().await;
     let leases = env.account.documents(common::DB, common::LEASES).await.unwrap();
-    let store = env.store().await;
     let mut options = env.options("operator");
     options.expiration = Duration::from_secs(60);
     // Many leases to create: the lock is held for a while, and the attempt is dropped as soon as
@@ -506,11 +521,7 @@ async fn a_bootstrap_dropped_while_it_holds_the_lock_does_not_hold_up_the_next_o
 /// refused — never leases of both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_bootstraps_of_one_process_for_one_lease_set_run_one_at_a_time() {
-    use changefeed_operator::processor::leases::bootstrap::bootstrap;
-    let env = Env::new(2).await;
-    env.ensure_leases().await;
-    let monitored = env.account.monitored(common::DB, common::ITEMS).await.unwrap();
-    let store = env.store().await;
+    let Bootstrapping { env, monitored, store } = Bootstrapping::new().await;
     let (mut one, mut two) = (env.options("operator"), env.options("operator"));
     one.leases_per_partition = 1;
     two.leases_per_partition = 2;

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use crate::operator::scaling::arrivals::{Arrivals, Reading, TOLERANCE};
 use crate::operator::scaling::worker_count::{keep_within_tolerance, replicas_for, workers_for_an_even_share};
 use crate::processor::ProcessorEstimate;
+use crate::processor::options::defaults;
 
 /// How long the replicas must not have changed before a rate per worker is taken from the
 /// reports, beyond the reports' time constant (two acquire intervals): a few estimates.
@@ -76,24 +77,31 @@ pub struct Settling {
 }
 
 impl Settling {
-    /// The default lease timings' (acquire interval 13 s): for the measures kept without a
-    /// freshness target.
-    pub const DEFAULT: Settling = Settling {
-        rate_per_worker: Duration::from_secs(30),
-        arrivals: Duration::from_secs(26),
-    };
+    /// The default lease timings': for the measures kept without a freshness target.
+    pub const DEFAULT: Settling = Settling::for_acquire_interval(defaults::ACQUIRE_INTERVAL);
+
+    /// Workers whose acquire interval is `acquire_interval`: the rates they report are decayed
+    /// over two of it; a rate per worker is taken [`SETTLE_BEYOND`] after that.
+    pub const fn for_acquire_interval(acquire_interval: Duration) -> Self {
+        let time_constant = acquire_interval.saturating_mul(2);
+        Settling {
+            rate_per_worker: time_constant.saturating_add(SETTLE_BEYOND),
+            arrivals: time_constant,
+        }
+    }
 }
 
 impl FreshnessTarget {
     /// The target `target` of workers whose acquire interval is `acquire_interval`, with a read
     /// budget of `read_budget_units` when known.
     pub fn new(target: Duration, acquire_interval: Duration, read_budget_units: Option<f64>) -> Self {
+        let settling = Settling::for_acquire_interval(acquire_interval);
         Self {
             target,
             read_budget_units,
-            settle: acquire_interval * 2 + SETTLE_BEYOND,
-            start_up: acquire_interval * 2 + SETTLE_BEYOND,
-            steady_over: acquire_interval * 2,
+            settle: settling.rate_per_worker,
+            start_up: settling.rate_per_worker,
+            steady_over: settling.arrivals,
             scale_down_stabilization: Duration::ZERO,
         }
     }
