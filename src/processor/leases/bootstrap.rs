@@ -81,10 +81,15 @@ async fn bootstrap_once(
 ) -> Result<(), ProcessorError> {
     let mut lock = LockWatch::default();
     // One attempt at a time in this process: the lock document lets its own leftovers be taken
-    // again, which must never be a live attempt's.
+    // again, which must never be a live attempt's. An attempt that held on for a lease
+    // expiration (frozen: aborted behind a closed gate) is taken for gone, as a lock that old is.
+    let waiting = Instant::now();
     let _attempt = loop {
         if let Some(attempt) = LiveAttempt::claim(store.prefix()) {
-            break attempt;
+            break Some(attempt);
+        }
+        if waiting.elapsed() >= options.expiration {
+            break None;
         }
         tokio::time::sleep(Duration::from_millis(250 + fastrand::u64(0..250))).await;
     };
