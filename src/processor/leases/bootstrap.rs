@@ -81,8 +81,8 @@ async fn bootstrap_once(
 ) -> Result<(), ProcessorError> {
     let mut lock = LockWatch::default();
     // One attempt at a time in this process: the lock document lets its own leftovers be taken
-    // again, which must never be a live attempt's. An attempt that held on for a lease
-    // expiration (frozen: aborted behind a closed gate) is taken for gone, as a lock that old is.
+    // again, which must never be a live attempt's. The wait is bounded: an attempt holding on
+    // for a lease expiration is taken for gone, as a lock unchanged that long is.
     let waiting = Instant::now();
     let _attempt = loop {
         if let Some(attempt) = LiveAttempt::claim(store.prefix()) {
