@@ -310,9 +310,9 @@ impl LeaseStore for CountingStore {
         self.inner.break_lock(etag).await
     }
 
-    async fn unlock(&self) -> Result<(), LeaseStoreError> {
+    async fn unlock(&self, etag: &str) -> Result<(), LeaseStoreError> {
         self.count(&self.requests.other).await?;
-        self.inner.unlock().await
+        self.inner.unlock(etag).await
     }
 
     async fn mark_initialized(&self, monitored: &str, leases_per_partition: u32) -> Result<(), LeaseStoreError> {

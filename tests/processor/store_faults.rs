@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use changefeed_operator::cosmos::MonitoredContainer;
 use changefeed_operator::processor::leases::bootstrap::bootstrap;
-use changefeed_operator::processor::{Lease, LeaseStore};
+use changefeed_operator::processor::{Lease, LeaseStore, LockAttempt};
 
 use crate::common::{self, Env, eventually, fair, ids, upsert_doc};
 
@@ -540,4 +540,41 @@ async fn two_bootstraps_of_one_process_for_one_lease_set_run_one_at_a_time() {
         "exactly one layout: {first:?} / {second:?}"
     );
     assert_eq!(leases, if first.is_ok() { 2 } else { 4 }, "one layout's leases only");
+}
+
+/// A bootstrap that outlasts a lease expiration has its lock broken and taken by another
+/// instance (the lock looks abandoned: its holder does not rewrite it); when the slow one ends it
+/// gives back its own lock only — never the one the other instance holds now, which would let a
+/// third bootstrap run beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootstrap_whose_lock_was_taken_over_gives_back_only_its_own() {
+    let Bootstrapping { env, store, .. } = Bootstrapping::new().await;
+    let leases = env.account.documents(common::DB, common::LEASES).await.unwrap();
+    let lock = format!("{}.lock", store.prefix());
+    let holder = || async {
+        leases
+            .read(&lock, &lock)
+            .await
+            .unwrap()
+            .map(|doc| doc.body["Owner"].clone())
+    };
+    let LockAttempt::Taken { etag: slow } = store.try_lock("slow").await.unwrap() else {
+        panic!("the lock is free")
+    };
+    let LockAttempt::Held { etag } = store.try_lock("other").await.unwrap() else {
+        panic!("the slow instance's lock is held")
+    };
+    store.break_lock(&etag).await.unwrap();
+    assert!(matches!(
+        store.try_lock("other").await.unwrap(),
+        LockAttempt::Taken { .. }
+    ));
+    store.unlock(&slow).await.unwrap();
+    let left = holder().await;
+    println!("the slow bootstrap gave its lock back after another took it over: the lock is {left:?}");
+    assert_eq!(
+        left,
+        Some(serde_json::json!("other")),
+        "the other instance's lock is left alone"
+    );
 }

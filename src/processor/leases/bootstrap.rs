@@ -104,8 +104,8 @@ async fn bootstrap_once(
         }
         // Leases are about to be created: not over the range of one that cannot be read.
         check_readable(&snapshot, store.prefix())?;
-        match store.try_lock(&options.instance).await? {
-            LockAttempt::Taken => {}
+        let etag = match store.try_lock(&options.instance).await? {
+            LockAttempt::Taken { etag } => etag,
             held => {
                 // A lock unchanged for a lease expiration, as seen here, is a dead holder's (its
                 // holder does not rewrite it: a bootstrap that takes longer than that is shared).
@@ -118,7 +118,7 @@ async fn bootstrap_once(
                 tokio::time::sleep(Duration::from_millis(250 + fastrand::u64(0..250))).await;
                 continue;
             }
-        }
+        };
         let initialized = initialize((store, budget), monitored, options, &snapshot, &uncovered).await;
         let marked = match &initialized {
             Ok(_) => store
@@ -128,7 +128,7 @@ async fn bootstrap_once(
             Err(_) => Ok(()),
         };
         // Given back whatever happened: another instance would wait a lease expiration for it.
-        let unlocked = store.unlock().await;
+        let unlocked = store.unlock(&etag).await;
         let created = initialized?;
         marked?;
         unlocked?;

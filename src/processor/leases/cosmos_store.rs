@@ -195,11 +195,11 @@ impl CosmosLeaseStore {
         body
     }
 
-    async fn create_marker(&self, id: String, extra: Value) -> Result<bool, LeaseStoreError> {
+    async fn create_marker(&self, id: String, extra: Value) -> Result<Option<String>, LeaseStoreError> {
         let body = self.marker(id.clone(), extra);
         match self.container.create(&id, &body).await {
-            Ok(_) => Ok(true),
-            Err(e) if e.kind == ErrorKind::Conflict => Ok(false),
+            Ok(doc) => Ok(Some(doc.etag)),
+            Err(e) if e.kind == ErrorKind::Conflict => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
@@ -374,8 +374,8 @@ impl LeaseStore for CosmosLeaseStore {
         // `ttl` lets the service remove a dead holder's lock where the container expires documents.
         let body =
             serde_json::json!({"Owner": owner, LOCK_PROCESS_FIELD: lock_process(), "timestamp": stamp, "ttl": 30});
-        if self.create_marker(id.clone(), body.clone()).await? {
-            return Ok(LockAttempt::Taken);
+        if let Some(etag) = self.create_marker(id.clone(), body.clone()).await? {
+            return Ok(LockAttempt::Taken { etag });
         }
         Ok(match self.container.read(&id, &id).await? {
             // This very process's, left by an attempt that did not finish (dropped on a
@@ -387,7 +387,7 @@ impl LeaseStore for CosmosLeaseStore {
             {
                 let body = self.marker(id.clone(), body);
                 match self.container.replace(&id, &body, &doc.etag).await {
-                    Ok(_) => LockAttempt::Taken,
+                    Ok(doc) => LockAttempt::Taken { etag: doc.etag },
                     Err(e) if matches!(e.kind, ErrorKind::PreconditionFailed | ErrorKind::NotFound) => {
                         LockAttempt::Free
                     }
@@ -408,9 +408,19 @@ impl LeaseStore for CosmosLeaseStore {
         }
     }
 
-    async fn unlock(&self) -> Result<(), LeaseStoreError> {
+    async fn unlock(&self, etag: &str) -> Result<(), LeaseStoreError> {
         let id = self.marker_id("lock");
-        Ok(self.container.delete(&id, &id, None).await?)
+        match self.container.delete(&id, &id, Some(etag)).await {
+            Err(e) if e.kind == ErrorKind::PreconditionFailed => {
+                tracing::warn!(
+                    "the bootstrap lock was taken over by another instance while this one bootstrapped: left to it"
+                );
+                Ok(())
+            }
+            Err(e) if e.kind == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e.into()),
+            Ok(()) => Ok(()),
+        }
     }
 
     async fn mark_initialized(&self, monitored: &str, leases_per_partition: u32) -> Result<(), LeaseStoreError> {

@@ -368,8 +368,9 @@ pub trait LeaseStore: Send + Sync {
     async fn try_lock(&self, owner: &str) -> Result<LockAttempt, LeaseStoreError>;
     /// Removes the bootstrap lock if it is still at version `etag` (its holder died).
     async fn break_lock(&self, etag: &str) -> Result<(), LeaseStoreError>;
-    /// Removes the bootstrap lock.
-    async fn unlock(&self) -> Result<(), LeaseStoreError>;
+    /// Removes the bootstrap lock if it is still the version `etag` this instance took: one
+    /// another instance broke and took meanwhile is left to it.
+    async fn unlock(&self, etag: &str) -> Result<(), LeaseStoreError>;
     /// Writes the `.info` marker: the store is initialized, for the container named `monitored`
     /// (`database/container`), with `leases_per_partition` leases per physical partition.
     async fn mark_initialized(&self, monitored: &str, leases_per_partition: u32) -> Result<(), LeaseStoreError>;
@@ -439,7 +440,10 @@ pub struct HeartbeatDoc {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LockAttempt {
     /// This instance holds the lock now.
-    Taken,
+    Taken {
+        /// The lock document's version this instance wrote (given back only while it still is).
+        etag: String,
+    },
     /// Another instance holds it, at this version.
     Held {
         /// The lock document's ETag (its holder's version).

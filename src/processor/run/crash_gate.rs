@@ -79,9 +79,9 @@ impl LeaseStore for CrashGate {
         self.pass().await;
         self.inner.break_lock(etag).await
     }
-    async fn unlock(&self) -> Result<(), LeaseStoreError> {
+    async fn unlock(&self, etag: &str) -> Result<(), LeaseStoreError> {
         self.pass().await;
-        self.inner.unlock().await
+        self.inner.unlock(etag).await
     }
     async fn mark_initialized(&self, monitored: &str, leases_per_partition: u32) -> Result<(), LeaseStoreError> {
         self.pass().await;
@@ -144,12 +144,12 @@ mod tests {
             Ok(())
         }
         async fn try_lock(&self, _: &str) -> Result<LockAttempt, LeaseStoreError> {
-            Ok(LockAttempt::Taken)
+            Ok(LockAttempt::Taken { etag: String::new() })
         }
         async fn break_lock(&self, _: &str) -> Result<(), LeaseStoreError> {
             Ok(())
         }
-        async fn unlock(&self) -> Result<(), LeaseStoreError> {
+        async fn unlock(&self, _: &str) -> Result<(), LeaseStoreError> {
             Ok(())
         }
         async fn mark_initialized(&self, _: &str, _: u32) -> Result<(), LeaseStoreError> {
