@@ -209,8 +209,13 @@ impl Workers<'_> {
     }
 }
 
-/// One run of `policy` over the shape: the estimates, the decisions, the workers.
-async fn run(world: &World, processor: &str, policy: &Policy, shape: Shape) -> Result<Run, BenchError> {
+/// One run of `policy` over the shape: the estimates, the decisions, the workers — on an
+/// emulator of its own, so that no run reads a container that earlier runs filled (the SDK's
+/// emulator copies every document of a lease's range for each change feed page it serves, so a
+/// fuller container slows every read).
+async fn run(processor: &str, policy: &Policy, shape: Shape) -> Result<Run, BenchError> {
+    let world = World::new(PARTITIONS).await?;
+    let world = &world;
     let mut workers = Workers {
         world,
         processor: processor.to_owned(),
@@ -312,7 +317,6 @@ fn jump_up() -> Behavior {
 /// The group: see the module.
 pub async fn freshness_step(settings: &BenchSettings) -> Result<Vec<Figure>, BenchError> {
     let shape = Shape::of(settings);
-    let world = World::new(PARTITIONS).await?;
     let count_policy = base_policy(shape);
     let fresh_policy = Policy {
         freshness: Some(FreshnessTarget::new(
@@ -322,19 +326,19 @@ pub async fn freshness_step(settings: &BenchSettings) -> Result<Vec<Figure>, Ben
         )),
         ..count_policy.clone()
     };
-    let fresh = run(&world, "fresh", &fresh_policy, shape).await?;
-    let counted = tuned_count(&world, shape, count_policy).await?;
+    let fresh = run("fresh", &fresh_policy, shape).await?;
+    let counted = tuned_count(shape, count_policy).await?;
     Ok(figures(shape, &fresh, &counted))
 }
 
 /// The lag-count policy tuned to keep the target on this load: from a worker's share draining
 /// in half the target, the lag per replica halved until its p99 meets the target (at most
 /// [`COUNT_TUNINGS`] runs; the last one when none does).
-async fn tuned_count(world: &World, shape: Shape, mut policy: Policy) -> Result<Counted, BenchError> {
+async fn tuned_count(shape: Shape, mut policy: Policy) -> Result<Counted, BenchError> {
     let mut tried = 0;
     loop {
         tried += 1;
-        let run = run(world, &format!("counted{tried}"), &policy, shape).await?;
+        let run = run(&format!("counted{tried}"), &policy, shape).await?;
         let met = p99(&run.ages) <= shape.target.as_secs_f64();
         if met || tried >= COUNT_TUNINGS {
             return Ok(Counted {
