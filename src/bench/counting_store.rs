@@ -300,9 +300,14 @@ impl LeaseStore for CountingStore {
         self.inner.delete(lease).await
     }
 
-    async fn try_lock(&self, owner: &str) -> Result<LockAttempt, LeaseStoreError> {
+    async fn try_lock(&self, owner: &str, renewal: Duration) -> Result<LockAttempt, LeaseStoreError> {
         self.count(&self.requests.other).await?;
-        self.inner.try_lock(owner).await
+        self.inner.try_lock(owner, renewal).await
+    }
+
+    async fn renew_lock(&self, owner: &str, renewal: Duration, etag: &str) -> Result<Option<String>, LeaseStoreError> {
+        self.count(&self.requests.other).await?;
+        self.inner.renew_lock(owner, renewal, etag).await
     }
 
     async fn break_lock(&self, etag: &str) -> Result<(), LeaseStoreError> {

@@ -558,15 +558,15 @@ async fn a_bootstrap_whose_lock_was_taken_over_gives_back_only_its_own() {
             .unwrap()
             .map(|doc| doc.body["Owner"].clone())
     };
-    let LockAttempt::Taken { etag: slow } = store.try_lock("slow").await.unwrap() else {
+    let LockAttempt::Taken { etag: slow } = store.try_lock("slow", Duration::from_secs(5)).await.unwrap() else {
         panic!("the lock is free")
     };
-    let LockAttempt::Held { etag } = store.try_lock("other").await.unwrap() else {
+    let LockAttempt::Held { etag, .. } = store.try_lock("other", Duration::from_secs(5)).await.unwrap() else {
         panic!("the slow instance's lock is held")
     };
     store.break_lock(&etag).await.unwrap();
     assert!(matches!(
-        store.try_lock("other").await.unwrap(),
+        store.try_lock("other", Duration::from_secs(5)).await.unwrap(),
         LockAttempt::Taken { .. }
     ));
     store.unlock(&slow).await.unwrap();

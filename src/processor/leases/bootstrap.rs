@@ -3,41 +3,18 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::cosmos::{EpkRange, FeedMode, MonitoredContainer, StartFrom};
 use crate::processor::budgets::writes::{Late, Turn, WriteBudget};
 use crate::processor::error::ProcessorError;
 use crate::processor::leases::adopt::AdoptOptions;
-use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError, LockAttempt};
+use crate::processor::leases::bootstrap_lock::{LOCK_RENEWAL, LiveAttempt, LockWatch, holding_lock};
+use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError};
 use crate::processor::leases::lease_ids::IdKind;
 use crate::processor::options::ProcessorOptions;
 use crate::processor::policy::start_retry::retrying;
 
-/// The bootstrap lock as this instance saw it: its version and since when, on this instance's
-/// monotonic clock — never the holder's wall clock, which may differ from ours by any amount.
-#[derive(Debug, Default)]
-struct LockWatch {
-    seen: Option<(String, Instant)>,
-}
-
-impl LockWatch {
-    /// Records that the lock was at version `etag` at `now`; whether it has been at that version
-    /// for `stale_after` (its holder died while bootstrapping).
-    fn is_stale(&mut self, etag: &str, now: Instant, stale_after: Duration) -> bool {
-        match &self.seen {
-            Some((seen, since)) if seen == etag => now.saturating_duration_since(*since) >= stale_after,
-            _ => {
-                self.seen = Some((etag.to_owned(), now));
-                false
-            }
-        }
-    }
-}
-
 /// How long a lease creation waits for the lease container's budget before it is sent anyway.
 const CREATE_PATIENCE: Duration = Duration::from_secs(60);
-
 /// Waits until the lease store is initialized, initializing it when this instance gets the lock.
 /// Transient failures are retried with backoff ([`retrying`]).
 pub async fn bootstrap(
@@ -80,19 +57,7 @@ async fn bootstrap_once(
     options: &ProcessorOptions,
 ) -> Result<(), ProcessorError> {
     let mut lock = LockWatch::default();
-    // One attempt at a time in this process: the lock document lets its own leftovers be taken
-    // again, which must never be a live attempt's. The wait is bounded: an attempt holding on
-    // for a lease expiration is taken for gone, as a lock unchanged that long is.
-    let waiting = Instant::now();
-    let _attempt = loop {
-        if let Some(attempt) = LiveAttempt::claim(store.prefix()) {
-            break Some(attempt);
-        }
-        if waiting.elapsed() >= options.expiration {
-            break None;
-        }
-        tokio::time::sleep(Duration::from_millis(250 + fastrand::u64(0..250))).await;
-    };
+    let _attempt = LiveAttempt::wait(store.prefix(), options.expiration).await;
     loop {
         let snapshot = store.snapshot().await?;
         check_no_other_processor(&snapshot, options)?;
@@ -104,65 +69,30 @@ async fn bootstrap_once(
         }
         // Leases are about to be created: not over the range of one that cannot be read.
         check_readable(&snapshot, store.prefix())?;
-        let etag = match store.try_lock(&options.instance).await? {
-            LockAttempt::Taken { etag } => etag,
-            held => {
-                // A lock unchanged for a lease expiration, as seen here, is a dead holder's (its
-                // holder does not rewrite it: a bootstrap that takes longer than that is shared).
-                if let LockAttempt::Held { etag } = held
-                    && lock.is_stale(&etag, Instant::now(), options.expiration)
-                {
-                    tracing::warn!("removing the bootstrap lock of an instance that stopped while bootstrapping");
-                    store.break_lock(&etag).await?;
-                }
-                tokio::time::sleep(Duration::from_millis(250 + fastrand::u64(0..250))).await;
-                continue;
-            }
+        let renewal = options.renew_interval.min(LOCK_RENEWAL);
+        let Some(etag) = lock.take(store, &options.instance, renewal, options.expiration).await? else {
+            tokio::time::sleep(Duration::from_millis(250 + fastrand::u64(0..250))).await;
+            continue;
         };
-        let initialized = initialize((store, budget), monitored, options, &snapshot, &uncovered).await;
-        let marked = match &initialized {
-            Ok(_) => store
-                .mark_initialized(monitored.name(), options.leases_per_partition)
-                .await
-                .map_err(ProcessorError::from),
-            Err(_) => Ok(()),
+        let work = async {
+            let initialized = initialize((store, budget), monitored, options, &snapshot, &uncovered).await;
+            let marked = match &initialized {
+                Ok(_) => store
+                    .mark_initialized(monitored.name(), options.leases_per_partition)
+                    .await
+                    .map_err(ProcessorError::from),
+                Err(_) => Ok(()),
+            };
+            (initialized, marked)
         };
-        // Given back whatever happened: another instance would wait a lease expiration for it.
+        let ((initialized, marked), etag) = holding_lock(store, &options.instance, renewal, etag, work).await;
+        // Given back whatever happened: another instance would wait for it to look abandoned.
         let unlocked = store.unlock(&etag).await;
         let created = initialized?;
         marked?;
         unlocked?;
         tracing::info!(leases = created, ranges = ranges.len(), "lease store initialized");
         return Ok(());
-    }
-}
-
-/// The bootstrap attempts live in this process, by lease prefix.
-static LIVE_ATTEMPTS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-
-/// A bootstrap attempt of this process for one lease prefix, until it ends or is dropped.
-struct LiveAttempt {
-    prefix: String,
-}
-
-impl LiveAttempt {
-    /// The attempt for `prefix`; `None` while another one of this process runs.
-    fn claim(prefix: &str) -> Option<Self> {
-        let mut live = LIVE_ATTEMPTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if live.iter().any(|p| p == prefix) {
-            return None;
-        }
-        live.push(prefix.to_owned());
-        Some(Self {
-            prefix: prefix.to_owned(),
-        })
-    }
-}
-
-impl Drop for LiveAttempt {
-    fn drop(&mut self) {
-        let mut live = LIVE_ATTEMPTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        live.retain(|p| *p != self.prefix);
     }
 }
 
@@ -595,30 +525,5 @@ mod tests {
         let mut beating = listing(time::Duration::ZERO, false);
         beating.instances = vec![("host-1".to_owned(), now)];
         assert!(check_no_other_processor(&beating, &options).is_ok());
-    }
-
-    #[test]
-    fn a_lock_is_stale_only_after_this_instance_saw_it_unchanged_that_long() {
-        let stale_after = Duration::from_secs(30);
-        let start = Instant::now();
-        let at = |s: u64| start + Duration::from_secs(s);
-        let mut watch = LockWatch::default();
-        // (version seen, seconds on this instance's clock, stale?)
-        let steps = [
-            ("a", 0, false),
-            ("a", 29, false),
-            // The holder wrote it again (a new holder): counted afresh.
-            ("b", 31, false),
-            ("b", 60, false),
-            ("b", 61, true),
-            ("c", 62, false),
-        ];
-        for (etag, second, stale) in steps {
-            assert_eq!(
-                watch.is_stale(etag, at(second), stale_after),
-                stale,
-                "{etag} at {second} s"
-            );
-        }
     }
 }

@@ -1,6 +1,8 @@
 //! The lease store on a Cosmos container: leases, markers (`.info`, `.lock`, `.claim`) and
 //! instance heartbeats of one processor, every update conditional on the document's ETag.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -232,6 +234,26 @@ const POD_FIELD: &str = "podUid";
 const WRITER_CLOCK_FIELD: &str = "writerClock";
 /// The bootstrap lock's field naming the process that holds it ([`lock_process`]).
 const LOCK_PROCESS_FIELD: &str = "process";
+/// The bootstrap lock's field saying how often (milliseconds) its holder rewrites it.
+const LOCK_RENEWAL_FIELD: &str = "renewedEveryMs";
+
+/// The bootstrap lock of `owner`, rewritten every `renewal`: stamped now, by this process.
+fn lock_body(owner: &str, renewal: Duration) -> Value {
+    let stamp = now()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default();
+    let renewal = u64::try_from(renewal.as_millis()).unwrap_or(u64::MAX);
+    // `ttl` lets the service remove a dead holder's lock where the container expires documents.
+    serde_json::json!({"Owner": owner, LOCK_PROCESS_FIELD: lock_process(), LOCK_RENEWAL_FIELD: renewal, "timestamp": stamp, "ttl": 30})
+}
+
+/// How often the holder of the bootstrap lock `body` says it rewrites it.
+fn lock_renewal(body: &Value) -> Option<Duration> {
+    body.get(LOCK_RENEWAL_FIELD)
+        .and_then(Value::as_u64)
+        .filter(|ms| *ms > 0)
+        .map(Duration::from_millis)
+}
 
 /// This process, as the bootstrap locks it takes name it: random, new at every start, so that
 /// two processes of one instance name never take each other's lock for their own.
@@ -366,14 +388,9 @@ impl LeaseStore for CosmosLeaseStore {
         }
     }
 
-    async fn try_lock(&self, owner: &str) -> Result<LockAttempt, LeaseStoreError> {
+    async fn try_lock(&self, owner: &str, renewal: Duration) -> Result<LockAttempt, LeaseStoreError> {
         let id = self.marker_id("lock");
-        let stamp = now()
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap_or_default();
-        // `ttl` lets the service remove a dead holder's lock where the container expires documents.
-        let body =
-            serde_json::json!({"Owner": owner, LOCK_PROCESS_FIELD: lock_process(), "timestamp": stamp, "ttl": 30});
+        let body = lock_body(owner, renewal);
         if let Some(etag) = self.create_marker(id.clone(), body.clone()).await? {
             return Ok(LockAttempt::Taken { etag });
         }
@@ -394,7 +411,10 @@ impl LeaseStore for CosmosLeaseStore {
                     Err(e) => return Err(e.into()),
                 }
             }
-            Some(doc) => LockAttempt::Held { etag: doc.etag },
+            Some(doc) => LockAttempt::Held {
+                renewed_every: lock_renewal(&doc.body),
+                etag: doc.etag,
+            },
             // Removed meanwhile: free again.
             None => LockAttempt::Free,
         })
@@ -405,6 +425,16 @@ impl LeaseStore for CosmosLeaseStore {
         match self.container.delete(&id, &id, Some(etag)).await {
             Err(e) if !matches!(e.kind, ErrorKind::PreconditionFailed | ErrorKind::NotFound) => Err(e.into()),
             _ => Ok(()),
+        }
+    }
+
+    async fn renew_lock(&self, owner: &str, renewal: Duration, etag: &str) -> Result<Option<String>, LeaseStoreError> {
+        let id = self.marker_id("lock");
+        let body = self.marker(id.clone(), lock_body(owner, renewal));
+        match self.container.replace(&id, &body, etag).await {
+            Ok(doc) => Ok(Some(doc.etag)),
+            Err(e) if matches!(e.kind, ErrorKind::PreconditionFailed | ErrorKind::NotFound) => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 

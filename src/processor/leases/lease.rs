@@ -2,6 +2,7 @@
 //! where every update is a conditional replace on the document's ETag.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -364,8 +365,13 @@ pub trait LeaseStore: Send + Sync {
     }
     /// Deletes a lease if its ETag is still `lease.etag`.
     async fn delete(&self, lease: &Lease) -> Result<(), LeaseStoreError>;
-    /// Creates the bootstrap lock for `owner`, or says which version of it another instance holds.
-    async fn try_lock(&self, owner: &str) -> Result<LockAttempt, LeaseStoreError>;
+    /// Creates the bootstrap lock for `owner`, saying it is rewritten every `renewal` while it is
+    /// held, or says which version of it another instance holds.
+    async fn try_lock(&self, owner: &str, renewal: Duration) -> Result<LockAttempt, LeaseStoreError>;
+    /// Rewrites the bootstrap lock `owner` holds at version `etag` (see
+    /// [`LeaseStore::try_lock`]); its new version, or `None` once it is no longer that one
+    /// (another instance broke it and took it).
+    async fn renew_lock(&self, owner: &str, renewal: Duration, etag: &str) -> Result<Option<String>, LeaseStoreError>;
     /// Removes the bootstrap lock if it is still at version `etag` (its holder died).
     async fn break_lock(&self, etag: &str) -> Result<(), LeaseStoreError>;
     /// Removes the bootstrap lock if it is still the version `etag` this instance took: one
@@ -448,6 +454,9 @@ pub enum LockAttempt {
     Held {
         /// The lock document's ETag (its holder's version).
         etag: String,
+        /// How often its holder rewrites it, as the lock says (`None`: a holder that does not,
+        /// an earlier version of ours).
+        renewed_every: Option<Duration>,
     },
     /// It was removed as this instance looked: try again.
     Free,

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -71,9 +72,13 @@ impl LeaseStore for CrashGate {
         self.pass().await;
         self.inner.delete(lease).await
     }
-    async fn try_lock(&self, owner: &str) -> Result<LockAttempt, LeaseStoreError> {
+    async fn try_lock(&self, owner: &str, renewal: Duration) -> Result<LockAttempt, LeaseStoreError> {
         self.pass().await;
-        self.inner.try_lock(owner).await
+        self.inner.try_lock(owner, renewal).await
+    }
+    async fn renew_lock(&self, owner: &str, renewal: Duration, etag: &str) -> Result<Option<String>, LeaseStoreError> {
+        self.pass().await;
+        self.inner.renew_lock(owner, renewal, etag).await
     }
     async fn break_lock(&self, etag: &str) -> Result<(), LeaseStoreError> {
         self.pass().await;
@@ -143,8 +148,11 @@ mod tests {
         async fn delete(&self, _: &Lease) -> Result<(), LeaseStoreError> {
             Ok(())
         }
-        async fn try_lock(&self, _: &str) -> Result<LockAttempt, LeaseStoreError> {
+        async fn try_lock(&self, _: &str, _: Duration) -> Result<LockAttempt, LeaseStoreError> {
             Ok(LockAttempt::Taken { etag: String::new() })
+        }
+        async fn renew_lock(&self, _: &str, _: Duration, etag: &str) -> Result<Option<String>, LeaseStoreError> {
+            Ok(Some(etag.to_owned()))
         }
         async fn break_lock(&self, _: &str) -> Result<(), LeaseStoreError> {
             Ok(())
