@@ -39,6 +39,8 @@ fn worker_with(endpoint: &str, instance: &str, extra: &[&str], stdout: Stdio) ->
         .expect("spawn cfp worker")
 }
 
+/// A worker of [`worker_with`] polling every 100 ms, its lease expiration 3 s, its documents
+/// piped.
 fn worker(endpoint: &str, instance: &str) -> Child {
     let extra = ["--poll-interval", "100ms", "--lease-expiration", "3s"];
     worker_with(endpoint, instance, &extra, Stdio::piped())

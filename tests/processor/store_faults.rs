@@ -542,8 +542,8 @@ async fn two_bootstraps_of_one_process_for_one_lease_set_run_one_at_a_time() {
     assert_eq!(leases, if first.is_ok() { 2 } else { 4 }, "one layout's leases only");
 }
 
-/// A bootstrap that outlasts a lease expiration has its lock broken and taken by another
-/// instance (the lock looks abandoned: its holder does not rewrite it); when the slow one ends it
+/// A bootstrap whose lock another instance broke and took (it saw the lock unchanged for a few
+/// renewals: a holder frozen, or its rewrites throttled); when the slow one ends it
 /// gives back its own lock only — never the one the other instance holds now, which would let a
 /// third bootstrap run beside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,9 @@ use crate::cosmos::{EpkRange, FeedMode, MonitoredContainer, StartFrom};
 use crate::processor::budgets::writes::{Late, Turn, WriteBudget};
 use crate::processor::error::ProcessorError;
 use crate::processor::leases::adopt::AdoptOptions;
-use crate::processor::leases::bootstrap_lock::{LOCK_RENEWAL, LiveAttempt, LockWatch, holding_lock};
+use crate::processor::leases::bootstrap_lock::{
+    Held, LEAST_LOCK_RENEWAL, LOCK_RENEWAL, LiveAttempt, LockWatch, holding_lock,
+};
 use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError};
 use crate::processor::leases::lease_ids::IdKind;
 use crate::processor::options::ProcessorOptions;
@@ -15,6 +17,7 @@ use crate::processor::policy::start_retry::retrying;
 
 /// How long a lease creation waits for the lease container's budget before it is sent anyway.
 const CREATE_PATIENCE: Duration = Duration::from_secs(60);
+
 /// Waits until the lease store is initialized, initializing it when this instance gets the lock.
 /// Transient failures are retried with backoff ([`retrying`]).
 pub async fn bootstrap(
@@ -69,7 +72,7 @@ async fn bootstrap_once(
         }
         // Leases are about to be created: not over the range of one that cannot be read.
         check_readable(&snapshot, store.prefix())?;
-        let renewal = options.renew_interval.min(LOCK_RENEWAL);
+        let renewal = options.renew_interval.clamp(LEAST_LOCK_RENEWAL, LOCK_RENEWAL);
         let Some(etag) = lock.take(store, &options.instance, renewal, options.expiration).await? else {
             tokio::time::sleep(Duration::from_millis(250 + fastrand::u64(0..250))).await;
             continue;
@@ -85,12 +88,19 @@ async fn bootstrap_once(
             };
             (initialized, marked)
         };
-        let ((initialized, marked), etag) = holding_lock(store, &options.instance, renewal, etag, work).await;
+        let held = holding_lock(store, &options.instance, renewal, etag, work).await;
+        let Held {
+            done: (initialized, marked),
+            ..
+        } = held;
         // Given back whatever happened: another instance would wait for it to look abandoned.
-        let unlocked = store.unlock(&etag).await;
+        let unlocked = store.unlock(&held.etag).await;
         let created = initialized?;
         marked?;
         unlocked?;
+        // Another instance may have bootstrapped beside this one (it took the lock for a dead
+        // holder's): refused if its layout is the one marked.
+        check_compatible(&store.snapshot().await?, options)?;
         tracing::info!(leases = created, ranges = ranges.len(), "lease store initialized");
         return Ok(());
     }

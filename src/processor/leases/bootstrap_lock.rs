@@ -15,6 +15,11 @@ use crate::processor::leases::lease::{LeaseStore, LeaseStoreError, LockAttempt};
 pub(super) const LOCK_RENEWAL: Duration = Duration::from_secs(5);
 /// The renewals a lock may miss before it is taken for a dead holder's.
 const MISSED_RENEWALS: u32 = 3;
+/// The least time a renewed lock stays unchanged before it is taken for a dead holder's.
+const LEAST_STALE: Duration = Duration::from_secs(3);
+/// How often a bootstrapping instance rewrites its lock at least (its renew interval when that
+/// is longer).
+pub(super) const LEAST_LOCK_RENEWAL: Duration = Duration::from_millis(100);
 
 /// The bootstrap lock as this instance saw it: its version and since when, on this instance's
 /// monotonic clock — never the holder's wall clock, which may differ from ours by any amount.
@@ -64,40 +69,78 @@ impl LockWatch {
 }
 
 /// How long a lock whose holder rewrites it every `renewed_every` may stay unchanged before it
-/// is taken for a dead holder's: [`MISSED_RENEWALS`] of them, at most a lease expiration.
+/// is taken for a dead holder's: [`MISSED_RENEWALS`] of them, never under [`LEAST_STALE`] (a
+/// renewal may take a round trip or two), at most a lease expiration.
 fn stale_after(renewed_every: Option<Duration>, expiration: Duration) -> Duration {
     renewed_every.map_or(expiration, |every| {
-        every.saturating_mul(MISSED_RENEWALS).min(expiration)
+        every.saturating_mul(MISSED_RENEWALS).max(LEAST_STALE).min(expiration)
     })
 }
 
+/// What [`holding_lock`] ended with.
+pub(super) struct Held<T> {
+    /// What the work returned.
+    pub(super) done: T,
+    /// The lock's last version this instance wrote.
+    pub(super) etag: String,
+}
+
 /// Runs `work` while the bootstrap lock `owner` took at version `etag` is rewritten every
-/// `renewal`, so that instances waiting on it see its holder alive; what `work` returned and
-/// the lock's last version.
+/// `renewal` beside it, so that instances waiting on it see its holder alive. A rewrite never
+/// holds the work up, and one that takes longer than `renewal` (a throttled lease container)
+/// is given up for the next.
 pub(super) async fn holding_lock<T>(
     store: &dyn LeaseStore,
     owner: &str,
     renewal: Duration,
-    mut etag: String,
+    etag: String,
     work: impl Future<Output = T>,
-) -> (T, String) {
-    tokio::pin!(work);
-    let mut renewing = true;
-    loop {
-        tokio::select! {
-            done = &mut work => return (done, etag),
-            () = tokio::time::sleep(renewal), if renewing => match store.renew_lock(owner, renewal, &etag).await {
-                Ok(Some(renewed)) => etag = renewed,
-                Ok(None) => {
-                    tracing::warn!("the bootstrap lock was taken over by another instance while this one bootstrapped: the bootstrap is shared");
-                    renewing = false;
+) -> Held<T> {
+    let latest = std::sync::Mutex::new(etag);
+    let current = || latest.lock().map(|e| e.clone()).unwrap_or_default();
+    let renewing = async {
+        loop {
+            tokio::time::sleep(renewal).await;
+            match tokio::time::timeout(renewal, renewed(store, owner, renewal, &current())).await {
+                Ok(Ok(Some(renewed))) => {
+                    if let Ok(mut latest) = latest.lock() {
+                        *latest = renewed;
+                    }
                 }
-                // Tried again at the next renewal: a lock missed a few times is broken and the
-                // bootstrap shared, which its idempotent creations allow.
-                Err(e) => tracing::warn!(error = %e, "could not rewrite the bootstrap lock"),
-            },
+                Ok(Ok(None)) => {
+                    tracing::warn!("the bootstrap lock was taken over by another instance while this one bootstrapped");
+                    return;
+                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "could not rewrite the bootstrap lock"),
+                Err(_) => tracing::warn!(?renewal, "rewriting the bootstrap lock took longer than its renewal"),
+            }
         }
+    };
+    tokio::pin!(work, renewing);
+    let done = tokio::select! {
+        done = &mut work => done,
+        // Taken over: the work goes on (the bootstrap then checks the layout marked).
+        () = &mut renewing => work.await,
+    };
+    Held { done, etag: current() }
+}
+
+/// The lock rewritten from version `etag`: its new version, or `None` when another instance
+/// holds it. A version other than ours may still be ours — a rewrite applied though its answer
+/// was lost — so the lock is then taken as [`LeaseStore::try_lock`] takes this process's own.
+async fn renewed(
+    store: &dyn LeaseStore,
+    owner: &str,
+    renewal: Duration,
+    etag: &str,
+) -> Result<Option<String>, LeaseStoreError> {
+    if let Some(renewed) = store.renew_lock(owner, renewal, etag).await? {
+        return Ok(Some(renewed));
     }
+    Ok(match store.try_lock(owner, renewal).await? {
+        LockAttempt::Taken { etag } => Some(etag),
+        LockAttempt::Held { .. } | LockAttempt::Free => None,
+    })
 }
 
 /// The bootstrap attempts live in this process, by lease prefix.
@@ -111,8 +154,8 @@ pub(super) struct LiveAttempt {
 impl LiveAttempt {
     /// The attempt for `prefix`, once no other one of this process runs. The lock document lets
     /// this process's own leftovers be taken again, which must never be a live attempt's. The
-    /// wait is bounded: an attempt holding on for `bound` (a lease expiration) is taken for gone,
-    /// as a lock unchanged that long is.
+    /// wait is bounded, a safety net (an attempt frees its place when it ends or is dropped):
+    /// after `bound` (a lease expiration) the lock document alone decides.
     pub(super) async fn wait(prefix: &str, bound: Duration) -> Option<Self> {
         let waiting = Instant::now();
         loop {
@@ -149,6 +192,7 @@ impl Drop for LiveAttempt {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::processor::leases::answering_store::Answering;
 
     #[test]
     fn a_lock_is_a_dead_holders_after_a_few_of_the_renewals_it_promises_at_most_an_expiration() {
@@ -161,8 +205,8 @@ mod tests {
             ),
             (
                 Some(Duration::from_millis(500)),
-                Duration::from_millis(1_500),
-                "quick renewals",
+                LEAST_STALE,
+                "quick renewals: the least, 3 s",
             ),
             (
                 Some(Duration::from_secs(30)),
@@ -198,5 +242,37 @@ mod tests {
                 "{etag} at {second} s"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_lock_renewal_that_never_answers_does_not_hold_the_bootstrap_up() {
+        let store = Answering::hanging_renewals();
+        let renewal = Duration::from_millis(20);
+        let work = async {
+            tokio::time::sleep(renewal * 10).await;
+            "initialized"
+        };
+        let held = tokio::time::timeout(renewal * 100, holding_lock(&store, "me", renewal, "v1".into(), work)).await;
+        let held = held.expect("the bootstrap was held up by its lock renewal");
+        assert_eq!((held.done, held.etag.as_str()), ("initialized", "v1"));
+    }
+
+    #[tokio::test]
+    async fn the_lock_is_rewritten_while_the_bootstrap_works() {
+        let store = Answering::default();
+        let renewal = Duration::from_millis(20);
+        let work = async {
+            tokio::time::sleep(renewal * 5).await;
+            "initialized"
+        };
+        let held = holding_lock(&store, "me", renewal, "v1".into(), work).await;
+        assert_eq!(held.done, "initialized");
+        let renewals = store.renewals();
+        assert!(renewals >= 2, "renewed {renewals} times in 100 ms at 20 ms");
+        assert!(
+            held.etag.ends_with(&format!("+{renewals}")),
+            "the last version written is given back: {}",
+            held.etag
+        );
     }
 }

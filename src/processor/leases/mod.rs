@@ -3,11 +3,13 @@
 //! this instance owns ([`owned`]), the instance heartbeat ([`heartbeat`]) and the hold on the
 //! instance name ([`name_claim`]), what this instance has seen of the lease container
 //! ([`sightings`]) and of other processes' clocks ([`writer_clocks`]), bootstrap ([`bootstrap`], its lock: `bootstrap_lock`)
-//! and adoption ([`adopt`]). Every lease write passes the lease container's budget
+//! and adoption ([`adopt`]); for unit tests, a store that answers at once (`answering_store`). Every lease write passes the lease container's budget
 //! ([`crate::processor::budgets`]). Uses `cosmos`, the budgets and the processor's options and
 //! errors only.
 
 pub mod adopt;
+#[cfg(test)]
+pub(crate) mod answering_store;
 pub mod bootstrap;
 mod bootstrap_lock;
 pub mod capacity_report;

@@ -124,65 +124,11 @@ impl LeaseStore for CrashGate {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A store that answers every request at once (so a request that hangs was held by the gate).
-    struct Answering;
-
-    #[async_trait]
-    impl LeaseStore for Answering {
-        fn prefix(&self) -> &str {
-            "p"
-        }
-        async fn snapshot(&self) -> Result<LeaseSnapshot, LeaseStoreError> {
-            Ok(LeaseSnapshot::default())
-        }
-        async fn read(&self, _: &str) -> Result<Option<Lease>, LeaseStoreError> {
-            Ok(None)
-        }
-        async fn create(&self, _: &Lease) -> Result<Option<Lease>, LeaseStoreError> {
-            Ok(None)
-        }
-        async fn replace(&self, lease: &Lease) -> Result<Lease, LeaseStoreError> {
-            Ok(lease.clone())
-        }
-        async fn delete(&self, _: &Lease) -> Result<(), LeaseStoreError> {
-            Ok(())
-        }
-        async fn try_lock(&self, _: &str, _: Duration) -> Result<LockAttempt, LeaseStoreError> {
-            Ok(LockAttempt::Taken { etag: String::new() })
-        }
-        async fn renew_lock(&self, _: &str, _: Duration, etag: &str) -> Result<Option<String>, LeaseStoreError> {
-            Ok(Some(etag.to_owned()))
-        }
-        async fn break_lock(&self, _: &str) -> Result<(), LeaseStoreError> {
-            Ok(())
-        }
-        async fn unlock(&self, _: &str) -> Result<(), LeaseStoreError> {
-            Ok(())
-        }
-        async fn mark_initialized(&self, _: &str, _: u32) -> Result<(), LeaseStoreError> {
-            Ok(())
-        }
-        async fn foreign_documents(&self, _: &str) -> Result<Vec<Value>, LeaseStoreError> {
-            Ok(Vec::new())
-        }
-        async fn earlier_incarnation(&self, _: &str) -> Result<bool, LeaseStoreError> {
-            Ok(false)
-        }
-        async fn heartbeat(&self, _: &Beat<'_>) -> Result<String, LeaseStoreError> {
-            Ok(String::new())
-        }
-        async fn read_heartbeat(&self, _: &str) -> Result<Option<HeartbeatDoc>, LeaseStoreError> {
-            Ok(None)
-        }
-        async fn remove_heartbeat(&self, _: &str, _: Option<&str>) -> Result<(), LeaseStoreError> {
-            Ok(())
-        }
-    }
+    use crate::processor::leases::answering_store::Answering;
 
     #[tokio::test]
     async fn a_closed_gate_answers_nothing() {
-        let gate = CrashGate::new(Arc::new(Answering));
+        let gate = CrashGate::new(Arc::new(Answering::default()));
         assert!(gate.remove_heartbeat("a", None).await.is_ok(), "open: passes");
         gate.close();
         let lease = Lease::new("p", &crate::cosmos::EpkRange::full(), None);
