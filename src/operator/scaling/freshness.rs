@@ -8,7 +8,9 @@
 //! by the workers while they have a backlog and their number has not changed for a while,
 //! [`FreshnessTarget::settle`]). What arrives, `λ`: the owners' measure of their partitions'
 //! write rates, or `H + dL/dt` (the backlog's growth between two estimates) where that says more
-//! — it shows a step at once, a decayed write rate within its time constant.
+//! — it shows a step at once, a decayed write rate within its time constant — except while
+//! workers just added or taken away hand their leases over, when the backlog grows whatever
+//! arrives.
 //!
 //! The workers needed: `ceil((λ + L / W) / μ)`, where `W = max(T − A, T / 4)` is the time left to
 //! drain the backlog before its oldest change is `T` old — so the fleet keeps up with what
@@ -174,6 +176,8 @@ pub struct FreshnessState {
     replicas: Option<(i32, Instant)>,
     /// Whether the last change of the replicas added workers.
     scaled_out: bool,
+    /// Whether the replicas changed since the first estimate.
+    rescaled: bool,
     /// What arrived and was pending over the last steadiness horizon.
     arrivals: Arrivals,
     /// The workers the last advice that weighed scaling in settled on, until one scales out: a
@@ -207,6 +211,7 @@ impl FreshnessState {
             Some((replicas, _)) if replicas == current => {}
             previous => {
                 self.scaled_out = previous.is_some_and(|(replicas, _)| current > replicas);
+                self.rescaled = previous.is_some();
                 self.replicas = Some((current, now));
             }
         }
@@ -238,7 +243,7 @@ impl FreshnessState {
         }
         let reading = Reading {
             at: now,
-            arriving: seen.writes_per_second.unwrap_or_else(|| self.arriving(seen)),
+            arriving: seen.writes_per_second.unwrap_or_else(|| self.arriving(seen, false)),
             lag: seen.lag as f64,
         };
         self.arrivals.seen(reading, settling.arrivals, self.per_replica);
@@ -246,8 +251,14 @@ impl FreshnessState {
 
     /// Whether workers were added less than `start_up` before the last estimate.
     fn starting(&self, start_up: Duration) -> bool {
+        self.scaled_out && self.rescaled_within(start_up)
+    }
+
+    /// Whether the replicas changed less than `start_up` before the last estimate: workers added
+    /// or taken away hand leases over meanwhile.
+    fn rescaled_within(&self, start_up: Duration) -> bool {
         match (self.replicas, self.last) {
-            (Some((_, since)), Some((seen, _))) => self.scaled_out && seen.saturating_duration_since(since) < start_up,
+            (Some((_, since)), Some((seen, _))) => self.rescaled && seen.saturating_duration_since(since) < start_up,
             _ => false,
         }
     }
@@ -256,8 +267,12 @@ impl FreshnessState {
     /// what the workers handle plus how fast the backlog grows says more by over a worker's
     /// rate — that shows a step up at once, where a decayed write rate follows it within its
     /// time constant; by less it is the noisier figure (a rate read just after a batch, a
-    /// backlog read mid-page), and the owners' measure is taken.
-    fn arriving(&self, seen: &Freshness) -> f64 {
+    /// backlog read mid-page), and the owners' measure is taken. While leases are `handed_over`
+    /// (the replicas just changed) the backlog grows whatever arrives: the owners' measure.
+    fn arriving(&self, seen: &Freshness, handed_over: bool) -> f64 {
+        if let Some(written) = seen.writes_per_second.filter(|_| handed_over) {
+            return written.max(0.0);
+        }
         let from_backlog = seen.handled_per_second + self.growth.unwrap_or(0.0);
         let noise = self.per_replica.unwrap_or(0.0);
         seen.writes_per_second
@@ -284,7 +299,7 @@ impl FreshnessState {
         let age = seen.oldest_pending_seconds.map_or(0.0, |age| age as f64);
         let need = Need {
             per_replica,
-            arriving: self.arriving(seen),
+            arriving: self.arriving(seen, self.rescaled_within(target.start_up)),
             lag: seen.lag as f64,
             age,
             target_seconds,
@@ -968,5 +983,33 @@ mod tests {
         assert_eq!(state.growth, Some(100.0));
         state.observe(&seen(2_000, None, 0.0), Some(1), SETTLE, t0 + Duration::from_secs(10));
         assert_eq!(state.growth, Some(100.0), "no time passed: no sample");
+    }
+
+    #[test]
+    fn workers_just_taken_away_hand_their_leases_over_without_reading_as_more_arriving() {
+        let t0 = Instant::now();
+        let at = |seconds: u64| t0 + Duration::from_secs(seconds);
+        // Acquire interval 2 s: workers added or taken away hand over within 8 s.
+        let quick = FreshnessTarget::new(Duration::from_secs(20), Duration::from_secs(2), None);
+        let mut state = measured(24.0, 0.0);
+        let reading = |lag: u64, age: u64, handled: f64| Freshness {
+            writes_per_second: Some(205.0),
+            worker_handled_per_second: Some(24.0),
+            leases: 32,
+            ..seen(lag, Some(age), handled)
+        };
+        state.observe(&reading(117, 9, 200.0), Some(16), quick.settling(), at(0));
+        state.observe(&reading(117, 9, 200.0), Some(11), quick.settling(), at(2));
+        // The five stopped hand their leases over: the backlog grows by 45 a second beside 250
+        // handled, 295 a second by the backlog against 205 written.
+        let bump = reading(207, 6, 250.0);
+        state.observe(&bump, Some(11), quick.settling(), at(4));
+        let advice = state.advise(&quick, &bump, Some(11));
+        assert_eq!(advice.replicas, Some(11), "{}", advice.message);
+        // Handed over, a backlog that still grows like that is what arrives.
+        let grown = reading(297, 6, 290.0);
+        state.observe(&grown, Some(11), quick.settling(), at(12));
+        let advice = state.advise(&quick, &grown, Some(11));
+        assert!(advice.replicas > Some(11), "{}", advice.message);
     }
 }
