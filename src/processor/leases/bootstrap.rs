@@ -88,13 +88,12 @@ async fn bootstrap_once(
             };
             (initialized, marked)
         };
-        let held = holding_lock(store, &options.instance, renewal, etag, work).await;
         let Held {
             done: (initialized, marked),
-            ..
-        } = held;
+            etag,
+        } = holding_lock(store, &options.instance, renewal, etag, work).await;
         // Given back whatever happened: another instance would wait for it to look abandoned.
-        let unlocked = store.unlock(&held.etag).await;
+        let unlocked = store.unlock(&etag).await;
         let created = initialized?;
         marked?;
         unlocked?;

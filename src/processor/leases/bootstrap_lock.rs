@@ -40,9 +40,7 @@ impl LockWatch {
             }
         }
     }
-}
 
-impl LockWatch {
     /// Takes the lock for `owner`, saying it is rewritten every `renewal`: its version, or `None`
     /// while another instance holds it — whose lock is removed once it has stayed unchanged here
     /// for a few of the renewals its holder promises (a lease expiration, `expiration`, where it
