@@ -183,19 +183,21 @@ fn delivered_outside(env: &Env, expected: std::ops::Range<usize>) -> usize {
     env.deliveries.ids().iter().filter(|id| !expected.contains(id)).count()
 }
 
+/// Writes documents 0..100, then the foreign `layout` leases under `prefix` checkpointed there
+/// (owned by `owner`, renewed ten minutes ago).
+async fn foreign_checkpoints_after_100(env: &Env, layout: &str, prefix: &str, owner: Option<&str>) {
+    env.write(0..100).await;
+    let at = positions(env).await;
+    let old = time::OffsetDateTime::now_utc() - time::Duration::minutes(10);
+    let names = Names::of(&env.account).await;
+    write_foreign(env, &foreign_leases(layout, (prefix, &names), &at, owner, old)).await;
+}
+
 /// Documents 0..100 before the foreign checkpoint, 100..150 after it; adopted: exactly 100..150.
 async fn adopt_layout(layout_name: &str, layout: ForeignLayout) -> (usize, usize, usize, usize) {
     let env = Env::new(2).await;
-    env.write(0..100).await;
-    let at = positions(&env).await;
     let prefix = format!("{layout_name}-orders");
-    let old = time::OffsetDateTime::now_utc() - time::Duration::minutes(10);
-    let names = Names::of(&env.account).await;
-    write_foreign(
-        &env,
-        &foreign_leases(layout_name, (&prefix, &names), &at, Some("old-host"), old),
-    )
-    .await;
+    foreign_checkpoints_after_100(&env, layout_name, &prefix, Some("old-host")).await;
     let foreign_before = etags(&env.account, &prefix).await;
     env.write(100..150).await;
     let handle = adopt(&env, layout, &prefix, false).await.unwrap();
@@ -237,12 +239,8 @@ async fn leases_of_each_foreign_layout_are_adopted_at_their_checkpoints() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_range_that_split_since_the_java_checkpoint_is_adopted_through_its_children() {
     let env = Env::new(2).await;
-    env.write(0..100).await;
-    let at = positions(&env).await;
     let prefix = "java-split";
-    let old = time::OffsetDateTime::now_utc() - time::Duration::minutes(10);
-    let names = Names::of(&env.account).await;
-    write_foreign(&env, &foreign_leases("java-pk", (prefix, &names), &at, None, old)).await;
+    foreign_checkpoints_after_100(&env, "java-pk", prefix, None).await;
     env.write(100..150).await;
     // Range "0" splits after the Java processor's last checkpoint.
     let partitions = env
@@ -549,4 +547,43 @@ async fn a_running_dotnet_v3_processor_of_the_same_name_is_refused_until_its_lea
     );
     assert!(refused.is_some_and(|e| e.contains("dotnet-host-1") && e.contains("stop it first")));
     assert!(complete && early == 0);
+}
+
+/// An adoption killed partway (one of the two adopted leases created, no `.info`): the next
+/// start adopts the rest at the foreign checkpoints — not from its own start position, which
+/// ("now") would skip what was written after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adoption_killed_partway_is_taken_up_again_at_the_foreign_checkpoints() {
+    let env = Env::new(2).await;
+    let prefix = "dotnet-epk-orders";
+    foreign_checkpoints_after_100(&env, "dotnet-epk", prefix, Some("old-host")).await;
+    env.write(100..150).await;
+    // What the killed adoption left: our first lease, not the second, and no `.info`.
+    let mut options = env.options("ours");
+    options.start_from = StartFrom::Now;
+    options.adopt = Some(AdoptOptions {
+        layout: ForeignLayout::Dotnet,
+        prefix: prefix.into(),
+        force: false,
+    });
+    let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
+    let store = env.store().await;
+    changefeed_operator::processor::leases::bootstrap::bootstrap(store.as_ref(), &monitored, &options)
+        .await
+        .unwrap();
+    let leases = env.account.documents(DB, LEASES).await.unwrap();
+    let second = env.leases().await.remove(1);
+    leases.delete(&second.id, &second.id, None).await.unwrap();
+    let info = format!("{}.info", store.prefix());
+    leases.delete(&info, &info, None).await.unwrap();
+    let handle = adopt(&env, ForeignLayout::Dotnet, prefix, false).await.unwrap();
+    let complete = env.delivered_within(50, Duration::from_secs(10)).await;
+    let lost = env.deliveries.missing(ids(100..150)).len();
+    println!(
+        "an adoption killed after one of two leases, taken up again: 50 written after the checkpoints, delivered {}, lost {lost}; leases now {}",
+        env.deliveries.distinct(),
+        env.leases().await.len()
+    );
+    handle.stop().await;
+    assert!(complete, "lost {lost} of the 50 written after the foreign checkpoints");
 }

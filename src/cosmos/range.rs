@@ -66,6 +66,29 @@ impl EpkRange {
         Some(EpkRange::new(min.clone(), max.clone()))
     }
 
+    /// The parts of this range that none of `covered` holds, in order (the whole range when none
+    /// overlaps it; nothing when they cover it). Bounds compare as keys (see
+    /// [`EpkRange::overlaps_as_keys`]): a service bound and a lease's longer one for the same key
+    /// leave no gap between them.
+    pub fn minus(&self, covered: &[&EpkRange]) -> Vec<EpkRange> {
+        let mut overlapping: Vec<&EpkRange> = covered.iter().copied().filter(|c| c.overlaps_as_keys(self)).collect();
+        overlapping.sort_by(|a, b| key_order(&a.min, &b.min));
+        let mut left = Vec::new();
+        let mut from = self.min.clone();
+        for range in overlapping {
+            if key_lt(&from, &range.min) {
+                left.push(EpkRange::new(from.clone(), range.min.clone()));
+            }
+            if key_lt(&from, &range.max) {
+                from.clone_from(&range.max);
+            }
+        }
+        if key_lt(&from, &self.max) {
+            left.push(EpkRange::new(from, self.max.clone()));
+        }
+        left
+    }
+
     /// `parts` adjacent sub-ranges that cover this range exactly and share its keys equally
     /// (bounds read as 128-bit hash-v2 EPKs: 32 hex digits, shorter ones padded with zeros; keys
     /// lie below `40…0`, so the last part runs from there to the range's end). `None` when the
@@ -120,6 +143,17 @@ fn epk_le(a: &str, b: &str) -> bool {
     a <= b
 }
 
+/// The order of [`key_lt`].
+fn key_order(a: &str, b: &str) -> std::cmp::Ordering {
+    if key_lt(a, b) {
+        std::cmp::Ordering::Less
+    } else if key_lt(b, a) {
+        std::cmp::Ordering::Greater
+    } else {
+        std::cmp::Ordering::Equal
+    }
+}
+
 /// `a < b` with the shorter bound padded with zeros (`"FF"`, the maximum, stays above every key).
 fn key_lt(a: &str, b: &str) -> bool {
     let width = a.len().max(b.len());
@@ -129,6 +163,38 @@ fn key_lt(a: &str, b: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn minus_leaves_the_keys_no_range_covers() {
+        let r = |min: &str, max: &str| EpkRange::new(min, max);
+        let whole = r("20", "60");
+        for (covered, left, why) in [
+            (vec![], vec![r("20", "60")], "nothing covered"),
+            (vec![r("00", "10")], vec![r("20", "60")], "a range beside it"),
+            (vec![r("20", "60")], vec![], "exactly covered"),
+            (vec![r("", "FF")], vec![], "covered by a wider one"),
+            (
+                vec![r("30", "40")],
+                vec![r("20", "30"), r("40", "60")],
+                "a hole in the middle",
+            ),
+            (
+                vec![r("40", "50"), r("20", "30")],
+                vec![r("30", "40"), r("50", "60")],
+                "unordered",
+            ),
+            (
+                vec![r("10", "35"), r("30", "45")],
+                vec![r("45", "60")],
+                "overlapping ones",
+            ),
+            (vec![r("20", "30"), r("30", "60")], vec![], "adjacent ones"),
+            (vec![r("20", "3000"), r("30", "60")], vec![], "one bound written longer"),
+        ] {
+            let covered: Vec<&EpkRange> = covered.iter().collect();
+            assert_eq!(whole.minus(&covered), left, "{why}");
+        }
+    }
 
     #[test]
     fn lease_tokens_follow_the_dotnet_scheme() {

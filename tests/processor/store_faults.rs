@@ -578,3 +578,37 @@ async fn a_bootstrap_whose_lock_was_taken_over_gives_back_only_its_own() {
         "the other instance's lock is left alone"
     );
 }
+
+/// A bootstrap killed partway (some of a partition's leases created, the rest not, no `.info`):
+/// the next bootstrap creates the leases it left out — a partition some lease overlaps is not
+/// therefore covered, and the keys no lease covers would never be read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootstrap_after_one_killed_partway_creates_the_leases_it_left_out() {
+    let Bootstrapping { env, monitored, store } = Bootstrapping::new().await;
+    let mut options = env.options("next");
+    options.leases_per_partition = 4;
+    let ranges = monitored.feed_ranges(true).await.unwrap();
+    // What the killed holder had created: the first two of the first partition's four leases.
+    for piece in ranges[0].divide(4).unwrap().iter().take(2) {
+        store.create(&Lease::new(store.prefix(), piece, None)).await.unwrap();
+    }
+    bootstrap(store.as_ref(), &monitored, &options).await.unwrap();
+    let leases = env.leases().await;
+    let uncovered: Vec<_> = ranges
+        .iter()
+        .flat_map(|range| range.divide(4).unwrap())
+        .filter(|piece| !leases.iter().any(|l| l.range() == Some(piece)))
+        .collect();
+    env.write(0..300).await;
+    let a = env.start(options).await;
+    let delivered = env.delivered_within(300, Duration::from_secs(10)).await;
+    println!(
+        "a bootstrap after one killed partway: {} leases for {} partitions of 4; uncovered {uncovered:?}; {} of 300 delivered",
+        leases.len(),
+        ranges.len(),
+        env.deliveries.distinct()
+    );
+    assert!(uncovered.is_empty(), "keys no lease covers: {uncovered:?}");
+    assert!(delivered, "documents were lost");
+    a.stop().await;
+}

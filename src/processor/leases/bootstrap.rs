@@ -10,6 +10,7 @@ use crate::processor::leases::adopt::AdoptOptions;
 use crate::processor::leases::bootstrap_lock::{
     Held, LEAST_LOCK_RENEWAL, LOCK_RENEWAL, LiveAttempt, LockWatch, holding_lock,
 };
+use crate::processor::leases::coverage::missing_pieces;
 use crate::processor::leases::lease::{Lease, LeaseSnapshot, LeaseStore, LeaseStoreError};
 use crate::processor::leases::lease_ids::IdKind;
 use crate::processor::options::ProcessorOptions;
@@ -66,8 +67,9 @@ async fn bootstrap_once(
         check_no_other_processor(&snapshot, options)?;
         check_compatible(&snapshot, options)?;
         let ranges = monitored.feed_ranges(true).await?;
-        let uncovered = uncovered(&ranges, &snapshot);
-        if snapshot.initialized && uncovered.is_empty() {
+        let covered: Vec<&EpkRange> = snapshot.leases.iter().filter_map(Lease::range).collect();
+        let missing = missing_pieces(&ranges, &covered, options.leases_per_partition);
+        if snapshot.initialized && missing.is_empty() {
             return Ok(());
         }
         // Leases are about to be created: not over the range of one that cannot be read.
@@ -78,7 +80,7 @@ async fn bootstrap_once(
             continue;
         };
         let work = async {
-            let initialized = initialize((store, budget), monitored, options, &snapshot, &uncovered).await;
+            let initialized = initialize((store, budget), monitored, options, &snapshot, &missing).await;
             let marked = match &initialized {
                 Ok(_) => store
                     .mark_initialized(monitored.name(), options.leases_per_partition)
@@ -192,47 +194,25 @@ fn check_compatible(snapshot: &LeaseSnapshot, options: &ProcessorOptions) -> Res
     Ok(())
 }
 
-/// The feed ranges no lease covers.
-fn uncovered<'a>(ranges: &'a [EpkRange], snapshot: &LeaseSnapshot) -> Vec<&'a EpkRange> {
-    ranges
-        .iter()
-        .filter(|range| {
-            !snapshot
-                .leases
-                .iter()
-                .any(|l| l.range().is_some_and(|r| r.overlaps(range)))
-        })
-        .collect()
-}
-
-/// Creates the leases of the `uncovered` ranges (adopting foreign checkpoints first, when
-/// asked or found under our prefix), holding the bootstrap lock; returns how many were created.
+/// Creates the leases of the `missing` pieces (adopting foreign checkpoints first, when asked or
+/// found under our prefix), holding the bootstrap lock; returns how many were created.
 async fn initialize(
     (store, budget): (&dyn LeaseStore, &WriteBudget),
     monitored: &MonitoredContainer,
     options: &ProcessorOptions,
     snapshot: &LeaseSnapshot,
-    uncovered: &[&EpkRange],
+    missing: &[EpkRange],
 ) -> Result<usize, ProcessorError> {
     let recreated = is_recreated(store, monitored, options, snapshot).await?;
     if snapshot.initialized {
         tracing::warn!(
-            ranges = uncovered.len(),
-            "the lease store is initialized but feed ranges have no lease (lease documents deleted?); creating them from the start position"
+            pieces = missing.len(),
+            "the lease store is initialized but parts of the feed have no lease (lease documents deleted?); creating them from the start position"
         );
     }
     let (mut created, adopted) = adopt_existing((store, budget), monitored, options, snapshot).await?;
-    let per_partition = options.leases_per_partition;
-    let mut pieces = Vec::new();
-    for range in uncovered.iter().filter(|r| !adopted.iter().any(|a| a.overlaps(r))) {
-        match range.divide(per_partition) {
-            Some(parts) => pieces.extend(parts),
-            None => {
-                tracing::warn!(%range, per_partition, "this feed range cannot be divided; one lease covers it");
-                pieces.push((*range).clone());
-            }
-        }
-    }
+    let adopted: Vec<&EpkRange> = adopted.iter().collect();
+    let pieces: Vec<EpkRange> = missing.iter().flat_map(|piece| piece.minus(&adopted)).collect();
     // A lease over a whole physical partition is written as the .NET bootstrap writes it: named
     // by its partition key range id (version 0), which the other readers of lease documents read.
     let partitions = if pieces.is_empty() {
@@ -322,27 +302,34 @@ async fn is_recreated(
 }
 
 /// Adopts foreign checkpoints when asked to (or partition-key-range leases found under our own
-/// prefix: a .NET v2 / v3 version-0 processor of the same name); returns the leases created and
-/// the ranges they cover.
+/// prefix: a .NET v2 / v3 version-0 processor of the same name) until a bootstrap of ours has
+/// marked the lease set — an adoption killed partway is taken up again, the leases it created
+/// kept; returns the leases created and the ranges the adopted ones cover.
 async fn adopt_existing(
     (store, budget): (&dyn LeaseStore, &WriteBudget),
     monitored: &MonitoredContainer,
     options: &ProcessorOptions,
     snapshot: &LeaseSnapshot,
 ) -> Result<(usize, Vec<EpkRange>), ProcessorError> {
-    let in_place = (snapshot.leases.is_empty() && !snapshot.pk_range_leases.is_empty()).then(|| AdoptOptions {
-        layout: crate::processor::leases::adopt::ForeignLayout::Dotnet,
-        prefix: format!("{}..", store.prefix()),
-        force: options.adopt.as_ref().is_some_and(|a| a.force),
-    });
-    let explicit = options
-        .adopt
-        .clone()
-        .filter(|_| !snapshot.initialized && snapshot.leases.is_empty());
+    // Their own `.info` may be under our prefix: ours is the one that says its layout.
+    let in_place =
+        (snapshot.leases_per_partition.is_none() && !snapshot.pk_range_leases.is_empty()).then(|| AdoptOptions {
+            layout: crate::processor::leases::adopt::ForeignLayout::Dotnet,
+            prefix: format!("{}..", store.prefix()),
+            force: options.adopt.as_ref().is_some_and(|a| a.force),
+        });
+    let explicit = options.adopt.clone().filter(|_| !snapshot.initialized);
     let Some(adopt) = in_place.or(explicit) else {
         return Ok((0, Vec::new()));
     };
-    let leases = adopt_foreign(store, monitored, options, &adopt).await?;
+    let mut leases = adopt_foreign(store, monitored, options, &adopt).await?;
+    // Never beside a lease of ours over the same keys (one of the same id is kept as it is).
+    leases.retain(|lease| {
+        !snapshot
+            .leases
+            .iter()
+            .any(|ours| ours.id != lease.id && ours.range().zip(lease.range()).is_some_and(|(a, b)| a.overlaps(b)))
+    });
     let adopted = leases.iter().filter_map(|lease| lease.range().cloned()).collect();
     let created = create_all((store, budget), &leases).await?;
     Ok((created, adopted))

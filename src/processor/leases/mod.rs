@@ -2,7 +2,7 @@
 //! grammar of their ids ([`lease_ids`]), the lag, work and capacity reports a lease carries ([`lag_report`], [`work_report`], [`capacity_report`], [`worker_capacity`]), a lease
 //! this instance owns ([`owned`]), the instance heartbeat ([`heartbeat`]) and the hold on the
 //! instance name ([`name_claim`]), what this instance has seen of the lease container
-//! ([`sightings`]) and of other processes' clocks ([`writer_clocks`]), bootstrap ([`bootstrap`], its lock: `bootstrap_lock`)
+//! ([`sightings`]) and of other processes' clocks ([`writer_clocks`]), bootstrap ([`bootstrap`], its lock: `bootstrap_lock`, what no lease covers yet: `coverage`)
 //! and adoption ([`adopt`]); for unit tests, a store that answers at once (`answering_store`). Every lease write passes the lease container's budget
 //! ([`crate::processor::budgets`]). Uses `cosmos`, the budgets and the processor's options and
 //! errors only.
@@ -14,6 +14,7 @@ pub mod bootstrap;
 mod bootstrap_lock;
 pub mod capacity_report;
 pub mod cosmos_store;
+mod coverage;
 pub mod heartbeat;
 pub mod lag_report;
 pub mod lease;
