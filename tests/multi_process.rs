@@ -114,15 +114,23 @@ struct Seen {
     leases: usize,
 }
 
-/// A `cfp emulator` of 16 partitions (the bootstrap holds the lock for a while), and the lease
-/// store of a worker there that was killed while it bootstrapped.
-struct Killed {
+/// A `cfp emulator` of 16 partitions (the bootstrap holds the lock for a while), a worker
+/// there bootstrapping, and its lease store.
+struct FirstBootstrap {
     emulator: Child,
     endpoint: String,
     store: changefeed_operator::processor::CosmosLeaseStore,
+    first: Child,
 }
 
-impl Killed {
+impl FirstBootstrap {
+    /// Sends the first worker `signal` (`-STOP`, `-CONT`).
+    async fn signal(&self, signal: &str) {
+        let pid = self.first.id().expect("the first worker runs").to_string();
+        let status = Command::new("kill").args([signal, &pid]).status().await.expect("kill");
+        assert!(status.success(), "kill {signal}");
+    }
+
     /// Whether the leases are marked initialized within `timeout`.
     async fn initialized_within(&self, timeout: Duration) -> bool {
         let marked = async {
@@ -135,14 +143,23 @@ impl Killed {
 }
 
 /// A `cfp worker` of [`bootstrapping_worker`] on a new emulator, killed (SIGKILL) once
-/// `reached` says so of what its bootstrap wrote (looked at every 5 ms, at most 30 s).
-async fn killed_while_bootstrapping(reached: impl Fn(&Seen) -> bool) -> Killed {
+/// `reached` says so of what its bootstrap wrote.
+async fn killed_while_bootstrapping(reached: impl Fn(&Seen) -> bool) -> FirstBootstrap {
+    let mut bootstrap = bootstrapping_until(reached).await;
+    bootstrap.first.start_kill().expect("kill -9");
+    let _ = bootstrap.first.wait().await;
+    bootstrap
+}
+
+/// A `cfp worker` of [`bootstrapping_worker`] on a new emulator, once `reached` says so of what
+/// its bootstrap wrote (looked at every 5 ms, at most 30 s).
+async fn bootstrapping_until(reached: impl Fn(&Seen) -> bool) -> FirstBootstrap {
     let (emulator, endpoint) = start_emulator("db/items:/pk:16").await;
     let account = CosmosAccount::connect(&endpoint, &AccountAuth::emulator_key())
         .await
         .expect("connect");
     let account = &account;
-    let mut first = bootstrapping_worker(&endpoint, "first");
+    let first = bootstrapping_worker(&endpoint, "first");
     let store = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
             // The worker creates the lease container.
@@ -163,12 +180,11 @@ async fn killed_while_bootstrapping(reached: impl Fn(&Seen) -> bool) -> Killed {
     })
     .await
     .expect("the first worker's bootstrap got that far");
-    first.start_kill().expect("kill -9");
-    let _ = first.wait().await;
-    Killed {
+    FirstBootstrap {
         emulator,
         endpoint,
         store,
+        first,
     }
 }
 
@@ -246,4 +262,44 @@ async fn a_worker_killed_partway_through_its_bootstrap_leaves_no_keys_unread() {
     assert!(initialized, "the next worker did not initialize the leases");
     assert_eq!(leases, all, "every piece of every partition has its lease");
     assert_eq!(seen.len(), count, "documents of keys no lease covers were never read");
+}
+
+/// A worker frozen (SIGSTOP) partway through creating its leases, past the few seconds after
+/// which its lock is taken for a dead holder's, while the next worker — another layout, as in a
+/// rollout that changes `--leases-per-partition` — bootstraps the lease set; resumed
+/// (SIGCONT), it finds its lock taken and gives up its bootstrap: it refuses the layout marked
+/// instead of creating the rest of its own over the keys the other's leases hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_frozen_while_it_bootstraps_gives_up_its_bootstrap_when_it_finds_its_lock_taken() {
+    let mut frozen = bootstrapping_until(|seen| seen.leases >= 40).await;
+    frozen.signal("-STOP").await;
+    let left = frozen.store.snapshot().await.expect("listing").leases.len();
+    let extra = ["--leases-per-partition", "32", "--lease-expiration", "60s"];
+    let mut next = worker_with(&frozen.endpoint, "next", &extra, Stdio::null());
+    let initialized = frozen.initialized_within(Duration::from_secs(30)).await;
+    frozen.signal("-CONT").await;
+    let gave_up = tokio::time::timeout(Duration::from_secs(30), frozen.first.wait()).await;
+    let leases = frozen.store.snapshot().await.expect("listing").leases;
+    let overlapping = leases
+        .iter()
+        .filter(|a| {
+            leases
+                .iter()
+                .any(|b| a.id != b.id && a.range().zip(b.range()).is_some_and(|(x, y)| x.overlaps(y)))
+        })
+        .count();
+    println!(
+        "a worker frozen after {left} of 1,024 leases (64 a partition), the next bootstrapping 32 a partition: initialized {initialized}; the frozen one, resumed, ended {gave_up:?}; {} leases, {overlapping} overlapping another",
+        leases.len()
+    );
+    terminate(&mut next).await;
+    terminate(&mut frozen.emulator).await;
+    assert!(initialized, "the next worker bootstrapped beside the frozen one");
+    assert!(
+        gave_up.is_ok_and(|status| status.is_ok_and(|s| !s.success())),
+        "the resumed worker refuses the layout marked"
+    );
+    // Only what it sent before its first rewrite after resuming came back refused (a few
+    // chunks of 8 creations), not the rest of its layout (1,400 and more before).
+    assert!(overlapping <= 100, "{overlapping} leases overlap another");
 }

@@ -16,6 +16,12 @@ use crate::processor::leases::lease::{
 pub(crate) struct Answering {
     /// Whether lock renewals never answer.
     renewals_hang: bool,
+    /// Whether another instance holds the lock (renewals are refused).
+    taken: bool,
+    /// Whether the lock is gone (renewals are refused, and it can be taken afresh).
+    gone: bool,
+    /// The locks given back.
+    unlocked: AtomicU32,
     /// The lock renewals answered.
     renewed: AtomicU32,
 }
@@ -27,6 +33,27 @@ impl Answering {
             renewals_hang: true,
             ..Self::default()
         }
+    }
+
+    /// A store whose lock another instance holds.
+    pub(crate) fn taken_over() -> Self {
+        Self {
+            taken: true,
+            ..Self::default()
+        }
+    }
+
+    /// A store whose lock was removed (another instance took its holder for dead).
+    pub(crate) fn lock_gone() -> Self {
+        Self {
+            gone: true,
+            ..Self::default()
+        }
+    }
+
+    /// The locks given back so far.
+    pub(crate) fn unlocks(&self) -> u32 {
+        self.unlocked.load(Ordering::SeqCst)
     }
 
     /// The lock renewals answered so far.
@@ -56,11 +83,21 @@ impl LeaseStore for Answering {
         Ok(())
     }
     async fn try_lock(&self, _: &str, _: Duration) -> Result<LockAttempt, LeaseStoreError> {
-        Ok(LockAttempt::Taken { etag: String::new() })
+        Ok(if self.taken {
+            LockAttempt::Held {
+                etag: "theirs".into(),
+                renewed_every: None,
+            }
+        } else {
+            LockAttempt::Taken { etag: String::new() }
+        })
     }
     async fn renew_lock(&self, _: &str, _: Duration, etag: &str) -> Result<Option<String>, LeaseStoreError> {
         if self.renewals_hang {
             std::future::pending::<()>().await;
+        }
+        if self.taken || self.gone {
+            return Ok(None);
         }
         let renewals = self.renewed.fetch_add(1, Ordering::SeqCst) + 1;
         Ok(Some(format!("{etag}+{renewals}")))
@@ -69,6 +106,7 @@ impl LeaseStore for Answering {
         Ok(())
     }
     async fn unlock(&self, _: &str) -> Result<(), LeaseStoreError> {
+        self.unlocked.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
     async fn mark_initialized(&self, _: &str, _: u32) -> Result<(), LeaseStoreError> {

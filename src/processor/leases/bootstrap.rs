@@ -90,12 +90,13 @@ async fn bootstrap_once(
             };
             (initialized, marked)
         };
-        let Held {
-            done: (initialized, marked),
-            etag,
-        } = holding_lock(store, &options.instance, renewal, etag, work).await;
+        let Held { done, etag } = holding_lock(store, &options.instance, renewal, etag, work).await;
         // Given back whatever happened: another instance would wait for it to look abandoned.
         let unlocked = store.unlock(&etag).await;
+        let Some((initialized, marked)) = done else {
+            tracing::warn!("another instance took the bootstrap lock over; looking at the lease set again");
+            continue;
+        };
         let created = initialized?;
         marked?;
         unlocked?;

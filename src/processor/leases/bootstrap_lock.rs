@@ -53,7 +53,7 @@ impl LockWatch {
         expiration: Duration,
     ) -> Result<Option<String>, LeaseStoreError> {
         match store.try_lock(owner, renewal).await? {
-            LockAttempt::Taken { etag } => Ok(Some(etag)),
+            LockAttempt::Taken { etag } | LockAttempt::Retaken { etag } => Ok(Some(etag)),
             LockAttempt::Held { etag, renewed_every } => {
                 if self.is_stale(&etag, Instant::now(), stale_after(renewed_every, expiration)) {
                     tracing::warn!("removing the bootstrap lock of an instance that stopped while bootstrapping");
@@ -77,16 +77,17 @@ fn stale_after(renewed_every: Option<Duration>, expiration: Duration) -> Duratio
 
 /// What [`holding_lock`] ended with.
 pub(super) struct Held<T> {
-    /// What the work returned.
-    pub(super) done: T,
+    /// What the work returned; `None` when another instance took the lock over and the work
+    /// was given up.
+    pub(super) done: Option<T>,
     /// The lock's last version this instance wrote.
     pub(super) etag: String,
 }
 
 /// Runs `work` while the bootstrap lock `owner` took at version `etag` is rewritten every
-/// `renewal` beside it, so that instances waiting on it see its holder alive. A rewrite never
-/// holds the work up, and one that takes longer than `renewal` (a throttled lease container)
-/// is given up for the next.
+/// `renewal` beside it, so that instances waiting on it see its holder alive; the work is given
+/// up once a rewrite finds the lock taken over. A rewrite never holds the work up, and one that
+/// takes longer than `renewal` (a throttled lease container) is given up for the next.
 pub(super) async fn holding_lock<T>(
     store: &dyn LeaseStore,
     owner: &str,
@@ -116,16 +117,20 @@ pub(super) async fn holding_lock<T>(
     };
     tokio::pin!(work, renewing);
     let done = tokio::select! {
-        done = &mut work => done,
-        // Taken over: the work goes on (the bootstrap then checks the layout marked).
-        () = &mut renewing => work.await,
+        done = &mut work => Some(done),
+        // Taken over (this instance was frozen, or its rewrites throttled, for a few renewals):
+        // the other instance bootstraps now, perhaps another layout, which the rest of this work
+        // would overlap.
+        () = &mut renewing => None,
     };
     Held { done, etag: current() }
 }
 
-/// The lock rewritten from version `etag`: its new version, or `None` when another instance
-/// holds it. A version other than ours may still be ours — a rewrite applied though its answer
-/// was lost — so the lock is then taken as [`LeaseStore::try_lock`] takes this process's own.
+/// The lock rewritten from version `etag`: its new version, or `None` when this instance holds
+/// it no longer. A version other than ours may still be ours — a rewrite applied though its
+/// answer was lost — so the lock is then taken again when it is this process's; a lock gone
+/// was removed by an instance that took this one for dead, and may have bootstrapped since: one
+/// taken afresh here is given back.
 async fn renewed(
     store: &dyn LeaseStore,
     owner: &str,
@@ -136,7 +141,11 @@ async fn renewed(
         return Ok(Some(renewed));
     }
     Ok(match store.try_lock(owner, renewal).await? {
-        LockAttempt::Taken { etag } => Some(etag),
+        LockAttempt::Retaken { etag } => Some(etag),
+        LockAttempt::Taken { etag } => {
+            store.unlock(&etag).await?;
+            None
+        }
         LockAttempt::Held { .. } | LockAttempt::Free => None,
     })
 }
@@ -252,7 +261,7 @@ mod tests {
         };
         let held = tokio::time::timeout(renewal * 100, holding_lock(&store, "me", renewal, "v1".into(), work)).await;
         let held = held.expect("the bootstrap was held up by its lock renewal");
-        assert_eq!((held.done, held.etag.as_str()), ("initialized", "v1"));
+        assert_eq!((held.done, held.etag.as_str()), (Some("initialized"), "v1"));
     }
 
     #[tokio::test]
@@ -264,7 +273,7 @@ mod tests {
             "initialized"
         };
         let held = holding_lock(&store, "me", renewal, "v1".into(), work).await;
-        assert_eq!(held.done, "initialized");
+        assert_eq!(held.done, Some("initialized"));
         let renewals = store.renewals();
         assert!(renewals >= 2, "renewed {renewals} times in 100 ms at 20 ms");
         assert!(
@@ -272,5 +281,22 @@ mod tests {
             "the last version written is given back: {}",
             held.etag
         );
+    }
+
+    #[tokio::test]
+    async fn the_work_is_given_up_once_a_rewrite_finds_the_lock_taken_over_or_gone() {
+        // Gone: removed by an instance that took this one for dead, which may have bootstrapped
+        // (another layout) and given the lock back since — not taken afresh.
+        for (store, given_back, why) in [
+            (Answering::taken_over(), 0, "another instance holds it"),
+            (Answering::lock_gone(), 1, "it was removed"),
+        ] {
+            let renewal = Duration::from_millis(20);
+            let work = std::future::pending::<&str>();
+            let held = tokio::time::timeout(renewal * 50, holding_lock(&store, "me", renewal, "v1".into(), work)).await;
+            let held = held.unwrap_or_else(|_| panic!("the work went on: {why}"));
+            assert_eq!(held.done, None, "{why}");
+            assert_eq!(store.unlocks(), given_back, "a lock taken afresh is given back: {why}");
+        }
     }
 }

@@ -404,7 +404,7 @@ impl LeaseStore for CosmosLeaseStore {
             {
                 let body = self.marker(id.clone(), body);
                 match self.container.replace(&id, &body, &doc.etag).await {
-                    Ok(doc) => LockAttempt::Taken { etag: doc.etag },
+                    Ok(doc) => LockAttempt::Retaken { etag: doc.etag },
                     Err(e) if matches!(e.kind, ErrorKind::PreconditionFailed | ErrorKind::NotFound) => {
                         LockAttempt::Free
                     }

@@ -450,6 +450,12 @@ pub enum LockAttempt {
         /// The lock document's version this instance wrote (given back only while it still is).
         etag: String,
     },
+    /// This process's own lock, left by an attempt that did not finish or a rewrite whose
+    /// answer was lost: rewritten, and held again.
+    Retaken {
+        /// The lock document's version this instance wrote.
+        etag: String,
+    },
     /// Another instance holds it, at this version.
     Held {
         /// The lock document's ETag (its holder's version).
