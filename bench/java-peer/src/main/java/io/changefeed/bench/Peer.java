@@ -6,12 +6,15 @@ import com.azure.cosmos.CosmosAsyncClient;
 import com.azure.cosmos.CosmosAsyncContainer;
 import com.azure.cosmos.CosmosClientBuilder;
 import com.azure.cosmos.models.ChangeFeedProcessorOptions;
+import com.azure.cosmos.models.CosmosQueryRequestOptions;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.HashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
@@ -30,7 +33,8 @@ import java.util.concurrent.atomic.AtomicLong;
  *
  * Usage: {@code java -jar java-peer.jar --endpoint E --key K --database D --feed C --leases L
  * --prefix P --host H [--layout epk|pk] [--max-items N] [--expect N] [--renew-ms N]
- * [--acquire-ms N] [--expiration-ms N] [--poll-ms N] [--release-grace-ms N]}
+ * [--acquire-ms N] [--expiration-ms N] [--poll-ms N] [--release-grace-ms N]} (the longest wait,
+ * after a stop, for its leases to be released)
  */
 public final class Peer {
     private Peer() {}
@@ -104,11 +108,33 @@ public final class Peer {
         }
         processor.stop().block(Duration.ofSeconds(30));
         // stop() cancels the partition workers and returns at once; they release their leases
-        // on the way out. Give them a moment, as an application that keeps running would.
-        Thread.sleep(Long.parseLong(opts.getOrDefault("release-grace-ms", "2000")));
+        // on the way out: wait for that, as an application that keeps running would (bounded).
+        awaitReleased(leases, opts.getOrDefault("prefix", ""), required(opts, "host"),
+            Long.parseLong(opts.getOrDefault("release-grace-ms", "20000")));
         emit("{\"event\":\"stopped\",\"docs\":" + handled.get() + "}");
         client.close();
         System.exit(0);
+    }
+
+    /** Waits, at most {@code boundMillis}, until no lease under {@code prefix} names {@code host} its owner. */
+    private static void awaitReleased(CosmosAsyncContainer leases, String prefix, String host, long boundMillis)
+            throws InterruptedException {
+        long deadline = System.nanoTime() + boundMillis * 1_000_000L;
+        while (System.nanoTime() < deadline) {
+            try {
+                List<ObjectNode> docs = leases.queryItems("SELECT * FROM c", new CosmosQueryRequestOptions(), ObjectNode.class)
+                    .collectList()
+                    .block(Duration.ofSeconds(10));
+                boolean held = docs != null && docs.stream().anyMatch(doc ->
+                    doc.path("id").asText().startsWith(prefix) && host.equals(doc.path("Owner").asText()));
+                if (!held) {
+                    return;
+                }
+            } catch (RuntimeException e) {
+                // A listing that failed is tried again until the bound.
+            }
+            Thread.sleep(100);
+        }
     }
 
     private static void count(AtomicLong handled, int n, long expect, AtomicBoolean drained, long started) {
