@@ -248,12 +248,17 @@ async fn a_deposed_owner_splits_nothing() {
     );
 }
 
-/// A split that a crashed predecessor of the same name began — one child lease written under
-/// its name and epoch, the parent left — is finished by its successor: the child is taken over
-/// (it is the name's, and this process holds the name), the other child created, the parent
-/// deleted, and nothing is lost.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_split_a_crashed_predecessor_began_is_finished_by_its_successor() {
+/// What became of a split begun by a crashed instance: whether the lease set ended as the two
+/// partitions, each owned by the successor, and the documents written after the crash missing.
+struct SplitTakenUp {
+    finished: bool,
+    missing: usize,
+}
+
+/// A split that a crashed instance "w" began — one child lease written (owned by
+/// `child_owner`: its own name, a name no process has any more, or none once the operator
+/// evicted it), the parent left — taken up by instance `successor`.
+async fn a_split_begun_by_a_crash(child_owner: Option<&str>, successor: &str) -> SplitTakenUp {
     let env = Env::new(1).await;
     let first = env.start_owning_all("w", 1).await;
     env.write(0..300).await;
@@ -278,33 +283,59 @@ async fn a_split_a_crashed_predecessor_began_is_finished_by_its_successor() {
     } else {
         changefeed_operator::processor::Lease::new(store.prefix(), &begun.range, parent.continuation.clone())
     };
-    child.take_for("w", "crashed-incarnation.7".into());
+    if let Some(owner) = child_owner {
+        child.take_for(owner, "crashed-incarnation.7".into());
+    }
     child.timestamp = Some(time::OffsetDateTime::now_utc());
     store.create(&child).await.unwrap();
     env.deliveries.clear();
     env.write(300..800).await;
-    let second = env.start(env.options("w")).await;
+    let second = env.start(env.options(successor)).await;
     let finished = eventually(Duration::from_secs(30), || async {
         let leases = env.leases().await;
         let mut ranges: Vec<_> = leases.iter().filter_map(|l| l.range().cloned()).collect();
         ranges.sort();
         let want: Vec<_> = partitions.iter().map(|p| p.range.clone()).collect();
-        ranges == want && leases.iter().all(|l| l.owner.as_deref() == Some("w"))
+        ranges == want && leases.iter().all(|l| l.owner.as_deref() == Some(successor))
     })
     .await;
-    let delivered = env.delivered_within(500, Duration::from_secs(20)).await;
-    let missing = env.deliveries.missing(ids(300..800));
+    env.delivered_within(500, Duration::from_secs(20)).await;
+    let missing = env.deliveries.missing(ids(300..800)).len();
     println!(
-        "a split begun by a crashed predecessor: finished {finished}, leases {:?}, 500 written, {} delivered distinct, lost {}",
+        "a split begun by a crashed instance, its child owned by {child_owner:?}, taken up by {successor:?}: finished {finished}, leases {:?}, 500 written, {} delivered distinct, lost {missing}",
         env.leases()
             .await
             .iter()
             .map(|l| (l.lease_token.clone(), l.owner.clone()))
             .collect::<Vec<_>>(),
         env.deliveries.distinct(),
-        missing.len()
     );
     second.stop().await;
-    assert!(finished, "the split was not finished");
-    assert!(delivered && missing.is_empty());
+    SplitTakenUp { finished, missing }
+}
+
+/// A split that a crashed predecessor of the same name began is finished by its successor: the
+/// child is taken over (it is the name's, and this process holds the name), the other child
+/// created, the parent deleted, and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_a_crashed_predecessor_began_is_finished_by_its_successor() {
+    let taken_up = a_split_begun_by_a_crash(Some("w"), "w").await;
+    assert!(taken_up.finished, "the split was not finished");
+    assert_eq!(taken_up.missing, 0);
+}
+
+/// A split that a crashed instance began is finished by whichever instance takes the parent —
+/// also under another name (the pod replaced), the child owned by the crashed one's name, or by
+/// none (the operator evicted the crashed instance): the child is taken over once it is free,
+/// and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_a_crashed_instance_began_is_finished_by_another_instance() {
+    for child_owner in [Some("w"), None] {
+        let taken_up = a_split_begun_by_a_crash(child_owner, "x").await;
+        assert!(
+            taken_up.finished,
+            "the split was not finished (child owned by {child_owner:?})"
+        );
+        assert_eq!(taken_up.missing, 0, "child owned by {child_owner:?}");
+    }
 }

@@ -102,8 +102,9 @@ pub(crate) async fn split(
     let mut children = Vec::new();
     for (child_range, continuation) in pieces {
         let id = partition_id(&partitions, &child_range);
-        let lease = create_child(shared, owned, &parent, (&child_range, id), continuation).await?;
-        children.push(Acquired { lease, sent });
+        if let Child::Ours(lease) = create_child(shared, owned, &parent, (&child_range, id), continuation).await? {
+            children.push(Acquired { lease: *lease, sent });
+        }
     }
     finish(shared, owned, children, "lease split").await
 }
@@ -194,8 +195,11 @@ async fn rewrite(shared: &Shared, owned: &OwnedLease, pk_range_id: Option<&str>,
     if let Err(lost) = fence(owned).await {
         return Some(lost);
     }
-    let child = create_child(shared, owned, &lease, (&range, pk_range_id), continuation).await?;
-    finish(shared, owned, vec![Acquired { lease: child, sent }], what).await
+    let children = match create_child(shared, owned, &lease, (&range, pk_range_id), continuation).await? {
+        Child::Ours(child) => vec![Acquired { lease: *child, sent }],
+        Child::Theirs => Vec::new(),
+    };
+    finish(shared, owned, children, what).await
 }
 
 /// Deletes the replaced lease (if still ours) and says which leases took its place; when it was
@@ -238,16 +242,27 @@ fn announce(shared: &Shared, owned: &OwnedLease, children: Vec<Acquired>, what: 
     })
 }
 
+/// One child lease of a split.
+enum Child {
+    /// This instance's: written now, or taken from an earlier attempt.
+    Ours(Box<Lease>),
+    /// Written already, over the same keys, and owned by another instance or by none: the half
+    /// of a split an instance began before it crashed (or was deposed). Left to whoever takes
+    /// it, as any lease — its checkpoint loses nothing, it was written from what was handled.
+    Theirs,
+}
+
 /// Writes one child lease of `parent` over `range` (version 0 when the range is the partition
 /// key range `pk_range_id`) — or takes the one an earlier attempt of this split wrote, in this
-/// process or in a crashed predecessor under this name (see [`predecessors_child`]).
+/// process or in a crashed predecessor under this name (see [`predecessors_child`]); `None` when
+/// the split cannot go on now.
 async fn create_child(
     shared: &Shared,
     owned: &OwnedLease,
     parent: &Lease,
     (range, pk_range_id): (&EpkRange, Option<&str>),
     continuation: Option<String>,
-) -> Option<Lease> {
+) -> Option<Child> {
     let prefix = shared.store.prefix();
     let mut child = match pk_range_id {
         Some(id) => Lease::for_partition(prefix, id, range, continuation),
@@ -261,7 +276,7 @@ async fn create_child(
     child.take_for(&shared.options.instance, shared.next_epoch());
     child.timestamp = Some(OffsetDateTime::now_utc());
     match shared.store.create(&child).await {
-        Ok(Some(created)) => Some(created),
+        Ok(Some(created)) => Some(Child::Ours(Box::new(created))),
         Ok(None) => match shared.store.read(&child.id).await {
             // Created by an earlier attempt of this split in this process (its epoch says so: a
             // twin's or a predecessor's under the same name is not this split's); taken as it is.
@@ -273,13 +288,19 @@ async fn create_child(
                         .as_deref()
                         .is_some_and(|epoch| shared.wrote_epoch(epoch)) =>
             {
-                Some(existing)
+                Some(Child::Ours(Box::new(existing)))
             }
             // Under this name by an earlier process: it crashed mid-split (this one holds the name).
             Ok(Some(existing))
                 if existing.range() == Some(range) && existing.owner.as_deref() == Some(&shared.options.instance) =>
             {
-                predecessors_child(shared, existing, child).await
+                predecessors_child(shared, existing, child)
+                    .await
+                    .map(|taken| Child::Ours(Box::new(taken)))
+            }
+            Ok(Some(existing)) if existing.range() == Some(range) => {
+                tracing::info!(lease = %existing.lease_token, owner = ?existing.owner, "a child lease of this split was written before, by another instance: left to whoever takes it");
+                Some(Child::Theirs)
             }
             // Another document has the id (a .NET v2 lease adopted in place keeps its own):
             // the lease stays as it is.
