@@ -116,6 +116,8 @@ pub struct CountingStore {
     unreachable: AtomicBool,
     /// While set, every delete fails so.
     deletes_fail: AtomicBool,
+    /// While set, every listing fails so.
+    listings_fail: AtomicBool,
     /// A lease write that, once it landed, freezes this store (see [`CountingStore::freeze_after`]).
     freeze_trigger: std::sync::Mutex<Option<FreezeTrigger>>,
     /// Until when every request (and the answer of the write that froze it) waits.
@@ -141,6 +143,7 @@ impl CountingStore {
             beat_answer_delay: Duration::ZERO,
             unreachable: AtomicBool::new(false),
             deletes_fail: AtomicBool::new(false),
+            listings_fail: AtomicBool::new(false),
             freeze_trigger: std::sync::Mutex::new(None),
             frozen_until: std::sync::Mutex::new(None),
         }
@@ -154,6 +157,12 @@ impl CountingStore {
     /// Makes every delete fail as an unreachable store's would (503), or succeed again.
     pub fn fail_deletes(&self, fail: bool) {
         self.deletes_fail.store(fail, Ordering::SeqCst);
+    }
+
+    /// Makes every listing fail as a throttled or unreachable store's would (503), or succeed
+    /// again.
+    pub fn fail_listings(&self, fail: bool) {
+        self.listings_fail.store(fail, Ordering::SeqCst);
     }
 
     /// Once a lease write matching `matches` has landed, nothing more goes out or comes back for
@@ -269,7 +278,7 @@ impl LeaseStore for CountingStore {
     }
 
     async fn snapshot(&self) -> Result<LeaseSnapshot, LeaseStoreError> {
-        self.count(&self.requests.listings).await?;
+        self.count_failing(&self.requests.listings, &self.listings_fail).await?;
         let snapshot = self.inner.snapshot().await;
         if !self.listing_delay.is_zero() {
             tokio::time::sleep(self.listing_delay).await;

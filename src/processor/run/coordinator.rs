@@ -257,6 +257,7 @@ impl Coordinator {
         if self.recovery.back(&self.shared).await {
             return;
         }
+        self.recovery.reconsider_undecided(&self.shared).await;
         let plan = self.plan(&snapshot, sent, &me, previous_interval);
         // This instance's part of the container's budget, among itself and the others listed.
         let others = self

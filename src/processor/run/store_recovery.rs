@@ -40,6 +40,10 @@ pub(crate) struct StoreRecovery {
     orphans: Vec<Lease>,
     /// When the leases of the ranges nobody wrote back are created (the container came back).
     bootstrap_at: Option<tokio::time::Instant>,
+    /// Leases deleted while processed here, not yet written back: a listing failed when they
+    /// were found gone, so whether other leases cover their ranges now is decided at a cycle
+    /// whose listing works.
+    undecided: Vec<Lease>,
 }
 
 /// How long after the lease container came back the ranges nobody wrote back get leases: one
@@ -96,23 +100,46 @@ impl StoreRecovery {
     /// Puts back a lease document deleted while this instance processed it, with its last
     /// checkpoint and no owner, so that its range is not left without a lease (nothing lost).
     /// A lease whose range other leases cover now is not written back: it was replaced on
-    /// purpose (a restore or import put the leases of another layout there), and writing it back
-    /// would undo that and read the overlap twice.
+    /// purpose (a split or a rewrite by its new owner, a restore or import of another layout),
+    /// and writing it back would undo that and read the overlap again from an older checkpoint.
     pub(crate) async fn recreate(&mut self, shared: &Shared, owned: &OwnedLease) {
         let mut lease = owned.current().await;
-        if let Some(range) = lease.range()
-            && let Ok(snapshot) = shared.store.snapshot().await
-            && snapshot
-                .leases
-                .iter()
-                .any(|other| other.id != lease.id && other.range().is_some_and(|r| r.overlaps(range)))
-        {
-            tracing::info!(lease = %lease.lease_token, "the deleted lease's range is covered by other leases now (a restore or an import); not written back");
-            return;
-        }
         lease.owner = None;
         lease.etag.clear();
         lease.clear_handoff();
+        self.reconsider(shared, lease).await;
+    }
+
+    /// Decides again on the deleted leases a failed listing left undecided.
+    pub(crate) async fn reconsider_undecided(&mut self, shared: &Shared) {
+        for lease in std::mem::take(&mut self.undecided) {
+            self.reconsider(shared, lease).await;
+        }
+    }
+
+    /// Writes `lease` back unless other leases cover its range now; undecided while the
+    /// listing fails (unless the lease container is gone: it is written back once it is back).
+    async fn reconsider(&mut self, shared: &Shared, lease: Lease) {
+        if let Some(range) = lease.range() {
+            match shared.store.snapshot().await {
+                Ok(snapshot)
+                    if snapshot
+                        .leases
+                        .iter()
+                        .any(|other| other.id != lease.id && other.range().is_some_and(|r| r.overlaps(range))) =>
+                {
+                    tracing::info!(lease = %lease.lease_token, "the deleted lease's range is covered by other leases now (replaced on purpose); not written back");
+                    return;
+                }
+                Ok(_) => {}
+                Err(error) if error.is_container_missing() => {}
+                Err(error) => {
+                    tracing::debug!(lease = %lease.lease_token, %error, "cannot list the leases to decide whether to write a deleted lease back; deciding at the next cycle");
+                    self.undecided.push(lease);
+                    return;
+                }
+            }
+        }
         self.put_back(shared, lease).await;
     }
 
