@@ -112,6 +112,11 @@ impl Endpoint {
                     tokio::time::sleep(delay).await;
                     let mut response =
                         changefeed_operator::http_server::response(status, "text/plain", format!("answer {status}"));
+                    if (300..400).contains(&status) {
+                        response
+                            .headers_mut()
+                            .insert("location", hyper::header::HeaderValue::from_static("/login"));
+                    }
                     if let Some(seconds) = retry_after {
                         response
                             .headers_mut()
@@ -421,6 +426,51 @@ async fn retry_after_is_honoured_and_timeouts_are_failures() {
     assert_eq!(metric(&metrics, "cfp_handler_errors_total"), 2.0);
     assert_eq!(requests[2].headers["x-cfp-attempt"], "3");
     handle.stop().await;
+}
+
+/// An endpoint that redirects (an auth proxy sending to its login page, an ingress sending to
+/// https) has not handled the batch: every 3xx is a failure — never followed, where a 302 turns
+/// the POST into a GET without the documents whose 2xx would checkpoint them unseen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_is_a_failure_never_a_delivery() {
+    for redirect in [301, 302, 303, 307, 308] {
+        let env = Env::new(1).await;
+        env.write(0..10).await;
+        // The batch's POST is redirected to /login; whatever comes there (no documents) gets 200.
+        let endpoint = Endpoint::start(Arc::new(move |body, _| {
+            (if body.is_null() { 200 } else { redirect }, None, Duration::ZERO)
+        }))
+        .await;
+        let (handle, metrics, _) = start(
+            &env,
+            &endpoint,
+            HttpFormat::Json,
+            retry(100, OnExhausted::Halt),
+            Duration::from_secs(5),
+        )
+        .await;
+        let failed = eventually(Duration::from_secs(10), || async {
+            metric(&metrics, "cfp_handler_errors_total") >= 2.0
+        })
+        .await;
+        let monitored = env.account.monitored(DB, ITEMS).await.unwrap();
+        let leases = env.leases().await;
+        let lag: u64 = estimate_leases(&monitored, &leases, StartFrom::Beginning, 8)
+            .await
+            .unwrap()
+            .iter()
+            .map(|l| l.lag)
+            .sum();
+        let followed = endpoint.requests().iter().filter(|r| r.body.is_null()).count();
+        println!(
+            "an endpoint answering {redirect}: handler errors {}, requests following the redirect {followed}, lag left {lag} of 10",
+            metric(&metrics, "cfp_handler_errors_total")
+        );
+        handle.stop().await;
+        assert!(failed, "{redirect}: the redirect was taken for a delivery");
+        assert_eq!(followed, 0, "{redirect}: the redirect was followed");
+        assert_eq!(lag, 10, "{redirect}: checkpointed past documents nobody handled");
+    }
 }
 
 /// `Retry-After` is kept within the retry policy's backoff range: `0` and a date in the past wait

@@ -160,6 +160,16 @@ async fn start_manual(
 ) -> changefeed_operator::processor::ProcessorHandle {
     let mut options = env.options(name);
     options.max_items = 10;
+    start_manual_with(env, handler, options, store).await.unwrap()
+}
+
+/// Like [`start_manual`], with `options`: the start's answer.
+async fn start_manual_with(
+    env: &Env,
+    handler: Arc<KeepHandles>,
+    options: changefeed_operator::processor::ProcessorOptions,
+    store: impl FnOnce(Arc<dyn LeaseStore>) -> Arc<dyn LeaseStore>,
+) -> Result<changefeed_operator::processor::ProcessorHandle, changefeed_operator::processor::ProcessorError> {
     let settings = env.settings(options);
     let (monitored, leases) = changefeed_operator::worker::open(&env.account, &env.account, &settings)
         .await
@@ -173,7 +183,26 @@ async fn start_manual(
     )
     .start()
     .await
-    .unwrap()
+}
+
+/// Manual checkpoints with several batches in flight are refused at start: a handler that
+/// checkpoints its batch records every earlier one of the lease, and cannot know that one running
+/// beside it failed — the checkpoint would move past it, and a move of the lease lose it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_checkpoints_with_several_batches_in_flight_are_refused_at_start() {
+    let env = Env::new(1).await;
+    let mut options = env.options("manual");
+    options.max_in_flight_batches = 2;
+    let started = start_manual_with(&env, Arc::new(KeepHandles::default()), options, |store| store).await;
+    let refused = started.as_ref().err().map(ToString::to_string);
+    println!("manual checkpoints with 2 batches in flight: {refused:?}");
+    if let Ok(handle) = started {
+        handle.stop().await;
+    }
+    assert!(
+        refused.is_some_and(|e| e.contains("one batch in flight")),
+        "started with manual checkpoints and 2 batches in flight"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -143,6 +143,9 @@ impl HttpHandler {
             None => None,
         };
         let client = reqwest::Client::builder()
+            // A 3xx has not handled the batch: followed, a 302 would turn the POST into a GET
+            // without the documents, whose 2xx would checkpoint them unseen.
+            .redirect(reqwest::redirect::Policy::none())
             .default_headers(headers)
             .timeout(config.timeout)
             .connect_timeout(config.timeout.min(Duration::from_secs(10)))

@@ -88,6 +88,11 @@ impl Processor {
                 "dead-lettering needs automatic checkpoints: a manual checkpoint of part of a batch would skip the rest".into(),
             ));
         }
+        if self.shared.options.max_in_flight_batches > 1 && self.shared.handler.is_manual() {
+            return Err(ProcessorError::Config(
+                "manual checkpoints need one batch in flight: a checkpoint of a later batch would cover an earlier one whose handler failed".into(),
+            ));
+        }
         if self.shared.options.retry.on_exhausted == OnExhausted::DeadLetter && self.shared.dead_letters.get().is_none()
         {
             return Err(ProcessorError::Config(
