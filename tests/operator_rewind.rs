@@ -11,6 +11,7 @@ use changefeed_operator::operator::ChangeFeedProcessor;
 use changefeed_operator::processor::{Lease, LeaseStore};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::Api;
+use serde_json::json;
 
 use crate::common::{cfp_worker, cfp_write, eventually, lease_store, start_emulator, terminate};
 use crate::operator_support::{Operator, Scene, TIMEOUT, apply_ok, replicas, resource, secret_yaml, wait, wait_event};
@@ -68,7 +69,7 @@ pub(crate) fn export_config_map(plane: &crate::control_plane::ControlPlane, ns: 
 }
 
 /// A Pod object `name` with the worker pods' labels (what the ReplicaSet controller would create).
-fn create_pod(plane: &crate::control_plane::ControlPlane, ns: &str, deployment: &Deployment, name: &str) {
+pub(crate) fn create_pod(plane: &crate::control_plane::ControlPlane, ns: &str, deployment: &Deployment, name: &str) {
     let labels = deployment
         .spec
         .clone()
@@ -341,4 +342,49 @@ async fn a_restore_refuses_an_export_of_another_container_or_of_one_created_agai
     );
     terminate(&mut operator.child).await;
     terminate(&mut emulator).await;
+}
+
+/// A rewind never scales a Deployment of the resource's name that is not its own (one orphaned
+/// from an earlier resource of that name, its selector the workers'): refused as the conflict
+/// it is, the Deployment left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewind_never_scales_a_deployment_of_its_name_that_is_not_its_own() {
+    let Scene { plane, ns, client } = Scene::new("rewind-conflict").await;
+    let (mut emulator, endpoint, _, _) = checkpointed_emulator().await;
+    let labels = json!({"changefeed.io/processor": "orders", "app.kubernetes.io/component": "worker"});
+    let orphan = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "orders", "namespace": ns},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels},
+                         "spec": {"containers": [{"name": "worker", "image": "cfp:orphaned"}]}},
+        },
+    });
+    apply_ok(plane, &ns, &orphan.to_string());
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let before = deployments.get("orders").await.unwrap();
+    let mut operator = Operator::start(plane, &ns, "op");
+    apply_ok(plane, &ns, &secret_yaml());
+    apply_ok(plane, &ns, &resource("orders", &endpoint, "  replicas: 1\n"));
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
+    let (ok, _, err) = plane.kubectl_run(
+        &["annotate", "-n", &ns, "cfp/orders", "changefeed.io/rewind-to=beginning"],
+        None,
+    );
+    assert!(ok, "kubectl annotate: {err}");
+    let refusal = refused(&cfps, "is not this resource's").await;
+    let after = deployments.get("orders").await.unwrap();
+    println!(
+        "a rewind beside another's Deployment of its name: {}; the Deployment's version kept: {}, replicas {:?}, owners {:?}",
+        refusal.message,
+        after.metadata.resource_version == before.metadata.resource_version,
+        replicas(&after),
+        after.metadata.owner_references
+    );
+    terminate(&mut operator.child).await;
+    terminate(&mut emulator).await;
+    assert_eq!(after.metadata.resource_version, before.metadata.resource_version);
+    assert!(after.metadata.owner_references.is_none());
 }

@@ -6,6 +6,7 @@
 mod listener;
 
 use std::process::Stdio;
+use std::time::Duration;
 
 use changefeed_operator::cosmos::CosmosAccount;
 use changefeed_operator::operator::ChangeFeedProcessor;
@@ -19,7 +20,7 @@ use serde_json::json;
 
 use crate::common::{self, cfp_worker, emulator_control, eventually, lease_store, terminate};
 use crate::entra_support::TokenEndpoint;
-use crate::operator_rewind::{checkpointed_emulator, leases};
+use crate::operator_rewind::{checkpointed_emulator, create_pod, leases};
 use crate::operator_support::{
     FAKE_ENDPOINT, Operator, Scene, TIMEOUT, apply, apply_ok, namespace, resource, secret_yaml, wait, wait_event,
     wait_up_to,
@@ -578,4 +579,70 @@ async fn a_cancelled_handover_no_longer_names_anyone_in_the_claim() {
     assert!(armed, "the handover was written into the claim");
     assert!(disarmed, "a cancelled handover still named other/orders in the claim");
     terminate(&mut emulator).await;
+}
+
+/// A claim document names whatever its writer likes: a tenant that forges its claim to name a
+/// resource of another namespace (handing the lease set over to the tenant) learns nothing of
+/// that namespace from what the operator then does — the holder a claim names is that very
+/// resource (its uid), never another of its name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_claim_naming_another_namespace_s_resource_tells_nothing_of_it() {
+    let Scene { plane, ns, client } = Scene::new("forged-claim-a").await;
+    let other = namespace(plane, "forged-claim-b");
+    let (mut emulator, endpoint, account, _) = checkpointed_emulator().await;
+    let watch = ["--namespace", &other, "--leader-election-namespace", &ns];
+    let _operator = Operator::start_as(&ns, "op", "info,kube=warn", &[], &plane.kubeconfig, &watch);
+    for namespace in [&other, &ns] {
+        apply_ok(plane, namespace, &secret_yaml());
+    }
+    // The victim: resource `x` in the other namespace, its workers running.
+    apply_ok(plane, &other, &resource("x", &endpoint, "  replicas: 1\n"));
+    let victims: Api<Deployment> = Api::namespaced(client.clone(), &other);
+    let deployment = wait("x's workers", || async { victims.get_opt("x").await.ok().flatten() }).await;
+    create_pod(plane, &other, &deployment, "x-5d8-w1");
+    // The tenant holds its own lease set, then forges its claim: held by the victim, who hands
+    // it over to the tenant.
+    apply_ok(plane, &ns, &resource("orders", &endpoint, "  replicas: 0\n"));
+    let held = eventually(TIMEOUT, || async {
+        claim_holder(&account).await.as_deref() == Some(ns.as_str())
+    })
+    .await;
+    assert!(held, "the tenant holds its lease set");
+    let store = lease_store(&account, "orders").await.expect("the lease store");
+    let (mut claim, _) = store.read_marker("claim").await.unwrap().expect("the claim");
+    claim["claimant"]["namespace"] = json!(other);
+    claim["claimant"]["name"] = json!("x");
+    claim["claimant"]["uid"] = json!("forged-uid");
+    claim["handOverTo"] = json!(format!("{ns}/orders"));
+    let id = format!("{}.claim", store.prefix());
+    let documents = account.documents(common::DB, common::LEASES).await.unwrap();
+    documents.upsert(&id, &claim).await.unwrap();
+    // Whatever x is, a claim naming another uid is no claim of x's: the tenant takes it back, as
+    // it would if x did not exist. The standing is read again 30 s after it was last read; the
+    // resource is touched every 5 s to be reconciled.
+    let mut taken = false;
+    for touch in 0..20 {
+        let value = format!("example.com/touched={touch}");
+        let annotate = ["annotate", "--overwrite", "-n", &ns, "cfp/orders", &value];
+        assert!(plane.kubectl_run(&annotate, None).0);
+        taken = eventually(Duration::from_secs(5), || async {
+            claim_holder(&account).await.as_deref() == Some(ns.as_str())
+        })
+        .await;
+        if taken {
+            break;
+        }
+    }
+    let cfps: Api<ChangeFeedProcessor> = Api::namespaced(client.clone(), &ns);
+    let status = cfps.get("orders").await.unwrap().status.unwrap_or_default();
+    println!(
+        "a claim forged to name {other}/x (another uid), handing over to {ns}/orders: taken back {taken}; conditions {:?}",
+        status
+            .conditions
+            .iter()
+            .map(|c| (&c.type_, &c.reason, &c.message))
+            .collect::<Vec<_>>()
+    );
+    terminate(&mut emulator).await;
+    assert!(taken, "the tenant's outcome depended on the other namespace's resource");
 }

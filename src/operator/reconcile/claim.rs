@@ -379,11 +379,14 @@ async fn holder_exists(ctx: &Context, holder: &Claimant) -> Result<bool, Reconci
     })
 }
 
-/// Whether `holder` exists and still has worker pods that can run (or cannot be checked).
+/// Whether `holder` (that very uid) exists and still has worker pods that can run (or cannot be
+/// checked). A resource of its name with another uid is not it: a claim document names whatever
+/// its writer likes, and what the operator finds of another namespace's resources must not
+/// depend on it.
 async fn holder_still_runs(ctx: &Context, holder: &Claimant) -> Result<bool, ReconcileError> {
     let cfp = match holder_now(ctx, holder).await? {
-        Some(Some(cfp)) => cfp,
-        Some(None) => return Ok(false),
+        Some(Some(cfp)) if cfp.uid().as_deref() == Some(holder.uid.as_str()) => cfp,
+        Some(_) => return Ok(false),
         None => return Ok(true),
     };
     let running = super::observe::runnable_worker_pods(&ctx.client, &holder.namespace, &cfp).await?;

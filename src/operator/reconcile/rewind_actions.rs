@@ -16,6 +16,7 @@ use super::apply::{Workload, apply_deployment, publish};
 use super::publish::note;
 use super::target::estimate_target;
 use super::{Context, ReconcileError};
+use crate::operator::boundary::owned_objects::{self, owned_by};
 use crate::operator::config;
 use crate::operator::crd::{ChangeFeedProcessor, LastRewind, RewindProgress};
 use crate::operator::rewind_steps::{
@@ -87,6 +88,15 @@ pub(super) async fn step(
     let namespace = cfp.namespace().ok_or(ReconcileError::Unnamed)?;
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
     let deployment = deployments.get_opt(&cfp.name_any()).await?;
+    let rewind = Rewind { ctx, cfp, cfps };
+    // Another's Deployment of this name is never scaled, nor its workers waited for.
+    if let Some(other) = deployment
+        .as_ref()
+        .filter(|d| !owned_by(&d.metadata, &cfp.uid().unwrap_or_default()))
+    {
+        let conflict = owned_objects::name_conflict("Deployment", &other.name_any());
+        return rewind.reject(conflict.message).await.map(Some);
+    }
     let pods = super::observe::runnable_worker_pods(&ctx.client, &namespace, cfp)
         .await?
         .len();
@@ -96,7 +106,6 @@ pub(super) async fn step(
         replicas: deployment.and_then(|d| d.spec.and_then(|s| s.replicas)),
         pods,
     };
-    let rewind = Rewind { ctx, cfp, cfps };
     match next_step(observed) {
         Step::Idle => Ok(None),
         Step::Reject(reason) => rewind.reject(reason).await.map(Some),
