@@ -190,6 +190,16 @@ async fn start(
     let mut options = env.options("a");
     options.retry = policy;
     options.start_from = StartFrom::Beginning;
+    start_with(env, endpoint, (format, timeout), options).await
+}
+
+/// Like [`start`], with `options`.
+async fn start_with(
+    env: &Env,
+    endpoint: &Endpoint,
+    (format, timeout): (HttpFormat, Duration),
+    options: changefeed_operator::processor::ProcessorOptions,
+) -> (ProcessorHandle, Arc<WorkerMetrics>, Arc<CosmosDeadLetters>) {
     let handler = Arc::new(HttpHandler::new(config(&endpoint.url, format, timeout)).expect("handler"));
     let metrics = WorkerMetrics::new(&options.processor_name).expect("metrics");
     env.account
@@ -320,6 +330,36 @@ async fn a_poison_document_is_dead_lettered_and_the_lease_moves_on() {
     assert!(caught_up);
     assert_eq!(metric(&metrics, "cfp_documents_dead_lettered_total"), 1.0);
     handle.stop().await;
+}
+
+/// In the all-versions-and-deletes mode a dead letter keeps what happened to its document (the
+/// operation, its LSN and time, the previous image), so that `cfp deadletter replay` delivers a
+/// delete as a delete, not the deleted document's last image as an upsert. (The emulator's
+/// change feed has creates only: the change kept is a create's.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_of_the_all_versions_mode_keeps_what_happened_to_the_document() {
+    let env = Env::new(1).await;
+    let endpoint = Endpoint::start(poison(3)).await;
+    let mut options = env.options("a");
+    options.mode = changefeed_operator::cosmos::FeedMode::AllVersionsAndDeletes;
+    options.start_from = StartFrom::Now;
+    options.retry = retry(2, OnExhausted::DeadLetter);
+    let (handle, _, letters) = start_with(&env, &endpoint, (HttpFormat::Json, Duration::from_secs(10)), options).await;
+    env.write(0..10).await;
+    let lettered = eventually(Duration::from_secs(20), || async {
+        letters.list("proc").await.is_ok_and(|l| l.len() == 1)
+    })
+    .await;
+    handle.stop().await;
+    assert!(lettered, "doc-3 was not dead-lettered");
+    let letter = letters.list("proc").await.unwrap().remove(0);
+    println!(
+        "a dead letter of the all-versions mode: document {}, change {:?}",
+        letter.document["id"], letter.change
+    );
+    let change = letter.change.expect("the change is kept");
+    assert_eq!(change.operation_type, changefeed_operator::cosmos::Operation::Create);
+    assert!(change.lsn.is_some() && change.timestamp.is_some(), "{change:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -121,7 +121,7 @@ async fn replay(args: &DeadLetterReplayArgs) -> Result<(), DeadLetterError> {
             batch_id: &batch_id,
             attempt: letter.attempts + 1,
             documents,
-            changes: &[],
+            changes: letter.change.as_slice(),
         };
         match handler.handle(batch).await {
             Ok(()) => match letters.remove(&letter.id).await {

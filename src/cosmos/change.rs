@@ -60,7 +60,7 @@ impl std::str::FromStr for FeedMode {
 }
 
 /// What kind of change a document went through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Operation {
     /// Created.
@@ -70,13 +70,14 @@ pub enum Operation {
     /// Deleted (explicitly or by its time to live).
     Delete,
     /// A kind this version does not know.
+    #[serde(other)]
     Unknown,
 }
 
 /// What the all-versions-and-deletes mode says about one change (the document itself is the
 /// batch's document at the same index: the current image, or for a delete the previous one or
 /// its identity).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Change {
     /// Create, replace or delete.
@@ -91,7 +92,7 @@ pub struct Change {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub previous: Option<Value>,
     /// Set on a delete caused by the document's time to live.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub time_to_live_expired: bool,
 }
 

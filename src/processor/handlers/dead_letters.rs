@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use crate::cosmos::{CosmosError, DocumentContainer, ErrorKind};
+use crate::cosmos::{Change, CosmosError, DocumentContainer, ErrorKind};
 
 /// A document the handler failed `attempts` times, as stored in the dead-letter container.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,6 +32,11 @@ pub struct DeadLetter {
     /// When the handler last failed it.
     #[serde(with = "time::serde::rfc3339")]
     pub last_failure: OffsetDateTime,
+    /// What happened to the document, in the all-versions-and-deletes mode (the operation, its
+    /// LSN and time, the previous image): a replay delivers a delete as a delete, not the deleted
+    /// document's last image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change: Option<Change>,
 }
 
 impl DeadLetter {
@@ -58,7 +63,13 @@ impl DeadLetter {
             attempts,
             first_failure,
             last_failure: OffsetDateTime::now_utc(),
+            change: None,
         }
+    }
+
+    /// The dead letter with what happened to its document (`None` in the latest-version mode).
+    pub fn with_change(self, change: Option<Change>) -> Self {
+        Self { change, ..self }
     }
 }
 
@@ -104,5 +115,36 @@ impl DeadLetterStore for CosmosDeadLetters {
         let body = serde_json::to_value(letter)
             .map_err(|e| CosmosError::local(ErrorKind::Other, format!("serializing a dead letter: {e}")))?;
         self.container.create(&letter.id, &body).await.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cosmos::Operation;
+
+    #[test]
+    fn a_dead_letter_keeps_its_change_and_one_written_before_reads_without() {
+        let deleted = DeadLetter::new(
+            serde_json::json!({"id": "doc-1", "pk": "a"}),
+            "orders",
+            "0",
+            "refused".into(),
+            3,
+            OffsetDateTime::now_utc(),
+        )
+        .with_change(Some(Change {
+            operation_type: Operation::Delete,
+            lsn: Some(12),
+            timestamp: Some(1_700_000_000),
+            previous: Some(serde_json::json!({"id": "doc-1", "pk": "a", "n": 1})),
+            time_to_live_expired: true,
+        }));
+        let stored = serde_json::to_value(&deleted).unwrap();
+        assert_eq!(stored["change"]["operationType"], "delete");
+        assert_eq!(serde_json::from_value::<DeadLetter>(stored.clone()).unwrap(), deleted);
+        let mut earlier = stored;
+        earlier.as_object_mut().unwrap().remove("change");
+        assert_eq!(serde_json::from_value::<DeadLetter>(earlier).unwrap().change, None);
     }
 }

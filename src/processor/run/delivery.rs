@@ -226,7 +226,7 @@ impl Delivery<'_> {
     /// Finds the failing documents of a batch that failed `attempts` times as a whole.
     async fn isolate(&self, documents: &[Value], error: HandlerError, attempts: u32, first: OffsetDateTime) -> bool {
         if let [single] = documents {
-            return self.dead_letter(single, &error, attempts, first).await;
+            return self.dead_letter((0, single), &error, attempts, first).await;
         }
         let policy = self.shared.options.retry;
         let mut parts: VecDeque<(usize, &[Value])> = halves(0, documents).into();
@@ -251,7 +251,7 @@ impl Delivery<'_> {
                 match outcome {
                     Ok(()) => break,
                     Err(error) if attempt >= policy.max_attempts => {
-                        if !self.dead_letter(&part[0], &error, attempt, first).await {
+                        if !self.dead_letter((offset, &part[0]), &error, attempt, first).await {
                             return false;
                         }
                         break;
@@ -268,8 +268,15 @@ impl Delivery<'_> {
         true
     }
 
-    /// Stores one dead letter, retrying until it is stored; `false` when the lease was stopped first.
-    async fn dead_letter(&self, document: &Value, error: &HandlerError, attempts: u32, first: OffsetDateTime) -> bool {
+    /// Stores one dead letter — the batch's document at `index`, with its change — retrying until
+    /// it is stored; `false` when the lease was stopped first.
+    async fn dead_letter(
+        &self,
+        (index, document): (usize, &Value),
+        error: &HandlerError,
+        attempts: u32,
+        first: OffsetDateTime,
+    ) -> bool {
         let Some(store) = self.shared.dead_letters.get() else {
             // Options validation requires a store for DeadLetter; never drop a document without one.
             self.report(LeaseError::NoDeadLetterStore);
@@ -282,7 +289,8 @@ impl Delivery<'_> {
             error.message.clone(),
             attempts,
             first,
-        );
+        )
+        .with_change(self.changes.get(index).cloned());
         let mut failures = 0;
         loop {
             match store.put(&letter).await {
