@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use changefeed_operator::bench::CountingStore;
@@ -181,12 +181,20 @@ impl Env {
         (store.clone(), Processor::new(monitored, store, handler, options))
     }
 
-    /// Creates the lease container (before anything of the processor exists).
+    /// Creates the lease container (before anything of the processor exists, or again after it
+    /// was deleted). A transient answer is tried again for up to 10 s: the SDK may still resolve
+    /// the name to the deleted container's topology (503/20305) for a moment after it is gone.
     pub async fn ensure_leases(&self) {
-        self.account
-            .ensure_container(DB, LEASES, "/id")
-            .await
-            .expect("create the lease container");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.account.ensure_container(DB, LEASES, "/id").await {
+                Ok(()) => return,
+                Err(error) if error.kind == ErrorKind::Transient && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(error) => panic!("create the lease container: {error:?}"),
+            }
+        }
     }
 
     /// Whether `count` distinct documents were delivered within `timeout`.
