@@ -549,16 +549,13 @@ async fn a_running_dotnet_v3_processor_of_the_same_name_is_refused_until_its_lea
     assert!(complete && early == 0);
 }
 
-/// An adoption killed partway (one of the two adopted leases created, no `.info`): the next
-/// start adopts the rest at the foreign checkpoints — not from its own start position, which
-/// ("now") would skip what was written after them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_adoption_killed_partway_is_taken_up_again_at_the_foreign_checkpoints() {
-    let env = Env::new(2).await;
-    let prefix = "dotnet-epk-orders";
-    foreign_checkpoints_after_100(&env, "dotnet-epk", prefix, Some("old-host")).await;
+/// What a start adopting `prefix`'s .NET checkpoints left when it was killed partway: our first
+/// lease, not the second, and no `.info` (documents 0..100 before the checkpoints, 100..150
+/// after); the foreign lease documents deleted too when `foreign_gone` (the lease container
+/// created again since, our leases written back into it).
+async fn adoption_killed_partway(env: &Env, prefix: &str, foreign_gone: bool) {
+    foreign_checkpoints_after_100(env, "dotnet-epk", prefix, Some("old-host")).await;
     env.write(100..150).await;
-    // What the killed adoption left: our first lease, not the second, and no `.info`.
     let mut options = env.options("ours");
     options.start_from = StartFrom::Now;
     options.adopt = Some(AdoptOptions {
@@ -575,7 +572,29 @@ async fn an_adoption_killed_partway_is_taken_up_again_at_the_foreign_checkpoints
     let second = env.leases().await.remove(1);
     leases.delete(&second.id, &second.id, None).await.unwrap();
     let info = format!("{}.info", store.prefix());
-    leases.delete(&info, &info, None).await.unwrap();
+    let mut gone = vec![info];
+    if foreign_gone {
+        gone.extend(
+            leases
+                .list_by_id_prefix(prefix)
+                .await
+                .unwrap()
+                .into_iter()
+                .filter_map(|d| d.body["id"].as_str().map(str::to_owned)),
+        );
+    }
+    for id in gone {
+        leases.delete(&id, &id, None).await.unwrap();
+    }
+}
+
+/// An adoption killed partway is taken up again at the foreign checkpoints — not from its own
+/// start position, which ("now") would skip what was written after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adoption_killed_partway_is_taken_up_again_at_the_foreign_checkpoints() {
+    let env = Env::new(2).await;
+    let prefix = "dotnet-epk-orders";
+    adoption_killed_partway(&env, prefix, false).await;
     let handle = adopt(&env, ForeignLayout::Dotnet, prefix, false).await.unwrap();
     let complete = env.delivered_within(50, Duration::from_secs(10)).await;
     let lost = env.deliveries.missing(ids(100..150)).len();
@@ -586,4 +605,22 @@ async fn an_adoption_killed_partway_is_taken_up_again_at_the_foreign_checkpoints
     );
     handle.stop().await;
     assert!(complete, "lost {lost} of the 50 written after the foreign checkpoints");
+}
+
+/// Leases of ours without a mark beside a foreign lease set that is gone (the lease container
+/// created again, the leases written back into it) do not stop a start that still names the
+/// adoption: the leases there stand, and the rest of the feed gets leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_of_ours_beside_a_foreign_set_that_is_gone_do_not_stop_the_start() {
+    let env = Env::new(2).await;
+    adoption_killed_partway(&env, "dotnet-epk-orders", true).await;
+    let started = adopt(&env, ForeignLayout::Dotnet, "dotnet-epk-orders", false).await;
+    let refused = started.as_ref().err().cloned();
+    let leases = env.leases().await.len();
+    println!("ours without a mark, the foreign set gone: start refused {refused:?}; leases {leases}");
+    if let Ok(handle) = started {
+        handle.stop().await;
+    }
+    assert_eq!(refused, None, "the start stopped on the adoption");
+    assert_eq!(leases, 2, "the rest of the feed has its lease");
 }

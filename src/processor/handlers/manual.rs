@@ -93,7 +93,7 @@ fn is_ahead(next: &str, current: Option<&str>) -> bool {
 /// The user's code when it checkpoints itself. `handle` returning `Ok` means the batch was taken
 /// (it is not delivered again unless the lease moves before it is checkpointed); `Err` retries it
 /// as for [`crate::processor::ChangeHandler`]. Batches of a lease come in order, one at a time
-/// unless `max_in_flight_batches` says more.
+/// (a processor with manual checkpoints and `max_in_flight_batches` above 1 refuses to start).
 #[async_trait]
 pub trait ManualCheckpointHandler: Send + Sync + 'static {
     /// Handles one batch; `checkpoint` records it (and the lease's earlier batches) when called.

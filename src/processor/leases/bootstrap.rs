@@ -303,33 +303,43 @@ async fn is_recreated(
 }
 
 /// Adopts foreign checkpoints when asked to (or partition-key-range leases found under our own
-/// prefix: a .NET v2 / v3 version-0 processor of the same name) until a bootstrap of ours has
-/// marked the lease set — an adoption killed partway is taken up again, the leases it created
-/// kept; returns the leases created and the ranges the adopted ones cover.
+/// prefix, before any lease of ours: a .NET v2 / v3 version-0 processor of the same name) until
+/// a bootstrap of ours has marked the lease set — an adoption killed partway is taken up again,
+/// the leases it created kept; returns the leases created and the ranges the adopted ones cover.
 async fn adopt_existing(
     (store, budget): (&dyn LeaseStore, &WriteBudget),
     monitored: &MonitoredContainer,
     options: &ProcessorOptions,
     snapshot: &LeaseSnapshot,
 ) -> Result<(usize, Vec<EpkRange>), ProcessorError> {
-    // Their own `.info` may be under our prefix: ours is the one that says its layout.
-    let in_place =
-        (snapshot.leases_per_partition.is_none() && !snapshot.pk_range_leases.is_empty()).then(|| AdoptOptions {
-            layout: crate::processor::leases::adopt::ForeignLayout::Dotnet,
-            prefix: format!("{}..", store.prefix()),
-            force: options.adopt.as_ref().is_some_and(|a| a.force),
-        });
+    let in_place = (snapshot.leases.is_empty() && !snapshot.pk_range_leases.is_empty()).then(|| AdoptOptions {
+        layout: crate::processor::leases::adopt::ForeignLayout::Dotnet,
+        prefix: format!("{}..", store.prefix()),
+        force: options.adopt.as_ref().is_some_and(|a| a.force),
+    });
     let explicit = options.adopt.clone().filter(|_| !snapshot.initialized);
     let Some(adopt) = in_place.or(explicit) else {
         return Ok((0, Vec::new()));
     };
-    let mut leases = adopt_foreign(store, monitored, options, &adopt).await?;
+    let mut leases = match adopt_foreign(store, monitored, options, &adopt).await {
+        Ok(leases) => leases,
+        // Leases of ours exist without a mark (an adoption killed partway, or leases written back
+        // into a lease container created again, where the foreign set is gone): they stand.
+        Err(error) if !snapshot.leases.is_empty() && !error.is_transient() => {
+            tracing::warn!(%error, "not adopting again beside the leases of this processor");
+            return Ok((0, Vec::new()));
+        }
+        Err(error) => return Err(error),
+    };
     // Never beside a lease of ours over the same keys (one of the same id is kept as it is).
     leases.retain(|lease| {
-        !snapshot
-            .leases
-            .iter()
-            .any(|ours| ours.id != lease.id && ours.range().zip(lease.range()).is_some_and(|(a, b)| a.overlaps(b)))
+        !snapshot.leases.iter().any(|ours| {
+            ours.id != lease.id
+                && ours
+                    .range()
+                    .zip(lease.range())
+                    .is_some_and(|(a, b)| a.overlaps_as_keys(b))
+        })
     });
     let adopted = leases.iter().filter_map(|lease| lease.range().cloned()).collect();
     let created = create_all((store, budget), &leases).await?;

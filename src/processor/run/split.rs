@@ -102,9 +102,8 @@ pub(crate) async fn split(
     let mut children = Vec::new();
     for (child_range, continuation) in pieces {
         let id = partition_id(&partitions, &child_range);
-        if let Child::Ours(lease) = create_child(shared, owned, &parent, (&child_range, id), continuation).await? {
-            children.push(Acquired { lease: *lease, sent });
-        }
+        let lease = create_child(shared, owned, &parent, (&child_range, id), continuation).await?;
+        children.push(Acquired { lease, sent });
     }
     finish(shared, owned, children, "lease split").await
 }
@@ -195,11 +194,8 @@ async fn rewrite(shared: &Shared, owned: &OwnedLease, pk_range_id: Option<&str>,
     if let Err(lost) = fence(owned).await {
         return Some(lost);
     }
-    let children = match create_child(shared, owned, &lease, (&range, pk_range_id), continuation).await? {
-        Child::Ours(child) => vec![Acquired { lease: *child, sent }],
-        Child::Theirs => Vec::new(),
-    };
-    finish(shared, owned, children, what).await
+    let child = create_child(shared, owned, &lease, (&range, pk_range_id), continuation).await?;
+    finish(shared, owned, vec![Acquired { lease: child, sent }], what).await
 }
 
 /// Deletes the replaced lease (if still ours) and says which leases took its place; when it was
@@ -242,27 +238,17 @@ fn announce(shared: &Shared, owned: &OwnedLease, children: Vec<Acquired>, what: 
     })
 }
 
-/// One child lease of a split.
-enum Child {
-    /// This instance's: written now, or taken from an earlier attempt.
-    Ours(Box<Lease>),
-    /// Written already, over the same keys, and owned by another instance or by none: the half
-    /// of a split an instance began before it crashed (or was deposed). Left to whoever takes
-    /// it, as any lease — its checkpoint loses nothing, it was written from what was handled.
-    Theirs,
-}
-
 /// Writes one child lease of `parent` over `range` (version 0 when the range is the partition
 /// key range `pk_range_id`) — or takes the one an earlier attempt of this split wrote, in this
-/// process or in a crashed predecessor under this name (see [`predecessors_child`]); `None` when
-/// the split cannot go on now.
+/// process or in another that began this split before it crashed or was deposed (see
+/// [`take_over_child`]); `None` when the split cannot go on now.
 async fn create_child(
     shared: &Shared,
     owned: &OwnedLease,
     parent: &Lease,
     (range, pk_range_id): (&EpkRange, Option<&str>),
     continuation: Option<String>,
-) -> Option<Child> {
+) -> Option<Lease> {
     let prefix = shared.store.prefix();
     let mut child = match pk_range_id {
         Some(id) => Lease::for_partition(prefix, id, range, continuation),
@@ -276,7 +262,7 @@ async fn create_child(
     child.take_for(&shared.options.instance, shared.next_epoch());
     child.timestamp = Some(OffsetDateTime::now_utc());
     match shared.store.create(&child).await {
-        Ok(Some(created)) => Some(Child::Ours(Box::new(created))),
+        Ok(Some(created)) => Some(created),
         Ok(None) => match shared.store.read(&child.id).await {
             // Created by an earlier attempt of this split in this process (its epoch says so: a
             // twin's or a predecessor's under the same name is not this split's); taken as it is.
@@ -288,20 +274,14 @@ async fn create_child(
                         .as_deref()
                         .is_some_and(|epoch| shared.wrote_epoch(epoch)) =>
             {
-                Some(Child::Ours(Box::new(existing)))
+                Some(existing)
             }
-            // Under this name by an earlier process: it crashed mid-split (this one holds the name).
-            Ok(Some(existing))
-                if existing.range() == Some(range) && existing.owner.as_deref() == Some(&shared.options.instance) =>
-            {
-                predecessors_child(shared, existing, child)
-                    .await
-                    .map(|taken| Child::Ours(Box::new(taken)))
-            }
-            Ok(Some(existing)) if existing.range() == Some(range) => {
-                tracing::info!(lease = %existing.lease_token, owner = ?existing.owner, "a child lease of this split was written before, by another instance: left to whoever takes it");
-                Some(Child::Theirs)
-            }
+            // Written by another attempt of this split: under this name by an earlier process
+            // (it crashed; this one holds the name), or by another instance that began it before
+            // it crashed or was deposed (the pod replaced, the child unowned since). Taken over,
+            // with If-Match: left to that instance, a deposed one would delete it again when it
+            // finds the parent lost, and the parent's deletion here would leave its keys unread.
+            Ok(Some(existing)) if existing.range() == Some(range) => take_over_child(shared, existing, child).await,
             // Another document has the id (a .NET v2 lease adopted in place keeps its own):
             // the lease stays as it is.
             Ok(Some(_)) => {
@@ -323,26 +303,28 @@ async fn create_child(
     }
 }
 
-/// Takes over `existing`, a child lease a crashed predecessor of this name wrote before it could
-/// delete the parent (no process of the name but this one runs: its name claim): under this
-/// process's epoch (`ours`), from the further of the two checkpoints — each marks what was
-/// handled, so either loses nothing; the further one redelivers less.
-async fn predecessors_child(shared: &Shared, existing: Lease, ours: Lease) -> Option<Lease> {
+/// Takes over `existing`, a child lease another attempt of this split wrote before it could
+/// delete the parent (a crashed predecessor of this name, another instance crashed or deposed):
+/// under this instance and epoch (`ours`), from the further of the two checkpoints — each marks
+/// what was handled, so either loses nothing; the further one redelivers less. Conditional on the
+/// version read: an owner that wrote it meanwhile keeps it (the split is tried again).
+async fn take_over_child(shared: &Shared, existing: Lease, ours: Lease) -> Option<Lease> {
     let position = |lease: &Lease| lease.continuation.as_deref().and_then(crate::cosmos::continuation_lsn);
     let mut taken = existing.clone();
     if position(&ours) > position(&existing) {
         taken.continuation = ours.continuation.clone();
     }
+    taken.owner.clone_from(&ours.owner);
     taken.owner_epoch = ours.owner_epoch.clone();
     taken.timestamp = ours.timestamp;
     taken.clear_handoff();
     match shared.store.replace(&taken).await {
         Ok(written) => {
-            tracing::info!(lease = %taken.lease_token, "took over the child lease a crashed predecessor wrote mid-split");
+            tracing::info!(lease = %taken.lease_token, from = ?existing.owner, "took over a child lease another attempt of this split wrote");
             Some(written)
         }
         Err(error) => {
-            tracing::debug!(lease = %taken.lease_token, %error, "taking over a predecessor's child lease failed; trying again");
+            tracing::debug!(lease = %taken.lease_token, %error, "taking over a child lease another attempt wrote failed; trying again");
             None
         }
     }
